@@ -1,0 +1,1 @@
+"""A distributed crawler that finds and collects audio."""
