@@ -1,0 +1,188 @@
+"""Reading a daemon's YAML config into checked values, with errors that name the key and the problem.
+
+Each daemon declares its keys as a nested dict of `Key` specs (see master/config.py, worker/config.py) and gets
+back plain values it turns into its own frozen config object. Unknown keys are errors: a typo must not silently
+fall back to a default in a crawl that runs for days.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REQUIRED = object()
+
+
+class ConfigError(Exception):
+    """A config problem; str() is one line: 'key.path: what is wrong'."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}" if key else problem)
+        self.key = key
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Key:
+    kind: str                                   # int, float, bool, str, path, hostport, list[str], map, section
+    default: Any = REQUIRED
+    check: Callable[[Any], str | None] | None = None   # returns a problem, or None
+    section: Mapping[str, Key] | None = None    # for kind="section"
+
+    def parse(self, name: str, value: Any, base: Path) -> Any:
+        parse = _PARSERS[self.kind]
+        out = parse(name, value, base, self)
+        if self.check is not None and out is not None:
+            problem = self.check(out)
+            if problem:
+                raise ConfigError(name, problem)
+        return out
+
+
+def _type_name(v: Any) -> str:
+    return "nothing" if v is None else type(v).__name__
+
+
+def _p_int(name, v, base, key):
+    if isinstance(v, bool) or not isinstance(v, int):
+        if key.default is None and v is None:
+            return None
+        raise ConfigError(name, f"expected an integer, got {_type_name(v)} {v!r}")
+    return v
+
+
+def _p_float(name, v, base, key):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if key.default is None and v is None:
+            return None
+        raise ConfigError(name, f"expected a number, got {_type_name(v)} {v!r}")
+    return float(v)
+
+
+def _p_bool(name, v, base, key):
+    if not isinstance(v, bool):
+        raise ConfigError(name, f"expected true or false, got {_type_name(v)} {v!r}")
+    return v
+
+
+def _p_str(name, v, base, key):
+    if not isinstance(v, str) or not v:
+        if key.default is None and v is None:
+            return None
+        raise ConfigError(name, f"expected a non-empty string, got {_type_name(v)} {v!r}")
+    return v
+
+
+def _p_path(name, v, base, key):
+    s = _p_str(name, v, base, key)
+    if s is None:
+        return None
+    p = Path(s).expanduser()
+    return p if p.is_absolute() else (base / p)
+
+
+def _p_hostport(name, v, base, key):
+    s = _p_str(name, v, base, key)
+    return parse_hostport(s, name)
+
+
+def _p_strlist(name, v, base, key):
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise ConfigError(name, f"expected a list of strings, got {_type_name(v)}")
+    return tuple(v)
+
+
+def _p_map(name, v, base, key):
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+        raise ConfigError(name, f"expected a mapping, got {_type_name(v)}")
+    return dict(v)
+
+
+def _p_section(name, v, base, key):
+    if v is None:
+        v = {}
+    if not isinstance(v, dict):
+        raise ConfigError(name, f"expected a mapping, got {_type_name(v)}")
+    return parse_section(v, key.section or {}, base, prefix=name + ".")
+
+
+_PARSERS: dict[str, Callable[..., Any]] = {
+    "int": _p_int, "float": _p_float, "bool": _p_bool, "str": _p_str, "path": _p_path,
+    "hostport": _p_hostport, "list[str]": _p_strlist, "map": _p_map, "section": _p_section,
+}
+
+
+def parse_hostport(s: str, name: str = "address") -> tuple[str, int]:
+    host, sep, port = s.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(name, f"expected host:port, got {s!r}")
+    return host.strip("[]"), int(port)
+
+
+def parse_section(raw: Mapping[str, Any], spec: Mapping[str, Key], base: Path, prefix: str = "") -> dict[str, Any]:
+    for k in raw:
+        if k not in spec:
+            known = ", ".join(sorted(spec))
+            raise ConfigError(f"{prefix}{k}", f"unknown key (known keys: {known})")
+    out: dict[str, Any] = {}
+    for k, key in spec.items():
+        name = prefix + k
+        if k in raw:
+            out[k] = key.parse(name, raw[k], base)
+        elif key.kind == "section":
+            out[k] = key.parse(name, {}, base)
+        elif key.default is REQUIRED:
+            raise ConfigError(name, "required key is missing")
+        else:
+            out[k] = key.default
+    return out
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError("", f"cannot read config {path}: {e.strerror or e}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError("", f"{path} is not valid YAML{where}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("", f"{path}: expected a mapping of keys at the top level")
+    return raw
+
+
+def read_secret(path: Path, key: str = "secret_file") -> bytes:
+    try:
+        secret = path.read_bytes().strip()
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {path}: {e.strerror or e}") from None
+    if len(secret) < 16:
+        raise ConfigError(key, f"{path} holds a secret of {len(secret)} bytes; use at least 16")
+    return secret
+
+
+# Checks shared by both daemons
+def positive(v: Any) -> str | None:
+    return None if v > 0 else "must be greater than 0"
+
+
+def non_negative(v: Any) -> str | None:
+    return None if v >= 0 else "must not be negative"
+
+
+def probability(v: float) -> str | None:
+    return None if 0 < v < 1 else "must be between 0 and 1 (exclusive)"
