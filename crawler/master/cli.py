@@ -1,0 +1,127 @@
+"""crawler-master: run the master, or look at its state (status, export). Only this module exits the process."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from crawler.config import ConfigError
+from crawler.master.config import MasterConfig
+
+CONFIG = click.option("--config", "config_path", required=True, type=click.Path(path_type=Path),
+                      help="The master's YAML config.")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def load_config(path: Path) -> MasterConfig:
+    try:
+        return MasterConfig.load(path)
+    except ConfigError as e:
+        click.echo(f"crawler-master: config error: {e}", err=True)
+        sys.exit(2)
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="The master's YAML config.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+@click.pass_context
+def main(ctx: click.Context, config_path: Path | None, log_level: str) -> None:
+    """Run the crawl master (with --config), or one of the commands below."""
+    setup_logging(log_level)
+    if ctx.invoked_subcommand is not None:
+        return
+    if config_path is None:
+        click.echo(ctx.get_help())
+        click.echo("\nError: --config is required to run the master.", err=True)
+        sys.exit(2)
+    cfg = load_config(config_path)
+    from crawler.master.server import Master
+
+    async def run() -> int:
+        master = Master(cfg)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, master.stop)
+        summary = await master.serve()
+        click.echo(summary.text())
+        return 0
+
+    try:
+        sys.exit(asyncio.run(run()))
+    except OSError as e:
+        click.echo(f"crawler-master: {e}", err=True)
+        sys.exit(1)
+
+
+def _open_store(cfg: MasterConfig):
+    from crawler.master.store import MasterStore
+
+    db = cfg.data_dir / "master.db"
+    if not db.exists():
+        click.echo(f"crawler-master: no crawl state at {db} (has the master run with this config?)", err=True)
+        sys.exit(1)
+    return MasterStore.open_readonly(db)
+
+
+@main.command()
+@CONFIG
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def status(config_path: Path, as_json: bool) -> None:
+    """Counts by state, per-worker figures, frontier size and discards by reason."""
+    cfg = load_config(config_path)
+    store = _open_store(cfg)
+    try:
+        st = store.status()
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(st, indent=2, sort_keys=True, default=str))
+        return
+    for section, value in st.items():
+        if isinstance(value, dict):
+            click.echo(f"{section}:")
+            for k, v in sorted(value.items(), key=lambda kv: str(kv[0])):
+                click.echo(f"  {k}: {v}")
+        else:
+            click.echo(f"{section}: {value}")
+
+
+@main.command()
+@CONFIG
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True)
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here instead of standard output.")
+def export(config_path: Path, fmt: str, output: Path | None) -> None:
+    """The audio catalogue, as JSON lines or CSV."""
+    cfg = load_config(config_path)
+    store = _open_store(cfg)
+    out = open(output, "w", encoding="utf-8", newline="") if output else sys.stdout
+    try:
+        rows = store.catalogue()
+        if fmt == "jsonl":
+            for row in rows:
+                out.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+        else:
+            writer = None
+            for row in rows:
+                flat = {k: (json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v)
+                        for k, v in row.items()}
+                if writer is None:
+                    writer = csv.DictWriter(out, fieldnames=sorted(flat), extrasaction="ignore")
+                    writer.writeheader()
+                writer.writerow(flat)
+    finally:
+        store.close()
+        if output:
+            out.close()

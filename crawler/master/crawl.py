@@ -1,0 +1,311 @@
+"""The master's crawl state: what to hand to which node, what came back, and when the crawl is done.
+
+Synchronous and free of sockets: the server calls it with the time and sends what it returns. It ties the
+parts together: URL policy and normalisation, Bloom dedup, the durable store (frontier + URL table), the
+double-hash node table, and global politeness. Every batch of links goes through each stage as one batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from crawler import protocol as p
+from crawler.master.config import MasterConfig
+from crawler.master.dedup import Dedup
+from crawler.master.store import Finished, MasterStore
+from crawler.politeness import HostGate, RobotsRules
+from crawler.scheduler import NodeTable
+from crawler.urls import NormalizeOptions, UrlPolicy, normalize_many
+
+log = logging.getLogger("crawler.master")
+
+# Pages whose address suggests audio are served first within a depth (the paper's priority within BFS).
+_AUDIO_HINT = re.compile(r"song|music|audio|track|album|playlist|special|mp3|listen|play", re.IGNORECASE)
+# How many popped-but-not-yet-sendable entries (waiting on politeness or robots.txt) a node may hold in memory.
+HELD_CAP = 2048
+DISCARD_INVALID = "invalid"
+DISCARD_ROBOTS = "robots"
+
+
+@dataclass(slots=True)
+class Lease:
+    id: int
+    url: str
+    depth: int
+    parent: str | None
+    node: str
+    host: str
+    deadline: float
+
+
+@dataclass(slots=True)
+class Held:
+    url: str
+    depth: int
+    parent: str | None
+    host: str          # scheme://netloc, the politeness and robots key
+
+
+@dataclass
+class Totals:
+    pages: int = 0
+    errors: int = 0
+    retries: int = 0
+    stale_results: int = 0
+    audio: int = 0
+    links_seen: int = 0
+    links_new: int = 0
+    statuses: Counter = field(default_factory=Counter)
+
+
+def origin_of(url: str) -> str:
+    s = urlsplit(url)
+    return f"{s.scheme}://{s.netloc}"
+
+
+class Crawl:
+    def __init__(self, cfg: MasterConfig, store: MasterStore, dedup: Dedup, table: NodeTable,
+                 gate: HostGate | None, robots: RobotsRules | None, *, first_lease: int = 1) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.dedup = dedup
+        self.table = table
+        self.gate = gate
+        self.robots = robots
+        c = cfg.crawl
+        self.norm = NormalizeOptions(sort_query=c.sort_query, drop_params=frozenset(c.drop_params),
+                                     keep_fragment=c.keep_fragment)
+        self.policy = UrlPolicy(max_length=c.max_url_length, max_depth=c.max_depth,
+                                max_query_params=c.max_query_params, max_separator_ratio=c.max_separator_ratio,
+                                allowed_hosts=frozenset(h.lower() for h in c.allowed_hosts),
+                                allow_patterns=c.allow_patterns, deny_patterns=c.deny_patterns)
+        self.leases: dict[int, Lease] = {}
+        self.leases_by_node: dict[str, set[int]] = {}
+        self.held: dict[str, deque[Held]] = {}
+        self.robots_wanted: set[str] = set()     # origins whose robots.txt the server should fetch
+        self.discards: Counter = Counter()
+        self.totals = Totals()
+        self._next_lease = first_lease
+        self._scheduled = 0                      # pages handed out this run (for max_pages)
+
+    # ------------------------------------------------------------------ routing
+    def route(self, urls) -> list[str | None]:
+        return self.table.assign_many(list(urls))
+
+    def node_up(self, node: str) -> None:
+        self.table.set_live(node, True)
+        self.leases_by_node.setdefault(node, set())
+        self.held.setdefault(node, deque())
+        # Entries parked on other nodes (or on none) while this one was away come back to it.
+        others = [n for n in self.table.nodes if n != node] + [None]
+        moved = self.store.reroute(others, self.route)
+        if moved:
+            log.info("node %s joined: %d frontier entries routed to it", node, moved)
+
+    def node_down(self, node: str, now: float) -> int:
+        """The node left or died: its leases and parked entries go back, through the second hash."""
+        self.table.set_live(node, False)
+        urls = [self.leases[i].url for i in self.leases_by_node.pop(node, set())]
+        for i in list(self.leases):
+            if self.leases[i].node == node:
+                lease = self.leases.pop(i)
+                if self.gate:
+                    self.gate.release(lease.host, now)
+        held = self.held.pop(node, deque())
+        urls.extend(h.url for h in held)
+        back = self.store.release(urls, self.route) if urls else 0
+        moved = self.store.reroute([node], self.route)
+        log.info("node %s left: %d leases returned, %d frontier entries rerouted", node, back, moved)
+        return back
+
+    # ------------------------------------------------------------------ input
+    def seed(self, urls: tuple[str, ...]) -> int:
+        normed = [u for u in normalize_many(urls, self.norm) if u]
+        new = self.dedup.filter_new(normed)
+        return self.store.push([(u, 0, 1, n, None) for u, n in zip(new, self.route(new))])
+
+    def add_links(self, batches: list[tuple[str, int, tuple[str, ...]]]) -> int:
+        """batches: (parent url, depth of the links, links). Returns how many new URLs entered the frontier."""
+        urls: list[str] = []
+        meta: dict[str, tuple[int, str]] = {}
+        max_depth = self.cfg.crawl.max_depth
+        for parent, depth, links in batches:
+            self.totals.links_seen += len(links)
+            if depth > max_depth:
+                self.discards["too_deep"] += len(links)
+                continue
+            for u in normalize_many(links, self.norm):
+                if u is None:
+                    self.discards[DISCARD_INVALID] += 1
+                elif u not in meta:
+                    meta[u] = (depth, parent)
+                    urls.append(u)
+        if not urls:
+            return 0
+        new = self.dedup.filter_new(urls)
+        rows = []
+        check = self.policy.check
+        for u in new:
+            depth, parent = meta[u]
+            reason = check(u, depth)
+            if reason:
+                self.discards[reason] += 1
+            else:
+                rows.append((u, depth, 1 if _AUDIO_HINT.search(u) else 0, parent))
+        if not rows:
+            return 0
+        nodes = self.route([r[0] for r in rows])
+        added = self.store.push([(u, d, pr, n, par) for (u, d, pr, par), n in zip(rows, nodes)])
+        self.totals.links_new += added
+        return added
+
+    # ------------------------------------------------------------------ dispatch
+    def take(self, node: str, n: int, now: float) -> list[p.Task]:
+        """Up to n tasks for node that politeness allows now; the rest waits in the node's held queue."""
+        out: list[p.Task] = []
+        if n <= 0 or not self.table.live or node not in self.table.live:
+            return out
+        max_pages = self.cfg.crawl.max_pages
+        if max_pages is not None:
+            n = min(n, max_pages - self._scheduled)
+            if n <= 0:
+                return out
+        held = self.held.setdefault(node, deque())
+        if held:
+            for _ in range(len(held)):
+                if len(out) >= n:
+                    break
+                h = held.popleft()
+                if not self._try_lease(node, h, now, out):
+                    held.append(h)
+        batch = max(n, self.cfg.scheduling.batch_size)
+        while len(out) < n and len(held) < HELD_CAP:
+            rows = self.store.pop(node, batch, now)
+            if not rows:
+                break
+            for url, depth, parent in rows:
+                h = Held(url, depth, parent, origin_of(url))
+                if len(out) >= n or not self._try_lease(node, h, now, out):
+                    held.append(h)
+        self._scheduled += len(out)
+        return out
+
+    def _try_lease(self, node: str, h: Held, now: float, out: list[p.Task]) -> bool:
+        if self.robots is not None:
+            state = self.robots.state(h.host, now)
+            if state != "known":
+                if state == "unknown":
+                    self.robots.mark_pending(h.host, now)
+                    self.robots_wanted.add(h.host)
+                return False
+            if not self.robots.allowed(h.url):
+                self.discards[DISCARD_ROBOTS] += 1
+                self.store.finish([Finished(h.url, "error", None, None, None, None, "disallowed by robots.txt",
+                                            node, now)])
+                return True   # consumed: nothing to send
+        if self.gate is not None and not self.gate.try_acquire(h.host, now):
+            return False
+        lease = Lease(self._next_lease, h.url, h.depth, h.parent, node, h.host,
+                      now + self.cfg.scheduling.lease_timeout)
+        self._next_lease += 1
+        self.leases[lease.id] = lease
+        self.leases_by_node.setdefault(node, set()).add(lease.id)
+        out.append(p.Task(lease.id, h.url, h.depth, h.parent))
+        return True
+
+    def robots_fetched(self, origin: str, status: int | None, body: bytes | None, now: float) -> None:
+        assert self.robots is not None
+        delay = self.robots.store(origin, status, body, now)
+        if self.gate is not None and delay:
+            self.gate.set_crawl_delay(origin, delay)
+        self.robots_wanted.discard(origin)
+
+    def next_ready(self, now: float) -> float | None:
+        """When held work may become sendable (for the server's timer)."""
+        if self.gate is None or not any(self.held.values()):
+            return None
+        best = None
+        for q in self.held.values():
+            for h in list(q)[:64]:
+                t = self.gate.ready_at(h.host, now)
+                best = t if best is None else min(best, t)
+        return best
+
+    # ------------------------------------------------------------------ results
+    def complete(self, node: str, results: tuple[p.Result, ...], now: float) -> list[dict]:
+        """Records a report; returns the catalogue rows that are new."""
+        finished: list[Finished] = []
+        link_batches = []
+        audio_rows: list[dict] = []
+        mine = self.leases_by_node.get(node, set())
+        for r in results:
+            lease = self.leases.get(r.lease)
+            if lease is None or lease.node != node:
+                self.totals.stale_results += 1   # reassigned or from before a restart: counted once, elsewhere
+                continue
+            del self.leases[r.lease]
+            mine.discard(r.lease)
+            if self.gate is not None:
+                self.gate.release(lease.host, now)
+            finished.append(Finished(lease.url, r.status, r.http_status, r.final_url, r.content_type, r.size,
+                                     r.error, node, now))
+            if r.status == p.DONE and r.links:
+                link_batches.append((lease.url, lease.depth + 1, r.links))
+            for a in r.audio:
+                row = a.catalogue_row()
+                row["node"] = node
+                row["found_at"] = now
+                audio_rows.append(row)
+        firsts = self.store.finish(finished) if finished else []
+        for f, first in zip(finished, firsts):
+            if not first:
+                continue
+            if f.state == p.DONE:
+                self.totals.pages += 1
+                self.totals.statuses[f.http_status] += 1
+            elif f.state == p.ERROR:
+                self.totals.errors += 1
+            else:
+                self.totals.retries += 1
+        if link_batches:
+            self.add_links(link_batches)
+        new_rows: list[dict] = []
+        if audio_rows:
+            for row, is_new in zip(audio_rows, self.store.add_audio(audio_rows)):
+                if is_new:
+                    new_rows.append(row)
+            self.totals.audio += len(new_rows)
+        return new_rows
+
+    def expire(self, now: float) -> int:
+        """Leases past their deadline go back to the frontier."""
+        expired = [lease for lease in self.leases.values() if lease.deadline <= now]
+        for lease in expired:
+            del self.leases[lease.id]
+            self.leases_by_node.get(lease.node, set()).discard(lease.id)
+            if self.gate is not None:
+                self.gate.release(lease.host, now)
+        if expired:
+            self.store.release([lease.url for lease in expired], self.route)
+            log.warning("%d leases expired and went back to the frontier", len(expired))
+        return len(expired)
+
+    def in_flight(self, node: str | None = None) -> int:
+        if node is None:
+            return len(self.leases)
+        return len(self.leases_by_node.get(node, ()))
+
+    def idle(self) -> bool:
+        """Nothing leased, nothing held, nothing waiting on robots.txt: only the frontier can hold work."""
+        return not self.leases and not any(self.held.values()) and not self.robots_wanted
+
+    def done(self) -> bool:
+        if not self.idle():
+            return False
+        if self.cfg.crawl.max_pages is not None and self._scheduled >= self.cfg.crawl.max_pages:
+            return True
+        return self.store.frontier_size() == 0

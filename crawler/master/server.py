@@ -1,0 +1,384 @@
+"""The master daemon: accepts workers, streams assignments, takes reports, keeps the state durable.
+
+`Master(cfg).serve()` runs until the crawl is done (with exit_when_done) or `stop()` is called (SIGTERM in the
+CLI), and returns the summary. All background tasks live in one TaskGroup owned by serve().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from crawler import protocol as p
+from crawler.bloom import BloomFileError, BloomFilter
+from crawler.connection import ConnectionClosed, FramedConnection
+from crawler.master.catalogue import CatalogueFile
+from crawler.master.config import MasterConfig
+from crawler.master.crawl import Crawl
+from crawler.master.dedup import Dedup
+from crawler.master.store import MasterStore
+from crawler.politeness import HostGate, PolitenessConfig, RobotsRules
+from crawler.scheduler import NodeTable
+
+log = logging.getLogger("crawler.master")
+
+HANDSHAKE_TIMEOUT = 10.0
+COMMIT_INTERVAL = 0.2
+ROBOTS_MAX_BYTES = 512 * 1024
+
+
+@dataclass
+class Session:
+    node: str
+    conn: FramedConnection
+    capacity: int
+    credit: int = 0
+    last_seen: float = 0.0
+    tasks: asyncio.Task | None = None
+
+
+@dataclass
+class Summary:
+    pages: int = 0
+    errors: int = 0
+    audio: int = 0
+    elapsed: float = 0.0
+    frontier: int = 0
+    discards: dict = field(default_factory=dict)
+    stale_results: int = 0
+    data_dir: str = ""
+
+    @property
+    def pages_per_s(self) -> float:
+        return self.pages / self.elapsed if self.elapsed > 0 else 0.0
+
+    def text(self) -> str:
+        disc = ", ".join(f"{k} {v}" for k, v in sorted(self.discards.items())) or "none"
+        return "\n".join([
+            "crawl summary",
+            f"  pages fetched   {self.pages}",
+            f"  errors          {self.errors}",
+            f"  audio items     {self.audio}",
+            f"  elapsed         {self.elapsed:.1f} s",
+            f"  throughput      {self.pages_per_s:.1f} pages/s",
+            f"  left in queue   {self.frontier}",
+            f"  discarded URLs  {disc}",
+            f"  catalogue       {Path(self.data_dir) / 'catalog.jsonl'}",
+        ])
+
+
+class Master:
+    def __init__(self, cfg: MasterConfig, *, clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.sessions: dict[str, Session] = {}
+        self.port: int | None = None
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._done = False
+        self._robots_inflight: set[str] = set()
+        self.summary = Summary(data_dir=str(cfg.data_dir))
+
+    # ------------------------------------------------------------------ state
+    def _open_state(self) -> None:
+        cfg = self.cfg
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = MasterStore(cfg.data_dir / "master.db", max_attempts=cfg.crawl.max_attempts)
+        self.bloom_path = cfg.data_dir / "urls.bloom"
+        self.bloom = self._load_bloom()
+        self.dedup = Dedup(self.bloom, cfg.dedup.whitelist, self.store.known)
+        self.table = NodeTable(cfg.nodes, key=cfg.scheduling.key)
+        pol = cfg.politeness
+        pcfg = PolitenessConfig(max_per_host=pol.max_per_host, min_delay=pol.min_delay, obey_robots=pol.obey_robots,
+                                crawl_delay_cap=pol.crawl_delay_cap, user_agent=pol.user_agent)
+        gate = HostGate(pcfg) if (pol.max_per_host or pol.min_delay > 0 or pol.obey_robots) else None
+        robots = RobotsRules(pcfg) if pol.obey_robots else None
+        self.crawl = Crawl(cfg, self.store, self.dedup, self.table, gate, robots,
+                           first_lease=int(self.clock() * 1000) % (1 << 40) * 1000 + 1)
+        back = self.store.requeue_leased(self.crawl.route)
+        if back:
+            log.info("recovered %d leases that were in flight when the master stopped", back)
+        added = self.crawl.seed(cfg.seeds)
+        if added:
+            log.info("seeded %d URLs", added)
+        self.catalogue = CatalogueFile(cfg.data_dir / "catalog.jsonl")
+        self.catalogue.rewrite(self.store.catalogue())
+        self.store.commit()
+
+    def _load_bloom(self) -> BloomFilter:
+        d = self.cfg.dedup
+        fresh = BloomFilter.for_capacity(d.expected_urls, d.fp_rate)
+        count = self.store.url_count()
+        why = None
+        if not self.bloom_path.exists():
+            why = "no snapshot"
+        else:
+            try:
+                bloom = BloomFilter.load(self.bloom_path, expect_m=fresh.m, expect_k=fresh.k)
+                saved = self.store.get_meta("bloom_url_count")
+                if saved is not None and int(saved) == count:
+                    log.info("Bloom filter loaded from %s (%d URLs)", self.bloom_path, count)
+                    return bloom
+                why = f"snapshot is stale ({saved} URLs in it, {count} in the database)"
+            except BloomFileError as e:
+                why = f"snapshot refused: {e}"
+        if count:
+            for urls in self.store.iter_urls():
+                fresh.add_many(urls)
+            log.warning("Bloom filter rebuilt from the URL table (%d URLs): %s", count, why)
+        return fresh
+
+    def _snapshot_bloom(self) -> None:
+        self.store.commit()
+        self.bloom.save(self.bloom_path)
+        self.store.set_meta("bloom_url_count", str(self.store.url_count()))
+        self.store.commit()
+
+    def _commit(self) -> None:
+        self.store.count_discards(self.crawl.discards)
+        self.crawl.discards.clear()
+        self.store.commit()
+        self.catalogue.flush()
+
+    # ------------------------------------------------------------------ serve
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def serve(self, started: Callable[[int], None] | None = None) -> Summary:
+        t0 = time.monotonic()
+        self._open_state()
+        host, port = self.cfg.listen
+        server = await asyncio.start_server(self._handle, host, port, limit=1 << 20)
+        self.port = server.sockets[0].getsockname()[1]
+        log.info("master listening on %s:%d for nodes %s", host, self.port, ", ".join(self.cfg.nodes))
+        if started:
+            started(self.port)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                ticker = tg.create_task(self._ticker())
+                beats = tg.create_task(self._heartbeats())
+                await self._stop.wait()
+                ticker.cancel()
+                beats.cancel()
+                server.close()
+                if self._done:
+                    for s in list(self.sessions.values()):
+                        try:
+                            await asyncio.wait_for(s.conn.send(p.Shutdown("crawl finished")), 2)
+                        except (TimeoutError, OSError, ConnectionError):
+                            pass
+                for s in list(self.sessions.values()):
+                    if s.tasks:
+                        s.tasks.cancel()
+                    await s.conn.close()
+        finally:
+            server.close()
+            self._commit()
+            self._snapshot_bloom()
+            self._fill_summary(time.monotonic() - t0)
+            self.catalogue.close()
+            self.store.close()
+        return self.summary
+
+    def _fill_summary(self, elapsed: float) -> None:
+        st = self.store.status()
+        counts = st.get("states", {})
+        self.summary.pages = counts.get("done", 0)
+        self.summary.errors = counts.get("error", 0)
+        self.summary.audio = sum(st.get("audio", {}).values()) if isinstance(st.get("audio"), dict) else 0
+        self.summary.frontier = st.get("frontier", 0)
+        self.summary.discards = dict(st.get("discards", {}))
+        self.summary.stale_results = self.crawl.totals.stale_results
+        self.summary.elapsed = elapsed
+
+    async def _ticker(self) -> None:
+        last_snapshot = time.monotonic()
+        refresh_every = (self.cfg.crawl.refresh_interval or 0) / 4
+        last_refresh = time.monotonic()
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), COMMIT_INTERVAL)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            now = self.clock()
+            self.crawl.expire(now)
+            self._check_heartbeats(now)
+            if refresh_every and time.monotonic() - last_refresh >= max(refresh_every, 0.5):
+                last_refresh = time.monotonic()
+                self._refresh(now)
+            self._fetch_robots()
+            self._dispatch_all()
+            self._commit()
+            if time.monotonic() - last_snapshot >= self.cfg.dedup.snapshot_interval:
+                last_snapshot = time.monotonic()
+                self._snapshot_bloom()
+            if self.cfg.exit_when_done and self.crawl.done():
+                log.info("frontier empty and nothing in flight: the crawl is done")
+                self._done = True
+                self._stop.set()
+                return
+
+    def _refresh(self, now: float) -> None:
+        rows = self.store.due_for_refresh(now, self.cfg.crawl.refresh_interval, 10_000)
+        if rows:
+            n = self.store.requeue_refresh(rows, self.crawl.route)
+            log.info("refresh: %d pages scheduled again", n)
+
+    def _check_heartbeats(self, now: float) -> None:
+        timeout = self.cfg.scheduling.heartbeat_timeout
+        for s in list(self.sessions.values()):
+            if now - s.last_seen > timeout:
+                log.warning("worker %s silent for %.1f s: declaring it dead", s.node, now - s.last_seen)
+                self._detach(s)
+                if s.tasks:
+                    s.tasks.cancel()
+                s.conn.writer.transport.abort()
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.scheduling.heartbeat_interval)
+            now = self.clock()
+            for s in list(self.sessions.values()):
+                try:
+                    s.conn.send_nowait(p.Heartbeat(now))
+                except (OSError, ConnectionError):
+                    pass
+
+    # ------------------------------------------------------------------ robots.txt
+    def _fetch_robots(self) -> None:
+        for origin in list(self.crawl.robots_wanted):
+            if origin in self._robots_inflight:
+                continue
+            self._robots_inflight.add(origin)
+            self._tg.create_task(self._robots_one(origin))
+
+    async def _robots_one(self, origin: str) -> None:
+        status = body = None
+        try:
+            async with httpx.AsyncClient(timeout=10, follow_redirects=True, max_redirects=5,
+                                         headers={"User-Agent": self.cfg.politeness.user_agent}) as client:
+                async with client.stream("GET", origin + "/robots.txt") as r:
+                    status = r.status_code
+                    chunks, size = [], 0
+                    async for chunk in r.aiter_bytes():
+                        chunks.append(chunk)
+                        size += len(chunk)
+                        if size >= ROBOTS_MAX_BYTES:
+                            break
+                    body = b"".join(chunks)[:ROBOTS_MAX_BYTES]
+        except httpx.HTTPError as e:
+            log.info("robots.txt of %s not fetched: %s", origin, e)
+        finally:
+            self._robots_inflight.discard(origin)
+        self.crawl.robots_fetched(origin, status, body, self.clock())
+        self._wake.set()
+
+    # ------------------------------------------------------------------ workers
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = FramedConnection(reader, writer, self.cfg.max_frame)
+        try:
+            hello = await asyncio.wait_for(self._handshake(conn), HANDSHAKE_TIMEOUT)
+        except (TimeoutError, p.ProtocolError, ConnectionClosed, OSError, ConnectionError) as e:
+            log.warning("connection from %s refused: %s", conn.peer, e or type(e).__name__)
+            await conn.close()
+            return
+        if hello is None:
+            await conn.close()
+            return
+        s = Session(hello.worker_id, conn, hello.capacity, last_seen=self.clock())
+        s.tasks = asyncio.current_task()
+        self._attach(s)
+        try:
+            while True:
+                msg = await conn.recv()
+                s.last_seen = self.clock()
+                if isinstance(msg, p.Report):
+                    rows = self.crawl.complete(s.node, msg.results, s.last_seen)
+                    if rows:
+                        self.catalogue.add(rows)
+                elif isinstance(msg, p.Credit):
+                    if s.credit + msg.n + self.crawl.in_flight(s.node) > s.capacity:
+                        raise p.ProtocolError(f"credit beyond the announced capacity of {s.capacity}")
+                    s.credit += msg.n
+                elif isinstance(msg, p.Heartbeat):
+                    continue
+                else:
+                    raise p.ProtocolError(f"unexpected {type(msg).__name__} from a worker")
+                self._dispatch(s)
+                if isinstance(msg, p.Report):
+                    self._dispatch_all()
+        except p.ProtocolError as e:
+            log.warning("worker %s (%s) broke the protocol: %s; closing its connection", s.node, conn.peer, e)
+        except (ConnectionClosed, OSError, ConnectionError) as e:
+            log.info("worker %s disconnected: %s", s.node, e)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._detach(s)
+            await conn.close()
+
+    async def _handshake(self, conn: FramedConnection) -> p.Hello | None:
+        hello = await conn.recv()
+        if not isinstance(hello, p.Hello):
+            raise p.ProtocolError(f"expected Hello, got {type(hello).__name__}")
+        if hello.version != p.PROTOCOL_VERSION:
+            await conn.send(p.Refused(f"protocol version {hello.version} not supported"))
+            raise p.ProtocolError(f"worker {hello.worker_id} speaks protocol version {hello.version}")
+        nonce = p.new_nonce()
+        await conn.send(p.Challenge(nonce, p.master_proof(self.cfg.secret, hello.nonce, nonce)))
+        auth = await conn.recv()
+        if not isinstance(auth, p.Auth):
+            raise p.ProtocolError(f"expected Auth, got {type(auth).__name__}")
+        if not p.check_proof(p.worker_proof(self.cfg.secret, nonce, hello.nonce, hello.worker_id), auth.mac):
+            await conn.send(p.Refused("authentication failed"))
+            raise p.ProtocolError(f"worker {hello.worker_id!r} failed authentication")
+        if hello.worker_id not in self.cfg.nodes:
+            await conn.send(p.Refused(f"node id {hello.worker_id!r} is not in the master's nodes list"))
+            raise p.ProtocolError(f"unknown node id {hello.worker_id!r}")
+        await conn.send(p.Welcome(self.cfg.scheduling.heartbeat_interval, self.cfg.crawl.keep_fragment))
+        return hello
+
+    def _attach(self, s: Session) -> None:
+        old = self.sessions.get(s.node)
+        if old is not None:
+            log.warning("worker %s connected again from %s: replacing its old connection", s.node, s.conn.peer)
+            self._detach(old)
+            if old.tasks:
+                old.tasks.cancel()
+        self.sessions[s.node] = s
+        self.crawl.node_up(s.node)
+        log.info("worker %s joined from %s (capacity %d)", s.node, s.conn.peer, s.capacity)
+        self._wake.set()
+
+    def _detach(self, s: Session) -> None:
+        if self.sessions.get(s.node) is not s:
+            return
+        del self.sessions[s.node]
+        self.crawl.node_down(s.node, self.clock())
+        self._dispatch_all()
+
+    def _dispatch(self, s: Session) -> None:
+        if s.credit <= 0 or self._stop.is_set():
+            return
+        tasks = self.crawl.take(s.node, s.credit, self.clock())
+        if not tasks:
+            return
+        s.credit -= len(tasks)
+        step = 512
+        try:
+            s.conn.send_nowait(*(p.Assign(tuple(tasks[i:i + step])) for i in range(0, len(tasks), step)))
+        except (OSError, ConnectionError):
+            pass
+
+    def _dispatch_all(self) -> None:
+        for s in list(self.sessions.values()):
+            self._dispatch(s)
+
