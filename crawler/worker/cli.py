@@ -1,0 +1,49 @@
+"""crawler-worker: one per machine; connects to the master and crawls what it is given."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from crawler.config import ConfigError
+from crawler.resolvers.base import ResolverConfigError
+from crawler.worker.config import WorkerConfig
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--master", help="The master's host:port.")
+@click.option("--id", "node_id", help="This node's id; must be one of the master's `nodes`.")
+@click.option("--data-dir", type=click.Path(path_type=Path), help="Where pages and audio are stored.")
+@click.option("--secret-file", type=click.Path(path_type=Path), help="File holding the shared secret.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path),
+              help="Optional YAML: concurrency, User-Agent, limits, resolvers.")
+@click.option("--concurrency", type=int, help="Page fetches in flight (overrides the config).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def main(master, node_id, data_dir, secret_file, config_path, concurrency, log_level) -> None:
+    """Run a crawl worker."""
+    logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = {"master": master, "id": node_id, "data_dir": str(data_dir) if data_dir else None,
+                 "secret_file": str(secret_file) if secret_file else None, "concurrency": concurrency}
+    try:
+        cfg = WorkerConfig.build(config_path, overrides)
+        from crawler.worker.server import Worker
+
+        worker = Worker(cfg)
+    except (ConfigError, ResolverConfigError) as e:
+        click.echo(f"crawler-worker: config error: {e}", err=True)
+        sys.exit(2)
+
+    async def run() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        return await worker.serve()
+
+    sys.exit(asyncio.run(run()))

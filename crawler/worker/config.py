@@ -1,0 +1,84 @@
+"""The worker's one config object: an optional YAML file, with the command line's flags taking precedence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crawler.config import ConfigError, Key, load_yaml, parse_hostport, parse_section, positive, read_secret
+
+DEFAULT_USER_AGENT = "Mozilla/5.0 (compatible; audio-crawler/0.1)"
+
+SPEC = {
+    "master": Key("str", None),
+    "id": Key("str", None),
+    "data_dir": Key("path", None),
+    "secret_file": Key("path", None),
+    "concurrency": Key("int", 64, positive),          # page fetches in flight
+    "downloads": Key("int", 4, positive),             # audio downloads in flight, apart from page fetches
+    "max_tasks": Key("int", None, positive),          # credit announced to the master
+    "user_agent": Key("str", DEFAULT_USER_AGENT),
+    "max_page_bytes": Key("int", 5 * 1024 * 1024, positive),
+    "max_audio_bytes": Key("int", 2 * 1024 ** 3, positive),
+    "connect_timeout": Key("float", 10.0, positive),
+    "read_timeout": Key("float", 30.0, positive),
+    "max_redirects": Key("int", 5, positive),
+    "dns_ttl": Key("float", 300.0, positive),
+    "link_cache": Key("int", 200_000, positive),
+    "max_links_per_page": Key("int", 5000, positive),
+    "store_pages": Key("bool", True),
+    "download_audio": Key("bool", True),
+    "reconnect_max_delay": Key("float", 30.0, positive),
+    "resolvers": Key("map", None),                    # name -> its own section, in the order they are tried
+}
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    master: tuple[str, int]
+    id: str
+    data_dir: Path
+    secret: bytes
+    concurrency: int
+    downloads: int
+    max_tasks: int
+    user_agent: str
+    max_page_bytes: int
+    max_audio_bytes: int
+    connect_timeout: float
+    read_timeout: float
+    max_redirects: int
+    dns_ttl: float
+    link_cache: int
+    max_links_per_page: int
+    store_pages: bool
+    download_audio: bool
+    reconnect_max_delay: float
+    resolvers: dict[str, dict[str, Any]]
+
+    @classmethod
+    def build(cls, yaml_path: Path | None, overrides: dict[str, Any]) -> WorkerConfig:
+        raw = load_yaml(yaml_path) if yaml_path else {}
+        base = yaml_path.resolve().parent if yaml_path else Path.cwd()
+        raw.update({k: v for k, v in overrides.items() if v is not None})
+        v = parse_section(raw, SPEC, base)
+        for key, flag in (("master", "--master"), ("id", "--id"), ("data_dir", "--data-dir"),
+                          ("secret_file", "--secret-file")):
+            if v[key] is None:
+                raise ConfigError(key, f"required: give {flag} or set {key} in the config file")
+        resolvers = v["resolvers"] or {"generic": {}}
+        for name, section in resolvers.items():
+            if section is not None and not isinstance(section, dict):
+                raise ConfigError(f"resolvers.{name}", "expected a mapping (the resolver's own settings)")
+        return cls(
+            master=parse_hostport(v["master"], "master"), id=v["id"], data_dir=v["data_dir"],
+            secret=read_secret(v["secret_file"]), concurrency=v["concurrency"], downloads=v["downloads"],
+            max_tasks=v["max_tasks"] or 2 * v["concurrency"] + 2 * v["downloads"], user_agent=v["user_agent"],
+            max_page_bytes=v["max_page_bytes"], max_audio_bytes=v["max_audio_bytes"],
+            connect_timeout=v["connect_timeout"], read_timeout=v["read_timeout"],
+            max_redirects=v["max_redirects"], dns_ttl=v["dns_ttl"], link_cache=v["link_cache"],
+            max_links_per_page=v["max_links_per_page"], store_pages=v["store_pages"],
+            download_audio=v["download_audio"], reconnect_max_delay=v["reconnect_max_delay"],
+            resolvers={k: dict(s or {}) for k, s in resolvers.items()},
+        )

@@ -1,0 +1,278 @@
+"""The worker daemon: connect to the master, take tasks within the credit it granted, report results.
+
+One session per connection. Everything a session starts (reader, task runners, reporter, heartbeats) lives in
+that session's TaskGroup; when the connection goes, the group is cancelled and the master re-leases whatever
+was unfinished. The worker reconnects by itself, with backoff, until the master sends Shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+from crawler import items as it
+from crawler import protocol as p
+from crawler.connection import ConnectionClosed, FramedConnection
+from crawler.resolvers.base import FetchedPage, ResolveContext, Resolver
+from crawler.resolvers.registry import load_resolvers, pick
+from crawler.urls import NormalizeOptions, normalize_many
+from crawler.worker.config import WorkerConfig
+from crawler.worker.downloader import DownloadConfig, Downloader
+from crawler.worker.fetcher import FetchError, build_client, fetch_page
+from crawler.worker.linkcache import LinkCache
+from crawler.worker.links import extract_links
+from crawler.worker.pagestore import PageStore
+
+log = logging.getLogger("crawler.worker")
+
+REPORT_BATCH = 64
+REPORT_DELAY = 0.02
+
+
+class Refused(Exception):
+    """The master refused this worker (bad secret, unknown id): retrying will not help without a fix."""
+
+
+class _Shutdown(Exception):
+    pass
+
+
+@dataclass
+class WorkerStats:
+    pages: int = 0
+    errors: int = 0
+    audio: int = 0
+    downloaded: int = 0
+    bytes: int = 0
+
+
+class Worker:
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.stats = WorkerStats()
+        self._stop = asyncio.Event()
+        self.resolvers: list[Resolver] = load_resolvers(cfg.resolvers)
+        self.links = LinkCache(cfg.link_cache)
+        self.connected = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def serve(self) -> int:
+        """Runs until the master says the crawl is over (returns 0) or stop() is called (returns 0)."""
+        cfg = self.cfg
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self.pages = PageStore(cfg.data_dir)
+        self.http = build_client(user_agent=cfg.user_agent, max_connections=cfg.concurrency * 2,
+                                 connect_timeout=cfg.connect_timeout, read_timeout=cfg.read_timeout,
+                                 max_redirects=cfg.max_redirects, dns_ttl=cfg.dns_ttl)
+        self.dl_http = build_client(user_agent=cfg.user_agent, max_connections=cfg.downloads * 2,
+                                    connect_timeout=cfg.connect_timeout, read_timeout=cfg.read_timeout,
+                                    max_redirects=cfg.max_redirects, dns_ttl=cfg.dns_ttl)
+        self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent)
+        self.downloader = Downloader(self.dl_http, cfg.data_dir,
+                                     DownloadConfig(max_size=cfg.max_audio_bytes, timeout=cfg.read_timeout))
+        self.page_sem = asyncio.Semaphore(cfg.concurrency)
+        self.dl_sem = asyncio.Semaphore(cfg.downloads)
+        self.norm = NormalizeOptions(keep_fragment=tuple(pat for r in self.resolvers for pat in r.keep_fragment))
+        try:
+            return await self._run()
+        finally:
+            self.pages.close()
+            await self.http.aclose()
+            await self.dl_http.aclose()
+            log.info("worker %s stopped: %d pages, %d errors, %d audio items, %d downloaded (%d bytes)",
+                     cfg.id, self.stats.pages, self.stats.errors, self.stats.audio, self.stats.downloaded,
+                     self.stats.bytes)
+
+    async def _run(self) -> int:
+        delay = 0.2
+        host, port = self.cfg.master
+        while not self._stop.is_set():
+            conn = None
+            try:
+                reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
+                conn = FramedConnection(reader, writer, 16 * 1024 * 1024)
+                welcome = await asyncio.wait_for(self._handshake(conn), 10)
+                delay = 0.2
+                log.info("worker %s connected to master %s:%d", self.cfg.id, host, port)
+                if await self._session(conn, welcome):
+                    return 0
+            except Refused as e:
+                log.error("master refused worker %s: %s", self.cfg.id, e)
+            except (TimeoutError, OSError, ConnectionError, ConnectionClosed) as e:
+                log.info("master %s:%d not reachable: %s", host, port, e or type(e).__name__)
+            except p.ProtocolError as e:
+                log.warning("master broke the protocol: %s", e)
+            finally:
+                self.connected.clear()
+                if conn is not None:
+                    await conn.close()
+            if self._stop.is_set():
+                break
+            wait = delay * (0.5 + random.random())
+            delay = min(delay * 2, self.cfg.reconnect_max_delay)
+            try:
+                await asyncio.wait_for(self._stop.wait(), wait)
+            except TimeoutError:
+                pass
+        return 0
+
+    async def _handshake(self, conn: FramedConnection) -> p.Welcome:
+        nonce = p.new_nonce()
+        await conn.send(p.Hello(self.cfg.id, p.PROTOCOL_VERSION, self.cfg.max_tasks, nonce))
+        msg = await conn.recv()
+        if isinstance(msg, p.Refused):
+            raise Refused(msg.reason)
+        if not isinstance(msg, p.Challenge):
+            raise p.ProtocolError(f"expected Challenge, got {type(msg).__name__}")
+        if not p.check_proof(p.master_proof(self.cfg.secret, nonce, msg.nonce), msg.proof):
+            raise Refused("the master could not prove it knows the shared secret")
+        await conn.send(p.Auth(p.worker_proof(self.cfg.secret, msg.nonce, nonce, self.cfg.id)))
+        msg = await conn.recv()
+        if isinstance(msg, p.Refused):
+            raise Refused(msg.reason)
+        if not isinstance(msg, p.Welcome):
+            raise p.ProtocolError(f"expected Welcome, got {type(msg).__name__}")
+        return msg
+
+    async def _session(self, conn: FramedConnection, welcome: p.Welcome) -> bool:
+        """Serve one connection. True when the master ended the crawl."""
+        patterns = tuple(dict.fromkeys(welcome.keep_fragment + self.norm.keep_fragment))
+        self.norm = NormalizeOptions(keep_fragment=patterns)
+        self.links.forget()
+        results: asyncio.Queue[p.Result] = asyncio.Queue()
+        await conn.send(p.Credit(self.cfg.max_tasks))
+        self.connected.set()
+        last_heard = time.monotonic()
+        timeout = max(3 * welcome.heartbeat_interval, 5.0)
+
+        async def reader(tg: asyncio.TaskGroup) -> None:
+            nonlocal last_heard
+            while True:
+                msg = await conn.recv()
+                last_heard = time.monotonic()
+                if isinstance(msg, p.Assign):
+                    for task in msg.tasks:
+                        tg.create_task(self._run_task(task, results))
+                elif isinstance(msg, p.Shutdown):
+                    log.info("master ended the crawl: %s", msg.reason)
+                    raise _Shutdown()
+                elif isinstance(msg, p.Heartbeat):
+                    pass
+                else:
+                    raise p.ProtocolError(f"unexpected {type(msg).__name__} from the master")
+
+        async def reporter() -> None:
+            while True:
+                batch = [await results.get()]
+                await asyncio.sleep(REPORT_DELAY)   # let a burst of results share one frame
+                while len(batch) < REPORT_BATCH and not results.empty():
+                    batch.append(results.get_nowait())
+                await conn.send(p.Report(tuple(batch)), p.Credit(len(batch)))
+
+        async def heartbeat() -> None:
+            while True:
+                await asyncio.sleep(welcome.heartbeat_interval)
+                if time.monotonic() - last_heard > timeout:
+                    raise ConnectionClosed(f"master silent for {time.monotonic() - last_heard:.1f} s")
+                await conn.send(p.Heartbeat(time.time()))
+
+        async def stopper() -> None:
+            await self._stop.wait()
+            raise ConnectionClosed("worker stopping")
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(reader(tg))
+                tg.create_task(reporter())
+                tg.create_task(heartbeat())
+                tg.create_task(stopper())
+        except* _Shutdown:
+            return True
+        except* (ConnectionClosed, OSError, ConnectionError) as eg:
+            log.info("connection to the master lost: %s", eg.exceptions[0])
+        return False
+
+    # ------------------------------------------------------------------ one task
+    async def _run_task(self, task: p.Task, results: asyncio.Queue) -> None:
+        try:
+            result = await self.process(task)
+        except Exception as e:   # a bug must cost one task, not the worker
+            log.exception("task %s failed unexpectedly", task.url)
+            result = p.Result(task.lease, task.url, p.RETRY, error=f"worker error: {type(e).__name__}: {e}")
+        if result.status == p.DONE:
+            self.stats.pages += 1
+        else:
+            self.stats.errors += 1
+        results.put_nowait(result)
+
+    async def process(self, task: p.Task) -> p.Result:
+        url = task.url
+        resolver = pick(self.resolvers, url)
+        page: FetchedPage | None = None
+        links: list[str] = []
+        if resolver.needs_page(url):
+            async with self.page_sem:
+                try:
+                    page, _truncated = await fetch_page(self.http, url, max_bytes=self.cfg.max_page_bytes,
+                                                        referrer=task.parent)
+                except FetchError as e:
+                    return p.Result(task.lease, url, p.RETRY if e.transient else p.ERROR, error=str(e))
+            if page.status == 429 or page.status >= 500:
+                return p.Result(task.lease, url, p.RETRY, page.status, page.final_url, page.content_type,
+                                len(page.body), f"HTTP {page.status}")
+            if page.status >= 400:
+                return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
+                                len(page.body))
+            tree = page.tree()
+            if tree is not None:
+                links = extract_links(tree, page.final_url)
+                if self.cfg.store_pages:
+                    self.pages.save(url, page.final_url, page.status, page.content_type, page.body)
+        try:
+            resolution = await resolver.resolve(url, page, self.ctx)
+        except Exception as e:
+            log.exception("resolver %s failed on %s", resolver.name, url)
+            resolution = None
+            error = f"resolver {resolver.name}: {type(e).__name__}"
+        else:
+            error = None
+        items = list(resolution.items) if resolution else []
+        links.extend(resolution.links if resolution else ())
+        links = self._links_to_report(links, items)
+        if items and self.cfg.download_audio:
+            items = await self._download_all(items, resolver)
+        self.stats.audio += len(items)
+        return p.Result(task.lease, url, p.DONE, page.status if page else None, page.final_url if page else None,
+                        page.content_type if page else None, len(page.body) if page else None, error,
+                        tuple(links), tuple(items))
+
+    def _links_to_report(self, links: list[str], items: list[it.AudioItem]) -> list[str]:
+        if not links:
+            return []
+        audio = {i.url for i in items}
+        generic = self.resolvers[-1]
+        normed = [u for u in normalize_many(links, self.norm)
+                  if u and u not in audio and not generic.audio_link(u)]
+        return self.links.fresh(normed)[: self.cfg.max_links_per_page]
+
+    async def _download_all(self, items: list[it.AudioItem], resolver: Resolver) -> list[it.AudioItem]:
+        async def reresolve(item: it.AudioItem) -> it.AudioItem | None:
+            return await resolver.reresolve(item, self.ctx)
+
+        async def one(item: it.AudioItem) -> it.AudioItem:
+            if item.status != it.OK or not item.url:
+                return item
+            async with self.dl_sem:
+                done = await self.downloader.fetch(item, reresolve)
+            if done.status == it.OK and done.sha256:
+                self.stats.downloaded += 1
+                self.stats.bytes += done.size or 0
+            return done
+
+        return list(await asyncio.gather(*(one(i) for i in items)))
