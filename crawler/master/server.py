@@ -157,6 +157,8 @@ class Master:
         server = await asyncio.start_server(self._handle, host, port, limit=1 << 20)
         self.port = server.sockets[0].getsockname()[1]
         log.info("master listening on %s:%d for nodes %s", host, self.port, ", ".join(self.cfg.nodes))
+        # Tools and tests find a master that listens on port 0 here.
+        (self.cfg.data_dir / "master.addr").write_text(f"{host}:{self.port}\n")
         if started:
             started(self.port)
         try:

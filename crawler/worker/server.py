@@ -186,6 +186,7 @@ class Worker:
             await self._stop.wait()
             raise ConnectionClosed("worker stopping")
 
+        ended = False
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(reader(tg))
@@ -193,10 +194,10 @@ class Worker:
                 tg.create_task(heartbeat())
                 tg.create_task(stopper())
         except* _Shutdown:
-            return True
-        except* (ConnectionClosed, OSError, ConnectionError) as eg:
+            ended = True
+        except* (ConnectionClosed, OSError, ConnectionError, p.ProtocolError) as eg:
             log.info("connection to the master lost: %s", eg.exceptions[0])
-        return False
+        return ended
 
     # ------------------------------------------------------------------ one task
     async def _run_task(self, task: p.Task, results: asyncio.Queue) -> None:

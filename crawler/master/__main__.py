@@ -1,0 +1,3 @@
+from crawler.master.cli import main
+
+main()

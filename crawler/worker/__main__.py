@@ -1,0 +1,3 @@
+from crawler.worker.cli import main
+
+main()

@@ -1,0 +1,129 @@
+"""Starting the real daemons as local processes (the demo and the end-to-end tests), and reading their output."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+SECRET = "correct horse battery staple 0123456789"
+
+
+def write_secret(path: Path, secret: str = SECRET) -> Path:
+    path.write_text(secret + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def master_config(tmp: Path, seeds: list[str], nodes: list[str], **overrides) -> Path:
+    cfg = {
+        "listen": "127.0.0.1:0",
+        "data_dir": str(tmp / "master"),
+        "secret_file": str(write_secret(tmp / "secret")),
+        "nodes": nodes,
+        "seeds": seeds,
+        "exit_when_done": True,
+        "scheduling": {"heartbeat_interval": 0.5, "heartbeat_timeout": 3.0, "lease_timeout": 30.0},
+        "politeness": {"obey_robots": False},
+        "dedup": {"expected_urls": 100_000, "fp_rate": 1e-6},
+    }
+    for k, v in overrides.items():
+        if isinstance(v, dict) and isinstance(cfg.get(k), dict):
+            cfg[k] = {**cfg[k], **v}
+        else:
+            cfg[k] = v
+    path = tmp / "master.yaml"
+    path.write_text(yaml.safe_dump(cfg, allow_unicode=True))
+    return path
+
+
+@dataclass
+class Proc:
+    name: str
+    proc: asyncio.subprocess.Process
+    log_path: Path
+    stdout: bytes = b""
+    _out_task: asyncio.Task | None = field(default=None, repr=False)
+
+    async def wait(self, timeout: float) -> int:
+        try:
+            rc = await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            self.kill()
+            await self.proc.wait()
+            raise AssertionError(f"{self.name} did not exit within {timeout} s; log:\n{self.log()[-4000:]}")
+        if self._out_task is not None:
+            self.stdout = await self._out_task
+        return rc
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(sig)
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.kill(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except TimeoutError:
+                self.kill()
+                await self.proc.wait()
+
+
+async def _spawn(name: str, args: list[str], log_path: Path) -> Proc:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    log_fh = open(log_path, "wb")
+    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=log_fh, env=env,
+                                                stdin=asyncio.subprocess.DEVNULL)
+    log_fh.close()
+    p = Proc(name, proc, log_path)
+    p._out_task = asyncio.ensure_future(proc.stdout.read())
+    return p
+
+
+async def start_master(config: Path, tmp: Path, *, log_name: str = "master.log") -> Proc:
+    addr = Path(yaml.safe_load(config.read_text())["data_dir"]) / "master.addr"
+    if addr.exists():
+        addr.unlink()
+    p = await _spawn("master", [sys.executable, "-m", "crawler.master", "--config", str(config)], tmp / log_name)
+    for _ in range(300):
+        if addr.exists() and addr.read_text().strip():
+            return p
+        if p.proc.returncode is not None:
+            break
+        await asyncio.sleep(0.05)
+    await p.wait(5)
+    raise AssertionError(f"master did not start; log:\n{p.log()[-4000:]}")
+
+
+def master_addr(config: Path) -> str:
+    return (Path(yaml.safe_load(config.read_text())["data_dir"]) / "master.addr").read_text().strip()
+
+
+async def start_worker(master: str, node_id: str, tmp: Path, *, secret: Path | None = None,
+                       config: Path | None = None, extra: list[str] | None = None) -> Proc:
+    args = [sys.executable, "-m", "crawler.worker", "--master", master, "--id", node_id,
+            "--data-dir", str(tmp / f"worker-{node_id}"), "--secret-file", str(secret or tmp / "secret")]
+    if config:
+        args += ["--config", str(config)]
+    args += extra or []
+    return await _spawn(f"worker {node_id}", args, tmp / f"worker-{node_id}.log")
+
+
+def catalogue(tmp: Path) -> list[dict]:
+    path = tmp / "master" / "catalog.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def fetched_paths(log: list, *, statuses=(200, 206)) -> list[str]:
+    """Paths of page requests in a site server's request log (GET, successful)."""
+    return [e.path for e in log if e.method == "GET" and e.status in statuses]

@@ -1,0 +1,112 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from crawler.config import ConfigError
+from crawler.master.config import MasterConfig
+from crawler.worker.config import WorkerConfig
+from scripts.cluster import write_secret
+
+
+def base(tmp: Path) -> dict:
+    return {"listen": "127.0.0.1:7700", "data_dir": "data", "secret_file": str(write_secret(tmp / "secret")),
+            "nodes": ["a", "b"], "seeds": ["http://127.0.0.1:8000/"]}
+
+
+def test_minimal_config_gets_defaults_and_seed_hosts_as_scope(tmp_path):
+    cfg = MasterConfig.from_mapping(base(tmp_path), tmp_path)
+    assert cfg.listen == ("127.0.0.1", 7700)
+    assert cfg.data_dir == tmp_path / "data"
+    assert cfg.crawl.max_depth == 5 and cfg.crawl.max_url_length == 256
+    assert cfg.crawl.allowed_hosts == ("127.0.0.1",)
+    assert cfg.secret.startswith(b"correct horse")
+
+
+def test_example_configs_in_the_repo_are_valid(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    raw = yaml.safe_load((root / "configs" / "master.yaml").read_text())
+    raw["secret_file"] = str(write_secret(tmp_path / "s"))
+    MasterConfig.from_mapping(raw, tmp_path)
+    wraw = yaml.safe_load((root / "configs" / "worker.yaml").read_text())
+    wpath = tmp_path / "worker.yaml"
+    wpath.write_text(yaml.safe_dump(wraw))
+    w = WorkerConfig.build(wpath, {"master": "h:1", "id": "a", "data_dir": str(tmp_path),
+                                   "secret_file": str(tmp_path / "s")})
+    assert w.max_tasks == 2 * 64 + 2 * 4
+
+
+@pytest.mark.parametrize("change, key, words", [
+    ({"seeds": None}, "seeds", "required"),
+    ({"nodes": "a"}, "nodes", "list of strings"),
+    ({"crawl": {"max_depth": "five"}}, "crawl.max_depth", "integer"),
+    ({"crawl": {"max_dpeth": 3}}, "crawl.max_dpeth", "unknown key"),
+    ({"bogus": 1}, "bogus", "unknown key"),
+    ({"listen": "nowhere"}, "listen", "host:port"),
+    ({"seeds": ["ftp://x/"]}, "seeds", "not an http"),
+    ({"nodes": ["a", "a"]}, "nodes", "unique"),
+    ({"dedup": {"fp_rate": 2}}, "dedup.fp_rate", "between 0 and 1"),
+    ({"scheduling": {"heartbeat_timeout": 1, "heartbeat_interval": 5}}, "scheduling.heartbeat_timeout", "longer"),
+    ({"politeness": {"obey_robots": "yes"}}, "politeness.obey_robots", "true or false"),
+])
+def test_bad_values_name_the_key(tmp_path, change, key, words):
+    raw = base(tmp_path)
+    for k, v in change.items():
+        if v is None:
+            raw.pop(k)
+        else:
+            raw[k] = v
+    with pytest.raises(ConfigError) as e:
+        MasterConfig.from_mapping(raw, tmp_path)
+    assert e.value.key == key
+    assert words in str(e.value)
+
+
+def test_short_secret_refused(tmp_path):
+    raw = base(tmp_path)
+    (tmp_path / "short").write_text("abc")
+    raw["secret_file"] = str(tmp_path / "short")
+    with pytest.raises(ConfigError, match="secret_file: .* use at least 16"):
+        MasterConfig.from_mapping(raw, tmp_path)
+
+
+def _run(args, cwd):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda r: r.pop("nodes"), "nodes: required key is missing"),
+    (lambda r: r.update(colour="blue"), "colour: unknown key"),
+    (lambda r: r.update(exit_when_done="sometimes"), "exit_when_done: expected true or false"),
+])
+def test_master_cli_bad_config_one_line_exit_2(tmp_path, mutate, expected):
+    raw = base(tmp_path)
+    mutate(raw)
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    r = _run(["crawler.master", "--config", str(cfg)], tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert expected in lines[0] and "Traceback" not in r.stderr
+
+
+def test_master_cli_unreadable_and_invalid_yaml(tmp_path):
+    r = _run(["crawler.master", "--config", str(tmp_path / "missing.yaml")], tmp_path)
+    assert r.returncode == 2 and "cannot read config" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("listen: [unclosed\n")
+    r = _run(["crawler.master", "--config", str(bad)], tmp_path)
+    assert r.returncode == 2 and "not valid YAML" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_worker_cli_missing_flag_and_bad_resolver(tmp_path):
+    r = _run(["crawler.worker", "--master", "127.0.0.1:1", "--id", "a", "--data-dir", str(tmp_path)], tmp_path)
+    assert r.returncode == 2 and "secret_file: required" in r.stderr and "Traceback" not in r.stderr
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text(yaml.safe_dump({"resolvers": {"nosuch": {}}, "concurrency": 4}))
+    r = _run(["crawler.worker", "--master", "127.0.0.1:1", "--id", "a", "--data-dir", str(tmp_path),
+              "--secret-file", str(write_secret(tmp_path / "s")), "--config", str(cfg)], tmp_path)
+    assert r.returncode == 2 and "nosuch" in r.stderr and len(r.stderr.strip().splitlines()) == 1
