@@ -1,0 +1,315 @@
+"""Global politeness, kept at the master: per-host concurrency and spacing, and robots.txt.
+
+The scheduler spreads one host's URLs over many workers, so no worker can see how hard a host is being
+hit; the master can. These classes only decide: the master asks before it hands a URL out, fetches
+robots.txt itself and feeds the answer back. Time is a parameter (float seconds, any monotonic clock),
+so nothing here sleeps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from protego import Protego
+
+# States of a host's robots.txt, as RobotsRules.state() reports them.
+UNKNOWN = "unknown"   # never fetched, or stale: the master should fetch it
+PENDING = "pending"   # a fetch is out
+KNOWN = "known"       # rules are in force
+
+# Past this many bytes a robots.txt is cut (RFC 9309, 2.5: parse at least 500 KiB).
+ROBOTS_MAX_BYTES = 500 * 1024
+
+
+@dataclass(frozen=True)
+class PolitenessConfig:
+    """Politeness settings; each one can be switched off for sites the user owns.
+
+    max_per_host None lifts the concurrency limit, min_delay 0 the spacing, obey_robots False the robots.txt
+    rules, crawl_delay_cap 0 the Crawl-delay.
+    """
+
+    max_per_host: int | None = 2        # requests in flight to one host, over all workers
+    min_delay: float = 0.0              # seconds between request starts to one host, over all workers
+    obey_robots: bool = True
+    crawl_delay_cap: float = 10.0       # a robots.txt Crawl-delay is honoured up to this many seconds
+    user_agent: str = "audio-crawler"   # the product token robots.txt groups are matched against
+    robots_ttl: float = 86400.0         # how long fetched rules stay in force
+    robots_retry_after: float = 600.0   # after a 5xx or network error: disallow all, then refetch this soon
+    robots_fetch_timeout: float = 300.0  # a fetch marked pending that never reports is given up after this
+    host_idle_ttl: float = 3600.0       # a host with nothing in flight is forgotten after this long idle
+
+    def __post_init__(self) -> None:
+        if self.max_per_host is not None and self.max_per_host < 1:
+            raise ValueError(f"max_per_host must be >= 1 or None, got {self.max_per_host}")
+        for name in ("min_delay", "crawl_delay_cap"):
+            v = getattr(self, name)
+            if not v >= 0 or math.isinf(v):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+        for name in ("robots_ttl", "robots_retry_after", "robots_fetch_timeout", "host_idle_ttl"):
+            v = getattr(self, name)
+            if not v > 0:
+                raise ValueError(f"{name} must be > 0, got {v}")
+        if not self.user_agent.strip():
+            raise ValueError("user_agent must not be empty")
+
+
+class _Host:
+    __slots__ = ("crawl_delay", "in_flight", "last_start", "touched")
+
+    def __init__(self, now: float) -> None:
+        self.in_flight = 0
+        self.last_start = -math.inf
+        self.crawl_delay: float | None = None   # already capped
+        self.touched = now
+
+
+class HostGate:
+    """Per-host concurrency limit and minimum spacing of request starts, across all workers.
+
+    Hosts are kept in order of last use; idle ones are dropped as ``now`` moves on, so memory follows the
+    hosts in use, not every host ever seen. A host with a Crawl-delay is kept robots_ttl after its last use
+    instead of host_idle_ttl, the lifetime of the robots.txt it came from, so forgetting it does not shorten
+    its spacing while those rules are in force.
+    """
+
+    def __init__(self, cfg: PolitenessConfig) -> None:
+        self.cfg = cfg
+        self._hosts: OrderedDict[str, _Host] = OrderedDict()
+        self._delayed: OrderedDict[str, _Host] = OrderedDict()   # idle hosts kept for their Crawl-delay
+        self._clock = -math.inf   # the latest `now` seen, for set_crawl_delay, which is not given one
+
+    def __len__(self) -> int:
+        return len(self._hosts) + len(self._delayed)
+
+    def delay(self, host: str) -> float:
+        """The spacing in force for host: max(min_delay, its capped Crawl-delay)."""
+        st = self._peek(host)
+        if st is None or st.crawl_delay is None:
+            return self.cfg.min_delay
+        return max(self.cfg.min_delay, st.crawl_delay)
+
+    def in_flight(self, host: str) -> int:
+        st = self._peek(host)
+        return st.in_flight if st is not None else 0
+
+    def try_acquire(self, host: str, now: float) -> bool:
+        """True if a request to host may start now; it then counts as in flight until release()."""
+        self._expire(now)
+        st = self._touch(host, now)
+        limit = self.cfg.max_per_host
+        if limit is not None and st.in_flight >= limit:
+            return False
+        if now - st.last_start < self._delay_of(st):
+            return False
+        st.in_flight += 1
+        st.last_start = now
+        return True
+
+    def release(self, host: str, now: float) -> None:
+        """The request ended, successfully or not."""
+        st = self._peek(host)
+        if st is None or st.in_flight == 0:
+            raise RuntimeError(f"release({host!r}) without a matching try_acquire")
+        st.in_flight -= 1
+        self._touch(host, now)
+        self._expire(now)
+
+    def ready_at(self, host: str, now: float) -> float:
+        """The earliest time try_acquire(host) could succeed: now if it would now, inf until a release."""
+        st = self._peek(host)
+        if st is None:
+            return now
+        limit = self.cfg.max_per_host
+        if limit is not None and st.in_flight >= limit:
+            return math.inf
+        return max(now, _earliest(st.last_start, self._delay_of(st)))
+
+    def set_crawl_delay(self, host: str, delay: float | None) -> None:
+        """Apply a robots.txt Crawl-delay (None removes it); it is capped at crawl_delay_cap."""
+        if delay is not None and not delay > 0:   # also drops NaN
+            delay = None
+        st = self._peek(host)
+        if st is None:
+            if delay is None:
+                return
+            st = self._hosts[host] = _Host(self._clock)
+        st.crawl_delay = None if delay is None else min(delay, self.cfg.crawl_delay_cap)
+
+    def _delay_of(self, st: _Host) -> float:
+        return self.cfg.min_delay if st.crawl_delay is None else max(self.cfg.min_delay, st.crawl_delay)
+
+    def _peek(self, host: str) -> _Host | None:
+        st = self._hosts.get(host)
+        return st if st is not None else self._delayed.get(host)
+
+    def _touch(self, host: str, now: float) -> _Host:
+        st = self._hosts.get(host)
+        if st is None:
+            st = self._delayed.pop(host, None) or _Host(now)
+            self._hosts[host] = st
+        else:
+            self._hosts.move_to_end(host)
+        st.touched = max(st.touched, now)
+        return st
+
+    def _expire(self, now: float) -> None:
+        # Both dicts are in order of last touch, so expired hosts sit at the front: each is removed once
+        # (amortised O(1) a call). A host still in flight is moved to the back: it is in use. No host is
+        # forgotten before the longest spacing any Crawl-delay could ask for has passed since its last start,
+        # so a delay learnt later (a refetched robots.txt) finds nothing it should have remembered.
+        self._clock = max(self._clock, now)
+        longest = max(self.cfg.crawl_delay_cap, self.cfg.min_delay)
+        idle_ttl, skips = max(self.cfg.host_idle_ttl, longest), 8
+        hosts = self._hosts
+        while hosts:
+            host, st = next(iter(hosts.items()))
+            if st.in_flight or st.touched == -math.inf:   # the latter: set_crawl_delay before any clock
+                if skips == 0:
+                    break
+                skips -= 1
+                st.touched = max(st.touched, now)
+                hosts.move_to_end(host)
+                continue
+            if now < st.touched + idle_ttl:
+                break
+            del hosts[host]
+            if st.crawl_delay is not None:
+                self._delayed[host] = st
+        delayed, keep = self._delayed, max(self.cfg.robots_ttl, longest)
+        while delayed:
+            host, st = next(iter(delayed.items()))
+            if now < st.touched + keep:
+                break
+            del delayed[host]
+
+
+def _earliest(last_start: float, delay: float) -> float:
+    """The first float t with t - last_start >= delay, the test try_acquire applies.
+
+    The plain sum is rounded: it can land an ulp either side of that, or on last_start itself for a tiny delay.
+    """
+    t = last_start + delay
+    while t - last_start < delay:
+        t = math.nextafter(t, math.inf)
+    while (earlier := math.nextafter(t, -math.inf)) - last_start >= delay:
+        t = earlier
+    return t
+
+
+def host_url_of(url: str) -> str:
+    """scheme://host[:port] of an absolute URL: the key robots.txt rules are stored under."""
+    start = url.find("://")
+    if start < 0:
+        raise ValueError(f"not an absolute URL: {url!r}")
+    end = len(url)
+    for sep in "/?#":
+        i = url.find(sep, start + 3)
+        if 0 <= i < end:
+            end = i
+    return url[:end]
+
+
+def robots_url(host_url: str) -> str:
+    return host_url + "/robots.txt"
+
+
+class _Robots:
+    __slots__ = ("allow_all", "expires", "parser", "pending_until")
+
+    def __init__(self) -> None:
+        self.parser: Protego | None = None
+        self.allow_all = False          # meaningful only when parser is None and expires is set
+        self.expires = -math.inf        # rules are in force until then
+        self.pending_until = -math.inf
+
+
+class RobotsRules:
+    """robots.txt per host (scheme://host[:port]), with the status semantics of RFC 9309.
+
+    The master asks state(); on "unknown" it marks the host pending, fetches /robots.txt once and calls
+    store(). Rules expire after robots_ttl and are refetched; while that fetch is out, the old rules still
+    answer allowed().
+    """
+
+    def __init__(self, cfg: PolitenessConfig) -> None:
+        self.cfg = cfg
+        self._hosts: OrderedDict[str, _Robots] = OrderedDict()   # in order of last store / mark_pending
+
+    def __len__(self) -> int:
+        return len(self._hosts)
+
+    def state(self, host_url: str, now: float) -> str:
+        if not self.cfg.obey_robots:
+            return KNOWN
+        self._expire(now)
+        r = self._hosts.get(host_url)
+        if r is None:
+            return UNKNOWN
+        if now < r.pending_until:
+            return PENDING
+        return KNOWN if now < r.expires else UNKNOWN
+
+    def mark_pending(self, host_url: str, now: float) -> None:
+        r = self._hosts.pop(host_url, None) or _Robots()
+        r.pending_until = now + self.cfg.robots_fetch_timeout
+        self._hosts[host_url] = r
+
+    def store(self, host_url: str, status: int | None, body: bytes | None, now: float) -> float | None:
+        """Record the outcome of fetching host_url's robots.txt; returns its Crawl-delay for our user agent.
+
+        status is the final HTTP status after redirects, None for a network error. The returned delay is the
+        file's own value: HostGate.set_crawl_delay applies the cap.
+        """
+        r = self._hosts.pop(host_url, None) or _Robots()
+        self._hosts[host_url] = r
+        r.pending_until = -math.inf
+        delay = None
+        if status is not None and 200 <= status < 300:
+            r.parser = Protego.parse(_robots_text(body or b""))
+            r.expires = now + self.cfg.robots_ttl
+            delay = r.parser.crawl_delay(self.cfg.user_agent)
+        elif status is not None and (300 <= status < 400 or (400 <= status < 500 and status != 429)):
+            # RFC 9309 2.3.1.2-3: a redirect chain that did not end in a file, or a 4xx, means "unavailable":
+            # crawl freely.
+            r.parser, r.allow_all, r.expires = None, True, now + self.cfg.robots_ttl
+        else:
+            # RFC 9309 2.3.1.4: unreachable (5xx, network error) means complete disallow. 429 is counted here
+            # too: the host is asking us to back off, not saying it has no rules.
+            r.parser, r.allow_all, r.expires = None, False, now + self.cfg.robots_retry_after
+        if delay is not None and not delay >= 0:
+            delay = None
+        return delay
+
+    def allowed(self, url: str) -> bool:
+        """Whether url may be fetched by its host's rules; the host must have been stored (state "known")."""
+        if not self.cfg.obey_robots:
+            return True
+        r = self._hosts.get(host_url_of(url))
+        if r is None or r.expires == -math.inf:
+            raise LookupError(f"robots.txt of {host_url_of(url)} has not been stored yet")
+        if r.parser is None:
+            return r.allow_all
+        return r.parser.can_fetch(url, self.cfg.user_agent)
+
+    def _expire(self, now: float) -> None:
+        # Stale rules are kept a little past expiry, for the refetch the master should start on seeing
+        # "unknown" (they answer allowed() until it reports), then dropped. The dict is in order of last
+        # update, so stale entries gather at the front; a short-lived one (after a 5xx) behind a long-lived
+        # one waits for it, and state() already reports it as unknown.
+        hosts, grace = self._hosts, self.cfg.robots_fetch_timeout
+        while hosts:
+            host, r = next(iter(hosts.items()))
+            if now < r.expires + grace or now < r.pending_until:
+                break
+            del hosts[host]
+
+
+def _robots_text(body: bytes) -> str:
+    if len(body) > ROBOTS_MAX_BYTES:
+        # Cut at the last full line: half a "Disallow: /private" line would become a different rule.
+        cut = body.rfind(b"\n", 0, ROBOTS_MAX_BYTES)
+        body = body[:cut + 1] if cut >= 0 else b""
+    return body.decode("utf-8", errors="replace")

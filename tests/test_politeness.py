@@ -1,0 +1,350 @@
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crawler.politeness import (
+    KNOWN,
+    PENDING,
+    ROBOTS_MAX_BYTES,
+    UNKNOWN,
+    HostGate,
+    PolitenessConfig,
+    RobotsRules,
+    host_url_of,
+    robots_url,
+)
+
+HOSTS = ("a.example", "b.example", "c.example")
+
+
+# --- config -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", [
+    {"max_per_host": 0}, {"min_delay": -1.0}, {"min_delay": math.nan}, {"crawl_delay_cap": math.inf},
+    {"robots_ttl": 0.0}, {"host_idle_ttl": -5.0}, {"user_agent": " "},
+])
+def test_config_refuses_nonsense(kw):
+    with pytest.raises(ValueError):
+        PolitenessConfig(**kw)
+
+
+def test_config_is_frozen():
+    with pytest.raises(AttributeError):
+        PolitenessConfig().min_delay = 1.0   # type: ignore[misc]
+
+
+# --- HostGate: a simulated clock ----------------------------------------------------------------------------
+
+events = st.lists(st.one_of(
+    st.tuples(st.just("tick"), st.floats(min_value=0.0, max_value=3.0)),
+    st.tuples(st.just("acquire"), st.sampled_from(HOSTS)),
+    st.tuples(st.just("release"), st.integers(min_value=0, max_value=50)),
+    st.tuples(st.just("delay"), st.sampled_from(HOSTS), st.one_of(st.none(), st.floats(0.0, 30.0))),
+), max_size=120)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(max_per_host=st.one_of(st.none(), st.integers(1, 3)), min_delay=st.sampled_from([0.0, 0.5, 1.5]),
+       cap=st.sampled_from([0.0, 2.0, 10.0]), evs=events)
+def test_gate_never_exceeds_concurrency_or_spacing(max_per_host, min_delay, cap, evs):
+    cfg = PolitenessConfig(max_per_host=max_per_host, min_delay=min_delay, crawl_delay_cap=cap,
+                           host_idle_ttl=5.0, robots_ttl=20.0)
+    gate = HostGate(cfg)
+    now = 0.0
+    crawl_delay = {h: None for h in HOSTS}     # what robots.txt said, our own model
+    last_start: dict[str, float] = {}
+    in_flight: list[str] = []
+
+    def spacing(h):
+        d = crawl_delay[h]
+        return min_delay if d is None or d <= 0 else max(min_delay, min(d, cap))
+
+    for ev in evs:
+        if ev[0] == "tick":
+            now += ev[1]
+        elif ev[0] == "delay":
+            gate.set_crawl_delay(ev[1], ev[2])
+            crawl_delay[ev[1]] = ev[2]
+            assert gate.delay(ev[1]) == spacing(ev[1])
+        elif ev[0] == "release":
+            if in_flight:
+                gate.release(in_flight.pop(ev[1] % len(in_flight)), now)
+        else:
+            h = ev[1]
+            ready = gate.ready_at(h, now)
+            ok = gate.try_acquire(h, now)
+            # ready_at and try_acquire agree.
+            assert ok == (ready <= now)
+            if ok:
+                assert now - last_start.get(h, -math.inf) >= spacing(h)
+                last_start[h] = now
+                in_flight.append(h)
+                assert max_per_host is None or in_flight.count(h) <= max_per_host
+            else:
+                blocked_by_count = max_per_host is not None and in_flight.count(h) >= max_per_host
+                assert blocked_by_count or now - last_start[h] < spacing(h)
+                if blocked_by_count:
+                    assert ready == math.inf
+                else:   # the first instant at which the spacing is kept
+                    assert ready - last_start[h] >= spacing(h) > math.nextafter(ready, -math.inf) - last_start[h]
+        for h in HOSTS:
+            assert gate.in_flight(h) == in_flight.count(h)
+
+
+def test_min_delay_spaces_starts_across_all_callers():
+    gate = HostGate(PolitenessConfig(max_per_host=None, min_delay=2.0))
+    assert gate.try_acquire("h", 10.0)
+    assert not gate.try_acquire("h", 11.999)
+    assert gate.ready_at("h", 11.0) == 12.0
+    assert gate.try_acquire("other", 11.0)      # per host
+    assert gate.try_acquire("h", 12.0)
+
+
+def test_max_per_host_waits_for_a_release():
+    gate = HostGate(PolitenessConfig(max_per_host=2))
+    assert gate.try_acquire("h", 0.0) and gate.try_acquire("h", 0.0)
+    assert not gate.try_acquire("h", 100.0)
+    assert gate.ready_at("h", 100.0) == math.inf
+    gate.release("h", 101.0)
+    assert gate.ready_at("h", 101.0) == 101.0
+    assert gate.try_acquire("h", 101.0)
+
+
+def test_limits_can_be_switched_off():
+    gate = HostGate(PolitenessConfig(max_per_host=None, min_delay=0.0))
+    assert all(gate.try_acquire("h", 1.0) for _ in range(1000))
+    assert gate.in_flight("h") == 1000
+
+
+def test_crawl_delay_is_capped_and_never_below_min_delay():
+    gate = HostGate(PolitenessConfig(min_delay=1.0, crawl_delay_cap=10.0))
+    gate.set_crawl_delay("slow", 3600.0)
+    gate.set_crawl_delay("quick", 0.25)
+    assert gate.delay("slow") == 10.0
+    assert gate.delay("quick") == 1.0
+    assert gate.try_acquire("slow", 0.0)
+    gate.release("slow", 0.1)
+    assert not gate.try_acquire("slow", 9.9)
+    assert gate.try_acquire("slow", 10.0)
+    gate.set_crawl_delay("slow", None)
+    assert gate.delay("slow") == 1.0
+
+
+def test_crawl_delay_cap_zero_ignores_crawl_delay():
+    gate = HostGate(PolitenessConfig(min_delay=0.0, crawl_delay_cap=0.0))
+    gate.set_crawl_delay("h", 5.0)
+    assert gate.try_acquire("h", 0.0) and gate.try_acquire("h", 0.0)
+
+
+def test_release_without_acquire_is_an_error():
+    gate = HostGate(PolitenessConfig())
+    with pytest.raises(RuntimeError):
+        gate.release("h", 0.0)
+    assert gate.try_acquire("h", 0.0)
+    gate.release("h", 0.0)
+    with pytest.raises(RuntimeError):
+        gate.release("h", 0.0)
+
+
+def test_idle_hosts_are_forgotten():
+    gate = HostGate(PolitenessConfig(min_delay=1.0, host_idle_ttl=60.0))
+    for i in range(10_000):
+        host = f"h{i}"
+        assert gate.try_acquire(host, i * 0.005)
+        gate.release(host, i * 0.005)
+    assert len(gate) == 10_000              # all used within the last minute...
+    gate.try_acquire("late", 200.0)
+    assert len(gate) == 1                   # ...and none of them since
+
+
+def test_busy_hosts_are_kept():
+    gate = HostGate(PolitenessConfig(max_per_host=1, host_idle_ttl=60.0))
+    assert gate.try_acquire("long-download", 0.0)
+    for i in range(100):
+        gate.try_acquire(f"h{i}", 1000.0 + i * 100)
+        gate.release(f"h{i}", 1000.0 + i * 100)
+    assert gate.in_flight("long-download") == 1
+    assert not gate.try_acquire("long-download", 20_000.0)
+
+
+def test_crawl_delay_outlives_the_idle_ttl_but_not_the_robots_ttl():
+    gate = HostGate(PolitenessConfig(host_idle_ttl=60.0, robots_ttl=1000.0, min_delay=0.0))
+    gate.try_acquire("plain", 0.0)
+    gate.release("plain", 0.0)
+    gate.set_crawl_delay("slow", 5.0)
+    gate.try_acquire("slow", 0.0)
+    gate.release("slow", 0.0)
+    gate.try_acquire("x", 500.0)
+    assert gate.delay("slow") == 5.0 and len(gate) == 2    # "plain" is gone, "slow" kept
+    assert gate.try_acquire("slow", 501.0)
+    assert not gate.try_acquire("slow", 502.0)
+    gate.release("slow", 502.0)
+    gate.try_acquire("x", 2000.0)
+    assert gate.delay("slow") == 0.0 and len(gate) == 1
+
+
+def test_a_crawl_delay_learnt_after_the_host_was_forgotten_still_counts_from_its_last_start():
+    gate = HostGate(PolitenessConfig(host_idle_ttl=5.0, crawl_delay_cap=10.0, max_per_host=None))
+    assert gate.try_acquire("h", 0.0)
+    gate.release("h", 0.0)
+    gate.try_acquire("other", 6.0)          # "h" has been idle past host_idle_ttl
+    gate.set_crawl_delay("h", 8.0)          # then a refetched robots.txt asks for more
+    assert not gate.try_acquire("h", 7.0)
+    assert gate.try_acquire("h", 8.0)
+
+
+def test_crawl_delay_set_before_any_request_is_kept():
+    gate = HostGate(PolitenessConfig(host_idle_ttl=60.0, robots_ttl=1000.0))
+    gate.set_crawl_delay("slow", 5.0)
+    gate.try_acquire("other", 100.0)
+    assert gate.delay("slow") == 5.0
+
+
+# --- robots.txt ---------------------------------------------------------------------------------------------
+
+HOST = "https://music.example.com"
+ROBOTS = b"""\
+User-agent: audio-crawler
+Disallow: /private/
+Allow: /private/ok
+Crawl-delay: 4
+
+User-agent: *
+Disallow: /
+Crawl-delay: 99
+"""
+
+
+def fetched(status, body=None, cfg=None, now=0.0):
+    rules = RobotsRules(cfg or PolitenessConfig())
+    rules.mark_pending(HOST, now)
+    return rules, rules.store(HOST, status, body, now)
+
+
+def test_state_goes_unknown_pending_known():
+    rules = RobotsRules(PolitenessConfig())
+    assert rules.state(HOST, 0.0) == UNKNOWN
+    rules.mark_pending(HOST, 0.0)
+    assert rules.state(HOST, 1.0) == PENDING
+    rules.store(HOST, 200, ROBOTS, 2.0)
+    assert rules.state(HOST, 3.0) == KNOWN
+    assert rules.state("https://other.example", 3.0) == UNKNOWN
+
+
+def test_rules_for_our_agent_and_its_crawl_delay():
+    rules, delay = fetched(200, ROBOTS)
+    assert delay == 4.0
+    assert rules.allowed(HOST + "/songs/1.mp3")
+    assert not rules.allowed(HOST + "/private/x")
+    assert rules.allowed(HOST + "/private/ok")
+
+
+def test_other_agents_rules_do_not_apply():
+    rules, delay = fetched(200, ROBOTS, PolitenessConfig(user_agent="someone-else"))
+    assert delay == 99.0
+    assert not rules.allowed(HOST + "/songs/1.mp3")
+
+
+def test_no_crawl_delay_returns_none():
+    assert fetched(200, b"User-agent: *\nDisallow: /x\n")[1] is None
+
+
+@pytest.mark.parametrize("status", [404, 410, 401, 403, 301])
+def test_unavailable_robots_allows_everything(status):
+    rules, delay = fetched(status, b"User-agent: *\nDisallow: /\n")
+    assert delay is None
+    assert rules.state(HOST, 1.0) == KNOWN
+    assert rules.allowed(HOST + "/anything")
+
+
+@pytest.mark.parametrize("status", [500, 503, 429, None])
+def test_unreachable_robots_disallows_everything_then_retries(status):
+    cfg = PolitenessConfig(robots_retry_after=600.0)
+    rules, _ = fetched(status, None, cfg)
+    assert rules.state(HOST, 1.0) == KNOWN
+    assert not rules.allowed(HOST + "/")
+    assert rules.state(HOST, 599.0) == KNOWN
+    assert rules.state(HOST, 600.0) == UNKNOWN
+    rules.mark_pending(HOST, 600.0)
+    rules.store(HOST, 200, b"", 601.0)
+    assert rules.allowed(HOST + "/")
+    assert rules.state(HOST, 601.0 + cfg.robots_ttl - 1) == KNOWN
+
+
+def test_rules_expire_after_ttl_and_stay_in_force_while_refetched():
+    cfg = PolitenessConfig(robots_ttl=100.0)
+    rules, _ = fetched(200, ROBOTS, cfg)
+    assert rules.state(HOST, 99.0) == KNOWN
+    assert rules.state(HOST, 100.0) == UNKNOWN
+    rules.mark_pending(HOST, 100.0)
+    assert rules.state(HOST, 101.0) == PENDING
+    assert not rules.allowed(HOST + "/private/x")
+
+
+def test_a_fetch_that_never_reports_is_given_up():
+    rules = RobotsRules(PolitenessConfig(robots_fetch_timeout=30.0))
+    rules.mark_pending(HOST, 0.0)
+    assert rules.state(HOST, 29.0) == PENDING
+    assert rules.state(HOST, 30.0) == UNKNOWN
+
+
+def test_body_past_500_kib_is_ignored():
+    filler = b"# " + b"x" * 1000 + b"\n"
+    head = b"User-agent: *\nDisallow: /early/\n"
+    body = head + filler * (ROBOTS_MAX_BYTES // len(filler) + 1) + b"Disallow: /late/\n"
+    assert len(body) > ROBOTS_MAX_BYTES
+    rules, _ = fetched(200, body)
+    assert not rules.allowed(HOST + "/early/1")
+    assert rules.allowed(HOST + "/late/1")
+
+
+def test_a_line_cut_by_the_limit_is_dropped_whole():
+    head = b"User-agent: *\n#" + b"x" * (ROBOTS_MAX_BYTES - 12 - 16) + b"\n"
+    assert len(head) == ROBOTS_MAX_BYTES - 12
+    rules, _ = fetched(200, head + b"Disallow: /private/\n")
+    # Cut mid-line this would read "Disallow: /p", blocking far more than the site asked.
+    assert rules.allowed(HOST + "/pictures/1")
+
+
+def test_undecodable_body_is_still_parsed():
+    rules, delay = fetched(200, b"User-agent: *\nDisallow: /\xff\xfe/\nCrawl-delay: 2\nDisallow: /x\n")
+    assert delay == 2.0
+    assert not rules.allowed(HOST + "/x")
+
+
+def test_robots_can_be_switched_off():
+    rules = RobotsRules(PolitenessConfig(obey_robots=False))
+    assert rules.state(HOST, 0.0) == KNOWN
+    assert rules.allowed(HOST + "/private/x")
+
+
+def test_allowed_before_store_is_an_error():
+    rules = RobotsRules(PolitenessConfig())
+    with pytest.raises(LookupError):
+        rules.allowed(HOST + "/x")
+    rules.mark_pending(HOST, 0.0)
+    with pytest.raises(LookupError):
+        rules.allowed(HOST + "/x")
+
+
+def test_stale_hosts_are_forgotten():
+    rules = RobotsRules(PolitenessConfig(robots_ttl=100.0))
+    for i in range(1000):
+        rules.mark_pending(f"http://h{i}.example", float(i) / 100)
+        rules.store(f"http://h{i}.example", 404, None, float(i) / 100)
+    assert rules.state("http://h0.example", 50.0) == KNOWN and len(rules) == 1000
+    # h0 .. h99 expired at 100 .. 101 s and are dropped once their refetch grace (300 s) is over too.
+    assert rules.state("http://h0.example", 400.5) == UNKNOWN and 850 <= len(rules) <= 950
+    assert rules.state("http://h0.example", 500.0) == UNKNOWN and len(rules) == 0
+
+
+@pytest.mark.parametrize("url, host_url", [
+    ("https://music.example.com/a/b?c", "https://music.example.com"),
+    ("http://music.example.com:8080", "http://music.example.com:8080"),
+    ("http://music.example.com?x=1", "http://music.example.com"),
+])
+def test_host_url_of(url, host_url):
+    assert host_url_of(url) == host_url
+    assert robots_url(host_url) == host_url + "/robots.txt"
