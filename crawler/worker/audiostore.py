@@ -1,0 +1,184 @@
+"""Where audio lives on a worker's disk: partial downloads with their sidecars, and finished files by content.
+
+    <data_dir>/audio/partial/<key>.part    bytes received so far, always a prefix of the file being fetched
+    <data_dir>/audio/partial/<key>.json    sidecar: address, validators, expected size, bytes written
+    <data_dir>/audio/<sha[:2]>/<sha256><ext>          the finished file, stored once per content
+    <data_dir>/audio/<sha[:2]>/<sha256>.places.json   every (url, page) the content was found at
+
+The partial key is derived from the site's own id when there is one, so a link that is re-resolved to a new
+address keeps writing to the same partial file. Nothing derived from a URL or header reaches a path except
+through ``extension_for``, which only ever returns a dot and a few lowercase letters or digits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from crawler.items import AudioItem
+
+AUDIO_EXTENSIONS = frozenset({
+    ".mp3", ".m4a", ".m4b", ".aac", ".wav", ".wma", ".flac", ".ogg", ".oga", ".opus", ".ape", ".amr",
+    ".aif", ".aiff", ".mid", ".midi", ".mka", ".weba", ".webm", ".mp4", ".3gp", ".ra", ".au", ".caf",
+})
+
+_BY_CONTENT_TYPE = {
+    "audio/mpeg": ".mp3", "audio/mp3": ".mp3", "audio/mpeg3": ".mp3", "audio/x-mpeg": ".mp3",
+    "audio/mp4": ".m4a", "audio/x-m4a": ".m4a", "audio/m4a": ".m4a", "audio/aac": ".aac",
+    "audio/aacp": ".aac", "audio/x-aac": ".aac", "audio/wav": ".wav", "audio/x-wav": ".wav",
+    "audio/wave": ".wav", "audio/vnd.wave": ".wav",
+    "audio/x-ms-wma": ".wma", "audio/flac": ".flac", "audio/x-flac": ".flac", "audio/ogg": ".ogg",
+    "application/ogg": ".ogg", "audio/opus": ".opus", "audio/ape": ".ape", "audio/x-ape": ".ape",
+    "audio/amr": ".amr", "audio/aiff": ".aiff", "audio/x-aiff": ".aiff", "audio/midi": ".mid",
+    "audio/x-matroska": ".mka", "audio/webm": ".weba", "video/webm": ".webm", "video/mp4": ".mp4",
+    "audio/3gpp": ".3gp", "audio/basic": ".au", "audio/x-caf": ".caf",
+}
+
+_SAFE_EXT = re.compile(r"\.[a-z0-9]{1,5}")
+
+
+def extension_for(urls: list[str], content_type: str | None) -> str:
+    """An extension that is safe in a path: a known audio one from a URL, else one from the media type."""
+    for url in urls:
+        name = unquote(urlsplit(url).path).rsplit("/", 1)[-1]
+        dot = name.rfind(".")
+        if dot > 0:
+            ext = name[dot:].lower()
+            if ext in AUDIO_EXTENSIONS:
+                return ext
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    ext = _BY_CONTENT_TYPE.get(media, "")
+    assert ext == "" or _SAFE_EXT.fullmatch(ext)
+    return ext
+
+
+def partial_key(item: AudioItem) -> str:
+    """Stable across re-resolution: the site's id if known, scoped by resolver (two sites' ids may clash)."""
+    basis = f"{item.resolver}\0{item.source_id}" if item.source_id else item.url
+    return hashlib.sha1(basis.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass
+class Sidecar:
+    """What must survive a crash to resume a partial file safely."""
+
+    url: str
+    etag: str | None = None
+    last_modified: str | None = None
+    expected_size: int | None = None
+    written: int = 0                  # as of the last checkpoint; the .part file may be a little longer
+    content_type: str | None = None
+    final_url: str | None = None      # where the bytes came from after redirects (for the extension only)
+
+    def to_json(self) -> str:
+        return json.dumps({"version": 1, **asdict(self)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Sidecar:
+        d = json.loads(text)
+        if not isinstance(d, dict) or d.get("version") != 1 or not isinstance(d.get("url"), str):
+            raise ValueError("not a sidecar")
+        size = d.get("expected_size")
+        return cls(url=d["url"], etag=_opt_str(d.get("etag")), last_modified=_opt_str(d.get("last_modified")),
+                   expected_size=size if isinstance(size, int) and size >= 0 else None,
+                   written=d["written"] if isinstance(d.get("written"), int) else 0,
+                   content_type=_opt_str(d.get("content_type")), final_url=_opt_str(d.get("final_url")))
+
+
+class AudioStore:
+    def __init__(self, data_dir: Path) -> None:
+        self.root = Path(data_dir)
+        self.audio_dir = self.root / "audio"
+        self.partial_dir = self.audio_dir / "partial"
+
+    def part_path(self, key: str) -> Path:
+        return self.partial_dir / f"{key}.part"
+
+    def sidecar_path(self, key: str) -> Path:
+        return self.partial_dir / f"{key}.json"
+
+    def load_sidecar(self, key: str) -> Sidecar | None:
+        """The sidecar if it and its partial file are both usable; otherwise both are cleared."""
+        side, part = self.sidecar_path(key), self.part_path(key)
+        try:
+            record = Sidecar.from_json(side.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = None
+        if record is None or not part.exists():
+            self.discard(key)
+            return None
+        return record
+
+    def save_sidecar(self, key: str, record: Sidecar) -> None:
+        """Atomic: a crash leaves the old sidecar or the new one, never half of one."""
+        self.partial_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.sidecar_path(key), record.to_json())
+
+    def discard(self, key: str) -> None:
+        for p in (self.part_path(key), self.sidecar_path(key)):
+            p.unlink(missing_ok=True)
+
+    def commit(self, key: str, sha256: str, size: int, ext: str) -> str:
+        """Move a finished partial into the content-addressed tree; returns the path relative to the data dir.
+
+        Content already stored (under any extension) is kept and the new copy dropped.
+        """
+        if not re.fullmatch(r"[0-9a-f]{64}", sha256) or (ext and not _SAFE_EXT.fullmatch(ext)):
+            raise ValueError(f"refusing to store under {sha256!r}{ext!r}")
+        folder = self.audio_dir / sha256[:2]
+        folder.mkdir(parents=True, exist_ok=True)
+        existing = self._existing(folder, sha256, size)
+        if existing is not None:
+            self.part_path(key).unlink(missing_ok=True)
+            rel = existing
+        else:
+            target = folder / f"{sha256}{ext}"
+            os.replace(self.part_path(key), target)
+            rel = target.relative_to(self.root).as_posix()
+        self.sidecar_path(key).unlink(missing_ok=True)
+        return rel
+
+    def record_place(self, sha256: str, rel_path: str, item: AudioItem) -> None:
+        """Remember that this content was also found at item.url on item.page (once per pair)."""
+        places_file = self.audio_dir / sha256[:2] / f"{sha256}.places.json"
+        try:
+            doc = json.loads(places_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            doc = {"sha256": sha256, "path": rel_path, "places": []}
+        place = {"url": item.url, "page": item.page, "resolver": item.resolver, "source_id": item.source_id}
+        if place in doc["places"]:
+            return
+        doc["places"].append(place)
+        _write_atomic(places_file, json.dumps(doc, ensure_ascii=False, sort_keys=True))
+
+    def places(self, sha256: str) -> list[dict]:
+        try:
+            places_file = self.audio_dir / sha256[:2] / f"{sha256}.places.json"
+            doc = json.loads(places_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return []
+        return list(doc.get("places", []))
+
+    def _existing(self, folder: Path, sha256: str, size: int) -> str | None:
+        for candidate in folder.glob(f"{sha256}*"):
+            if candidate.name.endswith(".places.json") or candidate.name.endswith(".tmp"):
+                continue
+            if candidate.is_file() and candidate.stat().st_size == size:
+                return candidate.relative_to(self.root).as_posix()
+        return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def _opt_str(v: object) -> str | None:
+    return v if isinstance(v, str) else None

@@ -1,0 +1,493 @@
+"""Resumable audio downloads: one coroutine per file, resuming from the partial on disk after anything breaks.
+
+A crawl runs for days, so a download never starts over for a reason that does not force it to. Each download
+streams into ``audio/partial/<key>.part`` beside a sidecar holding the address, validators and expected size;
+the next attempt (in this process or after a restart) asks for ``Range: bytes=<part size>-`` guarded by
+``If-Range``, and decides from the answer whether the bytes it already has still belong to the file:
+
+    206 at our offset, same validators and total   append
+    200 (range ignored, or If-Range failed)        truncate and take this body from byte 0
+    416 with a total equal to what we hold         already complete
+    416 otherwise, or any length that disagrees    truncate and ask again from byte 0
+    403 / 410 (the link expired)                   re-resolve once; resume if the new address serves the
+                                                   same file (same validator or same size), else start over
+    network error, 429, 5xx                        resume again, up to ``max_attempts`` without progress
+
+The part file itself is the record of progress: bytes are only ever appended after the decision above, so
+whatever length it has is a valid prefix. The sidecar's ``written`` is a checkpoint for people, not the truth.
+
+Concurrency limits belong to the worker daemon; a Downloader holds no global state and only remembers which
+partials it is writing right now, so two items with the same key share one download instead of racing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import aiohttp
+import httpx
+
+from crawler.items import FAILED, OK, AudioItem
+from crawler.worker.audiostore import AudioStore, Sidecar, extension_for, partial_key
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_EXPIRED = frozenset({403, 410})
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
+_UNSATISFIED_RANGE = re.compile(r"bytes\s+\*/(\d+)", re.IGNORECASE)
+_CHECKPOINT = 16 * MiB
+# Errors the transports raise for a broken connection. httpx-aiohttp maps most aiohttp errors to httpx ones
+# but passes some through unmapped, so both families are caught.
+_NETWORK_ERRORS = (httpx.TransportError, aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+
+Reresolve = Callable[[AudioItem], Awaitable[AudioItem | None]]
+
+
+@dataclass(frozen=True)
+class DownloadConfig:
+    max_size: int = 2 * GiB           # larger files are refused before their body is read
+    chunk_size: int = 256 * KiB       # buffered before one write + hash; at most this is lost in a crash
+    max_attempts: int = 5             # consecutive failed attempts (network, 5xx) that made no progress
+    timeout: float = 30.0             # per read (and connect)
+    max_redirects: int = 5
+    max_restarts: int = 3             # times a download may be thrown away and begun again before giving up
+    retry_backoff: float = 1.0        # seconds before the 2nd attempt, doubling, capped at 30
+
+    def __post_init__(self) -> None:
+        if self.max_size <= 0 or self.chunk_size <= 0 or self.max_attempts < 1 or self.timeout <= 0:
+            raise ValueError("DownloadConfig: sizes, attempts and timeout must be positive")
+
+
+class _Retry(Exception):
+    """A transient failure: resume from the partial after a pause."""
+
+
+class _Restart(Exception):
+    """The partial does not belong to what the server now serves: truncate and fetch from byte 0."""
+
+
+class _Expired(Exception):
+    """The address no longer serves us (403/410): it needs re-resolving."""
+
+
+class _Fail(Exception):
+    """Give up on this item; the message becomes its reason. ``discard`` when the partial is worthless."""
+
+    def __init__(self, reason: str, *, discard: bool = False) -> None:
+        super().__init__(reason)
+        self.discard = discard
+
+
+class _Partial:
+    """The open part file and its running hash. Appends only.
+
+    Writing and hashing run in a thread, one batch of ``chunk_size`` at a time, while the event loop receives
+    the next batch: both release the GIL, so a download uses a second core and never stalls page fetches on a
+    slow disk. At most two batches are in memory per download.
+    """
+
+    def __init__(self, store: AudioStore, key: str, record: Sidecar, chunk_size: int) -> None:
+        self.store, self.key, self.record = store, key, record
+        path = store.part_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: BinaryIO = open(path, "r+b" if path.exists() else "w+b", buffering=0)
+        self.offset = self._fh.seek(0, 2)      # bytes on disk; exact whenever no batch is in flight
+        self.received = self.offset            # bytes taken in, including those not yet on disk
+        self.hasher = hashlib.sha256()
+        self._chunk_size = chunk_size
+        self._pieces: list[bytes] = []
+        self._pending = 0
+        self._writing: asyncio.Future[None] | None = None
+        self._next_checkpoint = self.offset + _CHECKPOINT
+
+    async def rehash(self) -> None:
+        """Hash the bytes already on disk once, off the event loop: a resumed partial can be a gigabyte."""
+        self.hasher = await asyncio.to_thread(_hash_prefix, self.store.part_path(self.key), self.offset)
+
+    def take(self, piece: bytes) -> bool:
+        """Queue a piece; True when a batch is full and ``hand_over`` should be awaited."""
+        self._pieces.append(piece)
+        self._pending += len(piece)
+        self.received += len(piece)
+        return self._pending >= self._chunk_size
+
+    async def flush(self) -> None:
+        """Everything taken in is on disk and hashed when this returns."""
+        await self.hand_over()
+        await self._drain()
+        if self.offset >= self._next_checkpoint:
+            self.checkpoint()
+
+    async def hand_over(self) -> None:
+        await self._drain()
+        if not self._pieces:
+            return
+        batch, self._pieces, self._pending = self._pieces, [], 0
+        self._writing = asyncio.ensure_future(asyncio.to_thread(self._write, batch))
+
+    async def _drain(self) -> None:
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            await writing
+
+    def _write(self, batch: list[bytes]) -> None:
+        data = b"".join(batch) if len(batch) > 1 else batch[0]
+        view = memoryview(data)
+        while view:
+            view = view[self._fh.write(view) or 0:]
+        self.hasher.update(data)
+        self.offset += len(data)
+
+    def checkpoint(self) -> None:
+        self.record.written = self.offset
+        self.store.save_sidecar(self.key, self.record)
+        self._next_checkpoint = self.offset + _CHECKPOINT
+
+    async def reset(self, url: str) -> None:
+        await self._drain()
+        self._pieces, self._pending = [], 0
+        self._fh.truncate(0)
+        self._fh.seek(0)
+        self.offset = self.received = 0
+        self.hasher = hashlib.sha256()
+        self.record = Sidecar(url=url)
+        self._next_checkpoint = _CHECKPOINT
+        self.store.save_sidecar(self.key, self.record)
+
+    async def aclose(self) -> None:
+        # Even when cancelled, let a batch in flight finish: closing the file under a writing thread would
+        # let the descriptor number be reused and the write land in some other file.
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            try:
+                await asyncio.shield(writing)
+            except asyncio.CancelledError:
+                await asyncio.wait({writing})
+                raise
+            except Exception:
+                pass
+        self._fh.close()
+
+
+class Downloader:
+    def __init__(self, client: httpx.AsyncClient, data_dir: Path, cfg: DownloadConfig) -> None:
+        self.client = client
+        self.cfg = cfg
+        self.store = AudioStore(data_dir)
+        self._inflight: dict[str, asyncio.Future[AudioItem]] = {}
+
+    async def fetch(self, item: AudioItem, reresolve: Reresolve | None = None) -> AudioItem:
+        """Download item.url into the store.
+
+        Returns the item with sha256/size/content_type/path and status OK, or status FAILED with a reason.
+        Network and server misbehaviour never raise; cancellation does, and leaves the partial for next time.
+        """
+        if not item.url:
+            return item.replace(status=FAILED, reason="no download address")
+        key = partial_key(item)
+        while (running := self._inflight.get(key)) is not None:
+            try:
+                done = await asyncio.shield(running)
+            except asyncio.CancelledError:
+                if running.cancelled():
+                    continue   # its owner was cancelled: take the download over
+                raise
+            return self._share(item, done)
+        future: asyncio.Future[AudioItem] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            result = await self._fetch(item, key, reresolve)
+        except BaseException:
+            future.cancel()
+            raise
+        finally:
+            del self._inflight[key]
+        future.set_result(result)
+        return result
+
+    def _share(self, item: AudioItem, done: AudioItem) -> AudioItem:
+        if done.status != OK or done.sha256 is None or done.path is None:
+            return item.replace(status=FAILED, reason=done.reason or "download failed")
+        self.store.record_place(done.sha256, done.path, item)
+        return item.replace(status=OK, reason=None, sha256=done.sha256, size=done.size,
+                            content_type=done.content_type, path=done.path)
+
+    async def _fetch(self, item: AudioItem, key: str, reresolve: Reresolve | None) -> AudioItem:
+        try:
+            record = self.store.load_sidecar(key)
+            if record is None:
+                record = Sidecar(url=item.url)
+                self.store.save_sidecar(key, record)
+            partial = _Partial(self.store, key, record, self.cfg.chunk_size)
+        except OSError as exc:
+            return item.replace(status=FAILED, reason=f"storage: {exc}")
+        try:
+            return await self._run(item, partial, reresolve)
+        except _Fail as exc:
+            await partial.aclose()
+            if exc.discard:
+                self.store.discard(key)
+            else:
+                partial.checkpoint()
+            return item.replace(status=FAILED, reason=str(exc))
+        except OSError as exc:
+            return item.replace(status=FAILED, reason=f"storage: {exc}")
+        finally:
+            await partial.aclose()
+
+    async def _run(self, item: AudioItem, partial: _Partial, reresolve: Reresolve | None) -> AudioItem:
+        current = item
+        # A sidecar written for another address (the link was re-resolved since) is judged like a re-resolve.
+        new_address = partial.record.url != current.url and partial.offset > 0
+        expected = partial.record.expected_size
+        if expected is not None and partial.offset > expected:
+            await partial.reset(current.url)
+        if partial.offset > 0:
+            await partial.rehash()
+        failures = restarts = 0
+        reresolved = False
+        while True:
+            expected = partial.record.expected_size
+            if expected is not None and partial.offset == expected:
+                return await self._finish(current, partial)
+            before = partial.offset
+            try:
+                complete = await self._attempt(current, partial, new_address)
+            except _Retry as exc:
+                await partial.flush()
+                partial.checkpoint()
+                failures = 0 if partial.offset > before else failures + 1
+                if failures >= self.cfg.max_attempts:
+                    raise _Fail(f"gave up after {failures} attempts without progress: {exc}") from None
+                if self.cfg.retry_backoff > 0 and failures:
+                    await asyncio.sleep(min(30.0, self.cfg.retry_backoff * 2 ** (failures - 1)))
+                continue
+            except _Restart as exc:
+                restarts += 1
+                if restarts > self.cfg.max_restarts:
+                    raise _Fail(f"gave up after {restarts} restarts: {exc}", discard=True) from None
+                await partial.reset(current.url)
+                new_address = False
+                continue
+            except _Expired as exc:
+                if reresolve is None or reresolved:
+                    raise _Fail(f"link expired ({exc})") from None
+                reresolved = True
+                current = await self._reresolve(current, reresolve)
+                partial.record.url = current.url
+                new_address = partial.offset > 0
+                continue
+            new_address = False
+            if complete:
+                return await self._finish(current, partial)
+            # A clean but short answer; one that brought nothing must not loop for ever.
+            failures = 0 if partial.offset > before else failures + 1
+            if failures >= self.cfg.max_attempts:
+                raise _Fail(f"gave up after {failures} answers without progress")
+
+    async def _reresolve(self, current: AudioItem, reresolve: Reresolve) -> AudioItem:
+        try:
+            fresh = await reresolve(current)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise _Fail(f"link expired and re-resolving failed: {exc!r}") from None
+        if fresh is None or fresh.status != OK or not fresh.url:
+            raise _Fail("link expired and re-resolving found no address")
+        return fresh
+
+    async def _attempt(self, item: AudioItem, partial: _Partial, new_address: bool) -> bool:
+        """One request and its body. True when the file is complete, False when more is to come."""
+        record = partial.record
+        extra = {"Accept-Encoding": "identity"}
+        if partial.offset > 0:
+            extra["Range"] = f"bytes={partial.offset}-"
+            validator = _if_range_validator(record)
+            # After a re-resolve the old validator may mean nothing to the new host: judge the 206 ourselves.
+            if validator and not new_address:
+                extra["If-Range"] = validator
+        url = httpx.URL(item.url) if _http_url(item.url) else None
+        if url is None:
+            raise _Fail(f"not an http(s) address: {item.url[:200]!r}", discard=True)
+        origin_host = url.host
+        try:
+            for _ in range(self.cfg.max_redirects + 1):
+                headers = _identity_headers(item, same_host=url.host == origin_host)
+                headers.update(extra)
+                request = self.client.build_request("GET", url, headers=headers,
+                                                    timeout=httpx.Timeout(self.cfg.timeout))
+                response = await self.client.send(request, stream=True, follow_redirects=False)
+                try:
+                    location = response.headers.get("location")
+                    if response.status_code in _REDIRECTS and location:
+                        url = response.url.join(location)
+                        if url.scheme not in ("http", "https"):
+                            raise _Fail(f"redirect to a non-http address: {str(url)[:200]!r}")
+                        continue
+                    return await self._consume(response, partial, new_address)
+                finally:
+                    await response.aclose()
+        except _NETWORK_ERRORS as exc:
+            raise _Retry(f"{type(exc).__name__}: {exc}"[:300]) from None
+        except httpx.InvalidURL as exc:
+            raise _Fail(f"bad address: {exc}") from None
+        raise _Fail(f"more than {self.cfg.max_redirects} redirects")
+
+    async def _consume(self, response: httpx.Response, partial: _Partial, new_address: bool) -> bool:
+        status = response.status_code
+        record = partial.record
+        if status in _EXPIRED:
+            raise _Expired(f"http {status}")
+        if status == 429 or status >= 500:
+            raise _Retry(f"http {status}")
+        if status == 416:
+            m = _UNSATISFIED_RANGE.fullmatch(response.headers.get("content-range", "").strip())
+            total = int(m.group(1)) if m else None
+            if partial.offset > 0 and total == partial.offset and record.expected_size in (None, total):
+                record.expected_size = total
+                return True
+            raise _Restart(f"http 416: holding {partial.offset} bytes of a {total}-byte file")
+        if status == 200:
+            if partial.offset > 0:
+                # The range was ignored, or If-Range said the file changed: this body is the whole file.
+                await partial.reset(record.url)
+                record = partial.record
+            total = _int_header(response, "content-length")
+            self._adopt(response, partial, total)
+        elif status == 206:
+            m = _CONTENT_RANGE.fullmatch(response.headers.get("content-range", "").strip())
+            if m is None:
+                raise _Restart("206 without a usable Content-Range")
+            first, last = int(m.group(1)), int(m.group(2))
+            total = None if m.group(3) == "*" else int(m.group(3))
+            if first != partial.offset:
+                raise _Restart(f"asked for byte {partial.offset}, got a range from {first}")
+            length = _int_header(response, "content-length")
+            if last < first or (length is not None and length != last - first + 1) or (
+                    total is not None and last >= total):
+                raise _Restart("Content-Length disagrees with Content-Range")
+            if partial.offset > 0 and not _same_file(record, response, total, new_address):
+                raise _Restart("the file changed under its address")
+            self._adopt(response, partial, total)
+        else:
+            # Keep bytes already fetched: the address may come back, or be re-resolved on a later crawl.
+            raise _Fail(f"http {status}", discard=partial.offset == 0)
+
+        expected = partial.record.expected_size
+        if expected is not None and expected > self.cfg.max_size:
+            raise _Fail(f"too large: {expected} bytes (max {self.cfg.max_size})", discard=True)
+        partial.checkpoint()
+        try:
+            async for piece in response.aiter_raw():
+                if partial.take(piece):
+                    await partial.hand_over()
+                received = partial.received
+                if received > self.cfg.max_size:
+                    raise _Fail(f"too large: more than {self.cfg.max_size} bytes", discard=True)
+                if expected is not None and received > expected:
+                    raise _Restart(f"body longer than the {expected} bytes announced")
+        finally:
+            # Bytes that arrived before a connection broke are valid: keep them for the resume.
+            await partial.flush()
+        if expected is None:
+            return True
+        # False for a 206 that stopped short of the end, cleanly: ask for the rest.
+        return partial.offset >= expected
+
+    def _adopt(self, response: httpx.Response, partial: _Partial, total: int | None) -> None:
+        """Take the validators and size of the response whose body we are about to keep.
+
+        A 206 continuing our bytes that omits a validator keeps the one we had: it was judged the same file.
+        """
+        record = partial.record
+        keep = partial.offset > 0
+        record.etag = response.headers.get("etag") or (record.etag if keep else None)
+        last_modified = response.headers.get("last-modified")
+        record.last_modified = last_modified or (record.last_modified if keep else None)
+        if total is not None:
+            record.expected_size = total
+        ctype = response.headers.get("content-type")
+        if ctype:
+            record.content_type = ctype.split(";", 1)[0].strip().lower()[:100] or None
+        record.final_url = str(response.url)
+
+    async def _finish(self, item: AudioItem, partial: _Partial) -> AudioItem:
+        await partial.flush()
+        record = partial.record
+        size = partial.offset
+        if record.expected_size is not None and size != record.expected_size:
+            raise _Fail(f"size {size} disagrees with the server's {record.expected_size}", discard=True)
+        sha = partial.hasher.hexdigest()
+        urls = [item.url] + ([record.final_url] if record.final_url else [])
+        ext = extension_for(urls, record.content_type)
+        await partial.aclose()
+        rel = self.store.commit(partial.key, sha, size, ext)
+        self.store.record_place(sha, rel, item)
+        return item.replace(status=OK, reason=None, sha256=sha, size=size, content_type=record.content_type,
+                            path=rel)
+
+
+def _same_file(record: Sidecar, response: httpx.Response, total: int | None, new_address: bool) -> bool:
+    etag = response.headers.get("etag") or None
+    last_modified = response.headers.get("last-modified") or None
+    if record.expected_size is not None and total is not None and total != record.expected_size:
+        return False
+    if new_address:
+        # Another host's validators need not match for the same file; the size is what both can agree on.
+        return (record.etag is not None and etag == record.etag) or (
+            record.expected_size is not None and total == record.expected_size)
+    if record.etag and etag and etag != record.etag:
+        return False
+    if record.last_modified and last_modified and last_modified != record.last_modified and not (
+            record.etag and etag):
+        return False
+    return True
+
+
+def _if_range_validator(record: Sidecar) -> str | None:
+    # RFC 9110 13.1.5: If-Range takes a strong entity tag; a weak one could approve a different file.
+    if record.etag and not record.etag.startswith("W/"):
+        return record.etag
+    return record.last_modified
+
+
+def _identity_headers(item: AudioItem, *, same_host: bool) -> dict[str, str]:
+    """The item's client identity, but across hosts only the User-Agent: cookies must not leak to a CDN."""
+    if item.identity is None:
+        return {}
+    if same_host:
+        return item.identity.request_headers()
+    return {"User-Agent": item.identity.user_agent} if item.identity.user_agent else {}
+
+
+def _http_url(url: str) -> bool:
+    return url.lower().startswith(("http://", "https://"))
+
+
+def _int_header(response: httpx.Response, name: str) -> int | None:
+    value = response.headers.get(name)
+    if value is None or not value.strip().isdigit():
+        return None
+    return int(value)
+
+
+def _hash_prefix(path: Path, length: int) -> hashlib._Hash:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        left = length
+        while left > 0:
+            block = fh.read(min(MiB, left))
+            if not block:
+                break
+            h.update(block)
+            left -= len(block)
+    return h

@@ -1,0 +1,519 @@
+"""Resumable downloads against a loopback server that counts the bytes it serves and misbehaves on demand.
+
+Most tests run with both transports: httpx's own (httpcore) and httpx-aiohttp, which is what production uses.
+Where a test bounds the bytes served, the server is rate limited so that, as on the internet, the link and not
+the disk is the slow side; the aiohttp transport discards what it had buffered when a connection breaks, so a
+disk-bound loopback transfer would measure the transport's buffer rather than the downloader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+import re
+import signal
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from httpx_aiohttp import AiohttpTransport
+from hypothesis import given
+from hypothesis import strategies as st
+
+from crawler.items import FAILED, OK, AudioItem, RequestIdentity
+from crawler.worker.audiostore import AudioStore, extension_for, partial_key
+from crawler.worker.downloader import DownloadConfig, Downloader
+from tests.fakes.rangeserver import RangeServer, ThreadedRangeServer
+
+KiB = 1024
+CHUNK = 64 * KiB
+CFG = DownloadConfig(chunk_size=CHUNK, retry_backoff=0, timeout=10)
+RATE = 100e6          # bytes/s: fast enough for quick tests, slow enough that the client keeps up
+REPO = Path(__file__).resolve().parent.parent
+STORED = re.compile(r"audio/[0-9a-f]{2}/[0-9a-f]{64}(\.[a-z0-9]{1,5})?")
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def blob(size: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+async def server():
+    async with RangeServer() as srv:
+        yield srv
+
+
+@pytest.fixture(params=["aiohttp", "httpcore"])
+async def client(request):
+    transport = AiohttpTransport() if request.param == "aiohttp" else None
+    async with httpx.AsyncClient(transport=transport) as c:
+        yield c
+
+
+def requests_to(srv: RangeServer, path: str) -> list:
+    return [r for r in srv.log if r.path == path]
+
+
+def leftovers(data_dir: Path) -> list[str]:
+    partial = data_dir / "audio" / "partial"
+    return sorted(p.name for p in partial.iterdir()) if partial.exists() else []
+
+
+# -- the plain path --------------------------------------------------------------------------------
+
+
+async def test_download_is_stored_by_content_with_its_sha256(server, client, tmp_path):
+    data = blob(300_000, 1)
+    server.add("/music/song.MP3", data, content_type="audio/mpeg; charset=binary")
+    item = AudioItem(url=server.url("/music/song.MP3"), page="http://site/page", title="t")
+
+    got = await Downloader(client, tmp_path, CFG).fetch(item)
+
+    assert (got.status, got.reason) == (OK, None)
+    assert got.sha256 == sha(data) and got.size == len(data) and got.content_type == "audio/mpeg"
+    assert got.path == f"audio/{sha(data)[:2]}/{sha(data)}.mp3"
+    assert (tmp_path / got.path).read_bytes() == data
+    assert got.title == "t" and got.page == "http://site/page"
+    assert server.served("/music/song.MP3") == len(data)
+    assert leftovers(tmp_path) == []
+
+
+async def test_extension_comes_from_content_type_when_the_url_has_none(server, client, tmp_path):
+    data = blob(10_000, 2)
+    server.add("/get", data, content_type="audio/flac")
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/get") + "?id=7", page="p"))
+    assert got.path == f"audio/{sha(data)[:2]}/{sha(data)}.flac"
+
+
+# -- interrupted transfers -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+async def test_dropped_connections_resume_losing_at_most_one_chunk_each(server, client, tmp_path, seed):
+    data = blob(4_000_000, seed)
+    res = server.add("/a.mp3", data)
+    res.rate = RATE
+    drops = server.drop_random("/a.mp3", 8, seed=seed)
+
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/a.mp3"), page="p"))
+
+    assert got.status == OK, got.reason
+    assert got.sha256 == sha(data)
+    assert (tmp_path / got.path).read_bytes() == data
+    assert res.requests == len(drops) + 1
+    assert server.served("/a.mp3") - len(data) <= len(drops) * CHUNK
+    # every request after the first continued from where the file on disk ended
+    ranges = [r.headers.get("range") for r in requests_to(server, "/a.mp3")]
+    assert ranges[0] is None and all(r and r.startswith("bytes=") for r in ranges[1:])
+    assert leftovers(tmp_path) == []
+
+
+async def test_connection_reset_mid_body_resumes(server, client, tmp_path):
+    data = blob(2_000_000, 5)
+    res = server.add("/a.mp3", data)
+    res.drop_reset = True
+    server.drop_random("/a.mp3", 4, seed=5)
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/a.mp3"), page="p"))
+    assert got.status == OK and got.sha256 == sha(data)
+    assert res.requests == 5
+
+
+async def test_server_errors_are_retried_then_given_up(server, client, tmp_path):
+    data = blob(50_000, 6)
+    res = server.add("/a.mp3", data)
+    res.fail_status = [503, 500]
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/a.mp3"), page="p"))
+    assert got.status == OK and got.sha256 == sha(data)
+
+    res.fail_status = [503] * 20
+    other = AudioItem(url=server.url("/a.mp3") + "?again", page="p")
+    before = res.requests
+    got = await Downloader(client, tmp_path, CFG).fetch(other)
+    assert got.status == FAILED and "5 attempts" in got.reason and "503" in got.reason
+    assert res.requests - before == CFG.max_attempts
+
+
+async def test_cancelled_download_leaves_a_partial_that_a_new_downloader_resumes(server, client, tmp_path):
+    data = blob(3_000_000, 7)
+    res = server.add("/a.mp3", data)
+    res.pause_at = pause = 1_500_000
+    item = AudioItem(url=server.url("/a.mp3"), page="p", source_id="42")
+    part = AudioStore(tmp_path).part_path(partial_key(item))
+
+    task = asyncio.create_task(Downloader(client, tmp_path, CFG).fetch(item))
+    await wait_for_size(part, pause - CHUNK)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    kept = part.stat().st_size
+    assert pause - CHUNK <= kept <= pause
+
+    got = await Downloader(client, tmp_path, CFG).fetch(item)
+    assert got.status == OK and got.sha256 == sha(data)
+    assert requests_to(server, "/a.mp3")[-1].headers["range"] == f"bytes={kept}-"
+    assert server.served("/a.mp3") - len(data) <= CHUNK
+
+
+_CHILD = r"""
+import asyncio, sys
+from pathlib import Path
+import httpx
+from httpx_aiohttp import AiohttpTransport
+from crawler.items import AudioItem
+from crawler.worker.downloader import Downloader, DownloadConfig
+
+async def main():
+    async with httpx.AsyncClient(transport=AiohttpTransport()) as client:
+        cfg = DownloadConfig(chunk_size=int(sys.argv[3]), retry_backoff=0)
+        dl = Downloader(client, Path(sys.argv[2]), cfg)
+        await dl.fetch(AudioItem(url=sys.argv[1], page="p", source_id="song-1"))
+
+asyncio.run(main())
+"""
+
+
+async def test_process_killed_mid_download_resumes_after_restart(server, tmp_path):
+    data = blob(6_000_000, 8)
+    res = server.add("/a.mp3", data)
+    res.pause_at = pause = 3_500_000      # the server holds the body here until the client goes away
+    item = AudioItem(url=server.url("/a.mp3"), page="p", source_id="song-1")
+    part = AudioStore(tmp_path).part_path(partial_key(item))
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CHILD, item.url, str(tmp_path), str(CHUNK),
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        await wait_for_size(part, pause - CHUNK, timeout=30)
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGKILL)
+    assert await proc.wait() == -signal.SIGKILL
+    kept = part.stat().st_size
+    sidecar = json.loads(AudioStore(tmp_path).sidecar_path(partial_key(item)).read_text())
+    assert sidecar["expected_size"] == len(data) and sidecar["etag"] == res.etag
+
+    async with httpx.AsyncClient(transport=AiohttpTransport()) as client:
+        got = await Downloader(client, tmp_path, CFG).fetch(item)
+    assert got.status == OK and got.sha256 == sha(data)
+    assert (tmp_path / got.path).read_bytes() == data
+    resumed = requests_to(server, "/a.mp3")[-1]
+    assert resumed.headers["range"] == f"bytes={kept}-" and resumed.headers["if-range"] == res.etag
+    assert server.served("/a.mp3") - len(data) <= CHUNK
+
+
+async def wait_for_size(path: Path, size: int, timeout: float = 20.0) -> None:
+    """The partial file growing is an event in another task or process; polling its size is how to see it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (path.exists() and path.stat().st_size >= size):
+        if loop.time() > deadline:
+            raise AssertionError(f"{path.name} never reached {size} bytes")
+        await asyncio.sleep(0.005)
+
+
+# -- the server changes its mind -------------------------------------------------------------------
+
+
+async def test_server_ignoring_the_range_starts_over_cleanly(server, client, tmp_path):
+    data = blob(1_000_000, 9)
+    res = server.add("/a.mp3", data)
+    res.ignore_ranges = True
+    res.drops = [400_000]
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/a.mp3"), page="p"))
+    assert got.status == OK and got.sha256 == sha(data)
+    assert (tmp_path / got.path).read_bytes() == data
+    assert server.served("/a.mp3") == 400_000 + len(data)     # the 200's body was kept, not fetched again
+
+
+async def test_changed_etag_starts_over_with_the_new_file(server, client, tmp_path):
+    old, new = blob(1_000_000, 10), blob(900_000, 11)
+    res = server.add("/a.mp3", old)
+    old_etag = res.etag
+    res.drops = [300_000]
+    res.on_drop = lambda r: server.replace_content("/a.mp3", new)
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/a.mp3"), page="p"))
+    assert got.status == OK and got.sha256 == sha(new)
+    assert (tmp_path / got.path).read_bytes() == new
+    assert requests_to(server, "/a.mp3")[1].headers["if-range"] == old_etag != res.etag
+    assert server.served("/a.mp3") == 300_000 + len(new)
+
+
+async def test_range_with_a_new_etag_from_a_cache_ignoring_if_range_is_not_appended(server, client, tmp_path):
+    old, new = blob(1_000_000, 12), blob(1_000_000, 13)
+    res = server.add("/a.mp3", old)
+    res.ignore_if_range = True
+    res.drops = [300_000]
+    res.on_drop = lambda r: server.replace_content("/a.mp3", new)
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/a.mp3"), page="p"))
+    assert got.status == OK and got.sha256 == sha(new)
+    assert [r.status for r in requests_to(server, "/a.mp3")] == [200, 206, 200]
+
+
+async def test_416_after_the_file_shrank_starts_over(server, client, tmp_path):
+    old, new = blob(1_000_000, 14), blob(200_000, 15)
+    res = server.add("/a.mp3", old, etag=None, last_modified=None)
+    res.rate = RATE
+    res.drops = [600_000]
+    res.on_drop = lambda r: server.replace_content("/a.mp3", new)
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/a.mp3"), page="p"))
+    assert got.status == OK and got.sha256 == sha(new)
+    assert [r.status for r in requests_to(server, "/a.mp3")] == [200, 416, 200]
+
+
+async def test_416_for_a_partial_already_complete_finishes_without_refetching(server, client, tmp_path):
+    data = blob(500_000, 16)
+    server.add("/a.mp3", data)
+    item = AudioItem(url=server.url("/a.mp3"), page="p")
+    store = AudioStore(tmp_path)
+    key = partial_key(item)
+    # A crash after the last byte was written but before the sidecar recorded the size.
+    store.partial_dir.mkdir(parents=True)
+    store.part_path(key).write_bytes(data)
+    store.sidecar_path(key).write_text(json.dumps({"version": 1, "url": item.url}))
+
+    got = await Downloader(client, tmp_path, CFG).fetch(item)
+    assert got.status == OK and got.sha256 == sha(data)
+    assert [r.status for r in server.log] == [416]
+    assert server.served("/a.mp3") == 0
+
+
+async def test_complete_partial_with_known_size_needs_no_request(server, client, tmp_path):
+    data = blob(100_000, 17)
+    server.add("/a.mp3", data)
+    item = AudioItem(url=server.url("/a.mp3"), page="p")
+    store = AudioStore(tmp_path)
+    key = partial_key(item)
+    store.partial_dir.mkdir(parents=True)
+    store.part_path(key).write_bytes(data)
+    sidecar = {"version": 1, "url": item.url, "expected_size": len(data)}
+    store.sidecar_path(key).write_text(json.dumps(sidecar))
+    got = await Downloader(client, tmp_path, CFG).fetch(item)
+    assert got.status == OK and got.sha256 == sha(data) and server.log == []
+
+
+async def test_length_disagreeing_with_content_range_starts_over(server, client, tmp_path):
+    data = blob(800_000, 18)
+    res = server.add("/a.mp3", data)
+    res.bad_range_length = True
+    res.drops = [250_000]
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/a.mp3"), page="p"))
+    assert got.status == OK and got.sha256 == sha(data)
+    assert [r.status for r in requests_to(server, "/a.mp3")] == [200, 206, 200]
+
+
+async def test_total_size_changing_under_the_same_etag_starts_over(server, client, tmp_path):
+    old, new = blob(800_000, 19), blob(900_000, 20)
+    res = server.add("/a.mp3", old)
+    res.drops = [250_000]
+    res.on_drop = lambda r: server.replace_content("/a.mp3", new, keep_etag=True)
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/a.mp3"), page="p"))
+    assert got.status == OK and got.sha256 == sha(new)
+
+
+async def test_corrupt_sidecar_means_a_clean_start(server, client, tmp_path):
+    data = blob(100_000, 21)
+    server.add("/a.mp3", data)
+    item = AudioItem(url=server.url("/a.mp3"), page="p")
+    store = AudioStore(tmp_path)
+    store.partial_dir.mkdir(parents=True)
+    store.part_path(partial_key(item)).write_bytes(b"garbage" * 1000)
+    store.sidecar_path(partial_key(item)).write_text("{not json")
+    got = await Downloader(client, tmp_path, CFG).fetch(item)
+    assert got.status == OK and got.sha256 == sha(data)
+    assert "range" not in server.log[0].headers
+
+
+# -- expired links ---------------------------------------------------------------------------------
+
+
+async def test_expired_link_is_reresolved_and_resumed_when_the_file_is_the_same(server, client, tmp_path):
+    data = blob(2_000_000, 22)
+    old = server.add("/old.mp3", data)
+    old.rate = RATE
+    old.drops = [700_000]
+    old.expires_after_requests = 1
+    new = server.add("/new.mp3", data, etag='"cdn-2"')    # another host's validator, same bytes
+    new.rate = RATE
+    item = AudioItem(url=server.url("/old.mp3"), page="p", source_id="s1", resolver="kugou")
+    calls = []
+
+    async def reresolve(it: AudioItem) -> AudioItem:
+        calls.append(it)
+        return it.replace(url=server.url("/new.mp3"))
+
+    got = await Downloader(client, tmp_path, CFG).fetch(item, reresolve)
+
+    assert got.status == OK and got.sha256 == sha(data)
+    assert got.url == server.url("/new.mp3") and len(calls) == 1
+    assert [r.status for r in requests_to(server, "/old.mp3")] == [200, 403]
+    resumed = requests_to(server, "/new.mp3")
+    assert [r.status for r in resumed] == [206] and "if-range" not in resumed[0].headers
+    assert server.served("/old.mp3") + server.served("/new.mp3") - len(data) <= CHUNK
+
+
+async def test_expired_link_reresolved_to_another_file_starts_over(server, client, tmp_path):
+    data, other = blob(1_000_000, 23), blob(1_200_000, 24)
+    old = server.add("/old.mp3", data)
+    old.drops = [300_000]
+    old.expires_after_requests = 1
+    server.add("/new.mp3", other)
+
+    async def reresolve(it: AudioItem) -> AudioItem:
+        return it.replace(url=server.url("/new.mp3"))
+
+    got = await Downloader(client, tmp_path, CFG).fetch(
+        AudioItem(url=server.url("/old.mp3"), page="p", source_id="s2"), reresolve)
+    assert got.status == OK and got.sha256 == sha(other)
+    assert [r.status for r in requests_to(server, "/new.mp3")] == [206, 200]
+
+
+async def test_expired_link_without_a_new_address_fails_and_keeps_the_partial(client, tmp_path):
+    clock = [0.0]
+    async with RangeServer(clock=lambda: clock[0]) as srv:
+        data = blob(1_000_000, 25)
+        res = srv.add("/old.mp3", data)
+        res.rate = RATE
+        res.drops = [400_000]
+        srv.expire("/old.mp3", after=60)
+        res.on_drop = lambda r: clock.__setitem__(0, 61.0)    # the link's lifetime runs out meanwhile
+
+        async def nothing(it: AudioItem) -> None:
+            return None
+
+        item = AudioItem(url=srv.url("/old.mp3"), page="p", source_id="s3")
+        got = await Downloader(client, tmp_path, CFG).fetch(item, nothing)
+        assert got.status == FAILED and "expired" in got.reason
+        kept = AudioStore(tmp_path).part_path(partial_key(item)).stat().st_size
+        assert 400_000 - CHUNK <= kept <= 400_000
+
+        # A later crawl resolves the same song to a new address: the same partial is continued.
+        srv.add("/fresh.mp3", data, etag=None)
+        got = await Downloader(client, tmp_path, CFG).fetch(item.replace(url=srv.url("/fresh.mp3")))
+        assert got.status == OK and got.sha256 == sha(data)
+        assert srv.served("/fresh.mp3") == len(data) - kept
+
+
+# -- identity and redirects ------------------------------------------------------------------------
+
+
+async def test_redirect_to_another_host_keeps_only_the_user_agent(server, client, tmp_path):
+    data = blob(200_000, 26)
+    res = server.add("/a.mp3", data)
+    res.user_agent = "Player/2.0"           # the link is bound to the client that asked for it
+    server.add("/go", b"").redirect_to = server.url("/a.mp3", host="127.0.0.2")
+    ident = RequestIdentity(user_agent="Player/2.0", headers=(("Referer", "http://site/page"),),
+                            cookies=(("sid", "secret"),))
+    got = await Downloader(client, tmp_path, CFG).fetch(
+        AudioItem(url=server.url("/go"), page="p", identity=ident))
+
+    assert got.status == OK and got.sha256 == sha(data)
+    first, second = server.log
+    assert first.host == "127.0.0.1" and first.headers["cookie"] == "sid=secret"
+    assert first.headers["referer"] == "http://site/page"
+    assert second.host == "127.0.0.2" and second.headers["user-agent"] == "Player/2.0"
+    assert "cookie" not in second.headers and "referer" not in second.headers
+
+
+async def test_link_bound_to_a_user_agent_fails_without_it(server, client, tmp_path):
+    server.add("/a.mp3", blob(1000, 27)).user_agent = "Player/2.0"
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/a.mp3"), page="p"))
+    assert got.status == FAILED and "403" in got.reason
+
+
+async def test_redirects_are_capped(server, client, tmp_path):
+    server.add("/loop", b"").redirect_to = server.url("/loop")
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/loop"), page="p"))
+    assert got.status == FAILED and "redirects" in got.reason
+    assert len(server.log) == CFG.max_redirects + 1
+
+
+# -- limits, dedup, paths --------------------------------------------------------------------------
+
+
+async def test_file_over_the_size_limit_is_refused_and_nothing_is_kept(server, client, tmp_path):
+    server.add("/big.mp3", blob(100_000, 28))
+    cfg = DownloadConfig(max_size=50_000, chunk_size=CHUNK, retry_backoff=0)
+    got = await Downloader(client, tmp_path, cfg).fetch(AudioItem(url=server.url("/big.mp3"), page="p"))
+    assert got.status == FAILED and "too large" in got.reason
+    assert leftovers(tmp_path) == [] and got.path is None
+
+
+async def test_same_content_is_stored_once_with_every_place_recorded(server, client, tmp_path):
+    data = blob(150_000, 29)
+    server.add("/one.mp3", data)
+    server.add("/two", data, content_type="audio/ogg")
+    dl = Downloader(client, tmp_path, CFG)
+    a = await dl.fetch(AudioItem(url=server.url("/one.mp3"), page="http://a/page"))
+    b = await dl.fetch(AudioItem(url=server.url("/two"), page="http://b/page"))
+
+    assert a.sha256 == b.sha256 == sha(data) and a.path == b.path
+    stored = [p for p in (tmp_path / "audio").rglob("*") if p.is_file() and STORED.fullmatch(
+        p.relative_to(tmp_path).as_posix())]
+    assert len(stored) == 1
+    places = AudioStore(tmp_path).places(sha(data))
+    assert {(p["url"], p["page"]) for p in places} == {(a.url, "http://a/page"), (b.url, "http://b/page")}
+
+
+async def test_concurrent_fetches_of_one_song_share_one_download(server, client, tmp_path):
+    data = blob(1_000_000, 30)
+    server.add("/a.mp3", data).rate = RATE
+    dl = Downloader(client, tmp_path, CFG)
+    items = [AudioItem(url=server.url("/a.mp3"), page=f"http://site/{i}", source_id="same") for i in range(3)]
+    got = await asyncio.gather(*(dl.fetch(i) for i in items))
+    assert [g.status for g in got] == [OK] * 3 and {g.sha256 for g in got} == {sha(data)}
+    assert [g.page for g in got] == [i.page for i in items]
+    assert server.served("/a.mp3") == len(data)
+    assert len(AudioStore(tmp_path).places(sha(data))) == 3
+
+
+async def test_hostile_url_cannot_choose_where_the_file_lands(server, client, tmp_path):
+    path = "/x/..%2F..%2F..%2Fetc%2Fcron.d%2Fevil.sh%00.mp3%2F..%2F"
+    data = blob(5000, 31)
+    server.add(path, data, content_type="../../x")
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url(path), page="p"))
+    assert got.status == OK and STORED.fullmatch(got.path)
+    assert (tmp_path / got.path).resolve().is_relative_to(tmp_path.resolve())
+
+
+@given(st.text(max_size=80), st.text(max_size=40), st.one_of(st.none(), st.text(max_size=40)))
+def test_extension_is_always_safe(path, query, content_type):
+    ext = extension_for([f"http://h/{path}?{query}", path], content_type)
+    assert ext == "" or re.fullmatch(r"\.[a-z0-9]{1,5}", ext)
+
+
+def test_threaded_server_serves_ranges_to_blocking_callers():
+    data = blob(10_000, 32)
+    with ThreadedRangeServer(second_host=False) as srv:
+        srv.add("/a.mp3", data)
+        whole = httpx.get(srv.url("/a.mp3"))
+        tail = httpx.get(srv.url("/a.mp3"), headers={"Range": "bytes=9000-"})
+        beyond = httpx.get(srv.url("/a.mp3"), headers={"Range": "bytes=10000-"})
+    assert whole.status_code == 200 and whole.content == data
+    assert tail.status_code == 206 and tail.content == data[9000:]
+    assert tail.headers["content-range"] == "bytes 9000-9999/10000"
+    assert beyond.status_code == 416 and beyond.headers["content-range"] == "bytes */10000"
+    assert srv.served("/a.mp3") == len(data) + 1000
+
+
+def test_partial_key_follows_the_song_not_the_address():
+    a = AudioItem(url="http://a/1.mp3", page="p", source_id="abc", resolver="kugou")
+    assert partial_key(a) == partial_key(a.replace(url="http://b/other.mp3"))
+    assert partial_key(a) != partial_key(a.replace(resolver="other"))
+    assert partial_key(AudioItem(url="http://a/1.mp3", page="p")) != partial_key(
+        AudioItem(url="http://a/2.mp3", page="p"))
+
+
+def test_config_rejects_nonsense():
+    with pytest.raises(ValueError):
+        DownloadConfig(chunk_size=0)
+    assert DownloadConfig().max_size == 2 * 1024**3 and DownloadConfig().chunk_size == 256 * KiB
