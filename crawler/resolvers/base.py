@@ -1,0 +1,190 @@
+"""The resolver interface: what the worker hands a resolver and what it gets back.
+
+A resolver turns a fetched page (or, for some sites, just a URL) into audio items that carry the real
+address and the client identity a download must reuse. Resolvers never raise on what a site sends them:
+bad input becomes a failed item or nothing, so one odd page cannot take a worker down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+import httpx
+from selectolax.lexbor import LexborHTMLParser
+
+from crawler.items import AudioItem
+
+HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+
+_CHARSET_PARAM = re.compile(r"charset\s*=\s*[\"']?([\w.:-]+)", re.IGNORECASE)
+_META_CHARSET = re.compile(rb"<meta[^>]+charset\s*=\s*[\"']?([\w.:-]+)", re.IGNORECASE)
+# A <meta charset> after the first few KiB is not honoured by browsers either.
+_META_SCAN_BYTES = 4096
+
+
+class ResolverConfigError(ValueError):
+    """A resolver's config section is wrong; the message names the key and the problem."""
+
+
+@dataclass
+class FetchedPage:
+    """One response as the worker fetched it."""
+
+    url: str
+    final_url: str
+    status: int
+    content_type: str
+    headers: Mapping[str, str]
+    body: bytes
+    referrer: str | None = None
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
+    _tree: LexborHTMLParser | None = field(default=None, init=False, repr=False, compare=False)
+    _parsed: bool = field(default=False, init=False, repr=False, compare=False)
+
+    def charset(self) -> str | None:
+        m = _CHARSET_PARAM.search(self.headers.get("content-type", ""))
+        if m:
+            return m.group(1)
+        if self.content_type in HTML_TYPES or not self.content_type:
+            m = _META_CHARSET.search(self.body[:_META_SCAN_BYTES])
+            if m:
+                return m.group(1).decode("ascii", "replace")
+        return None
+
+    def text(self) -> str:
+        if self._text is None:
+            charset = self.charset()
+            text = None
+            if charset:
+                try:
+                    text = self.body.decode(charset, errors="replace")
+                except (LookupError, UnicodeError, ValueError):  # unknown, or not a text codec
+                    text = None
+            self._text = text if text is not None else self.body.decode("utf-8", errors="replace")
+        return self._text
+
+    def is_html(self) -> bool:
+        if self.content_type in HTML_TYPES:
+            return True
+        if self.content_type:
+            return False
+        head = self.body[:512].lstrip().lower()
+        return head.startswith((b"<!doctype html", b"<html")) or b"<head" in head or b"<body" in head
+
+    def tree(self) -> LexborHTMLParser | None:
+        if not self._parsed:
+            self._parsed = True
+            if self.is_html():
+                self._tree = LexborHTMLParser(self.text())
+        return self._tree
+
+
+@dataclass(frozen=True)
+class ResolveContext:
+    """What a resolver may use while resolving: the worker's HTTP client and its defaults."""
+
+    http: httpx.AsyncClient
+    user_agent: str
+    clock: Callable[[], float] = time.time
+
+
+@dataclass
+class Resolution:
+    items: list[AudioItem] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)   # extra absolute links to crawl (playlists, ...)
+
+
+class Resolver:
+    """Base class of all resolvers. Subclasses set ``name`` and override what they need.
+
+    A subclass reads its own config section with ``parse_section`` into a frozen dataclass, which rejects
+    unknown keys. ``keep_fragment`` lists regexes, searched in a normalised URL without its fragment, of
+    URLs whose fragment names the resource, so the URL normaliser keeps it.
+    """
+
+    name: ClassVar[str]
+    keep_fragment: tuple[str, ...] = ()
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.config = config
+
+    def claims(self, url: str) -> bool:
+        raise NotImplementedError
+
+    def needs_page(self, url: str) -> bool:
+        return True
+
+    async def resolve(self, url: str, page: FetchedPage | None, ctx: ResolveContext) -> Resolution:
+        raise NotImplementedError
+
+    async def reresolve(self, item: AudioItem, ctx: ResolveContext) -> AudioItem | None:
+        return None
+
+    def audio_link(self, url: str) -> bool:
+        return False
+
+
+C = TypeVar("C")
+
+
+def parse_section(schema: type[C], name: str, section: Mapping[str, Any] | None) -> C:
+    """Build the frozen config dataclass ``schema`` from a resolver's YAML section.
+
+    Unknown keys and wrongly typed values raise ResolverConfigError naming ``<resolver>.<key>``; lists
+    become tuples so the result stays hashable and immutable. Range and format checks belong in the
+    schema's ``__post_init__``, which may raise ResolverConfigError itself.
+    """
+    if section is None:
+        section = {}
+    if not isinstance(section, Mapping):
+        raise ResolverConfigError(f"{name}: section must be a mapping, got {type(section).__name__}")
+    hints = typing.get_type_hints(schema)
+    fields = {f.name for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in section.items():
+        if key not in fields:
+            raise ResolverConfigError(f"{name}.{key}: unknown key (known: {', '.join(sorted(fields))})")
+        kwargs[key] = _coerce(f"{name}.{key}", hints[key], value)
+    return schema(**kwargs)
+
+
+def _coerce(where: str, hint: Any, value: Any) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(where, option, value)
+            except ResolverConfigError as exc:
+                errors.append(str(exc))
+        raise ResolverConfigError(errors[0] if errors else f"{where}: must not be null")
+    if origin is tuple:
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise ResolverConfigError(f"{where}: must be a list")
+        inner = typing.get_args(hint)[0]
+        return tuple(_coerce(f"{where}[{i}]", inner, v) for i, v in enumerate(value))
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ResolverConfigError(f"{where}: must be a number")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ResolverConfigError(f"{where}: must be an integer")
+        return value
+    if hint in (str, bool):
+        if not isinstance(value, hint):
+            raise ResolverConfigError(f"{where}: must be a {hint.__name__}")
+        return value
+    return value

@@ -1,0 +1,367 @@
+"""The generic resolver, the source paper's "sniffer": audio referenced anywhere in a page, or a response
+that is audio itself.
+
+Where it looks: audio extensions in links, audio/source/embed/object/param and data-* attributes; URLs
+in inline scripts and JSON blocks; the response's Content-Type; the first bytes of the body; playlists.
+What it must not do: turn images, video, or prose that mentions ".mp3" into items. So text nodes are never
+read, a script string counts only when the whole string is a URL (or an absolute URL inside markup), and
+containers shared with video (MP4, ASF, Ogg) are checked for a video track.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urldefrag
+
+from selectolax.lexbor import LexborHTMLParser, LexborNode
+
+from crawler.items import AudioItem
+from crawler.resolvers import jsdata, pagemeta, playlists, sniff
+from crawler.resolvers.base import (
+    FetchedPage,
+    Resolution,
+    ResolveContext,
+    Resolver,
+    ResolverConfigError,
+    parse_section,
+)
+from crawler.resolvers.pagemeta import Meta
+from crawler.resolvers.tags import read_tags
+from crawler.worker.links import document_base, join_url
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenericConfig:
+    max_items: int = 1000          # per page: a generated page must not flood the catalogue
+    scan_scripts: bool = True
+    sniff_bytes: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_items < 1:
+            raise ResolverConfigError("generic.max_items: must be at least 1")
+
+
+# Attributes whose value is metadata, never a URL, even when it reads "song.mp3".
+_META_DATA_ATTRS = frozenset({"data-title", "data-artist", "data-album", "data-description", "data-name"})
+# data-* names that announce a URL, so a bare file name ("a.mp3") in them counts.
+_URL_ATTR_WORDS = ("src", "url", "href", "file", "mp3", "audio", "sound", "song", "track", "stream", "path")
+_PARAM_NAMES = frozenset({"src", "url", "filename", "file", "movie", "sound", "song", "mp3", "audio"})
+_BARE_FILE = re.compile(r"^[\w\-.%~+()\[\]]+$")
+_ABSOLUTE_IN_TEXT = re.compile(r"""(?:https?:)?//[^\s"'<>\\()]+""", re.IGNORECASE)
+_JSON_TYPES = ("application/json", "application/ld+json")
+_OG_AUDIO = frozenset({"og:audio", "og:audio:url", "og:audio:secure_url"})
+_MAX_URL = 2048
+# Playlist entries that are never songs: stream segments, video, pictures.
+_NOT_PLAYLIST_SONGS = frozenset({"ts", "m4s", "mp4", "m4v", "webm", "mkv", "avi", "jpg", "jpeg", "png", "gif"})
+
+
+def _url_like(value: str, *, bare_ok: bool) -> bool:
+    """Could this whole string be a URL reference (not prose)?"""
+    if not value or len(value) > _MAX_URL or any(c.isspace() for c in value):
+        return False
+    lower = value.lower()
+    if lower.startswith(("http://", "https://", "//", "/", "./", "../")):
+        return True
+    if ":" in value.split("/", 1)[0]:
+        return False  # another scheme (data:, blob:, javascript:) or a "key:value" string
+    if "/" in value:
+        return True
+    path = value.split("?", 1)[0].split("#", 1)[0]
+    return bare_ok and bool(_BARE_FILE.match(path))
+
+
+def _audio_string(value: str, bare_ok: bool = True) -> bool:
+    value = value.strip()
+    return _url_like(value, bare_ok=bare_ok) and (sniff.is_audio_url(value) or sniff.is_playlist_url(value))
+
+
+class _Collector:
+    """Items and playlist links for one page, one item per distinct audio URL."""
+
+    def __init__(self, page_url: str, base: str, max_items: int, page_meta: Mapping[str, Any] | None = None):
+        self.page_url = page_url
+        self.base = base
+        self.max_items = max_items
+        self.items: dict[str, tuple[Meta, str]] = {}
+        self.links: list[str] = []
+        self._page_meta = page_meta
+
+    def add(self, raw: str, meta: Meta, found_in: str, force_audio: bool = False) -> None:
+        url = join_url(self.base, raw.strip())
+        if url is None:
+            return
+        url = urldefrag(url).url
+        if sniff.is_playlist_url(url):
+            if url not in self.links:
+                self.links.append(url)
+            return
+        if not (force_audio or sniff.is_audio_url(url)):
+            return
+        if url in self.items:
+            known, where = self.items[url]
+            self.items[url] = (pagemeta.fill(known, meta), where)
+        elif len(self.items) < self.max_items:
+            self.items[url] = (meta, found_in)
+
+    def result(self, page_level: Meta) -> Resolution:
+        items = []
+        for url, (meta, found_in) in self.items.items():
+            full = pagemeta.fill(meta, page_level)
+            items.append(AudioItem(url=url, page=self.page_url, resolver=GenericResolver.name,
+                                   extra={"found_in": found_in}, **full))
+        return Resolution(items=items, links=list(self.links))
+
+
+class GenericResolver(Resolver):
+    name = "generic"
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__(config)
+        self.settings = parse_section(GenericConfig, self.name, config)
+
+    def claims(self, url: str) -> bool:
+        return url.lower().startswith(("http://", "https://"))
+
+    def audio_link(self, url: str) -> bool:
+        return sniff.is_audio_url(url)
+
+    async def resolve(self, url: str, page: FetchedPage | None, ctx: ResolveContext) -> Resolution:
+        if page is None or page.status >= 400:
+            return Resolution()
+        return self.resolve_page(page)
+
+    def resolve_page(self, page: FetchedPage) -> Resolution:
+        """The synchronous core: no I/O is needed once the page is fetched."""
+        ct = page.content_type
+        named_playlist = sniff.is_playlist_url(page.final_url) or sniff.is_playlist_url(page.url)
+        if ct in sniff.PLAYLIST_TYPES or (named_playlist and not page.is_html()):
+            return self._playlist(page)
+        if sniff.is_audio_type(ct):
+            return Resolution(items=[self._audio_response(page, sniff.sniff_audio(page.body) or ct)])
+        if page.is_html():
+            tree = page.tree()
+            return self._html(page, tree) if tree is not None else Resolution()
+        if self.settings.sniff_bytes:
+            fmt = sniff.sniff_audio(page.body)
+            if fmt:
+                return Resolution(items=[self._audio_response(page, fmt)])
+        if playlists.looks_like_playlist(page.text()[:256] if ct.startswith("text/") or not ct else ""):
+            return self._playlist(page)
+        if ct in _JSON_TYPES or ct.endswith("+json"):
+            return self._json_document(page)
+        return Resolution()
+
+    def _audio_response(self, page: FetchedPage, fmt: str) -> AudioItem:
+        meta = pagemeta.normalise(_tags_meta(page.body))
+        extra: dict[str, Any] = {"found_in": "response", "format": fmt}
+        if page.final_url != page.url:
+            extra["final_url"] = page.final_url
+        return AudioItem(url=page.url, page=page.referrer or page.url, resolver=self.name, extra=extra, **meta)
+
+    def _playlist(self, page: FetchedPage) -> Resolution:
+        text = page.text()
+        if playlists.is_hls_media(text):
+            return Resolution()
+        kind = playlists.looks_like_playlist(text)
+        if kind is None:
+            kind = "pls" if sniff.url_extension(page.final_url) == "pls" or "scpls" in page.content_type else "m3u"
+        entries = playlists.parse_pls(text) if kind == "pls" else playlists.parse_m3u(text)
+        out = _Collector(page.url, page.final_url, self.settings.max_items)
+        for entry in entries:
+            if any(c in entry.target for c in '<>"'):
+                continue  # markup, not an entry: an error page served under a playlist's name
+            meta = pagemeta.normalise({"title": entry.title, "artist": entry.artist, "duration": entry.duration})
+            absolute = join_url(page.final_url, entry.target)
+            if absolute is None:
+                continue
+            if sniff.is_audio_url(absolute) or sniff.is_playlist_url(absolute):
+                out.add(absolute, meta, "playlist")
+            elif sniff.url_extension(absolute) not in _NOT_PLAYLIST_SONGS and absolute not in out.links:
+                # Not named as audio (a stream, a download script): a fetch of its first bytes decides.
+                out.links.append(absolute)
+        return out.result({})
+
+    def _json_document(self, page: FetchedPage) -> Resolution:
+        out = _Collector(page.url, page.final_url, self.settings.max_items)
+        _collect_json(out, pagemeta.load_json_block(page.text()), "json")
+        return out.result({})
+
+    def _html(self, page: FetchedPage, tree: LexborHTMLParser) -> Resolution:
+        out = _Collector(page.url, document_base(tree, page.final_url), self.settings.max_items)
+        for node in tree.root.traverse() if tree.root is not None else ():
+            tag = node.tag
+            if tag is None or not tag[0].isalpha():
+                continue
+            if tag == "script":
+                self._script(out, node)
+            else:
+                _element(out, node, tag)
+        return out.result(pagemeta.page_meta(tree) if out.items else {})
+
+    def _script(self, out: _Collector, node: LexborNode) -> None:
+        if not self.settings.scan_scripts:
+            return
+        kind = (node.attributes.get("type") or "").strip().lower()
+        text = node.text(deep=True) or ""
+        if not _mentions_audio(text):
+            return
+        if kind in _JSON_TYPES or kind.endswith(("+json", "/json")):
+            _collect_json(out, pagemeta.load_json_block(text), "json")
+            return
+        if kind and "javascript" not in kind and "ecmascript" not in kind and kind != "module":
+            return  # templates and other data: not read as code
+        for s in jsdata.strings_with_context(text, _script_candidate):
+            meta = pagemeta.json_object_meta(s.keys)
+            if _audio_string(s.value):
+                out.add(s.value, meta, "script")
+            else:
+                for url in _absolute_urls_in(s.value):
+                    out.add(url, {}, "script")
+
+
+_DOTTED_EXTENSIONS = tuple(f".{ext}" for ext in sorted(sniff.AUDIO_EXTENSIONS | sniff.PLAYLIST_EXTENSIONS))
+
+
+def _mentions_audio(text: str) -> bool:
+    """A cheap gate before any parsing: does any audio or playlist extension occur at all?"""
+    lower = text.lower()
+    return any(ext in lower for ext in _DOTTED_EXTENSIONS)
+
+
+def _absolute_urls_in(text: str) -> list[str]:
+    """Absolute and protocol-relative audio URLs inside a longer string (markup built in a script)."""
+    return [u for u in _ABSOLUTE_IN_TEXT.findall(text) if _audio_string(u)]
+
+
+def _script_candidate(value: str) -> bool:
+    return _audio_string(value) or (len(value) < 100_000 and bool(_absolute_urls_in(value)))
+
+
+def _collect_json(out: _Collector, value: Any, found_in: str) -> None:
+    """Audio URLs anywhere in a JSON value, with the metadata of the objects that hold them.
+
+    A URL takes its fields from the object holding it, then from objects holding that one directly
+    (an AudioObject inside its MusicRecording), but not across a list: the list's owner describes the
+    list, not each song in it.
+    """
+    stack: list[tuple[Any, Meta, int]] = [(value, {}, 0)]
+    while stack:
+        current, inherited, depth = stack.pop()
+        if depth > 64:
+            continue
+        if isinstance(current, Mapping):
+            meta = pagemeta.fill(pagemeta.json_object_meta(current), inherited)
+            children = list(current.values())
+            for child in reversed(children):
+                if isinstance(child, str):
+                    if _audio_string(child):
+                        out.add(child, meta, found_in)
+                    else:
+                        for url in _absolute_urls_in(child):
+                            out.add(url, {}, found_in)
+                else:
+                    stack.append((child, meta if isinstance(child, Mapping) else {}, depth + 1))
+        elif isinstance(current, list):
+            for child in reversed(current):
+                if isinstance(child, str) and _audio_string(child):
+                    out.add(child, inherited, found_in)
+                elif not isinstance(child, str):
+                    stack.append((child, {}, depth + 1))
+
+
+def _type_is_audio(node: LexborNode) -> bool:
+    return sniff.is_audio_type((node.attributes.get("type") or "").split(";", 1)[0].strip())
+
+
+def _inside(node: LexborNode, tag: str) -> bool:
+    parent = node.parent
+    return parent is not None and parent.tag == tag
+
+
+def _element(out: _Collector, node: LexborNode, tag: str) -> None:
+    attrs = node.attributes
+    if tag == "video" or (tag == "source" and _inside(node, "video") and not _type_is_audio(node)):
+        return
+    # (reference, the element itself says it is audio, where it was found)
+    refs: list[tuple[str, bool, str]] = []
+    if tag in ("a", "area"):
+        if attrs.get("href"):
+            refs.append((attrs["href"], _type_is_audio(node), tag))
+    elif tag in ("audio", "source"):
+        if attrs.get("src"):
+            refs.append((attrs["src"], tag == "audio" or _inside(node, "audio") or _type_is_audio(node), tag))
+    elif tag == "embed":
+        if attrs.get("src"):
+            refs.append((attrs["src"], _type_is_audio(node), tag))
+        refs.extend((v, False, "flashvars") for v in _flashvars(attrs.get("flashvars")))
+    elif tag == "object":
+        if attrs.get("data"):
+            refs.append((attrs["data"], _type_is_audio(node), tag))
+    elif tag == "param":
+        name = (attrs.get("name") or "").lower()
+        value = attrs.get("value") or ""
+        if name == "flashvars":
+            refs.extend((v, False, "flashvars") for v in _flashvars(value))
+        elif name in _PARAM_NAMES and value:
+            refs.append((value, False, tag))
+    elif tag == "link":
+        if attrs.get("href") and (_type_is_audio(node) or _audio_string(attrs["href"])):
+            refs.append((attrs["href"], _type_is_audio(node), tag))
+    elif tag == "meta":
+        prop = (attrs.get("property") or attrs.get("itemprop") or "").lower()
+        content = attrs.get("content") or ""
+        if prop in _OG_AUDIO and content:
+            refs.append((content, True, prop))
+        elif prop == "contenturl" and content:
+            refs.append((content, False, prop))
+    for name, value in attrs.items():
+        if name.startswith("data-") and value and name not in _META_DATA_ATTRS:
+            refs.extend(_data_attribute_refs(name, value, node, out))
+    # Most elements are plain links: settle them on the raw string before any joining or metadata work.
+    refs = [r for r in refs if r[1] or sniff.is_audio_url(r[0].strip()) or sniff.is_playlist_url(r[0].strip())]
+    if not refs:
+        return
+    meta = pagemeta.element_meta(node)
+    if tag == "param" and node.parent is not None:
+        meta = pagemeta.fill(meta, pagemeta.element_meta(node.parent))
+    for ref, forced, where in refs:
+        if forced or _url_like(ref.strip(), bare_ok=True) or tag in ("a", "area", "audio", "source", "embed"):
+            out.add(ref, meta, where, force_audio=forced)
+
+
+def _data_attribute_refs(name: str, value: str, node: LexborNode,
+                         out: _Collector) -> list[tuple[str, bool, str]]:
+    value = value.strip()
+    if value[:1] in ("{", "[") and _mentions_audio(value):
+        # data-song='{"url": "a.mp3", "title": "..."}': the object's keys describe the URL.
+        meta = pagemeta.element_meta(node)
+        before = dict(out.items)
+        _collect_json(out, pagemeta.load_json_block(value), name)
+        for url in out.items.keys() - before.keys():
+            found_meta, where = out.items[url]
+            out.items[url] = (pagemeta.fill(found_meta, meta), where)
+        return []
+    bare_ok = any(word in name for word in _URL_ATTR_WORDS)
+    if _audio_string(value, bare_ok=bare_ok):
+        return [(value, False, name)]
+    return []
+
+
+def _flashvars(value: str | None) -> list[str]:
+    if not value:
+        return []
+    try:
+        pairs = parse_qsl(value, keep_blank_values=False)
+    except ValueError:
+        return []
+    return [v for _, v in pairs if _audio_string(v)]
+
+
+def _tags_meta(body: bytes) -> Meta:
+    return dict(read_tags(body))

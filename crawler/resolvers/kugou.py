@@ -1,0 +1,439 @@
+"""Kugou (kugou.com): song lists from playlist, share and rank pages, real addresses from the play-data API.
+
+The pages never contain an audio address. They list songs (hash + album id) in inline scripts; the
+play-data API turns one song into a signed, expiring address that works only for the User-Agent and
+kg_mid cookie that asked for it, so every item carries that identity for its download. See
+kugou-api.md for the shapes. Kugou changes them now and then: anything unexpected becomes a failed item
+with a reason, never a crash and never an item built from garbage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import random
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+
+from crawler.items import FAILED, OK, UNAVAILABLE, AudioItem, RequestIdentity
+from crawler.resolvers.base import (
+    FetchedPage,
+    Resolution,
+    ResolveContext,
+    Resolver,
+    ResolverConfigError,
+    parse_section,
+)
+from crawler.resolvers.jsdata import LiteralError, find_literal, parse_literal
+
+log = logging.getLogger(__name__)
+
+# The web API answers browsers; this is what the public clients send.
+DESKTOP_USER_AGENT = ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) "
+                      "Chrome/120.0.0.0 Safari/537.36")
+ERR_VERIFY = 20010  # missing kg_mid cookie, or the API wants a verification
+
+
+@dataclass(frozen=True)
+class KugouConfig:
+    api_base: str = "https://wwwapi.kugou.com"        # play data: <api_base>/yy/index.php?r=play/getdata
+    mobile_api_base: str = "http://m.kugou.com"       # JSON twin of playlists: <base>/plist/list/<id>?json=true
+    www_hosts: tuple[str, ...] = ("www.kugou.com", "kugou.com")
+    mobile_hosts: tuple[str, ...] = ("m.kugou.com",)
+    referer: str = "https://www.kugou.com/"
+    user_agent: str | None = DESKTOP_USER_AGENT       # null: the worker's own User-Agent
+    mid: str | None = None                             # kg_mid cookie; null: a random one per process
+    dfid: str | None = None
+    jsonp: bool = True                                 # ask for JSONP as the web player does
+    verify_retries: int = 2                            # extra attempts after err_code 20010
+    retry_delay: float = 1.0                           # seconds, doubled on each retry
+    timeout: float = 15.0
+    concurrency: int = 4                               # play-data requests in flight per page
+    max_songs: int = 500                               # per page
+    cover_size: int = 480                              # Kugou cover URLs carry a {size} placeholder
+
+    def __post_init__(self) -> None:
+        for key in ("api_base", "mobile_api_base", "referer"):
+            value = getattr(self, key)
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ResolverConfigError(f"kugou.{key}: must be an http(s) URL, got {value!r}")
+        for key in ("www_hosts", "mobile_hosts"):
+            for host in getattr(self, key):
+                if not host or "/" in host or host != host.strip().lower():
+                    raise ResolverConfigError(f"kugou.{key}: {host!r} must be a lower-case host[:port]")
+        if self.mid is not None and not re.fullmatch(r"[0-9a-zA-Z]{8,64}", self.mid):
+            raise ResolverConfigError("kugou.mid: must be 8 to 64 letters or digits")
+        for key in ("verify_retries", "concurrency", "max_songs", "cover_size"):
+            minimum = 0 if key == "verify_retries" else 1
+            if getattr(self, key) < minimum:
+                raise ResolverConfigError(f"kugou.{key}: must be at least {minimum}")
+        for key in ("retry_delay", "timeout"):
+            if getattr(self, key) < 0 or (key == "timeout" and self.timeout == 0):
+                raise ResolverConfigError(f"kugou.{key}: must be positive")
+
+
+@dataclass(frozen=True)
+class ListedSong:
+    """A song as a page lists it: enough to ask the API, plus what to record if the API will not say."""
+
+    hash: str
+    album_id: str = ""
+    title: str | None = None
+    artist: str | None = None
+    duration: float | None = None
+    mixsongid: str | None = None
+
+
+_HASH = re.compile(r"[0-9A-Fa-f]{32}")
+_SPECIAL = re.compile(r"^/yy/special/single/(\d+)\.html$")
+_SHARE = re.compile(r"^/share/[\w-]+\.html$")
+_RANK = re.compile(r"^/yy/rank/home/\d+-\d+\.html$")
+_SONG = re.compile(r"^/song/?$")
+_PLIST = re.compile(r"^/plist/list/(\d+)/?$")
+_JSONP = re.compile(r"^\s*(?:/\*\*/\s*)?[\w$.]+\s*\((.*)\)\s*;?\s*$", re.DOTALL)
+# Where each page kind keeps its song list.
+_LIST_VARIABLES = {"special": "global.data", "share": "dataFromSmarty", "rank": "global.features"}
+
+
+def unwrap_jsonp(text: str) -> Any:
+    """The JSON value of a JSONP (``cb({...});``) or plain JSON body; ValueError if it is neither."""
+    m = _JSONP.match(text)
+    try:
+        return json.loads(m.group(1) if m else text)
+    except RecursionError as exc:
+        raise ValueError("nested too deeply") from exc
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        return None
+    value = " ".join(value.split())
+    return value[:500] or None
+
+
+def _split_name(name: str | None) -> tuple[str | None, str | None]:
+    """Kugou's "Artist - Title" file names: (artist, title)."""
+    if not name:
+        return None, None
+    artist, sep, title = name.partition(" - ")
+    if sep and artist.strip() and title.strip():
+        return artist.strip(), title.strip()
+    return None, name.strip()
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        return None  # JSON from the wild may say Infinity or NaN
+    return float(value)
+
+
+def _seconds(value: Any, unit_ms: bool | None) -> float | None:
+    n = _number(value)
+    if n is None:
+        return None
+    if unit_ms is None:
+        # Page lists mix seconds and milliseconds under similar names; no song lasts ten hours.
+        unit_ms = n > 36_000
+    return n / 1000 if unit_ms else n
+
+
+def _listed_song(raw: Any) -> ListedSong | None:
+    if not isinstance(raw, Mapping):
+        return None
+    d = {str(k).lower(): v for k, v in raw.items()}
+    song_hash = _text(d.get("hash") or d.get("filehash"))
+    if not song_hash or not _HASH.fullmatch(song_hash):
+        return None
+    artist_from_name, title_from_name = _split_name(_text(d.get("filename") or d.get("audio_name")))
+    album_id = _text(d.get("album_id") or d.get("albumid")) or ""
+    return ListedSong(
+        hash=song_hash.upper(),
+        album_id=album_id if album_id.isdigit() else "",
+        title=_text(d.get("song_name") or d.get("songname")) or title_from_name,
+        artist=_text(d.get("author_name") or d.get("singername")) or artist_from_name,
+        duration=_seconds(d.get("timelength") or d.get("timelen") or d.get("duration"), None),
+        mixsongid=_text(d.get("mixsongid") or d.get("encrypt_id") or d.get("album_audio_id")),
+    )
+
+
+def songs_from_list(raw: Any) -> list[ListedSong]:
+    if not isinstance(raw, list):
+        raise LiteralError(f"expected a list of songs, got {type(raw).__name__}")
+    seen: set[str] = set()
+    songs = []
+    for entry in raw:
+        song = _listed_song(entry)
+        if song is None:
+            log.debug("kugou: skipping a list entry without a valid hash")
+        elif song.hash not in seen:
+            seen.add(song.hash)
+            songs.append(song)
+    return songs
+
+
+def songs_from_page(kind: str, text: str) -> list[ListedSong]:
+    """The songs a playlist, share or rank page lists; LiteralError if its list is missing or unreadable."""
+    variable = _LIST_VARIABLES[kind]
+    literal = find_literal(text, variable)
+    if literal is None:
+        raise LiteralError(f"no {variable} list in the page")
+    return songs_from_list(parse_literal(literal))
+
+
+def songs_from_plist(payload: Any) -> list[ListedSong]:
+    """list.list.info[] of the JSON playlist twin."""
+    try:
+        info = payload["list"]["list"]["info"]
+    except (KeyError, TypeError, IndexError) as exc:
+        raise LiteralError("no list.list.info in the playlist JSON") from exc
+    return songs_from_list(info)
+
+
+def song_from_fragment(url: str) -> ListedSong | None:
+    """A song URL names its song in the fragment: /song/#hash=<HASH>&album_id=<ALBUM>."""
+    try:
+        fragment = urlsplit(url).fragment
+    except ValueError:
+        return None
+    params = parse_qs(fragment)
+    song_hash = (params.get("hash") or [""])[0]
+    if not _HASH.fullmatch(song_hash):
+        return None
+    album_id = (params.get("album_id") or [""])[0]
+    return ListedSong(hash=song_hash.upper(), album_id=album_id if album_id.isdigit() else "")
+
+
+class KugouResolver(Resolver):
+    name = "kugou"
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__(config)
+        self.settings = parse_section(KugouConfig, self.name, config)
+        self.mid = self.settings.mid or uuid.uuid4().hex
+        hosts = "|".join(re.escape(h) for h in self.settings.www_hosts)
+        # Searched in the normalised URL without its fragment (crawler.urls): song pages keep theirs.
+        self.keep_fragment = (rf"^https?://(?:{hosts})/song/",) if hosts else ()
+
+    # Which URLs are ours.
+    def _kind(self, url: str) -> str | None:
+        try:
+            parts = urlsplit(url)
+        except ValueError:
+            return None
+        if parts.scheme not in ("http", "https"):
+            return None
+        host = parts.netloc.lower()
+        if host in self.settings.www_hosts:
+            if _SPECIAL.match(parts.path):
+                return "special"
+            if _SHARE.match(parts.path):
+                return "share"
+            if _RANK.match(parts.path):
+                return "rank"
+            if _SONG.match(parts.path) and "hash=" in parts.fragment:
+                return "song"
+        if host in self.settings.mobile_hosts and _PLIST.match(parts.path):
+            return "plist"
+        return None
+
+    def claims(self, url: str) -> bool:
+        return self._kind(url) is not None
+
+    def needs_page(self, url: str) -> bool:
+        # A song is named by the fragment, which the server never sees; the plist twin is fetched as JSON.
+        return self._kind(url) not in ("song", "plist")
+
+    # Identity the API and the download must share.
+    def _user_agent(self, ctx: ResolveContext) -> str:
+        return self.settings.user_agent or ctx.user_agent
+
+    def identity(self, ctx: ResolveContext) -> RequestIdentity:
+        cookies = [("kg_mid", self.mid)]
+        if self.settings.dfid:
+            cookies.append(("kg_dfid", self.settings.dfid))
+        return RequestIdentity(user_agent=self._user_agent(ctx), headers=(("Referer", self.settings.referer),),
+                               cookies=tuple(cookies))
+
+    async def resolve(self, url: str, page: FetchedPage | None, ctx: ResolveContext) -> Resolution:
+        kind = self._kind(url)
+        if kind is None:
+            return Resolution()
+        if kind == "song":
+            song = song_from_fragment(url)
+            if song is None:
+                return Resolution(items=[self._page_failure(url, "song URL has no valid hash in its fragment")])
+            return Resolution(items=[await self.resolve_song(song, url, ctx)])
+        try:
+            songs = await self._list_songs(kind, url, page, ctx)
+        except LiteralError as exc:
+            log.warning("kugou: %s: %s", url, exc)
+            return Resolution(items=[self._page_failure(url, f"song list not understood: {exc}")])
+        if len(songs) > self.settings.max_songs:
+            log.info("kugou: %s lists %d songs, keeping the first %d", url, len(songs), self.settings.max_songs)
+            songs = songs[:self.settings.max_songs]
+        gate = asyncio.Semaphore(self.settings.concurrency)
+
+        async def one(song: ListedSong) -> AudioItem:
+            async with gate:
+                return await self.resolve_song(song, url, ctx)
+
+        return Resolution(items=list(await asyncio.gather(*(one(s) for s in songs))))
+
+    async def _list_songs(self, kind: str, url: str, page: FetchedPage | None,
+                          ctx: ResolveContext) -> list[ListedSong]:
+        if kind == "plist":
+            list_id = _PLIST.match(urlsplit(url).path).group(1)  # type: ignore[union-attr]
+            origin = f"{urlsplit(url).scheme}://{urlsplit(url).netloc}"
+            return songs_from_plist(await self._get_json(f"{origin}/plist/list/{list_id}", {"json": "true"}, ctx))
+        if page is None or page.status >= 400:
+            raise LiteralError(f"page not fetched (status {page.status if page else 'none'})")
+        try:
+            return songs_from_page(kind, page.text())
+        except LiteralError:
+            special = _SPECIAL.match(urlsplit(url).path)
+            if kind != "special" or special is None:
+                raise
+        # The page changed shape: its JSON twin on the mobile site lists the same songs.
+        twin = f"{self.settings.mobile_api_base.rstrip('/')}/plist/list/{special.group(1)}"
+        return songs_from_plist(await self._get_json(twin, {"json": "true"}, ctx))
+
+    async def _get_json(self, url: str, params: Mapping[str, str], ctx: ResolveContext) -> Any:
+        try:
+            resp = await ctx.http.get(url, params=params, headers=self.identity(ctx).request_headers(),
+                                      timeout=self.settings.timeout)
+        except httpx.HTTPError as exc:
+            raise LiteralError(f"{url}: request failed: {type(exc).__name__}") from exc
+        if resp.status_code != 200:
+            raise LiteralError(f"{url}: HTTP {resp.status_code}")
+        try:
+            return unwrap_jsonp(resp.text)
+        except ValueError as exc:
+            raise LiteralError(f"{url}: body is not JSON") from exc
+
+    def _page_failure(self, url: str, reason: str) -> AudioItem:
+        return AudioItem(url="", page=url, status=FAILED, reason=reason, resolver=self.name)
+
+    # One song: the play-data API.
+    def _play_params(self, song: ListedSong, ctx: ResolveContext) -> dict[str, str]:
+        now_ms = int(ctx.clock() * 1000)
+        params = {"r": "play/getdata", "hash": song.hash, "album_id": song.album_id, "mid": self.mid,
+                  "dfid": self.settings.dfid or "-", "platid": "4", "_": str(now_ms)}
+        if song.mixsongid:
+            params["album_audio_id"] = song.mixsongid
+        if self.settings.jsonp:
+            params["callback"] = f"jQuery1910{random.randrange(10**15, 10**16)}_{now_ms}"
+        return params
+
+    async def resolve_song(self, song: ListedSong, page_url: str, ctx: ResolveContext) -> AudioItem:
+        """One item for one song: OK with a signed address, UNAVAILABLE, or FAILED with the reason."""
+        listed = AudioItem(url="", page=page_url, title=song.title, artist=song.artist, duration=song.duration,
+                           resolver=self.name, source_id=song.hash,
+                           extra={"hash": song.hash, "album_id": song.album_id})
+        identity = self.identity(ctx)
+        endpoint = f"{self.settings.api_base.rstrip('/')}/yy/index.php"
+        attempts = 1 + self.settings.verify_retries
+        for attempt in range(attempts):
+            try:
+                resp = await ctx.http.get(endpoint, params=self._play_params(song, ctx),
+                                          headers=identity.request_headers(), timeout=self.settings.timeout)
+            except httpx.HTTPError as exc:
+                return listed.replace(status=FAILED, reason=f"play-data request failed: {type(exc).__name__}")
+            if resp.status_code != 200:
+                return listed.replace(status=FAILED, reason=f"play-data HTTP {resp.status_code}")
+            try:
+                payload = unwrap_jsonp(resp.text)
+            except ValueError:
+                return listed.replace(status=FAILED, reason="play-data body is neither JSON nor JSONP")
+            if not isinstance(payload, Mapping):
+                return listed.replace(status=FAILED, reason="play-data body is not an object")
+            err = payload.get("err_code")
+            if err == ERR_VERIFY:
+                if attempt + 1 < attempts:
+                    await asyncio.sleep(self.settings.retry_delay * (2 ** attempt))
+                    continue
+                return listed.replace(status=FAILED,
+                                      reason=f"err_code {ERR_VERIFY} (verification) after {attempts} attempts")
+            if err not in (0, None, "0") or payload.get("status") not in (1, "1"):
+                return listed.replace(status=FAILED,
+                                      reason=f"play-data refused: status {payload.get('status')!r}, err_code {err!r}")
+            data = payload.get("data")
+            if not isinstance(data, Mapping):
+                return listed.replace(status=FAILED, reason="play-data has no data object")
+            return self._item_from_data(listed, data, identity, ctx)
+        raise AssertionError("unreachable: the loop returns on its last attempt")
+
+    def _item_from_data(self, listed: AudioItem, data: Mapping[str, Any], identity: RequestIdentity,
+                        ctx: ResolveContext) -> AudioItem:
+        artist_from_name, title_from_name = _split_name(_text(data.get("audio_name")))
+        authors = data.get("authors")
+        author_names = [_text(a.get("author_name")) for a in authors if isinstance(a, Mapping)] \
+            if isinstance(authors, list) else []
+        cover = _text(data.get("img"))
+        if cover:
+            cover = cover.replace("{size}", str(self.settings.cover_size))
+        bitrate = _number(data.get("bitrate"))
+        extra = dict(listed.extra)
+        album_id = _text(data.get("album_id"))
+        if album_id and album_id.isdigit():
+            extra["album_id"] = album_id
+        filesize = _number(data.get("filesize"))
+        if filesize:
+            extra["filesize"] = int(filesize)
+        backup = _text(data.get("play_backup_url"))
+        if backup and backup.startswith(("http://", "https://")):
+            extra["backup_url"] = backup
+        privilege = data.get("privilege")
+        if isinstance(privilege, int):
+            extra["privilege"] = privilege
+        item = listed.replace(
+            title=_text(data.get("song_name")) or title_from_name or listed.title,
+            artist=_text(data.get("author_name")) or ", ".join(n for n in author_names if n) or artist_from_name
+            or listed.artist,
+            album=_text(data.get("album_name")),
+            duration=_seconds(data.get("timelength"), True) or listed.duration,
+            bitrate=int(bitrate) if bitrate else None,
+            cover=cover if cover and cover.startswith(("http://", "https://")) else None,
+            extra=extra,
+        )
+        play_url = data.get("play_url")
+        if play_url in ("", None):
+            # Listed but not served: paid, or blocked where this worker runs. Not worth retrying.
+            return item.replace(status=UNAVAILABLE,
+                                reason=f"no play_url: paid or region-blocked (privilege {privilege!r})")
+        if not isinstance(play_url, str) or not play_url.startswith(("http://", "https://")):
+            return item.replace(status=FAILED, reason="play_url is not an http(s) URL")
+        # When the signed address was issued: the downloader can tell a stale link before trying it.
+        return item.replace(url=play_url, status=OK, reason=None, identity=identity,
+                            extra={**extra, "issued_at": ctx.clock()})
+
+    async def reresolve(self, item: AudioItem, ctx: ResolveContext) -> AudioItem | None:
+        """A fresh signed address for an item whose link expired; None if the API will not give one now."""
+        if item.resolver != self.name or not item.source_id or not _HASH.fullmatch(item.source_id):
+            return None
+        album_id = item.extra.get("album_id")
+        song = ListedSong(hash=item.source_id, album_id=str(album_id) if album_id else "",
+                          title=item.title, artist=item.artist)
+        fresh = await self.resolve_song(song, item.page, ctx)
+        if fresh.status != OK:
+            log.info("kugou: re-resolving %s failed: %s", item.source_id, fresh.reason)
+            return None
+        return item.replace(url=fresh.url, identity=fresh.identity, status=OK, reason=None,
+                            extra={**item.extra, **fresh.extra})

@@ -1,0 +1,59 @@
+"""Which resolvers run, in which order: built-ins by name, third-party ones through an entry point."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Mapping, Sequence
+from importlib.metadata import entry_points
+from typing import Any
+
+from crawler.resolvers.base import Resolver, ResolverConfigError
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "crawler.resolvers"
+GENERIC = "generic"
+# Dotted paths, imported on demand so a worker that does not enable a resolver never imports it.
+BUILTINS = {
+    "kugou": "crawler.resolvers.kugou:KugouResolver",
+    GENERIC: "crawler.resolvers.generic:GenericResolver",
+}
+
+
+def _load_class(name: str) -> type[Resolver]:
+    if name in BUILTINS:
+        module_name, _, attr = BUILTINS[name].partition(":")
+        cls = getattr(importlib.import_module(module_name), attr)
+    else:
+        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+        if not found:
+            known = sorted(set(BUILTINS) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+            raise ResolverConfigError(f"{name}: unknown resolver (known: {', '.join(known)})")
+        try:
+            cls = found[0].load()
+        except Exception as exc:  # a broken plugin must be reported as a config problem, with its cause
+            raise ResolverConfigError(f"{name}: entry point {found[0].value} failed to load: {exc!r}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Resolver)):
+        raise ResolverConfigError(f"{name}: {cls!r} is not a Resolver subclass")
+    return cls
+
+
+def load_resolvers(sections: Mapping[str, Mapping[str, Any] | None]) -> list[Resolver]:
+    """Instances in config order, each given only its own section; the generic resolver always last."""
+    resolvers: list[Resolver] = []
+    for name, section in sections.items():
+        if name == GENERIC:
+            continue
+        resolvers.append(_load_class(name)(section or {}))
+    resolvers.append(_load_class(GENERIC)(sections.get(GENERIC) or {}))
+    log.info("resolvers: %s", ", ".join(r.name for r in resolvers))
+    return resolvers
+
+
+def pick(resolvers: Sequence[Resolver], url: str) -> Resolver:
+    """The first resolver that claims ``url``; the generic one, last, claims every http(s) URL."""
+    for resolver in resolvers:
+        if resolver.claims(url):
+            return resolver
+    return resolvers[-1]

@@ -1,0 +1,87 @@
+"""The links a page offers to follow, as absolute URLs in document order."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urljoin, urlsplit
+
+from selectolax.lexbor import LexborHTMLParser, LexborNode
+
+_SKIPPED_SCHEMES = ("javascript:", "mailto:", "tel:", "data:", "about:", "blob:")
+# "5; url=/next", "0;URL='/next'", "3, /next": the delay, a separator, an optional "url=", the target.
+_REFRESH_URL = re.compile(r"""^\s*[\d.]*\s*[;,]\s*(?:url\s*=\s*)?(['"]?)(.*?)\1\s*$""", re.IGNORECASE | re.DOTALL)
+_MAX_REFRESH = 4096
+_LINK_SELECTOR = "a[href], area[href], iframe[src], frame[src], link[href], meta[http-equiv]"
+_FOLLOWED_RELS = frozenset({"next", "prev", "previous"})
+# HTML strips these from URL attributes before parsing them.
+_STRIPPED_INSIDE = re.compile(r"[\t\n\r]")
+
+
+def join_url(base: str, ref: str) -> str | None:
+    """``ref`` made absolute against ``base``; None when it is not an http(s) URL worth following.
+
+    The single place where the crawler resolves references, so the RFC 3986 resolver can replace it.
+    """
+    ref = _STRIPPED_INSIDE.sub("", ref.strip(" \t\n\r\f\x00"))
+    if not ref or ref.startswith("#") or ref.lower().startswith(_SKIPPED_SCHEMES):
+        return None
+    try:
+        url = urljoin(base, ref)
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an invalid IPv6 literal
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return url
+
+
+def document_base(tree: LexborHTMLParser, page_url: str) -> str:
+    """The URL relative references resolve against: the first <base href>, else the page's own URL."""
+    base = tree.css_first("base[href]")
+    if base is not None:
+        href = base.attributes.get("href") or ""
+        joined = join_url(page_url, href)
+        if joined:
+            return joined
+    return page_url
+
+
+def _rel_tokens(node: LexborNode) -> set[str]:
+    return set((node.attributes.get("rel") or "").lower().split())
+
+
+def _refresh_target(content: str) -> str | None:
+    if len(content) > _MAX_REFRESH:
+        return None  # the lazy match below would go quadratic on a hostile attribute
+    m = _REFRESH_URL.match(content)
+    return m.group(2).strip() if m else None
+
+
+def extract_links(tree: LexborHTMLParser, base_url: str) -> list[str]:
+    """a, area, iframe, frame, link rel=next/prev and meta refresh targets; nofollow links skipped."""
+    base = document_base(tree, base_url)
+    seen: set[str] = set()
+    out: list[str] = []
+    for node in tree.css(_LINK_SELECTOR):
+        tag = node.tag
+        attrs = node.attributes
+        ref: str | None
+        if tag in ("a", "area"):
+            if "nofollow" in _rel_tokens(node):
+                continue
+            ref = attrs.get("href")
+        elif tag in ("iframe", "frame"):
+            ref = attrs.get("src")
+        elif tag == "link":
+            ref = attrs.get("href") if _rel_tokens(node) & _FOLLOWED_RELS else None
+        else:  # meta
+            if (attrs.get("http-equiv") or "").strip().lower() != "refresh":
+                continue
+            ref = _refresh_target(attrs.get("content") or "")
+        if not ref:
+            continue
+        url = join_url(base, ref)
+        if url is not None and url not in seen:
+            seen.add(url)
+            out.append(url)
+    return out

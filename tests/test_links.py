@@ -1,0 +1,100 @@
+"""Link extraction: which references a page offers to crawl, absolute, ordered, once each."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from selectolax.lexbor import LexborHTMLParser
+
+from crawler.worker.links import document_base, extract_links, join_url
+
+PAGE = "http://site.example.com/dir/page.html?q=1"
+
+
+def links(html: str, base: str = PAGE) -> list[str]:
+    return extract_links(LexborHTMLParser(html), base)
+
+
+def test_every_followed_element_in_document_order() -> None:
+    html = """<html><head><link rel="next" href="/p2"><link rel="stylesheet" href="/s.css">
+    <link rel="Prev alternate" href="p0"><link rel="icon" href="/favicon.ico"></head><body>
+    <a href="a.html">a</a><map><area href="/area" shape="rect"></map>
+    <iframe src="//frames.example.com/f"></iframe>
+    <a href="https://other.example.org/x#frag">x</a></body></html>"""
+    assert links(html) == [
+        "http://site.example.com/p2", "http://site.example.com/dir/p0", "http://site.example.com/dir/a.html",
+        "http://site.example.com/area", "http://frames.example.com/f", "https://other.example.org/x#frag"]
+
+
+def test_frames() -> None:
+    html = '<html><frameset><frame src="top.html"><frame src="/main.html"></frameset></html>'
+    assert links(html) == ["http://site.example.com/dir/top.html", "http://site.example.com/main.html"]
+
+
+def test_base_href_is_honoured_and_itself_relative() -> None:
+    html = '<head><base href="/other/"><base href="/ignored/"></head><a href="x">x</a><a href="/abs">y</a>'
+    assert links(html) == ["http://site.example.com/other/x", "http://site.example.com/abs"]
+    tree = LexborHTMLParser('<base href="javascript:void(0)"><a href="x">x</a>')
+    assert document_base(tree, PAGE) == PAGE
+
+
+@pytest.mark.parametrize("href", [
+    "javascript:void(0)", " JavaScript:go()", "mailto:me@example.com", "tel:+100", "data:text/html,hi",
+    "#top", "#", "", "   ", "ftp://files.example.com/a", "http://[::1",
+])
+def test_skipped_references(href: str) -> None:
+    assert links(f'<a href="{href}">x</a><a href="/kept">k</a>') == ["http://site.example.com/kept"]
+
+
+def test_nofollow_links_are_skipped() -> None:
+    html = ('<a href="/1" rel="nofollow">1</a><a href="/2" rel="external NoFollow">2</a>'
+            '<area href="/3" rel="nofollow"><a href="/4" rel="noopener">4</a>')
+    assert links(html) == ["http://site.example.com/4"]
+
+
+def test_duplicates_removed_order_kept() -> None:
+    html = '<a href="/b">b</a><a href="/a">a</a><a href="http://site.example.com/b">b again</a><a href="a">rel</a>'
+    assert links(html) == ["http://site.example.com/b", "http://site.example.com/a",
+                           "http://site.example.com/dir/a"]
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("5; url=/next", "http://site.example.com/next"),
+    ("0;URL='http://elsewhere.example.com/'", "http://elsewhere.example.com/"),
+    ("3, url=&quot;rel.html&quot;", "http://site.example.com/dir/rel.html"),
+    ("0; /bare", "http://site.example.com/bare"),
+])
+def test_meta_refresh(content: str, expected: str) -> None:
+    assert links(f'<meta http-equiv="Refresh" content="{content}">') == [expected]
+
+
+@pytest.mark.parametrize("html", [
+    '<meta http-equiv="refresh" content="30">',
+    '<meta http-equiv="content-type" content="0; url=/no">',
+    '<meta name="refresh" content="0; url=/no">',
+])
+def test_meta_that_is_not_a_redirect(html: str) -> None:
+    assert links(html) == []
+
+
+def test_hostile_meta_refresh_is_ignored_quickly() -> None:
+    started = time.perf_counter()
+    content = "0; x" + " " * 200_000 + "y"
+    assert links(f'<meta http-equiv="refresh" content="{content}"><a href="/ok">ok</a>') == [
+        "http://site.example.com/ok"]
+    assert time.perf_counter() - started < 2
+
+
+def test_whitespace_inside_and_around_references() -> None:
+    assert links('<a href="  /a\n/b\t ">x</a>') == ["http://site.example.com/a/b"]
+
+
+def test_join_url_keeps_fragments_and_query() -> None:
+    assert join_url(PAGE, "../song/#hash=AB&album_id=1") == "http://site.example.com/song/#hash=AB&album_id=1"
+    assert join_url(PAGE, "?page=2") == "http://site.example.com/dir/page.html?page=2"
+    assert join_url(PAGE, "HTTPS://Upper.example.com/") is not None   # case is the normaliser's business
+
+
+def test_page_without_links() -> None:
+    assert links("<p>No links. Visit example.com/page or http://example.com/text</p>") == []
