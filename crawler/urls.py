@@ -1,0 +1,471 @@
+"""URL policy: resolving links, one canonical key per resource, and the paper's discard rules.
+
+``resolve`` follows RFC 3986 section 5.2 to the letter (strict parser: ``http:g`` against an http base stays
+``http:g``). ``normalize`` applies RFC 3986 section 6.2.2 plus the http(s) scheme rules so that the
+spellings of one resource give one key for the Bloom filter: lower-case scheme and host, IDNA hosts,
+default port dropped, empty path as ``/``, canonical percent-encoding, dot segments removed, an empty
+``?`` dropped, and the fragment dropped unless a resolver declared it meaningful. Characters that may not
+appear in a URL (spaces, non-ASCII text, a stray ``%``) are percent-encoded as UTF-8, as browsers do, since
+pages are full of them. ``\\`` is encoded as ``%5C`` rather than read as ``/``: the RFC's reading, not the
+browsers'.
+
+``UrlPolicy.check`` is run by the master on every normalised link; its reasons are the keys of the
+discard counters in the master's statistics.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+import idna
+
+__all__ = [
+    "DEFAULT", "DISCARD_DENIED", "DISCARD_GENERATED", "DISCARD_QUERY", "DISCARD_SCHEME", "DISCARD_SCOPE",
+    "DISCARD_TOO_DEEP", "DISCARD_TOO_LONG", "InvalidURL", "NormalizeOptions", "UrlPolicy", "host_of",
+    "normalize", "normalize_many", "remove_dot_segments", "resolve",
+]
+
+
+class InvalidURL(ValueError):
+    """The text is not a URL this crawler can fetch or key (no scheme, no host, bad port ...)."""
+
+
+# -- parsing and resolution (RFC 3986 sections 3, 5) ------------------------------------------------------
+
+# Appendix B, with the scheme restricted to its grammar so that "1a:b" reads as a path, not a scheme.
+_URI_RE = re.compile(r"(?:([A-Za-z][A-Za-z0-9+.\-]*):)?(?://([^/?#]*))?([^?#]*)(?:\?([^#]*))?(?:#(.*))?",
+                     re.DOTALL)
+# Surrounding C0 controls and spaces are not part of a link in a page (WHATWG URL "strip"), and
+# tabs and newlines inside one come from wrapped HTML attributes.
+_STRIP = "".join(map(chr, range(0x21)))
+_TAB_NL = str.maketrans("", "", "\t\n\r")
+
+
+def _split(ref: str) -> tuple[str | None, str | None, str, str | None, str | None]:
+    m = _URI_RE.fullmatch(ref)
+    assert m is not None  # every group is optional: the pattern matches any string
+    return m.group(1), m.group(2), m.group(3), m.group(4), m.group(5)
+
+
+def _join(scheme: str | None, authority: str | None, path: str, query: str | None,
+          fragment: str | None) -> str:
+    # RFC 3986 5.3, component recomposition
+    out = []
+    if scheme is not None:
+        out.append(scheme + ":")
+    if authority is not None:
+        out.append("//" + authority)
+    out.append(path)
+    if query is not None:
+        out.append("?" + query)
+    if fragment is not None:
+        out.append("#" + fragment)
+    return "".join(out)
+
+
+def remove_dot_segments(path: str) -> str:
+    """RFC 3986 5.2.4: the result of its step-by-step algorithm, computed by segments where that is the same.
+
+    For an absolute path the algorithm is a stack of segments; a relative one (only met by resolving against
+    a rootless base such as ``foo:a/b``) goes through the literal algorithm, whose edge cases the abnormal
+    examples of 5.4.2 depend on. A property test holds the two together.
+    """
+    if "." not in path:
+        return path
+    if not path.startswith("/"):
+        return _remove_dot_segments_rfc(path)
+    segments = path.split("/")
+    out: list[str] = []
+    for seg in segments[1:]:
+        if seg == "..":
+            if out:
+                out.pop()
+        elif seg != ".":
+            out.append(seg)
+    if segments[-1] in (".", ".."):
+        out.append("")
+    return "/" + "/".join(out)
+
+
+def _remove_dot_segments_rfc(path: str) -> str:
+    out: list[str] = []
+    inp = path
+    while inp:
+        if inp.startswith("../"):
+            inp = inp[3:]
+        elif inp.startswith(("./", "/./")):
+            inp = inp[2:]
+        elif inp == "/.":
+            inp = "/"
+        elif inp.startswith("/../"):
+            inp = inp[3:]
+            if out:
+                out.pop()
+        elif inp == "/..":
+            inp = "/"
+            if out:
+                out.pop()
+        elif inp in (".", ".."):
+            inp = ""
+        else:
+            end = inp.find("/", 1 if inp.startswith("/") else 0)
+            if end < 0:
+                end = len(inp)
+            out.append(inp[:end])
+            inp = inp[end:]
+    return "".join(out)
+
+
+def resolve(base: str, ref: str) -> str:
+    """Resolve ``ref`` against the absolute URI ``base`` (RFC 3986 5.2, strict); no normalisation.
+
+    Only whitespace around ``ref`` is removed, as HTML does for URL attributes.
+    """
+    b_scheme, b_auth, b_path, b_query, _ = _split(base.strip(_STRIP))
+    if b_scheme is None:
+        raise InvalidURL(f"base is not an absolute URI: {base!r}")
+    r_scheme, r_auth, r_path, r_query, r_frag = _split(ref.strip(_STRIP))
+    if r_scheme is not None:
+        return _join(r_scheme, r_auth, remove_dot_segments(r_path), r_query, r_frag)
+    if r_auth is not None:
+        return _join(b_scheme, r_auth, remove_dot_segments(r_path), r_query, r_frag)
+    if r_path == "":
+        path = b_path
+        query = r_query if r_query is not None else b_query
+    else:
+        if r_path.startswith("/"):
+            path = remove_dot_segments(r_path)
+        else:
+            # 5.2.3 merge
+            if b_auth is not None and b_path == "":
+                merged = "/" + r_path
+            else:
+                merged = b_path[:b_path.rfind("/") + 1] + r_path
+            path = remove_dot_segments(merged)
+        query = r_query
+    return _join(b_scheme, b_auth, path, query, r_frag)
+
+
+# -- normalisation (RFC 3986 6.2.2 and 6.2.3) --------------------------------------------------------------
+
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_SUB_DELIMS = "!$&'()*+,;="
+_PCHAR = re.escape("".join(sorted(_UNRESERVED)) + _SUB_DELIMS + ":@")
+# One regex per component: a %XX escape, or a character the component may not hold (a lone "%" included).
+_PATH_FIX = re.compile(rf"%[0-9A-Fa-f]{{2}}|[^{_PCHAR}/]")
+_QUERY_FIX = re.compile(rf"%[0-9A-Fa-f]{{2}}|[^{_PCHAR}/?]")
+_USERINFO_FIX = re.compile(rf"%[0-9A-Fa-f]{{2}}|[^{re.escape(''.join(sorted(_UNRESERVED)) + _SUB_DELIMS)}:]")
+_DEFAULT_PORTS = {"http": "80", "https": "443", "ws": "80", "wss": "443", "ftp": "21"}
+_WEB_SCHEMES = frozenset({"http", "https"})
+# WHATWG forbidden host code points, after percent-decoding the host.
+_BAD_HOST = re.compile(r"[\x00-\x20#%/:<>?@\[\\\]^|\x7f]")
+
+
+def _fix_escape(m: re.Match[str]) -> str:
+    s = m.group()
+    if len(s) == 3:
+        ch = chr(int(s[1:], 16))
+        return ch if ch in _UNRESERVED else s.upper()
+    return "".join(f"%{b:02X}" for b in s.encode("utf-8", "surrogatepass"))
+
+
+def _canon(text: str, fixer: re.Pattern[str]) -> str:
+    return fixer.sub(_fix_escape, text)
+
+
+@dataclass(frozen=True)
+class NormalizeOptions:
+    """How far normalisation goes beyond RFC 3986.
+
+    ``sort_query`` orders parameters by name (stable, so repeated names keep their order: some servers read
+    them as lists). ``drop_params`` names tracking parameters to remove (``utm_source`` ...), matched after
+    percent-encoding is made canonical. ``keep_fragment`` holds regexes searched in the normalised URL
+    without its fragment; a match keeps the fragment (sites that name the resource there, such as Kugou
+    song pages, ``#hash=...&album_id=...``).
+    """
+
+    sort_query: bool = False
+    drop_params: frozenset[str] = field(default_factory=frozenset)
+    keep_fragment: tuple[str, ...] = ()
+
+
+DEFAULT = NormalizeOptions()
+
+
+@functools.lru_cache(maxsize=64)
+def _fragment_keeper(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    if not patterns:
+        return None
+    return re.compile("|".join(f"(?:{p})" for p in patterns))
+
+
+def _normalize_host(host: str, url: str) -> str:
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise InvalidURL(f"unterminated IP literal in {url!r}")
+        literal = host[1:-1]
+        if literal[:1] in "vV":
+            return "[" + literal.lower() + "]"
+        try:
+            return "[" + ipaddress.IPv6Address(literal).compressed + "]"
+        except ValueError:
+            raise InvalidURL(f"bad IPv6 literal in {url!r}") from None
+    if "%" in host:
+        try:
+            host = unquote(host, errors="strict")
+        except UnicodeDecodeError:
+            raise InvalidURL(f"host escapes are not UTF-8 in {url!r}") from None
+    if host.isascii():
+        host = host.lower()
+    else:
+        try:
+            host = idna.encode(host, uts46=True).decode("ascii")
+        except (UnicodeError, ValueError):
+            try:
+                # IDNA 2003 accepts some names IDNA 2008 refuses (symbols, emoji) that still resolve.
+                host = host.encode("idna").decode("ascii").lower()
+            except (UnicodeError, ValueError):
+                raise InvalidURL(f"host is not a valid IDN in {url!r}") from None
+    if _BAD_HOST.search(host):
+        raise InvalidURL(f"forbidden character in host of {url!r}")
+    return host
+
+
+def _normalize_authority(scheme: str, authority: str, url: str) -> str:
+    userinfo, at, hostport = authority.rpartition("@")
+    if hostport.startswith("["):
+        close = hostport.find("]")
+        host, port = (hostport, "") if close < 0 else (hostport[:close + 1], hostport[close + 1:])
+        if port and not port.startswith(":"):
+            raise InvalidURL(f"junk after IP literal in {url!r}")
+        port = port[1:]
+    else:
+        host, _, port = hostport.partition(":")
+    host = _normalize_host(host, url)
+    if scheme in _WEB_SCHEMES and not host:
+        raise InvalidURL(f"no host in {url!r}")
+    if port:
+        if not port.isdigit() or not port.isascii() or int(port) > 65535:
+            raise InvalidURL(f"bad port {port!r} in {url!r}")
+        port = str(int(port))
+        if _DEFAULT_PORTS.get(scheme) == port:
+            port = ""
+    out = host + ":" + port if port else host
+    if at:
+        out = _canon(userinfo, _USERINFO_FIX) + "@" + out
+    return out
+
+
+def _rewrite_query(query: str, opts: NormalizeOptions) -> str:
+    params = [p for p in query.split("&") if p]
+    if opts.drop_params:
+        params = [p for p in params if p.partition("=")[0] not in opts.drop_params]
+    if opts.sort_query:
+        params.sort(key=lambda p: p.partition("=")[0])
+    return "&".join(params)
+
+
+def _normalize_slow(url: str, opts: NormalizeOptions) -> str:
+    text = url.strip(_STRIP)
+    if "\t" in text or "\n" in text or "\r" in text:
+        text = text.translate(_TAB_NL)
+    scheme, authority, path, query, fragment = _split(text)
+    if scheme is None:
+        raise InvalidURL(f"not an absolute URL: {url!r}")
+    scheme = scheme.lower()
+    if authority is None:
+        if scheme in _WEB_SCHEMES:
+            raise InvalidURL(f"no authority in {url!r}")
+    else:
+        authority = _normalize_authority(scheme, authority, url)
+    # Escapes first, so that "%2E%2E" is seen as the ".." it spells (RFC 3986 6.2.2.3).
+    path = remove_dot_segments(_canon(path, _PATH_FIX))
+    if not path and authority is not None and scheme in _WEB_SCHEMES:
+        path = "/"
+    elif authority is None and path.startswith("//"):
+        # Without this the key would re-parse with "//..." as an authority (RFC 3986 5.3, last note).
+        path = "/." + path
+    if query is not None:
+        query = _canon(query, _QUERY_FIX)
+        if query and (opts.sort_query or opts.drop_params):
+            query = _rewrite_query(query, opts)
+        if not query:
+            query = None
+    head = _join(scheme, authority, path, query, None)
+    if fragment:
+        keeper = _fragment_keeper(opts.keep_fragment)
+        if keeper is not None and keeper.search(head):
+            fragment = _canon(fragment, _QUERY_FIX)
+            if fragment:
+                return head + "#" + fragment
+    return head
+
+
+# A URL this matches is already normal: lower-case host without port or user, a path and optional
+# query made only of characters that need no escape, and escapes that must stay escapes. Possessive
+# quantifiers keep a near miss from backtracking. A "/." anywhere sends the URL down the slow path
+# (dot segments), which is rare enough to not be worth a sharper test.
+_P = r"[A-Za-z0-9\-._~!$&'()*+,;=:@/]"
+_Q = r"[A-Za-z0-9\-._~!$&'()*+,;=:@/?]"
+_PCT = r"%(?:[01][0-9A-F]|2[0-9A-CF]|3[A-F]|40|5[B-E]|60|7[BCDF]|[89A-F][0-9A-F])"
+_FAST = re.compile(rf"https?://[a-z0-9.\-]++/(?:{_P}++|{_PCT})*+(?:\?(?:{_Q}++|{_PCT})++)?+")
+_FAST_NO_QUERY = re.compile(rf"https?://[a-z0-9.\-]++/(?:{_P}++|{_PCT})*+")
+
+
+def normalize(url: str, opts: NormalizeOptions = DEFAULT) -> str:
+    """The canonical key of ``url``; raises ``InvalidURL`` when there is none."""
+    fast = _FAST if not (opts.sort_query or opts.drop_params) else _FAST_NO_QUERY
+    if fast.fullmatch(url) and "/." not in url:
+        return url
+    return _normalize_slow(url, opts)
+
+
+def normalize_many(urls: Iterable[str], opts: NormalizeOptions = DEFAULT) -> list[str | None]:
+    """``normalize`` over a batch, with None in place of the invalid ones."""
+    fast = (_FAST if not (opts.sort_query or opts.drop_params) else _FAST_NO_QUERY).fullmatch
+    out: list[str | None] = []
+    append = out.append
+    for url in urls:
+        if fast(url) and "/." not in url:
+            append(url)
+            continue
+        try:
+            append(_normalize_slow(url, opts))
+        except (InvalidURL, UnicodeError):
+            append(None)
+    return out
+
+
+_HOST_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://(?:[^@/?#]*@)?(\[[^\]/?#]*\]|[^:/?#]*)")
+
+
+def host_of(url: str) -> str:
+    """The lower-case host of a normalised URL (IP literals keep their brackets)."""
+    m = _HOST_RE.match(url)
+    if m is None:
+        raise InvalidURL(f"no host in {url!r}")
+    return m.group(1).lower()
+
+
+# -- discard rules (paper, section 3.2) --------------------------------------------------------------------
+
+DISCARD_TOO_LONG = "too_long"
+DISCARD_TOO_DEEP = "too_deep"
+DISCARD_GENERATED = "generated_name"
+DISCARD_QUERY = "too_many_params"
+DISCARD_SCHEME = "scheme"
+DISCARD_SCOPE = "out_of_scope"
+DISCARD_DENIED = "denied"
+
+# scheme, host (when there is an authority), path, query
+_PARTS_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):(?://(?:[^@/?#]*@)?(\[[^\]/?#]*\]|[^:/?#]*)[^/?#]*)?"
+                       r"([^?#]*)(?:\?([^#]*))?")
+
+
+@dataclass(frozen=True)
+class UrlPolicy:
+    """Which normalised URLs the crawl keeps. A limit of None switches its rule off.
+
+    - ``max_length``: characters in the normalised URL (the paper: 256).
+    - ``max_depth``: link distance from the seed (the paper: 5); a seed has depth 0.
+    - ``max_query_params``: non-empty ``&``-separated query parts.
+    - generated pages: the file name (last path segment, percent-decoded, without its extension) holds at
+      least ``min_separators`` characters of ``separators`` and they make up more than
+      ``max_separator_ratio`` of it. ``list_1_0_0_0_2.html`` (4 of 12) is generated; ``the-long-song.mp3``
+      (2 of 13) and ``a_b.html`` (1 separator) are not. 0.3 with 3 separators rejects the ID-soup names
+      of generated listings while keeping hyphenated slugs and dates.
+    - ``separators``: ``_ 、 = - & , ; ~`` (the ideographic comma ``、`` is common in Chinese generated names).
+    - scope: ``schemes``; ``allowed_hosts`` (empty = any; ``*.example.com`` or ``.example.com`` allows the
+      domain and every subdomain); ``allow_patterns`` (regexes searched in the URL; if any are given one must
+      match); ``deny_patterns`` (a match discards).
+
+    Checks run cheapest first, and the first failing rule is the reason reported.
+    """
+
+    max_length: int | None = 256
+    max_depth: int | None = 5
+    max_query_params: int | None = 10
+    max_separator_ratio: float | None = 0.3
+    min_separators: int = 3
+    separators: str = "_、=-&,;~"
+    schemes: tuple[str, ...] = ("http", "https")
+    allowed_hosts: frozenset[str] = field(default_factory=frozenset)
+    allow_patterns: tuple[str, ...] = ()
+    deny_patterns: tuple[str, ...] = ()
+    # Derived in __post_init__: compiled once per policy, and the policy is built once per master.
+    _exact_hosts: frozenset[str] = field(init=False, repr=False, compare=False, default=frozenset())
+    _host_suffixes: tuple[str, ...] = field(init=False, repr=False, compare=False, default=())
+    _allow: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False, default=())
+    _deny: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False, default=())
+    _schemes: frozenset[str] = field(init=False, repr=False, compare=False, default=frozenset())
+    _separator_re: re.Pattern[str] = field(init=False, repr=False, compare=False, default=re.compile("(?!)"))
+
+    def __post_init__(self) -> None:
+        exact: set[str] = set()
+        suffixes: list[str] = []
+        for h in self.allowed_hosts:
+            h = h.lower()
+            if h.startswith("*."):
+                h = h[1:]
+            if h.startswith("."):
+                exact.add(h[1:])
+                suffixes.append(h)
+            else:
+                exact.add(h)
+        object.__setattr__(self, "_exact_hosts", frozenset(exact))
+        object.__setattr__(self, "_host_suffixes", tuple(suffixes))
+        object.__setattr__(self, "_allow", tuple(re.compile(p) for p in self.allow_patterns))
+        object.__setattr__(self, "_deny", tuple(re.compile(p) for p in self.deny_patterns))
+        object.__setattr__(self, "_schemes", frozenset(s.lower() for s in self.schemes))
+        object.__setattr__(self, "_separator_re",
+                           re.compile("[" + re.escape(self.separators) + "]" if self.separators else "(?!)"))
+
+    def host_allowed(self, host: str) -> bool:
+        if not self.allowed_hosts:
+            return True
+        host = host.lower()
+        return host in self._exact_hosts or host.endswith(self._host_suffixes)
+
+    def is_generated_name(self, path: str) -> bool:
+        """Whether the last segment of ``path`` looks like a dynamically generated page name."""
+        if self.max_separator_ratio is None:
+            return False
+        name = path[path.rfind("/") + 1:]
+        if "%" in name:
+            name = unquote(name)
+        dot = name.rfind(".")
+        if dot > 0:
+            name = name[:dot]
+        if not name:
+            return False
+        count = len(self._separator_re.findall(name))
+        return count >= self.min_separators and count / len(name) > self.max_separator_ratio
+
+    def check(self, url: str, depth: int) -> str | None:
+        """None to keep the normalised ``url`` found at ``depth``, else the reason to discard it."""
+        m = _PARTS_RE.match(url)
+        if m is None or m.group(1).lower() not in self._schemes:
+            return DISCARD_SCHEME
+        if self.max_length is not None and len(url) > self.max_length:
+            return DISCARD_TOO_LONG
+        if self.allowed_hosts and not self.host_allowed(m.group(2) or ""):
+            return DISCARD_SCOPE
+        if self._allow and not any(p.search(url) for p in self._allow):
+            return DISCARD_SCOPE
+        if any(p.search(url) for p in self._deny):
+            return DISCARD_DENIED
+        if self.max_depth is not None and depth > self.max_depth:
+            return DISCARD_TOO_DEEP
+        query = m.group(4)
+        # The "&" count bounds the parameter count from above; only a query over the limit is split.
+        if (self.max_query_params is not None and query and query.count("&") >= self.max_query_params
+                and sum(1 for p in query.split("&") if p) > self.max_query_params):
+            return DISCARD_QUERY
+        if self.is_generated_name(m.group(3)):
+            return DISCARD_GENERATED
+        return None
