@@ -374,7 +374,11 @@ def test_m3u_with_extinf() -> None:
         ("http://cdn.example.com/1.mp3", "Some Artist", "Some Title", 215.0),
         ("http://pl.example.com/music/2.ogg", None, "Just A Title", None)]
     assert result.links == ["http://pl.example.com/lists/nested.m3u"]
-    assert all(i.page == "http://pl.example.com/lists/a.m3u" for i in result.items)
+    # Entries count as published on the page that links the playlist; the playlist itself is noted.
+    assert all(i.page == PAGE and i.extra["playlist"] == "http://pl.example.com/lists/a.m3u" for i in result.items)
+    alone = resolve(response(text.encode(), "audio/x-mpegurl", url="http://pl.example.com/lists/a.m3u",
+                             referrer=None))
+    assert all(i.page == "http://pl.example.com/lists/a.m3u" for i in alone.items)
 
 
 def test_m3u8_with_plain_media_entries_served_as_text() -> None:
@@ -561,3 +565,9 @@ def test_generic_is_present_even_when_not_named() -> None:
 def test_config_errors_name_the_resolver_and_key(plugins: None, sections: Any, message: str) -> None:
     with pytest.raises(ResolverConfigError, match=message):
         load_resolvers(sections)
+
+
+def test_pls_titles_split_artist_like_extinf() -> None:
+    text = "[playlist]\nFile1=/m/1.mp3\nTitle1=Some Artist - Some Title\nFile2=/m/2.mp3\nTitle2=Only Title\n"
+    result = resolve(response(text.encode(), "audio/x-scpls", url="http://pl.example.com/a.pls"))
+    assert [(i.artist, i.title) for i in result.items] == [("Some Artist", "Some Title"), (None, "Only Title")]

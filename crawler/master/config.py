@@ -55,7 +55,7 @@ SPEC = {
         "max_pages": Key("int", None, positive),
         "max_url_length": Key("int", 256, positive),
         "max_query_params": Key("int", 10, non_negative),
-        "max_separator_ratio": Key("float", 0.5, probability),
+        "max_separator_ratio": Key("float", 0.3, probability),
         "allowed_hosts": Key("list[str]", ()),       # empty: the seeds' hosts
         "allow_patterns": Key("list[str]", ()),
         "deny_patterns": Key("list[str]", ()),

@@ -11,13 +11,12 @@ import logging
 import re
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from crawler import protocol as p
 from crawler.master.config import MasterConfig
 from crawler.master.dedup import Dedup
 from crawler.master.store import Finished, MasterStore
-from crawler.politeness import HostGate, RobotsRules
+from crawler.politeness import HostGate, RobotsRules, host_url_of
 from crawler.scheduler import NodeTable
 from crawler.urls import NormalizeOptions, UrlPolicy, normalize_many
 
@@ -60,11 +59,6 @@ class Totals:
     links_seen: int = 0
     links_new: int = 0
     statuses: Counter = field(default_factory=Counter)
-
-
-def origin_of(url: str) -> str:
-    s = urlsplit(url)
-    return f"{s.scheme}://{s.netloc}"
 
 
 class Crawl:
@@ -188,7 +182,7 @@ class Crawl:
             if not rows:
                 break
             for url, depth, parent in rows:
-                h = Held(url, depth, parent, origin_of(url))
+                h = Held(url, depth, parent, host_url_of(url))
                 if len(out) >= n or not self._try_lease(node, h, now, out):
                     held.append(h)
         self._scheduled += len(out)
@@ -308,4 +302,4 @@ class Crawl:
             return False
         if self.cfg.crawl.max_pages is not None and self._scheduled >= self.cfg.crawl.max_pages:
             return True
-        return self.store.frontier_size() == 0
+        return self.store.frontier_empty()

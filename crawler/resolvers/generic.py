@@ -90,6 +90,7 @@ class _Collector:
         self.max_items = max_items
         self.items: dict[str, tuple[Meta, str]] = {}
         self.links: list[str] = []
+        self.extra: dict[str, Any] = {}
         self._page_meta = page_meta
 
     def add(self, raw: str, meta: Meta, found_in: str, force_audio: bool = False) -> None:
@@ -114,7 +115,7 @@ class _Collector:
         for url, (meta, found_in) in self.items.items():
             full = pagemeta.fill(meta, page_level)
             items.append(AudioItem(url=url, page=self.page_url, resolver=GenericResolver.name,
-                                   extra={"found_in": found_in}, **full))
+                                   extra={"found_in": found_in, **self.extra}, **full))
         return Resolution(items=items, links=list(self.links))
 
 
@@ -172,7 +173,9 @@ class GenericResolver(Resolver):
         if kind is None:
             kind = "pls" if sniff.url_extension(page.final_url) == "pls" or "scpls" in page.content_type else "m3u"
         entries = playlists.parse_pls(text) if kind == "pls" else playlists.parse_m3u(text)
-        out = _Collector(page.url, page.final_url, self.settings.max_items)
+        # The entries were published on the page that links the playlist, when the crawl knows it.
+        out = _Collector(page.referrer or page.url, page.final_url, self.settings.max_items)
+        out.extra["playlist"] = page.url
         for entry in entries:
             if any(c in entry.target for c in '<>"'):
                 continue  # markup, not an entry: an error page served under a playlist's name

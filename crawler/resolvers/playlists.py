@@ -61,13 +61,19 @@ def _extinf(rest: str) -> tuple[float | None, str | None, str | None]:
     except ValueError:
         seconds = -1.0
     duration = seconds if seconds > 0 else None
+    artist, title = _artist_title(name)
+    return duration, artist, title
+
+
+def _artist_title(name: str) -> tuple[str | None, str | None]:
+    """Players write "Artist - Title" in both m3u and pls; a name without the separator is a title."""
     name = name.strip()
     if not name:
-        return duration, None, None
+        return None, None
     artist, sep, title = name.partition(" - ")
     if sep and artist.strip() and title.strip():
-        return duration, artist.strip(), title.strip()
-    return duration, None, name
+        return artist.strip(), title.strip()
+    return None, name
 
 
 def parse_pls(text: str) -> list[PlaylistEntry]:
@@ -91,4 +97,8 @@ def parse_pls(text: str) -> list[PlaylistEntry]:
                 continue
             if seconds > 0:
                 lengths[index] = seconds
-    return [PlaylistEntry(files[i], title=titles.get(i), duration=lengths.get(i)) for i in sorted(files)]
+    out = []
+    for i in sorted(files):
+        artist, title = _artist_title(titles.get(i, ""))
+        out.append(PlaylistEntry(files[i], title=title, artist=artist, duration=lengths.get(i)))
+    return out

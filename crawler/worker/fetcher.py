@@ -6,6 +6,10 @@ seconds, so a host is resolved once per TTL, not once per request.
 
 Bounds: a body cap counted on the *decoded* bytes (a compression bomb stops at the cap; one compressed chunk of
 16 KiB can expand to at most about 16 MiB before the check), connect/read timeouts, a redirect limit.
+
+Page fetches do not follow redirects: the worker reports the Location as a link, so the master's dedup sees it
+and a page that two addresses lead to is fetched once (as Scrapy and Heritrix do). API calls and downloads follow
+redirects up to the limit.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ async def fetch_page(client: httpx.AsyncClient, url: str, *, max_bytes: int,
     request_url = url.split("#", 1)[0]
     headers = {"Referer": referrer} if referrer else None
     try:
-        async with client.stream("GET", request_url, headers=headers) as r:
+        async with client.stream("GET", request_url, headers=headers, follow_redirects=False) as r:
             mt = media_type(r.headers.get("content-type"))
             limit = max_bytes if is_document(mt) else SNIFF_BYTES
             chunks: list[bytes] = []

@@ -18,7 +18,7 @@ from crawler import protocol as p
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.resolvers.base import FetchedPage, ResolveContext, Resolver
 from crawler.resolvers.registry import load_resolvers, pick
-from crawler.urls import NormalizeOptions, normalize_many
+from crawler.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
 from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader
 from crawler.worker.fetcher import FetchError, build_client, fetch_page
@@ -28,6 +28,7 @@ from crawler.worker.pagestore import PageStore
 
 log = logging.getLogger("crawler.worker")
 
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 REPORT_BATCH = 64
 REPORT_DELAY = 0.02
 
@@ -227,6 +228,16 @@ class Worker:
             if page.status == 429 or page.status >= 500:
                 return p.Result(task.lease, url, p.RETRY, page.status, page.final_url, page.content_type,
                                 len(page.body), f"HTTP {page.status}")
+            if page.status in _REDIRECTS:
+                location = page.headers.get("location", "").strip()
+                try:
+                    target = resolve(page.final_url, location) if location else ""
+                except InvalidURL:
+                    target = ""
+                links = self._links_to_report([target] if target else [], [])
+                return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
+                                len(page.body), None if target else "redirect without a usable Location",
+                                tuple(links))
             if page.status >= 400:
                 return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
                                 len(page.body))

@@ -1,0 +1,100 @@
+"""End to end: the real master and real workers, as processes, crawl a generated site served on loopback."""
+
+import asyncio
+import struct
+from collections import Counter
+
+import pytest
+
+from crawler import protocol as p
+from scripts import cluster, sitegen, siteserver
+
+pytestmark = pytest.mark.timeout(240)
+
+
+async def hostile_clients(addr: str) -> None:
+    """A wrong HMAC, an oversized frame and garbage: each is refused on its own connection."""
+    host, port = addr.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(p.encode(p.Hello("w1", p.PROTOCOL_VERSION, 8, p.new_nonce())))
+    challenge = p.FrameDecoder()
+    challenge.feed(await reader.read(4096))
+    assert isinstance(challenge.next_message(), p.Challenge)
+    writer.write(p.encode(p.Auth(b"\0" * 32)))
+    answer = p.FrameDecoder()
+    answer.feed(await reader.read(4096))
+    refused = answer.next_message()
+    assert isinstance(refused, p.Refused) and "authentication" in refused.reason
+    assert await reader.read() == b""          # and the master hung up
+    writer.close()
+    for junk in (struct.pack(">I", 1 << 30), struct.pack(">I", 5) + b"\xc1\xc1\xc1\xc1\xc1"):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(junk)
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    manifest = sitegen.generate(out, songs=300)
+    return out, manifest
+
+
+async def test_two_workers_crawl_the_site_completely_and_a_wrong_secret_is_refused(site, tmp_path):
+    site_dir, manifest = site
+    async with await siteserver.start(site_dir, behaviour=siteserver.Behaviour(record_log=True)) as server:
+        base = server.url
+        config = cluster.master_config(tmp_path, [base + "/"], ["w1", "w2", "w3"],
+                                       crawl={"max_depth": manifest.max_depth + 1},
+                                       politeness={"obey_robots": True})
+        master = await cluster.start_master(config, tmp_path)
+        addr = cluster.master_addr(config)
+        await hostile_clients(addr)
+        intruder_secret = cluster.write_secret(tmp_path / "wrong-secret", "not the secret at all, but long")
+        intruder = await cluster.start_worker(addr, "w3", tmp_path, secret=intruder_secret)
+        w1 = await cluster.start_worker(addr, "w1", tmp_path, extra=["--concurrency", "16"])
+        w2 = await cluster.start_worker(addr, "w2", tmp_path, extra=["--concurrency", "16"])
+        rc = await master.wait(180)
+        assert rc == 0, master.log()[-3000:]
+        assert await w1.wait(30) == 0
+        assert await w2.wait(30) == 0
+        await intruder.stop()
+        log = list(server.log)
+
+    summary = master.stdout.decode()
+    assert "crawl summary" in summary and "pages/s" in summary
+
+    # The intruders never got in, the master said so in its log, and carried on.
+    mlog = master.log()
+    assert "failed authentication" in mlog and "exceeds the limit" in mlog and "undecodable" in mlog
+    assert "worker w3 joined" not in mlog
+    assert not (tmp_path / "worker-w3" / "pages" / "index.tsv").read_text().strip()
+
+    # Every reachable page fetched exactly once, by one of the two real workers; nothing else of the site.
+    gets = Counter(e.path for e in log if e.method == "GET" and not e.path.startswith(("/media/", "/stream/")))
+    for path in manifest.pages:
+        assert gets[path] == 1, f"{path} fetched {gets[path]} times"
+    for path in manifest.robots_disallowed:
+        assert gets[path] == 0, f"{path} is disallowed by robots.txt but was fetched"
+    for path in manifest.not_found:
+        assert gets[path] == 1
+    assert {e.user_agent for e in log} and all("audio-crawler" in (e.user_agent or "") for e in log)
+    both = Counter(line.split("\t")[1] for n in ("w1", "w2")
+                   for line in (tmp_path / f"worker-{n}" / "pages" / "index.tsv").read_text().splitlines())
+    assert both and all(c == 1 for c in both.values())
+    per_worker = [len((tmp_path / f"worker-{n}" / "pages" / "index.tsv").read_text().splitlines())
+                  for n in ("w1", "w2")]
+    assert min(per_worker) > 0.3 * sum(per_worker), per_worker
+
+    # Every audio reference in the site is in the catalogue, with its title and artist, downloaded intact.
+    rows = cluster.catalogue(tmp_path)
+    found = {(r["url"].removeprefix(base), r["page"].removeprefix(base)): r for r in rows}
+    missing = [a for a in manifest.audio if (a.url, a.page) not in found]
+    assert not missing, f"{len(missing)} audio items missing, e.g. {missing[:3]}"
+    for a in manifest.audio:
+        row = found[(a.url, a.page)]
+        assert (row["title"], row["artist"]) == (a.title, a.artist), (a, row)
+        assert row["status"] == "ok"
+        assert row["sha256"] == a.sha256, (a.url, row.get("reason"))
+    assert len(rows) == len(manifest.audio), "items found that the site does not have"
