@@ -34,7 +34,7 @@ async def run(args: argparse.Namespace) -> int:
         nodes = [f"node{i + 1}" for i in range(args.workers)]
         config = cluster.master_config(
             out, [site.url + "/"], nodes,
-            crawl={"max_depth": manifest.max_depth + 1},
+            crawl={"max_depth": manifest.max_depth + 3},
             politeness={"obey_robots": True},
             scheduling={"heartbeat_interval": 2.0, "heartbeat_timeout": 10.0, "lease_timeout": 60.0},
         )

@@ -46,7 +46,7 @@ async def test_two_workers_crawl_the_site_completely_and_a_wrong_secret_is_refus
     async with await siteserver.start(site_dir, behaviour=siteserver.Behaviour(record_log=True)) as server:
         base = server.url
         config = cluster.master_config(tmp_path, [base + "/"], ["w1", "w2", "w3"],
-                                       crawl={"max_depth": manifest.max_depth + 1},
+                                       crawl={"max_depth": manifest.max_depth + 3},
                                        politeness={"obey_robots": True})
         master = await cluster.start_master(config, tmp_path)
         addr = cluster.master_addr(config)

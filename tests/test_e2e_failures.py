@@ -43,7 +43,7 @@ async def test_worker_killed_and_worker_joining_mid_crawl(site, tmp_path):
     slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.25}, record_log=True)
     async with await siteserver.start(site_dir, behaviour=slow) as server:
         config = cluster.master_config(tmp_path, [server.url + "/"], ["w1", "w2", "w3", "w4"],
-                                       crawl={"max_depth": manifest.max_depth + 1})
+                                       crawl={"max_depth": manifest.max_depth + 3})
         master = await cluster.start_master(config, tmp_path)
         addr = cluster.master_addr(config)
         opts = ["--concurrency", "4"]
@@ -168,7 +168,7 @@ async def test_cut_link_detected_within_heartbeat_timeout_and_work_moves(site, t
         assert line.startswith(b"http://"), line
         siteproc._out_task = asyncio.ensure_future(siteproc.proc.stdout.read())
         config = cluster.master_config(tmp_path, [f"http://{m}:8080/"], ["a", "b"], listen=f"{m}:7700",
-                                       crawl={"max_depth": manifest.max_depth + 1},
+                                       crawl={"max_depth": manifest.max_depth + 3},
                                        scheduling={"heartbeat_interval": 0.5, "heartbeat_timeout": timeout})
         master = await _in_ns("acn-m", "master", [py, "-m", "crawler.master", "--config", str(config)],
                               tmp_path / "master.log")
