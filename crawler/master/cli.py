@@ -22,6 +22,8 @@ CONFIG = click.option("--config", "config_path", required=True, type=click.Path(
 def setup_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: far too much for a crawler's log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def load_config(path: Path) -> MasterConfig:

@@ -29,6 +29,8 @@ def main(master, node_id, data_dir, secret_file, config_path, concurrency, log_l
     """Run a crawl worker."""
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: far too much for a crawler's log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     overrides = {"master": master, "id": node_id, "data_dir": str(data_dir) if data_dir else None,
                  "secret_file": str(secret_file) if secret_file else None, "concurrency": concurrency}
     try:

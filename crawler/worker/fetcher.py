@@ -34,6 +34,14 @@ class FetchError(Exception):
         self.transient = transient
 
 
+class _NoCookies(httpx.Cookies):
+    """A crawler keeps no cookie jar: it would grow with every site visited, and httpx's per-response cookie
+    extraction costs more than parsing some pages. Resolvers that need cookies send them per request."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        pass
+
+
 def build_client(*, user_agent: str, max_connections: int, connect_timeout: float, read_timeout: float,
                  max_redirects: int, dns_ttl: float) -> httpx.AsyncClient:
     def session() -> aiohttp.ClientSession:
@@ -43,8 +51,10 @@ def build_client(*, user_agent: str, max_connections: int, connect_timeout: floa
 
     transport = AiohttpTransport(client=session)
     timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=None)
-    return httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=True,
-                             max_redirects=max_redirects, headers={"User-Agent": user_agent})
+    client = httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=True,
+                               max_redirects=max_redirects, headers={"User-Agent": user_agent})
+    client._cookies = _NoCookies()   # httpx has no public switch for this
+    return client
 
 
 def media_type(content_type: str | None) -> str:

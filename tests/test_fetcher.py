@@ -1,0 +1,108 @@
+"""The worker's page fetch against a hostile little server on loopback: caps, bombs, redirects, cookies."""
+
+import gzip
+import zlib
+
+import pytest
+from aiohttp import web
+
+from crawler.worker.fetcher import SNIFF_BYTES, FetchError, build_client, fetch_page
+from crawler.worker.pagestore import PageStore
+
+
+@pytest.fixture
+async def hostile():
+    big = b"<html><body>" + b"<p>x</p>" * 200_000 + b"</body></html>"     # about 1.6 MB
+    bomb = gzip.compress(b"<html>" + b" " * (64 * 1024 * 1024))              # 64 MiB in about 64 KiB
+    deflated = zlib.compress(b"<html>" + b"a" * (32 * 1024 * 1024))
+
+    async def page(request):
+        return web.Response(body=big, content_type="text/html")
+
+    async def gz(request):
+        return web.Response(body=bomb, headers={"Content-Type": "text/html", "Content-Encoding": "gzip"})
+
+    async def deflate(request):
+        return web.Response(body=deflated, headers={"Content-Type": "text/html", "Content-Encoding": "deflate"})
+
+    async def audio(request):
+        return web.Response(body=b"ID3" + b"\0" * (5 * 1024 * 1024), content_type="audio/mpeg")
+
+    async def moved(request):
+        return web.Response(status=301, headers={"Location": "/page"})
+
+    async def cookie(request):
+        resp = web.Response(text="<html>hi</html>", content_type="text/html")
+        resp.set_cookie("tracker", "1" * 100)
+        return resp
+
+    app = web.Application()
+    for path, h in (("/page", page), ("/gz", gz), ("/deflate", deflate), ("/audio", audio), ("/moved", moved),
+                    ("/cookie", cookie)):
+        app.router.add_get(path, h)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    client = build_client(user_agent="test-agent", max_connections=8, connect_timeout=5, read_timeout=5,
+                          max_redirects=3, dns_ttl=60)
+    yield f"http://127.0.0.1:{port}", client
+    await client.aclose()
+    await runner.cleanup()
+
+
+async def test_body_cap_cuts_a_large_page(hostile):
+    base, client = hostile
+    page, truncated = await fetch_page(client, base + "/page", max_bytes=100_000)
+    assert truncated and len(page.body) == 100_000 and page.status == 200
+
+
+@pytest.mark.parametrize("path", ["/gz", "/deflate"])
+async def test_decompression_bomb_stops_at_the_cap(hostile, path):
+    base, client = hostile
+    page, truncated = await fetch_page(client, base + path, max_bytes=1_000_000)
+    assert truncated and len(page.body) == 1_000_000
+
+
+async def test_non_documents_are_only_sniffed(hostile):
+    base, client = hostile
+    page, truncated = await fetch_page(client, base + "/audio", max_bytes=10_000_000)
+    assert page.content_type == "audio/mpeg" and len(page.body) == SNIFF_BYTES and not truncated
+    assert page.body.startswith(b"ID3")
+
+
+async def test_page_redirects_are_reported_not_followed(hostile):
+    base, client = hostile
+    page, _ = await fetch_page(client, base + "/moved#frag", max_bytes=1000)
+    assert page.status == 301 and page.headers["location"] == "/page"
+    assert page.url == base + "/moved#frag" and page.final_url == base + "/moved"
+
+
+async def test_no_cookie_jar_grows(hostile):
+    base, client = hostile
+    await fetch_page(client, base + "/cookie", max_bytes=1000)
+    assert len(client.cookies.jar) == 0
+
+
+async def test_unreachable_is_transient_and_bad_scheme_is_not(hostile):
+    _, client = hostile
+    with pytest.raises(FetchError) as e:
+        await fetch_page(client, "http://127.0.0.1:1/", max_bytes=1000)
+    assert e.value.transient
+    with pytest.raises(FetchError) as e:
+        await fetch_page(client, "ftp://127.0.0.1/x", max_bytes=1000)
+    assert not e.value.transient
+
+
+def test_page_file_names_never_leave_the_data_dir(tmp_path):
+    store = PageStore(tmp_path)
+    hostile_urls = ["http://../../etc/passwd", "http://evil.example/../../../../tmp/x",
+                    "http://a%2F..%2F..%2Fb/", "http://[::1]:80/%2e%2e/%2e%2e/", "http://xn--e1a.example/" + "a" * 5000]
+    for u in hostile_urls:
+        path = store.save(u, u, 200, "text/html", b"<html></html>")
+        assert path.resolve().is_relative_to((tmp_path / "pages").resolve())
+        assert path.read_bytes() == b"<html></html>"
+    store.close()
+    index = (tmp_path / "pages" / "index.tsv").read_text().splitlines()
+    assert len(index) == len(hostile_urls)
