@@ -1,0 +1,170 @@
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from crawler.master.store import Finished, MasterStore, StoreError
+
+
+def route_to(node):
+    return lambda urls: [node] * len(urls)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = MasterStore(tmp_path / "m.db", max_attempts=2)
+    yield s
+    s.close()
+
+
+def fin(url, state="done", node="a", at=100.0):
+    return Finished(url, state, 200 if state == "done" else None, url, "text/html", 10, None, node, at)
+
+
+def test_pop_serves_one_node_breadth_first_then_priority_then_insertion(store):
+    store.push([("u/d2", 2, 0, "a", None), ("u/d1-low", 1, 0, "a", "p"), ("u/d1-high", 1, 1, "a", "p"),
+                ("u/d0", 0, 0, "a", None), ("u/other", 0, 0, "b", None), ("u/d1-low2", 1, 0, "a", None)])
+    assert store.push([("u/d0", 0, 0, "a", None)]) == 0            # already known: ignored
+    got = store.pop("a", 10, now=1.0)
+    assert [u for u, _, _ in got] == ["u/d0", "u/d1-high", "u/d1-low", "u/d1-low2", "u/d2"]
+    assert got[2] == ("u/d1-low", 1, "p")
+    assert store.pop("a", 10, now=1.0) == []
+    assert store.frontier_size() == 1 and store.frontier_size("b") == 1
+    assert store.status()["states"] == {"queued": 1, "leased": 5, "done": 0, "error": 0}
+
+
+def test_reroute_moves_only_the_named_nodes_entries(store):
+    store.push([(f"u{i}", 0, 0, "a" if i % 2 else "b", None) for i in range(10)] + [("orphan", 0, 0, None, None)])
+    moved = store.reroute(["a", None], route_to("c"))
+    assert moved == 6
+    assert store.frontier_size("c") == 6 and store.frontier_size("b") == 5 and store.frontier_size("a") == 0
+
+
+def test_release_and_lease_recovery_keep_depth_and_parent(store):
+    store.push([("x", 3, 0, "a", "parent")])
+    store.pop("a", 1, now=1.0)
+    assert store.release(["x", "never-leased"], route_to("b")) == 1
+    assert store.pop("b", 5, now=2.0) == [("x", 3, "parent")]
+    assert store.requeue_leased(route_to(None)) == 1
+    assert store.frontier_size() == 1 and store.status()["states"]["leased"] == 0
+
+
+def test_finish_is_idempotent_and_retries_are_bounded(store):
+    store.push([("ok", 0, 0, "a", None), ("flaky", 0, 0, "a", None)])
+    store.pop("a", 2, now=1.0)
+    assert store.finish([fin("ok"), fin("ok")]) == [True, False]        # a late duplicate counts once
+    assert store.finish([fin("flaky", "retry")]) == [True]
+    assert store.pop("a", 5, now=2.0) == [("flaky", 0, None)]           # back in the frontier, same node
+    assert store.finish([fin("flaky", "retry")]) == [True]             # max_attempts=2: now an error
+    assert store.frontier_empty()
+    assert store.status()["states"] == {"queued": 0, "leased": 0, "done": 1, "error": 1}
+    assert store.finish([fin("unknown")]) == [False]
+
+
+def test_known_due_for_refresh_and_requeue(store):
+    store.push([(f"p{i}", 1, 0, "a", None) for i in range(5)])
+    store.pop("a", 5, now=0.0)
+    store.finish([fin("p0", at=10.0), fin("p1", at=50.0)])
+    assert store.known(["p0", "p3", "zz"]) == {"p0", "p3"}
+    due = store.due_for_refresh(now=100.0, older_than=60.0, limit=10)
+    assert due == [("p0", 1)]
+    assert store.requeue_refresh(due, route_to("b")) == 1
+    assert store.pop("b", 5, now=101.0) == [("p0", 1, None)]
+
+
+def test_catalogue_rows_unique_per_source_and_page_and_filled_in_later(store):
+    row = {"url": "http://a/x.mp3", "page": "http://a/p", "title": "T", "status": "ok", "sha256": None}
+    assert store.add_audio([row, dict(row)]) == [True, False]
+    assert store.add_audio([dict(row, sha256="ab" * 32)]) == [False]
+    assert [r["sha256"] for r in store.catalogue()] == ["ab" * 32]
+    assert len(store.audio_by_sha("ab" * 32)) == 1
+    # One song from a resolver with a site id: a fresh signed URL is still the same item on that page.
+    k = {"url": "http://cdn/1?sig=1", "page": "http://a/q", "resolver": "kugou", "source_id": "H1"}
+    assert store.add_audio([k, dict(k, url="http://cdn/1?sig=2")]) == [True, False]
+    assert store.add_audio([dict(k, page="http://a/other")]) == [True]
+
+
+def test_statistics_and_meta(store):
+    store.count_discards({"too_deep": 2, "out_of_scope": 1})
+    store.count_discards({"too_deep": 3})
+    store.note_node("a", bytes=10)
+    store.note_node("a", bytes=5)
+    store.set_meta("k", "1")
+    store.set_meta("k", "2")
+    st = store.status()
+    assert st["discards"] == {"out_of_scope": 1, "too_deep": 5} and st["nodes"]["a"]["bytes"] == 15
+    assert store.get_meta("k") == "2" and store.get_meta("missing") is None
+
+
+def test_iter_urls_and_count(store):
+    store.push([(f"u{i}", 0, 0, None, None) for i in range(250)])
+    assert store.url_count() == 250
+    assert sum(len(b) for b in store.iter_urls(batch=100)) == 250
+
+
+def test_not_a_database_is_a_clear_error(tmp_path):
+    bad = tmp_path / "m.db"
+    bad.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(StoreError, match="not a crawl database"):
+        MasterStore(bad)
+
+
+def test_readonly_reader_sees_committed_state_while_writer_is_open(tmp_path):
+    writer = MasterStore(tmp_path / "m.db")
+    writer.push([("a", 0, 0, "n", None)])
+    writer.commit()
+    writer.push([("b", 0, 0, "n", None)])       # not committed yet
+    reader = MasterStore.open_readonly(tmp_path / "m.db")
+    assert reader.status()["frontier"] == 1
+    with pytest.raises(sqlite3.OperationalError):
+        reader.push([("c", 0, 0, "n", None)])
+    reader.close()
+    writer.close()
+
+
+CRASHER = textwrap.dedent("""
+    import sys, random
+    from crawler.master.store import MasterStore, Finished
+    s = MasterStore(sys.argv[1])
+    rnd = random.Random(int(sys.argv[2]))
+    route = lambda urls: ["a"] * len(urls)
+    i = 0
+    print("ready", flush=True)
+    while True:
+        s.push([(f"u{i}-{j}", 1, 0, "a", None) for j in range(50)])
+        got = s.pop("a", 30, 1.0)
+        s.finish([Finished(u, "done", 200, u, None, 1, None, "a", 1.0) for u, _, _ in got[:20]])
+        s.release([u for u, _, _ in got[20:25]], route)
+        i += 1
+        if rnd.random() < 0.5:
+            s.commit()
+""")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sigkill_at_any_moment_leaves_frontier_and_url_table_consistent(tmp_path, seed):
+    db = tmp_path / "m.db"
+    proc = subprocess.Popen([sys.executable, "-c", CRASHER, str(db), str(seed)], stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"ready"
+    time.sleep(0.3 + 0.2 * seed)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    s = MasterStore(db)
+    c = s.db
+    total = c.execute("SELECT COUNT(*) FROM urls").fetchone()[0]
+    assert total > 0
+    # every queued URL has exactly one frontier entry; nothing else has one
+    assert c.execute("SELECT COUNT(*) FROM urls WHERE state = 0").fetchone()[0] == s.frontier_size()
+    assert c.execute("SELECT COUNT(*) FROM frontier f LEFT JOIN urls u ON u.id = f.url_id "
+                     "WHERE u.id IS NULL OR u.state != 0").fetchone()[0] == 0
+    assert c.execute("SELECT COUNT(*) FROM (SELECT url_id FROM frontier GROUP BY url_id HAVING COUNT(*) > 1)"
+                     ).fetchone()[0] == 0
+    leased = s.requeue_leased(route_to("a"))
+    assert c.execute("SELECT COUNT(*) FROM urls WHERE state = 0").fetchone()[0] == s.frontier_size()
+    assert leased >= 0
+    s.close()
