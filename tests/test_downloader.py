@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from crawler.items import FAILED, OK, AudioItem, RequestIdentity
 from crawler.worker.audiostore import AudioStore, extension_for, partial_key
-from crawler.worker.downloader import DownloadConfig, Downloader
+from crawler.worker.downloader import DownloadConfig, Downloader, HostSlots
 from tests.fakes.rangeserver import RangeServer, ThreadedRangeServer
 
 KiB = 1024
@@ -517,3 +517,352 @@ def test_config_rejects_nonsense():
     with pytest.raises(ValueError):
         DownloadConfig(chunk_size=0)
     assert DownloadConfig().max_size == 2 * 1024**3 and DownloadConfig().chunk_size == 256 * KiB
+
+
+# -- finished downloads are not repeated -----------------------------------------------------------
+
+DAY = 86_400.0
+
+
+class Clock:
+    """Wall-clock time the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def finished_downloader(client, data_dir: Path, clock: Clock, **cfg) -> Downloader:
+    return Downloader(client, data_dir, DownloadConfig(chunk_size=CHUNK, retry_backoff=0, timeout=10, **cfg),
+                      clock=clock)
+
+
+async def test_second_fetch_within_revalidate_after_makes_no_request(server, client, tmp_path):
+    data = blob(300_000, 40)
+    server.add("/a.mp3", data)
+    clock = Clock()
+    item = AudioItem(url=server.url("/a.mp3"), page="http://site/1", source_id="s40", resolver="site")
+    first = await finished_downloader(client, tmp_path, clock).fetch(item)
+    assert first.status == OK and len(server.log) == 1
+
+    clock.now += DAY - 1
+    again = item.replace(page="http://site/2")
+    # A new Downloader: what it knows came from the disk, as after a worker restart.
+    got = await finished_downloader(client, tmp_path, clock).fetch(again)
+
+    assert len(server.log) == 1 and server.served("/a.mp3") == len(data)
+    assert (got.status, got.sha256, got.size, got.path) == (OK, sha(data), len(data), first.path)
+    assert got.content_type == "audio/mpeg" and got.page == "http://site/2"
+    assert {p["page"] for p in AudioStore(tmp_path).places(sha(data))} == {"http://site/1", "http://site/2"}
+
+
+@pytest.mark.parametrize("later", [DAY + 1, -3600.0], ids=["stale", "clock-set-back"])
+async def test_an_old_record_is_confirmed_by_a_304_that_costs_no_body(server, client, tmp_path, later):
+    data = blob(300_000, 41)
+    res = server.add("/a.mp3", data)
+    clock = Clock()
+    dl = finished_downloader(client, tmp_path, clock)
+    item = AudioItem(url=server.url("/a.mp3"), page="p")
+    first = await dl.fetch(item)
+
+    clock.now += later
+    got = await dl.fetch(item)
+    assert (got.status, got.sha256, got.path) == (OK, sha(data), first.path)
+    confirm = server.log[-1]
+    assert confirm.status == 304 and confirm.headers["if-none-match"] == res.etag
+    assert "range" not in confirm.headers and server.served("/a.mp3") == len(data)
+    assert leftovers(tmp_path) == []
+
+    # The confirmation counts as a verification: the next fetch soon after asks nothing.
+    clock.now += 60
+    await dl.fetch(item)
+    assert len(server.log) == 2
+    assert (dl.stats.fetched, dl.stats.confirmed, dl.stats.reused) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("etag", [None, 'W/"weak"'], ids=["no-etag", "weak-etag"])
+async def test_without_a_strong_etag_if_modified_since_is_asked(server, client, tmp_path, etag):
+    data = blob(100_000, 42)
+    res = server.add("/a.mp3", data, etag=etag)
+    dl = finished_downloader(client, tmp_path, Clock(), revalidate_after=0)    # 0: always ask
+    item = AudioItem(url=server.url("/a.mp3"), page="p")
+    await dl.fetch(item)
+    got = await dl.fetch(item)
+    assert got.status == OK and got.sha256 == sha(data)
+    confirm = server.log[-1]
+    assert confirm.status == 304 and confirm.headers["if-modified-since"] == res.last_modified
+    assert "if-none-match" not in confirm.headers and server.served("/a.mp3") == len(data)
+
+
+async def test_a_changed_file_is_downloaded_again_in_the_same_request(server, client, tmp_path):
+    old, new = blob(200_000, 43), blob(250_000, 44)
+    res = server.add("/a.mp3", old)
+    old_etag = res.etag
+    clock = Clock()
+    dl = finished_downloader(client, tmp_path, clock)
+    item = AudioItem(url=server.url("/a.mp3"), page="p")
+    first = await dl.fetch(item)
+    server.replace_content("/a.mp3", new)
+
+    clock.now += DAY + 1
+    got = await dl.fetch(item)
+    assert got.status == OK and got.sha256 == sha(new) and (tmp_path / got.path).read_bytes() == new
+    assert server.log[-1].headers["if-none-match"] == old_etag and server.log[-1].status == 200
+    assert server.served("/a.mp3") == len(old) + len(new) and len(server.log) == 2
+    assert (tmp_path / first.path).read_bytes() == old     # evidence already kept is not thrown away
+
+    # The record now describes the new file.
+    clock.now += 60
+    assert (await dl.fetch(item)).sha256 == sha(new) and len(server.log) == 2
+
+
+async def test_a_server_ignoring_conditionals_costs_a_download_not_a_second_copy(server, client, tmp_path):
+    data = blob(200_000, 45)
+    server.add("/a.mp3", data).ignore_conditionals = True
+    dl = finished_downloader(client, tmp_path, Clock(), revalidate_after=0)
+    item = AudioItem(url=server.url("/a.mp3"), page="p")
+    first = await dl.fetch(item)
+    got = await dl.fetch(item)
+    assert got.status == OK and got.path == first.path and [r.status for r in server.log] == [200, 200]
+    stored = [p for p in (tmp_path / "audio").rglob("*") if p.is_file() and STORED.fullmatch(
+        p.relative_to(tmp_path).as_posix())]
+    assert len(stored) == 1 and leftovers(tmp_path) == []
+
+
+async def test_a_deleted_stored_file_is_downloaded_again(server, client, tmp_path):
+    data = blob(200_000, 46)
+    server.add("/a.mp3", data)
+    clock = Clock()
+    dl = finished_downloader(client, tmp_path, clock)
+    item = AudioItem(url=server.url("/a.mp3"), page="p")
+    first = await dl.fetch(item)
+    (tmp_path / first.path).unlink()          # an operator cleaned up the disk
+
+    got = await dl.fetch(item)                # the record is recent, but describes nothing any more
+    assert got.status == OK and (tmp_path / got.path).read_bytes() == data
+    assert len(server.log) == 2 and server.log[-1].status == 200
+    assert "if-none-match" not in server.log[-1].headers and "if-modified-since" not in server.log[-1].headers
+    assert (dl.stats.fetched, dl.stats.reused) == (2, 0)
+
+
+async def test_a_truncated_stored_file_is_downloaded_again(server, client, tmp_path):
+    data = blob(200_000, 47)
+    server.add("/a.mp3", data)
+    dl = finished_downloader(client, tmp_path, Clock())
+    item = AudioItem(url=server.url("/a.mp3"), page="p")
+    first = await dl.fetch(item)
+    os.truncate(tmp_path / first.path, 1000)
+    got = await dl.fetch(item)
+    assert got.status == OK and len(server.log) == 2
+    assert (tmp_path / got.path).read_bytes() == data
+
+
+_PASSWD_PATH = "../../../../etc/passwd"
+
+
+@pytest.mark.parametrize("corrupt", [
+    b"", b"{not json", b"\xff\xfe\x00garbage", b"[1, 2]", b"[" * 100_000,
+    json.dumps({"version": 1, "url": "u", "sha256": "0" * 64, "size": 1, "path": _PASSWD_PATH,
+                "verified_at": 1e18}).encode(),
+    json.dumps({"version": 1, "url": "u", "sha256": "0" * 64, "size": True, "path": "audio/00/" + "0" * 64,
+                "verified_at": 1e18}).encode(),
+    b'{"version": 1, "url": "u", "sha256": "' + b"0" * 64 + b'", "size": 1, "path": "audio/00/' + b"0" * 64
+    + b'", "verified_at": 1' + b"0" * 400 + b"}",
+], ids=["empty", "broken-json", "not-utf8", "not-a-map", "deep", "path-escapes", "bool-size", "huge-time"])
+async def test_a_corrupt_record_is_ignored_and_replaced(server, client, tmp_path, corrupt):
+    data = blob(50_000, 48)
+    server.add("/a.mp3", data)
+    item = AudioItem(url=server.url("/a.mp3"), page="p")
+    store = AudioStore(tmp_path)
+    record = store.finished_path(partial_key(item))
+    record.parent.mkdir(parents=True)
+    record.write_bytes(corrupt)
+
+    got = await finished_downloader(client, tmp_path, Clock()).fetch(item)
+
+    assert got.status == OK and got.sha256 == sha(data) and STORED.fullmatch(got.path)
+    assert len(server.log) == 1 and "if-none-match" not in server.log[0].headers
+    replaced = store.load_finished(partial_key(item))
+    assert replaced is not None and replaced.sha256 == sha(data) and replaced.path == got.path
+
+
+async def test_one_address_under_two_keys_is_downloaded_once(server, client, tmp_path):
+    data = blob(500_000, 49)
+    server.add("/shared.mp3", data).rate = RATE
+    clock = Clock()
+    dl = finished_downloader(client, tmp_path, clock)
+    url = server.url("/shared.mp3")
+    # Two sites' ids for one CDN file, found at the same time and later again.
+    a, b = (AudioItem(url=url, page=f"http://{s}/p", source_id="1", resolver=s) for s in ("x", "y"))
+    assert partial_key(a) != partial_key(b)
+    got = await asyncio.gather(dl.fetch(a), dl.fetch(b))
+    assert [g.sha256 for g in got] == [sha(data)] * 2 and server.served("/shared.mp3") == len(data)
+
+    assert (dl.stats.fetched, dl.stats.shared) == (1, 1)
+    c = AudioItem(url=url, page="http://z/p", source_id="1", resolver="z")
+    assert (await dl.fetch(c)).path == got[0].path and len(server.log) == 1
+    assert dl.stats.reused == 1
+    # ... and c's key now has a durable record of its own, for after a restart.
+    assert AudioStore(tmp_path).load_finished(partial_key(c)) is not None
+    assert len(AudioStore(tmp_path).places(sha(data))) == 3
+
+
+async def test_addresses_remembered_in_memory_are_bounded(server, client, tmp_path):
+    dl = finished_downloader(client, tmp_path, Clock(), remembered_urls=2)
+    for i in range(3):
+        server.add(f"/{i}.mp3", blob(1000, 50 + i))
+        await dl.fetch(AudioItem(url=server.url(f"/{i}.mp3"), page="p", source_id=str(i)))
+    requests = len(server.log)
+    # Other keys for the last two addresses are served from memory; the first address was forgotten.
+    for i in (2, 1, 0):
+        await dl.fetch(AudioItem(url=server.url(f"/{i}.mp3"), page="p", source_id=f"other-{i}"))
+    assert [r.path for r in server.log[requests:]] == ["/0.mp3"]
+
+
+async def test_an_expired_link_met_while_revalidating_is_reresolved_and_confirmed(server, client, tmp_path):
+    data = blob(300_000, 53)
+    old = server.add("/old.mp3", data)
+    server.add("/new.mp3", data, etag=old.etag, last_modified="Mon, 01 Jan 2024 00:00:00 GMT")
+    clock = Clock()
+    dl = finished_downloader(client, tmp_path, clock)
+    item = AudioItem(url=server.url("/old.mp3"), page="p", source_id="s53", resolver="site")
+    first = await dl.fetch(item)
+    server.expire("/old.mp3", status=410)
+
+    async def reresolve(it: AudioItem) -> AudioItem:
+        return it.replace(url=server.url("/new.mp3"))
+
+    clock.now += DAY + 1
+    got = await dl.fetch(item, reresolve)
+    assert (got.status, got.url, got.path) == (OK, server.url("/new.mp3"), first.path)
+    ask = requests_to(server, "/new.mp3")
+    # The same ETag from the new address; its dates mean nothing to the old record, so none is sent.
+    assert [r.status for r in ask] == [304] and ask[0].headers["if-none-match"] == old.etag
+    assert "if-modified-since" not in ask[0].headers and server.served("/new.mp3") == 0
+
+
+async def test_a_date_from_one_address_is_not_sent_to_another(server, client, tmp_path):
+    data = blob(100_000, 55)
+    server.add("/old.mp3", data, etag=None)
+    server.add("/new.mp3", data, etag=None)
+    clock = Clock()
+    dl = finished_downloader(client, tmp_path, clock)
+    item = AudioItem(url=server.url("/old.mp3"), page="p", source_id="s55", resolver="site")
+    first = await dl.fetch(item)
+
+    clock.now += DAY + 1       # a later crawl resolves the song to a new address
+    got = await dl.fetch(item.replace(url=server.url("/new.mp3")))
+    ask = requests_to(server, "/new.mp3")
+    assert [r.status for r in ask] == [200] and "if-modified-since" not in ask[0].headers
+    assert got.path == first.path
+
+
+async def test_validators_a_304_brings_are_kept_for_the_next_question(server, client, tmp_path):
+    data = blob(100_000, 56)
+    res = server.add("/a.mp3", data, etag=None)
+    dl = finished_downloader(client, tmp_path, Clock(), revalidate_after=0)
+    item = AudioItem(url=server.url("/a.mp3"), page="p")
+    await dl.fetch(item)
+    res.etag = '"added-later"'          # the server started sending ETags
+    await dl.fetch(item)
+    await dl.fetch(item)
+    assert [r.status for r in server.log] == [200, 304, 304]
+    assert "if-modified-since" in server.log[1].headers
+    assert server.log[2].headers.get("if-none-match") == '"added-later"'
+
+
+_FINISH_THEN_HANG = r"""
+import asyncio, sys
+from pathlib import Path
+import httpx
+from crawler.items import AudioItem
+from crawler.worker.downloader import Downloader, DownloadConfig
+
+async def main():
+    async with httpx.AsyncClient() as client:
+        got = await Downloader(client, Path(sys.argv[2]), DownloadConfig()).fetch(
+            AudioItem(url=sys.argv[1], page="p", source_id="song-9"))
+        print(got.status, flush=True)
+        await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_the_record_outlives_a_killed_process(server, tmp_path):
+    data = blob(200_000, 54)
+    server.add("/a.mp3", data)
+    item = AudioItem(url=server.url("/a.mp3"), page="p", source_id="song-9")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _FINISH_THEN_HANG, item.url, str(tmp_path), stdout=asyncio.subprocess.PIPE,
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGKILL)
+    assert line.strip() == b"ok" and await proc.wait() == -signal.SIGKILL
+
+    async with httpx.AsyncClient() as client:
+        got = await Downloader(client, tmp_path, CFG).fetch(item)
+    assert got.status == OK and got.sha256 == sha(data) and len(server.log) == 1
+
+
+# -- per-host limits -------------------------------------------------------------------------------
+
+
+async def test_downloads_to_one_host_are_limited_while_another_host_proceeds(server, client, tmp_path):
+    busy = [server.add(f"/cdn/{i}.mp3", blob(400_000, 60 + i)) for i in range(5)]
+    for res in busy:
+        res.pause_at = 100_000        # held mid-body until released: the downloads overlap for sure
+        res.rate = 20e6
+    server.add("/other.mp3", blob(100_000, 70))
+    dl = finished_downloader(client, tmp_path, Clock(), max_per_host=2)
+    tasks = [asyncio.create_task(dl.fetch(AudioItem(url=server.url(r.path), page="p"))) for r in busy]
+    await server.wait_until(lambda: server.active["127.0.0.1"] == 2)
+
+    elsewhere = AudioItem(url=server.url("/other.mp3", host="127.0.0.2"), page="p")
+    other = await asyncio.wait_for(dl.fetch(elsewhere), 10)
+    assert other.status == OK, "a busy host held up another host's download"
+    assert sum(r.requests for r in busy) == 2 and dl.hosts.holders("127.0.0.1") == 2
+
+    server.release()
+    got = await asyncio.gather(*tasks)
+    assert [g.status for g in got] == [OK] * 5 and sum(r.requests for r in busy) == 5
+    assert server.peak["127.0.0.1"] == 2
+    assert len(dl.hosts) == 0, "idle hosts are forgotten"
+
+
+async def test_max_downloads_bounds_all_hosts_together(server, client, tmp_path):
+    items = [AudioItem(url=server.url(f"/{i}.mp3", host=f"127.0.0.{1 + i % 2}"), page="p") for i in range(4)]
+    for i in range(4):
+        res = server.add(f"/{i}.mp3", blob(200_000, 80 + i))
+        res.rate = 20e6
+    dl = finished_downloader(client, tmp_path, Clock(), max_per_host=2, max_downloads=1)
+    got = await asyncio.gather(*(dl.fetch(i) for i in items))
+    assert [g.status for g in got] == [OK] * 4
+    assert server.peak_total == 1 and len(dl.hosts) == 0
+
+
+async def test_a_cancelled_waiter_leaves_no_host_behind():
+    slots = HostSlots(1)
+    await slots.acquire("cdn")
+    waiter = asyncio.create_task(slots.acquire("cdn"))
+    await asyncio.sleep(0)          # let it queue behind the holder
+    assert slots.holders("cdn") == 1 and len(slots) == 1
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    slots.release("cdn")
+    assert len(slots) == 0
+    await slots.acquire("cdn")      # and the host is usable again
+    assert slots.holders("cdn") == 1
+
+
+def test_config_rejects_nonsense_limits():
+    for bad in ({"max_per_host": 0}, {"max_downloads": 0}, {"revalidate_after": -1}, {"remembered_urls": -1}):
+        with pytest.raises(ValueError):
+            DownloadConfig(**bad)
+    assert DownloadConfig().max_per_host == 2 and DownloadConfig().revalidate_after == DAY

@@ -2,20 +2,29 @@
 
     <data_dir>/audio/partial/<key>.part    bytes received so far, always a prefix of the file being fetched
     <data_dir>/audio/partial/<key>.json    sidecar: address, validators, expected size, bytes written
+    <data_dir>/audio/done/<key[:2]>/<key>.json        the last finished download of <key> (``Finished``)
     <data_dir>/audio/<sha[:2]>/<sha256><ext>          the finished file, stored once per content
     <data_dir>/audio/<sha[:2]>/<sha256>.places.json   every (url, page) the content was found at
 
-The partial key is derived from the site's own id when there is one, so a link that is re-resolved to a new
-address keeps writing to the same partial file. Nothing derived from a URL or header reaches a path except
-through ``extension_for``, which only ever returns a dot and a few lowercase letters or digits.
+The key is derived from the site's own id when there is one, so a link that is re-resolved to a new
+address keeps writing to the same partial file and finds the same finished record. Nothing derived from a URL
+or header reaches a path except through ``extension_for``, which only ever returns a dot and a few lowercase
+letters or digits; a finished record's stored path is accepted only in the exact shape ``commit`` produces, so
+a damaged or planted record cannot point outside the audio tree.
+
+Every record is written to a temporary file and renamed over the old one: a process killed at any instant
+leaves the old record or the new one. Records are not fsynced; they are caches of what the disk already holds,
+and one lost to a power cut costs a download, not data.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -90,11 +99,49 @@ class Sidecar:
                    content_type=_opt_str(d.get("content_type")), final_url=_opt_str(d.get("final_url")))
 
 
+@dataclass(frozen=True)
+class Finished:
+    """A finished download of one key: enough to skip the next one, or to ask whether the file changed."""
+
+    url: str                          # the address the bytes (or the last confirmation) came from
+    sha256: str
+    size: int
+    path: str                         # relative to the data dir, as ``AudioStore.commit`` returned it
+    etag: str | None = None
+    last_modified: str | None = None
+    content_type: str | None = None
+    verified_at: float = 0.0          # wall-clock seconds when the server last served or confirmed it
+
+    def to_json(self) -> str:
+        return json.dumps({"version": 1, **asdict(self)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Finished:
+        d = json.loads(text)
+        if not isinstance(d, dict) or d.get("version") != 1:
+            raise ValueError("not a finished-download record")
+        url, sha, size, path = d.get("url"), d.get("sha256"), d.get("size"), d.get("path")
+        if not isinstance(url, str) or not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise ValueError("finished record without an address or a sha256")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError("finished record without a size")
+        # Only the shape commit() writes: a record must not be able to name any other file.
+        if not isinstance(path, str) or not re.fullmatch(rf"audio/{sha[:2]}/{sha}(\.[a-z0-9]{{1,5}})?", path):
+            raise ValueError("finished record with a path the store did not write")
+        at = d.get("verified_at")
+        if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at := float(at)):
+            raise ValueError("finished record without a verification time")
+        return cls(url=url, sha256=sha, size=size, path=path, etag=_opt_str(d.get("etag")),
+                   last_modified=_opt_str(d.get("last_modified")),
+                   content_type=_opt_str(d.get("content_type")), verified_at=at)
+
+
 class AudioStore:
     def __init__(self, data_dir: Path) -> None:
         self.root = Path(data_dir)
         self.audio_dir = self.root / "audio"
         self.partial_dir = self.audio_dir / "partial"
+        self.done_dir = self.audio_dir / "done"
 
     def part_path(self, key: str) -> Path:
         return self.partial_dir / f"{key}.part"
@@ -122,6 +169,37 @@ class AudioStore:
     def discard(self, key: str) -> None:
         for p in (self.part_path(key), self.sidecar_path(key)):
             p.unlink(missing_ok=True)
+
+    def finished_path(self, key: str) -> Path:
+        # Sharded: a long crawl finishes millions of keys, too many for one directory listing.
+        return self.done_dir / key[:2] / f"{key}.json"
+
+    def load_finished(self, key: str) -> Finished | None:
+        """The record of key's last finished download; None when there is none or it is unreadable.
+
+        An unreadable record is left where it is: the next finished download of the key replaces it.
+        """
+        try:
+            return Finished.from_json(self.finished_path(key).read_text(encoding="utf-8"))
+        except (OSError, ValueError, ArithmeticError, RecursionError):   # bad UTF-8, JSON, numbers, nesting
+            return None
+
+    def save_finished(self, key: str, record: Finished) -> None:
+        path = self.finished_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, record.to_json())
+
+    def holds(self, record: Finished) -> bool:
+        """Whether the file a record names is still on disk at its size (an operator may have removed it).
+
+        The size and not the hash is checked: rehashing a gigabyte on every refresh would cost more than
+        the download it saves, and the store never rewrites a file in place.
+        """
+        try:
+            st = (self.root / record.path).stat()
+        except (OSError, ValueError):
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_size == record.size
 
     def commit(self, key: str, sha256: str, size: int, ext: str) -> str:
         """Move a finished partial into the content-addressed tree; returns the path relative to the data dir.

@@ -16,25 +16,48 @@ the next attempt (in this process or after a restart) asks for ``Range: bytes=<p
 The part file itself is the record of progress: bytes are only ever appended after the decision above, so
 whatever length it has is a valid prefix. The sidecar's ``written`` is a checkpoint for people, not the truth.
 
-Concurrency limits belong to the worker daemon; a Downloader holds no global state and only remembers which
-partials it is writing right now, so two items with the same key share one download instead of racing.
+Pages are crawled again (refresh) and one song is linked from many pages, so the same audio comes back again
+and again. A finished download leaves a ``Finished`` record under its key (the site's id, else the address),
+and the next fetch of that key decides from it:
+
+    verified less than ``revalidate_after`` ago, file on disk     no request at all
+    verified earlier                                            conditional GET: 304 confirms it (no body),
+                                                                200 is the new file, 403/410 re-resolves
+    no record, or the stored file is gone or has the wrong size   download as above
+
+The conditional carries a strong ETag as If-None-Match; Last-Modified as If-Modified-Since only when asking
+the address that gave it, because another host's dates say nothing about this file. Within one process, an
+address finished under one key also serves another key (two sites' ids for one CDN file), from a bounded
+in-memory map.
+
+Limits: at most ``max_per_host`` downloads at once to one host (the host named by the item's address; a
+redirect to a CDN counts against the host that sent it), and optionally ``max_downloads`` in all. A download
+waits for its host's slot before taking a global one, so a queue for one busy CDN never holds slots the other
+hosts could use. Slots are released while re-resolving; hosts nobody holds or waits for are forgotten.
+
+Two fetches of the same key, or of the same address, share one download instead of racing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import hashlib
 import re
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
 
 from crawler.items import FAILED, OK, AudioItem
-from crawler.worker.audiostore import AudioStore, Sidecar, extension_for, partial_key
+from crawler.worker.audiostore import AudioStore, Finished, Sidecar, extension_for, partial_key
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -61,10 +84,28 @@ class DownloadConfig:
     max_redirects: int = 5
     max_restarts: int = 3             # times a download may be thrown away and begun again before giving up
     retry_backoff: float = 1.0        # seconds before the 2nd attempt, doubling, capped at 30
+    revalidate_after: float = 86_400.0   # a finished file is trusted this long without asking; 0 = always ask
+    max_per_host: int = 2             # downloads at once to one host, so a page full of one CDN's links
+                                      # does not hammer it
+    max_downloads: int | None = None  # downloads at once in all; None leaves that limit to the caller
+    remembered_urls: int = 100_000    # finished addresses kept in memory to serve other keys (LRU)
 
     def __post_init__(self) -> None:
         if self.max_size <= 0 or self.chunk_size <= 0 or self.max_attempts < 1 or self.timeout <= 0:
             raise ValueError("DownloadConfig: sizes, attempts and timeout must be positive")
+        if self.revalidate_after < 0 or self.max_per_host < 1 or self.remembered_urls < 0 or (
+                self.max_downloads is not None and self.max_downloads < 1):
+            raise ValueError("DownloadConfig: revalidate_after >= 0, max_per_host >= 1, max_downloads >= 1")
+
+
+@dataclass
+class DownloadStats:
+    """What became of the fetches so far: only ``fetched`` moved a file's bytes."""
+
+    reused: int = 0       # a recent record answered, no request made
+    confirmed: int = 0    # a 304 said the stored file is still current
+    fetched: int = 0      # downloaded (or resumed) to the end
+    shared: int = 0       # another fetch of the same key or address did the work
 
 
 class _Retry(Exception):
@@ -77,6 +118,15 @@ class _Restart(Exception):
 
 class _Expired(Exception):
     """The address no longer serves us (403/410): it needs re-resolving."""
+
+
+class _Unchanged(Exception):
+    """304 to our conditional request: the finished file is still what the address serves."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__("not modified")
+        self.etag = response.headers.get("etag") or None
+        self.last_modified = response.headers.get("last-modified") or None
 
 
 class _Fail(Exception):
@@ -178,41 +228,170 @@ class _Partial:
         self._fh.close()
 
 
+class HostSlots:
+    """At most ``per_host`` holders per host. Only hosts somebody holds or waits for take memory."""
+
+    def __init__(self, per_host: int) -> None:
+        self.per_host = per_host
+        self._hosts: dict[str, _Host] = {}
+
+    def __len__(self) -> int:
+        return len(self._hosts)
+
+    def holders(self, host: str) -> int:
+        entry = self._hosts.get(host)
+        return 0 if entry is None else entry.holders
+
+    async def acquire(self, host: str) -> None:
+        entry = self._hosts.get(host)
+        if entry is None:
+            entry = self._hosts[host] = _Host(asyncio.Semaphore(self.per_host))
+        entry.users += 1
+        try:
+            await entry.sem.acquire()
+        except BaseException:
+            self._leave(host, entry)
+            raise
+        entry.holders += 1
+
+    def release(self, host: str) -> None:
+        entry = self._hosts[host]
+        entry.holders -= 1
+        entry.sem.release()
+        self._leave(host, entry)
+
+    def _leave(self, host: str, entry: _Host) -> None:
+        entry.users -= 1
+        if entry.users == 0:
+            del self._hosts[host]
+
+
+@dataclass
+class _Host:
+    sem: asyncio.Semaphore
+    users: int = 0        # holders and waiters: the entry may go only when nobody needs its semaphore
+    holders: int = 0
+
+
+class _Lease:
+    """One download's slots: its host's, then a global one. Released and taken again around a re-resolve."""
+
+    def __init__(self, hosts: HostSlots, total: asyncio.Semaphore | None) -> None:
+        self._hosts, self._total = hosts, total
+        self._host: str | None = None
+        self._holds_total = False
+
+    async def take(self, host: str) -> None:
+        self.release()
+        await self._hosts.acquire(host)
+        self._host = host
+        if self._total is not None:
+            await self._total.acquire()
+            self._holds_total = True
+
+    def release(self) -> None:
+        if self._holds_total:
+            assert self._total is not None
+            self._total.release()
+            self._holds_total = False
+        if self._host is not None:
+            self._hosts.release(self._host)
+            self._host = None
+
+
 class Downloader:
-    def __init__(self, client: httpx.AsyncClient, data_dir: Path, cfg: DownloadConfig) -> None:
+    def __init__(self, client: httpx.AsyncClient, data_dir: Path, cfg: DownloadConfig, *,
+                 clock: Callable[[], float] = time.time) -> None:
         self.client = client
         self.cfg = cfg
         self.store = AudioStore(data_dir)
+        # Wall-clock time: a record's age must mean the same after a restart.
+        self._clock = clock
         self._inflight: dict[str, asyncio.Future[AudioItem]] = {}
+        self._inflight_urls: dict[str, asyncio.Future[AudioItem]] = {}
+        self._by_url: OrderedDict[str, Finished] = OrderedDict()
+        self.hosts = HostSlots(cfg.max_per_host)
+        self.stats = DownloadStats()
+        self._total = asyncio.Semaphore(cfg.max_downloads) if cfg.max_downloads is not None else None
 
     async def fetch(self, item: AudioItem, reresolve: Reresolve | None = None) -> AudioItem:
-        """Download item.url into the store.
+        """Download item.url into the store, unless a finished download of it is known to be current.
 
         Returns the item with sha256/size/content_type/path and status OK, or status FAILED with a reason.
         Network and server misbehaviour never raise; cancellation does, and leaves the partial for next time.
+        Waits for a slot of the item's host (and a global one, if configured) before any request.
         """
         if not item.url:
             return item.replace(status=FAILED, reason="no download address")
         key = partial_key(item)
-        while (running := self._inflight.get(key)) is not None:
+        while True:
+            same_key = self._inflight.get(key)
+            running = same_key or self._inflight_urls.get(item.url)
+            if running is None:
+                break
             try:
                 done = await asyncio.shield(running)
             except asyncio.CancelledError:
                 if running.cancelled():
                     continue   # its owner was cancelled: take the download over
                 raise
-            return self._share(item, done)
+            # Another key's download of this address counts only if it ended with this address's bytes.
+            if same_key is not None or (done.status == OK and done.url == item.url):
+                self.stats.shared += 1
+                return self._share(item, done)
+        known, own = self._known(key, item.url)
+        # A record from the future (the clock was set back) is not trusted: ask the server.
+        if known is not None and 0 <= self._clock() - known.verified_at < self.cfg.revalidate_after:
+            try:
+                if not own:
+                    self._remember(key, known)    # next time this key finds it without the address map
+                self.store.record_place(known.sha256, known.path, item)
+            except OSError as exc:
+                return item.replace(status=FAILED, reason=f"storage: {exc}")
+            self.stats.reused += 1
+            return _filled(item, known)
         future: asyncio.Future[AudioItem] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
+        self._inflight_urls[item.url] = future
+        lease = _Lease(self.hosts, self._total)
         try:
-            result = await self._fetch(item, key, reresolve)
+            await lease.take(_host_of(item.url))
+            result = await self._fetch(item, key, reresolve, known, lease)
         except BaseException:
             future.cancel()
             raise
         finally:
+            lease.release()
             del self._inflight[key]
+            if self._inflight_urls.get(item.url) is future:
+                del self._inflight_urls[item.url]
         future.set_result(result)
         return result
+
+    def _known(self, key: str, url: str) -> tuple[Finished | None, bool]:
+        """The finished download to compare with, and whether it is this key's own rather than the address's.
+
+        None when the stored file is gone: a 304 would then confirm bytes nobody has.
+        """
+        record, own = self.store.load_finished(key), True
+        if record is None:
+            record, own = self._by_url.get(url), False
+            if record is not None:
+                self._by_url.move_to_end(url)
+        if record is None or not self.store.holds(record):
+            return None, False
+        return record, own
+
+    def _remember(self, key: str, record: Finished) -> None:
+        # The durable record is a cache of what the store holds: failing to write it costs a later
+        # download, never this one's result.
+        with contextlib.suppress(OSError):
+            self.store.save_finished(key, record)
+        if self.cfg.remembered_urls:
+            self._by_url[record.url] = record
+            self._by_url.move_to_end(record.url)
+            while len(self._by_url) > self.cfg.remembered_urls:
+                self._by_url.popitem(last=False)
 
     def _share(self, item: AudioItem, done: AudioItem) -> AudioItem:
         if done.status != OK or done.sha256 is None or done.path is None:
@@ -221,7 +400,8 @@ class Downloader:
         return item.replace(status=OK, reason=None, sha256=done.sha256, size=done.size,
                             content_type=done.content_type, path=done.path)
 
-    async def _fetch(self, item: AudioItem, key: str, reresolve: Reresolve | None) -> AudioItem:
+    async def _fetch(self, item: AudioItem, key: str, reresolve: Reresolve | None, known: Finished | None,
+                     lease: _Lease) -> AudioItem:
         try:
             record = self.store.load_sidecar(key)
             if record is None:
@@ -231,7 +411,7 @@ class Downloader:
         except OSError as exc:
             return item.replace(status=FAILED, reason=f"storage: {exc}")
         try:
-            return await self._run(item, partial, reresolve)
+            return await self._run(item, partial, reresolve, known, lease)
         except _Fail as exc:
             await partial.aclose()
             if exc.discard:
@@ -244,7 +424,8 @@ class Downloader:
         finally:
             await partial.aclose()
 
-    async def _run(self, item: AudioItem, partial: _Partial, reresolve: Reresolve | None) -> AudioItem:
+    async def _run(self, item: AudioItem, partial: _Partial, reresolve: Reresolve | None,
+                   known: Finished | None, lease: _Lease) -> AudioItem:
         current = item
         # A sidecar written for another address (the link was re-resolved since) is judged like a re-resolve.
         new_address = partial.record.url != current.url and partial.offset > 0
@@ -261,7 +442,12 @@ class Downloader:
                 return await self._finish(current, partial)
             before = partial.offset
             try:
-                complete = await self._attempt(current, partial, new_address)
+                complete = await self._attempt(current, partial, new_address, known)
+            except _Unchanged as exc:
+                await partial.aclose()
+                self.store.discard(partial.key)
+                assert known is not None
+                return self._confirmed(current, partial.key, known, exc)
             except _Retry as exc:
                 await partial.flush()
                 partial.checkpoint()
@@ -282,7 +468,9 @@ class Downloader:
                 if reresolve is None or reresolved:
                     raise _Fail(f"link expired ({exc})") from None
                 reresolved = True
+                lease.release()    # resolving asks the site, not the file's host: let others use the slot
                 current = await self._reresolve(current, reresolve)
+                await lease.take(_host_of(current.url))
                 partial.record.url = current.url
                 new_address = partial.offset > 0
                 continue
@@ -305,10 +493,17 @@ class Downloader:
             raise _Fail("link expired and re-resolving found no address")
         return fresh
 
-    async def _attempt(self, item: AudioItem, partial: _Partial, new_address: bool) -> bool:
-        """One request and its body. True when the file is complete, False when more is to come."""
+    async def _attempt(self, item: AudioItem, partial: _Partial, new_address: bool,
+                       known: Finished | None) -> bool:
+        """One request and its body. True when the file is complete, False when more is to come.
+
+        Raises _Unchanged when a conditional request was answered 304.
+        """
         record = partial.record
         extra = {"Accept-Encoding": "identity"}
+        if partial.offset == 0 and known is not None:
+            extra.update(_conditional_headers(known, same_address=known.url == item.url))
+        conditional = "If-None-Match" in extra or "If-Modified-Since" in extra
         if partial.offset > 0:
             extra["Range"] = f"bytes={partial.offset}-"
             validator = _if_range_validator(record)
@@ -333,7 +528,7 @@ class Downloader:
                         if url.scheme not in ("http", "https"):
                             raise _Fail(f"redirect to a non-http address: {str(url)[:200]!r}")
                         continue
-                    return await self._consume(response, partial, new_address)
+                    return await self._consume(response, partial, new_address, conditional)
                 finally:
                     await response.aclose()
         except _NETWORK_ERRORS as exc:
@@ -342,9 +537,12 @@ class Downloader:
             raise _Fail(f"bad address: {exc}") from None
         raise _Fail(f"more than {self.cfg.max_redirects} redirects")
 
-    async def _consume(self, response: httpx.Response, partial: _Partial, new_address: bool) -> bool:
+    async def _consume(self, response: httpx.Response, partial: _Partial, new_address: bool,
+                       conditional: bool) -> bool:
         status = response.status_code
         record = partial.record
+        if status == 304 and conditional:
+            raise _Unchanged(response)
         if status in _EXPIRED:
             raise _Expired(f"http {status}")
         if status == 429 or status >= 500:
@@ -432,8 +630,22 @@ class Downloader:
         await partial.aclose()
         rel = self.store.commit(partial.key, sha, size, ext)
         self.store.record_place(sha, rel, item)
+        self._remember(partial.key, Finished(
+            url=item.url, sha256=sha, size=size, path=rel, etag=record.etag,
+            last_modified=record.last_modified, content_type=record.content_type, verified_at=self._clock()))
+        self.stats.fetched += 1
         return item.replace(status=OK, reason=None, sha256=sha, size=size, content_type=record.content_type,
                             path=rel)
+
+    def _confirmed(self, item: AudioItem, key: str, known: Finished, answer: _Unchanged) -> AudioItem:
+        # A 304 may carry fresher validators (RFC 9110 15.4.5); the address is the one that answered.
+        record = dataclasses.replace(known, url=item.url, etag=answer.etag or known.etag,
+                                     last_modified=answer.last_modified or known.last_modified,
+                                     verified_at=self._clock())
+        self._remember(key, record)
+        self.store.record_place(record.sha256, record.path, item)
+        self.stats.confirmed += 1
+        return _filled(item, record)
 
 
 def _same_file(record: Sidecar, response: httpx.Response, total: int | None, new_address: bool) -> bool:
@@ -458,6 +670,27 @@ def _if_range_validator(record: Sidecar) -> str | None:
     if record.etag and not record.etag.startswith("W/"):
         return record.etag
     return record.last_modified
+
+
+def _filled(item: AudioItem, record: Finished) -> AudioItem:
+    return item.replace(status=OK, reason=None, sha256=record.sha256, size=record.size,
+                        content_type=record.content_type, path=record.path)
+
+
+def _conditional_headers(known: Finished, *, same_address: bool) -> dict[str, str]:
+    # Only a strong ETag: a weak one promises an equivalent file, and evidence must be the same bytes.
+    if known.etag and not known.etag.startswith("W/"):
+        return {"If-None-Match": known.etag}
+    if known.last_modified and same_address:
+        return {"If-Modified-Since": known.last_modified}
+    return {}
+
+
+def _host_of(url: str) -> str:
+    try:
+        return (urlsplit(url).hostname or "").lower()
+    except ValueError:
+        return ""
 
 
 def _identity_headers(item: AudioItem, *, same_host: bool) -> dict[str, str]:

@@ -46,8 +46,6 @@ class WorkerStats:
     pages: int = 0
     errors: int = 0
     audio: int = 0
-    downloaded: int = 0
-    bytes: int = 0
 
 
 class Worker:
@@ -75,10 +73,12 @@ class Worker:
                                     connect_timeout=cfg.connect_timeout, read_timeout=cfg.read_timeout,
                                     max_redirects=cfg.max_redirects, dns_ttl=cfg.dns_ttl)
         self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent)
+        # The downloader holds the download limits itself (overall and per host), so a queue for one busy CDN
+        # never blocks downloads from other hosts.
         self.downloader = Downloader(self.dl_http, cfg.data_dir,
-                                     DownloadConfig(max_size=cfg.max_audio_bytes, timeout=cfg.read_timeout))
+                                     DownloadConfig(max_size=cfg.max_audio_bytes, timeout=cfg.read_timeout,
+                                                    max_downloads=cfg.downloads))
         self.page_sem = asyncio.Semaphore(cfg.concurrency)
-        self.dl_sem = asyncio.Semaphore(cfg.downloads)
         self.norm = NormalizeOptions(keep_fragment=tuple(pat for r in self.resolvers for pat in r.keep_fragment))
         try:
             return await self._run()
@@ -86,9 +86,8 @@ class Worker:
             self.pages.close()
             await self.http.aclose()
             await self.dl_http.aclose()
-            log.info("worker %s stopped: %d pages, %d errors, %d audio items, %d downloaded (%d bytes)",
-                     cfg.id, self.stats.pages, self.stats.errors, self.stats.audio, self.stats.downloaded,
-                     self.stats.bytes)
+            log.info("worker %s stopped: %d pages, %d errors, %d audio items; downloads: %s",
+                     cfg.id, self.stats.pages, self.stats.errors, self.stats.audio, self.downloader.stats)
 
     async def _run(self) -> int:
         delay = 0.2
@@ -280,11 +279,6 @@ class Worker:
         async def one(item: it.AudioItem) -> it.AudioItem:
             if item.status != it.OK or not item.url:
                 return item
-            async with self.dl_sem:
-                done = await self.downloader.fetch(item, reresolve)
-            if done.status == it.OK and done.sha256:
-                self.stats.downloaded += 1
-                self.stats.bytes += done.size or 0
-            return done
+            return await self.downloader.fetch(item, reresolve)
 
         return list(await asyncio.gather(*(one(i) for i in items)))

@@ -4,7 +4,9 @@ Raw asyncio streams rather than a web framework, because the interesting cases n
 cutting a connection after exactly N body bytes, holding a response half sent, lying about a length.
 
 Every switch is a field of the served ``Resource``; tests flip them between (or during) requests. The server
-listens on 127.0.0.1 and on 127.0.0.2 as well (also loopback on Linux) so a redirect can change host.
+listens on 127.0.0.1 and on 127.0.0.2 as well (also loopback on Linux) so a redirect can change host, and so
+per-host limits can be watched: ``active`` and ``peak`` count requests being answered at once, per address.
+It answers If-None-Match and If-Modified-Since with 304 like an origin server, unless told to ignore them.
 
     async with RangeServer() as srv:
         res = srv.add("/a.mp3", data)
@@ -12,6 +14,7 @@ listens on 127.0.0.1 and on 127.0.0.2 as well (also loopback on Linux) so a redi
         url = srv.url("/a.mp3")
         ...
         assert srv.served("/a.mp3") <= len(data) + ...
+        await srv.wait_until(lambda: srv.active["127.0.0.1"] == 2)   # woken by the server, not by polling
 
 ``ThreadedRangeServer`` runs one in a background thread for code that is not async (a subprocess test, a
 script), and ``python -m tests.fakes.rangeserver FILE`` serves one file from its own process for benchmarks.
@@ -24,17 +27,18 @@ import hashlib
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from email.utils import formatdate
+from email.utils import formatdate, parsedate_to_datetime
 from pathlib import Path
 
 _PIECE = 64 * 1024
 _MAX_HEAD = 16 * 1024
 
-_REASONS = {200: "OK", 206: "Partial Content", 302: "Found", 400: "Bad Request", 403: "Forbidden",
-            404: "Not Found", 410: "Gone", 416: "Range Not Satisfiable", 500: "Internal Server Error",
-            503: "Service Unavailable"}
+_REASONS = {200: "OK", 206: "Partial Content", 302: "Found", 304: "Not Modified", 400: "Bad Request",
+            403: "Forbidden", 404: "Not Found", 410: "Gone", 416: "Range Not Satisfiable",
+            500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Resource:
     redirect_to: str | None = None       # answer 302 to this absolute URL
     bad_range_length: bool = False       # 206 whose Content-Length disagrees with its Content-Range
     fail_status: list[int] = field(default_factory=list)  # statuses to answer, one per request, first
+    ignore_conditionals: bool = False    # answer 200 even when If-None-Match / If-Modified-Since match
     on_drop: Callable[[Resource], None] | None = None      # runs after each cut: "the file changed meanwhile"
     # -- counters --
     served: int = 0                      # body bytes handed to the socket
@@ -93,6 +98,10 @@ class RangeServer:
         self._release = asyncio.Event()
         self.port = 0
         self.log: list[RequestRecord] = []
+        self.active: Counter[str] = Counter()    # requests being answered now, by listening address
+        self.peak: Counter[str] = Counter()      # the most ever answered at once, by listening address
+        self.peak_total = 0                      # the most ever answered at once on all addresses together
+        self._watchers: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
 
     # -- lifecycle --
 
@@ -172,6 +181,22 @@ class RangeServer:
     def url(self, path: str, host: str = "127.0.0.1") -> str:
         return f"http://{host}:{self.port}{path}"
 
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        """Wait until predicate() holds; it is checked whenever a request starts, is logged or ends."""
+        if predicate():
+            return
+        entry = (predicate, asyncio.get_running_loop().create_future())
+        self._watchers.append(entry)
+        try:
+            await asyncio.wait_for(entry[1], timeout)
+        finally:
+            self._watchers.remove(entry)
+
+    def _changed(self) -> None:
+        for predicate, waiter in self._watchers:
+            if not waiter.done() and predicate():
+                waiter.set_result(None)
+
     # -- serving --
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -181,7 +206,7 @@ class RangeServer:
         writer.transport.set_write_buffer_limits(high=_PIECE)
         host = writer.get_extra_info("sockname")[0]
         try:
-            while await self._one_request(host, reader, writer):
+            while await self._counted_request(host, reader, writer):
                 pass
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass
@@ -189,9 +214,21 @@ class RangeServer:
             self._handlers.pop(task, None)
             writer.close()
 
-    async def _one_request(self, host: str, reader: asyncio.StreamReader,
-                           writer: asyncio.StreamWriter) -> bool:
+    async def _counted_request(self, host: str, reader: asyncio.StreamReader,
+                               writer: asyncio.StreamWriter) -> bool:
         head = await reader.readuntil(b"\r\n\r\n")
+        self.active[host] += 1
+        self.peak[host] = max(self.peak[host], self.active[host])
+        self.peak_total = max(self.peak_total, self.active.total())
+        self._changed()
+        try:
+            return await self._one_request(host, head, reader, writer)
+        finally:
+            self.active[host] -= 1
+            self._changed()
+
+    async def _one_request(self, host: str, head: bytes, reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter) -> bool:
         lines = head.decode("latin-1").split("\r\n")
         method, target, _version = lines[0].split(" ", 2)
         headers: dict[str, str] = {}
@@ -205,6 +242,7 @@ class RangeServer:
 
         def record(status: int) -> None:
             self.log.append(RequestRecord(host, target, headers, status))
+            self._changed()
 
         if res is None:
             record(404)
@@ -236,6 +274,11 @@ class RangeServer:
             base["ETag"] = res.etag
         if res.last_modified:
             base["Last-Modified"] = res.last_modified
+
+        if not res.ignore_conditionals and _not_modified(headers, res):
+            record(304)
+            await _send_head(writer, 304, {k: v for k, v in base.items() if k in ("ETag", "Last-Modified")})
+            return keep_alive
 
         start, end = 0, size - 1
         status = 200
@@ -377,6 +420,23 @@ def _if_range_holds(value: str | None, res: Resource) -> bool:
     if value.startswith(('"', 'W/')):
         return res.etag is not None and value == res.etag and not value.startswith("W/")
     return res.last_modified is not None and value == res.last_modified
+
+
+def _not_modified(headers: dict[str, str], res: Resource) -> bool:
+    """RFC 9110 13.1.2-3: If-None-Match (weak comparison) decides when present; else If-Modified-Since."""
+    inm = headers.get("if-none-match")
+    if inm is not None:
+        if res.etag is None:
+            return False
+        tags = [t.strip() for t in inm.split(",")]
+        return "*" in tags or res.etag.removeprefix("W/") in (t.removeprefix("W/") for t in tags)
+    ims = headers.get("if-modified-since")
+    if ims is None or res.last_modified is None:
+        return False
+    try:
+        return parsedate_to_datetime(res.last_modified) <= parsedate_to_datetime(ims)
+    except (TypeError, ValueError):
+        return False
 
 
 def _etag_for(res: Resource) -> str:
