@@ -1,81 +1,151 @@
-"""The master's durable state in SQLite (WAL): the URL table, the frontier, the audio catalogue, statistics.
+"""The master's durable state: URL table, on-disk frontier, audio catalogue and node figures, in one SQLite file.
 
-Every method writes inside the open transaction; `commit()` ends it. The master commits every ~200 ms, so a
-crash loses at most the last fraction of a second, and never leaves the frontier and the URL table disagreeing:
-both change in the same transaction.
+One table holds every URL the crawl has seen. Its ``state`` column says where the URL is (queued in the
+frontier, leased to a node, done, or failed for good), so "every URL is in exactly one place" holds by
+construction, and the frontier is a partial index over the queued rows, ordered the way a node pops them:
+``(node, depth, priority DESC, seq)``. The frontier is therefore as big as the disk, and a pop is one
+index range read.
 
-The frontier is a table ordered by (node, depth, priority, seq): each entry is routed to a node when it is
-pushed, and a node pops only its own entries, so a slow node never holds up the others. Only what is popped is
-in memory; the frontier is as large as the disk.
+Writes happen inside an open transaction that ``commit()`` ends; the master commits every 100-200 ms, so a
+kill -9 loses at most what happened since the last commit, and anything lost is consistent with itself:
+a page whose result was not committed is still leased, and start-up (``requeue_leased``) hands it out
+again. WAL mode lets the operator's status and export commands read while the master writes.
+
+URLs are looked up through a 64-bit key, not a text index: the key is four times smaller, and its top
+bits come from the host, so the links of one page (mostly one host) land on a few index pages instead of
+one random page each. Equal keys are allowed and the URL text is always compared, so lookups stay exact.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import EllipsisType
+from typing import Any, Self
+
+import mmh3
 
 SCHEMA_VERSION = 1
+# PRAGMA application_id marks the file as ours ("ACRW"), so a stray SQLite file is refused, not altered.
+APPLICATION_ID = 0x41435257
+
 QUEUED, LEASED, DONE, ERROR = 0, 1, 2, 3
 STATE_NAMES = {QUEUED: "queued", LEASED: "leased", DONE: "done", ERROR: "error"}
-# A URL whose leases keep getting lost (its worker dies on it) is given up after this many times max_attempts.
+# A URL whose lease keeps being lost (its worker dies on it) is given up after max_attempts times this many.
 LOST_LEASE_FACTOR = 3
 
-Route = Callable[[Sequence[str]], list]
+Route = Callable[[Sequence[str]], list[str | None]]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS urls (
-    id INTEGER PRIMARY KEY,
-    url TEXT NOT NULL UNIQUE,
-    depth INTEGER NOT NULL,
-    priority INTEGER NOT NULL DEFAULT 0,
-    parent TEXT,
-    state INTEGER NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    node TEXT,
-    http_status INTEGER,
-    final_url TEXT,
+# Rows per statement when the store works through a large set (reroute, requeue, lookups).
+_CHUNK = 2000
+# Frontier entries being rerouted are parked under this prefix + their old node: a control character no
+# configured node name starts with, and not NUL, which SQLite's string functions treat as an end.
+_PARK, _PARK_END = "\x1f", "\x20"
+
+_SCHEMA = f"""
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE urls (
+    id           INTEGER PRIMARY KEY,
+    key          INTEGER NOT NULL,
+    url          TEXT NOT NULL,
+    depth        INTEGER NOT NULL,
+    priority     INTEGER NOT NULL,
+    seq          INTEGER NOT NULL,
+    slot         INTEGER,
+    state        INTEGER NOT NULL,
+    node         TEXT,
+    parent       TEXT,
+    attempts     INTEGER NOT NULL DEFAULT 0,
+    leased_at    REAL,
+    last_crawl   REAL,
+    http_status  INTEGER,
+    final_url    TEXT,
     content_type TEXT,
-    size INTEGER,
-    error TEXT,
-    last_crawl REAL
+    size         INTEGER,
+    error        TEXT
 );
-CREATE INDEX IF NOT EXISTS urls_state ON urls (state, last_crawl);
-CREATE TABLE IF NOT EXISTS frontier (
-    seq INTEGER PRIMARY KEY,
-    url_id INTEGER NOT NULL,
-    node TEXT,
-    depth INTEGER NOT NULL,
-    priority INTEGER NOT NULL
+CREATE INDEX urls_key ON urls(key);
+CREATE INDEX frontier_pop ON urls(node, depth, priority DESC, seq) WHERE state = {QUEUED};
+CREATE INDEX frontier_slots ON urls(slot) WHERE state = {QUEUED};
+CREATE INDEX leases ON urls(node) WHERE state = {LEASED};
+CREATE INDEX refresh ON urls(last_crawl) WHERE state = {DONE};
+-- The frontier as rows, for ad hoc SQL and for tools that expect a table of entries.
+CREATE VIEW frontier AS
+    SELECT seq, id AS url_id, node, depth, priority FROM urls WHERE state = {QUEUED};
+-- Row counts by (state, node), kept in the same transactions as the rows they count, so status and
+-- frontier_size never scan the URL table. node '' stands for "not routed".
+CREATE TABLE counts (
+    state INTEGER NOT NULL,
+    node  TEXT NOT NULL,
+    n     INTEGER NOT NULL,
+    PRIMARY KEY (state, node)
+) WITHOUT ROWID;
+CREATE TABLE discards (
+    reason TEXT PRIMARY KEY,
+    n      INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE node_stats (
+    node  TEXT NOT NULL,
+    name  TEXT NOT NULL,
+    value INTEGER NOT NULL,
+    PRIMARY KEY (node, name)
+) WITHOUT ROWID;
+CREATE TABLE audio (
+    id           INTEGER PRIMARY KEY,
+    ukey         TEXT NOT NULL,
+    page         TEXT NOT NULL,
+    url          TEXT NOT NULL,
+    title        TEXT,
+    artist       TEXT,
+    album        TEXT,
+    duration     REAL,
+    bitrate      INTEGER,
+    description  TEXT,
+    cover        TEXT,
+    status       TEXT NOT NULL,
+    reason       TEXT,
+    resolver     TEXT,
+    source_id    TEXT,
+    sha256       TEXT,
+    size         INTEGER,
+    content_type TEXT,
+    path         TEXT,
+    extra        TEXT,
+    node         TEXT,
+    found_at     REAL,
+    UNIQUE (ukey, page)
 );
-CREATE INDEX IF NOT EXISTS frontier_pop ON frontier (node, depth, priority DESC, seq);
-CREATE TABLE IF NOT EXISTS audio (
-    id INTEGER PRIMARY KEY,
-    key TEXT NOT NULL,
-    page TEXT NOT NULL,
-    status TEXT,
-    sha256 TEXT,
-    row TEXT NOT NULL,
-    UNIQUE (key, page)
-);
-CREATE INDEX IF NOT EXISTS audio_sha ON audio (sha256);
-CREATE TABLE IF NOT EXISTS discards (reason TEXT PRIMARY KEY, n INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS node_stats (node TEXT NOT NULL, key TEXT NOT NULL, n INTEGER NOT NULL,
-                                       PRIMARY KEY (node, key));
+CREATE INDEX audio_sha ON audio(sha256) WHERE sha256 IS NOT NULL;
 """
+
+# Catalogue columns in export order; "extra" is stored as JSON text.
+AUDIO_COLUMNS = ("url", "page", "title", "artist", "album", "duration", "bitrate", "description", "cover",
+                 "status", "reason", "resolver", "source_id", "sha256", "size", "content_type", "path",
+                 "extra", "node", "found_at")
 
 
 class StoreError(Exception):
-    """The database cannot be used (not ours, newer schema, unreadable)."""
+    """The store cannot be used as asked: not our database, a newer schema, held by another master, read-only."""
 
 
-@dataclass(frozen=True, slots=True)
+class ReadOnlyStoreError(StoreError, sqlite3.OperationalError):
+    """A write through a store opened with open_readonly()."""
+
+
+@dataclass(frozen=True)
 class Finished:
+    """A node's verdict on one leased URL."""
+
     url: str
-    state: str            # "done" | "error" | "retry"
+    state: str                    # "done" | "error" | "retry"
     http_status: int | None
     final_url: str | None
     content_type: str | None
@@ -85,258 +155,581 @@ class Finished:
     at: float
 
 
+_MASK44 = (1 << 44) - 1
+
+
+def url_key(url: str) -> int:
+    """The 64-bit lookup key of a URL: 20 bits of host hash, then 44 bits of URL hash (as a signed int64)."""
+    rest = url.partition("://")[2]
+    host = rest.partition("/")[0]
+    high = mmh3.hash(host, signed=False) >> 12
+    low = mmh3.hash64(url, signed=False)[0] & _MASK44
+    return ((high << 44) | low) - (1 << 63)
+
+
+def _node_key(node: str | None) -> str:
+    return "" if node is None else node
+
+
+def _node_of(key: str) -> str | None:
+    return None if key == "" else key
+
+
+def _chunks(seq: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(seq), size):
+        yield seq[i:i + size]
+
+
+def _audio_ukey(row: Mapping[str, Any]) -> str:
+    # A site's own id outlives its download links (they expire and carry per-client tokens), so it
+    # identifies the item better than the URL when the resolver knows it.
+    source_id = row.get("source_id")
+    if source_id:
+        return f"{row.get('resolver') or ''}:{source_id}"
+    return row.get("url") or ""
+
+
 class MasterStore:
-    def __init__(self, path: Path, *, max_attempts: int = 3, _readonly: bool = False) -> None:
+    """The master's SQLite store. Used from one thread; write methods join the open transaction."""
+
+    def __init__(self, path: Path | str, *, max_attempts: int = 3, slot_of: Callable[[str], int] | None = None,
+                 cache_mb: int = 64, checkpoint_pages: int = 10_000, _readonly: bool = False) -> None:
+        """Open or create the store at `path`.
+
+        max_attempts: failed tries ("retry" results) before a URL is given up as an error; a URL whose lease
+        is lost max_attempts * LOST_LEASE_FACTOR times (its worker keeps dying on it) is given up too.
+        slot_of: the scheduler's first hash (URL -> slot of the node table); recorded at push so that
+        reroute_slots() finds a slot's entries through an index.
+        """
         self.path = Path(path)
         self.max_attempts = max_attempts
+        self._slot_of = slot_of
+        self.readonly = _readonly
+        self._lock_fd: int | None = None
+        self._counts: dict[tuple[int, str], int] = {}
+        self._dirty_counts: set[tuple[int, str]] = set()
+        self._next_seq = 0
+        self._seq_dirty = False
+        if _readonly:
+            if not self.path.exists():
+                raise StoreError(f"{self.path}: no such store")
+            self._check_header()
+            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._check_header()
+            self._take_lock()
+            self.db = sqlite3.connect(self.path, isolation_level=None)
         try:
-            if _readonly:
-                self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
-            else:
-                self.db = sqlite3.connect(self.path, check_same_thread=False)
-                self.db.execute("PRAGMA journal_mode=WAL")
-                self.db.execute("PRAGMA synchronous=NORMAL")
-                self.db.execute("PRAGMA cache_size=-65536")   # 64 MiB page cache, bounded
-                self.db.executescript(_SCHEMA)
-            self.db.execute("PRAGMA busy_timeout=5000")
-            version = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            self.db.execute("PRAGMA busy_timeout = 5000")
+            self.db.execute(f"PRAGMA cache_size = {-cache_mb * 1024}")
+            self._open_schema()
+            if not _readonly:
+                self.db.execute("PRAGMA journal_mode = WAL")
+                self.db.execute("PRAGMA synchronous = NORMAL")
+                self.db.execute(f"PRAGMA wal_autocheckpoint = {checkpoint_pages}")
+                self._load_counts()
+                self._next_seq = int(self.get_meta("next_seq", 0))
         except sqlite3.DatabaseError as e:
-            raise StoreError(f"{self.path} is not a crawl database: {e}") from None
-        if version is None and not _readonly:
-            self.db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            self.db.commit()
-        elif version is not None and int(version[0]) > SCHEMA_VERSION:
-            raise StoreError(f"{self.path} has schema {version[0]}; this version reads up to {SCHEMA_VERSION}")
+            self.db.close()
+            self._release_lock()
+            raise StoreError(f"{self.path}: not a crawl database ({e})") from e
+        except BaseException:
+            self.db.close()
+            self._release_lock()
+            raise
 
     @classmethod
-    def open_readonly(cls, path: Path) -> MasterStore:
+    def open_readonly(cls, path: Path | str) -> MasterStore:
+        """A reader for the status/export commands; works beside a running master (WAL) and after it stopped."""
         return cls(path, _readonly=True)
 
-    def close(self) -> None:
+    # -- opening -------------------------------------------------------------------------------------
+
+    def _check_header(self) -> None:
+        # sqlite3 opens anything lazily and only fails on the first query with a terse message; look first.
         try:
-            self.db.commit()
-        except sqlite3.Error:
-            pass
-        self.db.close()
+            with open(self.path, "rb") as f:
+                head = f.read(16)
+        except FileNotFoundError:
+            return
+        if head and head != b"SQLite format 3\x00":
+            raise StoreError(f"{self.path}: not a crawl database (not an SQLite file)")
+
+    def _take_lock(self) -> None:
+        # Two masters on one store would each trust their own in-memory counters; refuse the second.
+        # flock dies with the process, so a killed master never leaves a stale lock behind.
+        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreError(f"{self.path}: in use by another master process") from None
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _open_schema(self) -> None:
+        app_id = self.db.execute("PRAGMA application_id").fetchone()[0]
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if app_id == 0 and version == 0:
+            has_tables = self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if has_tables:
+                raise StoreError(f"{self.path}: an SQLite database, but not a crawl database")
+            if self.readonly:
+                raise StoreError(f"{self.path}: empty database, not a crawl database")
+            # One transaction, so a crash mid-creation leaves an empty file, not half a schema.
+            self.db.executescript(f"BEGIN IMMEDIATE; {_SCHEMA}; PRAGMA application_id = {APPLICATION_ID}; "
+                                  f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+            return
+        if app_id != APPLICATION_ID:
+            raise StoreError(f"{self.path}: an SQLite database, but not a crawl database")
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: schema version {version} is newer than this program's "
+                             f"({SCHEMA_VERSION}); upgrade the crawler")
+
+    def _load_counts(self) -> None:
+        self._counts = {(s, n): c for s, n, c in self.db.execute("SELECT state, node, n FROM counts")}
+        self._dirty_counts.clear()
+
+    # -- transactions --------------------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        if self.readonly:
+            raise ReadOnlyStoreError(f"{self.path}: opened read-only")
+        if not self.db.in_transaction:
+            self.db.execute("BEGIN IMMEDIATE")
 
     def commit(self) -> None:
-        self.db.commit()
+        """End the open transaction: everything written since the last commit becomes durable at once."""
+        if self.readonly or not self.db.in_transaction:
+            return
+        if self._dirty_counts:
+            self.db.executemany(
+                "INSERT INTO counts(state, node, n) VALUES (?, ?, ?) "
+                "ON CONFLICT(state, node) DO UPDATE SET n = excluded.n",
+                [(s, n, self._counts.get((s, n), 0)) for s, n in self._dirty_counts])
+            self._dirty_counts.clear()
+        if self._seq_dirty:
+            self._write_meta("next_seq", self._next_seq)
+            self._seq_dirty = False
+        self.db.execute("COMMIT")
 
-    # ------------------------------------------------------------------ frontier
-    def push(self, rows: Sequence[tuple[str, int, int, str | None, str | None]]) -> int:
-        """(url, depth, priority, node, parent); URLs the table already holds are ignored. Returns how many were new."""
-        cur = self.db.cursor()
-        added = 0
-        for url, depth, priority, node, parent in rows:
-            cur.execute("INSERT OR IGNORE INTO urls (url, depth, priority, parent, state) VALUES (?, ?, ?, ?, 0)",
-                        (url, depth, priority, parent))
-            if cur.rowcount:
-                cur.execute("INSERT INTO frontier (url_id, node, depth, priority) VALUES (?, ?, ?, ?)",
-                            (cur.lastrowid, node, depth, priority))
-                added += 1
-        return added
+    def rollback(self) -> None:
+        """Drop everything since the last commit (after a failed write), and the counters with it."""
+        if self.readonly:
+            return
+        if self.db.in_transaction:
+            self.db.execute("ROLLBACK")
+        self._load_counts()
+        self._next_seq = int(self.get_meta("next_seq", 0))
+        self._seq_dirty = False
 
-    def pop(self, node: str, n: int, now: float) -> list[tuple[str, int, str | None]]:
-        """Up to n of node's entries, lowest depth first; they leave the frontier, leased to node."""
-        rows = self.db.execute(
-            "SELECT f.seq, f.url_id, u.url, u.depth, u.parent FROM frontier f JOIN urls u ON u.id = f.url_id "
-            "WHERE f.node = ? ORDER BY f.depth, f.priority DESC, f.seq LIMIT ?", (node, n)).fetchall()
-        if not rows:
-            return []
-        self.db.executemany("DELETE FROM frontier WHERE seq = ?", [(r[0],) for r in rows])
-        self.db.executemany("UPDATE urls SET state = 1, node = ? WHERE id = ?", [(node, r[1]) for r in rows])
-        return [(r[2], r[3], r[4]) for r in rows]
+    def close(self) -> None:
+        """Commit what is open and close; a stopped master leaves nothing half-written."""
+        try:
+            self.commit()
+        finally:
+            self.db.close()
+            self._release_lock()
 
-    def frontier_size(self, node: str | None = None) -> int:
-        if node is None:
-            return self.db.execute("SELECT COUNT(*) FROM frontier").fetchone()[0]
-        return self.db.execute("SELECT COUNT(*) FROM frontier WHERE node = ?", (node,)).fetchone()[0]
+    def __enter__(self) -> Self:
+        return self
 
-    def frontier_empty(self) -> bool:
-        return self.db.execute("SELECT 1 FROM frontier LIMIT 1").fetchone() is None
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-    def reroute(self, nodes: Collection[str | None], route: Route, batch: int = 20_000) -> int:
-        """Entries routed to any of `nodes` are routed again with route(urls). Returns how many moved."""
-        moved = 0
-        for node in nodes:
-            last = 0
-            while True:
-                rows = self.db.execute(
-                    "SELECT f.seq, u.url FROM frontier f JOIN urls u ON u.id = f.url_id "
-                    "WHERE f.node IS ? AND f.seq > ? ORDER BY f.seq LIMIT ?", (node, last, batch)).fetchall()
-                if not rows:
-                    break
-                last = rows[-1][0]
-                targets = route([r[1] for r in rows])
-                changes = [(t, r[0]) for r, t in zip(rows, targets) if t != node]
-                if changes:
-                    self.db.executemany("UPDATE frontier SET node = ? WHERE seq = ?", changes)
-                    moved += len(changes)
-        return moved
+    def _move(self, state_from: int | None, node_from: str | None, state_to: int, node_to: str | None,
+              n: int = 1) -> None:
+        if state_from is not None:
+            k = (state_from, _node_key(node_from))
+            self._counts[k] = self._counts.get(k, 0) - n
+            self._dirty_counts.add(k)
+        k = (state_to, _node_key(node_to))
+        self._counts[k] = self._counts.get(k, 0) + n
+        self._dirty_counts.add(k)
 
-    def _requeue(self, rows: list[tuple[int, str, int, int]], route: Route) -> None:
-        """rows: (id, url, depth, priority) already set back to queued."""
-        nodes = route([r[1] for r in rows])
-        self.db.executemany("INSERT INTO frontier (url_id, node, depth, priority) VALUES (?, ?, ?, ?)",
-                            [(r[0], n, r[2], r[3]) for r, n in zip(rows, nodes)])
+    def _take_seq(self) -> int:
+        self._next_seq += 1
+        self._seq_dirty = True
+        return self._next_seq
 
-    def release(self, urls: Sequence[str], route: Route) -> int:
-        """Leased URLs go back to the frontier (lease expired, node died)."""
-        back: list[tuple[int, str, int, int]] = []
-        give_up: list[tuple[str, int]] = []
-        limit = self.max_attempts * LOST_LEASE_FACTOR
-        for url in urls:
-            row = self.db.execute("SELECT id, depth, priority, attempts FROM urls WHERE url = ? AND state = 1",
-                                  (url,)).fetchone()
-            if row is None:
-                continue
-            if row[3] + 1 >= limit:
-                give_up.append(("lease lost too often (a worker may be dying on it)", row[0]))
-            else:
-                back.append((row[0], url, row[1], row[2]))
-        if back:
-            self.db.executemany("UPDATE urls SET state = 0, attempts = attempts + 1, node = NULL WHERE id = ?",
-                                [(r[0],) for r in back])
-            self._requeue(back, route)
-        if give_up:
-            self.db.executemany("UPDATE urls SET state = 3, error = ? WHERE id = ?", give_up)
-        return len(back)
+    # -- URL table and frontier ----------------------------------------------------------------------
 
-    def requeue_leased(self, route: Route) -> int:
-        """At start-up: whatever was leased when the master stopped goes back to the frontier."""
-        rows = self.db.execute("SELECT id, url, depth, priority FROM urls WHERE state = 1").fetchall()
-        if rows:
-            self.db.executemany("UPDATE urls SET state = 0, node = NULL WHERE id = ?", [(r[0],) for r in rows])
-            self._requeue(rows, route)
-        return len(rows)
-
-    # ------------------------------------------------------------------ results
-    def finish(self, results: Sequence[Finished]) -> list[bool]:
-        """Records results; True where the URL was leased (the first result), False for late duplicates."""
-        out = []
-        for r in results:
-            row = self.db.execute("SELECT id, state, attempts, depth, priority FROM urls WHERE url = ?",
-                                  (r.url,)).fetchone()
-            if row is None or row[1] != LEASED:
-                out.append(False)
-                continue
-            uid, _, attempts, depth, priority = row
-            if r.state == "retry" and attempts + 1 < self.max_attempts:
-                self.db.execute("UPDATE urls SET state = 0, attempts = ?, error = ?, http_status = ? WHERE id = ?",
-                                (attempts + 1, r.error, r.http_status, uid))
-                self.db.execute("INSERT INTO frontier (url_id, node, depth, priority) VALUES (?, ?, ?, ?)",
-                                (uid, r.node, depth, priority))
-            else:
-                state = DONE if r.state == "done" else ERROR
-                self.db.execute(
-                    "UPDATE urls SET state = ?, attempts = ?, node = ?, http_status = ?, final_url = ?, "
-                    "content_type = ?, size = ?, error = ?, last_crawl = ? WHERE id = ?",
-                    (state, attempts + (r.state != "done"), r.node, r.http_status, r.final_url, r.content_type,
-                     r.size, r.error, r.at, uid))
-            out.append(True)
+    def _lookup(self, urls: Iterable[str], columns: str) -> dict[str, tuple]:
+        """Rows of the given URLs that exist, keyed by URL; `columns` must start with url."""
+        out: dict[str, tuple] = {}
+        wanted = set(urls)
+        keys = list({url_key(u) for u in wanted})
+        sql = f"SELECT {columns} FROM urls WHERE key IN (SELECT value FROM json_each(?))"
+        for chunk in _chunks(keys):
+            for row in self.db.execute(sql, (json.dumps(chunk),)):
+                if row[0] in wanted:
+                    out[row[0]] = row
         return out
 
     def known(self, urls: Sequence[str]) -> set[str]:
-        found: set[str] = set()
-        step = 500
-        for i in range(0, len(urls), step):
-            chunk = list(urls[i:i + step])
-            q = ",".join("?" * len(chunk))
-            found.update(r[0] for r in self.db.execute(f"SELECT url FROM urls WHERE url IN ({q})", chunk))
-        return found
+        """Which of these URLs the URL table holds, whatever their state (exact, not probabilistic)."""
+        return set(self._lookup(urls, "url"))
 
-    # ------------------------------------------------------------------ refresh
-    def due_for_refresh(self, now: float, older_than: float, limit: int) -> list[tuple[str, int]]:
-        return self.db.execute("SELECT url, depth FROM urls WHERE state = 2 AND last_crawl < ? LIMIT ?",
-                               (now - older_than, limit)).fetchall()
+    def push(self, rows: Sequence[tuple[str, int, int, str | None, str | None]]) -> int:
+        """Queue (url, depth, priority, node, parent) rows; URLs the table already holds are ignored.
 
-    def requeue_refresh(self, rows: Sequence[tuple[str, int]], route: Route) -> int:
-        back = []
-        for url, _depth in rows:
-            row = self.db.execute("SELECT id, url, depth, priority FROM urls WHERE url = ? AND state = 2",
-                                  (url,)).fetchone()
-            if row is not None:
-                back.append(row)
-        if back:
-            self.db.executemany("UPDATE urls SET state = 0, attempts = 0 WHERE id = ?", [(r[0],) for r in back])
-            self._requeue(back, route)
-        return len(back)
-
-    # ------------------------------------------------------------------ catalogue
-    def add_audio(self, rows: Sequence[dict]) -> list[bool]:
-        """Catalogue rows, unique on (source id or url, page). A repeat fills in what the first lacked."""
-        out = []
+        Returns how many were new.
+        """
+        self._begin()
+        fresh: dict[str, tuple[str, int, int, str | None, str | None]] = {}
         for row in rows:
-            key = f"{row.get('resolver')}:{row['source_id']}" if row.get("source_id") else row["url"]
-            cur = self.db.execute("INSERT OR IGNORE INTO audio (key, page, status, sha256, row) VALUES (?, ?, ?, ?, ?)",
-                                  (key, row["page"], row.get("status"), row.get("sha256"),
-                                   json.dumps(row, ensure_ascii=False, sort_keys=True)))
-            if cur.rowcount:
-                out.append(True)
+            fresh.setdefault(row[0], row)
+        for url in self.known(list(fresh)):
+            del fresh[url]
+        if not fresh:
+            return 0
+        slot_of = self._slot_of
+        inserts = []
+        for url, depth, priority, node, parent in fresh.values():
+            slot = slot_of(url) if slot_of is not None else None
+            inserts.append((url_key(url), url, depth, priority, self._take_seq(), slot, node, parent))
+            self._move(None, None, QUEUED, node)
+        self.db.executemany(
+            f"INSERT INTO urls(key, url, depth, priority, seq, slot, state, node, parent) "
+            f"VALUES (?, ?, ?, ?, ?, ?, {QUEUED}, ?, ?)", inserts)
+        return len(inserts)
+
+    def pop(self, node: str | None, n: int, now: float) -> list[tuple[str, int, str | None]]:
+        """Lease up to n of this node's frontier entries: lowest depth, then highest priority, then oldest.
+
+        Returns (url, depth, parent) rows.
+        """
+        self._begin()
+        where = "node IS NULL" if node is None else "node = ?"
+        args: tuple = (n,) if node is None else (node, n)
+        rows = self.db.execute(
+            f"SELECT id, url, depth, parent FROM urls WHERE state = {QUEUED} AND {where} "
+            f"ORDER BY depth, priority DESC, seq LIMIT ?", args).fetchall()
+        if not rows:
+            return []
+        self.db.executemany(f"UPDATE urls SET state = {LEASED}, leased_at = ? WHERE id = ?",
+                             [(now, r[0]) for r in rows])
+        self._move(QUEUED, node, LEASED, node, len(rows))
+        return [(url, depth, parent) for _, url, depth, parent in rows]
+
+    def frontier_size(self, node: str | None | EllipsisType = ...) -> int:
+        """Queued URLs: all of them, or those routed to one node (None: not routed to any)."""
+        counts = self._current_counts()
+        if node is ...:
+            return sum(c for (s, _), c in counts.items() if s == QUEUED)
+        return counts.get((QUEUED, _node_key(node)), 0)
+
+    def frontier_empty(self) -> bool:
+        return self.frontier_size() == 0
+
+    def reroute(self, nodes: Collection[str | None], route: Route) -> int:
+        """Route again the frontier entries of these nodes (the live set changed). Returns how many moved."""
+        names = [n for n in nodes if n is not None]
+        conds = []
+        if names:
+            conds.append(f"node IN ({','.join('?' * len(names))})")
+        if any(n is None for n in nodes):
+            conds.append("node IS NULL")
+        if not conds:
+            return 0
+        return self._reroute_where(" OR ".join(conds), names, route)
+
+    def reroute_slots(self, slots: Collection[int], route: Route) -> int:
+        """Route again the frontier entries whose URL hashes to one of these slots of the node table.
+
+        Needs the store opened with slot_of. Entries pushed without a slot are included: they may be anywhere.
+        """
+        if self._slot_of is None:
+            raise StoreError("reroute_slots needs the store opened with slot_of")
+        wanted = sorted({int(s) for s in slots})
+        if not wanted:
+            return 0
+        cond = f"slot IN ({','.join(map(str, wanted))}) OR slot IS NULL"
+        return self._reroute_where(cond, [], route)
+
+    def _reroute_where(self, cond: str, args: Sequence[Any], route: Route) -> int:
+        self._begin()
+        # Park the entries first (node = marker + old node), then drain the parking range in chunks: an
+        # entry that routes back to its own node is not met again, and memory stays bounded however big
+        # the frontier is. The parked names never outlive this call, so no commit can see them.
+        self.db.execute(
+            f"UPDATE urls SET node = ? || coalesce(node, '') WHERE state = {QUEUED} AND ({cond})", (_PARK, *args))
+        moved = 0
+        while True:
+            rows = self.db.execute(
+                f"SELECT id, url, node FROM urls WHERE state = {QUEUED} AND node >= ? AND node < ? LIMIT ?",
+                (_PARK, _PARK_END, _CHUNK)).fetchall()
+            if not rows:
+                return moved
+            targets = route([r[1] for r in rows])
+            self.db.executemany("UPDATE urls SET node = ? WHERE id = ?",
+                                [(t, r[0]) for r, t in zip(rows, targets, strict=True)])
+            for (_, _, parked), target in zip(rows, targets):
+                old = _node_of(parked[1:])
+                if target != old:
+                    self._move(QUEUED, old, QUEUED, target)
+                    moved += 1
+
+    def release(self, urls: Sequence[str], route: Route) -> int:
+        """Leased URLs back to the frontier (lease expired, node died), counting an attempt; depth,
+        priority, parent and place in line are kept. A URL whose lease was lost max_attempts *
+        LOST_LEASE_FACTOR times becomes an error instead: a page that kills its worker must not kill them all.
+        Returns how many went back to the frontier."""
+        self._begin()
+        rows = [r for r in self._lookup(urls, "url, id, node, state, attempts").values() if r[3] == LEASED]
+        limit = self.max_attempts * LOST_LEASE_FACTOR
+        doomed = [r for r in rows if r[4] + 1 >= limit]
+        if doomed:
+            self.db.executemany(
+                f"UPDATE urls SET state = {ERROR}, attempts = attempts + 1, leased_at = NULL, error = ? WHERE id = ?",
+                [("lease lost too often (a worker may be dying on it)", r[1]) for r in doomed])
+            for r in doomed:
+                self._move(LEASED, r[2], ERROR, r[2])
+        return self._requeue_rows([r for r in rows if r[4] + 1 < limit], route, attempt=True)
+
+    def requeue_leased(self, route: Route) -> int:
+        """At start-up: every URL still leased (its result died with the old master) goes back in line."""
+        self._begin()
+        total = 0
+        while True:
+            rows = self.db.execute(
+                f"SELECT url, id, node, state FROM urls WHERE state = {LEASED} LIMIT ?", (_CHUNK,)).fetchall()
+            if not rows:
+                return total
+            total += self._requeue_rows(rows, route, attempt=False)
+
+    def _requeue_rows(self, rows: Sequence[tuple], route: Route, *, attempt: bool) -> int:
+        if not rows:
+            return 0
+        targets = route([r[0] for r in rows])
+        bump = 1 if attempt else 0
+        self.db.executemany(
+            f"UPDATE urls SET state = {QUEUED}, node = ?, attempts = attempts + {bump}, leased_at = NULL "
+            f"WHERE id = ?", [(t, r[1]) for r, t in zip(rows, targets, strict=True)])
+        for r, t in zip(rows, targets):
+            self._move(LEASED, r[2], QUEUED, t)
+        return len(rows)
+
+    def finish(self, results: Sequence[Finished]) -> list[bool]:
+        """Record the nodes' results. True where the result was taken: the URL was leased (or back in line
+        after its lease was given up); False for a repeat or late result of a URL already settled, or of
+        a URL the store does not know. "retry" requeues on the same node until max_attempts, then "error".
+        """
+        self._begin()
+        current = {u: [i, st, node, att] for u, i, st, node, att in
+                   self._lookup([r.url for r in results], "url, id, state, node, attempts").values()}
+        out: list[bool] = []
+        for res in results:
+            row = current.get(res.url)
+            if row is None or row[1] in (DONE, ERROR):
+                out.append(False)
                 continue
-            out.append(False)
-            if row.get("sha256"):
-                self.db.execute("UPDATE audio SET sha256 = ?, status = ?, row = ? WHERE key = ? AND page = ? "
-                                "AND sha256 IS NULL", (row["sha256"], row.get("status"),
-                                                       json.dumps(row, ensure_ascii=False, sort_keys=True),
-                                                       key, row["page"]))
+            row_id, state, node, attempts = row
+            if res.state == "retry":
+                # A retry only counts from the node holding the lease; otherwise the URL is already in
+                # line or out with another node, whose answer is still to come.
+                if state != LEASED or node != res.node:
+                    out.append(False)
+                    continue
+                attempts += 1
+                new_state = ERROR if attempts >= self.max_attempts else QUEUED
+            elif res.state in ("done", "error"):
+                new_state = DONE if res.state == "done" else ERROR
+            else:
+                raise ValueError(f"unknown result state {res.state!r}")
+            new_node = node if new_state == QUEUED else res.node
+            seq_sql = ", seq = ?" if new_state == QUEUED else ""
+            args: list[Any] = [new_state, new_node, attempts, res.at, res.http_status, res.final_url,
+                               res.content_type, res.size, res.error]
+            if new_state == QUEUED:
+                args.append(self._take_seq())
+            self.db.execute(
+                f"UPDATE urls SET state = ?, node = ?, attempts = ?, leased_at = NULL, last_crawl = ?, "
+                f"http_status = ?, final_url = ?, content_type = ?, size = ?, error = ?{seq_sql} WHERE id = ?",
+                (*args, row_id))
+            self._move(state, node, new_state, new_node)
+            row[1], row[2], row[3] = new_state, new_node, attempts
+            out.append(True)
         return out
 
-    def catalogue(self) -> Iterator[dict]:
-        cur = self.db.execute("SELECT row FROM audio ORDER BY id")
-        for (row,) in cur:
-            yield json.loads(row)
+    def due_for_refresh(self, now: float, older_than: float, limit: int) -> list[tuple[str, int]]:
+        """Done pages last crawled before now - older_than, oldest first: (url, depth)."""
+        return self.db.execute(
+            f"SELECT url, depth FROM urls WHERE state = {DONE} AND last_crawl < ? ORDER BY last_crawl LIMIT ?",
+            (now - older_than, limit)).fetchall()
 
-    def audio_by_sha(self, sha256: str) -> list[dict]:
-        return [json.loads(r[0]) for r in self.db.execute("SELECT row FROM audio WHERE sha256 = ?", (sha256,))]
-
-    # ------------------------------------------------------------------ statistics
-    def count_discards(self, reasons: Mapping[str, int]) -> None:
-        if reasons:
-            self.db.executemany("INSERT INTO discards VALUES (?, ?) ON CONFLICT (reason) DO UPDATE SET n = n + "
-                                "excluded.n", list(reasons.items()))
-
-    def note_node(self, node: str, **counters: int) -> None:
-        self.db.executemany("INSERT INTO node_stats VALUES (?, ?, ?) ON CONFLICT (node, key) DO UPDATE SET "
-                            "n = n + excluded.n", [(node, k, v) for k, v in counters.items()])
-
-    def status(self) -> dict:
-        states = {STATE_NAMES[s]: n for s, n in self.db.execute("SELECT state, COUNT(*) FROM urls GROUP BY state")}
-        per_node: dict[str, dict[str, int]] = {}
-        for node, state, n in self.db.execute(
-                "SELECT node, state, COUNT(*) FROM urls WHERE node IS NOT NULL GROUP BY node, state"):
-            per_node.setdefault(node, {})[STATE_NAMES[state]] = n
-        for node, key, n in self.db.execute("SELECT node, key, n FROM node_stats"):
-            per_node.setdefault(node, {})[key] = n
-        frontier_by_node = {str(node): n for node, n in
-                            self.db.execute("SELECT node, COUNT(*) FROM frontier GROUP BY node")}
-        return {
-            "states": {name: states.get(name, 0) for name in STATE_NAMES.values()},
-            "frontier": sum(frontier_by_node.values()),
-            "frontier_by_node": frontier_by_node,
-            "nodes": per_node,
-            "discards": dict(self.db.execute("SELECT reason, n FROM discards ORDER BY reason")),
-            "audio": dict(self.db.execute("SELECT COALESCE(status, 'unknown'), COUNT(*) FROM audio GROUP BY 1")),
-        }
+    def requeue_refresh(self, rows: Sequence[tuple[str, int]], route: Route) -> int:
+        """Put done pages back at the end of the line for a fresh crawl (past the Bloom filter)."""
+        self._begin()
+        depth_of = dict(rows)
+        found = [r for r in self._lookup(depth_of, "url, id, node, state").values() if r[3] == DONE]
+        if not found:
+            return 0
+        targets = route([r[0] for r in found])
+        self.db.executemany(
+            f"UPDATE urls SET state = {QUEUED}, node = ?, depth = ?, seq = ?, attempts = 0 WHERE id = ?",
+            [(t, depth_of[r[0]], self._take_seq(), r[1]) for r, t in zip(found, targets, strict=True)])
+        for r, t in zip(found, targets):
+            self._move(DONE, r[2], QUEUED, t)
+        return len(found)
 
     def url_count(self) -> int:
-        # ids only grow and rows are never deleted, so the largest id is the count, in O(1).
-        return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM urls").fetchone()[0]
+        return sum(self._current_counts().values())
 
     def iter_urls(self, batch: int = 100_000) -> Iterator[list[str]]:
-        last = 0
+        """Every URL, in batches, to rebuild the Bloom filter."""
+        last = -1
         while True:
             rows = self.db.execute("SELECT id, url FROM urls WHERE id > ? ORDER BY id LIMIT ?",
-                                   (last, batch)).fetchall()
+                                    (last, batch)).fetchall()
             if not rows:
                 return
             last = rows[-1][0]
             yield [r[1] for r in rows]
 
-    def get_meta(self, key: str) -> str | None:
-        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else None
+    def url_info(self, url: str) -> dict[str, Any] | None:
+        """Everything the table holds about one URL (for the operator and for tests)."""
+        cur = self.db.execute(
+            "SELECT url, depth, priority, state, node, parent, attempts, leased_at, last_crawl, http_status, "
+            "final_url, content_type, size, error FROM urls WHERE key = ? AND url = ?", (url_key(url), url))
+        row = cur.fetchone()
+        if row is None:
+            return None
+        d = dict(zip([c[0] for c in cur.description], row))
+        d["state"] = STATE_NAMES[d["state"]]
+        return d
 
-    def set_meta(self, key: str, value: str) -> None:
-        self.db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                        (key, value))
+    # -- catalogue -----------------------------------------------------------------------------------
+
+    def add_audio(self, rows: Sequence[Mapping[str, Any]]) -> list[bool]:
+        """Add catalogue rows (AudioItem.catalogue_row() plus "node" and "found_at").
+
+        One row per (source id or URL, page). A repeat returns False and only fills what the first report
+        lacked: the download's sha256/size/content type/path, the URL, and an "ok" status over a failure.
+        """
+        self._begin()
+        out = []
+        known = set(AUDIO_COLUMNS)
+        for row in rows:
+            values = {c: row.get(c) for c in AUDIO_COLUMNS}
+            extra = dict(row.get("extra") or {})
+            extra.update({k: v for k, v in row.items() if k not in known and k != "identity"})
+            values["extra"] = json.dumps(extra, sort_keys=True) if extra else None
+            values["url"] = values["url"] or ""
+            values["status"] = values["status"] or "ok"
+            ukey = _audio_ukey(row)
+            cur = self.db.execute(
+                f"INSERT INTO audio(ukey, {', '.join(AUDIO_COLUMNS)}) "
+                f"VALUES (?{', ?' * len(AUDIO_COLUMNS)}) ON CONFLICT(ukey, page) DO NOTHING",
+                (ukey, *values.values()))
+            if cur.rowcount == 1:
+                out.append(True)
+                continue
+            self.db.execute(
+                "UPDATE audio SET sha256 = coalesce(sha256, ?), size = coalesce(size, ?), "
+                "content_type = coalesce(content_type, ?), path = coalesce(path, ?), "
+                "url = CASE WHEN url = '' THEN ? ELSE url END, "
+                "reason = CASE WHEN ? = 'ok' AND status != 'ok' THEN NULL ELSE reason END, "
+                "status = CASE WHEN ? = 'ok' THEN 'ok' ELSE status END "
+                "WHERE ukey = ? AND page = ?",
+                (values["sha256"], values["size"], values["content_type"], values["path"], values["url"],
+                 values["status"], values["status"], ukey, values["page"]))
+            out.append(False)
+        return out
+
+    def _audio_rows(self, where: str = "", args: tuple = ()) -> Iterator[dict[str, Any]]:
+        cur = self.db.execute(f"SELECT {', '.join(AUDIO_COLUMNS)} FROM audio {where} ORDER BY id", args)
+        while batch := cur.fetchmany(1000):
+            for row in batch:
+                d = dict(zip(AUDIO_COLUMNS, row))
+                d["extra"] = json.loads(d["extra"]) if d["extra"] else {}
+                yield d
+
+    def catalogue(self) -> Iterator[dict[str, Any]]:
+        """Every catalogue row in the order found, for export (streams; does not load the table)."""
+        return self._audio_rows()
+
+    def audio_by_sha(self, sha256: str) -> list[dict[str, Any]]:
+        """Every place one content was found."""
+        return list(self._audio_rows("WHERE sha256 = ?", (sha256,)))
+
+    # -- figures -------------------------------------------------------------------------------------
+
+    def count_discards(self, reasons: Mapping[str, int]) -> None:
+        """Add to the discard counters (URLs dropped by policy, by reason)."""
+        self._begin()
+        self.db.executemany(
+            "INSERT INTO discards(reason, n) VALUES (?, ?) ON CONFLICT(reason) DO UPDATE SET n = n + excluded.n",
+            [(r, n) for r, n in reasons.items() if n])
+
+    def note_node(self, node: str, **counters: int) -> None:
+        """Add to one node's figures (pages, errors, bytes ...)."""
+        self._begin()
+        self.db.executemany(
+            "INSERT INTO node_stats(node, name, value) VALUES (?, ?, ?) "
+            "ON CONFLICT(node, name) DO UPDATE SET value = value + excluded.value",
+            [(node, k, v) for k, v in counters.items()])
+
+    def _current_counts(self) -> dict[tuple[int, str], int]:
+        if self.readonly:
+            return {(s, n): c for s, n, c in self.db.execute("SELECT state, node, n FROM counts")}
+        return self._counts
+
+    def status(self) -> dict[str, Any]:
+        """The operator's figures, read in one snapshot (a reader beside a running master sees one commit):
+
+        states: URLs by state; frontier: queued URLs; frontier_by_node: queued URLs by routed node ("None":
+        not routed); nodes: per node, its URLs by state plus the note_node() counters; discards: by reason;
+        audio: catalogue rows by status.
+        """
+        snapshot = self.readonly and not self.db.in_transaction
+        if snapshot:
+            self.db.execute("BEGIN")
+        try:
+            counts = self._current_counts()
+            by_state = {name: 0 for name in STATE_NAMES.values()}
+            frontier_by_node: dict[str, int] = {}
+            nodes: dict[str, dict[str, int]] = {}
+            for (state, node), n in sorted(counts.items()):
+                if not n:
+                    continue
+                by_state[STATE_NAMES[state]] += n
+                if state == QUEUED:
+                    frontier_by_node[str(_node_of(node))] = n
+                if node:
+                    nodes.setdefault(node, {})[STATE_NAMES[state]] = n
+            for node, name, value in self.db.execute("SELECT node, name, value FROM node_stats"):
+                nodes.setdefault(node, {})[name] = value
+            discards = dict(self.db.execute("SELECT reason, n FROM discards ORDER BY reason"))
+            audio = dict(self.db.execute("SELECT status, count(*) FROM audio GROUP BY status"))
+        finally:
+            if snapshot:
+                self.db.execute("COMMIT")
+        return {
+            "states": by_state,
+            "frontier": by_state["queued"],
+            "frontier_by_node": frontier_by_node,
+            "nodes": nodes,
+            "discards": discards,
+            "audio": audio,
+        }
+
+    # -- small key/value table -----------------------------------------------------------------------
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else json.loads(row[0])
+
+    def set_meta(self, key: str, value: Any) -> None:
+        """Store a small JSON-able value in the open transaction."""
+        self._begin()
+        self._write_meta(key, value)
+
+    def _write_meta(self, key: str, value: Any) -> None:
+        self.db.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
+                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, json.dumps(value)))
