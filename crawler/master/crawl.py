@@ -80,6 +80,7 @@ class Crawl:
         self.leases: dict[int, Lease] = {}
         self.leases_by_node: dict[str, set[int]] = {}
         self.held: dict[str, deque[Held]] = {}
+        self.away: dict[str, float] = {}          # node -> when its leases are given up
         self.robots_wanted: set[str] = set()     # origins whose robots.txt the server should fetch
         self.discards: Counter = Counter()
         self.totals = Totals()
@@ -90,25 +91,51 @@ class Crawl:
     def route(self, urls) -> list[str | None]:
         return self.table.assign_many(list(urls))
 
-    def node_up(self, node: str) -> None:
+    def node_up(self, node: str) -> list[p.Task]:
+        """The node (re)joined. Returns the leases it still holds from before a short absence, to send again."""
+        self.away.pop(node, None)
         self.table.set_live(node, True)
         self.leases_by_node.setdefault(node, set())
         self.held.setdefault(node, deque())
-        # Entries parked on other nodes (or on none) while this one was away come back to it.
-        others = [n for n in self.table.nodes if n != node] + [None]
-        moved = self.store.reroute(others, self.route)
+        # Only entries of this node's own slot and of dead slots can route differently now.
+        live = self.table.live
+        slots = [i for i, n in enumerate(self.table.nodes) if n == node or n not in live]
+        moved = self.store.reroute_slots(slots, self.route) + self.store.reroute([None], self.route)
         if moved:
             log.info("node %s joined: %d frontier entries routed to it", node, moved)
+        return [p.Task(i, self.leases[i].url, self.leases[i].depth, self.leases[i].parent)
+                for i in sorted(self.leases_by_node[node])]
+
+    def node_away(self, node: str, now: float, grace: float) -> None:
+        """The node's connection closed. New work goes elsewhere at once; its leases wait `grace` seconds for it
+        to come back (a restarted worker resumes its partial downloads), then return to the frontier."""
+        self.table.set_live(node, False)
+        held = self.held.pop(node, deque())
+        if held:
+            self.store.release([h.url for h in held], self.route)
+        self.store.reroute([node], self.route)
+        if self.leases_by_node.get(node):
+            self.away[node] = now + grace
+        else:
+            self.leases_by_node.pop(node, None)
+
+    def expire_away(self, now: float) -> None:
+        for node, deadline in list(self.away.items()):
+            if deadline <= now:
+                log.warning("node %s did not come back: its leases return to the frontier", node)
+                self.node_down(node, now)
 
     def node_down(self, node: str, now: float) -> int:
         """The node left or died: its leases and parked entries go back, through the second hash."""
+        self.away.pop(node, None)
         self.table.set_live(node, False)
-        urls = [self.leases[i].url for i in self.leases_by_node.pop(node, set())]
-        for i in list(self.leases):
-            if self.leases[i].node == node:
-                lease = self.leases.pop(i)
-                if self.gate:
-                    self.gate.release(lease.host, now)
+        ids = self.leases_by_node.pop(node, set())
+        urls = []
+        for i in ids:
+            lease = self.leases.pop(i)
+            urls.append(lease.url)
+            if self.gate:
+                self.gate.release(lease.host, now)
         held = self.held.pop(node, deque())
         urls.extend(h.url for h in held)
         back = self.store.release(urls, self.route) if urls else 0
@@ -295,7 +322,7 @@ class Crawl:
 
     def idle(self) -> bool:
         """Nothing leased, nothing held, nothing waiting on robots.txt: only the frontier can hold work."""
-        return not self.leases and not any(self.held.values()) and not self.robots_wanted
+        return not self.leases and not any(self.held.values()) and not self.robots_wanted and not self.away
 
     def done(self) -> bool:
         if not self.idle():

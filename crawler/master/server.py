@@ -23,7 +23,7 @@ from crawler.master.config import MasterConfig
 from crawler.master.crawl import Crawl
 from crawler.master.dedup import Dedup
 from crawler.master.store import MasterStore
-from crawler.politeness import HostGate, PolitenessConfig, RobotsRules
+from crawler.politeness import HostGate, PolitenessConfig, RobotsRules, robots_url
 from crawler.scheduler import NodeTable
 
 log = logging.getLogger("crawler.master")
@@ -40,6 +40,7 @@ class Session:
     capacity: int
     credit: int = 0
     last_seen: float = 0.0
+    resend: list[p.Task] = field(default_factory=list)
     tasks: asyncio.Task | None = None
 
 
@@ -89,11 +90,12 @@ class Master:
     def _open_state(self) -> None:
         cfg = self.cfg
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = MasterStore(cfg.data_dir / "master.db", max_attempts=cfg.crawl.max_attempts)
+        self.table = NodeTable(cfg.nodes, key=cfg.scheduling.key)
+        self.store = MasterStore(cfg.data_dir / "master.db", max_attempts=cfg.crawl.max_attempts,
+                                 slot_of=self.table.slot_of)
         self.bloom_path = cfg.data_dir / "urls.bloom"
         self.bloom = self._load_bloom()
         self.dedup = Dedup(self.bloom, cfg.dedup.whitelist, self.store.known)
-        self.table = NodeTable(cfg.nodes, key=cfg.scheduling.key)
         pol = cfg.politeness
         pcfg = PolitenessConfig(max_per_host=pol.max_per_host, min_delay=pol.min_delay, obey_robots=pol.obey_robots,
                                 crawl_delay_cap=pol.crawl_delay_cap, user_agent=pol.user_agent)
@@ -212,6 +214,7 @@ class Master:
             self._wake.clear()
             now = self.clock()
             self.crawl.expire(now)
+            self.crawl.expire_away(now)
             self._check_heartbeats(now)
             if refresh_every and time.monotonic() - last_refresh >= max(refresh_every, 0.5):
                 last_refresh = time.monotonic()
@@ -239,7 +242,7 @@ class Master:
         for s in list(self.sessions.values()):
             if now - s.last_seen > timeout:
                 log.warning("worker %s silent for %.1f s: declaring it dead", s.node, now - s.last_seen)
-                self._detach(s)
+                self._detach(s, dead=True)
                 if s.tasks:
                     s.tasks.cancel()
                 s.conn.writer.transport.abort()
@@ -267,7 +270,7 @@ class Master:
         try:
             async with httpx.AsyncClient(timeout=10, follow_redirects=True, max_redirects=5,
                                          headers={"User-Agent": self.cfg.politeness.user_agent}) as client:
-                async with client.stream("GET", origin + "/robots.txt") as r:
+                async with client.stream("GET", robots_url(origin)) as r:
                     status = r.status_code
                     chunks, size = [], 0
                     async for chunk in r.aiter_bytes():
@@ -307,7 +310,8 @@ class Master:
                     if rows:
                         self.catalogue.add(rows)
                 elif isinstance(msg, p.Credit):
-                    if s.credit + msg.n + self.crawl.in_flight(s.node) > s.capacity:
+                    at_worker = self.crawl.in_flight(s.node) - len(s.resend)
+                    if s.credit + msg.n + at_worker > s.capacity:
                         raise p.ProtocolError(f"credit beyond the announced capacity of {s.capacity}")
                     s.credit += msg.n
                 elif isinstance(msg, p.Heartbeat):
@@ -356,21 +360,28 @@ class Master:
             if old.tasks:
                 old.tasks.cancel()
         self.sessions[s.node] = s
-        self.crawl.node_up(s.node)
-        log.info("worker %s joined from %s (capacity %d)", s.node, s.conn.peer, s.capacity)
+        s.resend = self.crawl.node_up(s.node)
+        log.info("worker %s joined from %s (capacity %d%s)", s.node, s.conn.peer, s.capacity,
+                 f", {len(s.resend)} of its leases sent again" if s.resend else "")
         self._wake.set()
 
-    def _detach(self, s: Session) -> None:
+    def _detach(self, s: Session, dead: bool = False) -> None:
         if self.sessions.get(s.node) is not s:
             return
         del self.sessions[s.node]
-        self.crawl.node_down(s.node, self.clock())
+        if dead:   # silent past the heartbeat timeout: it had its grace already
+            self.crawl.node_down(s.node, self.clock())
+        else:
+            self.crawl.node_away(s.node, self.clock(), self.cfg.scheduling.heartbeat_timeout)
         self._dispatch_all()
 
     def _dispatch(self, s: Session) -> None:
         if s.credit <= 0 or self._stop.is_set():
             return
-        tasks = self.crawl.take(s.node, s.credit, self.clock())
+        tasks = []
+        if s.resend:
+            tasks, s.resend = s.resend[:s.credit], s.resend[s.credit:]
+        tasks += self.crawl.take(s.node, s.credit - len(tasks), self.clock())
         if not tasks:
             return
         s.credit -= len(tasks)
