@@ -196,6 +196,8 @@ class GenericResolver(Resolver):
         return out.result({})
 
     def _html(self, page: FetchedPage, tree: LexborHTMLParser) -> Resolution:
+        if not _page_may_hold_audio(page.body):
+            return Resolution()   # most pages of a site are navigation: skip the element walk entirely
         out = _Collector(page.url, document_base(tree, page.final_url), self.settings.max_items)
         for node in tree.root.traverse() if tree.root is not None else ():
             tag = node.tag
@@ -229,6 +231,17 @@ class GenericResolver(Resolver):
 
 
 _DOTTED_EXTENSIONS = tuple(f".{ext}" for ext in sorted(sniff.AUDIO_EXTENSIONS | sniff.PLAYLIST_EXTENSIONS))
+
+
+# Every way an element can name audio without an audio or playlist extension in the page says one of these.
+_FORCING_MARKERS = (b"<audio", b"audio/", b"og:audio")
+_DOTTED_EXTENSIONS_B = tuple(e.encode() for e in _DOTTED_EXTENSIONS)
+
+
+def _page_may_hold_audio(body: bytes) -> bool:
+    """A cheap gate before the element walk: False only when no element of the page can yield an item."""
+    lower = body.lower()
+    return any(m in lower for m in _FORCING_MARKERS) or any(ext in lower for ext in _DOTTED_EXTENSIONS_B)
 
 
 def _mentions_audio(text: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from urllib.parse import urljoin, urlsplit
 
@@ -20,10 +21,25 @@ _STRIPPED_INSIDE = re.compile(r"[\t\n\r]")
 def join_url(base: str, ref: str) -> str | None:
     """``ref`` made absolute against ``base``; None when it is not an http(s) URL worth following.
 
-    The single place where the crawler resolves references, so the RFC 3986 resolver can replace it.
+    The single place where the crawler resolves references. A site's navigation repeats on every page, so
+    results are cached by the base's directory (all a reference other than "?query" depends on).
     """
-    ref = _STRIPPED_INSIDE.sub("", ref.strip(" \t\n\r\f\x00"))
-    if not ref or ref.startswith("#") or ref.lower().startswith(_SKIPPED_SCHEMES):
+    if "\t" in ref or "\n" in ref or "\r" in ref:
+        ref = _STRIPPED_INSIDE.sub("", ref)
+    ref = ref.strip(" \f\x00")
+    if not ref or ref[0] == "#":
+        return None
+    if ref[0] == "?":
+        return _join(base, ref)
+    path_base = base.split("#", 1)[0].split("?", 1)[0]
+    cut = path_base.rfind("/")
+    if cut < path_base.find("//") + 2:          # no path at all: "http://host"
+        return _join_cached(path_base + "/", ref)
+    return _join_cached(path_base[:cut + 1], ref)
+
+
+def _join(base: str, ref: str) -> str | None:
+    if ref[:11].lower().startswith(_SKIPPED_SCHEMES):
         return None
     try:
         url = urljoin(base, ref)
@@ -33,6 +49,9 @@ def join_url(base: str, ref: str) -> str | None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return None
     return url
+
+
+_join_cached = functools.lru_cache(maxsize=50_000)(_join)
 
 
 def document_base(tree: LexborHTMLParser, page_url: str) -> str:

@@ -31,27 +31,40 @@ class PageStore:
     def __init__(self, data_dir: Path) -> None:
         self.root = data_dir / "pages"
         self.root.mkdir(parents=True, exist_ok=True)
+        self._root = str(self.root)
         self._index = open(self.root / "index.tsv", "a", encoding="utf-8")
-        self._made: set[Path] = set()
+        self._made: set[str] = set()
+
+    def relative_path(self, url: str, content_type: str) -> str:
+        h = hashlib.sha1(url.encode("utf-8", "surrogatepass")).hexdigest()
+        return f"{safe_host(url)}/{h[:2]}/{h}.{_EXT.get(content_type, 'bin')}"
 
     def path_for(self, url: str, content_type: str) -> Path:
-        h = hashlib.sha1(url.encode("utf-8", "surrogatepass")).hexdigest()
-        return self.root / safe_host(url) / h[:2] / f"{h}.{_EXT.get(content_type, 'bin')}"
+        return self.root / self.relative_path(url, content_type)
 
     def save(self, url: str, final_url: str, status: int, content_type: str, body: bytes) -> Path:
-        path = self.path_for(url, content_type)
-        parent = path.parent
-        if parent not in self._made:
-            parent.mkdir(parents=True, exist_ok=True)
-            self._made.add(parent)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(body)
-        os.replace(tmp, path)
-        clean = [x.replace("\t", " ").replace("\n", " ") for x in (url, final_url)]
-        self._index.write(f"{path.relative_to(self.root)}\t{clean[0]}\t{clean[1]}\t{status}\t{content_type}\t"
-                          f"{time.time():.3f}\n")
-        return path
+        # Plain os calls on strings: this runs once per page, and pathlib's objects cost more than the write.
+        rel = self.relative_path(url, content_type)
+        directory, _, name = rel.rpartition("/")
+        full_dir = f"{self._root}/{directory}"
+        if directory not in self._made:
+            os.makedirs(full_dir, exist_ok=True)
+            if len(self._made) > 100_000:   # a broad crawl meets many hosts: stay bounded
+                self._made.clear()
+            self._made.add(directory)
+        tmp = f"{full_dir}/.{name}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, f"{full_dir}/{name}")
+        clean_url = url.replace("\t", " ").replace("\n", " ")
+        clean_final = final_url.replace("\t", " ").replace("\n", " ")
+        self._index.write(f"{rel}\t{clean_url}\t{clean_final}\t{status}\t{content_type}\t{time.time():.3f}\n")
+        return Path(full_dir, name)
 
     def flush(self) -> None:
         self._index.flush()

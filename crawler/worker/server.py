@@ -264,13 +264,16 @@ class Worker:
                         tuple(links), tuple(items))
 
     def _links_to_report(self, links: list[str], items: list[it.AudioItem]) -> list[str]:
-        if not links:
+        # The link cache goes first, on the links as found: the site's navigation, the bulk of every page,
+        # then costs one dict lookup a link instead of normalisation and the audio check.
+        fresh = self.links.fresh(links)
+        if not fresh:
             return []
         audio = {i.url for i in items}
         generic = self.resolvers[-1]
-        normed = [u for u in normalize_many(links, self.norm)
+        normed = [u for u in normalize_many(fresh, self.norm)
                   if u and u not in audio and not generic.audio_link(u)]
-        return self.links.fresh(normed)[: self.cfg.max_links_per_page]
+        return normed[: self.cfg.max_links_per_page]
 
     async def _download_all(self, items: list[it.AudioItem], resolver: Resolver) -> list[it.AudioItem]:
         async def reresolve(item: it.AudioItem) -> it.AudioItem | None:
