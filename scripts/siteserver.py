@@ -216,7 +216,7 @@ class _Site:
         if (st.st_size <= SMALL_FILE and not any(h in request.headers for h in _CONDITIONAL)
                 and (not self.broken or _first(self.broken, path) is None)):
             # A blocking read on purpose: a page-cache hit costs less than the thread hop that would avoid it.
-            with open(file, "rb") as f:  # noqa: ASYNC230
+            with open(file, "rb") as f:
                 body = f.read()
             resp = web.Response(body=body, headers={hdrs.CONTENT_TYPE: ctype, hdrs.ACCEPT_RANGES: "bytes"})
             resp.etag = _etag(st)[1:-1]
@@ -259,7 +259,7 @@ class _Site:
         resp.content_length = end - start
         if status == 206:
             resp.headers[hdrs.CONTENT_RANGE] = f"bytes {start}-{end - 1}/{size}"
-        with open(file, "rb") as f:  # noqa: ASYNC230 - test traffic, files of a few MB at most
+        with open(file, "rb") as f:
             f.seek(start)
             chunk = f.read(int((end - start) * fraction))
         await resp.prepare(request)

@@ -24,7 +24,7 @@ def free_port() -> int:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "crawler.master", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "crawler.master", *args], check=False, capture_output=True, text=True,
                           timeout=60)
 
 

@@ -269,16 +269,16 @@ class Master:
         status = body = None
         try:
             async with httpx.AsyncClient(timeout=10, follow_redirects=True, max_redirects=5,
-                                         headers={"User-Agent": self.cfg.politeness.user_agent}) as client:
-                async with client.stream("GET", robots_url(origin)) as r:
-                    status = r.status_code
-                    chunks, size = [], 0
-                    async for chunk in r.aiter_bytes():
-                        chunks.append(chunk)
-                        size += len(chunk)
-                        if size >= ROBOTS_MAX_BYTES:
-                            break
-                    body = b"".join(chunks)[:ROBOTS_MAX_BYTES]
+                                         headers={"User-Agent": self.cfg.politeness.user_agent}) as client, \
+                    client.stream("GET", robots_url(origin)) as r:
+                status = r.status_code
+                chunks, size = [], 0
+                async for chunk in r.aiter_bytes():
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size >= ROBOTS_MAX_BYTES:
+                        break
+                body = b"".join(chunks)[:ROBOTS_MAX_BYTES]
         except httpx.HTTPError as e:
             log.info("robots.txt of %s not fetched: %s", origin, e)
         finally:

@@ -223,7 +223,7 @@ class _Partial:
             except asyncio.CancelledError:
                 await asyncio.wait({writing})
                 raise
-            except Exception:
+            except Exception:  # noqa: S110 - the write's own error was already raised to the download
                 pass
         self._fh.close()
 
@@ -659,10 +659,8 @@ def _same_file(record: Sidecar, response: httpx.Response, total: int | None, new
             record.expected_size is not None and total == record.expected_size)
     if record.etag and etag and etag != record.etag:
         return False
-    if record.last_modified and last_modified and last_modified != record.last_modified and not (
-            record.etag and etag):
-        return False
-    return True
+    return not (record.last_modified and last_modified and last_modified != record.last_modified
+                and not (record.etag and etag))
 
 
 def _if_range_validator(record: Sidecar) -> str | None:
