@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +118,15 @@ async def start_worker(master: str, node_id: str, tmp: Path, *, secret: Path | N
         args += ["--config", str(config)]
     args += extra or []
     return await _spawn(f"worker {node_id}", args, tmp / f"worker-{node_id}.log")
+
+
+async def until(predicate, timeout: float, what: str) -> None:
+    """Wait for a condition another process brings about (a file grows, a log line appears)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
 
 
 def catalogue(tmp: Path) -> list[dict]:

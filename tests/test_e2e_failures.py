@@ -31,14 +31,6 @@ def pages_of(tmp: Path, node: str) -> list[str]:
     return [line.split("\t")[1] for line in index.read_text().splitlines() if line]
 
 
-async def until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def test_worker_killed_and_worker_joining_mid_crawl(site, tmp_path):
     site_dir, manifest = site
     slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.25}, record_log=True)
@@ -50,10 +42,10 @@ async def test_worker_killed_and_worker_joining_mid_crawl(site, tmp_path):
         opts = ["--concurrency", "4"]
         workers = {n: await cluster.start_worker(addr, n, tmp_path, extra=opts) for n in ("w1", "w2", "w3")}
         total = sum(1 for p in manifest.pages if p.endswith(".html"))
-        await until(lambda: len(pages_of(tmp_path, "w2")) >= 5, 60, "w2 to fetch some pages")
+        await cluster.until(lambda: len(pages_of(tmp_path, "w2")) >= 5, 60, "w2 to fetch some pages")
         workers["w4"] = await cluster.start_worker(addr, "w4", tmp_path, extra=opts)
         workers["w2"].kill()                      # SIGKILL: no goodbye, leases in flight
-        await until(lambda: "worker w4 joined" in master.log(), 30, "w4 to join")
+        await cluster.until(lambda: "worker w4 joined" in master.log(), 30, "w4 to join")
         left_at_join = total - len({e.path for e in server.log if e.path.endswith(".html")})
         assert left_at_join > total / 3, "the crawl was nearly over when w4 joined: slow the site down"
         assert await master.wait(240) == 0, master.log()[-3000:]
@@ -173,7 +165,7 @@ async def test_cut_link_detected_within_heartbeat_timeout_and_work_moves(site, t
                                        scheduling={"heartbeat_interval": 0.5, "heartbeat_timeout": timeout})
         master = await _in_ns("acn-m", "master", [py, "-m", "crawler.master", "--config", str(config)],
                               tmp_path / "master.log")
-        await until(lambda: (tmp_path / "master" / "master.addr").exists(), 30, "the master to listen")
+        await cluster.until(lambda: (tmp_path / "master" / "master.addr").exists(), 30, "the master to listen")
         workers = {}
         for node in ("a", "b"):
             workers[node] = await _in_ns(
@@ -181,10 +173,10 @@ async def test_cut_link_detected_within_heartbeat_timeout_and_work_moves(site, t
                 [py, "-m", "crawler.worker", "--master", f"{m}:7700", "--id", node, "--data-dir",
                  str(tmp_path / f"worker-{node}"), "--secret-file", str(tmp_path / "secret"),
                  "--concurrency", "4"], tmp_path / f"worker-{node}.log")
-        await until(lambda: len(pages_of(tmp_path, "a")) >= 10, 60, "worker a to fetch some pages")
+        await cluster.until(lambda: len(pages_of(tmp_path, "a")) >= 10, 60, "worker a to fetch some pages")
         _ip("-n", "acn-sw", "link", "set", "sw-a", "down")      # the cable is pulled: no FIN, no RST
         cut = time.monotonic()
-        await until(lambda: "worker a silent" in master.log(), timeout + 5, "the master to notice")
+        await cluster.until(lambda: "worker a silent" in master.log(), timeout + 5, "the master to notice")
         detected = time.monotonic() - cut
         assert detected <= timeout + 2.0, detected
         assert await master.wait(240) == 0, master.log()[-3000:]

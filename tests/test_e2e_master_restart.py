@@ -1,11 +1,9 @@
 """The master is killed, corrupted and restarted; operators look at its state. Real processes throughout."""
 
-import asyncio
 import json
 import socket
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -28,14 +26,6 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=60)
 
 
-async def until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
@@ -55,7 +45,7 @@ async def test_master_sigkill_mid_crawl_then_restart_completes_with_bounded_dupl
         opts = ["--concurrency", str(concurrency)]
         workers = [await cluster.start_worker(addr, n, tmp_path, extra=opts) for n in ("w1", "w2")]
         html = sum(1 for p in manifest.pages if p.endswith(".html"))
-        await until(lambda: sum(e.path.endswith(".html") for e in server.log) >= html // 3, 120, "a third")
+        await cluster.until(lambda: sum(e.path.endswith(".html") for e in server.log) >= html // 3, 120, "a third")
         # While it runs, the operator commands read the live database.
         status = cli("status", "--config", str(config), "--json")
         assert status.returncode == 0, status.stderr
@@ -127,8 +117,8 @@ async def test_refresh_crawls_old_pages_again_and_skips_unchanged_audio(tmp_path
                                        crawl={"max_depth": 10, "refresh_interval": 1.0})
         master = await cluster.start_master(config, tmp_path)
         worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path)
-        await until(lambda: Counter(e.path for e in server.log)["/"] >= 2, 60, "the home page to be refreshed")
-        await until(lambda: Counter(e.path for e in server.log)["/list/1.html"] >= 2, 60, "a list page refreshed")
+        await cluster.until(lambda: Counter(e.path for e in server.log)["/"] >= 2, 60, "the home page to be refreshed")
+        await cluster.until(lambda: Counter(e.path for e in server.log)["/list/1.html"] >= 2, 60, "a list page refreshed")
         await master.stop()
         await worker.stop()
         log = list(server.log)

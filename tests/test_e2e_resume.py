@@ -1,9 +1,7 @@
 """A worker SIGKILLed in the middle of an audio download resumes it from its partial file after a restart."""
 
-import asyncio
 import hashlib
 import random
-import time
 
 import pytest
 
@@ -11,14 +9,6 @@ from scripts import cluster
 from tests.fakes.rangeserver import RangeServer
 
 pytestmark = pytest.mark.timeout(180)
-
-
-async def until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def partial_size(tmp) -> int:
@@ -40,7 +30,7 @@ async def test_worker_killed_mid_download_resumes_after_restart(tmp_path):
         master = await cluster.start_master(config, tmp_path)
         addr = cluster.master_addr(config)
         worker = await cluster.start_worker(addr, "w1", tmp_path)
-        await until(lambda: partial_size(tmp_path) >= 512 * 1024, 60, "the download to reach the stall")
+        await cluster.until(lambda: partial_size(tmp_path) >= 512 * 1024, 60, "the download to reach the stall")
         worker.kill()
         await worker.wait(10)
         big.pause_at = None

@@ -53,6 +53,8 @@ class Summary:
     frontier: int = 0
     discards: dict = field(default_factory=dict)
     stale_results: int = 0
+    links: int = 0
+    new_urls: int = 0
     data_dir: str = ""
 
     @property
@@ -69,6 +71,7 @@ class Summary:
             f"  elapsed         {self.elapsed:.1f} s",
             f"  throughput      {self.pages_per_s:.1f} pages/s",
             f"  left in queue   {self.frontier}",
+            f"  links reported  {self.links} ({self.new_urls} new URLs)",
             f"  discarded URLs  {disc}",
             f"  catalogue       {Path(self.data_dir) / 'catalog.jsonl'}",
         ])
@@ -200,6 +203,8 @@ class Master:
         self.summary.frontier = st.get("frontier", 0)
         self.summary.discards = dict(st.get("discards", {}))
         self.summary.stale_results = self.crawl.totals.stale_results
+        self.summary.links = self.crawl.totals.links_seen
+        self.summary.new_urls = self.crawl.totals.links_new
         self.summary.elapsed = elapsed
 
     async def _ticker(self) -> None:
