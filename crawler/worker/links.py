@@ -31,6 +31,13 @@ def join_url(base: str, ref: str) -> str | None:
         return None
     if ref[0] == "?":
         return _join(base, ref)
+    if ref[0] == "/" and ref[1:2] != "/" and "/." not in ref and "\\" not in ref:
+        # Root-relative, nothing to resolve: the base's origin plus the reference (most links of a site).
+        start = base.find("//") + 2
+        end = base.find("/", start)
+        origin = base if end < 0 else base[:end]
+        if start > 2 and base.startswith(("http://", "https://")) and "?" not in origin and "#" not in origin:
+            return origin + ref
     path_base = base.split("#", 1)[0].split("?", 1)[0]
     cut = path_base.rfind("/")
     if cut < path_base.find("//") + 2:          # no path at all: "http://host"

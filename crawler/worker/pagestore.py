@@ -52,15 +52,15 @@ class PageStore:
             if len(self._made) > 100_000:   # a broad crawl meets many hosts: stay bounded
                 self._made.clear()
             self._made.add(directory)
-        tmp = f"{full_dir}/.{name}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # Written in place, no temporary file and rename: a page cut short by a crash is simply fetched and
+        # written again, and the rename was a tenth of the worker's CPU.
+        fd = os.open(f"{full_dir}/{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             view = memoryview(body)
             while view:
                 view = view[os.write(fd, view):]
         finally:
             os.close(fd)
-        os.replace(tmp, f"{full_dir}/{name}")
         clean_url = url.replace("\t", " ").replace("\n", " ")
         clean_final = final_url.replace("\t", " ").replace("\n", " ")
         self._index.write(f"{rel}\t{clean_url}\t{clean_final}\t{status}\t{content_type}\t{time.time():.3f}\n")
