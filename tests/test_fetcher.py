@@ -3,6 +3,7 @@
 import gzip
 import zlib
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -93,6 +94,39 @@ async def test_unreachable_is_transient_and_bad_scheme_is_not(hostile):
     with pytest.raises(FetchError) as e:
         await fetch_page(client, "ftp://127.0.0.1/x", max_bytes=1000)
     assert not e.value.transient
+
+
+class CountingResolver(aiohttp.ThreadedResolver):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    async def resolve(self, host, port=0, family=0):
+        self.calls += 1
+        return await super().resolve(host, port, family)
+
+
+async def test_host_names_are_resolved_once_per_ttl():
+    async def closing(request):
+        return web.Response(text="<html></html>", content_type="text/html", headers={"Connection": "close"})
+
+    app = web.Application()
+    app.router.add_get("/", closing)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    resolver = CountingResolver()
+    client = build_client(user_agent="t", max_connections=4, connect_timeout=5, read_timeout=5, max_redirects=1,
+                          dns_ttl=300, resolver=resolver)
+    try:
+        for _ in range(3):     # a new connection each time: the server closes them
+            page, _ = await fetch_page(client, f"http://localhost:{port}/", max_bytes=1000)
+            assert page.status == 200
+    finally:
+        await client.aclose()
+        await runner.cleanup()
+    assert resolver.calls == 1
 
 
 def test_page_file_names_never_leave_the_data_dir(tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 
 import aiohttp
+import aiohttp.abc
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
@@ -43,10 +44,11 @@ class _NoCookies(httpx.Cookies):
 
 
 def build_client(*, user_agent: str, max_connections: int, connect_timeout: float, read_timeout: float,
-                 max_redirects: int, dns_ttl: float) -> httpx.AsyncClient:
+                 max_redirects: int, dns_ttl: float,
+                 resolver: aiohttp.abc.AbstractResolver | None = None) -> httpx.AsyncClient:
     def session() -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=int(dns_ttl),
-                                         use_dns_cache=True, enable_cleanup_closed=True)
+                                         use_dns_cache=True, enable_cleanup_closed=True, resolver=resolver)
         return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 
     transport = AiohttpTransport(client=session)

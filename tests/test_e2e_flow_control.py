@@ -1,0 +1,81 @@
+"""A scripted worker speaks the protocol by hand to a real master process: credit bounds what it is sent."""
+
+import asyncio
+
+import pytest
+
+from crawler import protocol as p
+from scripts import cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class RawWorker:
+    def __init__(self, reader, writer):
+        self.reader, self.writer = reader, writer
+        self.decoder = p.FrameDecoder()
+
+    @classmethod
+    async def join(cls, addr: str, node: str, capacity: int) -> "RawWorker":
+        host, port = addr.rsplit(":", 1)
+        w = cls(*await asyncio.open_connection(host, int(port)))
+        nonce = p.new_nonce()
+        w.send(p.Hello(node, p.PROTOCOL_VERSION, capacity, nonce))
+        challenge = await w.recv()
+        assert isinstance(challenge, p.Challenge)
+        assert p.check_proof(p.master_proof(cluster.SECRET.encode(), nonce, challenge.nonce), challenge.proof)
+        w.send(p.Auth(p.worker_proof(cluster.SECRET.encode(), challenge.nonce, nonce, node)))
+        assert isinstance(await w.recv(), p.Welcome)
+        return w
+
+    def send(self, *msgs: p.Message) -> None:
+        self.writer.write(b"".join(p.encode(m) for m in msgs))
+
+    async def recv(self, timeout: float = 10) -> p.Message:
+        while (m := self.decoder.next_message()) is None:
+            data = await asyncio.wait_for(self.reader.read(65536), timeout)
+            if not data:
+                raise ConnectionError("closed")
+            self.decoder.feed(data)
+        return m
+
+    async def tasks(self, quiet: float) -> list[p.Task]:
+        """Every task the master sends until it has been quiet for `quiet` seconds (heartbeats ignored)."""
+        out = []
+        while True:
+            try:
+                m = await self.recv(timeout=quiet)
+            except TimeoutError:
+                return out
+            if isinstance(m, p.Assign):
+                out.extend(m.tasks)
+
+
+async def test_master_never_exceeds_the_credit_and_refuses_credit_beyond_capacity(tmp_path):
+    seeds = [f"http://127.0.0.1:9/page/{i}" for i in range(20)]      # never fetched: we answer ourselves
+    config = cluster.master_config(tmp_path, seeds, ["w1"], exit_when_done=False,
+                                   scheduling={"heartbeat_interval": 5.0, "heartbeat_timeout": 30.0})
+    master = await cluster.start_master(config, tmp_path)
+    try:
+        w = await RawWorker.join(cluster.master_addr(config), "w1", capacity=5)
+        w.send(p.Credit(3))
+        first = await w.tasks(quiet=1.0)
+        assert len(first) == 3, first
+        # Two results back, two more credits: exactly two more tasks, never more.
+        w.send(p.Report(tuple(p.Result(t.lease, t.url, p.DONE, 200) for t in first[:2])), p.Credit(2))
+        second = await w.tasks(quiet=1.0)
+        assert len(second) == 2 and not {t.url for t in second} & {t.url for t in first}
+        # In flight now: 1 + 2 = 3 of a capacity of 5; a credit of 3 more would exceed it.
+        w.send(p.Credit(3))
+        with pytest.raises(ConnectionError):
+            while True:
+                await w.recv()
+        # The master carries on: the same node may come back, and gets its unfinished tasks again.
+        w2 = await RawWorker.join(cluster.master_addr(config), "w1", capacity=5)
+        w2.send(p.Credit(5))
+        again = await w2.tasks(quiet=1.0)
+        assert {t.url for t in first[2:] + second} <= {t.url for t in again}
+        assert len(again) == 5
+    finally:
+        await master.stop()
+    assert "credit beyond the announced capacity" in master.log()
