@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from crawler import eventloop
 from crawler.config import ConfigError
 from crawler.master.config import MasterConfig
 
@@ -61,7 +62,7 @@ def main(ctx: click.Context, config_path: Path | None, log_level: str) -> None:
         return 0
 
     try:
-        sys.exit(asyncio.run(run()))
+        sys.exit(eventloop.run(run()))
     except OSError as e:
         click.echo(f"crawler-master: {e}", err=True)
         sys.exit(1)

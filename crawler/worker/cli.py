@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from crawler import eventloop
 from crawler.config import ConfigError
 from crawler.resolvers.base import ResolverConfigError
 from crawler.worker.config import WorkerConfig
@@ -48,4 +49,4 @@ def main(master, node_id, data_dir, secret_file, config_path, concurrency, log_l
             loop.add_signal_handler(sig, worker.stop)
         return await worker.serve()
 
-    sys.exit(asyncio.run(run()))
+    sys.exit(eventloop.run(run()))
