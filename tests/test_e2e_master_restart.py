@@ -51,6 +51,8 @@ async def test_master_sigkill_mid_crawl_then_restart_completes_with_bounded_dupl
         assert status.returncode == 0, status.stderr
         live = json.loads(status.stdout)
         assert live["states"]["done"] > 0 and set(live["nodes"]) <= {"w1", "w2"}
+        assert sum(n.get("links", 0) for n in live["nodes"].values()) > 0
+        assert sum(n.get("bytes", 0) for n in live["nodes"].values()) > 0
         master.kill()                                      # SIGKILL: no commit, no snapshot, no goodbye
         await master.wait(10)
         before = sum(e.path.endswith(".html") for e in server.log)

@@ -294,6 +294,10 @@ class Crawl:
                 self.totals.retries += 1
         if link_batches:
             self.add_links(link_batches)
+        if finished:
+            # Per-worker figures for the status command, one row update per report.
+            self.store.note_node(node, bytes=sum(f.size or 0 for f in finished),
+                                 links=sum(len(b[2]) for b in link_batches), audio=len(audio_rows))
         new_rows: list[dict] = []
         if audio_rows:
             for row, is_new in zip(audio_rows, self.store.add_audio(audio_rows)):
