@@ -329,8 +329,8 @@ class Crawl:
         return not self.leases and not any(self.held.values()) and not self.robots_wanted and not self.away
 
     def done(self) -> bool:
-        if not self.idle():
+        if self.leases or self.robots_wanted or self.away:
             return False
         if self.cfg.crawl.max_pages is not None and self._scheduled >= self.cfg.crawl.max_pages:
-            return True
-        return self.store.frontier_empty()
+            return True   # what is held stays leased in the store and is handed out again on the next start
+        return not any(self.held.values()) and self.store.frontier_empty()

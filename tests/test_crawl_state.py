@@ -1,0 +1,129 @@
+"""The master's crawl state on its own: a real store on disk, a simulated clock, no sockets."""
+
+import pytest
+
+from crawler import protocol as p
+from crawler.bloom import BloomFilter
+from crawler.items import AudioItem
+from crawler.master.config import MasterConfig
+from crawler.master.crawl import Crawl
+from crawler.master.dedup import Dedup
+from crawler.master.store import MasterStore
+from crawler.politeness import HostGate, PolitenessConfig
+from crawler.scheduler import NodeTable
+from scripts.cluster import write_secret
+
+SITE = "http://music.example.org"
+
+
+def make(tmp_path, *, nodes=("a", "b"), min_delay=0.0, max_per_host=None, **crawl):
+    raw = {"listen": "127.0.0.1:1", "data_dir": str(tmp_path), "secret_file": str(write_secret(tmp_path / "s")),
+           "nodes": list(nodes), "seeds": [SITE + "/"], "crawl": crawl,
+           "scheduling": {"lease_timeout": 60.0}}
+    cfg = MasterConfig.from_mapping(raw, tmp_path)
+    table = NodeTable(cfg.nodes)
+    store = MasterStore(tmp_path / "m.db", slot_of=table.slot_of)
+    dedup = Dedup(BloomFilter.for_capacity(10_000, 1e-6), (), store.known)
+    gate = HostGate(PolitenessConfig(max_per_host=max_per_host, min_delay=min_delay, obey_robots=False))
+    crawl_state = Crawl(cfg, store, dedup, table, gate, None)
+    crawl_state.seed(cfg.seeds)
+    return crawl_state
+
+
+def done(task, links=(), audio=()):
+    return p.Result(task.lease, task.url, p.DONE, 200, task.url, "text/html", 100, None, tuple(links), tuple(audio))
+
+
+def test_links_are_normalised_deduplicated_scoped_and_counted(tmp_path):
+    c = make(tmp_path, nodes=("a",), max_depth=3)
+    c.node_up("a")
+    (home,) = c.take("a", 10, now=0.0)
+    links = [SITE + "/x", SITE + "/x#frag", "HTTP://MUSIC.example.org:80/x", SITE + "/y?utm_source=z",
+             "http://elsewhere.example/", SITE + "/" + "a" * 300, "mailto:x@y", SITE + "/__==__==__.html"]
+    c.complete("a", (done(home, links),), now=1.0)
+    urls = sorted(t.url for t in c.take("a", 10, now=2.0))
+    assert urls == [SITE + "/x", SITE + "/y"]
+    assert c.discards == {"out_of_scope": 1, "too_long": 1, "scheme": 1, "generated_name": 1}
+
+
+def test_stale_and_foreign_results_are_not_counted(tmp_path):
+    c = make(tmp_path)
+    c.node_up("a")
+    c.node_up("b")
+    tasks = c.take("a", 5, now=0.0) + c.take("b", 5, now=0.0)
+    assert len(tasks) == 1
+    t = tasks[0]
+    owner = "a" if c.in_flight("a") else "b"
+    other = "b" if owner == "a" else "a"
+    c.complete(other, (done(t),), now=1.0)              # a node reporting a lease it does not hold
+    assert c.totals.pages == 0 and c.totals.stale_results == 1
+    c.complete(owner, (done(t),), now=1.0)
+    c.complete(owner, (done(t),), now=1.5)              # the same result twice
+    assert c.totals.pages == 1 and c.totals.stale_results == 2
+    item = AudioItem(url=SITE + "/a.mp3", page=SITE + "/", title="T", artist="A")
+    assert c.complete(owner, (p.Result(t.lease, t.url, p.DONE, audio=(item,)),), now=2.0) == []
+
+
+def test_min_delay_holds_across_nodes_with_a_simulated_clock(tmp_path):
+    c = make(tmp_path, min_delay=1.0)
+    c.node_up("a")
+    c.node_up("b")
+    (home,) = c.take("a", 5, 0.0) or c.take("b", 5, 0.0)
+    owner = "a" if c.in_flight("a") else "b"
+    c.complete(owner, (done(home, [f"{SITE}/p{i}" for i in range(10)]),), now=0.1)
+    starts = []
+    now = 0.1
+    while len(starts) < 10 and now < 30:
+        for node in ("a", "b"):
+            for t in c.take(node, 5, now):
+                starts.append(now)
+                c.complete(node, (done(t),), now)
+        now = round(now + 0.25, 2)
+    assert len(starts) == 10
+    assert all(b - a >= 1.0 for a, b in zip(starts, starts[1:]))
+
+
+def test_a_node_that_drops_out_gets_its_leases_back_within_grace_or_loses_them(tmp_path):
+    c = make(tmp_path, nodes=("a", "b"))
+    c.node_up("a")
+    (home,) = c.take("a", 5, 0.0)
+    c.complete("a", (done(home, [f"{SITE}/p{i}" for i in range(20)]),), now=0.5)
+    held = c.take("a", 4, 1.0)
+    assert len(held) == 4
+    c.node_away("a", now=2.0, grace=5.0)
+    assert not c.idle()
+    resent = c.node_up("a")                          # back within the grace period
+    assert sorted(t.lease for t in resent) == sorted(t.lease for t in held)
+    c.node_away("a", now=3.0, grace=5.0)
+    c.node_up("b")
+    c.expire_away(now=7.9)
+    assert c.in_flight("a") == 4
+    c.expire_away(now=8.1)                           # grace over: the work moves to b
+    assert c.in_flight("a") == 0
+    got = set()
+    while batch := c.take("b", 50, 9.0):
+        got |= {t.url for t in batch}
+    assert {t.url for t in held} <= got and len(got) == 20
+
+
+def test_expired_leases_return_to_the_frontier(tmp_path):
+    c = make(tmp_path, nodes=("a",))
+    c.node_up("a")
+    (home,) = c.take("a", 5, now=0.0)
+    assert c.expire(now=59.0) == 0
+    assert c.expire(now=61.0) == 1
+    (again,) = c.take("a", 5, now=62.0)
+    assert again.url == home.url and again.lease != home.lease
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_max_pages_stops_handing_out_work(tmp_path, limit):
+    c = make(tmp_path, nodes=("a",), max_pages=limit)
+    c.node_up("a")
+    (home,) = c.take("a", 5, 0.0)
+    c.complete("a", (done(home, [f"{SITE}/p{i}" for i in range(10)]),), now=1.0)
+    handed = 1 + len(c.take("a", 50, 2.0))
+    assert handed == limit
+    for lease in list(c.leases.values()):
+        c.complete("a", (p.Result(lease.id, lease.url, p.DONE, 200),), now=3.0)
+    assert c.done()
