@@ -1,5 +1,7 @@
 """The master's crawl state on its own: a real store on disk, a simulated clock, no sockets."""
 
+import itertools
+
 import pytest
 
 from crawler import protocol as p
@@ -80,7 +82,7 @@ def test_min_delay_holds_across_nodes_with_a_simulated_clock(tmp_path):
                 c.complete(node, (done(t),), now)
         now = round(now + 0.25, 2)
     assert len(starts) == 10
-    assert all(b - a >= 1.0 for a, b in zip(starts, starts[1:]))
+    assert all(b - a >= 1.0 for a, b in itertools.pairwise(starts))
 
 
 def test_a_node_that_drops_out_gets_its_leases_back_within_grace_or_loses_them(tmp_path):
