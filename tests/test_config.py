@@ -1,5 +1,6 @@
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,35 @@ def test_worker_cli_missing_flag_and_bad_resolver(tmp_path):
     r = _run(["crawler.worker", "--master", "127.0.0.1:1", "--id", "a", "--data-dir", str(tmp_path),
               "--secret-file", str(write_secret(tmp_path / "s")), "--config", str(cfg)], tmp_path)
     assert r.returncode == 2 and "nosuch" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_second_master_on_the_same_state_and_a_taken_port_are_one_line_errors(tmp_path):
+    import socket
+
+    raw = base(tmp_path)
+    raw["listen"] = "127.0.0.1:0"
+    raw["exit_when_done"] = False
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    first = subprocess.Popen([sys.executable, "-m", "crawler.master", "--config", str(cfg)], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        addr = tmp_path / "data" / "master.addr"
+        deadline = time.monotonic() + 30
+        while not addr.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert addr.exists()
+        r = _run(["crawler.master", "--config", str(cfg)], tmp_path)
+        assert r.returncode == 1 and "in use by another master" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    finally:
+        first.terminate()
+        assert first.wait(30) == 0
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        raw["listen"] = f"127.0.0.1:{taken.getsockname()[1]}"
+        cfg.write_text(yaml.safe_dump(raw))
+        r = _run(["crawler.master", "--config", str(cfg)], tmp_path)
+    assert r.returncode == 1 and "address already in use" in r.stderr.lower()
+    assert "Traceback" not in r.stderr

@@ -61,9 +61,11 @@ def main(ctx: click.Context, config_path: Path | None, log_level: str) -> None:
         click.echo(summary.text())
         return 0
 
+    from crawler.master.store import StoreError
+
     try:
         sys.exit(eventloop.run(run()))
-    except OSError as e:
+    except (OSError, StoreError) as e:   # port taken, data dir unwritable, another master on the same state
         click.echo(f"crawler-master: {e}", err=True)
         sys.exit(1)
 
