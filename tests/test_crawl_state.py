@@ -129,3 +129,27 @@ def test_max_pages_stops_handing_out_work(tmp_path, limit):
     for lease in list(c.leases.values()):
         c.complete("a", (p.Result(lease.id, lease.url, p.DONE, 200),), now=3.0)
     assert c.done()
+
+
+def test_a_changed_nodes_list_reroutes_what_was_queued_for_a_node_that_no_longer_exists(tmp_path):
+    from crawler.master.server import Master
+
+    def config(nodes):
+        raw = {"listen": "127.0.0.1:0", "data_dir": str(tmp_path / "m"), "nodes": nodes, "seeds": [SITE + "/"],
+               "secret_file": str(write_secret(tmp_path / "s")), "politeness": {"obey_robots": False}}
+        return MasterConfig.from_mapping(raw, tmp_path)
+
+    first = Master(config(["a", "b"]))
+    first._open_state()
+    first.store.push([(f"{SITE}/p{i}", 1, 0, "b", None) for i in range(5)])
+    first.store.commit()
+    first.store.close()
+    second = Master(config(["a", "c"]))
+    second._open_state()
+    assert "b" not in second.store.status()["frontier_by_node"]
+    second.crawl.node_up("c")
+    got = set()
+    while batch := second.crawl.take("c", 50, 1.0):
+        got |= {t.url for t in batch}
+    assert {f"{SITE}/p{i}" for i in range(5)} <= got
+    second.store.close()

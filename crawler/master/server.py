@@ -106,6 +106,10 @@ class Master:
         robots = RobotsRules(pcfg) if pol.obey_robots else None
         self.crawl = Crawl(cfg, self.store, self.dedup, self.table, gate, robots,
                            first_lease=int(self.clock() * 1000) % (1 << 40) * 1000 + 1)
+        if self.store.get_meta("nodes") not in (None, list(cfg.nodes)):
+            moved = self.store.reset_routing()
+            log.warning("the nodes list changed since the last run: %d queued entries are routed again", moved)
+        self.store.set_meta("nodes", list(cfg.nodes))
         back = self.store.requeue_leased(self.crawl.route)
         if back:
             log.info("recovered %d leases that were in flight when the master stopped", back)

@@ -439,6 +439,16 @@ class MasterStore:
             return 0
         return self._reroute_where(" OR ".join(conds), names, route)
 
+    def reset_routing(self) -> int:
+        """The node table changed between runs: every queued entry forgets its node and its slot, so they are
+        routed again as nodes join (entries without a slot are part of every reroute_slots)."""
+        nodes = [_node_of(node) for (state, node), n in self._current_counts().items()
+                 if state == QUEUED and n and node]
+        moved = self.reroute(nodes, lambda urls: [None] * len(urls)) if nodes else 0
+        self._begin()
+        self.db.execute(f"UPDATE urls SET slot = NULL WHERE state = {QUEUED}")
+        return moved
+
     def reroute_slots(self, slots: Collection[int], route: Route) -> int:
         """Route again the frontier entries whose URL hashes to one of these slots of the node table.
 
