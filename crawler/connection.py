@@ -41,6 +41,11 @@ class FramedConnection:
         self.writer.write(b"".join(p.encode(m, self.max_frame) for m in msgs))
         await self.writer.drain()
 
+    async def send_bytes(self, frames: bytes) -> None:
+        """Frames already encoded (the caller checked them against the limit)."""
+        self.writer.write(frames)
+        await self.writer.drain()
+
     def send_nowait(self, *msgs: p.Message) -> None:
         """Queue bytes without waiting for the peer; callers bound what they queue (credit, batches)."""
         self.writer.write(b"".join(p.encode(m, self.max_frame) for m in msgs))

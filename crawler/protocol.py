@@ -172,14 +172,18 @@ class Welcome(Message):
     TYPE: ClassVar[int] = 4
     heartbeat_interval: float
     keep_fragment: tuple[str, ...] = ()   # URL patterns whose fragment is meaningful (normalise alike)
+    max_frame: int = DEFAULT_MAX_FRAME    # the master refuses larger frames: the worker splits its reports
 
     def fields(self):
-        return [self.heartbeat_interval, list(self.keep_fragment)]
+        return [self.heartbeat_interval, list(self.keep_fragment), self.max_frame]
 
     @classmethod
     def from_fields(cls, f):
-        _arity(f, 2, cls)
-        return cls(_float(f[0], "heartbeat_interval"), _str_tuple(f[1], "keep_fragment"))
+        _arity(f, 3, cls)
+        max_frame = _int(f[2], "max_frame")
+        if max_frame < 1024:
+            raise ProtocolError("max_frame: too small to carry a report")
+        return cls(_float(f[0], "heartbeat_interval"), _str_tuple(f[1], "keep_fragment"), max_frame)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ MESSAGES = [
     p.Hello("w1", p.PROTOCOL_VERSION, 64, NONCE),
     p.Challenge(NONCE, b"\x01" * 32),
     p.Auth(b"\x02" * 32),
-    p.Welcome(5.0, (r"^https?://www\.kugou\.com/song/",)),
+    p.Welcome(5.0, (r"^https?://www\.kugou\.com/song/",), 4 * 1024 * 1024),
     p.Refused("bad secret"),
     p.Assign((p.Task(1, "http://a/", 0, None), p.Task(2, "http://a/b", 3, "http://a/"))),
     p.Assign(()),
@@ -92,7 +92,7 @@ def _frame(obj) -> bytes:
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": 1}]]]],
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "title": 3}]]]],
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "identity": {"headers": [[1]]}}]]]],
-    [9, -1], [9, 10**9], [8, "now"], [4, 1.0, [3]],
+    [9, -1], [9, 10**9], [8, "now"], [4, 1.0, [3], 1 << 20], [4, 1.0, [], 10],
 ], ids=repr)
 def test_malformed_messages_raise_protocol_error(obj):
     d = p.FrameDecoder()

@@ -358,7 +358,8 @@ class Master:
         if hello.worker_id not in self.cfg.nodes:
             await conn.send(p.Refused(f"node id {hello.worker_id!r} is not in the master's nodes list"))
             raise p.ProtocolError(f"unknown node id {hello.worker_id!r}")
-        await conn.send(p.Welcome(self.cfg.scheduling.heartbeat_interval, self.cfg.crawl.keep_fragment))
+        await conn.send(p.Welcome(self.cfg.scheduling.heartbeat_interval, self.cfg.crawl.keep_fragment,
+                                  self.cfg.max_frame))
         return hello
 
     def _attach(self, s: Session) -> None:

@@ -30,7 +30,32 @@ log = logging.getLogger("crawler.worker")
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 REPORT_BATCH = 64
+REPORT_BYTES = 2 * 1024 * 1024
+# Links longer than this are not reported: no crawl policy keeps them, and they would only bloat frames.
+MAX_LINK_LENGTH = 4096
 REPORT_DELAY = 0.02
+
+
+def _wire_size(r: p.Result) -> int:
+    """A cheap upper estimate of a result's encoded size, to keep report frames well under the limit."""
+    return 512 + sum(len(u) + 4 for u in r.links) + 1024 * len(r.audio)
+
+
+def _report_frames(batch: list[p.Result], max_frame: int) -> bytes:
+    """Encoded report frames for a batch; a result that fits in no frame is reported as an error instead."""
+    try:
+        return p.encode(p.Report(tuple(batch)), max_frame)
+    except ValueError:
+        pass
+    out = []
+    for r in batch:
+        try:
+            out.append(p.encode(p.Report((r,)), max_frame))
+        except ValueError:
+            log.warning("result for %s is larger than a frame; reporting it without its links and audio", r.url)
+            out.append(p.encode(p.Report((p.Result(r.lease, r.url, p.ERROR, r.http_status, r.final_url,
+                                                   r.content_type, r.size, "result larger than the frame limit"),))))
+    return b"".join(out)
 
 
 class Refused(Exception):
@@ -145,6 +170,7 @@ class Worker:
         patterns = tuple(dict.fromkeys(welcome.keep_fragment + self.norm.keep_fragment))
         self.norm = NormalizeOptions(keep_fragment=patterns)
         self.links.forget()
+        conn.max_frame = min(conn.max_frame, welcome.max_frame)
         results: asyncio.Queue[p.Result] = asyncio.Queue()
         await conn.send(p.Credit(self.cfg.max_tasks))
         self.connected.set()
@@ -171,9 +197,11 @@ class Worker:
             while True:
                 batch = [await results.get()]
                 await asyncio.sleep(REPORT_DELAY)   # let a burst of results share one frame
-                while len(batch) < REPORT_BATCH and not results.empty():
+                size = _wire_size(batch[0])
+                while len(batch) < REPORT_BATCH and size < REPORT_BYTES and not results.empty():
                     batch.append(results.get_nowait())
-                await conn.send(p.Report(tuple(batch)), p.Credit(len(batch)))
+                    size += _wire_size(batch[-1])
+                await conn.send_bytes(_report_frames(batch, conn.max_frame) + p.encode(p.Credit(len(batch))))
 
         async def heartbeat() -> None:
             while True:
@@ -271,7 +299,7 @@ class Worker:
             return []
         audio = {i.url for i in items}
         generic = self.resolvers[-1]
-        normed = [u for u in normalize_many(fresh, self.norm)
+        normed = [u for u in normalize_many([u for u in fresh if len(u) <= MAX_LINK_LENGTH], self.norm)
                   if u and u not in audio and not generic.audio_link(u)]
         return normed[: self.cfg.max_links_per_page]
 
