@@ -187,8 +187,9 @@ class Welcome(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class Refused(Message):
-    TYPE: ClassVar[int] = 5
+class _Reason(Message):
+    """A message that only says why (Refused, Shutdown)."""
+
     reason: str
 
     def fields(self):
@@ -198,6 +199,11 @@ class Refused(Message):
     def from_fields(cls, f):
         _arity(f, 1, cls)
         return cls(_str(f[0], "reason"))
+
+
+@dataclass(frozen=True, slots=True)
+class Refused(_Reason):
+    TYPE: ClassVar[int] = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,17 +353,8 @@ class Credit(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class Shutdown(Message):
+class Shutdown(_Reason):
     TYPE: ClassVar[int] = 10
-    reason: str
-
-    def fields(self):
-        return [self.reason]
-
-    @classmethod
-    def from_fields(cls, f):
-        _arity(f, 1, cls)
-        return cls(_str(f[0], "reason"))
 
 
 MESSAGE_TYPES: dict[int, type[Message]] = {

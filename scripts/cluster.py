@@ -132,8 +132,3 @@ async def until(predicate, timeout: float, what: str) -> None:
 def catalogue(tmp: Path) -> list[dict]:
     path = tmp / "master" / "catalog.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def fetched_paths(log: list, *, statuses=(200, 206)) -> list[str]:
-    """Paths of page requests in a site server's request log (GET, successful)."""
-    return [e.path for e in log if e.method == "GET" and e.status in statuses]

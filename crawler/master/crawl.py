@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from crawler import protocol as p
 from crawler.master.config import MasterConfig
@@ -51,14 +51,12 @@ class Held:
 
 @dataclass
 class Totals:
+    """This run's figures that the store does not keep (it keeps pages and audio by state)."""
+
     pages: int = 0
-    errors: int = 0
-    retries: int = 0
     stale_results: int = 0
-    audio: int = 0
     links_seen: int = 0
     links_new: int = 0
-    statuses: Counter = field(default_factory=Counter)
 
 
 class Crawl:
@@ -245,17 +243,6 @@ class Crawl:
             self.gate.set_crawl_delay(origin, delay)
         self.robots_wanted.discard(origin)
 
-    def next_ready(self, now: float) -> float | None:
-        """When held work may become sendable (for the server's timer)."""
-        if self.gate is None or not any(self.held.values()):
-            return None
-        best = None
-        for q in self.held.values():
-            for h in list(q)[:64]:
-                t = self.gate.ready_at(h.host, now)
-                best = t if best is None else min(best, t)
-        return best
-
     # ------------------------------------------------------------------ results
     def complete(self, node: str, results: tuple[p.Result, ...], now: float) -> list[dict]:
         """Records a report; returns the catalogue rows that are new."""
@@ -282,29 +269,16 @@ class Crawl:
                 row["found_at"] = now
                 audio_rows.append(row)
         firsts = self.store.finish(finished) if finished else []
-        for f, first in zip(finished, firsts):
-            if not first:
-                continue
-            if f.state == p.DONE:
-                self.totals.pages += 1
-                self.totals.statuses[f.http_status] += 1
-            elif f.state == p.ERROR:
-                self.totals.errors += 1
-            else:
-                self.totals.retries += 1
+        self.totals.pages += sum(1 for f, first in zip(finished, firsts) if first and f.state == p.DONE)
         if link_batches:
             self.add_links(link_batches)
         if finished:
             # Per-worker figures for the status command, one row update per report.
             self.store.note_node(node, bytes=sum(f.size or 0 for f in finished),
                                  links=sum(len(b[2]) for b in link_batches), audio=len(audio_rows))
-        new_rows: list[dict] = []
-        if audio_rows:
-            for row, is_new in zip(audio_rows, self.store.add_audio(audio_rows)):
-                if is_new:
-                    new_rows.append(row)
-            self.totals.audio += len(new_rows)
-        return new_rows
+        if not audio_rows:
+            return []
+        return [row for row, is_new in zip(audio_rows, self.store.add_audio(audio_rows)) if is_new]
 
     def expire(self, now: float) -> int:
         """Leases past their deadline go back to the frontier."""

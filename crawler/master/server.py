@@ -203,7 +203,7 @@ class Master:
         counts = st.get("states", {})
         self.summary.pages = counts.get("done", 0)
         self.summary.errors = counts.get("error", 0)
-        self.summary.audio = sum(st.get("audio", {}).values()) if isinstance(st.get("audio"), dict) else 0
+        self.summary.audio = sum(st["audio"].values())
         self.summary.frontier = st.get("frontier", 0)
         self.summary.discards = dict(st.get("discards", {}))
         self.summary.stale_results = self.crawl.totals.stale_results
@@ -327,9 +327,10 @@ class Master:
                     continue
                 else:
                     raise p.ProtocolError(f"unexpected {type(msg).__name__} from a worker")
-                self._dispatch(s)
                 if isinstance(msg, p.Report):
-                    self._dispatch_all()
+                    self._dispatch_all()     # its links may route to any node
+                else:
+                    self._dispatch(s)
         except p.ProtocolError as e:
             log.warning("worker %s (%s) broke the protocol: %s; closing its connection", s.node, conn.peer, e)
         except (ConnectionClosed, OSError, ConnectionError) as e:

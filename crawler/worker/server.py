@@ -80,7 +80,6 @@ class Worker:
         self._stop = asyncio.Event()
         self.resolvers: list[Resolver] = load_resolvers(cfg.resolvers)
         self.links = LinkCache(cfg.link_cache)
-        self.connected = asyncio.Event()
 
     def stop(self) -> None:
         self._stop.set()
@@ -121,7 +120,7 @@ class Worker:
             conn = None
             try:
                 reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
-                conn = FramedConnection(reader, writer, 16 * 1024 * 1024)
+                conn = FramedConnection(reader, writer, p.DEFAULT_MAX_FRAME)   # lowered by the Welcome
                 welcome = await asyncio.wait_for(self._handshake(conn), 10)
                 delay = 0.2
                 log.info("worker %s connected to master %s:%d", self.cfg.id, host, port)
@@ -134,7 +133,6 @@ class Worker:
             except p.ProtocolError as e:
                 log.warning("master broke the protocol: %s", e)
             finally:
-                self.connected.clear()
                 if conn is not None:
                     await conn.close()
             if self._stop.is_set():
@@ -173,7 +171,6 @@ class Worker:
         conn.max_frame = min(conn.max_frame, welcome.max_frame)
         results: asyncio.Queue[p.Result] = asyncio.Queue()
         await conn.send(p.Credit(self.cfg.max_tasks))
-        self.connected.set()
         last_heard = time.monotonic()
         timeout = max(3 * welcome.heartbeat_interval, 5.0)
 
