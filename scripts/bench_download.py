@@ -28,14 +28,14 @@ _CHILD = r"""
 import asyncio, json, resource, sys, time
 from pathlib import Path
 import httpx
-from httpx_aiohttp import AiohttpTransport
+from crawler.worker.fetcher import build_transport
 from crawler.items import AudioItem
 from crawler.worker.downloader import Downloader, DownloadConfig
 
 url, data_dir, transport = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 
 async def main():
-    client = httpx.AsyncClient(transport=AiohttpTransport() if transport == "aiohttp" else None)
+    client = httpx.AsyncClient(transport=build_transport(max_connections=16, dns_ttl=60) if transport == "aiohttp" else None)
     async with client:
         dl = Downloader(client, data_dir, DownloadConfig(max_size=1 << 40))
         t0 = time.perf_counter()

@@ -1,6 +1,7 @@
 """Resumable downloads against a loopback server that counts the bytes it serves and misbehaves on demand.
 
-Most tests run with both transports: httpx's own (httpcore) and httpx-aiohttp, which is what production uses.
+Most tests run with both transports: httpx's own (httpcore) and the worker's aiohttp
+transport (crawler/worker/transport.py), which is what production uses.
 Where a test bounds the bytes served, the server is rate limited so that, as on the internet, the link and not
 the disk is the slow side; the aiohttp transport discards what it had buffered when a connection breaks, so a
 disk-bound loopback transfer would measure the transport's buffer rather than the downloader.
@@ -20,13 +21,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from httpx_aiohttp import AiohttpTransport
 from hypothesis import given
 from hypothesis import strategies as st
 
 from crawler.items import FAILED, OK, AudioItem, RequestIdentity
 from crawler.worker.audiostore import AudioStore, extension_for, partial_key
 from crawler.worker.downloader import DownloadConfig, Downloader, HostSlots
+from crawler.worker.fetcher import build_transport
 from tests.fakes.rangeserver import RangeServer, ThreadedRangeServer
 
 KiB = 1024
@@ -55,7 +56,7 @@ async def server():
 
 @pytest.fixture(params=["aiohttp", "httpcore"])
 async def client(request):
-    transport = AiohttpTransport() if request.param == "aiohttp" else None
+    transport = build_transport(max_connections=16, dns_ttl=60) if request.param == "aiohttp" else None
     async with httpx.AsyncClient(transport=transport) as c:
         yield c
 
@@ -168,12 +169,12 @@ _CHILD = r"""
 import asyncio, sys
 from pathlib import Path
 import httpx
-from httpx_aiohttp import AiohttpTransport
+from crawler.worker.fetcher import build_transport
 from crawler.items import AudioItem
 from crawler.worker.downloader import Downloader, DownloadConfig
 
 async def main():
-    async with httpx.AsyncClient(transport=AiohttpTransport()) as client:
+    async with httpx.AsyncClient(transport=build_transport(max_connections=16, dns_ttl=60)) as client:
         cfg = DownloadConfig(chunk_size=int(sys.argv[3]), retry_backoff=0)
         dl = Downloader(client, Path(sys.argv[2]), cfg)
         await dl.fetch(AudioItem(url=sys.argv[1], page="p", source_id="song-1"))
@@ -202,7 +203,7 @@ async def test_process_killed_mid_download_resumes_after_restart(server, tmp_pat
     sidecar = json.loads(AudioStore(tmp_path).sidecar_path(partial_key(item)).read_text())
     assert sidecar["expected_size"] == len(data) and sidecar["etag"] == res.etag
 
-    async with httpx.AsyncClient(transport=AiohttpTransport()) as client:
+    async with httpx.AsyncClient(transport=build_transport(max_connections=16, dns_ttl=60)) as client:
         got = await Downloader(client, tmp_path, CFG).fetch(item)
     assert got.status == OK and got.sha256 == sha(data)
     assert (tmp_path / got.path).read_bytes() == data

@@ -68,8 +68,8 @@ _EXPIRED = frozenset({403, 410})
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
 _UNSATISFIED_RANGE = re.compile(r"bytes\s+\*/(\d+)", re.IGNORECASE)
 _CHECKPOINT = 16 * MiB
-# Errors the transports raise for a broken connection. httpx-aiohttp maps most aiohttp errors to httpx ones
-# but passes some through unmapped, so both families are caught.
+# Errors the transports raise for a broken connection. The worker's transport maps aiohttp's errors to httpx
+# ones; aiohttp's and the loop's own stay caught too, for any transport that lets one through.
 _NETWORK_ERRORS = (httpx.TransportError, aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 
 Reresolve = Callable[[AudioItem], Awaitable[AudioItem | None]]

@@ -1,8 +1,8 @@
 """Fetching one page with the bounds a hostile site cannot push past.
 
-The client is httpx over the aiohttp transport: the httpx API, with cost that stays flat at hundreds of
-connections (plain httpx does not; see the design notes). aiohttp's connector caches DNS answers for `dns_ttl`
-seconds, so a host is resolved once per TTL, not once per request.
+The client is httpx over an aiohttp transport (transport.py): the httpx API, with cost that stays flat at
+hundreds of connections (plain httpx does not; see the design notes). aiohttp's connector caches DNS answers
+for `dns_ttl` seconds, so a host is resolved once per TTL, not once per request.
 
 Bounds: a body cap counted on the *decoded* bytes (a compression bomb stops at the cap; one compressed chunk of
 16 KiB can expand to at most about 16 MiB before the check), connect/read timeouts, a redirect limit.
@@ -19,9 +19,9 @@ import re
 import aiohttp
 import aiohttp.abc
 import httpx
-from httpx_aiohttp import AiohttpTransport
 
 from crawler.resolvers.base import FetchedPage
+from crawler.worker.transport import AiohttpTransport
 
 SNIFF_BYTES = 64 * 1024
 # Bodies we read whole (up to the page cap): documents and playlists. Anything else is sniffed from its start.
@@ -43,15 +43,19 @@ class _NoCookies(httpx.Cookies):
         pass
 
 
-def build_client(*, user_agent: str, max_connections: int, connect_timeout: float, read_timeout: float,
-                 max_redirects: int, dns_ttl: float,
-                 resolver: aiohttp.abc.AbstractResolver | None = None) -> httpx.AsyncClient:
+def build_transport(*, max_connections: int, dns_ttl: float,
+                    resolver: aiohttp.abc.AbstractResolver | None = None) -> AiohttpTransport:
     def session() -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=int(dns_ttl),
                                          use_dns_cache=True, enable_cleanup_closed=True, resolver=resolver)
         return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 
-    transport = AiohttpTransport(client=session)
+    return AiohttpTransport(session)
+
+
+def build_client(transport: AiohttpTransport, *, user_agent: str, connect_timeout: float, read_timeout: float,
+                 max_redirects: int) -> httpx.AsyncClient:
+    """The client for resolvers' API calls and downloads: redirects followed up to the limit."""
     timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=None)
     client = httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=True,
                                max_redirects=max_redirects, headers={"User-Agent": user_agent})
@@ -67,35 +71,54 @@ def is_document(mt: str) -> bool:
     return bool(_DOCUMENT.match(mt))
 
 
-async def fetch_page(client: httpx.AsyncClient, url: str, *, max_bytes: int,
-                     referrer: str | None = None) -> tuple[FetchedPage, bool]:
-    """GET url; returns the page and whether its body was cut at the cap. Raises FetchError."""
-    request_url = url.split("#", 1)[0]
-    headers = {"Referer": referrer} if referrer else None
-    try:
-        async with client.stream("GET", request_url, headers=headers, follow_redirects=False) as r:
-            mt = media_type(r.headers.get("content-type"))
-            limit = max_bytes if is_document(mt) else SNIFF_BYTES
-            chunks: list[bytes] = []
-            size = 0
-            truncated = False
-            async for chunk in r.aiter_bytes():
-                chunks.append(chunk)
-                size += len(chunk)
-                if size >= limit:
-                    truncated = is_document(mt) and size > limit
-                    break
+class PageFetcher:
+    """Page GETs: httpx Requests handed straight to the transport.
+
+    AsyncClient's per-request machinery (URL and header merging, the auth flow, the redirect loop, cookies,
+    event hooks) cost more CPU than aiohttp's whole request, and a page fetch needs none of it: redirects are
+    reported, not followed, and there is no cookie jar. The headers are the client's (User-Agent, Accept,
+    Accept-Encoding), built once.
+    """
+
+    def __init__(self, transport: httpx.AsyncBaseTransport, client: httpx.AsyncClient) -> None:
+        self._transport = transport
+        self._headers = client.headers.copy()
+        self._extensions = {"timeout": client.timeout.as_dict()}
+
+    async def fetch(self, url: str, *, max_bytes: int, referrer: str | None = None) -> tuple[FetchedPage, bool]:
+        """GET url; returns the page and whether its body was cut at the cap. Raises FetchError."""
+        request_url = url.split("#", 1)[0]
+        headers = self._headers
+        if referrer:
+            headers = headers.copy()
+            headers["Referer"] = referrer
+        try:
+            request = httpx.Request("GET", request_url, headers=headers, extensions=self._extensions)
+            r = await self._transport.handle_async_request(request)
+            try:
+                mt = media_type(r.headers.get("content-type"))
+                document = is_document(mt)
+                limit = max_bytes if document else SNIFF_BYTES
+                chunks: list[bytes] = []
+                size = 0
+                truncated = False
+                async for chunk in r.aiter_bytes():
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size >= limit:
+                        truncated = document and size > limit
+                        break
+            finally:
+                await r.aclose()
             body = b"".join(chunks)[:limit]
-            page = FetchedPage(url=url, final_url=str(r.url), status=r.status_code, content_type=mt,
+            page = FetchedPage(url=url, final_url=str(request.url), status=r.status_code, content_type=mt,
                                headers={k.lower(): v for k, v in r.headers.items()}, body=body, referrer=referrer)
             return page, truncated
-    except httpx.TooManyRedirects:
-        raise FetchError("too many redirects", transient=False) from None
-    except httpx.UnsupportedProtocol as e:
-        raise FetchError(f"unsupported URL: {e}", transient=False) from None
-    except httpx.DecodingError as e:
-        raise FetchError(f"undecodable body: {e}", transient=False) from None
-    except httpx.InvalidURL as e:
-        raise FetchError(f"invalid URL: {e}", transient=False) from None
-    except (httpx.TransportError, OSError) as e:
-        raise FetchError(f"{type(e).__name__}: {e}".rstrip(": "), transient=True) from None
+        except httpx.UnsupportedProtocol as e:
+            raise FetchError(f"unsupported URL: {e}", transient=False) from None
+        except httpx.DecodingError as e:
+            raise FetchError(f"undecodable body: {e}", transient=False) from None
+        except httpx.InvalidURL as e:
+            raise FetchError(f"invalid URL: {e}", transient=False) from None
+        except (httpx.TransportError, OSError) as e:
+            raise FetchError(f"{type(e).__name__}: {e}".rstrip(": "), transient=True) from None

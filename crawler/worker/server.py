@@ -21,7 +21,7 @@ from crawler.resolvers.registry import load_resolvers, pick
 from crawler.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
 from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader
-from crawler.worker.fetcher import FetchError, build_client, fetch_page
+from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
 from crawler.worker.linkcache import LinkCache
 from crawler.worker.links import extract_links
 from crawler.worker.pagestore import PageStore
@@ -90,12 +90,13 @@ class Worker:
         cfg = self.cfg
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         self.pages = PageStore(cfg.data_dir)
-        self.http = build_client(user_agent=cfg.user_agent, max_connections=cfg.concurrency * 2,
-                                 connect_timeout=cfg.connect_timeout, read_timeout=cfg.read_timeout,
-                                 max_redirects=cfg.max_redirects, dns_ttl=cfg.dns_ttl)
-        self.dl_http = build_client(user_agent=cfg.user_agent, max_connections=cfg.downloads * 2,
-                                    connect_timeout=cfg.connect_timeout, read_timeout=cfg.read_timeout,
-                                    max_redirects=cfg.max_redirects, dns_ttl=cfg.dns_ttl)
+        transport = build_transport(max_connections=cfg.concurrency * 2, dns_ttl=cfg.dns_ttl)
+        self.http = build_client(transport, user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
+                                 read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
+        self.fetcher = PageFetcher(transport, self.http)
+        self.dl_http = build_client(build_transport(max_connections=cfg.downloads * 2, dns_ttl=cfg.dns_ttl),
+                                    user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
+                                    read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
         self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent)
         # The downloader holds the download limits itself (overall and per host), so a queue for one busy CDN
         # never blocks downloads from other hosts.
@@ -245,8 +246,8 @@ class Worker:
         if resolver.needs_page(url):
             async with self.page_sem:
                 try:
-                    page, _truncated = await fetch_page(self.http, url, max_bytes=self.cfg.max_page_bytes,
-                                                        referrer=task.parent)
+                    page, _truncated = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes,
+                                                                referrer=task.parent)
                 except FetchError as e:
                     return p.Result(task.lease, url, p.RETRY if e.transient else p.ERROR, error=str(e))
             if page.status == 429 or page.status >= 500:

@@ -1,0 +1,142 @@
+"""The worker's httpx transport over aiohttp, against raw loopback servers that misbehave on purpose."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from crawler.worker.fetcher import build_client, build_transport
+
+
+class RawServer:
+    """A TCP server answering each connection with handler(reader, writer); counts connections."""
+
+    def __init__(self, handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[bytes] = []
+
+    async def _serve(self, reader, writer):
+        self.connections += 1
+        try:
+            await self.handler(self, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def __aenter__(self):
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc):
+        self.server.close()
+
+
+async def read_request(server: RawServer, reader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    body = await reader.readexactly(length) if length else b""
+    server.requests.append(head + body)
+    return head
+
+
+def client(read_timeout: float = 5) -> httpx.AsyncClient:
+    return build_client(build_transport(max_connections=4, dns_ttl=60), user_agent="t-agent", connect_timeout=2,
+                        read_timeout=read_timeout, max_redirects=2)
+
+
+async def keep_alive(server, reader, writer):
+    while True:
+        await read_request(server, reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello")
+        await writer.drain()
+
+
+async def test_bodies_headers_and_pooled_connections():
+    async with RawServer(keep_alive) as server, client() as c:
+        for _ in range(3):
+            r = await c.get(server.url + "/a?b=%20c")
+            assert r.status_code == 200 and r.text == "hello" and r.reason_phrase == "OK"
+        r = await c.post(server.url + "/form", data={"k": "v w"})
+        assert r.status_code == 200
+    assert server.connections == 1          # every response went back to the pool
+    first, post = server.requests[0], server.requests[-1]
+    assert first.startswith(b"GET /a?b=%20c HTTP/1.1\r\n")          # not quoted twice
+    assert b"User-Agent: t-agent" in first and b"Cookie" not in first
+    assert post.startswith(b"POST /form ") and post.endswith(b"\r\n\r\nk=v+w")
+
+
+async def test_an_unread_body_does_not_poison_the_pool():
+    async def big(server, reader, writer):
+        while True:
+            await read_request(server, reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 1_000_000)
+            await writer.drain()
+
+    async with RawServer(big) as server, client() as c:
+        for _ in range(3):
+            async with c.stream("GET", server.url) as r:
+                async for _chunk in r.aiter_raw():
+                    break                       # a capped page: the rest is never read
+        r = await c.get(server.url)
+        assert len(r.content) == 1_000_000
+
+
+async def test_refused_connection_is_a_connect_error():
+    async with RawServer(keep_alive) as server:
+        url = server.url
+    async with client() as c:
+        with pytest.raises(httpx.ConnectError):
+            await c.get(url)
+
+
+async def test_silent_server_is_a_read_timeout():
+    async def silent(server, reader, writer):
+        await read_request(server, reader)
+        await asyncio.sleep(5)
+
+    async with RawServer(silent) as server, client(read_timeout=0.3) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            await c.get(server.url)
+
+
+async def test_hang_up_before_answering_is_a_protocol_error():
+    async def hang_up(server, reader, writer):
+        await read_request(server, reader)
+
+    async with RawServer(hang_up) as server, client() as c:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await c.get(server.url)
+
+
+async def test_garbage_status_line_is_a_protocol_error():
+    async def garbage(server, reader, writer):
+        await read_request(server, reader)
+        writer.write(b"SPAM SPAM SPAM\r\n\r\n")
+        await writer.drain()
+
+    async with RawServer(garbage) as server, client() as c:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await c.get(server.url)
+
+
+async def test_body_cut_short_is_a_read_error():
+    async def cut(server, reader, writer):
+        await read_request(server, reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000)
+        await writer.drain()
+
+    async with RawServer(cut) as server, client() as c:
+        with pytest.raises(httpx.ReadError):
+            await c.get(server.url)
+
+
+async def test_only_http_and_https():
+    async with client() as c:
+        with pytest.raises(httpx.UnsupportedProtocol):
+            await c.get("ftp://127.0.0.1/x")
