@@ -180,6 +180,12 @@ def positive(v: Any) -> str | None:
     return None if v > 0 else "must be greater than 0"
 
 
+def one_of(*choices: str) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"expected one of {', '.join(choices)}, got {v!r}"
+    return check
+
+
 def non_negative(v: Any) -> str | None:
     return None if v >= 0 else "must not be negative"
 

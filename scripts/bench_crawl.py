@@ -400,6 +400,7 @@ def recount_reported_links(worker_dirs: list[Path]) -> int | None:
     from crawler.resolvers.sniff import is_audio_url
     from crawler.urls import NormalizeOptions, normalize_many
     from crawler.worker.links import extract_links
+    from crawler.worker.pagestore import read_page
 
     opts = NormalizeOptions()
     total = 0
@@ -410,7 +411,7 @@ def recount_reported_links(worker_dirs: list[Path]) -> int | None:
         seen: set[str] = set()
         for line in index.read_text(encoding="utf-8").splitlines():
             rel, _url, final_url, *_ = line.split("\t")
-            tree = LexborHTMLParser((wd / "pages" / rel).read_bytes())
+            tree = LexborHTMLParser(read_page(wd / "pages", rel))
             seen.update(u for u in normalize_many(extract_links(tree, final_url), opts)
                         if u and not is_audio_url(u))
         total += len(seen)

@@ -12,7 +12,7 @@ import re
 import time
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -44,6 +44,7 @@ class FetchedPage:
     headers: Mapping[str, str]
     body: bytes
     referrer: str | None = None
+    raw_headers: Sequence[tuple[bytes, bytes]] = ()   # as received, for the page archive
     _text: str | None = field(default=None, init=False, repr=False, compare=False)
     _tree: LexborHTMLParser | None = field(default=None, init=False, repr=False, compare=False)
     _parsed: bool = field(default=False, init=False, repr=False, compare=False)

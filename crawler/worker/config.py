@@ -6,7 +6,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crawler.config import ConfigError, Key, load_yaml, parse_hostport, parse_section, positive, read_secret
+from crawler.config import (
+    ConfigError,
+    Key,
+    load_yaml,
+    one_of,
+    parse_hostport,
+    parse_section,
+    positive,
+    read_secret,
+)
+from crawler.worker.pagestore import FORMATS
 
 DEFAULT_USER_AGENT = "Mozilla/5.0 (compatible; audio-crawler/0.1)"
 
@@ -28,6 +38,8 @@ SPEC = {
     "link_cache": Key("int", 200_000, positive),
     "max_links_per_page": Key("int", 5000, positive),
     "store_pages": Key("bool", True),
+    "page_format": Key("str", "warc", one_of(*FORMATS)),   # see crawler/worker/pagestore.py
+    "warc_file_bytes": Key("int", 1024 ** 3, positive),      # a new WARC file past this size
     "download_audio": Key("bool", True),
     "reconnect_max_delay": Key("float", 30.0, positive),
     "resolvers": Key("map", None),                    # name -> its own section, in the order they are tried
@@ -53,6 +65,8 @@ class WorkerConfig:
     link_cache: int
     max_links_per_page: int
     store_pages: bool
+    page_format: str
+    warc_file_bytes: int
     download_audio: bool
     reconnect_max_delay: float
     resolvers: dict[str, dict[str, Any]]
@@ -79,6 +93,7 @@ class WorkerConfig:
             connect_timeout=v["connect_timeout"], read_timeout=v["read_timeout"],
             max_redirects=v["max_redirects"], dns_ttl=v["dns_ttl"], link_cache=v["link_cache"],
             max_links_per_page=v["max_links_per_page"], store_pages=v["store_pages"],
+            page_format=v["page_format"], warc_file_bytes=v["warc_file_bytes"],
             download_audio=v["download_audio"], reconnect_max_delay=v["reconnect_max_delay"],
             resolvers={k: dict(s or {}) for k, s in resolvers.items()},
         )

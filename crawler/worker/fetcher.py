@@ -112,7 +112,8 @@ class PageFetcher:
                 await r.aclose()
             body = b"".join(chunks)[:limit]
             page = FetchedPage(url=url, final_url=str(request.url), status=r.status_code, content_type=mt,
-                               headers={k.lower(): v for k, v in r.headers.items()}, body=body, referrer=referrer)
+                               headers={k.lower(): v for k, v in r.headers.items()}, body=body, referrer=referrer,
+                               raw_headers=r.headers.raw)
             return page, truncated
         except httpx.UnsupportedProtocol as e:
             raise FetchError(f"unsupported URL: {e}", transient=False) from None

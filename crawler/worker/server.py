@@ -24,7 +24,7 @@ from crawler.worker.downloader import DownloadConfig, Downloader
 from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
 from crawler.worker.linkcache import LinkCache
 from crawler.worker.links import extract_links
-from crawler.worker.pagestore import PageStore
+from crawler.worker.pagestore import open_page_store
 
 log = logging.getLogger("crawler.worker")
 
@@ -89,7 +89,7 @@ class Worker:
         """Runs until the master says the crawl is over (returns 0) or stop() is called (returns 0)."""
         cfg = self.cfg
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        self.pages = PageStore(cfg.data_dir)
+        self.pages = open_page_store(cfg.data_dir, cfg.page_format, warc_file_bytes=cfg.warc_file_bytes)
         transport = build_transport(max_connections=cfg.concurrency * 2, dns_ttl=cfg.dns_ttl)
         self.http = build_client(transport, user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
                                  read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
@@ -199,6 +199,7 @@ class Worker:
                 while len(batch) < REPORT_BATCH and size < REPORT_BYTES and not results.empty():
                     batch.append(results.get_nowait())
                     size += _wire_size(batch[-1])
+                self.pages.flush()   # the index lines of these pages reach the disk before the master hears of them
                 await conn.send_bytes(_report_frames(batch, conn.max_frame) + p.encode(p.Credit(len(batch))))
 
         async def heartbeat() -> None:
@@ -246,8 +247,8 @@ class Worker:
         if resolver.needs_page(url):
             async with self.page_sem:
                 try:
-                    page, _truncated = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes,
-                                                                referrer=task.parent)
+                    page, truncated = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes,
+                                                               referrer=task.parent)
                 except FetchError as e:
                     return p.Result(task.lease, url, p.RETRY if e.transient else p.ERROR, error=str(e))
             if page.status == 429 or page.status >= 500:
@@ -270,7 +271,8 @@ class Worker:
             if tree is not None:
                 links = extract_links(tree, page.final_url)
                 if self.cfg.store_pages:
-                    self.pages.save(url, page.final_url, page.status, page.content_type, page.body)
+                    self.pages.save(url, page.final_url, page.status, page.content_type, page.body,
+                                    page.raw_headers, truncated)
         try:
             resolution = await resolver.resolve(url, page, self.ctx)
         except Exception as e:

@@ -1,0 +1,140 @@
+"""The worker's page store: WARC files that standard tools read, and the one-file-per-page layout."""
+
+import gzip
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from warcio.archiveiterator import ArchiveIterator
+
+from crawler.worker.pagestore import FilePageStore, WarcPageStore, open_page_store, read_page
+
+REPO = Path(__file__).resolve().parent.parent
+HOSTILE_URLS = ["http://../../etc/passwd", "http://evil.example/../../../../tmp/x", "http://a%2F..%2F..%2Fb/",
+                "http://[::1]:80/%2e%2e/%2e%2e/", "http://xn--e1a.example/" + "a" * 5000]
+HEADERS = [(b"Server", b"nginx"), (b"Content-Type", b"text/html; charset=utf-8"),
+           (b"Content-Encoding", b"gzip"), (b"Content-Length", b"123"), (b"Set-Cookie", b"a=1"),
+           (b"Set-Cookie", b"b=2")]
+
+
+def index_rows(root: Path) -> list[list[str]]:
+    return [line.split("\t") for line in (root / "pages" / "index.tsv").read_text().splitlines()]
+
+
+def records(path: Path) -> list:
+    with open(path, "rb") as fh:
+        return [(r.rec_headers, r.http_headers, r.content_stream().read()) for r in ArchiveIterator(fh)]
+
+
+def test_warc_records_open_in_a_standard_reader(tmp_path):
+    store = WarcPageStore(tmp_path, clock=lambda: 1_790_000_000.0)
+    pages = [(f"http://site.test/p{i}", f"<html>page {i}</html>".encode() * (i + 1)) for i in range(5)]
+    locations = [store.save(u, u, 200, "text/html", body, HEADERS) for u, body in pages]
+    store.save("http://site.test/gone#frag", "http://site.test/gone", 404, "text/html", b"no", ())
+    store.close()
+
+    files = sorted((tmp_path / "pages").glob("*.warc"))
+    assert [f.name for f in files] == ["pages-20260921141320-00000.warc"]
+    got = records(files[0])
+    assert got[0][0].get_header("WARC-Type") == "warcinfo"
+    responses = got[1:]
+    assert [r[0].get_header("WARC-Target-URI") for r in responses] == [u for u, _ in pages] + ["http://site.test/gone"]
+    assert [r[2] for r in responses[:5]] == [body for _, body in pages]
+    warc_headers, http_headers, _ = responses[0]
+    assert warc_headers.get_header("WARC-Date") == "2026-09-21T14:13:20Z"
+    assert warc_headers.get_header("WARC-Payload-Digest").startswith("sha1:")
+    assert http_headers.get_statuscode() == "200"
+    # The body is stored decoded: the wire's encoding and length are kept aside, the length is the stored one.
+    assert http_headers.get_header("Content-Encoding") is None
+    assert http_headers.get_header("X-Archive-Orig-Content-Encoding") == "gzip"
+    assert http_headers.get_header("Content-Length") == str(len(pages[0][1]))
+    assert [v for k, v in http_headers.headers if k == "Set-Cookie"] == ["a=1", "b=2"]
+    assert responses[5][1].get_statuscode() == "404"
+    # The index says where each page is, and read() gives back its body.
+    rows = index_rows(tmp_path)
+    assert [r[0] for r in rows[:5]] == locations and rows[5][1] == "http://site.test/gone#frag"
+    reader = WarcPageStore(tmp_path)
+    assert [reader.read(loc) for loc in locations] == [body for _, body in pages]
+
+
+def test_warc_files_roll_over_and_restarts_start_a_new_file(tmp_path):
+    store = WarcPageStore(tmp_path, file_bytes=4096, clock=lambda: 1_790_000_000.0)
+    for i in range(20):
+        store.save(f"http://site.test/{i}", f"http://site.test/{i}", 200, "text/html", b"x" * 1000)
+    store.close()
+    again = WarcPageStore(tmp_path, file_bytes=4096, clock=lambda: 1_790_000_000.0)   # same second
+    again.save("http://site.test/after", "http://site.test/after", 200, "text/html", b"y")
+    again.close()
+    files = sorted((tmp_path / "pages").glob("*.warc"))
+    assert len(files) >= 6 and all(f.stat().st_size <= 4096 for f in files)
+    uris = [r[0].get_header("WARC-Target-URI") for f in files for r in records(f) if r[1] is not None]
+    assert sorted(uris) == sorted([f"http://site.test/{i}" for i in range(20)] + ["http://site.test/after"])
+    assert all(records(f)[0][0].get_header("WARC-Type") == "warcinfo" for f in files)
+
+
+def test_truncated_pages_say_so_and_headers_cannot_forge_records(tmp_path):
+    store = WarcPageStore(tmp_path)
+    evil = [(b"X-Evil", b"a\r\n\r\nWARC/1.1\r\nWARC-Type: response")]
+    store.save("http://site.test/big\nWARC-Type: x", "http://site.test/big\r\nX:y", 200, "text/html",
+               b"z" * 100, evil, truncated=True)
+    store.close()
+    _info, (warc_headers, http_headers, body) = records(next((tmp_path / "pages").glob("*.warc")))
+    assert warc_headers.get_header("WARC-Truncated") == "length"
+    assert warc_headers.get_header("WARC-Target-URI") == "http://site.test/bigX:y"
+    assert http_headers.get_header("X-Evil") == "a WARC/1.1 WARC-Type: response" and body == b"z" * 100
+
+
+def test_no_url_names_a_file_in_either_format(tmp_path):
+    for fmt in ("warc", "files"):
+        root = tmp_path / fmt
+        store = open_page_store(root, fmt)
+        for u in HOSTILE_URLS:
+            location = store.save(u, u, 200, "text/html", b"<html></html>")
+            assert store.read(location) == b"<html></html>"
+        store.close()
+        for path in root.rglob("*"):
+            assert path.resolve().is_relative_to((root / "pages").resolve())
+        assert len(index_rows(root)) == len(HOSTILE_URLS)
+    for location in ("../../etc/passwd.warc:0:10", "../../etc/passwd", "/etc/passwd"):
+        with pytest.raises(ValueError):
+            read_page(tmp_path / "warc" / "pages", location)
+    assert isinstance(open_page_store(tmp_path / "f", "files"), FilePageStore)
+
+
+_CHILD = r"""
+import sys, time
+from pathlib import Path
+from crawler.worker.pagestore import WarcPageStore
+store = WarcPageStore(Path(sys.argv[1]))
+for i in range(200):
+    store.save(f"http://site.test/{i}", f"http://site.test/{i}", 200, "text/html", b"<html>%d</html>" % i)
+print("saved", flush=True)
+time.sleep(60)
+"""
+
+
+def test_pages_survive_a_killed_worker(tmp_path):
+    """Appends are unbuffered: what save() returned for is in the file when the process is killed."""
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path)], stdout=subprocess.PIPE, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert proc.stdout.readline() == b"saved\n"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    [warc] = (tmp_path / "pages").glob("*.warc")
+    bodies = [r[2] for r in records(warc) if r[1] is not None]
+    assert bodies == [b"<html>%d</html>" % i for i in range(200)]
+
+
+def test_a_gzip_body_is_stored_as_read(tmp_path):
+    """What the fetcher hands over is already decoded; the archive keeps those bytes, not a second encoding."""
+    store = WarcPageStore(tmp_path)
+    body = b"<html>" + b"a" * 5000 + b"</html>"
+    loc = store.save("http://s.test/", "http://s.test/", 200, "text/html", body,
+                     [(b"Content-Encoding", b"gzip"), (b"Content-Length", str(len(gzip.compress(body))).encode())])
+    store.close()
+    assert store.read(loc) == body
