@@ -28,7 +28,7 @@ import msgpack
 
 from crawler.items import AudioItem
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2   # 2: Welcome carries max_depth
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 NONCE_SIZE = 32
 _HEADER = struct.Struct(">I")
@@ -173,17 +173,22 @@ class Welcome(Message):
     heartbeat_interval: float
     keep_fragment: tuple[str, ...] = ()   # URL patterns whose fragment is meaningful (normalise alike)
     max_frame: int = DEFAULT_MAX_FRAME    # the master refuses larger frames: the worker splits its reports
+    # Links of a page at this depth would be too deep: the worker neither extracts nor reports them. (Reported
+    # anyway, the master would drop them, and the worker's link cache would then hold back the same links found
+    # later on a shallower page.) None: no limit.
+    max_depth: int | None = None
 
     def fields(self):
-        return [self.heartbeat_interval, list(self.keep_fragment), self.max_frame]
+        return [self.heartbeat_interval, list(self.keep_fragment), self.max_frame, self.max_depth]
 
     @classmethod
     def from_fields(cls, f):
-        _arity(f, 3, cls)
+        _arity(f, 4, cls)
         max_frame = _int(f[2], "max_frame")
         if max_frame < 1024:
             raise ProtocolError("max_frame: too small to carry a report")
-        return cls(_float(f[0], "heartbeat_interval"), _str_tuple(f[1], "keep_fragment"), max_frame)
+        max_depth = None if f[3] is None else _nonneg(f[3], "max_depth")
+        return cls(_float(f[0], "heartbeat_interval"), _str_tuple(f[1], "keep_fragment"), max_frame, max_depth)
 
 
 @dataclass(frozen=True, slots=True)

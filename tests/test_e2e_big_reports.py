@@ -33,8 +33,8 @@ async def test_a_burst_of_link_heavy_results_is_split_across_frames(tmp_path):
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     base = f"http://127.0.0.1:{runner.addresses[0][1]}"
     try:
-        # max_depth 1: the heavy pages' links are reported and counted, never fetched.
-        config = cluster.master_config(tmp_path, [base + "/"], ["w1"], crawl={"max_depth": 1},
+        # The heavy pages' links are reported and counted, then refused by a deny pattern, never fetched.
+        config = cluster.master_config(tmp_path, [base + "/"], ["w1"], crawl={"deny_patterns": ["x{80}"]},
                                        max_frame=1024 * 1024)
         master = await cluster.start_master(config, tmp_path)
         worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path,
@@ -46,3 +46,4 @@ async def test_a_burst_of_link_heavy_results_is_split_across_frames(tmp_path):
     summary = master.stdout.decode()
     assert f"links reported  {PAGES + PAGES * LINKS} " in summary, summary
     assert "broke the protocol" not in master.log()
+    assert f"denied {PAGES * LINKS}" in summary, summary

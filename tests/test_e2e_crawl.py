@@ -98,3 +98,26 @@ async def test_two_workers_crawl_the_site_completely_and_a_wrong_secret_is_refus
         assert row["status"] == "ok"
         assert row["sha256"] == a.sha256, (a.url, row.get("reason"))
     assert len(rows) == len(manifest.audio), "items found that the site does not have"
+
+
+async def test_pages_at_the_depth_limit_are_fetched_but_their_links_are_not_reported(site, tmp_path):
+    """A link seen first on a page at the limit must not be held back by the worker's link cache when a
+    shallower page names it later: the worker does not report (or cache) the links of pages at the limit."""
+    site_dir, _ = site
+    async with await siteserver.start(site_dir, behaviour=siteserver.Behaviour(record_log=True)) as server:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"], crawl={"max_depth": 1})
+        master = await cluster.start_master(config, tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path,
+                                            extra=["--concurrency", "4"])
+        assert await master.wait(120) == 0, master.log()[-3000:]
+        assert await worker.wait(30) == 0
+        log = list(server.log)
+    home = (site_dir / "index.html").read_text()
+    fetched = {e.path for e in log if e.method == "GET" and e.path.endswith(".html")}
+    assert "/index.html" in fetched or "/" in {e.path for e in log}
+    assert fetched and all(path.removeprefix("/") in home for path in fetched), sorted(fetched)
+    summary = master.stdout.decode()
+    assert "too_deep" not in summary, summary        # nothing too deep was even reported
+    links_line = next(line for line in summary.splitlines() if "links reported" in line)
+    home_links = int(links_line.split()[2])
+    assert 0 < home_links <= home.count("href=")     # only the home page's links were reported

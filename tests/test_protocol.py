@@ -19,6 +19,7 @@ MESSAGES = [
     p.Challenge(NONCE, b"\x01" * 32),
     p.Auth(b"\x02" * 32),
     p.Welcome(5.0, (r"^https?://www\.kugou\.com/song/",), 4 * 1024 * 1024),
+    p.Welcome(0.5, (), 1024, max_depth=3),
     p.Refused("bad secret"),
     p.Assign((p.Task(1, "http://a/", 0, None), p.Task(2, "http://a/b", 3, "http://a/"))),
     p.Assign(()),

@@ -360,7 +360,7 @@ class Master:
             await conn.send(p.Refused(f"node id {hello.worker_id!r} is not in the master's nodes list"))
             raise p.ProtocolError(f"unknown node id {hello.worker_id!r}")
         await conn.send(p.Welcome(self.cfg.scheduling.heartbeat_interval, self.cfg.crawl.keep_fragment,
-                                  self.cfg.max_frame))
+                                  self.cfg.max_frame, self.cfg.crawl.max_depth))
         return hello
 
     def _attach(self, s: Session) -> None:

@@ -80,6 +80,7 @@ class Worker:
         self._stop = asyncio.Event()
         self.resolvers: list[Resolver] = load_resolvers(cfg.resolvers)
         self.links = LinkCache(cfg.link_cache)
+        self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
 
     def stop(self) -> None:
         self._stop.set()
@@ -169,6 +170,7 @@ class Worker:
         patterns = tuple(dict.fromkeys(welcome.keep_fragment + self.norm.keep_fragment))
         self.norm = NormalizeOptions(keep_fragment=patterns)
         self.links.forget()
+        self.max_depth = welcome.max_depth
         conn.max_frame = min(conn.max_frame, welcome.max_frame)
         results: asyncio.Queue[p.Result] = asyncio.Queue()
         await conn.send(p.Credit(self.cfg.max_tasks))
@@ -241,6 +243,8 @@ class Worker:
 
     async def process(self, task: p.Task) -> p.Result:
         url = task.url
+        # At the crawl's depth limit the page's links would only be dropped by the master: not even extracted.
+        follow = self.max_depth is None or task.depth < self.max_depth
         resolver = pick(self.resolvers, url)
         page: FetchedPage | None = None
         links: list[str] = []
@@ -260,7 +264,7 @@ class Worker:
                     target = resolve(page.final_url, location) if location else ""
                 except InvalidURL:
                     target = ""
-                links = self._links_to_report([target] if target else [], [])
+                links = self._links_to_report([target] if target and follow else [], [])
                 return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
                                 len(page.body), None if target else "redirect without a usable Location",
                                 tuple(links))
@@ -269,7 +273,8 @@ class Worker:
                                 len(page.body))
             tree = page.tree()
             if tree is not None:
-                links = extract_links(tree, page.final_url)
+                if follow:
+                    links = extract_links(tree, page.final_url)
                 if self.cfg.store_pages:
                     self.pages.save(url, page.final_url, page.status, page.content_type, page.body,
                                     page.raw_headers, truncated)
@@ -282,7 +287,8 @@ class Worker:
         else:
             error = None
         items = list(resolution.items) if resolution else []
-        links.extend(resolution.links if resolution else ())
+        if follow and resolution:
+            links.extend(resolution.links)
         links = self._links_to_report(links, items)
         if items and self.cfg.download_audio:
             items = await self._download_all(items, resolver)
