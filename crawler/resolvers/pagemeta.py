@@ -16,6 +16,8 @@ from typing import Any
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
+from crawler.html import css, css_first
+
 FIELDS = ("title", "artist", "album", "description", "cover", "duration", "bitrate")
 Meta = dict[str, Any]
 
@@ -175,21 +177,21 @@ def load_json_block(text: str) -> Any:
 
 
 def _meta_content(tree: LexborHTMLParser, selector: str) -> str | None:
-    node = tree.css_first(selector)
+    node = css_first(tree, selector)
     return clean_text(node.attributes.get("content")) if node is not None else None
 
 
 def page_meta(tree: LexborHTMLParser) -> Meta:
     """Level 3 of the convention: what the page as a whole says."""
     recording: Meta = {}
-    for script in tree.css('script[type="application/ld+json"]'):
+    for script in css(tree, 'script[type="application/ld+json"]'):
         for obj in _walk_json(load_json_block(script.text() or "")):
             if _is_music_recording(obj):
                 recording = json_object_meta(obj)
                 break
         if recording:
             break
-    title_node = tree.css_first("title")
+    title_node = css_first(tree, "title")
     head: Meta = normalise({
         "title": _meta_content(tree, 'meta[property="og:title"]')
         or (title_node.text() if title_node is not None else None),
@@ -211,13 +213,13 @@ def _own_data(node: LexborNode, with_title_attr: bool) -> Meta:
 
 
 def _itemprop(scope: LexborNode, prop: str) -> str | None:
-    node = scope.css_first(f'[itemprop="{prop}"]')
+    node = css_first(scope, f'[itemprop="{prop}"]')
     if node is None:
         return None
     content = node.attributes.get("content")
     if content:
         return clean_text(content)
-    inner = node.css_first('[itemprop="name"]') if prop != "name" else None
+    inner = css_first(node, '[itemprop="name"]') if prop != "name" else None
     return clean_text((inner or node).text(deep=True))
 
 

@@ -8,6 +8,8 @@ from urllib.parse import urljoin, urlsplit
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
+from crawler.html import css, css_first
+
 _SKIPPED_SCHEMES = ("javascript:", "mailto:", "tel:", "data:", "about:", "blob:")
 # "5; url=/next", "0;URL='/next'", "3, /next": the delay, a separator, an optional "url=", the target.
 _REFRESH_URL = re.compile(r"""^\s*[\d.]*\s*[;,]\s*(?:url\s*=\s*)?(['"]?)(.*?)\1\s*$""", re.IGNORECASE | re.DOTALL)
@@ -63,7 +65,7 @@ _join_cached = functools.lru_cache(maxsize=50_000)(_join)
 
 def document_base(tree: LexborHTMLParser, page_url: str) -> str:
     """The URL relative references resolve against: the first <base href>, else the page's own URL."""
-    base = tree.css_first("base[href]")
+    base = css_first(tree, "base[href]")
     if base is not None:
         href = base.attributes.get("href") or ""
         joined = join_url(page_url, href)
@@ -88,7 +90,7 @@ def extract_links(tree: LexborHTMLParser, base_url: str) -> list[str]:
     base = document_base(tree, base_url)
     seen: set[str] = set()
     out: list[str] = []
-    for node in tree.css(_LINK_SELECTOR):
+    for node in css(tree, _LINK_SELECTOR):
         tag = node.tag
         attrs = node.attributes
         ref: str | None
