@@ -10,6 +10,8 @@ from typing import Any, ClassVar
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from crawler.items import AudioItem, RequestIdentity
 from crawler.resolvers import (
@@ -454,6 +456,34 @@ def test_audio_link_and_claims() -> None:
     assert not g.audio_link("http://x.org/list.m3u") and not g.audio_link("http://x.org/clip.mp4")
     assert g.claims("https://anything.example/") and not g.claims("ftp://x.org/a.mp3")
     assert url_extension("http://x.org/a.tar.MP3#f") == "mp3"
+
+
+def _reference_extension(url: str) -> str:
+    """What url_extension must answer, the slow obvious way."""
+    import posixpath
+    from urllib.parse import unquote, urlsplit
+    name = posixpath.basename(unquote(urlsplit(url).path))
+    stem, dot, ext = name.rpartition(".")
+    return ext.lower() if dot and stem else ""
+
+
+_URL_PARTS = st.sampled_from(["http:", "https:", "HTTP:", "x-y+z:", "1a:", "", "//", "/", "a", ".", "..",
+                              "mp3", ".MP3", "%2F", "%2e", "%", "?", "#", "q=1.mp3", "host.org", ":80",
+                              "@", "b.m3u8", "/c.d/", "é", " ", "\t", "\n"])
+
+
+@given(st.lists(_URL_PARTS, max_size=12).map("".join))
+def test_url_extension_agrees_with_urlsplit(url: str) -> None:
+    assert url_extension(url) == _reference_extension(url)
+
+
+@pytest.mark.parametrize("url, ext", [
+    ("http://x.org/a.mp3?b=c.flac#d.ogg", "mp3"), ("//cdn.x/a/b.OGG", "ogg"), ("http://song.mp3", ""),
+    ("a/b//c.wav", "wav"), ("/go?to=http://x/a.mp3", ""), ("http://x/a%2Fb.mp3", "mp3"), ("http://x/.mp3", ""),
+    ("http:foo.mp3", "mp3"), ("page.html#x?y.mp3", "html"), ("http://x/a.mp3/", ""),
+])
+def test_url_extension_examples(url: str, ext: str) -> None:
+    assert url_extension(url) == ext
 
 
 def test_page_text_charset_from_header_then_meta_then_utf8() -> None:

@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, urldefrag
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
+from crawler.html import css
 from crawler.items import AudioItem
 from crawler.resolvers import jsdata, pagemeta, playlists, sniff
 from crawler.resolvers.base import (
@@ -230,6 +231,7 @@ class GenericResolver(Resolver):
                     out.add(url, {}, "script")
 
 
+_NAMED_EXTENSIONS = sniff.AUDIO_EXTENSIONS | sniff.PLAYLIST_EXTENSIONS
 _DOTTED_EXTENSIONS = tuple(f".{ext}" for ext in sorted(sniff.AUDIO_EXTENSIONS | sniff.PLAYLIST_EXTENSIONS))
 
 
@@ -247,18 +249,20 @@ def _candidates(tree: LexborHTMLParser, body: bytes) -> list[LexborNode]:
         # A name a selector cannot spell: walk every element.
         return [n for n in tree.root.traverse()] if tree.root is not None else []
     selector = _CANDIDATES + "".join(f", [data-{n}]" for n in sorted(names))
-    return list(tree.css(selector))
+    return css(tree, selector)
 
 
 # Every way an element can name audio without an audio or playlist extension in the page says one of these.
 _FORCING_MARKERS = (b"<audio", b"audio/", b"og:audio")
-_DOTTED_EXTENSIONS_B = tuple(e.encode() for e in _DOTTED_EXTENSIONS)
+# Any ".<extension>" of audio or a playlist, as a substring: one scan for the dots, not one scan an extension.
+_DOTTED_EXTENSION_B = re.compile(rb"\.(?:" + b"|".join(
+    sorted((e[1:].encode() for e in _DOTTED_EXTENSIONS), key=len, reverse=True)) + rb")")
 
 
 def _page_may_hold_audio(body: bytes) -> bool:
     """A cheap gate before the element walk: False only when no element of the page can yield an item."""
     lower = body.lower()
-    return any(m in lower for m in _FORCING_MARKERS) or any(ext in lower for ext in _DOTTED_EXTENSIONS_B)
+    return any(m in lower for m in _FORCING_MARKERS) or _DOTTED_EXTENSION_B.search(lower) is not None
 
 
 def _mentions_audio(text: str) -> bool:
@@ -357,7 +361,7 @@ def _element(out: _Collector, node: LexborNode, tag: str) -> None:
         if name.startswith("data-") and value and name not in _META_DATA_ATTRS:
             refs.extend(_data_attribute_refs(name, value, node, out))
     # Most elements are plain links: settle them on the raw string before any joining or metadata work.
-    refs = [r for r in refs if r[1] or sniff.is_audio_url(r[0].strip()) or sniff.is_playlist_url(r[0].strip())]
+    refs = [r for r in refs if r[1] or sniff.url_extension(r[0].strip()) in _NAMED_EXTENSIONS]
     if not refs:
         return
     meta = pagemeta.element_meta(node)
