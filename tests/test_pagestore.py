@@ -1,10 +1,13 @@
 """The worker's page store: WARC files that standard tools read, and the one-file-per-page layout."""
 
+import base64
 import gzip
+import hashlib
 import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -45,7 +48,9 @@ def test_warc_records_open_in_a_standard_reader(tmp_path):
     assert [r[2] for r in responses[:5]] == [body for _, body in pages]
     warc_headers, http_headers, _ = responses[0]
     assert warc_headers.get_header("WARC-Date") == "2026-09-21T14:13:20Z"
-    assert warc_headers.get_header("WARC-Payload-Digest").startswith("sha1:")
+    digest = base64.b32encode(hashlib.sha1(pages[0][1]).digest()).decode()
+    assert warc_headers.get_header("WARC-Payload-Digest") == f"sha1:{digest}"
+    assert uuid.UUID(warc_headers.get_header("WARC-Record-ID")[10:-1]).version == 4
     assert http_headers.get_statuscode() == "200"
     # The body is stored decoded: the wire's encoding and length are kept aside, the length is the stored one.
     assert http_headers.get_header("Content-Encoding") is None

@@ -102,7 +102,10 @@ class PageFetcher:
                 chunks: list[bytes] = []
                 size = 0
                 truncated = False
-                async for chunk in r.aiter_bytes():
+                # An identity body is read straight from the transport's stream: httpx's decoder and chunker
+                # layers only copy it. An encoded one goes through them (and the cap counts decoded bytes).
+                source = r.aiter_bytes() if "content-encoding" in r.headers else r.stream
+                async for chunk in source:
                     chunks.append(chunk)
                     size += len(chunk)
                     if size >= limit:
