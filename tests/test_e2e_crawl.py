@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 
 from crawler import protocol as p
+from crawler.worker.pagestore import read_page
 from scripts import cluster, sitegen, siteserver
 
 pytestmark = pytest.mark.timeout(240)
@@ -86,6 +87,19 @@ async def test_two_workers_crawl_the_site_completely_and_a_wrong_secret_is_refus
     per_worker = [len((tmp_path / f"worker-{n}" / "pages" / "index.tsv").read_text().splitlines())
                   for n in ("w1", "w2")]
     assert min(per_worker) > 0.3 * sum(per_worker), per_worker
+
+    # Each stored page is in its worker's WARC archive byte for byte as the site serves it.
+    stored = 0
+    for n in ("w1", "w2"):
+        pages_dir = tmp_path / f"worker-{n}" / "pages"
+        assert list(pages_dir.glob("*.warc"))
+        for line in (pages_dir / "index.tsv").read_text().splitlines():
+            location, url, _final, status, *_ = line.split("\t")
+            path = url.removeprefix(base)
+            if status == "200" and path.endswith(".html"):
+                assert read_page(pages_dir, location) == (site_dir / path.lstrip("/")).read_bytes(), url
+                stored += 1
+    assert stored >= len([p for p in manifest.pages if p.endswith(".html")]) - len(manifest.not_found)
 
     # Every audio reference in the site is in the catalogue, with its title and artist, downloaded intact.
     rows = cluster.catalogue(tmp_path)
