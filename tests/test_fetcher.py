@@ -10,17 +10,21 @@ from aiohttp import web
 from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher, build_client, build_transport
 
 
-def http_client(**kw):
-    """An httpx client over the worker's transport, with the page fetcher on the same transport."""
-    transport = build_transport(max_connections=kw.pop("max_connections"), dns_ttl=kw.pop("dns_ttl"),
-                                resolver=kw.pop("resolver", None))
-    client = build_client(transport, connect_timeout=5, read_timeout=5, max_redirects=3, **kw)
-    client.pages = PageFetcher(transport, client)
-    return client
+class Http:
+    """An httpx client over the worker's transport, and the page fetcher on the same transport."""
+
+    def __init__(self, **kw) -> None:
+        transport = build_transport(max_connections=kw.pop("max_connections"), dns_ttl=kw.pop("dns_ttl"),
+                                    resolver=kw.pop("resolver", None))
+        self.client = build_client(transport, connect_timeout=5, read_timeout=5, max_redirects=3, **kw)
+        self.pages = PageFetcher(transport, self.client)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
 
 
-async def fetch_page(client, url, **kw):
-    return await client.pages.fetch(url, **kw)
+async def fetch_page(http: Http, url: str, **kw):
+    return await http.pages.fetch(url, **kw)
 
 
 @pytest.fixture
@@ -58,7 +62,7 @@ async def hostile():
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    client = http_client(user_agent="test-agent", max_connections=8, dns_ttl=60)
+    client = Http(user_agent="test-agent", max_connections=8, dns_ttl=60)
     yield f"http://127.0.0.1:{port}", client
     await client.aclose()
     await runner.cleanup()
@@ -94,8 +98,8 @@ async def test_page_redirects_are_reported_not_followed(hostile):
 async def test_no_cookie_jar_grows(hostile):
     base, client = hostile
     await fetch_page(client, base + "/cookie", max_bytes=1000)
-    r = await client.get(base + "/cookie")      # resolvers' path: through the client, which keeps no jar either
-    assert r.headers["set-cookie"].startswith("tracker=") and len(client.cookies.jar) == 0
+    r = await client.client.get(base + "/cookie")   # resolvers' path: the client, which keeps no jar either
+    assert r.headers["set-cookie"].startswith("tracker=") and len(client.client.cookies.jar) == 0
 
 
 async def test_unreachable_is_transient_and_bad_scheme_is_not(hostile):
@@ -129,7 +133,7 @@ async def test_host_names_are_resolved_once_per_ttl():
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     port = runner.addresses[0][1]
     resolver = CountingResolver()
-    client = http_client(user_agent="t", max_connections=4, dns_ttl=300, resolver=resolver)
+    client = Http(user_agent="t", max_connections=4, dns_ttl=300, resolver=resolver)
     try:
         for _ in range(3):     # a new connection each time: the server closes them
             page, _ = await fetch_page(client, f"http://localhost:{port}/", max_bytes=1000)

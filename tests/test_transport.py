@@ -105,34 +105,19 @@ async def test_silent_server_is_a_read_timeout():
             await c.get(server.url)
 
 
-async def test_hang_up_before_answering_is_a_protocol_error():
-    async def hang_up(server, reader, writer):
+@pytest.mark.parametrize("answer, error", [
+    (b"", httpx.RemoteProtocolError),                                            # hangs up instead
+    (b"SPAM SPAM SPAM\r\n\r\n", httpx.RemoteProtocolError),                      # not HTTP
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000, httpx.ReadError),   # body cut short
+])
+async def test_broken_answers_become_httpx_errors(answer, error):
+    async def broken(server, reader, writer):
         await read_request(server, reader)
-
-    async with RawServer(hang_up) as server, client() as c:
-        with pytest.raises(httpx.RemoteProtocolError):
-            await c.get(server.url)
-
-
-async def test_garbage_status_line_is_a_protocol_error():
-    async def garbage(server, reader, writer):
-        await read_request(server, reader)
-        writer.write(b"SPAM SPAM SPAM\r\n\r\n")
+        writer.write(answer)
         await writer.drain()
 
-    async with RawServer(garbage) as server, client() as c:
-        with pytest.raises(httpx.RemoteProtocolError):
-            await c.get(server.url)
-
-
-async def test_body_cut_short_is_a_read_error():
-    async def cut(server, reader, writer):
-        await read_request(server, reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000)
-        await writer.drain()
-
-    async with RawServer(cut) as server, client() as c:
-        with pytest.raises(httpx.ReadError):
+    async with RawServer(broken) as server, client() as c:
+        with pytest.raises(error):
             await c.get(server.url)
 
 

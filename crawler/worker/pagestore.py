@@ -27,7 +27,7 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -70,14 +70,30 @@ class _Index:
         self._file.close()
 
 
-class FilePageStore:
-    def __init__(self, data_dir: Path, *, clock=time.time) -> None:
+class _Store:
+    """What both formats share: the pages/ directory, its index, the clock."""
+
+    def __init__(self, data_dir: Path, clock: Callable[[], float]) -> None:
         self.root = data_dir / "pages"
         self.root.mkdir(parents=True, exist_ok=True)
-        self._root = str(self.root)
         self._index = _Index(self.root)
-        self._made: set[str] = set()
         self._clock = clock
+
+    def read(self, location: str) -> bytes:
+        return read_page(self.root, location)
+
+    def flush(self) -> None:
+        self._index.flush()
+
+    def close(self) -> None:
+        self._index.close()
+
+
+class FilePageStore(_Store):
+    def __init__(self, data_dir: Path, *, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(data_dir, clock)
+        self._root = str(self.root)
+        self._made: set[str] = set()
 
     def relative_path(self, url: str, content_type: str) -> str:
         h = hashlib.sha1(url.encode("utf-8", "surrogatepass")).hexdigest()
@@ -105,23 +121,12 @@ class FilePageStore:
         self._index.add(rel, url, final_url, status, content_type, self._clock())
         return rel
 
-    def read(self, location: str) -> bytes:
-        return read_page(self.root, location)
 
-    def flush(self) -> None:
-        self._index.flush()
-
-    def close(self) -> None:
-        self._index.close()
-
-
-class WarcPageStore:
-    def __init__(self, data_dir: Path, *, file_bytes: int = 1024 ** 3, clock=time.time) -> None:
-        self.root = data_dir / "pages"
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._index = _Index(self.root)
+class WarcPageStore(_Store):
+    def __init__(self, data_dir: Path, *, file_bytes: int = 1024 ** 3,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__(data_dir, clock)
         self._file_bytes = file_bytes
-        self._clock = clock
         self._fd = -1
         self._name = ""
         self._size = 0
@@ -199,14 +204,8 @@ class WarcPageStore:
         self._index.add(location, url, final_url, status, content_type, self._clock())
         return location
 
-    def read(self, location: str) -> bytes:
-        return read_page(self.root, location)
-
-    def flush(self) -> None:
-        self._index.flush()
-
     def close(self) -> None:
-        self._index.close()
+        super().close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
