@@ -143,3 +143,23 @@ def test_a_gzip_body_is_stored_as_read(tmp_path):
                      [(b"Content-Encoding", b"gzip"), (b"Content-Length", str(len(gzip.compress(body))).encode())])
     store.close()
     assert store.read(loc) == body
+
+
+@pytest.mark.parametrize("fmt", ["warc", "files"])
+def test_operators_read_a_stored_page_with_the_worker_cli(tmp_path, fmt):
+    store = open_page_store(tmp_path, fmt)
+    store.save("http://s.test/a", "http://s.test/a", 200, "text/html", b"<html>first</html>")
+    store.save("http://s.test/b#x", "http://s.test/b", 200, "text/html", b"<html>b</html>")
+    store.save("http://s.test/a", "http://s.test/a", 200, "text/html", b"<html>refetched</html>")
+    store.close()
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "crawler.worker", "page", "--data-dir", str(tmp_path), *args],
+                              capture_output=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    latest = run("http://s.test/a")
+    assert latest.returncode == 0 and latest.stdout == b"<html>refetched</html>"
+    assert run("http://s.test/b").stdout == b"<html>b</html>"        # found by its fetched address too
+    missing = run("http://s.test/never")
+    assert missing.returncode == 1 and missing.stdout == b""
+    assert missing.stderr.decode().count("\n") == 1 and "not in" in missing.stderr.decode()

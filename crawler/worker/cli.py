@@ -16,7 +16,7 @@ from crawler.resolvers.base import ResolverConfigError
 from crawler.worker.config import WorkerConfig
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--master", help="The master's host:port.")
 @click.option("--id", "node_id", help="This node's id; must be one of the master's `nodes`.")
 @click.option("--data-dir", type=click.Path(path_type=Path), help="Where pages and audio are stored.")
@@ -26,8 +26,11 @@ from crawler.worker.config import WorkerConfig
 @click.option("--concurrency", type=int, help="Page fetches in flight (overrides the config).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def main(master, node_id, data_dir, secret_file, config_path, concurrency, log_level) -> None:
-    """Run a crawl worker."""
+@click.pass_context
+def main(ctx, master, node_id, data_dir, secret_file, config_path, concurrency, log_level) -> None:
+    """Run a crawl worker (with --master and the rest), or one of the commands below."""
+    if ctx.invoked_subcommand is not None:
+        return
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every request at INFO: far too much for a crawler's log.
@@ -50,3 +53,27 @@ def main(master, node_id, data_dir, secret_file, config_path, concurrency, log_l
         return await worker.serve()
 
     sys.exit(eventloop.run(run()))
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="The worker's data dir.")
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here instead of standard output.")
+@click.argument("url")
+def page(data_dir: Path, output: Path | None, url: str) -> None:
+    """Print the stored body of URL (its latest copy), from the WARC archive or the page files."""
+    from crawler.worker.pagestore import find_page, read_page
+
+    pages_dir = data_dir / "pages"
+    try:
+        location = find_page(pages_dir, url)
+        if location is None:
+            click.echo(f"crawler-worker: {url} is not in {pages_dir / 'index.tsv'}", err=True)
+            sys.exit(1)
+        body = read_page(pages_dir, location)
+    except (OSError, ValueError) as e:
+        click.echo(f"crawler-worker: {e}", err=True)
+        sys.exit(1)
+    if output is not None:
+        output.write_bytes(body)
+    else:
+        sys.stdout.buffer.write(body)

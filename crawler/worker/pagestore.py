@@ -222,6 +222,17 @@ def open_page_store(data_dir: Path, fmt: str = "warc", *, warc_file_bytes: int =
     raise ValueError(f"unknown page format {fmt!r}: expected one of {', '.join(FORMATS)}")
 
 
+def find_page(pages_dir: Path, url: str) -> str | None:
+    """The location of the latest stored copy of url (as fetched, or as finally answered), from the index."""
+    found = None
+    with open(pages_dir / "index.tsv", encoding="utf-8") as index:
+        for line in index:
+            fields = line.split("\t", 3)
+            if len(fields) >= 3 and url in (fields[1], fields[2]):
+                found = fields[0]
+    return found
+
+
 def read_page(pages_dir: Path, location: str) -> bytes:
     """The stored body at an index location, in either format: "<file>.warc:<offset>:<length>" is a WARC
     record (its payload after the HTTP head is returned), anything else a path under pages_dir."""
