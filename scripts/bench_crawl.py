@@ -3,6 +3,7 @@
     .venv/bin/python scripts/bench_crawl.py [--songs 20000] [--concurrency 64,256] [--workers 2]
     .venv/bin/python scripts/bench_crawl.py --quick            # 2,000 songs, under a minute
     .venv/bin/python scripts/bench_crawl.py --profile py-spy   # also where the master's and a worker's CPU goes
+    .venv/bin/python scripts/bench_crawl.py --repeat 3         # ours three times at each concurrency: median, range
 
 It generates the demo site (scripts/sitegen.py; kept under --out and reused while the song count is the same),
 serves it with nginx (`apt-get install -y nginx-light`; without nginx it says so and falls back to
@@ -545,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=15, help="hot spots printed per profile view")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-data")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed for one crawl")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="crawls of ours at each concurrency; the results use the median one by CPU per page "
+                         "and print the range (this machine's speed varies from run to run)")
     args = ap.parse_args(argv)
     if args.quick:
         args.songs = min(args.songs, 2000)
@@ -570,12 +574,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ours: {args.workers} workers, download_audio "
           f"{str(args.download_audio).lower()}, store_pages true; robots.txt obeyed by both\n")
     ours: dict[int, RunResult] = {}
+    spread: dict[int, list[RunResult]] = {}     # every run of ours at a concurrency, by CPU per page
     theirs: dict[int, RunResult] = {}
     try:
         for i, c in enumerate(levels):
-            r = run_ours(args, manifest, site, c, out / f"ours-{c}")[0]
-            ours[c] = r
-            print_result(r)
+            runs = []
+            for _ in range(max(1, args.repeat)):
+                runs.append(run_ours(args, manifest, site, c, out / f"ours-{c}")[0])
+                print_result(runs[-1])
+            runs.sort(key=lambda r: r.cpu_ms_per_page)
+            ours[c] = runs[len(runs) // 2]
+            spread[c] = runs
             if args.scrapy == "each" or (args.scrapy == "first" and i == 0):
                 s = run_scrapy(args, manifest, site, args.workers * c, out / f"scrapy-{args.workers * c}")
                 theirs[c] = s
@@ -607,6 +616,13 @@ def main(argv: list[str] | None = None) -> int:
             print()
     print("  (ratio pages/s: ours over Scrapy's; ratio CPU: Scrapy's CPU per page over ours; ratio RSS: ours "
           "summed over all processes, over Scrapy's)")
+    if args.repeat > 1:
+        print(f"  (ours: the median of {args.repeat} runs by CPU per page; all runs:")
+        for c in levels:
+            runs = spread[c]
+            rates = sorted(r.pages_per_s for r in runs)
+            print(f"   {c} per worker: CPU {runs[0].cpu_ms_per_page:.2f}-{runs[-1].cpu_ms_per_page:.2f} ms/page, "
+                  f"{rates[0]:.0f}-{rates[-1]:.0f} pages/s)")
     print()
     print("targets (issue 8):")
     for c in levels:
