@@ -312,8 +312,9 @@ def _collect_json(out: _Collector, value: Any, found_in: str) -> None:
                     stack.append((child, {}, depth + 1))
 
 
-def _type_is_audio(node: LexborNode) -> bool:
-    return sniff.is_audio_type((node.attributes.get("type") or "").split(";", 1)[0].strip())
+def _type_is_audio(attrs: Mapping[str, str | None]) -> bool:
+    kind = attrs.get("type")
+    return bool(kind) and sniff.is_audio_type(kind.split(";", 1)[0].strip())
 
 
 def _inside(node: LexborNode, tag: str) -> bool:
@@ -323,23 +324,23 @@ def _inside(node: LexborNode, tag: str) -> bool:
 
 def _element(out: _Collector, node: LexborNode, tag: str) -> None:
     attrs = node.attributes
-    if tag == "video" or (tag == "source" and _inside(node, "video") and not _type_is_audio(node)):
+    if tag == "video" or (tag == "source" and _inside(node, "video") and not _type_is_audio(attrs)):
         return
     # (reference, the element itself says it is audio, where it was found)
     refs: list[tuple[str, bool, str]] = []
     if tag in ("a", "area"):
         if attrs.get("href"):
-            refs.append((attrs["href"], _type_is_audio(node), tag))
+            refs.append((attrs["href"], _type_is_audio(attrs), tag))
     elif tag in ("audio", "source"):
         if attrs.get("src"):
-            refs.append((attrs["src"], tag == "audio" or _inside(node, "audio") or _type_is_audio(node), tag))
+            refs.append((attrs["src"], tag == "audio" or _inside(node, "audio") or _type_is_audio(attrs), tag))
     elif tag == "embed":
         if attrs.get("src"):
-            refs.append((attrs["src"], _type_is_audio(node), tag))
+            refs.append((attrs["src"], _type_is_audio(attrs), tag))
         refs.extend((v, False, "flashvars") for v in _flashvars(attrs.get("flashvars")))
     elif tag == "object":
         if attrs.get("data"):
-            refs.append((attrs["data"], _type_is_audio(node), tag))
+            refs.append((attrs["data"], _type_is_audio(attrs), tag))
     elif tag == "param":
         name = (attrs.get("name") or "").lower()
         value = attrs.get("value") or ""
@@ -348,8 +349,8 @@ def _element(out: _Collector, node: LexborNode, tag: str) -> None:
         elif name in _PARAM_NAMES and value:
             refs.append((value, False, tag))
     elif tag == "link":
-        if attrs.get("href") and (_type_is_audio(node) or _audio_string(attrs["href"])):
-            refs.append((attrs["href"], _type_is_audio(node), tag))
+        if attrs.get("href") and (_type_is_audio(attrs) or _audio_string(attrs["href"])):
+            refs.append((attrs["href"], _type_is_audio(attrs), tag))
     elif tag == "meta":
         prop = (attrs.get("property") or attrs.get("itemprop") or "").lower()
         content = attrs.get("content") or ""

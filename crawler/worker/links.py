@@ -6,7 +6,7 @@ import functools
 import re
 from urllib.parse import urljoin, urlsplit
 
-from selectolax.lexbor import LexborHTMLParser, LexborNode
+from selectolax.lexbor import LexborHTMLParser
 
 from crawler.html import css, css_first
 
@@ -74,8 +74,9 @@ def document_base(tree: LexborHTMLParser, page_url: str) -> str:
     return page_url
 
 
-def _rel_tokens(node: LexborNode) -> set[str]:
-    return set((node.attributes.get("rel") or "").lower().split())
+def _rel_tokens(attrs: dict[str, str | None]) -> set[str]:
+    rel = attrs.get("rel")
+    return set(rel.lower().split()) if rel else set()
 
 
 def _refresh_target(content: str) -> str | None:
@@ -95,13 +96,13 @@ def extract_links(tree: LexborHTMLParser, base_url: str) -> list[str]:
         attrs = node.attributes
         ref: str | None
         if tag in ("a", "area"):
-            if "nofollow" in _rel_tokens(node):
+            if "rel" in attrs and "nofollow" in _rel_tokens(attrs):
                 continue
             ref = attrs.get("href")
         elif tag in ("iframe", "frame"):
             ref = attrs.get("src")
         elif tag == "link":
-            ref = attrs.get("href") if _rel_tokens(node) & _FOLLOWED_RELS else None
+            ref = attrs.get("href") if _rel_tokens(attrs) & _FOLLOWED_RELS else None
         else:  # meta
             if (attrs.get("http-equiv") or "").strip().lower() != "refresh":
                 continue
