@@ -8,7 +8,8 @@
 It generates the demo site (scripts/sitegen.py; kept under --out and reused while the song count is the same),
 serves it with nginx (`apt-get install -y nginx-light`; without nginx it says so and falls back to
 scripts/siteserver.py, which spends far more CPU per page and shares the two cores with the crawl), and for each
-per-worker concurrency C runs to completion:
+per-worker concurrency C runs to completion (ours at every C in turn, --repeat times, then Scrapy at each C,
+so the levels of ours are compared on runs made close together):
 
   ours    one master and --workers workers (real daemons, one process each), C page fetches in flight per worker;
           pages are stored, audio is only catalogued (download_audio false: Scrapy does not download it either,
@@ -577,19 +578,22 @@ def main(argv: list[str] | None = None) -> int:
     spread: dict[int, list[RunResult]] = {}     # every run of ours at a concurrency, by CPU per page
     theirs: dict[int, RunResult] = {}
     try:
-        for i, c in enumerate(levels):
-            runs = []
-            for _ in range(max(1, args.repeat)):
-                runs.append(run_ours(args, manifest, site, c, out / f"ours-{c}")[0])
-                print_result(runs[-1])
+        # Ours at every concurrency in turn, --repeat times, then Scrapy: the levels are compared on runs made
+        # close together, not minutes apart while the machine's speed drifts.
+        for _ in range(max(1, args.repeat)):
+            for c in levels:
+                spread.setdefault(c, []).append(run_ours(args, manifest, site, c, out / f"ours-{c}")[0])
+                print_result(spread[c][-1])
+            print()
+        for c, runs in spread.items():
             runs.sort(key=lambda r: r.cpu_ms_per_page)
-            ours[c] = runs[len(runs) // 2]
-            spread[c] = runs
+            ours[c] = runs[(len(runs) - 1) // 2]     # the median; of two, the better
+        for i, c in enumerate(levels):
             if args.scrapy == "each" or (args.scrapy == "first" and i == 0):
                 s = run_scrapy(args, manifest, site, args.workers * c, out / f"scrapy-{args.workers * c}")
                 theirs[c] = s
                 print_result(s)
-            print()
+                print()
         profiles: dict[str, Path] = {}
         if args.profile:
             c = levels[0]
