@@ -154,8 +154,9 @@ def test_operators_read_a_stored_page_with_the_worker_cli(tmp_path, fmt):
     store.close()
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "crawler.worker", "page", "--data-dir", str(tmp_path), *args],
-                              capture_output=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        argv = [sys.executable, "-m", "crawler.worker", "page", "--data-dir", str(tmp_path), *args]
+        return subprocess.run(argv, capture_output=True, check=False, cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
 
     latest = run("http://s.test/a")
     assert latest.returncode == 0 and latest.stdout == b"<html>refetched</html>"
