@@ -232,7 +232,7 @@ class GenericResolver(Resolver):
 
 
 _NAMED_EXTENSIONS = sniff.AUDIO_EXTENSIONS | sniff.PLAYLIST_EXTENSIONS
-_DOTTED_EXTENSIONS = tuple(f".{ext}" for ext in sorted(sniff.AUDIO_EXTENSIONS | sniff.PLAYLIST_EXTENSIONS))
+_DOTTED_EXTENSIONS = tuple(f".{ext}" for ext in sorted(_NAMED_EXTENSIONS))
 
 
 # The elements _element and _script read; plus, per page, every element with a data-* attribute it uses.
