@@ -38,7 +38,7 @@ class FramedConnection:
         return self._pending.pop()
 
     async def send(self, *msgs: p.Message) -> None:
-        self.writer.write(b"".join(p.encode(m, self.max_frame) for m in msgs))
+        self.send_nowait(*msgs)
         await self.writer.drain()
 
     async def send_bytes(self, frames: bytes) -> None:

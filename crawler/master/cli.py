@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
-import logging
 import signal
 import sys
 from pathlib import Path
@@ -14,17 +13,11 @@ import click
 
 from crawler import eventloop
 from crawler.config import ConfigError
+from crawler.logs import setup_logging
 from crawler.master.config import MasterConfig
 
 CONFIG = click.option("--config", "config_path", required=True, type=click.Path(path_type=Path),
                       help="The master's YAML config.")
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # httpx logs every request at INFO: far too much for a crawler's log.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def load_config(path: Path) -> MasterConfig:

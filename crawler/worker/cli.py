@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import click
 
 from crawler import eventloop
 from crawler.config import ConfigError
+from crawler.logs import setup_logging
 from crawler.resolvers.base import ResolverConfigError
 from crawler.worker.config import WorkerConfig
 
@@ -31,10 +31,7 @@ def main(ctx, master, node_id, data_dir, secret_file, config_path, concurrency, 
     """Run a crawl worker (with --master and the rest), or one of the commands below."""
     if ctx.invoked_subcommand is not None:
         return
-    logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # httpx logs every request at INFO: far too much for a crawler's log.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    setup_logging(log_level)
     overrides = {"master": master, "id": node_id, "data_dir": str(data_dir) if data_dir else None,
                  "secret_file": str(secret_file) if secret_file else None, "concurrency": concurrency}
     try:

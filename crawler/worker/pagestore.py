@@ -151,7 +151,7 @@ class WarcPageStore(_Store):
         info = (f"software: audio-crawler/{__version__}\r\nformat: WARC File Format 1.1\r\n"
                 "conformsTo: https://iipc.github.io/warc-specifications/specifications/warc-format/warc-1.1/\r\n"
                 ).encode()
-        self._append(self._record(b"warcinfo", None, b"application/warc-fields", info,
+        self._append(self._record(b"warcinfo", None, b"application/warc-fields", (info,),
                                   extra=f"WARC-Filename: {name}\r\n".encode()))
 
     def _append(self, data: bytes) -> int:
@@ -160,14 +160,15 @@ class WarcPageStore(_Store):
         self._size += len(data)
         return offset
 
-    def _record(self, kind: bytes, target: str | None, content_type: bytes, block: bytes,
+    def _record(self, kind: bytes, target: str | None, content_type: bytes, block: Sequence[bytes],
                 extra: bytes = b"") -> bytes:
+        """One record; its block given in parts, joined once with the head (a page body is copied once)."""
         head = [b"WARC/1.1\r\nWARC-Type: ", kind, b"\r\nWARC-Record-ID: <urn:uuid:", _uuid4(),
                 b">\r\nWARC-Date: ", self._warc_date()]
         if target is not None:
             head += [b"\r\nWARC-Target-URI: ", _uri(target)]
         head += [b"\r\n", extra, b"Content-Type: ", content_type, b"\r\nContent-Length: ",
-                 str(len(block)).encode(), b"\r\n\r\n", block, b"\r\n\r\n"]
+                 str(sum(map(len, block))).encode(), b"\r\n\r\n", *block, b"\r\n\r\n"]
         return b"".join(head)
 
     def _warc_date(self) -> bytes:
@@ -190,13 +191,12 @@ class WarcPageStore(_Store):
             else:
                 lines += [name, b": ", value, b"\r\n"]
         lines += [b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n"]
-        http_head = b"".join(lines)
         digest = _base32_160(hashlib.sha1(body).digest())
         extra = b"WARC-Payload-Digest: sha1:" + digest + b"\r\n"
         if truncated:
             extra += b"WARC-Truncated: length\r\n"
-        record = self._record(b"response", final_url, b"application/http;msgtype=response", http_head + body,
-                              extra)
+        record = self._record(b"response", final_url, b"application/http;msgtype=response",
+                              (b"".join(lines), body), extra)
         if self._fd < 0 or (self._size and self._size + len(record) > self._file_bytes):
             self._roll()
         offset = self._append(record)
