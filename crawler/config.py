@@ -29,7 +29,8 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class Key:
-    kind: str                                   # int, float, bool, str, path, hostport, list[str], map, section
+    kind: str                                   # int, float, bool, str, path, hostport, hostport|off, list[str],
+    #                                             map, section
     default: Any = REQUIRED
     check: Callable[[Any], str | None] | None = None   # returns a problem, or None
     section: Mapping[str, Key] | None = None    # for kind="section"
@@ -91,6 +92,15 @@ def _p_hostport(name, v, base, key):
     return parse_hostport(s, name)
 
 
+def _p_hostport_or_off(name, v, base, key):
+    # YAML reads a bare `off` as false; null, false and "off" all switch the listener off.
+    if v is None or v is False or (isinstance(v, str) and v.lower() == "off"):
+        return None
+    if not isinstance(v, str):
+        raise ConfigError(name, f"expected host:port or off, got {_type_name(v)} {v!r}")
+    return parse_hostport(v, name)
+
+
 def _p_strlist(name, v, base, key):
     if v is None:
         return ()
@@ -117,7 +127,7 @@ def _p_section(name, v, base, key):
 
 _PARSERS: dict[str, Callable[..., Any]] = {
     "int": _p_int, "float": _p_float, "bool": _p_bool, "str": _p_str, "path": _p_path,
-    "hostport": _p_hostport, "list[str]": _p_strlist, "map": _p_map, "section": _p_section,
+    "hostport": _p_hostport, "hostport|off": _p_hostport_or_off, "list[str]": _p_strlist, "map": _p_map, "section": _p_section,
 }
 
 

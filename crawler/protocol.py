@@ -28,7 +28,7 @@ import msgpack
 
 from crawler.items import AudioItem
 
-PROTOCOL_VERSION = 2   # 2: Welcome carries max_depth
+PROTOCOL_VERSION = 3   # 2: Welcome carries max_depth; 3: Result carries the links cut at the depth limit
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 NONCE_SIZE = 32
 _HEADER = struct.Struct(">I")
@@ -258,23 +258,26 @@ class Result:
     error: str | None = None
     links: tuple[str, ...] = ()
     audio: tuple[AudioItem, ...] = ()
+    # Links the page has but the worker did not follow because the page is at the crawl's depth limit: the
+    # master counts them as discarded for depth without receiving them.
+    cut: int = 0
 
     def to_wire(self) -> list[Any]:
         return [self.lease, self.url, self.status, self.http_status, self.final_url, self.content_type,
-                self.size, self.error, list(self.links), [a.to_wire() for a in self.audio]]
+                self.size, self.error, list(self.links), [a.to_wire() for a in self.audio], self.cut]
 
     @classmethod
     def from_wire(cls, raw: Any) -> Result:
         r = _list(raw, "result")
-        if len(r) != 10:
-            raise ProtocolError("result: expected 10 fields")
+        if len(r) != 11:
+            raise ProtocolError("result: expected 11 fields")
         status = _str(r[2], "status")
         if status not in (DONE, ERROR, RETRY):
             raise ProtocolError(f"status: unknown value {status!r}")
         audio = [_audio_item(a) for a in _list(r[9], "audio")]
         return cls(_nonneg(r[0], "lease"), _str(r[1], "url"), status, _opt_int(r[3], "http_status"),
                    _opt_str(r[4], "final_url"), _opt_str(r[5], "content_type"), _opt_int(r[6], "size"),
-                   _opt_str(r[7], "error"), _str_tuple(r[8], "links"), tuple(audio))
+                   _opt_str(r[7], "error"), _str_tuple(r[8], "links"), tuple(audio), _nonneg(r[10], "cut"))
 
 
 _AUDIO_STR = ("title", "artist", "album", "description", "cover", "reason", "source_id", "sha256",

@@ -33,6 +33,7 @@ def master_config(tmp: Path, seeds: list[str], nodes: list[str], **overrides) ->
         "scheduling": {"heartbeat_interval": 0.5, "heartbeat_timeout": 3.0, "lease_timeout": 30.0},
         "politeness": {"obey_robots": False},
         "dedup": {"expected_urls": 100_000, "fp_rate": 1e-6},
+        "web": {"listen": "127.0.0.1:0"},     # never a fixed port: tests and demos run side by side
     }
     for k, v in overrides.items():
         if isinstance(v, dict) and isinstance(cfg.get(k), dict):
@@ -108,6 +109,12 @@ async def start_master(config: Path, tmp: Path, *, log_name: str = "master.log")
 
 def master_addr(config: Path) -> str:
     return (Path(yaml.safe_load(config.read_text())["data_dir"]) / "master.addr").read_text().strip()
+
+
+def web_url(config: Path) -> str:
+    """The running master's status page (its web server listens on port 0 in tests and demos)."""
+    addr = (Path(yaml.safe_load(config.read_text())["data_dir"]) / "web.addr").read_text().strip()
+    return f"http://{addr}"
 
 
 async def start_worker(master: str, node_id: str, tmp: Path, *, secret: Path | None = None,

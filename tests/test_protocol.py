@@ -134,6 +134,6 @@ def test_handshake_proofs_bind_both_nonces_and_the_id():
 
 def test_unknown_audio_keys_are_ignored_for_forward_compatibility():
     d = p.FrameDecoder()
-    d.feed(_frame([7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "new": 1}]]]]))
+    d.feed(_frame([7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "new": 1}], 0]]]))
     (msg,) = d.messages()
     assert msg.results[0].audio[0] == AudioItem(url="a", page="b")

@@ -7,6 +7,7 @@ import csv
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -75,25 +76,30 @@ def _open_store(cfg: MasterConfig):
 
 @main.command()
 @CONFIG
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object (as /api/status).")
 def status(config_path: Path, as_json: bool) -> None:
-    """Counts by state, per-worker figures, frontier size and discards by reason."""
+    """URLs by state (waiting at the master apart from at workers), workers, rates, errors, discards."""
+    from crawler.master.live import LIVE_FILE, build_status, stale, status_text
+    from crawler.master.observe import SNAPSHOT_INTERVAL
+
     cfg = load_config(config_path)
     store = _open_store(cfg)
     try:
-        st = store.status()
+        db = store.status()
     finally:
         store.close()
+    # The running master writes its live view (connections, in flight, rates) every few seconds.
+    try:
+        live = json.loads((cfg.data_dir / LIVE_FILE).read_text())
+    except (OSError, ValueError):
+        live = None
+    now = time.time()
+    running = not stale(live, now, max_age=max(10.0, 5 * SNAPSHOT_INTERVAL))
+    st = build_status(db, live, cfg.nodes, now, running=running)
     if as_json:
-        click.echo(json.dumps(st, indent=2, sort_keys=True, default=str))
-        return
-    for section, value in st.items():
-        if isinstance(value, dict):
-            click.echo(f"{section}:")
-            for k, v in sorted(value.items(), key=lambda kv: str(kv[0])):
-                click.echo(f"  {k}: {v}")
-        else:
-            click.echo(f"{section}: {value}")
+        click.echo(json.dumps(st, indent=2, sort_keys=True, ensure_ascii=False))
+    else:
+        click.echo(status_text(st))
 
 
 @main.command()

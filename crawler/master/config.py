@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -86,6 +87,11 @@ SPEC = {
         "snapshot_interval": Key("float", 60.0, positive),
     }),
     "max_frame": Key("int", 16 * 1024 * 1024, positive),
+    "log_interval": Key("float", 30.0, positive),     # seconds between progress lines
+    "web": Key("section", section={
+        "listen": Key("hostport|off", ("127.0.0.1", 7780)),   # /, /api/status, /metrics; off: none
+        "token_file": Key("path", None),                   # when set, every request needs this token
+    }),
 }
 
 
@@ -133,6 +139,32 @@ class DedupSettings:
 
 
 @dataclass(frozen=True)
+class WebSettings:
+    listen: tuple[str, int] | None
+    token: str | None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _web(v: dict) -> WebSettings:
+    token = None
+    if v["token_file"] is not None:
+        token = read_secret(v["token_file"], "web.token_file").decode("utf-8", "replace")
+    if v["listen"] is not None and token is None and not _is_loopback(v["listen"][0]):
+        # The page shows the crawl's URLs and catalogue: never to the network without a token.
+        raise ConfigError("web.listen", f"{v['listen'][0]} is not a loopback address: set web.token_file "
+                                        "to serve the status page and metrics beyond this machine")
+    return WebSettings(listen=v["listen"], token=token)
+
+
+@dataclass(frozen=True)
 class MasterConfig:
     listen: tuple[str, int]
     data_dir: Path
@@ -145,6 +177,8 @@ class MasterConfig:
     politeness: Politeness
     dedup: DedupSettings
     max_frame: int
+    log_interval: float
+    web: WebSettings
 
     @classmethod
     def from_mapping(cls, raw: dict, base: Path) -> MasterConfig:
@@ -159,7 +193,8 @@ class MasterConfig:
             listen=v["listen"], data_dir=v["data_dir"], secret=read_secret(v["secret_file"]),
             nodes=v["nodes"], seeds=v["seeds"], exit_when_done=v["exit_when_done"],
             crawl=CrawlLimits(**crawl), scheduling=sched, politeness=Politeness(**v["politeness"]),
-            dedup=DedupSettings(**v["dedup"]), max_frame=v["max_frame"],
+            dedup=DedupSettings(**v["dedup"]), max_frame=v["max_frame"], log_interval=v["log_interval"],
+            web=_web(v["web"]),
         )
 
     @classmethod

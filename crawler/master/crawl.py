@@ -18,7 +18,7 @@ from crawler.master.dedup import Dedup
 from crawler.master.store import Finished, MasterStore
 from crawler.politeness import HostGate, RobotsRules, host_url_of
 from crawler.scheduler import NodeTable
-from crawler.urls import NormalizeOptions, UrlPolicy, normalize_many
+from crawler.urls import DISCARD_TOO_DEEP, NormalizeOptions, UrlPolicy, normalize_many
 
 log = logging.getLogger("crawler.master")
 
@@ -155,7 +155,7 @@ class Crawl:
         for parent, depth, links in batches:
             self.totals.links_seen += len(links)
             if depth > max_depth:
-                self.discards["too_deep"] += len(links)
+                self.discards[DISCARD_TOO_DEEP] += len(links)
                 continue
             for u in normalize_many(links, self.norm):
                 if u is None:
@@ -263,6 +263,8 @@ class Crawl:
                                      r.error, node, now))
             if r.status == p.DONE and r.links:
                 link_batches.append((lease.url, lease.depth + 1, r.links))
+            if r.cut:
+                self.discards[DISCARD_TOO_DEEP] += r.cut   # links the worker did not follow at the depth limit
             for a in r.audio:
                 row = a.catalogue_row()
                 row["node"] = node

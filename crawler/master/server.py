@@ -22,6 +22,7 @@ from crawler.master.catalogue import CatalogueFile
 from crawler.master.config import MasterConfig
 from crawler.master.crawl import Crawl
 from crawler.master.dedup import Dedup
+from crawler.master.observe import Observer
 from crawler.master.store import MasterStore
 from crawler.politeness import HostGate, PolitenessConfig, RobotsRules, robots_url
 from crawler.scheduler import NodeTable
@@ -47,6 +48,7 @@ class Session:
 @dataclass
 class Summary:
     pages: int = 0
+    run_pages: int = 0        # done in this run: a restarted crawl's throughput counts only these
     errors: int = 0
     audio: int = 0
     elapsed: float = 0.0
@@ -59,13 +61,14 @@ class Summary:
 
     @property
     def pages_per_s(self) -> float:
-        return self.pages / self.elapsed if self.elapsed > 0 else 0.0
+        return self.run_pages / self.elapsed if self.elapsed > 0 else 0.0
 
     def text(self) -> str:
         disc = ", ".join(f"{k} {v}" for k, v in sorted(self.discards.items())) or "none"
         return "\n".join([
             "crawl summary",
             f"  pages fetched   {self.pages}",
+            f"  this run        {self.run_pages} pages",
             f"  errors          {self.errors}",
             f"  audio items     {self.audio}",
             f"  elapsed         {self.elapsed:.1f} s",
@@ -88,6 +91,7 @@ class Master:
         self._done = False
         self._robots_inflight: set[str] = set()
         self.summary = Summary(data_dir=str(cfg.data_dir))
+        self.observer = Observer(self)
 
     # ------------------------------------------------------------------ state
     def _open_state(self) -> None:
@@ -118,6 +122,7 @@ class Master:
             log.info("seeded %d URLs", added)
         self.catalogue = CatalogueFile(cfg.data_dir / "catalog.jsonl")
         self.catalogue.rewrite(self.store.catalogue())
+        self.observer.opened()
         self.store.commit()
 
     def _load_bloom(self) -> BloomFilter:
@@ -150,6 +155,7 @@ class Master:
         self.store.commit()
 
     def _commit(self) -> None:
+        self.observer.committing(self.crawl.discards)
         self.store.count_discards(self.crawl.discards)
         self.crawl.discards.clear()
         self.store.commit()
@@ -166,7 +172,12 @@ class Master:
         server = await asyncio.start_server(self._handle, host, port, limit=1 << 20)
         self.port = server.sockets[0].getsockname()[1]
         log.info("master listening on %s:%d for nodes %s", host, self.port, ", ".join(self.cfg.nodes))
-        # Tools and tests find a master that listens on port 0 here.
+        try:
+            web = await self._start_web()
+        except BaseException:
+            server.close()
+            raise
+        # Tools and tests find a master that listens on port 0 here (and its web server in web.addr).
         (self.cfg.data_dir / "master.addr").write_text(f"{host}:{self.port}\n")
         if started:
             started(self.port)
@@ -175,9 +186,12 @@ class Master:
                 self._tg = tg
                 ticker = tg.create_task(self._ticker())
                 beats = tg.create_task(self._heartbeats())
+                observing = [tg.create_task(self.observer.run()), tg.create_task(self.observer.metrics.lag.run())]
                 await self._stop.wait()
                 ticker.cancel()
                 beats.cancel()
+                for t in observing:
+                    t.cancel()
                 server.close()
                 if self._done:
                     for s in list(self.sessions.values()):
@@ -191,17 +205,35 @@ class Master:
                     await s.conn.close()
         finally:
             server.close()
+            if web is not None:
+                await web.close()
             self._commit()
             self._snapshot_bloom()
             self._fill_summary(time.monotonic() - t0)
+            self.observer.write_snapshot(running=False)
             self.catalogue.close()
             self.store.close()
         return self.summary
+
+    async def _start_web(self):
+        """The status page, /api/status and /metrics on web.listen (not at all when it is off)."""
+        if self.cfg.web.listen is None:
+            return None
+        from crawler.master.web import WEB_ADDR_FILE, WebServer
+
+        web = WebServer(self.observer, self.cfg.data_dir / "master.db", self.cfg.web.token)
+        addr = await web.start(*self.cfg.web.listen)
+        self.observer.web_addr = addr
+        log.info("status page on http://%s/ (metrics at /metrics%s)", addr,
+                 ", token required" if self.cfg.web.token else "")
+        (self.cfg.data_dir / WEB_ADDR_FILE).write_text(f"{addr}\n")
+        return web
 
     def _fill_summary(self, elapsed: float) -> None:
         st = self.store.status()
         counts = st.get("states", {})
         self.summary.pages = counts.get("done", 0)
+        self.summary.run_pages = self.observer.live.run_pages
         self.summary.errors = counts.get("error", 0)
         self.summary.audio = sum(st["audio"].values())
         self.summary.frontier = st.get("frontier", 0)
@@ -318,6 +350,7 @@ class Master:
                     rows = self.crawl.complete(s.node, msg.results, s.last_seen)
                     if rows:
                         self.catalogue.add(rows)
+                    self.observer.report(s.node, msg.results, rows, s.last_seen)
                 elif isinstance(msg, p.Credit):
                     at_worker = self.crawl.in_flight(s.node) - len(s.resend)
                     if s.credit + msg.n + at_worker > s.capacity:
@@ -371,6 +404,7 @@ class Master:
             if old.tasks:
                 old.tasks.cancel()
         self.sessions[s.node] = s
+        self.observer.joined(s.node, s.last_seen)
         s.resend = self.crawl.node_up(s.node)
         log.info("worker %s joined from %s (capacity %d%s)", s.node, s.conn.peer, s.capacity,
                  f", {len(s.resend)} of its leases sent again" if s.resend else "")
@@ -380,6 +414,7 @@ class Master:
         if self.sessions.get(s.node) is not s:
             return
         del self.sessions[s.node]
+        self.observer.left(s.node, s.last_seen)
         if dead:   # silent past the heartbeat timeout: it had its grace already
             self.crawl.node_down(s.node, self.clock())
         else:

@@ -207,6 +207,7 @@ class MasterStore:
         self.readonly = _readonly
         self._lock_fd: int | None = None
         self._counts: dict[tuple[int, str], int] = {}
+        self._audio_counts: dict[str, int] = {}     # catalogue rows by status, so status() never scans the table
         self._dirty_counts: set[tuple[int, str]] = set()
         self._next_seq = 0
         self._seq_dirty = False
@@ -229,6 +230,7 @@ class MasterStore:
                 self.db.execute("PRAGMA synchronous = NORMAL")
                 self.db.execute(f"PRAGMA wal_autocheckpoint = {checkpoint_pages}")
                 self._load_counts()
+                self._load_audio_counts()
                 self._next_seq = int(self.get_meta("next_seq", 0))
         except sqlite3.DatabaseError as e:
             self.db.close()
@@ -291,6 +293,9 @@ class MasterStore:
             raise StoreError(f"{self.path}: schema version {version} is newer than this program's "
                              f"({SCHEMA_VERSION}); upgrade the crawler")
 
+    def _load_audio_counts(self) -> None:
+        self._audio_counts = dict(self.db.execute("SELECT status, count(*) FROM audio GROUP BY status"))
+
     def _load_counts(self) -> None:
         self._counts = {(s, n): c for s, n, c in self.db.execute("SELECT state, node, n FROM counts")}
         self._dirty_counts.clear()
@@ -325,6 +330,7 @@ class MasterStore:
         if self.db.in_transaction:
             self.db.execute("ROLLBACK")
         self._load_counts()
+        self._load_audio_counts()
         self._next_seq = int(self.get_meta("next_seq", 0))
         self._seq_dirty = False
 
@@ -638,8 +644,15 @@ class MasterStore:
                 f"VALUES (?{', ?' * len(AUDIO_COLUMNS)}) ON CONFLICT(ukey, page) DO NOTHING",
                 (ukey, *values.values()))
             if cur.rowcount == 1:
+                self._audio_counts[values["status"]] = self._audio_counts.get(values["status"], 0) + 1
                 out.append(True)
                 continue
+            if values["status"] == "ok":
+                old = self.db.execute("SELECT status FROM audio WHERE ukey = ? AND page = ?",
+                                      (ukey, values["page"])).fetchone()
+                if old and old[0] != "ok":
+                    self._audio_counts[old[0]] -= 1
+                    self._audio_counts["ok"] = self._audio_counts.get("ok", 0) + 1
             self.db.execute(
                 "UPDATE audio SET sha256 = coalesce(sha256, ?), size = coalesce(size, ?), "
                 "content_type = coalesce(content_type, ?), path = coalesce(path, ?), "
@@ -668,6 +681,21 @@ class MasterStore:
         """Every place one content was found."""
         return list(self._audio_rows("WHERE sha256 = ?", (sha256,)))
 
+    def search_audio(self, query: str, limit: int = 50) -> list[dict[str, Any]]:
+        """Catalogue rows whose title, artist, audio URL or page contains `query` (case-insensitive for
+        ASCII), newest first; an empty query gives the newest rows. Bounded by `limit`; a query that matches
+        little may read the whole table, so callers run it off the event loop (see master/web.py)."""
+        cols = "url, page, title, artist, album, status, node, found_at"
+        if not query:
+            sql, args = f"SELECT {cols} FROM audio ORDER BY id DESC LIMIT ?", (limit,)
+        else:
+            like = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            cond = " OR ".join(f"{c} LIKE ? ESCAPE '\\'" for c in ("title", "artist", "url", "page"))
+            sql, args = f"SELECT {cols} FROM audio WHERE {cond} ORDER BY id DESC LIMIT ?", (like,) * 4 + (limit,)
+        cur = self.db.execute(sql, args)
+        names = [c[0] for c in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+
     # -- figures -------------------------------------------------------------------------------------
 
     def count_discards(self, reasons: Mapping[str, int]) -> None:
@@ -695,7 +723,8 @@ class MasterStore:
 
         states: URLs by state; frontier: queued URLs; frontier_by_node: queued URLs by routed node ("None":
         not routed); nodes: per node, its URLs by state plus the note_node() counters; discards: by reason;
-        audio: catalogue rows by status.
+        audio: catalogue rows by status; figures: what the master saved under the meta key "figures" (HTTP
+        status and error reason counts). Cheap in the master: counts come from memory, the rest are small tables.
         """
         snapshot = self.readonly and not self.db.in_transaction
         if snapshot:
@@ -716,7 +745,11 @@ class MasterStore:
             for node, name, value in self.db.execute("SELECT node, name, value FROM node_stats"):
                 nodes.setdefault(node, {})[name] = value
             discards = dict(self.db.execute("SELECT reason, n FROM discards ORDER BY reason"))
-            audio = dict(self.db.execute("SELECT status, count(*) FROM audio GROUP BY status"))
+            if self.readonly:
+                audio = dict(self.db.execute("SELECT status, count(*) FROM audio GROUP BY status"))
+            else:
+                audio = {k: v for k, v in self._audio_counts.items() if v}
+            figures = self.get_meta("figures", {})
         finally:
             if snapshot:
                 self.db.execute("COMMIT")
@@ -727,6 +760,7 @@ class MasterStore:
             "nodes": nodes,
             "discards": discards,
             "audio": audio,
+            "figures": figures,
         }
 
     # -- small key/value table -----------------------------------------------------------------------

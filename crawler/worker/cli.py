@@ -24,16 +24,18 @@ from crawler.worker.config import WorkerConfig
 @click.option("--config", "config_path", type=click.Path(path_type=Path),
               help="Optional YAML: concurrency, User-Agent, limits, resolvers.")
 @click.option("--concurrency", type=int, help="Page fetches in flight (overrides the config).")
+@click.option("--metrics-listen", help="host:port to serve Prometheus /metrics on (overrides the config).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.pass_context
-def main(ctx, master, node_id, data_dir, secret_file, config_path, concurrency, log_level) -> None:
+def main(ctx, master, node_id, data_dir, secret_file, config_path, concurrency, metrics_listen, log_level) -> None:
     """Run a crawl worker (with --master and the rest), or one of the commands below."""
     if ctx.invoked_subcommand is not None:
         return
     setup_logging(log_level)
     overrides = {"master": master, "id": node_id, "data_dir": str(data_dir) if data_dir else None,
-                 "secret_file": str(secret_file) if secret_file else None, "concurrency": concurrency}
+                 "secret_file": str(secret_file) if secret_file else None, "concurrency": concurrency,
+                 "metrics_listen": metrics_listen}
     try:
         cfg = WorkerConfig.build(config_path, overrides)
         from crawler.worker.server import Worker
@@ -49,7 +51,11 @@ def main(ctx, master, node_id, data_dir, secret_file, config_path, concurrency, 
             loop.add_signal_handler(sig, worker.stop)
         return await worker.serve()
 
-    sys.exit(eventloop.run(run()))
+    try:
+        sys.exit(eventloop.run(run()))
+    except OSError as e:   # the metrics port is taken
+        click.echo(f"crawler-worker: {e}", err=True)
+        sys.exit(1)
 
 
 @main.command()

@@ -43,6 +43,8 @@ SPEC = {
     "download_audio": Key("bool", True),
     "reconnect_max_delay": Key("float", 30.0, positive),
     "resolvers": Key("map", None),                    # name -> its own section, in the order they are tried
+    "metrics_listen": Key("hostport|off", None),      # host:port of this worker's /metrics; off by default
+    "log_interval": Key("float", 30.0, positive),     # seconds between progress lines
 }
 
 
@@ -70,6 +72,8 @@ class WorkerConfig:
     download_audio: bool
     reconnect_max_delay: float
     resolvers: dict[str, dict[str, Any]]
+    metrics_listen: tuple[str, int] | None
+    log_interval: float
 
     @classmethod
     def build(cls, yaml_path: Path | None, overrides: dict[str, Any]) -> WorkerConfig:
@@ -96,4 +100,5 @@ class WorkerConfig:
             page_format=v["page_format"], warc_file_bytes=v["warc_file_bytes"],
             download_audio=v["download_audio"], reconnect_max_delay=v["reconnect_max_delay"],
             resolvers={k: dict(s or {}) for k, s in resolvers.items()},
+            metrics_listen=v["metrics_listen"], log_interval=v["log_interval"],
         )

@@ -15,6 +15,8 @@ _SKIPPED_SCHEMES = ("javascript:", "mailto:", "tel:", "data:", "about:", "blob:"
 _REFRESH_URL = re.compile(r"""^\s*[\d.]*\s*[;,]\s*(?:url\s*=\s*)?(['"]?)(.*?)\1\s*$""", re.IGNORECASE | re.DOTALL)
 _MAX_REFRESH = 4096
 _LINK_SELECTOR = "a[href], area[href], iframe[src], frame[src], link[href], meta[http-equiv]"
+# The links a page at the depth limit would have offered, counted for the discard figures without extracting them.
+_COUNTED_SELECTOR = "a[href], area[href], iframe[src], frame[src]"
 _FOLLOWED_RELS = frozenset({"next", "prev", "previous"})
 # HTML strips these from URL attributes before parsing them.
 _STRIPPED_INSIDE = re.compile(r"[\t\n\r]")
@@ -114,3 +116,8 @@ def extract_links(tree: LexborHTMLParser, base_url: str) -> list[str]:
             seen.add(url)
             out.append(url)
     return out
+
+
+def count_links(tree: LexborHTMLParser) -> int:
+    """How many link elements the page has: one C-side query, without resolving or filtering any of them."""
+    return len(css(tree, _COUNTED_SELECTOR))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from crawler import items as it
 from crawler import protocol as p
 from crawler.connection import ConnectionClosed, FramedConnection
+from crawler.metrics import WorkerMetrics, serve_metrics
 from crawler.resolvers.base import FetchedPage, ResolveContext, Resolver
 from crawler.resolvers.registry import load_resolvers, pick
 from crawler.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
@@ -23,7 +24,7 @@ from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader
 from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
 from crawler.worker.linkcache import LinkCache
-from crawler.worker.links import extract_links
+from crawler.worker.links import count_links, extract_links
 from crawler.worker.pagestore import open_page_store
 
 log = logging.getLogger("crawler.worker")
@@ -71,12 +72,25 @@ class WorkerStats:
     pages: int = 0
     errors: int = 0
     audio: int = 0
+    bytes: int = 0
+    in_flight: int = 0
+
+
+def progress_line(interval: float, now: WorkerStats, before: WorkerStats) -> str:
+    """The worker's periodic log line: its own work over the last interval."""
+    per_min = 60.0 / interval if interval > 0 else 0.0
+    mib = (now.bytes - before.bytes) / interval / (1 << 20) if interval > 0 else 0.0
+    return (f"progress: {(now.pages - before.pages) * per_min:.0f} pages/min, "
+            f"{(now.audio - before.audio) * per_min:.0f} audio/min, {now.errors - before.errors} errors, "
+            f"{now.in_flight} in flight, {mib:.2f} MiB/s")
 
 
 class Worker:
     def __init__(self, cfg: WorkerConfig) -> None:
         self.cfg = cfg
         self.stats = WorkerStats()
+        self.metrics = WorkerMetrics(cfg.id)
+        self.metrics_addr: str | None = None
         self._stop = asyncio.Event()
         self.resolvers: list[Resolver] = load_resolvers(cfg.resolvers)
         self.links = LinkCache(cfg.link_cache)
@@ -106,14 +120,36 @@ class Worker:
                                                     max_downloads=cfg.downloads))
         self.page_sem = asyncio.Semaphore(cfg.concurrency)
         self.norm = NormalizeOptions(keep_fragment=tuple(pat for r in self.resolvers for pat in r.keep_fragment))
+        metrics_runner = None
+        if cfg.metrics_listen is not None:
+            metrics_runner, self.metrics_addr = await serve_metrics(self.metrics, *cfg.metrics_listen)
+            (cfg.data_dir / "metrics.addr").write_text(f"{self.metrics_addr}\n")
+            log.info("worker %s metrics on http://%s/metrics", cfg.id, self.metrics_addr)
         try:
-            return await self._run()
+            async with asyncio.TaskGroup() as tg:
+                background = [tg.create_task(self.metrics.lag.run()), tg.create_task(self._progress())]
+                try:
+                    return await self._run()
+                finally:
+                    for t in background:
+                        t.cancel()
         finally:
+            if metrics_runner is not None:
+                await metrics_runner.cleanup()
             self.pages.close()
             await self.http.aclose()
             await self.dl_http.aclose()
             log.info("worker %s stopped: %d pages, %d errors, %d audio items; downloads: %s",
                      cfg.id, self.stats.pages, self.stats.errors, self.stats.audio, self.downloader.stats)
+
+    async def _progress(self) -> None:
+        interval = self.cfg.log_interval
+        before = WorkerStats(**vars(self.stats))
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(interval)
+            log.info("%s", progress_line(time.monotonic() - t0, self.stats, before))
+            before = WorkerStats(**vars(self.stats))
 
     async def _run(self) -> int:
         delay = 0.2
@@ -230,16 +266,32 @@ class Worker:
 
     # ------------------------------------------------------------------ one task
     async def _run_task(self, task: p.Task, results: asyncio.Queue) -> None:
+        self.stats.in_flight += 1
         try:
             result = await self.process(task)
         except Exception as e:   # a bug must cost one task, not the worker
             log.exception("task %s failed unexpectedly", task.url)
             result = p.Result(task.lease, task.url, p.RETRY, error=f"worker error: {type(e).__name__}: {e}")
+        finally:
+            self.stats.in_flight -= 1
         if result.status == p.DONE:
             self.stats.pages += 1
         else:
             self.stats.errors += 1
+        self._count(result)
         results.put_nowait(result)
+
+    def _count(self, result: p.Result) -> None:
+        m, node = self.metrics, self.cfg.id
+        m.pages.labels(node, result.status).inc()
+        if result.size:
+            m.download_bytes.labels(node, "page").inc(result.size)
+            self.stats.bytes += result.size
+        for a in result.audio:
+            m.audio.labels(node, a.status).inc()
+            if a.sha256 and a.size:
+                m.download_bytes.labels(node, "audio").inc(a.size)
+                self.stats.bytes += a.size
 
     async def process(self, task: p.Task) -> p.Result:
         url = task.url
@@ -248,13 +300,17 @@ class Worker:
         resolver = pick(self.resolvers, url)
         page: FetchedPage | None = None
         links: list[str] = []
+        cut = 0   # links not followed at the depth limit, for the master's discard figures
         if resolver.needs_page(url):
             async with self.page_sem:
+                t0 = time.monotonic()
                 try:
                     page, truncated = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes,
                                                                referrer=task.parent)
                 except FetchError as e:
                     return p.Result(task.lease, url, p.RETRY if e.transient else p.ERROR, error=str(e))
+                finally:
+                    self.metrics.fetch_seconds.observe(time.monotonic() - t0)
             if page.status == 429 or page.status >= 500:
                 return p.Result(task.lease, url, p.RETRY, page.status, page.final_url, page.content_type,
                                 len(page.body), f"HTTP {page.status}")
@@ -267,7 +323,7 @@ class Worker:
                 links = self._links_to_report([target] if target and follow else [], [])
                 return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
                                 len(page.body), None if target else "redirect without a usable Location",
-                                tuple(links))
+                                tuple(links), cut=0 if follow or not target else 1)
             if page.status >= 400:
                 return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
                                 len(page.body))
@@ -275,6 +331,8 @@ class Worker:
             if tree is not None:
                 if follow:
                     links = extract_links(tree, page.final_url)
+                else:
+                    cut = count_links(tree)
                 if self.cfg.store_pages:
                     self.pages.save(url, page.final_url, page.status, page.content_type, page.body,
                                     page.raw_headers, truncated)
@@ -287,15 +345,18 @@ class Worker:
         else:
             error = None
         items = list(resolution.items) if resolution else []
-        if follow and resolution:
-            links.extend(resolution.links)
+        if resolution and resolution.links:
+            if follow:
+                links.extend(resolution.links)
+            else:
+                cut += len(resolution.links)
         links = self._links_to_report(links, items)
         if items and self.cfg.download_audio:
             items = await self._download_all(items, resolver)
         self.stats.audio += len(items)
         return p.Result(task.lease, url, p.DONE, page.status if page else None, page.final_url if page else None,
                         page.content_type if page else None, len(page.body) if page else None, error,
-                        tuple(links), tuple(items))
+                        tuple(links), tuple(items), cut)
 
     def _links_to_report(self, links: list[str], items: list[it.AudioItem]) -> list[str]:
         # The link cache goes first, on the links as found: the site's navigation, the bulk of every page,

@@ -1,0 +1,146 @@
+"""The master's observation shell: feeds the live figures and the Prometheus metrics from what the server
+handles, writes the progress line and the status snapshot, and answers the web server's questions.
+
+The server calls in at four places (a report, a worker joining or leaving, a commit); everything else runs in
+background tasks of the master's TaskGroup, off the report path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from crawler import protocol as p
+from crawler.master.live import LIVE_FILE, LiveStats, build_status, progress_line
+from crawler.metrics import MasterMetrics
+
+if TYPE_CHECKING:
+    from crawler.master.server import Master
+
+log = logging.getLogger("crawler.master")
+
+SNAPSHOT_INTERVAL = 2.0      # seconds between writes of <data_dir>/live.json
+FIGURES_META = "figures"
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, sort_keys=True))
+    os.replace(tmp, path)
+
+
+class Observer:
+    def __init__(self, master: Master) -> None:
+        self.master = master
+        self.metrics = MasterMetrics()
+        self.live = LiveStats(started=master.clock())
+        self.web_addr: str | None = None
+
+    def opened(self) -> None:
+        """The store is open: carry the crawl's cumulative figures over from the last run."""
+        self.live.load_figures(self.master.store.get_meta(FIGURES_META))
+
+    # ------------------------------------------------------------------ hooks from the server
+    def report(self, node: str, results: tuple[p.Result, ...], new_rows: list[dict], now: float) -> None:
+        outcomes = self.live.report(node, results, new_rows, now)
+        m = self.metrics
+        for outcome, n in outcomes.items():
+            m.pages.labels(node, outcome).inc(n)
+        page_bytes = sum(r.size or 0 for r in results)
+        if page_bytes:
+            m.download_bytes.labels(node, "page").inc(page_bytes)
+        audio_bytes = sum(a.size or 0 for r in results for a in r.audio if a.sha256)
+        if audio_bytes:
+            m.download_bytes.labels(node, "audio").inc(audio_bytes)
+        if new_rows:
+            for status, n in Counter(row.get("status") or "ok" for row in new_rows).items():
+                m.audio.labels(node, status).inc(n)
+
+    def joined(self, node: str, now: float) -> None:
+        self.live.seen(node, now, connected=True)
+
+    def left(self, node: str, last_seen: float) -> None:
+        self.live.seen(node, last_seen, connected=False)
+
+    def committing(self, discards: Mapping[str, int]) -> None:
+        """Called before the server commits: the discards of this window and the figures join the transaction."""
+        for reason, n in discards.items():
+            if n:
+                self.metrics.discarded.labels(reason).inc(n)
+        if self.live.dirty:
+            self.master.store.set_meta(FIGURES_META, self.live.figures())
+
+    # ------------------------------------------------------------------ views
+    def _held(self) -> int:
+        return sum(len(q) for q in self.master.crawl.held.values())
+
+    def view(self, now: float) -> dict[str, Any]:
+        m = self.master
+        for node, s in m.sessions.items():
+            self.live.seen(node, s.last_seen, connected=True)
+        in_flight = {n: len(ids) for n, ids in m.crawl.leases_by_node.items()}
+        return self.live.view(now, held=self._held(), at_workers=m.crawl.in_flight(), in_flight=in_flight,
+                              web=self.web_addr, lag=self.metrics.lag.last)
+
+    def status(self, now: float | None = None) -> dict[str, Any]:
+        """The status object, as /api/status serves it and `status --json` prints it."""
+        now = self.master.clock() if now is None else now
+        return build_status(self.master.store.status(), self.view(now), self.master.cfg.nodes, now,
+                            running=True)
+
+    def chart(self, now: float | None = None) -> dict[str, Any]:
+        now = self.master.clock() if now is None else now
+        live = self.live
+        series = live.chart.series(now)
+        minutes = min(len(series), max(60, int((now - live.started) // live.chart.width) + 1))
+        return {"bucket_s": live.chart.width, "end": now, "pages": series[-minutes:],
+                "errors": list(live.recent_errors)[::-1]}
+
+    def render_metrics(self) -> bytes:
+        m, met = self.master, self.metrics
+        met.frontier.set(m.store.frontier_size())
+        met.in_flight.labels("master").set(self._held())
+        met.in_flight.labels("workers").set(m.crawl.in_flight())
+        met.nodes_connected.set(len(m.sessions))
+        return met.render()
+
+    # ------------------------------------------------------------------ background tasks
+    async def run(self) -> None:
+        """Progress lines every log_interval seconds and the status snapshot every few seconds."""
+        m = self.master
+        interval = m.cfg.log_interval
+        live_path = m.cfg.data_dir / LIVE_FILE
+        next_line = time.monotonic() + interval
+        last_line = time.monotonic()
+        last_waiting: int | None = None
+        while True:
+            wait = min(SNAPSHOT_INTERVAL, max(0.0, next_line - time.monotonic()))
+            await asyncio.sleep(wait)
+            now_mono = time.monotonic()
+            if now_mono >= next_line:
+                span = now_mono - last_line
+                last_line, next_line = now_mono, now_mono + interval
+                waiting = m.store.frontier_size() + self._held()
+                shrink = (last_waiting - waiting) / span if last_waiting is not None and span > 0 else None
+                last_waiting = waiting
+                pages, audio, errors = self.live.take_interval()
+                log.info("%s", progress_line(span, pages, audio, errors, queued=m.store.frontier_size(),
+                                             held=self._held(), at_workers=m.crawl.in_flight(),
+                                             connected=len(m.sessions), nodes=len(m.cfg.nodes), shrink=shrink))
+            self.write_snapshot(live_path)
+
+    def write_snapshot(self, path: Path | None = None, *, running: bool = True) -> None:
+        path = path or self.master.cfg.data_dir / LIVE_FILE
+        view = self.view(self.master.clock())
+        view["running"] = running
+        try:
+            write_json_atomic(path, view)
+        except OSError as e:
+            log.warning("status snapshot not written: %s", e)

@@ -1,0 +1,128 @@
+"""Prometheus metrics of both daemons: one registry per daemon, the metric names operators' dashboards use.
+
+The names are a contract (configs/grafana-dashboard.json reads them):
+
+master  crawler_pages_total{node,outcome}      results reported by workers: done, error, retry
+        crawler_audio_items_total{node,status}  catalogue rows added: ok, unavailable, failed
+        crawler_discarded_urls_total{reason}    URLs dropped by policy (too_deep, out_of_scope, robots ...)
+        crawler_download_bytes_total{node,kind} bytes fetched by the workers: page bodies and audio files
+        crawler_frontier_urls                   URLs queued in the frontier
+        crawler_in_flight_urls{where}           held at the master (politeness gate, robots.txt) or at workers
+        crawler_nodes_connected                 workers connected now
+worker  crawler_pages_total{node,outcome}, crawler_audio_items_total{node,status},
+        crawler_download_bytes_total{node,kind}, crawler_fetch_seconds{node} (histogram of page fetch times)
+both    crawler_event_loop_lag_seconds          how late a timer fires: a busy or blocked event loop
+
+Counters are counted where the daemon handles a whole report or task, never per link; gauges are set when
+/metrics is read. Each process counts from zero when it starts, as Prometheus expects of counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+log = logging.getLogger("crawler.metrics")
+
+# Lag buckets: a healthy loop fires within a millisecond; a page parse is a few; a blocked loop is seconds.
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+FETCH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+LAG_INTERVAL = 0.5
+
+
+class LoopLag:
+    """Measures the event loop's lag: how late a short sleep wakes up. Keeps the last and the worst values
+    since the last read, for progress lines and the status page."""
+
+    def __init__(self, hist: Histogram) -> None:
+        self.hist = hist
+        self.last = 0.0
+        self.worst = 0.0
+
+    async def run(self, interval: float = LAG_INTERVAL) -> None:
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(interval)
+            lag = max(0.0, time.monotonic() - t0 - interval)
+            self.hist.observe(lag)
+            self.last = lag
+            self.worst = max(self.worst, lag)
+
+    def take_worst(self) -> float:
+        worst, self.worst = self.worst, 0.0
+        return worst
+
+
+def _lag_histogram(registry: CollectorRegistry) -> Histogram:
+    return Histogram("crawler_event_loop_lag_seconds", "How late a timer on the daemon's event loop fires",
+                     buckets=LAG_BUCKETS, registry=registry)
+
+
+class MasterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=False)
+        self.pages = Counter("crawler_pages", "Page results reported by workers", ["node", "outcome"], registry=r)
+        self.audio = Counter("crawler_audio_items", "Audio items added to the catalogue", ["node", "status"],
+                             registry=r)
+        self.discarded = Counter("crawler_discarded_urls", "URLs dropped by the crawl policy", ["reason"],
+                                 registry=r)
+        self.download_bytes = Counter("crawler_download_bytes", "Bytes fetched by the workers",
+                                      ["node", "kind"], registry=r)
+        self.frontier = Gauge("crawler_frontier_urls", "URLs queued in the frontier", registry=r)
+        self.in_flight = Gauge("crawler_in_flight_urls", "URLs handed out of the frontier and not yet reported",
+                               ["where"], registry=r)
+        self.nodes_connected = Gauge("crawler_nodes_connected", "Workers connected to the master", registry=r)
+        self.lag = LoopLag(_lag_histogram(r))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class WorkerMetrics:
+    def __init__(self, node: str) -> None:
+        self.node = node
+        r = self.registry = CollectorRegistry(auto_describe=False)
+        self.pages = Counter("crawler_pages", "Page tasks finished by this worker", ["node", "outcome"], registry=r)
+        self.audio = Counter("crawler_audio_items", "Audio items this worker found", ["node", "status"],
+                             registry=r)
+        self.download_bytes = Counter("crawler_download_bytes", "Bytes fetched by this worker", ["node", "kind"],
+                                      registry=r)
+        self.fetch_seconds = Histogram("crawler_fetch_seconds", "Page fetch time, request to last body byte",
+                                       ["node"], buckets=FETCH_BUCKETS, registry=r).labels(node)
+        self.lag = LoopLag(_lag_histogram(r))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def metrics_response(body: bytes) -> web.Response:
+    # CONTENT_TYPE_LATEST carries a charset parameter, which aiohttp wants apart from the media type.
+    media, _, charset = CONTENT_TYPE_LATEST.partition("; charset=")
+    return web.Response(body=body, content_type=media, charset=charset or "utf-8")
+
+
+async def serve_metrics(metrics: WorkerMetrics, host: str, port: int) -> tuple[web.AppRunner, str]:
+    """A worker's /metrics endpoint on host:port (0: a free port). Returns the runner and the bound address."""
+
+    async def handle(_request: web.Request) -> web.Response:
+        return metrics_response(metrics.render())
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0]
+    return runner, f"{bound[0]}:{bound[1]}"
