@@ -11,6 +11,16 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
+
+from crawler.logs import iso_utc
+
+
+def export_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A catalogue row as exports show it: times as ISO-8601 UTC, not epoch seconds."""
+    if isinstance(row.get("found_at"), (int, float)):
+        row = {**row, "found_at": iso_utc(row["found_at"])}
+    return row
 
 
 class CatalogueFile:
@@ -24,7 +34,7 @@ class CatalogueFile:
         n = 0
         with open(tmp, "w", encoding="utf-8") as fh:
             for row in rows:
-                fh.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+                fh.write(json.dumps(export_row(row), ensure_ascii=False, sort_keys=True) + "\n")
                 n += 1
             fh.flush()
             os.fsync(fh.fileno())
@@ -39,7 +49,8 @@ class CatalogueFile:
         """Call after the store committed the rows."""
         if not self._pending or self._fh is None:
             return
-        self._fh.write("".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in self._pending))
+        self._fh.write("".join(json.dumps(export_row(r), ensure_ascii=False, sort_keys=True) + "\n"
+                               for r in self._pending))
         self._fh.flush()
         self._pending.clear()
 

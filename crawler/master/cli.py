@@ -112,7 +112,9 @@ def export(config_path: Path, fmt: str, output: Path | None) -> None:
     store = _open_store(cfg)
     out = open(output, "w", encoding="utf-8", newline="") if output else sys.stdout
     try:
-        rows = store.catalogue()
+        from crawler.master.catalogue import export_row
+
+        rows = map(export_row, store.catalogue())
         if fmt == "jsonl":
             for row in rows:
                 out.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")

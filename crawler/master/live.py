@@ -10,6 +10,7 @@ cumulative HTTP status and error reason counts survive restarts through the stor
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
@@ -54,9 +55,12 @@ class Buckets:
             out.append(self.values[slot] if self.index[slot] == i else 0)
         return out
 
-    def total(self, now: float, seconds: float) -> int:
-        n = max(1, min(self.count, round(seconds / self.width)))
-        return sum(self.series(now)[-n:])
+    def per_second(self, now: float, seconds: float, since: float) -> float:
+        """The rate over the last `seconds` (whole buckets, the current one included), or since `since` when
+        that is later: a run younger than the window is not diluted by the time before it started."""
+        n = max(1, min(self.count, math.ceil(seconds / self.width)))
+        covered = min(now - (int(now // self.width) - n + 1) * self.width, now - since)
+        return sum(self.series(now)[-n:]) / max(covered, 1.0)
 
 
 def error_reason(error: str | None, http_status: int | None) -> str:
@@ -145,11 +149,9 @@ class LiveStats:
     def rates(self, now: float) -> dict[str, float]:
         """Per-minute rates over the last 1 and 10 minutes (over the run's time when it is shorter)."""
         out = {}
-        up = max(now - self.started, RATE_BUCKET)
         for minutes in (1, 10):
-            span = min(60.0 * minutes, up)
             for name, b in (("pages", self.pages), ("audio", self.audio), ("errors", self.errors)):
-                out[f"{name}_per_min_{minutes}m"] = round(b.total(now, span) * 60.0 / span, 1)
+                out[f"{name}_per_min_{minutes}m"] = round(b.per_second(now, 60.0 * minutes, self.started) * 60, 1)
         return out
 
     def take_interval(self) -> tuple[int, int, Counter]:
@@ -278,7 +280,7 @@ def progress_line(interval: float, pages: int, audio: int, errors: Counter, *, q
     else:
         eta = "queue not shrinking"
     return (f"progress: {pages * per_min:.0f} pages/min, {audio * per_min:.0f} audio/min; "
-            f"queued {queued}, waiting at the politeness gate {held}, at workers {at_workers}; "
+            f"queued {queued}, held at the master {held}, at workers {at_workers}; "
             f"workers {connected}/{nodes}; errors: {errs}; {eta}")
 
 
@@ -311,7 +313,7 @@ def status_text(st: Mapping[str, Any]) -> str:
     lines.append("")
     lines.append("URLs:")
     url_rows = [["queued (frontier)", u["queued"]],
-                ["held at the master (politeness gate, robots.txt)", u["held_at_master"]],
+                ["held at the master (politeness gate, robots.txt, credit)", u["held_at_master"]],
                 ["  = waiting at the master", u["waiting_at_master"]],
                 ["at workers", u["at_workers"]]]
     if "leased_when_stopped" in u:

@@ -105,14 +105,14 @@ function drawStatus(st) {
     tile("audio items", fmt(audio), fmt(st.audio.ok || 0) + " ok"),
     tile("audio / min", fmt(r.audio_per_min_1m), "10 min: " + fmt(r.audio_per_min_10m)),
     tile("errors / min", fmt(r.errors_per_min_1m), fmt(u.error) + " URLs failed"),
-    tile("waiting at master", fmt(u.waiting_at_master), fmt(u.held_at_master) + " at the politeness gate"),
+    tile("waiting at master", fmt(u.waiting_at_master), fmt(u.held_at_master) + " held, " + fmt(u.queued) + " queued"),
     tile("at workers", fmt(u.at_workers), "loop lag " + ((st.master.event_loop_lag_s || 0) * 1000).toFixed(1) + " ms"));
   table("nodes", [["node"], ["state"], ["last heartbeat"], ["in flight", "n"], ["queued", "n"], ["pages", "n"],
                   ["audio", "n"], ["bytes", "n"], ["errors", "n"]],
     st.nodes.map((n) => [[n.node], [n.connected ? "connected" : "not connected", n.connected ? "ok" : "bad"],
       [ago(n.last_heartbeat)], [fmt(n.in_flight), "n"], [fmt(n.queued), "n"], [fmt(n.pages), "n"],
       [fmt(n.audio), "n"], [bytes(n.bytes), "n"], [fmt(n.errors), n.errors ? "n bad" : "n"]]), "no workers");
-  kv("urls", {"queued": u.queued, "held at the politeness gate": u.held_at_master, "at workers": u.at_workers,
+  kv("urls", {"queued": u.queued, "held at the master": u.held_at_master, "at workers": u.at_workers,
               "done": u.done, "failed": u.error, "total": u.total}, "");
   kv("reasons", st.errors, "none"); kv("http", st.http_status, "none"); kv("discards", st.discards, "none");
 }
