@@ -143,3 +143,31 @@ def test_second_master_on_the_same_state_and_a_taken_port_are_one_line_errors(tm
         r = _run(["crawler.master", "--config", str(cfg)], tmp_path)
     assert r.returncode == 1 and "address already in use" in r.stderr.lower()
     assert "Traceback" not in r.stderr
+
+
+def test_web_listen_defaults_to_loopback_and_can_be_switched_off(tmp_path):
+    cfg = MasterConfig.from_mapping(base(tmp_path), tmp_path)
+    assert cfg.web.listen == ("127.0.0.1", 7780) and cfg.web.token is None and cfg.log_interval == 30
+    for off in (None, False, "off", "OFF"):
+        assert MasterConfig.from_mapping({**base(tmp_path), "web": {"listen": off}}, tmp_path).web.listen is None
+    assert yaml.safe_load("listen: off") == {"listen": False}     # YAML's own reading of a bare off
+    with pytest.raises(ConfigError, match="web.listen: expected host:port"):
+        MasterConfig.from_mapping({**base(tmp_path), "web": {"listen": "nowhere"}}, tmp_path)
+
+
+def test_web_beyond_loopback_needs_a_token(tmp_path):
+    public = {**base(tmp_path), "web": {"listen": "0.0.0.0:7780"}}
+    with pytest.raises(ConfigError, match="web.listen: 0.0.0.0 is not a loopback address: set web.token_file"):
+        MasterConfig.from_mapping(public, tmp_path)
+    token = write_secret(tmp_path / "token", "a long enough web token")
+    cfg = MasterConfig.from_mapping({**public, "web": {"listen": "0.0.0.0:7780", "token_file": str(token)}},
+                                    tmp_path)
+    assert cfg.web.token == "a long enough web token"
+    assert MasterConfig.from_mapping({**base(tmp_path), "web": {"listen": "[::1]:0"}}, tmp_path).web.listen == \
+        ("::1", 0)
+
+
+def test_worker_metrics_listen_is_off_unless_asked(tmp_path):
+    args = {"master": "h:1", "id": "a", "data_dir": str(tmp_path), "secret_file": str(write_secret(tmp_path / "s"))}
+    assert WorkerConfig.build(None, args).metrics_listen is None
+    assert WorkerConfig.build(None, {**args, "metrics_listen": "127.0.0.1:0"}).metrics_listen == ("127.0.0.1", 0)

@@ -72,6 +72,7 @@ a { color:var(--accent); text-decoration:none; }
 const refresh = Math.max(1, Number(new URLSearchParams(location.search).get("refresh")) || 3) * 1000;
 const $ = (id) => document.getElementById(id);
 const fmt = (n) => n == null ? "–" : Number(n).toLocaleString("en-US");
+const rate = (n) => n == null ? "–" : fmt(n >= 10 ? Math.round(n) : n);
 const bytes = (n) => { const u = ["B","KiB","MiB","GiB","TiB"]; let i = 0;
   while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; } return (i ? n.toFixed(1) : n) + " " + u[i]; };
 function el(tag, text, cls) { const e = document.createElement(tag); if (text != null) e.textContent = text;
@@ -101,10 +102,10 @@ function drawStatus(st) {
   const audio = Object.values(st.audio).reduce((a, b) => a + b, 0);
   $("tiles").replaceChildren(
     tile("pages fetched", fmt(u.done), fmt(run.pages) + " this run"),
-    tile("pages / min", fmt(r.pages_per_min_1m), "10 min: " + fmt(r.pages_per_min_10m)),
+    tile("pages / min", rate(r.pages_per_min_1m), "10 min: " + rate(r.pages_per_min_10m)),
     tile("audio items", fmt(audio), fmt(st.audio.ok || 0) + " ok"),
-    tile("audio / min", fmt(r.audio_per_min_1m), "10 min: " + fmt(r.audio_per_min_10m)),
-    tile("errors / min", fmt(r.errors_per_min_1m), fmt(u.error) + " URLs failed"),
+    tile("audio / min", rate(r.audio_per_min_1m), "10 min: " + rate(r.audio_per_min_10m)),
+    tile("errors / min", rate(r.errors_per_min_1m), fmt(u.error) + " URLs failed"),
     tile("waiting at master", fmt(u.waiting_at_master), fmt(u.held_at_master) + " held, " + fmt(u.queued) + " queued"),
     tile("at workers", fmt(u.at_workers), "loop lag " + ((st.master.event_loop_lag_s || 0) * 1000).toFixed(1) + " ms"));
   table("nodes", [["node"], ["state"], ["last heartbeat"], ["in flight", "n"], ["queued", "n"], ["pages", "n"],

@@ -1,0 +1,73 @@
+"""The status page in a real headless Chromium during a real crawl: it draws the node table and the rates, they
+move between two loads, and a screenshot is kept as the test's artifact."""
+
+import os
+import shutil
+
+import pytest
+from playwright.async_api import async_playwright
+
+from scripts import cluster, sitegen, siteserver
+from tests.browser import chromium
+
+pytestmark = pytest.mark.timeout(300)
+
+
+async def figures(page) -> dict:
+    """What the operator reads off the page: the tiles and the node table, as text."""
+    await page.wait_for_selector("#nodes td", timeout=30_000)
+    tiles = await page.eval_on_selector_all(
+        "#tiles .tile", "ts => Object.fromEntries(ts.map(t => [t.querySelector('.l').textContent, "
+                        "t.querySelector('.v').textContent]))")
+    nodes = await page.eval_on_selector_all(
+        "#nodes tr", "rs => rs.slice(1).map(r => Array.from(r.cells).map(c => c.textContent))")
+    return {"tiles": tiles, "nodes": nodes}
+
+
+async def test_status_page_in_headless_chromium_shows_the_crawl_moving(tmp_path):
+    site_dir = tmp_path / "site"
+    sitegen.generate(site_dir, songs=150)
+    slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.15})
+    async with await siteserver.start(site_dir, behaviour=slow) as server:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1", "w2"], exit_when_done=False,
+                                       crawl={"max_depth": 8})
+        master = await cluster.start_master(config, tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path,
+                                            extra=["--concurrency", "4"])
+        url = cluster.web_url(config) + "/?refresh=1"
+        try:
+            async with chromium() as ws, async_playwright() as pw:
+                browser = await pw.chromium.connect_over_cdp(ws)
+                page = await browser.new_page(viewport={"width": 1400, "height": 1100})
+                await page.goto(url)
+                await page.wait_for_function(
+                    "() => /[1-9]/.test(document.querySelector('#tiles .tile .v')?.textContent || '')",
+                    timeout=60_000)
+                first = await figures(page)
+                await page.wait_for_timeout(3000)    # the crawl moves on; a fresh load must show it
+                await page.reload()
+                await page.wait_for_function(
+                    "(before) => { const v = document.querySelector('#tiles .tile .v'); "
+                    "return v && v.textContent !== '–' && v.textContent !== before; }",
+                    arg=first["tiles"]["pages fetched"], timeout=60_000)
+                await page.wait_for_timeout(1500)    # one more refresh: the chart and the audio list filled in
+                second = await figures(page)
+                shot = tmp_path / "status-page.png"
+                await page.screenshot(path=str(shot), full_page=True)
+                await browser.close()
+        finally:
+            await master.stop()
+            await worker.stop()
+
+    print(f"\nstatus page screenshot: {shot}")
+    if os.environ.get("CRAWLER_TEST_ARTIFACTS"):
+        shutil.copy(shot, os.environ["CRAWLER_TEST_ARTIFACTS"])
+    assert shot.stat().st_size > 20_000
+    # The node table: the worker that runs is connected, the configured one that never came is not.
+    rows = {r[0]: r for r in second["nodes"]}
+    assert rows["w1"][1] == "connected" and rows["w2"][1] == "not connected", second["nodes"]
+    # Between the two loads the crawl moved: pages fetched grew, and w1's row with it.
+    as_int = lambda s: int(s.replace(",", ""))
+    assert as_int(second["tiles"]["pages fetched"]) > as_int(first["tiles"]["pages fetched"]), (first, second)
+    assert as_int(rows["w1"][5]) > as_int({r[0]: r for r in first["nodes"]}["w1"][5])
+    assert second["tiles"]["pages / min"] != first["tiles"]["pages / min"], (first, second)
