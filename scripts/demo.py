@@ -40,7 +40,8 @@ async def run(args: argparse.Namespace) -> int:
         )
         master = await cluster.start_master(config, out)
         addr = cluster.master_addr(config)
-        print(f"master listening on {addr}; starting {len(nodes)} workers")
+        print(f"master listening on {addr}; status page on {cluster.web_url(config)}/ while it runs; "
+              f"starting {len(nodes)} workers")
         workers = [await cluster.start_worker(addr, n, out, extra=["--concurrency", str(args.concurrency)])
                    for n in nodes]
         rc = await master.wait(args.timeout)
