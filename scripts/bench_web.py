@@ -1,0 +1,111 @@
+"""Does the status page slow the crawl? Crawl pages/s with nobody watching, beside the same crawl with the page
+open and refreshing every 2 s.
+
+Three rounds on one generated site (master + 2 workers, as the demo runs them), each from a fresh state:
+  none     the web server on, nobody asking
+  poller   the requests the page makes every 2 s (/, then /api/status, /api/recent, /api/audio), sent from this
+           process: the master's own cost of serving the page
+  browser  the page in a real headless Chromium with ?refresh=2 (the browser's own CPU competes with the crawl
+           on the same machine, which an operator's browser elsewhere would not)
+
+Prints pages/s from the master's summary for each round. One run each: on a shared machine the figures move
+by several per cent from run to run, so read differences of that size as noise.
+
+    .venv/bin/python scripts/bench_web.py [--songs 1500] [--rounds none,poller,browser]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts import cluster, sitegen, siteserver
+
+REFRESH = 2.0
+
+
+async def poll(url: str, stop: asyncio.Event) -> int:
+    n = 0
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        await client.get("/")
+        while not stop.is_set():
+            for path in ("/api/status", "/api/recent", "/api/audio?limit=15"):
+                await client.get(path)
+                n += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), REFRESH)
+    return n
+
+
+async def browse(url: str, stop: asyncio.Event) -> int:
+    from playwright.async_api import async_playwright
+
+    from tests.browser import chromium
+
+    async with chromium() as ws, async_playwright() as pw:
+        browser = await pw.chromium.connect_over_cdp(ws)
+        page = await browser.new_page()
+        await page.goto(f"{url}/?refresh={REFRESH:g}")
+        await stop.wait()
+        await browser.close()
+    return 0
+
+
+async def one_round(site_dir: Path, manifest: sitegen.Manifest, mode: str, work: Path) -> float:
+    out = work / mode
+    out.mkdir()
+    async with await siteserver.start(site_dir) as site:
+        config = cluster.master_config(out, [site.url + "/"], ["node1", "node2"],
+                                       crawl={"max_depth": manifest.max_depth + 3})
+        master = await cluster.start_master(config, out)
+        stop = asyncio.Event()
+        watcher = None
+        if mode == "poller":
+            watcher = asyncio.create_task(poll(cluster.web_url(config), stop))
+        elif mode == "browser":
+            watcher = asyncio.create_task(browse(cluster.web_url(config), stop))
+        addr = cluster.master_addr(config)
+        workers = [await cluster.start_worker(addr, n, out, extra=["--concurrency", "32"])
+                   for n in ("node1", "node2")]
+        rc = await master.wait(900)
+        stop.set()
+        if watcher is not None:
+            await watcher
+        for w in workers:
+            await w.wait(30)
+    if rc != 0:
+        raise RuntimeError(f"master exited with {rc}: {master.log()[-2000:]}")
+    lines = {line[:16].strip(): line[16:].strip() for line in master.stdout.decode().splitlines()[1:]}
+    return float(lines["throughput"].split()[0])
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--songs", type=int, default=1500)
+    ap.add_argument("--rounds", default="none,poller,browser")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-web-"))
+    try:
+        manifest = sitegen.generate(work / "site", songs=args.songs)
+        print(f"site: {len(manifest.pages)} pages, {len(manifest.audio)} audio items; page refresh every "
+              f"{REFRESH:g} s")
+        for mode in args.rounds.split(","):
+            rate = await one_round(work / "site", manifest, mode, work)
+            print(f"  {mode:<8} {rate:8.1f} pages/s")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

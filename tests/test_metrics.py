@@ -1,0 +1,40 @@
+"""The metric names are a contract with dashboards: the registries expose them, and the Grafana dashboard in
+configs/ asks for nothing else."""
+
+import json
+import re
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from crawler.metrics import MasterMetrics, WorkerMetrics
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def exposed(text: bytes) -> set[str]:
+    names = set()
+    for family in text_string_to_metric_families(text.decode()):
+        names.add(family.name)
+        names.update(family.name + suffix for suffix in ("_total", "_bucket", "_count", "_sum"))
+    return names
+
+
+def test_the_names_of_the_issue_are_exposed():
+    master, worker = MasterMetrics(), WorkerMetrics("w1")
+    master.pages.labels("w1", "done").inc()
+    worker.fetch_seconds.observe(0.1)
+    names = exposed(master.render()) | exposed(worker.render())
+    for name in ("crawler_pages_total", "crawler_audio_items_total", "crawler_discarded_urls_total",
+                 "crawler_frontier_urls", "crawler_in_flight_urls", "crawler_nodes_connected",
+                 "crawler_fetch_seconds_bucket", "crawler_download_bytes_total",
+                 "crawler_event_loop_lag_seconds_bucket"):
+        assert name in names, name
+    assert 'crawler_fetch_seconds_count{node="w1"} 1.0' in worker.render().decode()
+
+
+def test_the_grafana_dashboard_reads_only_metrics_that_exist():
+    dash = json.loads((ROOT / "configs" / "grafana-dashboard.json").read_text())
+    names = exposed(MasterMetrics().render()) | exposed(WorkerMetrics("w1").render())
+    used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"crawler_\w+", t["expr"])}
+    assert used and used <= names, used - names
