@@ -101,6 +101,10 @@ class WorkerMetrics:
         self.fetch_seconds = Histogram("crawler_fetch_seconds", "Page fetch time, request to last body byte",
                                        ["node"], buckets=FETCH_BUCKETS, registry=r).labels(node)
         self.lag = LoopLag(_lag_histogram(r))
+        # Children by label value, looked up once: these are counted on every task.
+        self.pages_by_outcome = {o: self.pages.labels(node, o) for o in ("done", "error", "retry")}
+        self.page_bytes = self.download_bytes.labels(node, "page")
+        self.audio_bytes = self.download_bytes.labels(node, "audio")
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -282,15 +282,15 @@ class Worker:
         results.put_nowait(result)
 
     def _count(self, result: p.Result) -> None:
-        m, node = self.metrics, self.cfg.id
-        m.pages.labels(node, result.status).inc()
+        m = self.metrics
+        m.pages_by_outcome[result.status].inc()
         if result.size:
-            m.download_bytes.labels(node, "page").inc(result.size)
+            m.page_bytes.inc(result.size)
             self.stats.bytes += result.size
         for a in result.audio:
-            m.audio.labels(node, a.status).inc()
+            m.audio.labels(self.cfg.id, a.status).inc()
             if a.sha256 and a.size:
-                m.download_bytes.labels(node, "audio").inc(a.size)
+                m.audio_bytes.inc(a.size)
                 self.stats.bytes += a.size
 
     async def process(self, task: p.Task) -> p.Result:
