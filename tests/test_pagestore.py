@@ -164,3 +164,13 @@ def test_operators_read_a_stored_page_with_the_worker_cli(tmp_path, fmt):
     missing = run("http://s.test/never")
     assert missing.returncode == 1 and missing.stdout == b""
     assert missing.stderr.decode().count("\n") == 1 and "not in" in missing.stderr.decode()
+
+
+def test_index_times_are_iso_8601_utc(tmp_path):
+    times = iter([1_790_000_000.25, 1_790_000_000.999, 1_790_000_061.0])
+    store = FilePageStore(tmp_path, clock=lambda: next(times))
+    for i in range(3):
+        store.save(f"http://site.test/{i}", f"http://site.test/{i}", 200, "text/html", b"<html></html>")
+    store.close()
+    assert [r[5] for r in index_rows(tmp_path)] == ["2026-09-21T14:13:20.250Z", "2026-09-21T14:13:20.999Z",
+                                                    "2026-09-21T14:14:21.000Z"]

@@ -57,11 +57,21 @@ def safe_host(url: str) -> str:
 class _Index:
     def __init__(self, root: Path) -> None:
         self._file = open(root / "index.tsv", "a", encoding="utf-8")
+        self._second = -1
+        self._stamp = ""
+
+    def _iso(self, now: float) -> str:
+        # ISO-8601 UTC with milliseconds, as the logs print times; the seconds part is formatted once a second.
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._stamp}.{int((now - second) * 1000):03d}Z"
 
     def add(self, location: str, url: str, final_url: str, status: int, content_type: str, now: float) -> None:
         clean_url = url.replace("\t", " ").replace("\n", " ")
         clean_final = final_url.replace("\t", " ").replace("\n", " ")
-        self._file.write(f"{location}\t{clean_url}\t{clean_final}\t{status}\t{content_type}\t{now:.3f}\n")
+        self._file.write(f"{location}\t{clean_url}\t{clean_final}\t{status}\t{content_type}\t{self._iso(now)}\n")
 
     def flush(self) -> None:
         self._file.flush()
