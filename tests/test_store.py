@@ -246,6 +246,23 @@ def test_a_site_id_identifies_an_item_whose_links_expire(store):
     assert store.status()["audio"] == {"ok": 1}
 
 
+def test_search_audio_matches_title_artist_or_urls_literally_newest_first(store, tmp_path):
+    store.add_audio([audio(url="http://cdn/1.mp3", page="http://s/1", title="Blue Moon", artist="Ann"),
+                     audio(url="http://cdn/2.mp3", page="http://s/2", title="100% Red", artist="Bo_b"),
+                     audio(url="http://cdn/moon.mp3", page="http://s/3", title="Other", artist="Cy",
+                           status="failed")])
+    assert [r["title"] for r in store.search_audio("moon")] == ["Other", "Blue Moon"]
+    assert [r["title"] for r in store.search_audio("%")] == ["100% Red"]       # a literal %, not a wildcard
+    assert [r["artist"] for r in store.search_audio("o_b")] == ["Bo_b"]
+    assert [r["title"] for r in store.search_audio("", limit=2)] == ["Other", "100% Red"]
+    assert store.search_audio("nothing like it") == []
+    # The store counts catalogue rows by status in memory; a reader counts them in the table: the same.
+    store.commit()
+    reader = MasterStore.open_readonly(store.path)
+    assert reader.status()["audio"] == store.status()["audio"] == {"ok": 2, "failed": 1}
+    reader.close()
+
+
 def test_discards_node_figures_and_meta_accumulate(store):
     store.count_discards({"too_deep": 2, "out_of_scope": 1})
     store.count_discards({"too_deep": 3, "too_long": 0})
