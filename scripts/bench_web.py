@@ -1,7 +1,7 @@
 """Does the status page slow the crawl? Crawl pages/s with nobody watching, beside the same crawl with the page
 open and refreshing every 2 s.
 
-Three rounds on one generated site (master + 2 workers, as the demo runs them), each from a fresh state:
+Rounds on one generated site (master + 2 workers, as the demo runs them), each from a fresh state:
   none     the web server on, nobody asking
   poller   the requests the page makes every 2 s (/, then /api/status, /api/recent, /api/audio), sent from this
            process: the master's own cost of serving the page
@@ -11,7 +11,7 @@ Three rounds on one generated site (master + 2 workers, as the demo runs them), 
 Prints pages/s from the master's summary for each round. One run each: on a shared machine the figures move
 by several per cent from run to run, so read differences of that size as noise.
 
-    .venv/bin/python scripts/bench_web.py [--songs 1500] [--rounds none,poller,browser]
+    .venv/bin/python scripts/bench_web.py [--songs 1500] [--rounds none,poller,browser,none,poller]
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ import argparse
 import asyncio
 import contextlib
 import shutil
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -34,20 +36,22 @@ from scripts import cluster, sitegen, siteserver
 REFRESH = 2.0
 
 
-async def poll(url: str, stop: asyncio.Event) -> int:
-    n = 0
+async def poll(url: str, stop: asyncio.Event) -> list[float]:
+    """The page's requests every REFRESH seconds; returns how long each refresh took (all three answers)."""
+    took = []
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         await client.get("/")
         while not stop.is_set():
+            t0 = time.perf_counter()
             for path in ("/api/status", "/api/recent", "/api/audio?limit=15"):
-                await client.get(path)
-                n += 1
+                (await client.get(path)).raise_for_status()
+            took.append(time.perf_counter() - t0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), REFRESH)
-    return n
+    return took
 
 
-async def browse(url: str, stop: asyncio.Event) -> int:
+async def browse(url: str, stop: asyncio.Event) -> list[float]:
     from playwright.async_api import async_playwright
 
     from tests.browser import chromium
@@ -58,12 +62,11 @@ async def browse(url: str, stop: asyncio.Event) -> int:
         await page.goto(f"{url}/?refresh={REFRESH:g}")
         await stop.wait()
         await browser.close()
-    return 0
+    return []
 
 
-async def one_round(site_dir: Path, manifest: sitegen.Manifest, mode: str, work: Path) -> float:
-    out = work / mode
-    out.mkdir()
+async def one_round(site_dir: Path, manifest: sitegen.Manifest, mode: str, work: Path) -> tuple[float, list]:
+    out = Path(tempfile.mkdtemp(prefix=mode + "-", dir=work))
     async with await siteserver.start(site_dir) as site:
         config = cluster.master_config(out, [site.url + "/"], ["node1", "node2"],
                                        crawl={"max_depth": manifest.max_depth + 3})
@@ -79,20 +82,20 @@ async def one_round(site_dir: Path, manifest: sitegen.Manifest, mode: str, work:
                    for n in ("node1", "node2")]
         rc = await master.wait(900)
         stop.set()
-        if watcher is not None:
-            await watcher
+        took = await watcher if watcher is not None else []
         for w in workers:
             await w.wait(30)
     if rc != 0:
         raise RuntimeError(f"master exited with {rc}: {master.log()[-2000:]}")
     lines = {line[:16].strip(): line[16:].strip() for line in master.stdout.decode().splitlines()[1:]}
-    return float(lines["throughput"].split()[0])
+    return float(lines["throughput"].split()[0]), took
 
 
 async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--songs", type=int, default=1500)
-    ap.add_argument("--rounds", default="none,poller,browser")
+    ap.add_argument("--rounds", default="none,poller,browser,none,poller",
+                    help="comma-separated; repeat a mode to see the run-to-run noise")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-web-"))
     try:
@@ -100,8 +103,12 @@ async def main() -> int:
         print(f"site: {len(manifest.pages)} pages, {len(manifest.audio)} audio items; page refresh every "
               f"{REFRESH:g} s")
         for mode in args.rounds.split(","):
-            rate = await one_round(work / "site", manifest, mode, work)
-            print(f"  {mode:<8} {rate:8.1f} pages/s")
+            rate, took = await one_round(work / "site", manifest, mode, work)
+            extra = ""
+            if took:
+                extra = (f"   (a refresh, 3 requests: median {statistics.median(took) * 1000:.1f} ms, "
+                         f"max {max(took) * 1000:.1f} ms, {len(took)} refreshes)")
+            print(f"  {mode:<8} {rate:8.1f} pages/s{extra}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -89,7 +89,6 @@ class LiveStats:
     interval_errors: Counter = field(default_factory=Counter)  # since the last progress line
     interval_pages: int = 0
     interval_audio: int = 0
-    run_pages: int = 0            # pages done in this run (the summary's throughput)
     recent_errors: deque = field(default_factory=lambda: deque(maxlen=RECENT))
     recent_audio: deque = field(default_factory=lambda: deque(maxlen=RECENT))
     nodes: dict[str, NodeLive] = field(default_factory=dict)
@@ -134,7 +133,6 @@ class LiveStats:
             self.pages.add(now, done)
             self.chart.add(now, done)
             self.interval_pages += done
-            self.run_pages += done
         if bad:
             self.errors.add(now, bad)
         if new_rows:
@@ -161,7 +159,7 @@ class LiveStats:
         return out
 
     def view(self, now: float, *, held: int, at_workers: int, in_flight: Mapping[str, int],
-             web: str | None, lag: float) -> dict[str, Any]:
+             web: str | None, lag: float, run_pages: int) -> dict[str, Any]:
         """The live half of the status object (JSON-able); build_status joins it with the store's figures."""
         elapsed = max(now - self.started, 1e-9)
         return {
@@ -173,8 +171,8 @@ class LiveStats:
             "event_loop_lag_s": round(lag, 4),
             "held_at_master": held,
             "at_workers": at_workers,
-            "this_run": {"pages": self.run_pages, "elapsed_s": round(elapsed, 1),
-                         "pages_per_s": round(self.run_pages / elapsed, 2)},
+            "this_run": {"pages": run_pages, "elapsed_s": round(elapsed, 1),
+                         "pages_per_s": round(run_pages / elapsed, 2)},
             "rates": self.rates(now),
             "nodes": {n: {"connected": s.connected, "last_heartbeat": iso_utc(s.last_heartbeat),
                           "in_flight": in_flight.get(n, 0)} for n, s in self.nodes.items()},

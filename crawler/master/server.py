@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -26,6 +27,9 @@ from crawler.master.observe import Observer
 from crawler.master.store import MasterStore
 from crawler.politeness import HostGate, PolitenessConfig, RobotsRules, robots_url
 from crawler.scheduler import NodeTable
+
+if TYPE_CHECKING:
+    from crawler.master.web import WebServer
 
 log = logging.getLogger("crawler.master")
 
@@ -215,7 +219,7 @@ class Master:
             self.store.close()
         return self.summary
 
-    async def _start_web(self):
+    async def _start_web(self) -> WebServer | None:
         """The status page, /api/status and /metrics on web.listen (not at all when it is off)."""
         if self.cfg.web.listen is None:
             return None
@@ -233,7 +237,7 @@ class Master:
         st = self.store.status()
         counts = st.get("states", {})
         self.summary.pages = counts.get("done", 0)
-        self.summary.run_pages = self.observer.live.run_pages
+        self.summary.run_pages = self.crawl.totals.pages
         self.summary.errors = counts.get("error", 0)
         self.summary.audio = sum(st["audio"].values())
         self.summary.frontier = st.get("frontier", 0)
