@@ -42,13 +42,11 @@ LAG_INTERVAL = 0.5
 
 
 class LoopLag:
-    """Measures the event loop's lag: how late a short sleep wakes up. Keeps the last and the worst values
-    since the last read, for progress lines and the status page."""
+    """Measures the event loop's lag: how late a short sleep wakes up. Keeps the last value for the status."""
 
     def __init__(self, hist: Histogram) -> None:
         self.hist = hist
         self.last = 0.0
-        self.worst = 0.0
 
     async def run(self, interval: float = LAG_INTERVAL) -> None:
         while True:
@@ -57,11 +55,6 @@ class LoopLag:
             lag = max(0.0, time.monotonic() - t0 - interval)
             self.hist.observe(lag)
             self.last = lag
-            self.worst = max(self.worst, lag)
-
-    def take_worst(self) -> float:
-        worst, self.worst = self.worst, 0.0
-        return worst
 
 
 def _lag_histogram(registry: CollectorRegistry) -> Histogram:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -282,7 +282,7 @@ def progress_line(interval: float, pages: int, audio: int, errors: Counter, *, q
             f"workers {connected}/{nodes}; errors: {errs}; {eta}")
 
 
-def _table(head: list[str], rows: list[list[Any]], right: set[int] = frozenset()) -> list[str]:  # type: ignore[assignment]
+def _table(head: list[str], rows: list[list[Any]], right: Collection[int] = ()) -> list[str]:
     cells = [head] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
     out = []
