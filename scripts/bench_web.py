@@ -7,11 +7,13 @@ Rounds on one generated site (master + 2 workers, as the demo runs them), each f
            process: the master's own cost of serving the page
   browser  the page in a real headless Chromium with ?refresh=2 (the browser's own CPU competes with the crawl
            on the same machine, which an operator's browser elsewhere would not)
+  cost     a crawl, then the master started again on its finished state and asked for 100 refreshes back to
+           back: its CPU time per refresh (steadier than pages/s on a busy machine)
 
 Prints pages/s from the master's summary for each round. One run each: on a shared machine the figures move
 by several per cent from run to run, so read differences of that size as noise.
 
-    .venv/bin/python scripts/bench_web.py [--songs 1500] [--rounds none,poller,browser,none,poller]
+    .venv/bin/python scripts/bench_web.py [--songs 1500] [--rounds none,poller,browser,none,poller,cost]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import shutil
 import statistics
 import sys
@@ -27,6 +30,7 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -65,6 +69,36 @@ async def browse(url: str, stop: asyncio.Event) -> list[float]:
     return []
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime + stime
+
+
+async def cpu_per_refresh(config: Path, out: Path, refreshes: int = 100) -> tuple[float, float]:
+    """The master's CPU time per refresh of the page, on the finished crawl's state, refreshes back to back;
+    CPU time, unlike wall time, hardly depends on what else the machine runs. Returns (ms per refresh, idle
+    ms per second) so the master's own idle ticking can be told apart."""
+    raw = yaml.safe_load(config.read_text())
+    raw["exit_when_done"] = False
+    config.write_text(yaml.safe_dump(raw))
+    master = await cluster.start_master(config, out, log_name="master-idle.log")
+    try:
+        url = cluster.web_url(config)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            await client.get("/api/status")
+            c0, t0 = cpu_seconds(master.proc.pid), time.monotonic()
+            await asyncio.sleep(5)
+            idle = (cpu_seconds(master.proc.pid) - c0) / (time.monotonic() - t0)
+            c0, t0 = cpu_seconds(master.proc.pid), time.monotonic()
+            for _ in range(refreshes):
+                for path in ("/api/status", "/api/recent", "/api/audio?limit=15"):
+                    (await client.get(path)).raise_for_status()
+            used = cpu_seconds(master.proc.pid) - c0 - idle * (time.monotonic() - t0)
+    finally:
+        await master.stop()
+    return used / refreshes * 1000, idle * 1000
+
+
 async def one_round(site_dir: Path, manifest: sitegen.Manifest, mode: str, work: Path) -> tuple[float, list]:
     out = Path(tempfile.mkdtemp(prefix=mode + "-", dir=work))
     async with await siteserver.start(site_dir) as site:
@@ -88,13 +122,18 @@ async def one_round(site_dir: Path, manifest: sitegen.Manifest, mode: str, work:
     if rc != 0:
         raise RuntimeError(f"master exited with {rc}: {master.log()[-2000:]}")
     lines = {line[:16].strip(): line[16:].strip() for line in master.stdout.decode().splitlines()[1:]}
+    if mode == "cost":
+        ms, idle = await cpu_per_refresh(config, out)
+        print(f"  the master's CPU per refresh of the page (3 requests, {len(manifest.audio)} catalogue rows): "
+              f"{ms:.2f} ms, i.e. {ms / REFRESH / 10:.2f} % of a core at one refresh every {REFRESH:g} s "
+              f"(idle master: {idle:.1f} ms CPU per s)")
     return float(lines["throughput"].split()[0]), took
 
 
 async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--songs", type=int, default=1500)
-    ap.add_argument("--rounds", default="none,poller,browser,none,poller",
+    ap.add_argument("--rounds", default="none,poller,browser,none,poller,cost",
                     help="comma-separated; repeat a mode to see the run-to-run noise")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-web-"))
@@ -108,7 +147,8 @@ async def main() -> int:
             if took:
                 extra = (f"   (a refresh, 3 requests: median {statistics.median(took) * 1000:.1f} ms, "
                          f"max {max(took) * 1000:.1f} ms, {len(took)} refreshes)")
-            print(f"  {mode:<8} {rate:8.1f} pages/s{extra}")
+            if mode != "cost":
+                print(f"  {mode:<8} {rate:8.1f} pages/s{extra}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -27,13 +27,13 @@ async def figures(page) -> dict:
 async def test_status_page_in_headless_chromium_shows_the_crawl_moving(tmp_path):
     site_dir = tmp_path / "site"
     sitegen.generate(site_dir, songs=150)
-    slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.15})
+    slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.2})   # a crawl of about 20 s: still going at the 2nd load
     async with await siteserver.start(site_dir, behaviour=slow) as server:
         config = cluster.master_config(tmp_path, [server.url + "/"], ["w1", "w2"], exit_when_done=False,
                                        crawl={"max_depth": 8})
         master = await cluster.start_master(config, tmp_path)
         worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path,
-                                            extra=["--concurrency", "4"])
+                                            extra=["--concurrency", "3"])
         url = cluster.web_url(config) + "/?refresh=1"
         try:
             async with chromium() as ws, async_playwright() as pw:
