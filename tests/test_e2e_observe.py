@@ -171,7 +171,8 @@ async def test_progress_lines_appear_on_schedule_in_a_slow_crawl(site, tmp_path)
         wcfg = tmp_path / "worker.yaml"
         wcfg.write_text(yaml.safe_dump({"log_interval": 1.0, "concurrency": 2}))
         master = await cluster.start_master(config, tmp_path)
-        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=wcfg)
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=wcfg,
+                                            extra=["--log-level", "debug"])
         try:
             await cluster.until(lambda: master.log().count("progress: ") >= 6, 120, "six progress lines")
             await cluster.until(lambda: worker.log().count("progress: ") >= 3, 60, "three worker progress lines")
@@ -186,6 +187,8 @@ async def test_progress_lines_appear_on_schedule_in_a_slow_crawl(site, tmp_path)
     assert sum(gaps) / len(gaps) == pytest.approx(1.0, abs=0.3), gaps
     assert any(re.search(r"progress: [1-9]\d* pages/min", line) for line in lines), lines
     assert all("held at the master" in line for line in lines) and "workers 1/1" in lines[-1]
+    # At debug level a worker logs one line a page.
+    assert re.search(r"Z DEBUG crawler\.worker: done 200 http://127\.0\.0\.1:\d+/", worker.log())
     wlines = [line for line in worker.log().splitlines() if "progress: " in line]
     assert any(re.search(r"progress: [1-9]\d* pages/min", line) for line in wlines), wlines
 

@@ -91,6 +91,7 @@ class Worker:
         self.stats = WorkerStats()
         self.metrics = WorkerMetrics(cfg.id)
         self.metrics_addr: str | None = None
+        self._debug = log.isEnabledFor(logging.DEBUG)
         self._stop = asyncio.Event()
         self.resolvers: list[Resolver] = load_resolvers(cfg.resolvers)
         self.links = LinkCache(cfg.link_cache)
@@ -279,6 +280,9 @@ class Worker:
         else:
             self.stats.errors += 1
         self._count(result)
+        if self._debug:   # one line a page for an operator who asks for it (--log-level debug)
+            log.debug("%s %s %s%s", result.status, result.http_status or "-", task.url,
+                      f" ({result.error})" if result.error else "")
         results.put_nowait(result)
 
     def _count(self, result: p.Result) -> None:
