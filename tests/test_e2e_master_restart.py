@@ -57,6 +57,8 @@ async def test_master_sigkill_mid_crawl_then_restart_completes_with_bounded_dupl
         done_before_kill = live["urls"]["done"]
         master.kill()                                      # SIGKILL: no commit, no snapshot, no goodbye
         await master.wait(10)
+        dead = json.loads(cli("status", "--config", str(config), "--json").stdout)
+        assert not dead["master"]["running"] and dead["nodes_connected"] == 0   # its last view is not trusted
         before = sum(e.path.endswith(".html") for e in server.log)
         master = await cluster.start_master(config, tmp_path, log_name="master2.log")
         assert await master.wait(240) == 0, master.log()[-3000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import os
 import signal
 import sys
 import time
@@ -74,6 +75,19 @@ def _open_store(cfg: MasterConfig):
     return MasterStore.open_readonly(db)
 
 
+def _alive(pid: object) -> bool:
+    """Whether the process that wrote the live view still runs (a killed master's view is soon stale anyway)."""
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # someone else's process: alive
+        return True
+    return True
+
+
 @main.command()
 @CONFIG
 @click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object (as /api/status).")
@@ -94,7 +108,8 @@ def status(config_path: Path, as_json: bool) -> None:
     except (OSError, ValueError):
         live = None
     now = time.time()
-    running = not stale(live, now, max_age=max(10.0, 5 * SNAPSHOT_INTERVAL))
+    running = (live is not None and not stale(live, now, max_age=max(10.0, 5 * SNAPSHOT_INTERVAL))
+               and _alive(live.get("pid")))
     st = build_status(db, live, cfg.nodes, now, running=running)
     if as_json:
         click.echo(json.dumps(st, indent=2, sort_keys=True, ensure_ascii=False))
