@@ -3,8 +3,8 @@ open and refreshing every 2 s.
 
 Rounds on one generated site (master + 2 workers, as the demo runs them), each from a fresh state:
   none     the web server on, nobody asking
-  poller   the requests the page makes every 2 s (/, then /api/status, /api/recent, /api/audio), sent from this
-           process: the master's own cost of serving the page
+  poller   the requests the page makes every 2 s (/, then /api/status, /api/recent, /api/audio), sent by a
+           small process of its own: the master's own cost of serving the page
   browser  the page in a real headless Chromium with ?refresh=2 (the browser's own CPU competes with the crawl
            on the same machine, which an operator's browser elsewhere would not)
   cost     a crawl, then the master started again on its finished state and asked for 100 refreshes back to
@@ -21,12 +21,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -40,22 +43,46 @@ from scripts import cluster, sitegen, siteserver
 REFRESH = 2.0
 
 
-async def poll(url: str, stop: asyncio.Event) -> list[float]:
+async def poll_until_terminated(url: str) -> None:
+    """--poll: in a process of its own, so that neither the site server nor this script's GIL delays it."""
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print(json.dumps(await poll(url, stop, lambda: print("ready", flush=True))), flush=True)
+
+
+async def poll_process(url: str, stop: asyncio.Event, ready: asyncio.Event) -> list[float]:
+    proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--poll", url,
+                                                stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    await proc.stdout.readline()   # "ready": the page is open before the crawl starts
+    ready.set()
+    await stop.wait()
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+    out, _ = await proc.communicate()
+    return json.loads(out)
+
+
+async def poll(url: str, stop: asyncio.Event, ready: Callable[[], None]) -> list[float]:
     """The page's requests every REFRESH seconds; returns how long each refresh took (all three answers)."""
-    took = []
+    took: list[float] = []
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-        await client.get("/")
+        (await client.get("/")).raise_for_status()
+        ready()
         while not stop.is_set():
             t0 = time.perf_counter()
-            for path in ("/api/status", "/api/recent", "/api/audio?limit=15"):
-                (await client.get(path)).raise_for_status()
+            try:
+                for path in ("/api/status", "/api/recent", "/api/audio?limit=15"):
+                    (await client.get(path)).raise_for_status()
+            except httpx.TransportError:
+                break   # the crawl is over and the master gone, a moment before we are told to stop
             took.append(time.perf_counter() - t0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), REFRESH)
     return took
 
 
-async def browse(url: str, stop: asyncio.Event) -> list[float]:
+async def browse(url: str, stop: asyncio.Event, ready: asyncio.Event) -> list[float]:
     from playwright.async_api import async_playwright
 
     from tests.browser import chromium
@@ -64,6 +91,7 @@ async def browse(url: str, stop: asyncio.Event) -> list[float]:
         browser = await pw.chromium.connect_over_cdp(ws)
         page = await browser.new_page()
         await page.goto(f"{url}/?refresh={REFRESH:g}")
+        ready.set()
         await stop.wait()
         await browser.close()
     return []
@@ -105,12 +133,16 @@ async def one_round(site_dir: Path, manifest: sitegen.Manifest, mode: str, work:
         config = cluster.master_config(out, [site.url + "/"], ["node1", "node2"],
                                        crawl={"max_depth": manifest.max_depth + 3})
         master = await cluster.start_master(config, out)
-        stop = asyncio.Event()
+        stop, ready = asyncio.Event(), asyncio.Event()
         watcher = None
         if mode == "poller":
-            watcher = asyncio.create_task(poll(cluster.web_url(config), stop))
+            watcher = asyncio.create_task(poll_process(cluster.web_url(config), stop, ready))
         elif mode == "browser":
-            watcher = asyncio.create_task(browse(cluster.web_url(config), stop))
+            watcher = asyncio.create_task(browse(cluster.web_url(config), stop, ready))
+        if watcher is not None:   # the page is open before the first worker starts
+            await asyncio.wait([watcher, asyncio.ensure_future(ready.wait())], return_when=asyncio.FIRST_COMPLETED)
+            if watcher.done():
+                watcher.result()
         addr = cluster.master_addr(config)
         workers = [await cluster.start_worker(addr, n, out, extra=["--concurrency", "32"])
                    for n in ("node1", "node2")]
@@ -133,9 +165,13 @@ async def one_round(site_dir: Path, manifest: sitegen.Manifest, mode: str, work:
 async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--songs", type=int, default=1500)
+    ap.add_argument("--poll", help=argparse.SUPPRESS)
     ap.add_argument("--rounds", default="none,poller,browser,none,poller,cost",
                     help="comma-separated; repeat a mode to see the run-to-run noise")
     args = ap.parse_args()
+    if args.poll:
+        await poll_until_terminated(args.poll)
+        return 0
     work = Path(tempfile.mkdtemp(prefix="bench-web-"))
     try:
         manifest = sitegen.generate(work / "site", songs=args.songs)
