@@ -22,7 +22,7 @@ def test_minimal_config_gets_defaults_and_seed_hosts_as_scope(tmp_path):
     assert cfg.listen == ("127.0.0.1", 7700)
     assert cfg.data_dir == tmp_path / "data"
     assert cfg.crawl.max_depth == 5 and cfg.crawl.max_url_length == 256
-    assert cfg.crawl.allowed_hosts == ("127.0.0.1",)
+    assert cfg.crawl.allowed_hosts == ("127.0.0.1:8000",)   # the seed's port is part of the scope
     assert cfg.secret.startswith(b"correct horse")
 
 
