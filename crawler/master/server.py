@@ -23,7 +23,14 @@ from crawler.master.config import MasterConfig
 from crawler.master.crawl import Crawl
 from crawler.master.dedup import Dedup
 from crawler.master.store import MasterStore
-from crawler.politeness import ROBOTS_MAX_BYTES, HostGate, PolitenessConfig, RobotsRules, robots_url
+from crawler.politeness import (
+    ROBOTS_MAX_BYTES,
+    HostGate,
+    PolitenessConfig,
+    RobotsRules,
+    parse_robots,
+    robots_url,
+)
 from crawler.scheduler import NodeTable
 from crawler.targets import TargetPolicy
 from crawler.worker.fetcher import build_transport
@@ -282,7 +289,7 @@ class Master:
         # deadline, and every address of every redirect hop checked against the crawl's targets.
         transport = build_transport(max_connections=2, dns_ttl=60, max_body=ROBOTS_MAX_BYTES + 1,
                                     total_timeout=self.cfg.politeness.robots_timeout, policy=self.targets)
-        status = body = None
+        status = body = parsed = None
         try:
             async with asyncio.timeout(self.cfg.politeness.robots_timeout), \
                     httpx.AsyncClient(transport=transport, timeout=10, follow_redirects=True, max_redirects=5,
@@ -290,12 +297,15 @@ class Master:
                     client.stream("GET", robots_url(origin), extensions={"cut_body": True}) as r:
                 status = r.status_code
                 body = b"".join([chunk async for chunk in r.aiter_raw()])
+            if 200 <= status < 300:
+                # Parsing a large file takes a while (pure Python): off the event loop, which serves workers.
+                parsed = await asyncio.to_thread(parse_robots, body)
         except (httpx.HTTPError, TimeoutError) as e:
-            status = body = None
+            status = body = parsed = None
             log.info("robots.txt of %s not fetched: %s", origin, e or "deadline passed")
         finally:
             self._robots_inflight.discard(origin)
-        self.crawl.robots_fetched(origin, status, body, self.clock())
+        self.crawl.robots_fetched(origin, status, body, self.clock(), parsed)
         self._wake.set()
 
     # ------------------------------------------------------------------ workers

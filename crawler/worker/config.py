@@ -37,7 +37,7 @@ SPEC = {
     "download_timeout": Key("float", 120.0, positive),   # a download in all: this, plus its size at...
     "download_min_rate": Key("int", 32 * 1024, positive),  # ...this many bytes per second
     "max_page_depth": Key("int", 512, positive),         # element nesting a page may reach
-    "max_page_tags": Key("int", 200_000, positive),      # tags a page may hold
+    "max_page_tags": Key("int", 100_000, positive),      # tags a page may hold
     "max_redirects": Key("int", 5, positive),
     "dns_ttl": Key("float", 300.0, positive),
     "link_cache": Key("int", 200_000, positive),

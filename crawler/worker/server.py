@@ -308,7 +308,9 @@ class Worker:
             tree = page.tree()
             if tree is not None:
                 if follow:
-                    links = extract_links(tree, page.final_url)
+                    # At most max_links_per_page are reported; a few times that many elements leave room for
+                    # the navigation the link cache filters out, and bound the work on a page of 100,000 links.
+                    links = extract_links(tree, page.final_url, 4 * self.cfg.max_links_per_page)
                 if self.cfg.store_pages:
                     self.pages.save(url, page.final_url, page.status, page.content_type, page.body,
                                     page.raw_headers, truncated)
