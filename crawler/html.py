@@ -49,6 +49,10 @@ _CLOSE_NAMESAKE = frozenset(b"p li dt dd option optgroup tr td th tbody thead tf
 _TAG_TOKEN = re.compile(rb"<!--.*?(?:-->|\Z)|<(script|style|textarea|title|xmp)\b.*?(?:</\1\s*>|\Z)"
                         rb"|<(/?)([A-Za-z][A-Za-z0-9:._-]*)", re.S | re.I)
 SCAN_START_TAGS = 4000
+# selectolax parses with the GIL released: a page larger than this (tens of ms to parse and more, about a
+# second at the 5 MiB cap) is parsed in a thread while the event loop goes on; smaller ones inline, where a
+# thread hand-off would cost more than it saves.
+PARSE_INLINE_BYTES = 256 * 1024
 # Below this many bytes the depth scan runs inline (a few ms at most); above, in a thread, where the GIL's
 # switch interval lets the event loop run beside it.
 SCAN_INLINE_BYTES = 64 * 1024

@@ -305,6 +305,8 @@ class Worker:
                     self.stats.refused[refused.split(":", 1)[0]] += 1
                     return p.Result(task.lease, url, p.ERROR, page.status, page.final_url, page.content_type,
                                     len(page.body), refused)
+            if len(page.body) > html.PARSE_INLINE_BYTES and page.is_html():
+                await asyncio.to_thread(page.tree)     # the parse releases the GIL: the loop goes on
             tree = page.tree()
             if tree is not None:
                 if follow:
