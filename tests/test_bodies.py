@@ -9,7 +9,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from crawler.bodies import BodyError, BoundedDecoder, content_coding
+from crawler.bodies import ACCEPT_ENCODING, BodyError, BoundedDecoder, content_coding
 from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
 
 MiB = 1024 * 1024
@@ -23,7 +23,8 @@ def test_one_coding_is_named(header, coding):
     assert content_coding(header) == coding
 
 
-@pytest.mark.parametrize("header", ["gzip, gzip", "gzip,deflate", "deflate, gzip, gzip", "br", "zstd", "compress"])
+@pytest.mark.parametrize("header", ["gzip, gzip", "gzip,deflate", "deflate, gzip, gzip", "br, gzip", "zstd, zstd",
+                                    "compress", "sdch"])
 def test_stacks_and_unknown_codings_are_refused(header):
     with pytest.raises(BodyError):
         content_coding(header)
@@ -55,6 +56,44 @@ def test_a_bomb_is_cut_at_the_limit_without_expanding(coding):
     assert time.process_time() - started < 1.0             # 256 MiB were never inflated
     with pytest.raises(BodyError, match="larger than"):
         feed_all(BoundedDecoder(coding, MiB, cut=False), wire)
+
+
+def _brotli_zeros(size: int) -> bytes:
+    import brotli
+    c = brotli.Compressor(quality=1)
+    return b"".join(c.process(b"\0" * MiB) for _ in range(size // MiB)) + c.finish()
+
+
+def _zstd_zeros(size: int, window_log: int | None = None) -> bytes:
+    from crawler.bodies import zstd
+    options = {zstd.CompressionParameter.window_log: window_log} if window_log else None
+    c = zstd.ZstdCompressor(options=options)
+    return b"".join(c.compress(b"\0" * MiB) for _ in range(size // MiB)) + c.flush()
+
+
+@pytest.mark.parametrize("coding", ["br", "zstd"])
+def test_brotli_and_zstd_bombs_are_bounded_the_same_way(coding):
+    assert coding in ACCEPT_ENCODING                 # asked for, because decoded within bounds
+    wire = _brotli_zeros(128 * MiB) if coding == "br" else _zstd_zeros(128 * MiB)
+    assert len(wire) < 200 * 1024
+    started = time.process_time()
+    decoder = BoundedDecoder(content_coding(coding), MiB, cut=True)
+    assert len(feed_all(decoder, wire)) == MiB + 1 and decoder.full
+    assert time.process_time() - started < 1.0
+    with pytest.raises(BodyError, match="larger than"):
+        feed_all(BoundedDecoder(coding, MiB, cut=False), wire)
+    small = b"hello " * 1000
+    import brotli
+
+    from crawler.bodies import zstd
+    wire = brotli.compress(small) if coding == "br" else zstd.compress(small)
+    assert feed_all(BoundedDecoder(coding, 10_000, cut=False), wire, chunk=7) == small
+
+
+def test_a_zstd_window_past_8_mib_is_refused():
+    wire = _zstd_zeros(32 * MiB, window_log=27)      # asks the decoder for a 128 MiB window
+    with pytest.raises(BodyError, match="undecodable zstd"):
+        feed_all(BoundedDecoder("zstd", 64 * MiB, cut=False), wire)
 
 
 def test_identity_and_small_bodies_pass_whole():

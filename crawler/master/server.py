@@ -17,6 +17,7 @@ import httpx
 
 from crawler import protocol as p
 from crawler.bloom import BloomFileError, BloomFilter
+from crawler.bodies import ACCEPT_ENCODING
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.master.catalogue import CatalogueFile
 from crawler.master.config import MasterConfig
@@ -293,7 +294,8 @@ class Master:
         try:
             async with asyncio.timeout(self.cfg.politeness.robots_timeout), \
                     httpx.AsyncClient(transport=transport, timeout=10, follow_redirects=True, max_redirects=5,
-                                      headers={"User-Agent": self.cfg.politeness.user_agent}) as client, \
+                                      headers={"User-Agent": self.cfg.politeness.user_agent,
+                                               "Accept-Encoding": ACCEPT_ENCODING}) as client, \
                     client.stream("GET", robots_url(origin), extensions={"cut_body": True}) as r:
                 status = r.status_code
                 body = b"".join([chunk async for chunk in r.aiter_raw()])

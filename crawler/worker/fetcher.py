@@ -21,7 +21,7 @@ import aiohttp
 import aiohttp.abc
 import httpx
 
-from crawler.bodies import BodyError
+from crawler.bodies import ACCEPT_ENCODING, BodyError
 from crawler.resolvers.base import FetchedPage
 from crawler.targets import TargetConnector, TargetPolicy, TargetRefused
 from crawler.worker.transport import AiohttpTransport
@@ -68,8 +68,10 @@ def build_client(transport: AiohttpTransport, *, user_agent: str, connect_timeou
                  max_redirects: int) -> httpx.AsyncClient:
     """The client for resolvers' API calls and downloads: redirects followed up to the limit."""
     timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=None)
+    # Accept-Encoding names exactly the codings the transport decodes within its bounds (crawler/bodies.py).
     client = httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=True,
-                               max_redirects=max_redirects, headers={"User-Agent": user_agent})
+                               max_redirects=max_redirects,
+                               headers={"User-Agent": user_agent, "Accept-Encoding": ACCEPT_ENCODING})
     client._cookies = _NoCookies()   # httpx has no public switch for this
     return client
 
