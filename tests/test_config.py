@@ -51,6 +51,9 @@ def test_example_configs_in_the_repo_are_valid(tmp_path):
     ({"dedup": {"fp_rate": 2}}, "dedup.fp_rate", "between 0 and 1"),
     ({"scheduling": {"heartbeat_timeout": 1, "heartbeat_interval": 5}}, "scheduling.heartbeat_timeout", "longer"),
     ({"politeness": {"obey_robots": "yes"}}, "politeness.obey_robots", "true or false"),
+    ({"crawl": {"allowed_networks": ["10.0.0.0/33"]}}, "crawl.allowed_networks", "not an IP network"),
+    ({"crawl": {"allowed_networks": ["intranet.example"]}}, "crawl.allowed_networks", "not an IP network"),
+    ({"politeness": {"robots_timeout": 0}}, "politeness.robots_timeout", "greater than 0"),
 ])
 def test_bad_values_name_the_key(tmp_path, change, key, words):
     raw = base(tmp_path)
