@@ -922,3 +922,11 @@ async def test_an_encoded_download_is_refused(client, tmp_path):
             assert got.status == FAILED and got.sha256 is None, got
     finally:
         await runner.cleanup()
+
+
+async def test_a_large_body_that_is_not_audio_is_refused_from_its_first_bytes(server, client, tmp_path):
+    res = server.add("/big.mp3", b"<html>" + b"x" * (64 * 1024 * 1024))
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/big.mp3"), page="p"))
+    assert (got.status, got.reason) == (FAILED, "not audio")
+    assert res.served < 16 * 1024 * 1024         # cut off early (what sits in socket buffers aside)
+    assert leftovers(tmp_path) == []

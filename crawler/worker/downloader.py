@@ -623,8 +623,17 @@ class Downloader:
             raise _Fail(f"too large: {expected} bytes (max {self.cfg.max_size})", discard=True)
         partial.checkpoint()
         self._stretch(partial)
+        # A body from byte 0 is judged by its first bytes as soon as they are in: a 2 GiB page of junk served
+        # as audio is refused after 4 KiB, not after it was all downloaded. (_finish checks again from disk.)
+        head = b"" if partial.offset == 0 else None
         try:
             async for piece in response.aiter_raw():
+                if head is not None:
+                    head += piece[:sniff.HEAD_BYTES - len(head)]
+                    if len(head) >= sniff.HEAD_BYTES:
+                        if not sniff.is_media(head):
+                            raise _Fail("not audio", discard=True)
+                        head = None
                 if partial.take(piece):
                     self._stretch(partial)
                     await partial.hand_over()
