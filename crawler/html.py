@@ -48,6 +48,7 @@ _VOID = frozenset(b"area base br col embed hr img input keygen link meta param s
 _CLOSE_NAMESAKE = frozenset(b"p li dt dd option optgroup tr td th tbody thead tfoot rb rt rp rtc".split())
 _TAG_TOKEN = re.compile(rb"<!--.*?(?:-->|\Z)|<(script|style|textarea|title|xmp)\b.*?(?:</\1\s*>|\Z)"
                         rb"|<(/?)([A-Za-z][A-Za-z0-9:._-]*)", re.S | re.I)
+PAGE_TOO_COMPLEX = "page too complex"
 SCAN_START_TAGS = 4000
 # selectolax parses with the GIL released: a page larger than this (tens of ms to parse and more, about a
 # second at the 5 MiB cap) is parsed in a thread while the event loop goes on; smaller ones inline, where a
@@ -58,9 +59,16 @@ PARSE_INLINE_BYTES = 256 * 1024
 SCAN_INLINE_BYTES = 64 * 1024
 
 
-def needs_depth_scan(body: bytes, max_depth: int) -> bool:
-    """Whether the page has enough start tags to nest past max_depth and to make that costly (two counts)."""
-    return body.count(b"<") - body.count(b"</") > max(max_depth, SCAN_START_TAGS)
+def precheck(body: bytes, *, max_tags: int, max_depth: int) -> tuple[str | None, bool]:
+    """(why the page must not be parsed, or None; whether too_deep must still measure its nesting).
+
+    One byte count for most pages: only one with more than SCAN_START_TAGS tags is looked at further.
+    """
+    tags = body.count(b"<")
+    if tags > max_tags:
+        return f"{PAGE_TOO_COMPLEX}: more than {max_tags} tags", False
+    enough = max(max_depth, SCAN_START_TAGS)
+    return None, tags > enough and tags - body.count(b"</") > enough
 
 
 def nests_deeper(body: bytes, max_depth: int) -> bool:
@@ -88,13 +96,6 @@ def nests_deeper(body: bytes, max_depth: int) -> bool:
         if len(stack) > max_depth:
             return True
     return False
-
-
-PAGE_TOO_COMPLEX = "page too complex"
-
-
-def too_many_tags(body: bytes, max_tags: int) -> str | None:
-    return f"{PAGE_TOO_COMPLEX}: more than {max_tags} tags" if body.count(b"<") > max_tags else None
 
 
 def too_deep(body: bytes, max_depth: int) -> str | None:

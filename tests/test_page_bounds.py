@@ -18,7 +18,7 @@ DEPTH = 512
     ("formatting elements", b"<html><body>" + b"<b><i>" * 3000),
 ])
 def test_deep_nesting_is_refused(name, body):
-    assert html.needs_depth_scan(body, DEPTH)
+    assert html.precheck(body, max_tags=100_000, max_depth=DEPTH) == (None, True)
     assert html.too_deep(body, DEPTH) is not None, name
 
 
@@ -38,14 +38,18 @@ def test_real_markup_is_not_refused(name, body):
 
 def test_a_page_with_few_start_tags_is_not_scanned():
     # 3,000 nested start tags at most: lexbor parses that in tens of ms, so no scan is spent on it.
-    assert not html.needs_depth_scan(b"<div>" * 3000, DEPTH)
-    assert html.needs_depth_scan(b"<div>" * (html.SCAN_START_TAGS + 1), DEPTH)
+    assert html.precheck(b"<div>" * 3000, max_tags=100_000, max_depth=DEPTH) == (None, False)
+    assert html.precheck(b"<div>" * (html.SCAN_START_TAGS + 1), max_tags=100_000, max_depth=DEPTH) == (None, True)
+    # Start tags count, closed or not: 5,000 nested elements closed at the end cost the parser as much.
+    assert html.precheck(b"<p>x</p>" * 5000, max_tags=100_000, max_depth=DEPTH) == (None, True)
+    assert html.precheck(b"<p>x</p>" * 3000, max_tags=100_000, max_depth=DEPTH) == (None, False)
 
 
 def test_tag_count_is_bounded_before_parsing():
     body = b"<html><body>" + b'<a href="/x">y</a>' * 60_000
-    assert html.too_many_tags(body, 100_000) is not None
-    assert html.too_many_tags(body, 200_000) is None
+    refused, _ = html.precheck(body, max_tags=100_000, max_depth=DEPTH)
+    assert refused == "page too complex: more than 100000 tags"
+    assert html.precheck(body, max_tags=200_000, max_depth=DEPTH)[0] is None
 
 
 def test_the_scan_is_linear_and_what_it_lets_through_parses_fast():

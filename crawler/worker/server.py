@@ -338,8 +338,8 @@ class Worker:
     async def _too_complex(self, body: bytes) -> str | None:
         """Why a page must not be parsed (a permanent error of its URL), or None. Never long on the loop."""
         cfg = self.cfg
-        refused = html.too_many_tags(body, cfg.max_page_tags)
-        if refused is None and html.needs_depth_scan(body, cfg.max_page_depth):
+        refused, scan = html.precheck(body, max_tags=cfg.max_page_tags, max_depth=cfg.max_page_depth)
+        if scan:
             if len(body) <= html.SCAN_INLINE_BYTES:
                 refused = html.too_deep(body, cfg.max_page_depth)
             else:
