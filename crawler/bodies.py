@@ -29,14 +29,14 @@ import httpx
 try:
     import brotli
     if "output_buffer_limit" not in (brotli.Decompressor.process.__doc__ or ""):
-        brotli = None     # before 1.2 the output of one call cannot be capped: a bomb inflates whole
+        brotli = None     # type: ignore[assignment]  # before 1.2 the output of one call cannot be capped: a bomb inflates whole
 except ImportError:       # pragma: no cover - a dependency, but the crawler works without it
-    brotli = None
+    brotli = None         # type: ignore[assignment]
 try:
-    from compression import zstd           # type: ignore[import-not-found]  # Python 3.14
+    from compression import zstd  # type: ignore[import-not-found]  # Python 3.14
 except ImportError:
     try:
-        from backports import zstd         # type: ignore[import-not-found,no-redef]
+        from backports import zstd  # type: ignore[import-not-found,no-redef]
     except ImportError:   # pragma: no cover
         zstd = None
 

@@ -47,7 +47,7 @@ _VOID = frozenset(b"area base br col embed hr img input keygen link meta param s
                   b"basefont bgsound command".split())
 _CLOSE_NAMESAKE = frozenset(b"p li dt dd option optgroup tr td th tbody thead tfoot rb rt rp rtc".split())
 _TAG_TOKEN = re.compile(rb"<!--.*?(?:-->|\Z)|<(script|style|textarea|title|xmp)\b.*?(?:</\1\s*>|\Z)"
-                        rb"|<(/?)([A-Za-z][A-Za-z0-9:._-]*)", re.S | re.I)
+                        rb"|<(/?)([A-Za-z][A-Za-z0-9:._-]*)", re.DOTALL | re.IGNORECASE)
 PAGE_TOO_COMPLEX = "page too complex"
 SCAN_START_TAGS = 4000
 # selectolax parses with the GIL released: a page larger than this (tens of ms to parse and more, about a

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from hypothesis import given
 from aiohttp import web
+from hypothesis import given
 from hypothesis import strategies as st
 
 from crawler.items import FAILED, OK, AudioItem, RequestIdentity

@@ -17,7 +17,7 @@ import yaml
 
 from crawler.master.store import DONE, ERROR
 from scripts import cluster
-from tests.fakes.hostile import HOSTILE_PAGES, LEGIT, HostileSite, mp3
+from tests.fakes.hostile import LEGIT, HostileSite, mp3
 
 pytestmark = pytest.mark.timeout(300)
 

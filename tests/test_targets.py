@@ -90,14 +90,14 @@ async def test_redirects_and_names_to_unnamed_private_addresses_are_refused(serv
 
 
 async def test_an_empty_policy_refuses_loopback_and_a_network_allows_it(servers):
-    site, inner = servers
-    transport, client = client_for(TargetPolicy())
+    site, _inner = servers
+    _, client = client_for(TargetPolicy())
     try:
         with pytest.raises(TargetRefused):
             await client.get(site + "/page")
     finally:
         await client.aclose()
-    transport, client = client_for(TargetPolicy([], [parse_network("127.0.0.0/8")]))
+    _, client = client_for(TargetPolicy([], [parse_network("127.0.0.0/8")]))
     try:
         assert (await client.get(site + "/redirect")).text == "internal admin page"
     finally:
@@ -107,7 +107,7 @@ async def test_an_empty_policy_refuses_loopback_and_a_network_allows_it(servers)
 async def test_a_policy_learnt_later_applies_to_cached_answers(servers):
     site, _ = servers
     policy = TargetPolicy([("localhost", int(site.rsplit(":", 1)[1]))], [])
-    transport, client = client_for(policy)
+    _, client = client_for(policy)
     try:
         url = site.replace("127.0.0.1", "localhost") + "/page"
         assert (await client.get(url, headers={"Connection": "close"})).status_code == 200
