@@ -28,8 +28,9 @@ import httpx
 
 try:
     import brotli
+    # Before 1.2 the output of one call cannot be capped: a bomb would inflate whole.
     if "output_buffer_limit" not in (brotli.Decompressor.process.__doc__ or ""):
-        brotli = None     # type: ignore[assignment]  # before 1.2 the output of one call cannot be capped: a bomb inflates whole
+        brotli = None     # type: ignore[assignment]
 except ImportError:       # pragma: no cover - a dependency, but the crawler works without it
     brotli = None         # type: ignore[assignment]
 try:
