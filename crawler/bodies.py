@@ -16,12 +16,16 @@ run of zeros is about 1000:1, and a stack of them (``Content-Encoding: gzip, gzi
 Past the limit the body either ends (``cut``: pages and robots.txt are cut, as a browser would stop reading) or
 raises BodyError (API answers and downloads: half a JSON document is no answer). BodyError is an
 httpx.DecodingError, so every caller that handles httpx's errors already handles it, as a permanent failure.
+
+The transport (crawler/worker/transport.py) runs every response through a BoundedDecoder, so everything built on
+it reads bounded bodies without doing anything: page fetches, resolvers' API calls and playlists, downloads, and
+the master's robots.txt fetch.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -155,12 +159,3 @@ class BoundedDecoder:
         # caller hears so from the size; the tail is never decoded.
         return out
 
-
-async def bounded(raw: AsyncIterator[bytes], decoder: BoundedDecoder) -> AsyncIterator[bytes]:
-    """The decoded body of the raw chunks, within the decoder's limit (see BoundedDecoder)."""
-    async for chunk in raw:
-        out = decoder.feed(chunk)
-        if out:
-            yield out
-        if decoder.full:
-            return
