@@ -45,7 +45,10 @@ def css_first(where: LexborHTMLParser | LexborNode, query: str) -> LexborNode | 
 
 _VOID = frozenset(b"area base br col embed hr img input keygen link meta param source track wbr frame "
                   b"basefont bgsound command".split())
-_CLOSE_NAMESAKE = frozenset(b"p li dt dd option optgroup tr td th tbody thead tfoot rb rt rp rtc".split())
+# Elements a start tag of the same name closes (implied end tags, the adoption agency for <a>, <button> and
+# <nobr> in scope, headings): a list of unclosed <li> or <a> is flat, not deep.
+_CLOSE_NAMESAKE = frozenset(b"p li dt dd option optgroup tr td th tbody thead tfoot rb rt rp rtc a button nobr "
+                            b"form h1 h2 h3 h4 h5 h6".split())
 _TAG_TOKEN = re.compile(rb"<!--.*?(?:-->|\Z)|<(script|style|textarea|title|xmp)\b.*?(?:</\1\s*>|\Z)"
                         rb"|<(/?)([A-Za-z][A-Za-z0-9:._-]*)", re.DOTALL | re.IGNORECASE)
 PAGE_TOO_COMPLEX = "page too complex"

@@ -99,6 +99,7 @@ async def test_stacked_encodings_are_refused_and_one_layer_is_cut(tmp_path):
         state, error, _ = table[hostile_url(site, "encoding", page)]
         assert state == ERROR and "stacked content encodings" in error, (page, error)
         assert site.hits[f"/s/encoding/{page}"] == 1             # permanent: not handed out again
+    assert "pages refused: {'body refused': 2}" in run["worker_log"]
     # One honest layer: the page is kept, cut at the page cap, not refused.
     assert table[hostile_url(site, "encoding", "one-layer.html")][0] == DONE
 

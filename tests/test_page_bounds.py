@@ -25,6 +25,7 @@ def test_deep_nesting_is_refused(name, body):
 @pytest.mark.parametrize(("name", "body"), [
     ("list items left open", b"<html><body><ul>" + b"<li>item" * 6000 + b"</ul>"),
     ("paragraphs left open", b"<html><body>" + b"<p>text" * 6000),
+    ("links left open", b"<html><body>" + b'<a href="/x">text' * 6000),
     ("sloppy inline elements", b"<html><body>" + b"<div><span>x</div>" * 6000),
     ("svg icons", b"<html><body>" + b"<svg><path d=x/><path d=y/></svg>" * 3000),
     ("markup in scripts", b"<html><body><script>" + b"'<div>'+" * 6000 + b"</script>"),

@@ -35,9 +35,12 @@ _DOCUMENT = re.compile(r"^(text/|application/(xhtml\+xml|xml|json|ld\+json|javas
 
 
 class FetchError(Exception):
-    def __init__(self, message: str, transient: bool) -> None:
+    """A page that could not be fetched; ``reason`` names the kind of a permanent refusal, for counting."""
+
+    def __init__(self, message: str, transient: bool, reason: str | None = None) -> None:
         super().__init__(message)
         self.transient = transient
+        self.reason = reason
 
 
 class _NoCookies(httpx.Cookies):
@@ -144,8 +147,10 @@ class PageFetcher:
             return page, truncated
         except httpx.UnsupportedProtocol as e:
             raise FetchError(f"unsupported URL: {e}", transient=False) from None
-        except (BodyError, TargetRefused) as e:
-            raise FetchError(str(e), transient=False) from None
+        except BodyError as e:
+            raise FetchError(str(e), transient=False, reason="body refused") from None
+        except TargetRefused as e:
+            raise FetchError(str(e), transient=False, reason="address refused") from None
         except httpx.DecodingError as e:
             raise FetchError(f"undecodable body: {e}", transient=False) from None
         except httpx.InvalidURL as e:

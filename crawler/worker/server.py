@@ -74,7 +74,8 @@ class WorkerStats:
     pages: int = 0
     errors: int = 0
     audio: int = 0
-    refused: Counter = field(default_factory=Counter)   # pages not parsed, by reason ("page too complex")
+    # Pages refused for what the site sent, by reason: "page too complex", "body refused", "address refused".
+    refused: Counter = field(default_factory=Counter)
 
 
 class Worker:
@@ -282,6 +283,8 @@ class Worker:
                     page, truncated = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes,
                                                                referrer=task.parent)
                 except FetchError as e:
+                    if e.reason:
+                        self.stats.refused[e.reason] += 1
                     return p.Result(task.lease, url, p.RETRY if e.transient else p.ERROR, error=str(e))
             if page.status == 429 or page.status >= 500:
                 return p.Result(task.lease, url, p.RETRY, page.status, page.final_url, page.content_type,
