@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import httpx
 
+from crawler.urls import InvalidURL, normalize
+
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -67,7 +69,16 @@ class TargetPolicy:
 
     @classmethod
     def for_crawl(cls, seeds: Iterable[str], networks: Iterable[str]) -> TargetPolicy:
-        return cls([o for o in map(origin_of, seeds) if o is not None], [parse_network(n) for n in networks])
+        origins = []
+        for seed in seeds:
+            try:
+                seed = normalize(seed)     # the host as the connector sees it: IDNA, lower case
+            except InvalidURL:
+                continue
+            origin = origin_of(seed)
+            if origin is not None:
+                origins.append(origin)
+        return cls(origins, [parse_network(n) for n in networks])
 
     def allow(self, origins: Iterable[tuple[str, int]], networks: Sequence[Network]) -> None:
         self.origins = frozenset((h.lower().rstrip("."), p) for h, p in origins)

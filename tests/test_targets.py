@@ -30,6 +30,8 @@ def test_policy_allows_named_origins_and_networks_only():
     assert not policy.permits("anything.example", 80, "169.254.169.254")
     assert policy.permits("anything.example", 80, "93.184.215.14")        # the public internet
     assert origin_of("http://[::1]:81/x") == ("::1", 81) and origin_of("mailto:x@y") is None
+    # A seed's host as the connector will see it: IDNA-encoded.
+    assert ("xn--mnchen-3ya.example", 80) in TargetPolicy.for_crawl(["http://München.example/"], []).origins
     with pytest.raises(ValueError):
         parse_network("not-a-net")
 
