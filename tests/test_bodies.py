@@ -170,3 +170,50 @@ async def test_a_trickling_server_is_cut_off_by_the_total_deadline(encoded_serve
             await client.get(encoded_server + "/trickle")
     finally:
         await client.aclose()
+
+
+async def test_the_kugou_api_client_is_bounded_through_the_workers_transport():
+    """Kugou's play-data API answered with a stacked bomb, a single-layer bomb and a trickle: each song fails
+    with a reason, in bounded time and memory, instead of expanding gigabytes on the event loop."""
+    from crawler.items import FAILED
+    from crawler.resolvers.base import ResolveContext
+    from crawler.resolvers.kugou import KugouResolver, ListedSong
+
+    stacked = gzip.compress(gzip.compress(b"{" + b" " * (256 * MiB) + b"}"))
+    single = gzip.compress(b'{"status": 1, "data": "' + b"x" * (64 * MiB) + b'"}')
+
+    async def play(request):
+        kind = request.query["hash"]
+        if kind == "STACKED":
+            return web.Response(body=stacked, headers={"Content-Type": "application/json",
+                                                       "Content-Encoding": "gzip, gzip"})
+        if kind == "SINGLE":
+            return web.Response(body=single, headers={"Content-Type": "application/json",
+                                                      "Content-Encoding": "gzip"})
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        for _ in range(600):
+            await resp.write(b" ")
+            await asyncio.sleep(0.1)
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/yy/index.php", play)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    transport = build_transport(max_connections=4, dns_ttl=60, max_body=MiB, total_timeout=1.0)
+    client = build_client(transport, user_agent="t", connect_timeout=5, read_timeout=5, max_redirects=2)
+    resolver = KugouResolver({"api_base": base, "mobile_api_base": base, "www_hosts": ["127.0.0.1"],
+                              "mobile_hosts": ["127.0.0.1"], "referer": base + "/", "retry_delay": 0})
+    ctx = ResolveContext(http=client, user_agent="t")
+    try:
+        for song, words in (("STACKED", "BodyError"), ("SINGLE", "BodyError"), ("TRICKLE", "Timeout")):
+            started = time.monotonic()
+            item = await resolver.resolve_song(ListedSong(song), base + "/page", ctx)
+            assert item.status == FAILED and words in item.reason, (song, item.reason)
+            assert time.monotonic() - started < 10
+    finally:
+        await client.aclose()
+        await runner.cleanup()
