@@ -11,6 +11,7 @@ from aiohttp import web
 
 from crawler.bodies import ACCEPT_ENCODING, BodyError, BoundedDecoder, content_coding
 from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
+from tests.fakes import hostile
 
 MiB = 1024 * 1024
 
@@ -41,10 +42,10 @@ def feed_all(decoder: BoundedDecoder, data: bytes, chunk: int = 16 * 1024) -> by
 
 @pytest.mark.parametrize("coding", ["gzip", "deflate", "raw-deflate"])
 def test_a_bomb_is_cut_at_the_limit_without_expanding(coding):
-    plain = b"\0" * (256 * MiB)
     if coding == "gzip":
-        wire = gzip.compress(plain)
+        wire = hostile.gzip_zeros(256 * MiB)
     else:
+        plain = b"\0" * (256 * MiB)
         c = zlib.compressobj(wbits=zlib.MAX_WBITS if coding == "deflate" else -zlib.MAX_WBITS)
         wire = c.compress(plain) + c.flush()
         coding = "deflate"
@@ -107,7 +108,7 @@ def test_identity_and_small_bodies_pass_whole():
 
 @pytest.fixture
 async def encoded_server():
-    bomb = gzip.compress(gzip.compress(b"<html>" + b" " * (512 * MiB)))   # two layers: about 1 KiB... of 512 MiB
+    bomb = hostile.stacked_bomb()            # two gzip layers: 590 bytes, 256 MiB per layer decoded
 
     async def stacked(request):
         return web.Response(body=bomb, headers={"Content-Type": "text/html", "Content-Encoding": "gzip, gzip"})
@@ -119,7 +120,7 @@ async def encoded_server():
         return resp
 
     async def json_bomb(request):
-        return web.Response(body=gzip.compress(b"[" + b" " * (64 * MiB) + b"]"),
+        return web.Response(body=hostile.gzip_zeros(256 * MiB),
                             headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
 
     async def trickle(request):
@@ -179,8 +180,7 @@ async def test_the_kugou_api_client_is_bounded_through_the_workers_transport():
     from crawler.resolvers.base import ResolveContext
     from crawler.resolvers.kugou import KugouResolver, ListedSong
 
-    stacked = gzip.compress(gzip.compress(b"{" + b" " * (256 * MiB) + b"}"))
-    single = gzip.compress(b'{"status": 1, "data": "' + b"x" * (64 * MiB) + b'"}')
+    stacked, single = hostile.stacked_bomb(), hostile.gzip_zeros(256 * MiB)
 
     async def play(request):
         kind = request.query["hash"]

@@ -37,7 +37,7 @@ MiB = 1024 * 1024
 
 
 @functools.cache
-def _gzip_zeros(size: int) -> bytes:
+def gzip_zeros(size: int) -> bytes:
     """gzip of `size` zero bytes, made in pieces (never `size` bytes in memory)."""
     c = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
     piece = b"\0" * MiB
@@ -70,7 +70,7 @@ class HostileSite:
     async def __aenter__(self) -> HostileSite:
         # Two gzip layers over 256 MiB of zeros: about 250 KiB on the wire, 256 MiB after one layer, and
         # 256 MiB again per layer for anything that decodes both.
-        self._bomb = _stacked_bomb()
+        self._bomb = stacked_bomb()
         private = web.Application()
         private.router.add_route("*", "/{tail:.*}", self._private)
         site = web.Application()
@@ -136,7 +136,7 @@ class HostileSite:
 
     async def _one_layer_html(self, request: web.Request) -> web.Response:
         # One honest layer of 256 MiB: cut at the page cap, the page itself kept.
-        return web.Response(body=_gzip_zeros(256 * MiB),
+        return web.Response(body=gzip_zeros(256 * MiB),
                             headers={"Content-Type": "text/html", "Content-Encoding": "gzip"})
 
     # markup
@@ -210,8 +210,8 @@ HOSTILE_PAGES = {
 
 
 @functools.cache
-def _stacked_bomb() -> bytes:
-    return gzip.compress(_gzip_zeros(256 * MiB))
+def stacked_bomb() -> bytes:
+    return gzip.compress(gzip_zeros(256 * MiB))
 
 
 # 500 KiB of robots.txt: one real rule for us, then noise rules for other paths.
