@@ -304,7 +304,7 @@ class Master:
                 parsed = await asyncio.to_thread(parse_robots, body)
         except (httpx.HTTPError, TimeoutError) as e:
             status = body = parsed = None
-            log.info("robots.txt of %s not fetched: %s", origin, e or "deadline passed")
+            log.info("robots.txt of %s not fetched: %s", origin, str(e) or type(e).__name__)
         finally:
             self._robots_inflight.discard(origin)
         self.crawl.robots_fetched(origin, status, body, self.clock(), parsed)

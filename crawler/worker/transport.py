@@ -5,7 +5,7 @@ same job, but builds a timeout object, re-parses the URL and enters an exception
 every request and every body chunk. On the worker's page path that glue cost a tenth of the CPU of a page, so
 this one keeps only what a crawler needs:
 
-- one ClientTimeout per distinct (connect, read, pool) triple, not one per request;
+- one ClientTimeout per distinct (connect, read, pool, total) setting, not one per request;
 - the URL handed over already encoded (httpx has done that), so aiohttp does not quote it again;
 - header names sent as written (User-Agent, not user-agent), as browsers and httpx's own transport do;
 - the body read in chunks of at most 16 KiB, with aiohttp's errors mapped to httpx's only when one happens;
