@@ -8,7 +8,9 @@ so nothing here sleeps.
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -19,8 +21,12 @@ UNKNOWN = "unknown"   # never fetched, or stale: the master should fetch it
 PENDING = "pending"   # a fetch is out
 KNOWN = "known"       # rules are in force
 
-# Past this many bytes a robots.txt is cut (RFC 9309, 2.5: parse at least 500 KiB).
+# Past this many bytes a robots.txt is cut (RFC 9309, 2.5: parse at least 500 KiB). The one definition: the
+# master's fetch reads no further.
 ROBOTS_MAX_BYTES = 500 * 1024
+# Allow/Disallow lines kept from one file. Each rule costs about 1.5 KB parsed and a little time in every
+# allowed() check; a real file needs far fewer, a hostile one would make one host cost tens of MiB.
+ROBOTS_MAX_RULES = 1000
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,8 @@ class PolitenessConfig:
     robots_retry_after: float = 600.0   # after a 5xx or network error: disallow all, then refetch this soon
     robots_fetch_timeout: float = 300.0  # a fetch marked pending that never reports is given up after this
     host_idle_ttl: float = 3600.0       # a host with nothing in flight is forgotten after this long idle
+    robots_max_hosts: int = 10_000      # robots.txt rules kept, least recently used out (refetched if needed)
+    robots_max_rules: int = 100_000     # rules kept over all those hosts, the same way
 
     def __post_init__(self) -> None:
         if self.max_per_host is not None and self.max_per_host < 1:
@@ -52,6 +60,8 @@ class PolitenessConfig:
             v = getattr(self, name)
             if not v > 0:
                 raise ValueError(f"{name} must be > 0, got {v}")
+        if self.robots_max_hosts < 1 or self.robots_max_rules < 1:
+            raise ValueError("robots_max_hosts and robots_max_rules must be >= 1")
         if not self.user_agent.strip():
             raise ValueError("user_agent must not be empty")
 
@@ -181,8 +191,9 @@ class HostGate:
         delayed, keep = self._delayed, max(self.cfg.robots_ttl, longest)
         while delayed:
             host, st = next(iter(delayed.items()))
-            if now < st.touched + keep:
+            if now < st.touched + keep and len(delayed) <= self.cfg.robots_max_hosts:
                 break
+            # Past the cap, the longest idle goes first: the robots.txt it came from is likely forgotten too.
             del delayed[host]
 
 
@@ -217,10 +228,11 @@ def robots_url(host_url: str) -> str:
 
 
 class _Robots:
-    __slots__ = ("allow_all", "expires", "parser", "pending_until")
+    __slots__ = ("allow_all", "expires", "parser", "pending_until", "rules")
 
     def __init__(self) -> None:
         self.parser: Protego | None = None
+        self.rules = 0                  # what the parsed file costs, counted against robots_max_rules
         self.allow_all = False          # meaningful only when parser is None and expires is set
         self.expires = -math.inf        # rules are in force until then
         self.pending_until = -math.inf
@@ -232,11 +244,15 @@ class RobotsRules:
     The master asks state(); on "unknown" it marks the host pending, fetches /robots.txt once and calls
     store(). Rules expire after robots_ttl and are refetched; while that fetch is out, the old rules still
     answer allowed().
+
+    Bounded: at most robots_max_hosts hosts and robots_max_rules rules in all; past either, the least
+    recently used host is forgotten (its robots.txt is fetched again when its URLs come up).
     """
 
     def __init__(self, cfg: PolitenessConfig) -> None:
         self.cfg = cfg
-        self._hosts: OrderedDict[str, _Robots] = OrderedDict()   # in order of last store / mark_pending
+        self._hosts: OrderedDict[str, _Robots] = OrderedDict()   # least recently stored or used first
+        self._rules = 0
 
     def __len__(self) -> int:
         return len(self._hosts)
@@ -256,19 +272,25 @@ class RobotsRules:
         r = self._hosts.pop(host_url, None) or _Robots()
         r.pending_until = now + self.cfg.robots_fetch_timeout
         self._hosts[host_url] = r
+        self._evict()
 
-    def store(self, host_url: str, status: int | None, body: bytes | None, now: float) -> float | None:
+    def store(self, host_url: str, status: int | None, body: bytes | None, now: float,
+              parsed: ParsedRobots | None = None) -> float | None:
         """Record the outcome of fetching host_url's robots.txt; returns its Crawl-delay for our user agent.
 
-        status is the final HTTP status after redirects, None for a network error. The returned delay is the
-        file's own value: HostGate.set_crawl_delay applies the cap.
+        status is the final HTTP status after redirects, None for a network error. parsed is parse_robots(body)
+        when the caller parsed it already (off the event loop). The returned delay is the file's own value:
+        HostGate.set_crawl_delay applies the cap.
         """
         r = self._hosts.pop(host_url, None) or _Robots()
         self._hosts[host_url] = r
         r.pending_until = -math.inf
+        self._rules -= r.rules
+        r.rules = 0
         delay = None
         if status is not None and 200 <= status < 300:
-            r.parser = Protego.parse(_robots_text(body or b""))
+            r.parser, r.rules = parsed if parsed is not None else parse_robots(body or b"")
+            self._rules += r.rules
             r.expires = now + self.cfg.robots_ttl
             delay = r.parser.crawl_delay(self.cfg.user_agent)
         elif status is not None and (300 <= status < 400 or (400 <= status < 500 and status != 429)):
@@ -281,18 +303,29 @@ class RobotsRules:
             r.parser, r.allow_all, r.expires = None, False, now + self.cfg.robots_retry_after
         if delay is not None and not delay >= 0:
             delay = None
+        self._evict(keep=host_url)
         return delay
 
     def allowed(self, url: str) -> bool:
         """Whether url may be fetched by its host's rules; the host must have been stored (state "known")."""
         if not self.cfg.obey_robots:
             return True
-        r = self._hosts.get(host_url_of(url))
+        host = host_url_of(url)
+        r = self._hosts.get(host)
         if r is None or r.expires == -math.inf:
-            raise LookupError(f"robots.txt of {host_url_of(url)} has not been stored yet")
+            raise LookupError(f"robots.txt of {host} has not been stored yet")
         if r.parser is None:
             return r.allow_all
+        self._hosts.move_to_end(host)
         return r.parser.can_fetch(url, self.cfg.user_agent)
+
+    def _evict(self, keep: str | None = None) -> None:
+        hosts, cfg = self._hosts, self.cfg
+        while hosts and (len(hosts) > cfg.robots_max_hosts or self._rules > cfg.robots_max_rules):
+            host = next(iter(hosts))
+            if host == keep:
+                break    # the file just stored stays, even alone over the budget (it is capped itself)
+            self._rules -= hosts.pop(host).rules
 
     def _expire(self, now: float) -> None:
         # Stale rules are kept a little past expiry, for the refetch the master should start on seeing
@@ -305,6 +338,25 @@ class RobotsRules:
             if now < r.expires + grace or now < r.pending_until:
                 break
             del hosts[host]
+            self._rules -= r.rules
+
+
+ParsedRobots = tuple[Protego, int]
+_RULE_LINE = re.compile(r"^\s*(?:dis)?allow\s*:", re.IGNORECASE | re.MULTILINE)
+
+
+def parse_robots(body: bytes) -> ParsedRobots:
+    """A robots.txt body parsed, cut to ROBOTS_MAX_BYTES and ROBOTS_MAX_RULES, and its rule count.
+
+    Pure and bounded (about 0.2 s at the caps): the master runs it in a thread.
+    """
+    text = _robots_text(body)
+    rules = _RULE_LINE.findall(text)
+    if len(rules) > ROBOTS_MAX_RULES:
+        # Cut before the first rule past the cap, at a line start: the rules before it are kept whole.
+        cut = next(itertools.islice(_RULE_LINE.finditer(text), ROBOTS_MAX_RULES, None)).start()
+        text = text[:cut]
+    return Protego.parse(text), min(len(rules), ROBOTS_MAX_RULES)
 
 
 def _robots_text(body: bytes) -> str:

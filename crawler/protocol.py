@@ -28,7 +28,8 @@ import msgpack
 
 from crawler.items import AudioItem
 
-PROTOCOL_VERSION = 3   # 2: Welcome carries max_depth; 3: Result carries the links cut at the depth limit
+PROTOCOL_VERSION = 3   # 2: Welcome carries max_depth; 3: Result carries the links cut at the depth limit,
+                       # Welcome the private addresses the crawl may reach
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 NONCE_SIZE = 32
 _HEADER = struct.Struct(">I")
@@ -177,18 +178,24 @@ class Welcome(Message):
     # anyway, the master would drop them, and the worker's link cache would then hold back the same links found
     # later on a shallower page.) None: no limit.
     max_depth: int | None = None
+    # Addresses outside the public internet the crawl may reach (crawler/targets.py): the seeds' "host:port"
+    # and the configured networks ("10.0.0.0/8"). Everything else private is refused after DNS.
+    allowed_origins: tuple[str, ...] = ()
+    allowed_networks: tuple[str, ...] = ()
 
     def fields(self):
-        return [self.heartbeat_interval, list(self.keep_fragment), self.max_frame, self.max_depth]
+        return [self.heartbeat_interval, list(self.keep_fragment), self.max_frame, self.max_depth,
+                list(self.allowed_origins), list(self.allowed_networks)]
 
     @classmethod
     def from_fields(cls, f):
-        _arity(f, 4, cls)
+        _arity(f, 6, cls)
         max_frame = _int(f[2], "max_frame")
         if max_frame < 1024:
             raise ProtocolError("max_frame: too small to carry a report")
         max_depth = None if f[3] is None else _nonneg(f[3], "max_depth")
-        return cls(_float(f[0], "heartbeat_interval"), _str_tuple(f[1], "keep_fragment"), max_frame, max_depth)
+        return cls(_float(f[0], "heartbeat_interval"), _str_tuple(f[1], "keep_fragment"), max_frame, max_depth,
+                   _str_tuple(f[4], "allowed_origins"), _str_tuple(f[5], "allowed_networks"))
 
 
 @dataclass(frozen=True, slots=True)

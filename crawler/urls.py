@@ -363,8 +363,8 @@ DISCARD_SCOPE = "out_of_scope"
 DISCARD_DENIED = "denied"
 
 # scheme, host (when there is an authority), path, query
-_PARTS_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):(?://(?:[^@/?#]*@)?(\[[^\]/?#]*\]|[^:/?#]*)[^/?#]*)?"
-                       r"([^?#]*)(?:\?([^#]*))?")
+_PARTS_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):(?://(?:[^@/?#]*@)?(\[[^\]/?#]*\]|[^:/?#]*)(?::(\d*))?"
+                       r"[^/?#]*)?([^?#]*)(?:\?([^#]*))?")
 
 
 @dataclass(frozen=True)
@@ -381,7 +381,8 @@ class UrlPolicy:
       of generated listings while keeping hyphenated slugs and dates.
     - ``separators``: ``_ 、 = - & , ; ~`` (the ideographic comma ``、`` is common in Chinese generated names).
     - scope: ``schemes``; ``allowed_hosts`` (empty = any; ``*.example.com`` or ``.example.com`` allows the
-      domain and every subdomain); ``allow_patterns`` (regexes searched in the URL; if any are given one must
+      domain and every subdomain; the port is part of the scope: ``example.com`` is the scheme's default port
+      only, ``example.com:8080`` that port, ``example.com:*`` any); ``allow_patterns`` (regexes searched in the URL; if any are given one must
       match); ``deny_patterns`` (a match discards).
 
     Checks run cheapest first, and the first failing rule is the reason reported.
@@ -399,7 +400,7 @@ class UrlPolicy:
     deny_patterns: tuple[str, ...] = ()
     # Derived in __post_init__: compiled once per policy, and the policy is built once per master.
     _exact_hosts: frozenset[str] = field(init=False, repr=False, compare=False, default=frozenset())
-    _host_suffixes: tuple[str, ...] = field(init=False, repr=False, compare=False, default=())
+    _host_suffixes: tuple[tuple[str, str], ...] = field(init=False, repr=False, compare=False, default=())
     _allow: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False, default=())
     _deny: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False, default=())
     _schemes: frozenset[str] = field(init=False, repr=False, compare=False, default=frozenset())
@@ -407,16 +408,19 @@ class UrlPolicy:
 
     def __post_init__(self) -> None:
         exact: set[str] = set()
-        suffixes: list[str] = []
+        suffixes: list[tuple[str, str]] = []
         for h in self.allowed_hosts:
             h = h.lower()
+            port = ""
+            if h.rfind(":") > h.rfind("]"):
+                h, port = h.rsplit(":", 1)
             if h.startswith("*."):
                 h = h[1:]
             if h.startswith("."):
-                exact.add(h[1:])
-                suffixes.append(h)
+                exact.add(f"{h[1:]}:{port}" if port else h[1:])
+                suffixes.append((h, port))
             else:
-                exact.add(h)
+                exact.add(f"{h}:{port}" if port else h)
         object.__setattr__(self, "_exact_hosts", frozenset(exact))
         object.__setattr__(self, "_host_suffixes", tuple(suffixes))
         object.__setattr__(self, "_allow", tuple(re.compile(p) for p in self.allow_patterns))
@@ -425,11 +429,15 @@ class UrlPolicy:
         object.__setattr__(self, "_separator_re",
                            re.compile("[" + re.escape(self.separators) + "]" if self.separators else "(?!)"))
 
-    def host_allowed(self, host: str) -> bool:
+    def host_allowed(self, host: str, port: str = "") -> bool:
+        """Whether host (and port: '' for the scheme's default) is in scope."""
         if not self.allowed_hosts:
             return True
         host = host.lower()
-        return host in self._exact_hosts or host.endswith(self._host_suffixes)
+        exact = self._exact_hosts
+        if (f"{host}:{port}" if port else host) in exact or (port and f"{host}:*" in exact):
+            return True
+        return any(host.endswith(suffix) and (p == port or p == "*") for suffix, p in self._host_suffixes)
 
     def is_generated_name(self, path: str) -> bool:
         """Whether the last segment of ``path`` looks like a dynamically generated page name."""
@@ -453,7 +461,7 @@ class UrlPolicy:
             return DISCARD_SCHEME
         if self.max_length is not None and len(url) > self.max_length:
             return DISCARD_TOO_LONG
-        if self.allowed_hosts and not self.host_allowed(m.group(2) or ""):
+        if self.allowed_hosts and not self.host_allowed(m.group(2) or "", m.group(3) or ""):
             return DISCARD_SCOPE
         if self._allow and not any(p.search(url) for p in self._allow):
             return DISCARD_SCOPE
@@ -461,11 +469,11 @@ class UrlPolicy:
             return DISCARD_DENIED
         if self.max_depth is not None and depth > self.max_depth:
             return DISCARD_TOO_DEEP
-        query = m.group(4)
+        query = m.group(5)
         # The "&" count bounds the parameter count from above; only a query over the limit is split.
         if (self.max_query_params is not None and query and query.count("&") >= self.max_query_params
                 and sum(1 for p in query.split("&") if p) > self.max_query_params):
             return DISCARD_QUERY
-        if self.is_generated_name(m.group(3)):
+        if self.is_generated_name(m.group(4)):
             return DISCARD_GENERATED
         return None

@@ -5,7 +5,7 @@
 The crawl benchmark (bench_crawl.py) measures everything at once and moves with whatever else the machine is
 doing. This one replays pages of a generated site (scripts/sitegen.py; generated under --site if missing)
 through the same steps a worker takes for each page, and prints the CPU time of each step per page, the best of
---repeat rounds: parse (lexbor), links (extraction), resolve (the generic resolver), report (link cache,
+--repeat rounds: bounds (the tag count and nesting check before parsing), parse (lexbor), links (extraction), resolve (the generic resolver), report (link cache,
 normalisation, audio check), store (WARC append and index line; 'files' for one file per page). Every round
 starts with empty caches (link cache, reference joins), as a worker starts a crawl. Use it to compare a change
 before and after on the same pages.
@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from crawler import html
 from crawler.resolvers.base import FetchedPage
 from crawler.resolvers.generic import GenericResolver
 from crawler.urls import NormalizeOptions, normalize_many
@@ -39,6 +40,8 @@ HEADERS = [(b"Server", b"nginx/1.22.1"), (b"Date", b"Wed, 02 Dec 2026 13:00:00 G
            (b"Last-Modified", b"Wed, 02 Dec 2026 12:00:00 GMT"), (b"Connection", b"keep-alive"),
            (b"ETag", b'"6929-1130"'), (b"Accept-Ranges", b"bytes")]
 BASE = "http://127.0.0.1:8080"
+# The worker's defaults (crawler/worker/config.py).
+MAX_TAGS, MAX_DEPTH, MAX_LINK_ELEMENTS = 100_000, 512, 4 * 5000
 
 
 def load_pages(site: Path, count: int) -> list[tuple[str, bytes]]:
@@ -61,16 +64,20 @@ def one_round(pages: list[tuple[str, bytes]], fmt: str, data_dir: Path) -> dict[
     cache = LinkCache(200_000)
     norm = NormalizeOptions()
     store = open_page_store(data_dir, fmt)
-    spent = dict.fromkeys(("parse", "links", "resolve", "report", "store"), 0.0)
+    spent = dict.fromkeys(("bounds", "parse", "links", "resolve", "report", "store"), 0.0)
     clock = time.process_time
     loop = asyncio.new_event_loop()
     for url, body in pages:
         page = FetchedPage(url=url, final_url=url, status=200, content_type="text/html",
                            headers={"content-type": "text/html"}, body=body, raw_headers=HEADERS)
+        tb = clock()
+        refused, scan = html.precheck(body, max_tags=MAX_TAGS, max_depth=MAX_DEPTH)
+        refused = refused or (scan and html.too_deep(body, MAX_DEPTH))
+        assert not refused, (url, refused)
         t0 = clock()
         tree = page.tree()
         t1 = clock()
-        links = extract_links(tree, page.final_url)
+        links = extract_links(tree, page.final_url, MAX_LINK_ELEMENTS)
         t2 = clock()
         resolution = loop.run_until_complete(resolver.resolve(url, page, None))
         t3 = clock()
@@ -80,7 +87,7 @@ def one_round(pages: list[tuple[str, bytes]], fmt: str, data_dir: Path) -> dict[
         t4 = clock()
         store.save(url, url, 200, "text/html", body, HEADERS)
         t5 = clock()
-        for key, a, b in (("parse", t0, t1), ("links", t1, t2), ("resolve", t2, t3), ("report", t3, t4),
+        for key, a, b in (("bounds", tb, t0), ("parse", t0, t1), ("links", t1, t2), ("resolve", t2, t3), ("report", t3, t4),
                           ("store", t4, t5)):
             spent[key] += b - a
     store.close()

@@ -22,7 +22,7 @@ def test_minimal_config_gets_defaults_and_seed_hosts_as_scope(tmp_path):
     assert cfg.listen == ("127.0.0.1", 7700)
     assert cfg.data_dir == tmp_path / "data"
     assert cfg.crawl.max_depth == 5 and cfg.crawl.max_url_length == 256
-    assert cfg.crawl.allowed_hosts == ("127.0.0.1",)
+    assert cfg.crawl.allowed_hosts == ("127.0.0.1:8000",)   # the seed's port is part of the scope
     assert cfg.secret.startswith(b"correct horse")
 
 
@@ -51,6 +51,9 @@ def test_example_configs_in_the_repo_are_valid(tmp_path):
     ({"dedup": {"fp_rate": 2}}, "dedup.fp_rate", "between 0 and 1"),
     ({"scheduling": {"heartbeat_timeout": 1, "heartbeat_interval": 5}}, "scheduling.heartbeat_timeout", "longer"),
     ({"politeness": {"obey_robots": "yes"}}, "politeness.obey_robots", "true or false"),
+    ({"crawl": {"allowed_networks": ["10.0.0.0/33"]}}, "crawl.allowed_networks", "not an IP network"),
+    ({"crawl": {"allowed_networks": ["intranet.example"]}}, "crawl.allowed_networks", "not an IP network"),
+    ({"politeness": {"robots_timeout": 0}}, "politeness.robots_timeout", "greater than 0"),
 ])
 def test_bad_values_name_the_key(tmp_path, change, key, words):
     raw = base(tmp_path)

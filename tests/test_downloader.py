@@ -10,6 +10,8 @@ disk-bound loopback transfer would measure the transport's buffer rather than th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import gzip
 import hashlib
 import json
 import os
@@ -17,10 +19,12 @@ import random
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
+from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -41,7 +45,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def blob(size: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(size)
+    """A file of random bytes behind an MPEG audio frame header: the downloader keeps only audio."""
+    return (b"\xff\xfb\x90\x64" + random.Random(seed).randbytes(size))[:size]
 
 
 def sha(data: bytes) -> str:
@@ -867,3 +872,61 @@ def test_config_rejects_nonsense_limits():
         with pytest.raises(ValueError):
             DownloadConfig(**bad)
     assert DownloadConfig().max_per_host == 2 and DownloadConfig().revalidate_after == DAY
+
+
+# -- hostile servers -----------------------------------------------------------------------------------
+
+async def test_a_body_that_is_not_audio_is_failed_not_catalogued(server, client, tmp_path):
+    server.add("/song.mp3", b"<!doctype html><html><body>404 not found</body></html>" * 50)
+    server.add("/tool.mp3", b"MZ\x90\x00" + b"\0" * 5000, content_type="audio/mpeg")   # an executable
+    for path in ("/song.mp3", "/tool.mp3"):
+        got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url(path), page="p"))
+        assert (got.status, got.reason, got.sha256) == (FAILED, "not audio", None)
+    assert leftovers(tmp_path) == [] and not list((tmp_path / "audio").rglob("*.mp3"))
+
+
+async def test_a_trickling_download_is_cut_off_by_its_deadline_and_kept_for_later(server, client, tmp_path):
+    data = blob(1_000_000, 40)
+    res = server.add("/slow.mp3", data)
+    res.rate = 50_000                     # 20 s for the file
+    cfg = dataclasses.replace(CFG, deadline_base=0.5, min_rate=1_000_000)    # 0.5 s + 1 s for its size
+    started = time.monotonic()
+    got = await Downloader(client, tmp_path, cfg).fetch(AudioItem(url=server.url("/slow.mp3"), page="p"))
+    assert got.status == FAILED and got.reason.startswith("download too slow"), got.reason
+    assert time.monotonic() - started < 10
+    kept = AudioStore(tmp_path).part_path(partial_key(AudioItem(url=server.url("/slow.mp3"), page="p")))
+    assert 0 < kept.stat().st_size < len(data)      # the bytes so far stay for a later resume
+
+
+async def test_an_encoded_download_is_refused(client, tmp_path):
+    body = gzip.compress(b"\xff\xfb\x90\x64" + b"\0" * 100_000)
+
+    async def encoded(request):
+        return web.Response(body=body, headers={"Content-Type": "audio/mpeg", "Content-Encoding": "gzip"})
+
+    async def stacked(request):
+        return web.Response(body=gzip.compress(body), headers={"Content-Type": "audio/mpeg",
+                                                                "Content-Encoding": "gzip, gzip"})
+
+    app = web.Application()
+    app.router.add_get("/enc.mp3", encoded)
+    app.router.add_get("/stacked.mp3", stacked)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        for path in ("/enc.mp3", "/stacked.mp3"):
+            got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=base + path, page="p"))
+            # Through our transport the coding is refused; through plain httpcore the gzip bytes are not audio.
+            assert got.status == FAILED and got.sha256 is None, got
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_large_body_that_is_not_audio_is_refused_from_its_first_bytes(server, client, tmp_path):
+    res = server.add("/big.mp3", b"<html>" + b"x" * (64 * 1024 * 1024))
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/big.mp3"), page="p"))
+    assert (got.status, got.reason) == (FAILED, "not audio")
+    assert res.served < 16 * 1024 * 1024         # cut off early (what sits in socket buffers aside)
+    assert leftovers(tmp_path) == []

@@ -98,3 +98,10 @@ def test_join_url_keeps_fragments_and_query() -> None:
 
 def test_page_without_links() -> None:
     assert links("<p>No links. Visit example.com/page or http://example.com/text</p>") == []
+
+
+def test_link_elements_looked_at_are_bounded() -> None:
+    page = "<html><body>" + "".join(f'<a href="/p/{i}">x</a>' for i in range(1000)) + "</body></html>"
+    tree = LexborHTMLParser(page)
+    assert len(extract_links(tree, "http://h/")) == 1000
+    assert extract_links(tree, "http://h/", max_elements=10) == [f"http://h/p/{i}" for i in range(10)]

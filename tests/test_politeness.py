@@ -348,3 +348,33 @@ def test_stale_hosts_are_forgotten():
 def test_host_url_of(url, host_url):
     assert host_url_of(url) == host_url
     assert robots_url(host_url) == host_url + "/robots.txt"
+
+
+def test_robots_rules_are_capped_per_file_and_in_all():
+    from crawler.politeness import ROBOTS_MAX_RULES, parse_robots
+    body = b"User-agent: *\n" + b"".join(b"Disallow: /p%d/\n" % i for i in range(5 * ROBOTS_MAX_RULES))
+    parser, rules = parse_robots(body)
+    assert rules == ROBOTS_MAX_RULES
+    assert not parser.can_fetch("http://h/p0/x", "bot") and parser.can_fetch(f"http://h/p{ROBOTS_MAX_RULES}/x", "bot")
+    cfg = PolitenessConfig(robots_max_hosts=50, robots_max_rules=3 * ROBOTS_MAX_RULES)
+    rules_table = RobotsRules(cfg)
+    for i in range(10):                       # ten big files: only the three most recent fit the rule budget
+        rules_table.mark_pending(f"http://h{i}.example", 0.0)
+        rules_table.store(f"http://h{i}.example", 200, body, 0.0)
+    assert len(rules_table) == 3 and rules_table.state("http://h9.example", 1.0) == KNOWN
+    assert rules_table.state("http://h0.example", 1.0) == UNKNOWN         # forgotten: fetched again when needed
+    for i in range(200):                      # many small files: the host count is capped
+        rules_table.mark_pending(f"http://s{i}.example", 0.0)
+        rules_table.store(f"http://s{i}.example", 404, None, 0.0)
+    assert len(rules_table) == 50
+
+
+def test_recently_used_rules_stay():
+    cfg = PolitenessConfig(robots_max_hosts=2)
+    rules = RobotsRules(cfg)
+    for host in ("http://a.example", "http://b.example"):
+        rules.mark_pending(host, 0.0)
+        rules.store(host, 200, b"User-agent: *\nDisallow: /x\n", 0.0)
+    assert rules.allowed("http://a.example/y")          # a is used: b is now the least recently used
+    rules.mark_pending("http://c.example", 0.0)
+    assert rules.state("http://a.example", 1.0) == KNOWN and rules.state("http://b.example", 1.0) == UNKNOWN

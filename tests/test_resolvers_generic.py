@@ -601,3 +601,16 @@ def test_pls_titles_split_artist_like_extinf() -> None:
     text = "[playlist]\nFile1=/m/1.mp3\nTitle1=Some Artist - Some Title\nFile2=/m/2.mp3\nTitle2=Only Title\n"
     result = resolve(response(text.encode(), "audio/x-scpls", url="http://pl.example.com/a.pls"))
     assert [(i.artist, i.title) for i in result.items] == [("Some Artist", "Some Title"), (None, "Only Title")]
+
+
+@pytest.mark.parametrize(("head", "media"), [
+    (b"ID3\x04\x00\x00\x00\x00\x00\x00", True), (b"\xff\xfb\x90\x64" + b"\0" * 100, True),
+    (b"\x00\x00\x00\x18ftypisom" + b"\0" * 100, True), (b"\x00\x00\x00\x18styp" + b"\0" * 100, True),
+    (b"OggS" + b"\0" * 100, True), (b"\x1a\x45\xdf\xa3" + b"\0" * 100, True),
+    ((b"\x47" + b"\0" * 187) * 3, True),                                # MPEG-TS packets (HLS segments)
+    (b"<!doctype html><html>", False), (b"MZ\x90\x00\x03", False), (b'{"error": "expired"}', False),
+    (b"#EXTM3U\n#EXT-X-VERSION:3\n", False), (b"", False),
+])
+def test_is_media_tells_a_download_worth_keeping(head, media):
+    from crawler.resolvers.sniff import is_media
+    assert is_media(head) is media

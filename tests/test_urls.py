@@ -282,3 +282,15 @@ def test_generated_names(path: str, generated: bool) -> None:
     assert UrlPolicy().is_generated_name(path) is generated
     reason = UrlPolicy().check("http://x.com" + path, 1)
     assert (reason == DISCARD_GENERATED) is generated
+
+
+def test_scope_includes_the_port() -> None:
+    p = UrlPolicy(allowed_hosts=frozenset({"site.example", "127.0.0.1:8080", "*.cdn.example:*"}))
+    assert p.check("http://site.example/a", 0) is None
+    assert p.check("https://site.example/a", 0) is None
+    assert p.check("http://site.example:8081/a", 0) == DISCARD_SCOPE     # the host's other ports are not its site
+    assert p.check("http://127.0.0.1:8080/a", 0) is None
+    assert p.check("http://127.0.0.1:6379/a", 0) == DISCARD_SCOPE
+    assert p.check("http://127.0.0.1/a", 0) == DISCARD_SCOPE
+    assert p.check("http://a.cdn.example:9000/x", 0) is None
+    assert p.check("http://user@127.0.0.1:8080/a", 0) is None

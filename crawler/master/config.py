@@ -17,6 +17,7 @@ from crawler.config import (
     probability,
     read_secret,
 )
+from crawler.targets import parse_network
 
 # Kugou song pages name the song in the fragment (see resolvers/kugou.py); it must survive normalisation.
 DEFAULT_KEEP_FRAGMENT = (r"^https?://(www\.)?kugou\.com/song/",)
@@ -40,6 +41,25 @@ def _nodes_check(nodes: tuple[str, ...]) -> str | None:
     return None
 
 
+def _networks_check(networks: tuple[str, ...]) -> str | None:
+    for n in networks:
+        try:
+            parse_network(n)
+        except ValueError:
+            return f"{n!r} is not an IP network (e.g. 10.0.0.0/8, 192.168.1.5, fd00::/8)"
+    return None
+
+
+def _seed_scope(seed: str) -> str:
+    """The allowed_hosts entry a seed stands for: its host, with its port unless that is the default."""
+    parts = urlsplit(seed)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = parts.port
+    return host if port is None or port == {"http": 80, "https": 443}.get(parts.scheme) else f"{host}:{port}"
+
+
 def _key_check(v: str) -> str | None:
     return None if v in ("url", "host") else "must be 'url' or 'host'"
 
@@ -57,7 +77,10 @@ SPEC = {
         "max_url_length": Key("int", 256, positive),
         "max_query_params": Key("int", 10, non_negative),
         "max_separator_ratio": Key("float", 0.3, probability),
-        "allowed_hosts": Key("list[str]", ()),       # empty: the seeds' hosts
+        "allowed_hosts": Key("list[str]", ()),       # empty: the seeds' hosts and ports
+        # Networks outside the public internet (loopback, private, link-local ...) the crawl may fetch from;
+        # the seeds' own host:port always may. See crawler/targets.py.
+        "allowed_networks": Key("list[str]", (), check=_networks_check),
         "allow_patterns": Key("list[str]", ()),
         "deny_patterns": Key("list[str]", ()),
         "sort_query": Key("bool", False),
@@ -79,6 +102,7 @@ SPEC = {
         "obey_robots": Key("bool", True),
         "crawl_delay_cap": Key("float", 10.0, non_negative),
         "user_agent": Key("str", "audio-crawler/0.1"),
+        "robots_timeout": Key("float", 30.0, positive),   # a robots.txt fetch in all, redirects and body
     }),
     "dedup": Key("section", section={
         "expected_urls": Key("int", 10_000_000, positive),
@@ -103,6 +127,7 @@ class CrawlLimits:
     max_query_params: int
     max_separator_ratio: float
     allowed_hosts: tuple[str, ...]
+    allowed_networks: tuple[str, ...]
     allow_patterns: tuple[str, ...]
     deny_patterns: tuple[str, ...]
     sort_query: bool
@@ -128,6 +153,7 @@ class Politeness:
     obey_robots: bool
     crawl_delay_cap: float
     user_agent: str
+    robots_timeout: float
 
 
 @dataclass(frozen=True)
@@ -185,7 +211,7 @@ class MasterConfig:
         v = parse_section(raw, SPEC, base)
         crawl = v["crawl"]
         if not crawl["allowed_hosts"]:
-            crawl["allowed_hosts"] = tuple(dict.fromkeys(urlsplit(s).hostname or "" for s in v["seeds"]))
+            crawl["allowed_hosts"] = tuple(dict.fromkeys(_seed_scope(s) for s in v["seeds"]))
         sched = Scheduling(**v["scheduling"])
         if sched.heartbeat_timeout <= sched.heartbeat_interval:
             raise ConfigError("scheduling.heartbeat_timeout", "must be longer than scheduling.heartbeat_interval")

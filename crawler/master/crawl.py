@@ -16,7 +16,7 @@ from crawler import protocol as p
 from crawler.master.config import MasterConfig
 from crawler.master.dedup import Dedup
 from crawler.master.store import Finished, MasterStore
-from crawler.politeness import HostGate, RobotsRules, host_url_of
+from crawler.politeness import HostGate, ParsedRobots, RobotsRules, host_url_of
 from crawler.scheduler import NodeTable
 from crawler.urls import DISCARD_TOO_DEEP, NormalizeOptions, UrlPolicy, normalize_many
 
@@ -236,9 +236,10 @@ class Crawl:
         out.append(p.Task(lease.id, h.url, h.depth, h.parent))
         return True
 
-    def robots_fetched(self, origin: str, status: int | None, body: bytes | None, now: float) -> None:
+    def robots_fetched(self, origin: str, status: int | None, body: bytes | None, now: float,
+                       parsed: ParsedRobots | None = None) -> None:
         assert self.robots is not None
-        delay = self.robots.store(origin, status, body, now)
+        delay = self.robots.store(origin, status, body, now, parsed)
         if self.gate is not None and delay:
             self.gate.set_crawl_delay(origin, delay)
         self.robots_wanted.discard(origin)

@@ -18,6 +18,7 @@ import httpx
 
 from crawler import protocol as p
 from crawler.bloom import BloomFileError, BloomFilter
+from crawler.bodies import ACCEPT_ENCODING
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.master.catalogue import CatalogueFile
 from crawler.master.config import MasterConfig
@@ -25,8 +26,17 @@ from crawler.master.crawl import Crawl
 from crawler.master.dedup import Dedup
 from crawler.master.observe import Observer
 from crawler.master.store import MasterStore
-from crawler.politeness import HostGate, PolitenessConfig, RobotsRules, robots_url
+from crawler.politeness import (
+    ROBOTS_MAX_BYTES,
+    HostGate,
+    PolitenessConfig,
+    RobotsRules,
+    parse_robots,
+    robots_url,
+)
 from crawler.scheduler import NodeTable
+from crawler.targets import TargetPolicy
+from crawler.worker.fetcher import build_transport
 
 if TYPE_CHECKING:
     from crawler.master.web import WebServer
@@ -35,7 +45,6 @@ log = logging.getLogger("crawler.master")
 
 HANDSHAKE_TIMEOUT = 10.0
 COMMIT_INTERVAL = 0.2
-ROBOTS_MAX_BYTES = 512 * 1024
 
 
 @dataclass
@@ -96,6 +105,8 @@ class Master:
         self._robots_inflight: set[str] = set()
         self.summary = Summary(data_dir=str(cfg.data_dir))
         self.observer = Observer(self)
+        # The private addresses the crawl may reach: its seeds' and the configured networks (told to workers).
+        self.targets = TargetPolicy.for_crawl(cfg.seeds, cfg.crawl.allowed_networks)
 
     # ------------------------------------------------------------------ state
     def _open_state(self) -> None:
@@ -311,24 +322,28 @@ class Master:
             self._tg.create_task(self._robots_one(origin))
 
     async def _robots_one(self, origin: str) -> None:
-        status = body = None
+        # The workers' transport: the body cut at the cap after decoding (stacked encodings refused), a total
+        # deadline, and every address of every redirect hop checked against the crawl's targets.
+        transport = build_transport(max_connections=2, dns_ttl=60, max_body=ROBOTS_MAX_BYTES + 1,
+                                    total_timeout=self.cfg.politeness.robots_timeout, policy=self.targets)
+        status = body = parsed = None
         try:
-            async with httpx.AsyncClient(timeout=10, follow_redirects=True, max_redirects=5,
-                                         headers={"User-Agent": self.cfg.politeness.user_agent}) as client, \
-                    client.stream("GET", robots_url(origin)) as r:
+            async with asyncio.timeout(self.cfg.politeness.robots_timeout), \
+                    httpx.AsyncClient(transport=transport, timeout=10, follow_redirects=True, max_redirects=5,
+                                      headers={"User-Agent": self.cfg.politeness.user_agent,
+                                               "Accept-Encoding": ACCEPT_ENCODING}) as client, \
+                    client.stream("GET", robots_url(origin), extensions={"cut_body": True}) as r:
                 status = r.status_code
-                chunks, size = [], 0
-                async for chunk in r.aiter_bytes():
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size >= ROBOTS_MAX_BYTES:
-                        break
-                body = b"".join(chunks)[:ROBOTS_MAX_BYTES]
-        except httpx.HTTPError as e:
-            log.info("robots.txt of %s not fetched: %s", origin, e)
+                body = b"".join([chunk async for chunk in r.aiter_raw()])
+            if 200 <= status < 300:
+                # Parsing a large file takes a while (pure Python): off the event loop, which serves workers.
+                parsed = await asyncio.to_thread(parse_robots, body)
+        except (httpx.HTTPError, TimeoutError) as e:
+            status = body = parsed = None
+            log.info("robots.txt of %s not fetched: %s", origin, str(e) or type(e).__name__)
         finally:
             self._robots_inflight.discard(origin)
-        self.crawl.robots_fetched(origin, status, body, self.clock())
+        self.crawl.robots_fetched(origin, status, body, self.clock(), parsed)
         self._wake.set()
 
     # ------------------------------------------------------------------ workers
@@ -397,7 +412,9 @@ class Master:
             await conn.send(p.Refused(f"node id {hello.worker_id!r} is not in the master's nodes list"))
             raise p.ProtocolError(f"unknown node id {hello.worker_id!r}")
         await conn.send(p.Welcome(self.cfg.scheduling.heartbeat_interval, self.cfg.crawl.keep_fragment,
-                                  self.cfg.max_frame, self.cfg.crawl.max_depth))
+                                  self.cfg.max_frame, self.cfg.crawl.max_depth,
+                                  tuple(f"{h}:{port}" for h, port in sorted(self.targets.origins)),
+                                  self.cfg.crawl.allowed_networks))
         return hello
 
     def _attach(self, s: Session) -> None:

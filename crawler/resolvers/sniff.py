@@ -113,6 +113,27 @@ def sniff_audio(head: bytes) -> str | None:
     return _sniff_frame_sync(head)
 
 
+# Enough of a file's start for sniff_audio and is_media to decide.
+HEAD_BYTES = 4096
+_MATROSKA = b"\x1a\x45\xdf\xa3"
+_MP4_BOXES = (b"ftyp", b"styp", b"moof", b"sidx")   # a file, or a fragment of one (CMAF / fMP4 segments)
+
+
+def is_media(head: bytes) -> bool:
+    """Whether a file that starts with head can be what a download of audio should bring.
+
+    Audio that sniff_audio recognises, and the containers that may carry it but whose first bytes cannot
+    always tell (MP4 with its index at the end, fragmented MP4 segments, Ogg, ASF, Matroska/WebM, an MPEG
+    transport stream: HLS and DASH segments are the last two). An HTML error page, a JSON answer or an
+    executable is none of these.
+    """
+    if sniff_audio(head) is not None:
+        return True
+    if head[4:8] in _MP4_BOXES or head[:4] in (b"OggS", _MATROSKA) or head[:16] == _ASF_HEADER:
+        return True
+    return len(head) > 188 and head[0] == 0x47 and head[188] == 0x47   # TS packets: a sync byte every 188
+
+
 def _sniff_mp4(head: bytes) -> str | None:
     size = int.from_bytes(head[:4], "big")
     brands = head[8:min(max(size, 16), 64)]

@@ -33,6 +33,11 @@ SPEC = {
     "max_audio_bytes": Key("int", 2 * 1024 ** 3, positive),
     "connect_timeout": Key("float", 10.0, positive),
     "read_timeout": Key("float", 30.0, positive),
+    "fetch_timeout": Key("float", 60.0, positive),       # a page fetch or API call in all, body included
+    "download_timeout": Key("float", 120.0, positive),   # a download in all: this, plus its size at...
+    "download_min_rate": Key("int", 32 * 1024, positive),  # ...this many bytes per second
+    "max_page_depth": Key("int", 512, positive),         # element nesting a page may reach
+    "max_page_tags": Key("int", 100_000, positive),      # tags a page may hold
     "max_redirects": Key("int", 5, positive),
     "dns_ttl": Key("float", 300.0, positive),
     "link_cache": Key("int", 200_000, positive),
@@ -62,6 +67,11 @@ class WorkerConfig:
     max_audio_bytes: int
     connect_timeout: float
     read_timeout: float
+    fetch_timeout: float
+    download_timeout: float
+    download_min_rate: int
+    max_page_depth: int
+    max_page_tags: int
     max_redirects: int
     dns_ttl: float
     link_cache: int
@@ -95,6 +105,9 @@ class WorkerConfig:
             max_tasks=v["max_tasks"] or 2 * v["concurrency"] + 2 * v["downloads"], user_agent=v["user_agent"],
             max_page_bytes=v["max_page_bytes"], max_audio_bytes=v["max_audio_bytes"],
             connect_timeout=v["connect_timeout"], read_timeout=v["read_timeout"],
+            fetch_timeout=v["fetch_timeout"], download_timeout=v["download_timeout"],
+            download_min_rate=v["download_min_rate"], max_page_depth=v["max_page_depth"],
+            max_page_tags=v["max_page_tags"],
             max_redirects=v["max_redirects"], dns_ttl=v["dns_ttl"], link_cache=v["link_cache"],
             max_links_per_page=v["max_links_per_page"], store_pages=v["store_pages"],
             page_format=v["page_format"], warc_file_bytes=v["warc_file_bytes"],

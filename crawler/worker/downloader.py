@@ -36,6 +36,13 @@ waits for its host's slot before taking a global one, so a queue for one busy CD
 hosts could use. Slots are released while re-resolving; hosts nobody holds or waits for are forgotten.
 
 Two fetches of the same key, or of the same address, share one download instead of racing.
+
+Bounds against a hostile server: a total deadline per download, attempts and re-resolves included, of
+``deadline_base`` plus the file's size at ``min_rate`` (the size as announced, or as received so far), so a
+server that trickles a byte at a time is cut off and the partial kept for a later crawl; a body asked for as
+identity but sent encoded is refused (its bytes would not be the file's, and ranges over it mean nothing); and a
+finished body whose first bytes are not audio (an HTML error page, an executable) is thrown away as ``not audio``
+instead of catalogued.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import os
 import re
 import time
 from collections import OrderedDict
@@ -56,7 +64,10 @@ from urllib.parse import urlsplit
 import aiohttp
 import httpx
 
+from crawler.bodies import BodyError
 from crawler.items import FAILED, OK, AudioItem
+from crawler.resolvers import sniff
+from crawler.targets import TargetRefused
 from crawler.worker.audiostore import AudioStore, Finished, Sidecar, extension_for, partial_key
 
 KiB = 1024
@@ -89,10 +100,13 @@ class DownloadConfig:
                                       # does not hammer it
     max_downloads: int | None = None  # downloads at once in all; None leaves that limit to the caller
     remembered_urls: int = 100_000    # finished addresses kept in memory to serve other keys (LRU)
+    deadline_base: float = 120.0      # a whole download may take this long plus its size at min_rate
+    min_rate: float = 32 * KiB        # bytes per second
 
     def __post_init__(self) -> None:
-        if self.max_size <= 0 or self.chunk_size <= 0 or self.max_attempts < 1 or self.timeout <= 0:
-            raise ValueError("DownloadConfig: sizes, attempts and timeout must be positive")
+        if self.max_size <= 0 or self.chunk_size <= 0 or self.max_attempts < 1 or self.timeout <= 0 or (
+                self.deadline_base <= 0 or self.min_rate <= 0):
+            raise ValueError("DownloadConfig: sizes, attempts, timeout, deadline and rate must be positive")
         if self.revalidate_after < 0 or self.max_per_host < 1 or self.remembered_urls < 0 or (
                 self.max_downloads is not None and self.max_downloads < 1):
             raise ValueError("DownloadConfig: revalidate_after >= 0, max_per_host >= 1, max_downloads >= 1")
@@ -158,6 +172,12 @@ class _Partial:
         self._pending = 0
         self._writing: asyncio.Future[None] | None = None
         self._next_checkpoint = self.offset + _CHECKPOINT
+        self.deadline: asyncio.Timeout | None = None   # the download's, stretched as its size becomes known
+        self.started = 0.0
+
+    def head(self, size: int) -> bytes:
+        """The first bytes on disk (everything taken in must have been flushed)."""
+        return os.pread(self._fh.fileno(), size, 0)
 
     async def rehash(self) -> None:
         """Hash the bytes already on disk once, off the event loop: a resumed partial can be a gigabyte."""
@@ -410,8 +430,20 @@ class Downloader:
             partial = _Partial(self.store, key, record, self.cfg.chunk_size)
         except OSError as exc:
             return item.replace(status=FAILED, reason=f"storage: {exc}")
+        loop = asyncio.get_running_loop()
+        partial.started = loop.time()
+        deadline = partial.deadline = asyncio.timeout_at(partial.started + self.cfg.deadline_base)
         try:
-            return await self._run(item, partial, reresolve, known, lease)
+            async with deadline:
+                return await self._run(item, partial, reresolve, known, lease)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            await partial.aclose()
+            partial.checkpoint()
+            return item.replace(status=FAILED, reason=(
+                f"download too slow: {partial.received} bytes in {loop.time() - partial.started:.0f} s "
+                f"(deadline {self.cfg.deadline_base:.0f} s + size at {self.cfg.min_rate:.0f} B/s)"))
         except _Fail as exc:
             await partial.aclose()
             if exc.discard:
@@ -533,6 +565,8 @@ class Downloader:
                     await response.aclose()
         except _NETWORK_ERRORS as exc:
             raise _Retry(f"{type(exc).__name__}: {exc}"[:300]) from None
+        except (BodyError, TargetRefused) as exc:
+            raise _Fail(str(exc)[:300], discard=partial.offset == 0) from None
         except httpx.InvalidURL as exc:
             raise _Fail(f"bad address: {exc}") from None
         raise _Fail(f"more than {self.cfg.max_redirects} redirects")
@@ -541,6 +575,10 @@ class Downloader:
                        conditional: bool) -> bool:
         status = response.status_code
         record = partial.record
+        coding = response.extensions.get("content_encoding")
+        if coding:
+            raise _Fail(f"body sent with Content-Encoding {coding} although identity was asked",
+                        discard=partial.offset == 0)
         if status == 304 and conditional:
             raise _Unchanged(response)
         if status in _EXPIRED:
@@ -584,9 +622,20 @@ class Downloader:
         if expected is not None and expected > self.cfg.max_size:
             raise _Fail(f"too large: {expected} bytes (max {self.cfg.max_size})", discard=True)
         partial.checkpoint()
+        self._stretch(partial)
+        # A body from byte 0 is judged by its first bytes as soon as they are in: a 2 GiB page of junk served
+        # as audio is refused after 4 KiB, not after it was all downloaded. (_finish checks again from disk.)
+        head = b"" if partial.offset == 0 else None
         try:
             async for piece in response.aiter_raw():
+                if head is not None:
+                    head += piece[:sniff.HEAD_BYTES - len(head)]
+                    if len(head) >= sniff.HEAD_BYTES:
+                        if not sniff.is_media(head):
+                            raise _Fail("not audio", discard=True)
+                        head = None
                 if partial.take(piece):
+                    self._stretch(partial)
                     await partial.hand_over()
                 received = partial.received
                 if received > self.cfg.max_size:
@@ -600,6 +649,12 @@ class Downloader:
             return True
         # False for a 206 that stopped short of the end, cleanly: ask for the rest.
         return partial.offset >= expected
+
+    def _stretch(self, partial: _Partial) -> None:
+        """Move the download's deadline to base + size / min_rate, the size as announced or as received so far."""
+        if partial.deadline is not None:
+            size = max(partial.record.expected_size or 0, partial.received)
+            partial.deadline.reschedule(partial.started + self.cfg.deadline_base + size / self.cfg.min_rate)
 
     def _adopt(self, response: httpx.Response, partial: _Partial, total: int | None) -> None:
         """Take the validators and size of the response whose body we are about to keep.
@@ -624,6 +679,8 @@ class Downloader:
         size = partial.offset
         if record.expected_size is not None and size != record.expected_size:
             raise _Fail(f"size {size} disagrees with the server's {record.expected_size}", discard=True)
+        if not sniff.is_media(partial.head(sniff.HEAD_BYTES)):
+            raise _Fail("not audio", discard=True)
         sha = partial.hasher.hexdigest()
         urls = [item.url] + ([record.final_url] if record.final_url else [])
         ext = extension_for(urls, record.content_type)

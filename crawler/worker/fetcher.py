@@ -4,8 +4,9 @@ The client is httpx over an aiohttp transport (transport.py): the httpx API, wit
 hundreds of connections (plain httpx does not; see the design notes). aiohttp's connector caches DNS answers
 for `dns_ttl` seconds, so a host is resolved once per TTL, not once per request.
 
-Bounds: a body cap counted on the *decoded* bytes (a compression bomb stops at the cap; one compressed chunk of
-16 KiB can expand to at most about 16 MiB before the check), connect/read timeouts, a redirect limit.
+Bounds: a body cap counted on the *decoded* bytes, a stack of encodings refused (crawler/bodies.py, applied in
+the transport), connect/read timeouts, a total deadline for the whole exchange, a redirect limit, and the
+addresses a request may reach (crawler/targets.py, checked after DNS on every connection).
 
 Page fetches do not follow redirects: the worker reports the Location as a link, so the master's dedup sees it
 and a page that two addresses lead to is fetched once (as Scrapy and Heritrix do). API calls and downloads follow
@@ -20,19 +21,26 @@ import aiohttp
 import aiohttp.abc
 import httpx
 
+from crawler.bodies import ACCEPT_ENCODING, BodyError
 from crawler.resolvers.base import FetchedPage
+from crawler.targets import TargetConnector, TargetPolicy, TargetRefused
 from crawler.worker.transport import AiohttpTransport
 
 SNIFF_BYTES = 64 * 1024
+# Host names whose addresses are remembered (for dns_ttl), least recently used out.
+DNS_CACHE_SIZE = 10_000
 # Bodies we read whole (up to the page cap): documents and playlists. Anything else is sniffed from its start.
 _DOCUMENT = re.compile(r"^(text/|application/(xhtml\+xml|xml|json|ld\+json|javascript|x-mpegurl|"
                        r"vnd\.apple\.mpegurl|pls\+xml|rss\+xml|atom\+xml)|audio/(x-)?mpegurl|audio/x-scpls|$)")
 
 
 class FetchError(Exception):
-    def __init__(self, message: str, transient: bool) -> None:
+    """A page that could not be fetched; ``reason`` names the kind of a permanent refusal, for counting."""
+
+    def __init__(self, message: str, transient: bool, reason: str | None = None) -> None:
         super().__init__(message)
         self.transient = transient
+        self.reason = reason
 
 
 class _NoCookies(httpx.Cookies):
@@ -43,22 +51,30 @@ class _NoCookies(httpx.Cookies):
         pass
 
 
-def build_transport(*, max_connections: int, dns_ttl: float,
+def build_transport(*, max_connections: int, dns_ttl: float, max_body: int = 5 * 1024 * 1024,
+                    total_timeout: float | None = None, policy: TargetPolicy | None = None,
+                    dns_cache_size: int = DNS_CACHE_SIZE,
                     resolver: aiohttp.abc.AbstractResolver | None = None) -> AiohttpTransport:
+    """The transport; max_body bounds every body it hands out (decoded), total_timeout every exchange, policy
+    the addresses it connects to (None: any; only tests of the transport itself go without)."""
     def session() -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=int(dns_ttl),
-                                         use_dns_cache=True, enable_cleanup_closed=True, resolver=resolver)
+        connector = TargetConnector(policy=policy, limit=max_connections, limit_per_host=0,
+                                    ttl_dns_cache=int(dns_ttl), use_dns_cache=True,
+                                    dns_cache_max_size=dns_cache_size, enable_cleanup_closed=True,
+                                    resolver=resolver)
         return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 
-    return AiohttpTransport(session)
+    return AiohttpTransport(session, max_body=max_body, total_timeout=total_timeout)
 
 
 def build_client(transport: AiohttpTransport, *, user_agent: str, connect_timeout: float, read_timeout: float,
                  max_redirects: int) -> httpx.AsyncClient:
     """The client for resolvers' API calls and downloads: redirects followed up to the limit."""
     timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=None)
+    # Accept-Encoding names exactly the codings the transport decodes within its bounds (crawler/bodies.py).
     client = httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=True,
-                               max_redirects=max_redirects, headers={"User-Agent": user_agent})
+                               max_redirects=max_redirects,
+                               headers={"User-Agent": user_agent, "Accept-Encoding": ACCEPT_ENCODING})
     client._cookies = _NoCookies()   # httpx has no public switch for this
     return client
 
@@ -83,7 +99,18 @@ class PageFetcher:
     def __init__(self, transport: httpx.AsyncBaseTransport, client: httpx.AsyncClient) -> None:
         self._transport = transport
         self._headers = client.headers.copy()
-        self._extensions = {"timeout": client.timeout.as_dict()}
+        self._timeout = client.timeout.as_dict()
+        self._extensions: dict[int, dict] = {}
+
+    def _request_extensions(self, max_bytes: int) -> dict:
+        # A page is cut at its cap, not refused: one byte past it tells the fetch it was cut.
+        ext = self._extensions.get(max_bytes)
+        if ext is None:
+            if len(self._extensions) > 8:
+                self._extensions.clear()
+            ext = self._extensions[max_bytes] = {"timeout": self._timeout, "max_body": max_bytes + 1,
+                                                 "cut_body": True}
+        return ext
 
     async def fetch(self, url: str, *, max_bytes: int, referrer: str | None = None) -> tuple[FetchedPage, bool]:
         """GET url; returns the page and whether its body was cut at the cap. Raises FetchError."""
@@ -93,7 +120,8 @@ class PageFetcher:
             headers = headers.copy()
             headers["Referer"] = referrer
         try:
-            request = httpx.Request("GET", request_url, headers=headers, extensions=self._extensions)
+            request = httpx.Request("GET", request_url, headers=headers,
+                                    extensions=self._request_extensions(max_bytes))
             r = await self._transport.handle_async_request(request)
             try:
                 mt = media_type(r.headers.get("content-type"))
@@ -102,10 +130,9 @@ class PageFetcher:
                 chunks: list[bytes] = []
                 size = 0
                 truncated = False
-                # An identity body is read straight from the transport's stream: httpx's decoder and chunker
-                # layers only copy it. An encoded one goes through them (and the cap counts decoded bytes).
-                source = r.aiter_bytes() if "content-encoding" in r.headers else r.stream
-                async for chunk in source:
+                # Read straight from the transport's stream, which has decoded it within the cap: httpx's
+                # decoder and chunker layers would only copy it.
+                async for chunk in r.stream:
                     chunks.append(chunk)
                     size += len(chunk)
                     if size >= limit:
@@ -120,6 +147,10 @@ class PageFetcher:
             return page, truncated
         except httpx.UnsupportedProtocol as e:
             raise FetchError(f"unsupported URL: {e}", transient=False) from None
+        except BodyError as e:
+            raise FetchError(str(e), transient=False, reason="body refused") from None
+        except TargetRefused as e:
+            raise FetchError(str(e), transient=False, reason="address refused") from None
         except httpx.DecodingError as e:
             raise FetchError(f"undecodable body: {e}", transient=False) from None
         except httpx.InvalidURL as e:

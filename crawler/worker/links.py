@@ -88,12 +88,19 @@ def _refresh_target(content: str) -> str | None:
     return m.group(2).strip() if m else None
 
 
-def extract_links(tree: LexborHTMLParser, base_url: str) -> list[str]:
-    """a, area, iframe, frame, link rel=next/prev and meta refresh targets; nofollow links skipped."""
+def extract_links(tree: LexborHTMLParser, base_url: str, max_elements: int | None = None) -> list[str]:
+    """a, area, iframe, frame, link rel=next/prev and meta refresh targets; nofollow links skipped.
+
+    max_elements bounds the link elements looked at (in document order): each costs Python work, and a
+    hostile page can hold hundreds of thousands.
+    """
     base = document_base(tree, base_url)
     seen: set[str] = set()
     out: list[str] = []
-    for node in css(tree, _LINK_SELECTOR):
+    nodes = css(tree, _LINK_SELECTOR)
+    if max_elements is not None and len(nodes) > max_elements:
+        del nodes[max_elements:]
+    for node in nodes:
         tag = node.tag
         attrs = node.attributes
         ref: str | None

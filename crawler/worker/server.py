@@ -11,14 +11,17 @@ import asyncio
 import logging
 import random
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
+from crawler import html
 from crawler import items as it
 from crawler import protocol as p
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.metrics import WorkerMetrics, serve_metrics
 from crawler.resolvers.base import FetchedPage, ResolveContext, Resolver
 from crawler.resolvers.registry import load_resolvers, pick
+from crawler.targets import TargetPolicy, parse_network
 from crawler.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
 from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader
@@ -74,6 +77,8 @@ class WorkerStats:
     audio: int = 0
     bytes: int = 0
     in_flight: int = 0
+    # Pages refused for what the site sent, by reason: "page too complex", "body refused", "address refused".
+    refused: Counter = field(default_factory=Counter)
 
 
 def progress_line(interval: float, now: WorkerStats, before: WorkerStats) -> str:
@@ -96,6 +101,7 @@ class Worker:
         self.resolvers: list[Resolver] = load_resolvers(cfg.resolvers)
         self.links = LinkCache(cfg.link_cache)
         self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
+        self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
 
     def stop(self) -> None:
         self._stop.set()
@@ -106,11 +112,17 @@ class Worker:
         cfg = self.cfg
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         self.pages = open_page_store(cfg.data_dir, cfg.page_format, warc_file_bytes=cfg.warc_file_bytes)
-        transport = build_transport(max_connections=cfg.concurrency * 2, dns_ttl=cfg.dns_ttl)
+        # Pages and API answers: bodies bounded by the page cap (cut for pages, refused for API answers), a total
+        # deadline per exchange. Both clients reach only public addresses and those the master's Welcome names.
+        transport = build_transport(max_connections=cfg.concurrency * 2, dns_ttl=cfg.dns_ttl,
+                                    max_body=cfg.max_page_bytes, total_timeout=cfg.fetch_timeout,
+                                    policy=self.targets)
         self.http = build_client(transport, user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
                                  read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
         self.fetcher = PageFetcher(transport, self.http)
-        self.dl_http = build_client(build_transport(max_connections=cfg.downloads * 2, dns_ttl=cfg.dns_ttl),
+        # Downloads: the downloader holds the size cap and a deadline that grows with the size.
+        self.dl_http = build_client(build_transport(max_connections=cfg.downloads * 2, dns_ttl=cfg.dns_ttl,
+                                                    max_body=cfg.max_audio_bytes + 1, policy=self.targets),
                                     user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
                                     read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
         self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent)
@@ -118,7 +130,9 @@ class Worker:
         # never blocks downloads from other hosts.
         self.downloader = Downloader(self.dl_http, cfg.data_dir,
                                      DownloadConfig(max_size=cfg.max_audio_bytes, timeout=cfg.read_timeout,
-                                                    max_downloads=cfg.downloads))
+                                                    max_downloads=cfg.downloads,
+                                                    deadline_base=cfg.download_timeout,
+                                                    min_rate=cfg.download_min_rate))
         self.page_sem = asyncio.Semaphore(cfg.concurrency)
         self.norm = NormalizeOptions(keep_fragment=tuple(pat for r in self.resolvers for pat in r.keep_fragment))
         metrics_runner = None
@@ -140,8 +154,9 @@ class Worker:
             self.pages.close()
             await self.http.aclose()
             await self.dl_http.aclose()
-            log.info("worker %s stopped: %d pages, %d errors, %d audio items; downloads: %s",
-                     cfg.id, self.stats.pages, self.stats.errors, self.stats.audio, self.downloader.stats)
+            log.info("worker %s stopped: %d pages, %d errors, %d audio items; downloads: %s; pages refused: %s",
+                     cfg.id, self.stats.pages, self.stats.errors, self.stats.audio, self.downloader.stats,
+                     dict(self.stats.refused) or "none")
 
     async def _progress(self) -> None:
         interval = self.cfg.log_interval
@@ -208,6 +223,7 @@ class Worker:
         self.norm = NormalizeOptions(keep_fragment=patterns)
         self.links.forget()
         self.max_depth = welcome.max_depth
+        self._allow_targets(welcome)
         conn.max_frame = min(conn.max_frame, welcome.max_frame)
         results: asyncio.Queue[p.Result] = asyncio.Queue()
         await conn.send(p.Credit(self.cfg.max_tasks))
@@ -265,6 +281,19 @@ class Worker:
             log.info("connection to the master lost: %s", eg.exceptions[0])
         return ended
 
+    def _allow_targets(self, welcome: p.Welcome) -> None:
+        origins, networks = [], []
+        for entry in welcome.allowed_origins:
+            host, _, port = entry.rpartition(":")
+            if host and port.isdigit():
+                origins.append((host.strip("[]"), int(port)))
+        for entry in welcome.allowed_networks:
+            try:
+                networks.append(parse_network(entry))
+            except ValueError:
+                log.warning("master named an allowed network that is none: %r", entry[:100])
+        self.targets.allow(origins, networks)
+
     # ------------------------------------------------------------------ one task
     async def _run_task(self, task: p.Task, results: asyncio.Queue) -> None:
         self.stats.in_flight += 1
@@ -312,6 +341,8 @@ class Worker:
                     page, truncated = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes,
                                                                referrer=task.parent)
                 except FetchError as e:
+                    if e.reason:
+                        self.stats.refused[e.reason] += 1
                     return p.Result(task.lease, url, p.RETRY if e.transient else p.ERROR, error=str(e))
                 finally:
                     self.metrics.fetch_seconds.observe(time.monotonic() - t0)
@@ -331,10 +362,20 @@ class Worker:
             if page.status >= 400:
                 return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
                                 len(page.body))
+            if page.is_html():
+                refused = await self._too_complex(page.body)
+                if refused:
+                    self.stats.refused[refused.split(":", 1)[0]] += 1
+                    return p.Result(task.lease, url, p.ERROR, page.status, page.final_url, page.content_type,
+                                    len(page.body), refused)
+            if len(page.body) > html.PARSE_INLINE_BYTES and page.is_html():
+                await asyncio.to_thread(page.tree)     # the parse releases the GIL: the loop goes on
             tree = page.tree()
             if tree is not None:
                 if follow:
-                    links = extract_links(tree, page.final_url)
+                    # At most max_links_per_page are reported; a few times that many elements leave room for
+                    # the navigation the link cache filters out, and bound the work on a page of 100,000 links.
+                    links = extract_links(tree, page.final_url, 4 * self.cfg.max_links_per_page)
                 else:
                     cut = count_links(tree)
                 if self.cfg.store_pages:
@@ -361,6 +402,17 @@ class Worker:
         return p.Result(task.lease, url, p.DONE, page.status if page else None, page.final_url if page else None,
                         page.content_type if page else None, len(page.body) if page else None, error,
                         tuple(links), tuple(items), cut)
+
+    async def _too_complex(self, body: bytes) -> str | None:
+        """Why a page must not be parsed (a permanent error of its URL), or None. Never long on the loop."""
+        cfg = self.cfg
+        refused, scan = html.precheck(body, max_tags=cfg.max_page_tags, max_depth=cfg.max_page_depth)
+        if scan:
+            if len(body) <= html.SCAN_INLINE_BYTES:
+                refused = html.too_deep(body, cfg.max_page_depth)
+            else:
+                refused = await asyncio.to_thread(html.too_deep, body, cfg.max_page_depth)
+        return refused
 
     def _links_to_report(self, links: list[str], items: list[it.AudioItem]) -> list[str]:
         # The link cache goes first, on the links as found: the site's navigation, the bulk of every page,

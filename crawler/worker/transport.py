@@ -5,13 +5,19 @@ same job, but builds a timeout object, re-parses the URL and enters an exception
 every request and every body chunk. On the worker's page path that glue cost a tenth of the CPU of a page, so
 this one keeps only what a crawler needs:
 
-- one ClientTimeout per distinct (connect, read, pool) triple, not one per request;
+- one ClientTimeout per distinct (connect, read, pool, total) setting, not one per request;
 - the URL handed over already encoded (httpx has done that), so aiohttp does not quote it again;
 - header names sent as written (User-Agent, not user-agent), as browsers and httpx's own transport do;
-- the body read in chunks of at most 16 KiB (a compressed chunk then expands to at most about 16 MiB before
-  the fetcher's cap is checked), with aiohttp's errors mapped to httpx's only when one happens;
-- no proxies, no cookies (the session's jar is a DummyCookieJar), no decompression (httpx decodes, so the
-  fetcher's cap counts decoded bytes).
+- the body read in chunks of at most 16 KiB, with aiohttp's errors mapped to httpx's only when one happens;
+- every body bounded after decoding (crawler/bodies.py): the transport decodes the one Content-Encoding it
+  accepts itself, refuses stacks of them, and hands httpx the decoded body without the Content-Encoding and
+  Content-Length headers (they described the wire, not these bytes; the original coding is in the response's
+  ``content_encoding`` extension). The limit is the transport's ``max_body``, or a request's ``max_body``
+  extension; past it the body raises BodyError, or with the ``cut_body`` extension simply ends (one byte past
+  the limit, so the reader can tell);
+- a total deadline for the whole exchange, body included (``total_timeout``, per transport or per request), so
+  a server that trickles a byte at a time is cut off;
+- no proxies, no cookies (the session's jar is a DummyCookieJar), no decompression by aiohttp.
 
 aiohttp's errors become the httpx errors callers already handle: connect failures ConnectError, timeouts
 ConnectTimeout/ReadTimeout, a server that hangs up or sends garbage RemoteProtocolError, a cut body ReadError,
@@ -27,7 +33,11 @@ import aiohttp
 import httpx
 import yarl
 
+from crawler.bodies import BodyError, BoundedDecoder, content_coding
+
 _SCHEMES = frozenset(("http", "https"))
+# Headers that describe an encoded body on the wire; dropped once the transport has decoded it.
+_WIRE_HEADERS = frozenset((b"content-encoding", b"content-length"))
 
 
 def map_error(exc: BaseException) -> httpx.TransportError:
@@ -54,18 +64,24 @@ _FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 class _Body(httpx.AsyncByteStream):
-    __slots__ = ("_response",)
+    __slots__ = ("_decoder", "_response")
     CHUNK = 16 * 1024
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, decoder: BoundedDecoder) -> None:
         self._response = response
+        self._decoder = decoder
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         read = self._response.content.read
+        feed = self._decoder.feed
         chunk_size = self.CHUNK
         try:
             while chunk := await read(chunk_size):
-                yield chunk
+                out = feed(chunk)
+                if out:
+                    yield out
+                if self._decoder.full:
+                    return
         except _FAILURES as e:
             raise map_error(e) from e
 
@@ -75,22 +91,31 @@ class _Body(httpx.AsyncByteStream):
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
-    def __init__(self, session: Callable[[], aiohttp.ClientSession]) -> None:
-        """session makes the aiohttp session; it is called on the first request, inside the running loop."""
+    def __init__(self, session: Callable[[], aiohttp.ClientSession], *, max_body: int,
+                 total_timeout: float | None = None) -> None:
+        """session makes the aiohttp session; it is called on the first request, inside the running loop.
+
+        max_body bounds every body (decoded) unless a request's ``max_body`` extension says otherwise;
+        total_timeout bounds every exchange, body included, unless a request's ``total_timeout`` does.
+        """
         self._make_session = session
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[tuple, aiohttp.ClientTimeout] = {}
+        self.max_body = max_body
+        self.total_timeout = total_timeout
 
     def _timeout(self, request: httpx.Request) -> aiohttp.ClientTimeout:
         t = request.extensions.get("timeout") or {}
-        key = (t.get("connect"), t.get("read"), t.get("pool"))
+        key = (t.get("connect"), t.get("read"), t.get("pool"),
+               request.extensions.get("total_timeout", self.total_timeout))
         timeout = self._timeouts.get(key)
         if timeout is None:
             if len(self._timeouts) > 64:   # callers use a handful of settings; stay bounded anyway
                 self._timeouts.clear()
             # aiohttp's connect covers waiting for a pooled connection and connecting; sock_connect the latter.
+            # Its total runs until the body is read to the end or released.
             pool_and_connect = None if key[2] is None or key[0] is None else key[2] + key[0]
-            timeout = aiohttp.ClientTimeout(total=None, connect=pool_and_connect, sock_connect=key[0],
+            timeout = aiohttp.ClientTimeout(total=key[3], connect=pool_and_connect, sock_connect=key[0],
                                             sock_read=key[1])
             self._timeouts[key] = timeout
         return timeout
@@ -110,10 +135,24 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 allow_redirects=False, auto_decompress=False, timeout=self._timeout(request))
         except _FAILURES as e:
             raise map_error(e) from e
+        raw_headers = response.raw_headers
         extensions = {"http_version": b"HTTP/1.1"}
         if response.reason:
             extensions["reason_phrase"] = response.reason.encode("latin-1", "replace")
-        return httpx.Response(response.status, headers=response.raw_headers, stream=_Body(response),
+        coding = ""
+        if "Content-Encoding" in response.headers:
+            try:
+                # Every Content-Encoding line counts: "gzip" twice is the same stack as "gzip, gzip".
+                coding = content_coding(",".join(response.headers.getall("Content-Encoding")))
+            except BodyError:
+                response.close()
+                raise
+            extensions["content_encoding"] = coding
+            if coding:
+                raw_headers = tuple((k, v) for k, v in raw_headers if k.lower() not in _WIRE_HEADERS)
+        ext = request.extensions
+        decoder = BoundedDecoder(coding, ext.get("max_body", self.max_body), cut=ext.get("cut_body", False))
+        return httpx.Response(response.status, headers=raw_headers, stream=_Body(response, decoder),
                               request=request, extensions=extensions)
 
     async def aclose(self) -> None:

@@ -1,0 +1,118 @@
+"""Which addresses the crawler may connect to: the public internet, and the private places its crawl names.
+
+A page, a redirect or a resolver's answer can name any URL, so a hostile site could make the crawler request
+its own machine, the local network or a cloud metadata service (server-side request forgery) and catalogue
+what they answer. The check runs where the address is finally known: after DNS resolution, on every connection
+the HTTP transport opens (every redirect hop, every download, the master's robots.txt fetch), inside the
+connector whose DNS cache the answers come from (TargetConnector below). A host name that resolves to a
+loopback, private, link-local, multicast, reserved or otherwise special address is refused unless:
+
+- its host and port are one of the crawl's seeds' (``host:port``; a crawl of an intranet site names it), or
+- the address is inside a network the crawl's config lists (``crawl.allowed_networks``).
+
+Refusal raises TargetRefused, an httpx.RequestError: a permanent failure of that URL, not a network fault.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Sequence
+from urllib.parse import urlsplit
+
+import aiohttp
+import httpx
+
+from crawler.urls import InvalidURL, normalize
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class TargetRefused(httpx.RequestError):
+    """The URL's host resolves to an address outside the public internet that the crawl did not name."""
+
+
+def parse_network(text: str) -> Network:
+    """'10.0.0.0/8', '127.0.0.1' (one address) or an IPv6 network; ValueError says what is wrong."""
+    return ipaddress.ip_network(text.strip(), strict=False)
+
+
+def origin_of(url: str) -> tuple[str, int] | None:
+    """(host, port) of an http(s) URL, the port made explicit; None for anything else."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:
+        return None
+    if not parts.hostname or port is None:
+        return None
+    return parts.hostname.lower().rstrip("."), port
+
+
+def is_public(address: str) -> bool:
+    """True for an address on the public internet; False for loopback, private, link-local, multicast,
+    reserved, unspecified and the other special-purpose ranges (RFC 6890), IPv4-mapped IPv6 included."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])   # a scoped IPv6 address carries %interface
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_unspecified or ip.is_loopback
+                                 or ip.is_link_local)
+
+
+class TargetPolicy:
+    """The addresses a daemon may connect to. Mutable so a worker can learn its crawl's from the master."""
+
+    def __init__(self, origins: Iterable[tuple[str, int]] = (), networks: Sequence[Network] = ()) -> None:
+        self.origins: frozenset[tuple[str, int]] = frozenset()
+        self.networks: tuple[Network, ...] = ()
+        self.allow(origins, networks)
+
+    @classmethod
+    def for_crawl(cls, seeds: Iterable[str], networks: Iterable[str]) -> TargetPolicy:
+        origins = []
+        for seed in seeds:
+            try:
+                seed = normalize(seed)     # the host as the connector sees it: IDNA, lower case
+            except InvalidURL:
+                continue
+            origin = origin_of(seed)
+            if origin is not None:
+                origins.append(origin)
+        return cls(origins, [parse_network(n) for n in networks])
+
+    def allow(self, origins: Iterable[tuple[str, int]], networks: Sequence[Network]) -> None:
+        self.origins = frozenset((h.lower().rstrip("."), p) for h, p in origins)
+        self.networks = tuple(networks)
+
+    def permits(self, host: str, port: int, address: str) -> bool:
+        if is_public(address):
+            return True
+        if (host.lower().rstrip("."), port) in self.origins:
+            return True
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+        return any(ip in net for net in self.networks if net.version == ip.version)
+
+
+class TargetConnector(aiohttp.TCPConnector):
+    """aiohttp's connector with every resolved address checked against a TargetPolicy before connecting.
+
+    aiohttp resolves once per (host, port) per DNS TTL and caches the answer (its cache is bounded:
+    ``dns_cache_max_size`` entries, least recently used out); the check runs on every connection, cached
+    answer or not, and on IP literals, which skip DNS.
+    """
+
+    def __init__(self, *, policy: TargetPolicy | None, **kw) -> None:
+        super().__init__(**kw)
+        self._policy = policy
+
+    async def _resolve_host(self, host: str, port: int, traces=None) -> list:   # type: ignore[override]
+        hosts = await super()._resolve_host(host, port, traces=traces)
+        policy = self._policy
+        if policy is None:
+            return hosts
+        allowed = [h for h in hosts if policy.permits(host, port, h["host"])]
+        if not allowed:
+            refused = hosts[0]["host"] if hosts else "no address"
+            raise TargetRefused(f"{host}:{port} resolves to {refused}, outside the public internet and not "
+                                "named by the crawl (its seeds or crawl.allowed_networks)")
+        return allowed
