@@ -2,10 +2,21 @@
 # Creates .venv (if missing) and installs the project with its test extras. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The browser resolver drives a real Chromium, and its tests run it: install Debian's when none is there.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+    else
+        echo "setup: Chromium is missing; as root run: apt-get update && apt-get install -y chromium" >&2
+        exit 1
+    fi
+fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import crawler, pytest, warcio" 2>/dev/null \
+if ! .venv/bin/python -c "import crawler, pytest, warcio, playwright, cryptography" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.installed ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e '.[test]'

@@ -313,7 +313,7 @@ class Downloader:
         self.hosts = HostSlots(cfg.max_per_host)
         self.stats = DownloadStats()
         self._total = asyncio.Semaphore(cfg.max_downloads) if cfg.max_downloads is not None else None
-        from crawler.worker.hls import HlsDownloader   # it builds on this module's helpers
+        from crawler.worker.hls import HlsDownloader  # it builds on this module's helpers
 
         self.hls = HlsDownloader(client, self.store, cfg, clock=clock)
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from crawler import items as it
 from crawler import protocol as p
 from crawler.connection import ConnectionClosed, FramedConnection
-from crawler.resolvers.base import FetchedPage, ResolveContext, Resolver
-from crawler.resolvers.registry import load_resolvers, pick
+from crawler.resolvers.base import FetchedPage, Resolution, ResolveContext, Resolver, ResolverUnavailable
+from crawler.resolvers.registry import followers, load_resolvers, pick
 from crawler.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
 from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader
@@ -109,6 +109,8 @@ class Worker:
         try:
             return await self._run()
         finally:
+            for resolver in self.resolvers:
+                await resolver.aclose()
             self.pages.close()
             await self.http.aclose()
             await self.dl_http.aclose()
@@ -279,13 +281,13 @@ class Worker:
                     self.pages.save(url, page.final_url, page.status, page.content_type, page.body,
                                     page.raw_headers, truncated)
         try:
-            resolution = await resolver.resolve(url, page, self.ctx)
-        except Exception as e:
-            log.exception("resolver %s failed on %s", resolver.name, url)
-            resolution = None
-            error = f"resolver {resolver.name}: {type(e).__name__}"
-        else:
-            error = None
+            resolution, error = await self._resolve(resolver, url, page)
+            for later in followers(self.resolvers, resolver, url, page, resolution):
+                more, more_error = await self._resolve(later, url, page)
+                resolution, error = _merged(resolution, more), error or more_error
+        except ResolverUnavailable as e:   # this node's fault, not the page's: the master leases it again
+            log.warning("%s: %s", url, e)
+            return p.Result(task.lease, url, p.RETRY, error=f"resolver unavailable: {e}")
         items = list(resolution.items) if resolution else []
         if follow and resolution:
             links.extend(resolution.links)
@@ -296,6 +298,16 @@ class Worker:
         return p.Result(task.lease, url, p.DONE, page.status if page else None, page.final_url if page else None,
                         page.content_type if page else None, len(page.body) if page else None, error,
                         tuple(links), tuple(items))
+
+    async def _resolve(self, resolver: Resolver, url: str,
+                       page: FetchedPage | None) -> tuple[Resolution | None, str | None]:
+        try:
+            return await resolver.resolve(url, page, self.ctx), None
+        except ResolverUnavailable:
+            raise
+        except Exception as e:
+            log.exception("resolver %s failed on %s", resolver.name, url)
+            return None, f"resolver {resolver.name}: {type(e).__name__}"
 
     def _links_to_report(self, links: list[str], items: list[it.AudioItem]) -> list[str]:
         # The link cache goes first, on the links as found: the site's navigation, the bulk of every page,
@@ -319,3 +331,12 @@ class Worker:
             return await self.downloader.fetch(item, reresolve)
 
         return list(await asyncio.gather(*(one(i) for i in items)))
+
+
+def _merged(first: Resolution | None, more: Resolution | None) -> Resolution | None:
+    """Both resolutions' items and links, one item per address (the first resolver's wins)."""
+    if first is None or more is None:
+        return more if first is None else first
+    seen = {i.url for i in first.items}
+    return Resolution(items=first.items + [i for i in more.items if i.url not in seen],
+                      links=first.links + more.links)

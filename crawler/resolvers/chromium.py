@@ -1,0 +1,187 @@
+"""One headless Chromium process: started by us, driven over the DevTools protocol, killed by us.
+
+The worker starts Debian's ``chromium`` itself (rather than letting a driver start it) so that it owns the
+process: its id, its process group, its fresh profile directory, and the exact switches it runs with. Playwright
+then drives it over the DevTools protocol (``connect_over_cdp``); its own browser download is never used.
+
+The switches keep the browser from talking to anybody on its own: no update checks, no sync, no metrics, no
+proxy discovery, no first-run pages. The DevTools endpoint listens on loopback, on a port the OS picks, and the
+profile directory is new for every start and removed after.
+
+A crashed or hung browser is killed with its whole process tree (the group it leads, and any descendant that
+left it) and a new one started; ``rss`` measures that tree, for the benchmark and the logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Always passed: headless, no network of its own, DevTools on loopback only.
+BASE_ARGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-domain-reliability", "--no-pings",
+    "--no-first-run", "--no-default-browser-check", "--no-proxy-server", "--disable-extensions",
+    "--disable-dev-shm-usage", "--mute-audio", "--autoplay-policy=no-user-gesture-required",
+    "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
+)
+EXECUTABLES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+class BrowserStartError(Exception):
+    """The browser could not be started or connected to: a fault of this node, not of any page."""
+
+
+def find_executable(configured: str | None) -> str:
+    """The configured executable (a path or a name on PATH), else the first Chromium found on PATH."""
+    for name in ([configured] if configured else EXECUTABLES):
+        found = shutil.which(name)
+        if found:
+            return found
+    wanted = configured or " or ".join(EXECUTABLES)
+    raise BrowserStartError(f"no browser executable: {wanted} not found (install Debian's chromium)")
+
+
+def tree_pids(root: int) -> list[int]:
+    """``root`` and all its descendants, from /proc (Linux); [] when root is gone."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: the fields after its last ")" are fixed.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    if not os.path.exists(f"/proc/{root}"):
+        return []
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def rss_bytes(pids: Sequence[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status", "rb") as fh:
+                for line in fh:
+                    if line.startswith(b"VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+class ChromiumProcess:
+    """A started browser and the Playwright Browser connected to it."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, profile: Path, browser: Any) -> None:
+        self.proc, self.profile, self.browser = proc, profile, browser
+        self.pages = 0                # pages opened in it, for recycling
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.returncode is None and self.browser.is_connected()
+
+    def rss(self) -> int:
+        return rss_bytes(tree_pids(self.pid))
+
+    @classmethod
+    async def start(cls, playwright: Any, executable: str, extra_args: Sequence[str], *,
+                    timeout: float = 30.0) -> ChromiumProcess:
+        profile = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="crawler-chromium-"))
+        args = [executable, *BASE_ARGS, f"--user-data-dir={profile}", *extra_args, "about:blank"]
+        try:
+            stderr = await asyncio.to_thread(open, profile / "chromium.log", "wb")
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=stderr,
+                    start_new_session=True)   # its own process group: one signal reaches every helper
+            finally:
+                stderr.close()
+        except OSError as exc:
+            await asyncio.to_thread(shutil.rmtree, profile, True)
+            raise BrowserStartError(f"cannot start {executable}: {exc}") from None
+        try:
+            port = await _devtools_port(proc, profile, timeout)
+            browser = await playwright.chromium.connect_over_cdp(f"http://127.0.0.1:{port}",
+                                                                 timeout=timeout * 1000)
+        except BaseException as exc:
+            tail = await asyncio.to_thread(_log_tail, profile / "chromium.log")
+            await _kill(proc, profile)
+            if isinstance(exc, Exception):
+                raise BrowserStartError(f"{executable} did not come up: {exc}; log: {tail}") from None
+            raise
+        log.info("browser started: %s (pid %d)", executable, proc.pid)
+        return cls(proc, profile, browser)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Polite close first; whatever is left (a hung browser, helpers) is killed."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.browser.close(), timeout)
+        await _kill(self.proc, self.profile)
+
+
+async def _devtools_port(proc: asyncio.subprocess.Process, profile: Path, timeout: float) -> int:
+    # Chromium writes the port it bound to this file once DevTools is listening; there is no event to await
+    # from another process's file, so it is polled, briefly.
+    port_file = profile / "DevToolsActivePort"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.returncode is not None:
+            raise BrowserStartError(f"exited with status {proc.returncode}")
+        text = await asyncio.to_thread(_read, port_file)
+        first = text.split("\n", 1)[0].strip()
+        if first.isdigit():
+            return int(first)
+        try:
+            await asyncio.wait_for(proc.wait(), 0.05)
+        except TimeoutError:
+            pass
+    raise BrowserStartError(f"no DevTools port within {timeout:.0f} s")
+
+
+async def _kill(proc: asyncio.subprocess.Process, profile: Path) -> None:
+    pids = tree_pids(proc.pid) if proc.returncode is None else []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in pids:       # helpers that left the group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        await proc.wait()
+    await asyncio.to_thread(shutil.rmtree, profile, True)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return ""
+
+
+def _log_tail(path: Path) -> str:
+    return " | ".join(_read(path).strip().splitlines()[-3:])[-500:]
