@@ -64,3 +64,32 @@ async def test_scripted_signed_and_hls_audio_are_catalogued_and_downloaded(tmp_p
     assert "/static/song1.js" in paths and "/static/about.js" not in paths
     assert not any(p.startswith("/img/") or p.endswith(".woff2") for p in paths)
     assert not list(Path(data_dir / "audio" / "partial").glob("*.part"))
+
+
+async def test_a_browser_that_cannot_run_gives_pages_back_to_be_retried(tmp_path):
+    """The browser is this node's part: when it cannot start, the pages that need it are retried, not lost and
+    not recorded as done; the other pages are crawled as usual."""
+    from crawler.master.store import MasterStore
+
+    site = playersite.PlayerSite()
+    async with playersite.serve(site) as base:
+        config = cluster.master_config(tmp_path, [base + "/"], ["b1"], crawl={"max_depth": 2, "max_attempts": 2})
+        wcfg = tmp_path / "worker.yaml"
+        wcfg.write_text(yaml.safe_dump({"concurrency": 4, "resolvers": {
+            "browser": {"executable": "/bin/false", "start_timeout": 10, "args": TEST_BROWSER_ARGS}}}))
+        master = await cluster.start_master(config, tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "b1", tmp_path, config=wcfg)
+        assert await master.wait(180) == 0, master.log()[-3000:] + worker.log()[-3000:]
+        assert await worker.wait(30) == 0, worker.log()[-3000:]
+
+    store = MasterStore.open_readonly(tmp_path / "master" / "master.db")
+    try:
+        for song in ("/song/1", "/song/2", "/song/3"):
+            info = store.url_info(base + song)
+            assert info is not None and info["state"] == "error" and info["attempts"] == 2, info
+            assert "resolver unavailable" in (info["error"] or ""), info
+        about = store.url_info(base + "/about")
+        assert about is not None and about["state"] == "done", about
+    finally:
+        store.close()
+    assert cluster.catalogue(tmp_path) == []

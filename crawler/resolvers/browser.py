@@ -283,8 +283,9 @@ class BrowserResolver(Resolver):
         self._browser: ChromiumProcess | None = None
         self._starting: asyncio.Lock | None = None
         self._retired: list[ChromiumProcess] = []   # recycled, closing once their open pages finish
+        self._launched = 0
         self._open: dict[int, int] = {}            # browser pid -> pages open in it
-        self.stats = {"pages": 0, "restarts": 0, "timeouts": 0, "items": 0}
+        self.stats = {"pages": 0, "restarts": 0, "timeouts": 0, "items": 0, "tabs": 0, "peak_tabs": 0}
 
     # -- the worker's questions -------------------------------------------------------------------
     def claims(self, url: str) -> bool:
@@ -312,6 +313,8 @@ class BrowserResolver(Resolver):
             await asyncio.wait_for(self._tabs.acquire(), self.settings.wait_timeout)
         except TimeoutError:
             raise ResolverUnavailable(f"no browser tab free within {self.settings.wait_timeout:.0f} s") from None
+        self.stats["tabs"] += 1
+        self.stats["peak_tabs"] = max(self.stats["peak_tabs"], self.stats["tabs"])
         try:
             for attempt in (1, 2):
                 browser = await self._instance()
@@ -322,9 +325,12 @@ class BrowserResolver(Resolver):
                     await self._discard(browser)
             raise ResolverUnavailable("the browser failed twice on this page")
         finally:
+            self.stats["tabs"] -= 1
             self._tabs.release()
 
     async def aclose(self) -> None:
+        if self.stats["pages"]:
+            log.info("browser resolver: %s", ", ".join(f"{k} {v}" for k, v in self.stats.items() if k != "tabs"))
         for browser in self._retired:
             await browser.close()
         self._retired.clear()
@@ -360,7 +366,8 @@ class BrowserResolver(Resolver):
                                                     timeout=self.settings.start_timeout)
             except BrowserStartError as exc:
                 raise ResolverUnavailable(str(exc)) from None
-            self.stats["restarts"] += current is not None
+            self.stats["restarts"] += self._launched > 0
+            self._launched += 1
             self._browser = fresh
             fresh.pages = 1
             self._open[fresh.pid] = 1
