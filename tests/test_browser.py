@@ -215,3 +215,18 @@ async def test_tabs_are_bounded_and_browsers_recycled(site, ctx, make):
     assert all(len(res.items) == 1 for res in results), results
     assert r.stats["restarts"] >= 1          # a fresh process after every 3 pages
     assert r._browser is not None and r._retired == []
+
+
+async def test_a_hung_browser_is_killed_and_replaced(site, ctx, make):
+    r = make(page_timeout=20, start_timeout=5)
+    await visit(r, ctx, site.base + "/song/1")
+    first = r._browser
+    assert first is not None
+    os.killpg(first.pid, signal.SIGSTOP)      # alive, connected, and answering nothing
+    try:
+        got = await visit(r, ctx, site.base + "/song/1")
+    finally:
+        if tree_pids(first.pid):
+            os.killpg(first.pid, signal.SIGCONT)
+    assert [i.url for i in got.items] == [site.base + "/m/a7f3.mp3"]
+    assert r.stats["restarts"] == 1 and tree_pids(first.pid) == []

@@ -38,7 +38,7 @@ import contextlib
 import ipaddress
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urldefrag, urljoin, urlsplit
@@ -117,7 +117,7 @@ class BrowserConfig:
     max_pages: int = 2                        # browser tabs at once in this worker
     page_timeout: float = 30.0                # seconds for one page, everything included
     wait_timeout: float = 120.0               # seconds a page waits for a free tab before it is given back
-    settle: float = 0.2                       # seconds to wait after the network went quiet (player timers)
+    settle: float = 0.5                       # seconds without network activity that count as "quiet"
     max_clicks: int = 5                       # play controls clicked per page
     max_items: int = 100
     max_probes: int = 20                      # media requests of unknown kind probed per page
@@ -259,6 +259,41 @@ class Recording:
 
     def probes(self) -> list[Found]:
         return [f for f in self.found.values() if f.kind == "probe" and f.url not in self.listed]
+
+
+class Traffic:
+    """Requests in flight in one tab, and when the network last did anything: "quiet" is what a player's page
+    reaches once it has set up what it plays. Fed by the tab's request events."""
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock or asyncio.get_running_loop().time
+        self.inflight = 0
+        self.last = self._clock()
+        self._changed = asyncio.Event()
+
+    def started(self, _request: Any = None) -> None:
+        self.inflight += 1
+        self._touch()
+
+    def ended(self, _request: Any = None) -> None:
+        self.inflight = max(0, self.inflight - 1)
+        self._touch()
+
+    def _touch(self) -> None:
+        self.last = self._clock()
+        self._changed.set()
+
+    async def quiet(self, idle: float) -> None:
+        """Until nothing started or ended for ``idle`` seconds with nothing in flight, or for four times that
+        with a request left open (a long poll, a stream): the caller's deadline bounds the whole wait."""
+        while True:
+            since = self._clock() - self.last
+            need = idle if self.inflight == 0 else max(4 * idle, 2.0)
+            if since >= need:
+                return
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), need - since)
 
 
 def page_shows_player(body: bytes, signs: re.Pattern[bytes]) -> bool:
@@ -417,10 +452,13 @@ class BrowserResolver(Resolver):
         broken: str | None = None
         try:
             tab = await context.new_page()
-            main_frame = tab.main_frame
+            traffic = Traffic()
+            tab.on("request", traffic.started)
+            tab.on("requestfinished", traffic.ended)
+            tab.on("requestfailed", traffic.ended)
 
             async def route(route: Any, request: Any) -> None:
-                await self._route(rec, page_url, route, request, main_frame)
+                await self._route(rec, page_url, route, request)
 
             def on_response(response: Any) -> None:
                 task = asyncio.ensure_future(self._response(rec, response))
@@ -432,11 +470,11 @@ class BrowserResolver(Resolver):
             try:
                 async with asyncio.timeout(s.page_timeout):
                     await tab.goto(urldefrag(page_url).url, wait_until="load")
-                    await self._quiet(tab)
+                    await traffic.quiet(s.settle)
                     if await tab.evaluate(_PRESS_PLAY, s.max_clicks):
-                        await self._quiet(tab)
+                        await traffic.quiet(s.settle)
                         await tab.evaluate(_PRESS_PLAY, 0)    # what the clicks set up
-                        await self._quiet(tab)
+                        await traffic.quiet(s.settle)
                     if pending:
                         await asyncio.wait(set(pending))
                     html = await tab.content()
@@ -462,15 +500,7 @@ class BrowserResolver(Resolver):
             raise _BrowserBroken(broken)
         return await self._resolution(rec, url, page_url, html, cookies, ctx)
 
-    async def _quiet(self, tab: Any) -> None:
-        """Until the network has been quiet for a moment (or the page's deadline, enforced by the caller)."""
-        from playwright.async_api import Error as PlaywrightError
-
-        with contextlib.suppress(PlaywrightError):
-            await tab.wait_for_load_state("networkidle", timeout=self.settings.page_timeout * 1000)
-        await asyncio.sleep(self.settings.settle)    # timers a player sets after the last response
-
-    async def _route(self, rec: Recording, page_url: str, route: Any, request: Any, main_frame: Any) -> None:
+    async def _route(self, rec: Recording, page_url: str, route: Any, request: Any) -> None:
         url = request.url
         rtype = request.resource_type
         document = rtype in ("document", "subframe") or request.is_navigation_request()
