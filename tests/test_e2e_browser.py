@@ -62,6 +62,7 @@ async def test_scripted_signed_and_hls_audio_are_catalogued_and_downloaded(tmp_p
     # The browser ran only where a player shows, and fetched no images or fonts.
     paths = site.paths()
     assert "/static/song1.js" in paths and "/static/about.js" not in paths
+    assert "/more" in paths          # linked only from what a script added to the page
     assert not any(p.startswith("/img/") or p.endswith(".woff2") for p in paths)
     assert not list(Path(data_dir / "audio" / "partial").glob("*.part"))
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import signal
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -26,6 +30,7 @@ from tests.fakes.hls import encrypt, make_stream
 from tests.fakes.rangeserver import RangeServer
 
 pytestmark = pytest.mark.timeout(60)
+REPO = Path(__file__).resolve().parent.parent
 
 CFG = DownloadConfig(retry_backoff=0, timeout=10)
 KEY = bytes.fromhex("00112233445566778899aabbccddeeff")
@@ -282,3 +287,46 @@ async def test_a_dash_manifest_is_recorded_not_downloaded(server, client, tmp_pa
     got = await Downloader(client, tmp_path, CFG).fetch(item)
     assert got.status == OK and got.sha256 is None and got.extra["downloaded"] is False
     assert server.log == []
+
+
+_CHILD = r"""
+import asyncio, sys
+from pathlib import Path
+import httpx
+from crawler.items import AudioItem
+from crawler.worker.downloader import DownloadConfig, Downloader
+
+async def main():
+    async with httpx.AsyncClient() as client:
+        item = AudioItem(url=sys.argv[1], page="http://site.test/song", resolver="browser", extra={"format": "hls"})
+        await Downloader(client, Path(sys.argv[2]), DownloadConfig(retry_backoff=0)).fetch(item)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_process_killed_mid_stream_resumes_after_restart(server, client, tmp_path):
+    stream = make_stream(segments=6, key=KEY, seed=9)
+    url = serve_stream(server, stream)
+    server.resource("/hls/audio/seg4.aac").pause_at = 100     # held until the process is gone
+    key = partial_key(hls_item(url))
+    progress_file = tmp_path / "audio" / "partial" / f"{key}.hls.json"
+
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _CHILD, url, str(tmp_path), cwd=REPO,
+                                                env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        await server.wait_until(lambda: any(r.path == "/hls/audio/seg4.aac" for r in server.log), timeout=30)
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGKILL)
+    assert await proc.wait() == -signal.SIGKILL
+    server.resource("/hls/audio/seg4.aac").pause_at = None
+    server.release()
+    assert json.loads(progress_file.read_text())["segments"] == 4
+    server.log.clear()
+
+    got = await Downloader(client, tmp_path, CFG).fetch(hls_item(url))
+
+    assert got.status == OK and got.sha256 == sha(stream.plain), got.reason
+    assert segment_requests(server) == ["/hls/audio/seg4.aac", "/hls/audio/seg5.aac"]
+    assert not progress_file.exists()

@@ -58,6 +58,7 @@ from crawler.resolvers.base import (
     parse_section,
 )
 from crawler.resolvers.chromium import BrowserStartError, ChromiumProcess, find_executable
+from crawler.worker.links import extract_links, join_url
 
 log = logging.getLogger(__name__)
 
@@ -400,6 +401,10 @@ class BrowserResolver(Resolver):
                 fresh = await ChromiumProcess.start(self._playwright, self.executable, self.settings.args,
                                                     timeout=self.settings.start_timeout)
             except BrowserStartError as exc:
+                # The driver may be what broke: the next attempt starts it afresh too.
+                with contextlib.suppress(Exception):
+                    await self._playwright.stop()
+                self._playwright = None
                 raise ResolverUnavailable(str(exc)) from None
             self.stats["restarts"] += self._launched > 0
             self._launched += 1
@@ -564,9 +569,8 @@ class BrowserResolver(Resolver):
             kind = await self._probe(probe, cookies.get(probe.url, []), ctx)
             if kind is not None:
                 probe.kind = kind
-        meta, element_meta = await asyncio.to_thread(self._page_meta, html, page_url)
+        meta, element_meta, links = await asyncio.to_thread(self._rendered, html, page_url)
         items: list[AudioItem] = []
-        links: list[str] = []
         for f in rec.results():
             if f.kind == "playlist":
                 links.append(f.url)      # a list of songs: the crawl fetches it, the generic resolver reads it
@@ -604,10 +608,11 @@ class BrowserResolver(Resolver):
             return None
         return "audio" if sniff.sniff_audio(head[:8192]) else None
 
-    def _page_meta(self, html: str, page_url: str) -> tuple[pagemeta.Meta, dict[str, pagemeta.Meta]]:
-        """The rendered page's metadata, and per media address the metadata around its element."""
+    def _rendered(self, html: str, page_url: str) -> tuple[pagemeta.Meta, dict[str, pagemeta.Meta], list[str]]:
+        """From the page as its scripts left it: its metadata, per media address the metadata around its
+        element, and its links (a song list built by scripts is crawled too)."""
         if not html or len(html) > self.settings.max_dom_bytes:
-            return {}, {}
+            return {}, {}, []
         tree = LexborHTMLParser(html)
         by_url: dict[str, pagemeta.Meta] = {}
         for node in css(tree, "audio[src], video[src], source[src], [data-src], [data-audio], [data-url]"):
@@ -615,9 +620,10 @@ class BrowserResolver(Resolver):
             for name in ("src", "data-src", "data-audio", "data-url"):
                 value = attrs.get(name)
                 if value:
-                    absolute = urldefrag(urljoin(page_url, value.strip())).url
-                    by_url.setdefault(absolute, pagemeta.element_meta(node))
-        return pagemeta.page_meta(tree), by_url
+                    absolute = join_url(page_url, value.strip())
+                    if absolute is not None:
+                        by_url.setdefault(urldefrag(absolute).url, pagemeta.element_meta(node))
+        return pagemeta.page_meta(tree), by_url, extract_links(tree, page_url)
 
 
 class _BrowserBroken(Exception):

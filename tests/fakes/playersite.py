@@ -8,6 +8,7 @@
     /song/3           an HLS-only song: Play fetches the master playlist, the audio media playlist, the
                       AES-128 key and a segment, as hls.js would
     /about            text and a script, no player: the browser must not visit it
+    /more             linked only from the page song1.js builds (the crawl must find it through the browser)
     /hang             a script that never yields (the per-page deadline)
     /escape           a script that navigates to another host (must not be followed)
 
@@ -97,6 +98,7 @@ PAGES = {
                      "song2.js"),
     "/song/3": _page("Streamed Song", "HLS Artist",
                      '<div class="player"><button id="go" class="btn play">Play</button></div>', "song3.js"),
+    "/more": "<!doctype html><html><head><title>More</title></head><body><p>More soon.</p></body></html>",
     "/about": ("<!doctype html><html><head><title>About</title></head><body><p>We publish music.</p>"
                '<script src="/static/about.js"></script></body></html>'),
     "/hang": _page("Hanging", "Nobody", '<audio id="h"></audio>', "hang.js"),
@@ -104,7 +106,8 @@ PAGES = {
 }
 
 SCRIPTS = {
-    "song1.js": 'var id = "a7f3"; document.getElementById("player").src = "/m/" + id + ".mp3";',
+    "song1.js": ('var id = "a7f3"; document.getElementById("player").src = "/m/" + id + ".mp3";'
+                 'document.body.insertAdjacentHTML("beforeend", \'<a href="/more">more songs</a>\');'),
     "song2.js": """
 function fnv(s) { let h = 0x811c9dc5; for (const c of new TextEncoder().encode(s)) { h ^= c;
   h = Math.imul(h, 0x01000193) >>> 0; } return h.toString(16).padStart(8, '0'); }
