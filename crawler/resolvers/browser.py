@@ -355,7 +355,7 @@ class BrowserResolver(Resolver):
             for attempt in (1, 2):
                 browser = await self._instance()
                 try:
-                    return await self._visit(browser, url, page_url, ctx)
+                    return await self._visit(browser, url, page_url, ctx, page)
                 except _BrowserBroken as exc:
                     log.warning("browser failed on %s (attempt %d): %s; starting a new one", url, attempt, exc)
                     await self._discard(browser)
@@ -437,7 +437,8 @@ class BrowserResolver(Resolver):
         await browser.close(timeout=2.0)
 
     # -- one page ---------------------------------------------------------------------------------
-    async def _visit(self, browser: ChromiumProcess, url: str, page_url: str, ctx: ResolveContext) -> Resolution:
+    async def _visit(self, browser: ChromiumProcess, url: str, page_url: str, ctx: ResolveContext,
+                     page: FetchedPage | None) -> Resolution:
         from playwright.async_api import Error as PlaywrightError
 
         s = self.settings
@@ -503,6 +504,8 @@ class BrowserResolver(Resolver):
             await self._done(browser)
         if broken is not None:
             raise _BrowserBroken(broken)
+        if not html and page is not None:
+            html = page.text()     # cut short before the page was read: what the server sent still says something
         return await self._resolution(rec, url, page_url, html, cookies, ctx)
 
     async def _route(self, rec: Recording, page_url: str, route: Any, request: Any) -> None:

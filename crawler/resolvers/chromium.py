@@ -98,6 +98,7 @@ class ChromiumProcess:
     def __init__(self, proc: asyncio.subprocess.Process, profile: Path, browser: Any) -> None:
         self.proc, self.profile, self.browser = proc, profile, browser
         self.pages = 0                # pages opened in it, for recycling
+        self.closed = False
 
     @property
     def pid(self) -> int:
@@ -139,7 +140,10 @@ class ChromiumProcess:
         return cls(proc, profile, browser)
 
     async def close(self, timeout: float = 5.0) -> None:
-        """Polite close first; whatever is left (a hung browser, helpers) is killed."""
+        """Polite close first; whatever is left (a hung browser, helpers) is killed. Once."""
+        if self.closed:
+            return
+        self.closed = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.browser.close(), timeout)
         await _kill(self.proc, self.profile)
@@ -165,12 +169,15 @@ async def _devtools_port(proc: asyncio.subprocess.Process, profile: Path, timeou
 
 
 async def _kill(proc: asyncio.subprocess.Process, profile: Path) -> None:
-    pids = tree_pids(proc.pid) if proc.returncode is None else []
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    for pid in pids:       # helpers that left the group
+    # Only while the browser is not yet reaped: until then its id (and so its group's) cannot be anybody
+    # else's. Helpers of a browser that already died notice it and exit by themselves.
+    if proc.returncode is None:
+        pids = tree_pids(proc.pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in pids:       # helpers that left the group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         await proc.wait()
     await asyncio.to_thread(shutil.rmtree, profile, True)
