@@ -97,7 +97,8 @@ def test_segments_and_variants_of_a_recorded_manifest_are_not_items():
 def test_when_it_runs(tmp_path):
     r = BrowserResolver({"hosts": ["always.test"]})
     player = html_page("http://other.test/p", b"<html><body><audio id=x></audio><script src=a.js></script>")
-    plain = html_page("http://other.test/q", b"<html><body><p>Hello</p><script src=a.js></script>")
+    plain = html_page("http://other.test/q", b"<html><head><title>Player Site</title></head><body><p>Multiplayer"
+                      b" games</p><div class='display-4'></div><script src=a.js></script>")
     found = Resolution(items=[AudioItem(url="http://other.test/a.mp3", page="http://other.test/p")])
     assert r.runs_after(player.url, player, Resolution())
     assert not r.runs_after(player.url, player, found)          # the static resolvers already found audio
@@ -118,7 +119,7 @@ def test_when_it_runs(tmp_path):
     ({"max_pages": 0}, "browser.max_pages"),
     ({"page_timeout": "soon"}, "browser.page_timeout"),
     ({"executable": "/nonexistent/chromium"}, "browser.executable"),
-    ({"player_signs": ["("]}, "browser.player_signs[0]"),
+    ({"player_signs": [" "]}, "browser.player_signs[0]"),
     ({"args": ["--user-data-dir=/tmp/x"]}, "browser.args[0]"),
     ({"headless": False}, "browser.headless: unknown key"),
 ])

@@ -6,7 +6,7 @@ or served as an HLS stream.
 When it runs (it is slow: a page costs a browser tab for seconds):
   * on every page of the hosts in ``browser.hosts``, after the static resolvers, adding to what they found;
   * on other pages only when the static resolvers found no audio and the page shows signs of a player
-    (``browser.on_player_signs``, the regexes in ``browser.player_signs``). Never on every page by default.
+    (``browser.on_player_signs``, the strings of ``browser.player_signs``). Never on every page by default.
 
 What a visit does: a fresh browser context (no cookies or cache from other pages), the page loaded from its
 address, scripts run until the network is quiet, then the obvious play controls pressed: every audio and video
@@ -69,10 +69,13 @@ DASH_TYPES = frozenset({"application/dash+xml"})
 BLOCKED_TYPES = frozenset({"image", "font", "manifest", "texttrack", "imageset", "ping", "cspviolationreport"})
 # Extensions of video and stream segments: never fetched by the browser (a manifest names them; we keep that).
 VIDEO_EXTENSIONS = frozenset({"mp4", "m4v", "webm", "mkv", "avi", "mov", "flv", "wmv", "ts", "m4s", "3gp"})
+# Substrings (any case) that betray a player. Plain substrings, not regexes: this test runs on every page the
+# static resolvers found nothing on, and one scan per string of the lowered page costs microseconds where a
+# regex alternation costs milliseconds on a big page. Not "player" alone: "Player" is in titles and prose.
 DEFAULT_PLAYER_SIGNS = (
-    r"<(audio|video)\b", r"\.(m3u8|mpd)\b", r"\bhls(\.min)?\.js", r"\bnew\s+Audio\s*\(",
-    r"howler|soundmanager|wavesurfer|jwplayer|video\.js|videojs|mediaelement|plyr|aplayer|amplitude",
-    r"""class\s*=\s*["'][^"']*\bplay(er|-?btn|-?button)?\b""", r"""data-(src|audio|song|track)\b""",
+    "<audio", "<video", ".m3u8", ".mpd", "hls.", "new audio(", 'class="player', 'id="player', "jwplayer",
+    "audioplayer", "audio-player", "player.js", "player.min.js", "play-btn", "playbtn", "btn-play", "play-button",
+    'aria-label="play', "howler", "wavesurfer", "soundmanager", "plyr",
 )
 
 # Runs in the page: plays media elements and clicks the controls that say "play". Returns how many it pressed.
@@ -114,7 +117,7 @@ class BrowserConfig:
     executable: str | None = None             # path or name on PATH; default: chromium, then google-chrome
     hosts: tuple[str, ...] = ()               # every page of these hosts (``*.example.org`` for subdomains)
     on_player_signs: bool = True              # also pages where nothing was found but a player shows
-    player_signs: tuple[str, ...] = DEFAULT_PLAYER_SIGNS
+    player_signs: tuple[str, ...] = DEFAULT_PLAYER_SIGNS   # substrings, any case
     max_pages: int = 2                        # browser tabs at once in this worker
     page_timeout: float = 30.0                # seconds for one page, everything included
     wait_timeout: float = 120.0               # seconds a page waits for a free tab before it is given back
@@ -137,11 +140,9 @@ class BrowserConfig:
                 raise ResolverConfigError(f"browser.{name}: must be positive")
         if self.max_probes < 0:
             raise ResolverConfigError("browser.max_probes: must not be negative")
-        for i, pattern in enumerate(self.player_signs):
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ResolverConfigError(f"browser.player_signs[{i}]: bad regex: {exc}") from None
+        for i, sign in enumerate(self.player_signs):
+            if not sign.strip():
+                raise ResolverConfigError(f"browser.player_signs[{i}]: must not be empty")
         for i, arg in enumerate(self.args):
             if not arg.startswith("--") or arg.split("=", 1)[0] in ("--user-data-dir", "--remote-debugging-port",
                                                                     "--remote-debugging-pipe"):
@@ -297,8 +298,12 @@ class Traffic:
                 await asyncio.wait_for(self._changed.wait(), need - since)
 
 
-def page_shows_player(body: bytes, signs: re.Pattern[bytes]) -> bool:
-    return signs.search(body) is not None
+def page_shows_player(body: bytes, signs: tuple[bytes, ...]) -> bool:
+    """Whether any sign (lower case) occurs in the page, in any case."""
+    if not signs:
+        return False
+    lower = body.lower()
+    return any(sign in lower for sign in signs)
 
 
 # ------------------------------------------------------------------------------------------ the resolver
@@ -312,8 +317,7 @@ class BrowserResolver(Resolver):
             self.executable = find_executable(self.settings.executable)
         except BrowserStartError as exc:
             raise ResolverConfigError(f"browser.executable: {exc}") from None
-        self._signs = re.compile("|".join(f"(?:{p})" for p in self.settings.player_signs).encode(), re.IGNORECASE) \
-            if self.settings.player_signs else None
+        self._signs = tuple(sign.lower().encode() for sign in self.settings.player_signs)
         self._tabs: asyncio.Semaphore | None = None
         self._playwright: Any = None
         self._browser: ChromiumProcess | None = None
@@ -336,7 +340,7 @@ class BrowserResolver(Resolver):
             return False
         if host_matches(host, self.settings.hosts):
             return True
-        if not self.settings.on_player_signs or self._signs is None or (found is not None and found.items):
+        if not self.settings.on_player_signs or (found is not None and found.items):
             return False
         return page_shows_player(page.body, self._signs)
 
