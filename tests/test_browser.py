@@ -231,3 +231,19 @@ async def test_a_hung_browser_is_killed_and_replaced(site, ctx, make):
             os.killpg(first.pid, signal.SIGCONT)
     assert [i.url for i in got.items] == [site.base + "/m/a7f3.mp3"]
     assert r.stats["restarts"] == 1 and tree_pids(first.pid) == []
+
+
+def test_the_worker_adds_a_later_resolvers_items_one_per_address():
+    from crawler.worker.server import _merged
+
+    page = "http://a.test/p"
+    static = Resolution(items=[AudioItem(url="http://a.test/1.mp3", page=page, resolver="generic")],
+                        links=["http://a.test/next"])
+    browser = Resolution(items=[AudioItem(url="http://a.test/1.mp3", page=page, resolver="browser"),
+                                AudioItem(url="http://a.test/2.mp3", page=page, resolver="browser")],
+                         links=["http://a.test/more"])
+    merged = _merged(static, browser)
+    assert [(i.url, i.resolver) for i in merged.items] == [("http://a.test/1.mp3", "generic"),
+                                                          ("http://a.test/2.mp3", "browser")]
+    assert merged.links == ["http://a.test/next", "http://a.test/more"]
+    assert _merged(None, browser) is browser and _merged(static, None) is static

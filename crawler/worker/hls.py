@@ -29,8 +29,9 @@ A playlist without EXT-X-ENDLIST is live (or an event still being recorded): it 
 item is reported as found, with ``extra.live``, and nothing is fetched. A DASH manifest is recorded the same
 way: it is not downloaded.
 
-Bounds: a playlist is read up to ``MAX_PLAYLIST_BYTES`` and at most ``MAX_SEGMENTS`` segments are taken; a key
-must be exactly 16 bytes; the file as a whole obeys the downloader's ``max_size``. Requests go through the
+Bounds: a playlist is read up to ``MAX_PLAYLIST_BYTES`` and at most ``MAX_SEGMENTS`` segments are taken; a
+segment (held in memory to be decrypted) up to ``MAX_SEGMENT_BYTES``; a key must be exactly 16 bytes; the file
+as a whole obeys the downloader's ``max_size``. Requests go through the
 downloader's HTTP client with the item's identity (cookies only to the item's own host), so they share its
 limits and its transport.
 """
@@ -61,6 +62,8 @@ from crawler.worker.downloader import _NETWORK_ERRORS, DownloadConfig, _hash_pre
 MAX_PLAYLIST_BYTES = 4 * 1024 * 1024
 MAX_SEGMENTS = 50_000
 MAX_VARIANTS = 1_000
+# A segment is held in memory to be decrypted whole: real ones are seconds of audio, a few hundred KiB.
+MAX_SEGMENT_BYTES = 32 * 1024 * 1024
 _KEY_BYTES = 16
 _PROGRESS_VERSION = 1
 HLS = "hls"
@@ -395,6 +398,8 @@ class HlsDownloader:
             return await self._download(item, key, media)
         except HlsError as exc:
             return item.replace(status=FAILED, reason=f"hls: {exc}"[:300])
+        except ValueError as exc:   # a number or address in the playlist nothing could make sense of
+            return item.replace(status=FAILED, reason=f"hls: unusable playlist: {exc}"[:300])
         except OSError as exc:
             return item.replace(status=FAILED, reason=f"storage: {exc}")
 
@@ -513,7 +518,7 @@ class HlsDownloader:
         left = self.cfg.max_size - size
         if left <= 0:
             raise HlsError(f"too large: more than {self.cfg.max_size} bytes")
-        return left
+        return min(left, MAX_SEGMENT_BYTES)
 
     async def _plain(self, item: AudioItem, segment: Segment, data: bytes, keys: dict[str, bytes]) -> bytes:
         key = segment.key
