@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +29,7 @@ from crawler.resolvers.browser import (
     manifest_uris,
     request_allowed,
 )
-from crawler.resolvers.chromium import tree_pids
+from crawler.resolvers.chromium import PROFILE_PREFIX, sweep_stale_profiles, tree_pids
 from crawler.resolvers.registry import followers, load_resolvers, pick
 from crawler.worker.fetcher import PageFetcher, build_client, build_transport
 from tests.fakes import playersite
@@ -34,6 +37,7 @@ from tests.fakes import playersite
 pytestmark = pytest.mark.timeout(180)
 
 UA = "SiteTestBrowser/1.0"
+REPO = Path(__file__).resolve().parent.parent
 TEST_ARGS = ("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",)
 
 
@@ -247,3 +251,47 @@ def test_the_worker_adds_a_later_resolvers_items_one_per_address():
                                                           ("http://a.test/2.mp3", "browser")]
     assert merged.links == ["http://a.test/next", "http://a.test/more"]
     assert _merged(None, browser) is browser and _merged(static, None) is static
+
+
+_CHILD = r"""
+import asyncio, sys
+import uvloop
+from playwright.async_api import async_playwright
+from crawler.resolvers.chromium import ChromiumProcess, find_executable
+
+async def main():
+    pw = await async_playwright().start()
+    browser = await ChromiumProcess.start(pw, find_executable(None), sys.argv[1:])
+    print(browser.pid, browser.profile, flush=True)
+    await asyncio.Event().wait()
+
+uvloop.run(main())
+"""
+
+
+async def test_no_browser_outlives_a_killed_worker(tmp_path):
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _CHILD, *TEST_ARGS, cwd=REPO,
+                                                stdout=asyncio.subprocess.PIPE,
+                                                env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        pid_text, profile_text = line.decode().split()
+        browser_pid, profile = int(pid_text), Path(profile_text)
+        assert tree_pids(browser_pid)
+    finally:
+        proc.kill()
+        await proc.wait()
+    deadline = time.monotonic() + 30
+    while tree_pids(browser_pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)     # the kernel's signal, then the browser's own exit: another process's events
+    assert tree_pids(browser_pid) == []
+    # Its profile directory is left behind; the next worker's first browser sweeps it away.
+    assert profile.is_dir()
+    live = tmp_path / f"{PROFILE_PREFIX}live"
+    live.mkdir()
+    (live / "SingletonLock").symlink_to(f"{socket.gethostname()}-{os.getpid()}")
+    stale = tmp_path / f"{PROFILE_PREFIX}stale"
+    stale.mkdir()
+    (stale / "SingletonLock").symlink_to(f"{socket.gethostname()}-{browser_pid}")
+    assert sweep_stale_profiles(tmp_path) == 1 and live.is_dir() and not stale.exists()
+    assert sweep_stale_profiles(profile.parent) >= 1 and not profile.exists()

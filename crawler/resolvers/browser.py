@@ -57,7 +57,12 @@ from crawler.resolvers.base import (
     ResolverUnavailable,
     parse_section,
 )
-from crawler.resolvers.chromium import BrowserStartError, ChromiumProcess, find_executable
+from crawler.resolvers.chromium import (
+    BrowserStartError,
+    ChromiumProcess,
+    find_executable,
+    sweep_stale_profiles,
+)
 from crawler.worker.links import extract_links, join_url
 
 log = logging.getLogger(__name__)
@@ -397,6 +402,10 @@ class BrowserResolver(Resolver):
                     await self._retire(current)
                 else:
                     await self._discard(current)
+            if self._launched == 0:
+                swept = await asyncio.to_thread(sweep_stale_profiles)
+                if swept:
+                    log.info("browser: removed %d profile directories of browsers that died with a worker", swept)
             if self._playwright is None:
                 from playwright.async_api import async_playwright  # only workers that enable the browser
 

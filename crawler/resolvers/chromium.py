@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from collections.abc import Sequence
@@ -36,6 +38,8 @@ BASE_ARGS = (
     "--disable-dev-shm-usage", "--mute-audio", "--autoplay-policy=no-user-gesture-required",
     "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
 )
+_PR_SET_PDEATHSIG = 1
+PROFILE_PREFIX = "crawler-chromium-"
 EXECUTABLES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
@@ -113,14 +117,15 @@ class ChromiumProcess:
     @classmethod
     async def start(cls, playwright: Any, executable: str, extra_args: Sequence[str], *,
                     timeout: float = 30.0) -> ChromiumProcess:
-        profile = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="crawler-chromium-"))
+        profile = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix=PROFILE_PREFIX))
         args = [executable, *BASE_ARGS, f"--user-data-dir={profile}", *extra_args, "about:blank"]
         try:
             stderr = await asyncio.to_thread(open, profile / "chromium.log", "wb")
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=stderr,
-                    start_new_session=True)   # its own process group: one signal reaches every helper
+                    start_new_session=True,   # its own process group: one signal reaches every helper
+                    preexec_fn=_die_with_parent)
             finally:
                 stderr.close()
         except OSError as exc:
@@ -181,6 +186,52 @@ async def _kill(proc: asyncio.subprocess.Process, profile: Path) -> None:
     with contextlib.suppress(ProcessLookupError):
         await proc.wait()
     await asyncio.to_thread(shutil.rmtree, profile, True)
+
+
+def sweep_stale_profiles(root: Path | None = None, *, max_age: float = 3600.0) -> int:
+    """Remove the profile directories of browsers that died without their worker cleaning up (a worker killed
+    by SIGKILL or a power cut). Chromium's SingletonLock names the host and the browser's process id; a
+    directory is stale when that process is gone, or, with no lock, when it is older than ``max_age``.
+    Returns how many were removed. Blocking: run it in a thread."""
+    root = Path(root or tempfile.gettempdir())
+    host = socket.gethostname()
+    removed = 0
+    for path in root.glob(f"{PROFILE_PREFIX}*"):
+        try:
+            if not path.is_dir() or path.is_symlink() or path.stat().st_uid != os.getuid():
+                continue
+            lock = path / "SingletonLock"
+            if lock.is_symlink():
+                lock_host, _, pid = os.readlink(lock).rpartition("-")
+                if lock_host != host or not pid.isdigit() or _alive(int(pid)):
+                    continue
+            elif time.time() - path.stat().st_mtime < max_age:
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel kills the browser if the worker dies, even by SIGKILL, so no
+    headless browser outlives the process that started it (Linux; elsewhere a no-op)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 def _read(path: Path) -> str:
