@@ -553,7 +553,7 @@ class BrowserResolver(Resolver):
         try:
             if response.status >= 400 or response.request.resource_type in ("document", "subframe"):
                 return
-            headers = await response.all_headers()
+            headers = response.headers     # as received, minus cookies: no round trip to the browser
             ctype = headers.get("content-type", "")
             url = response.url
             kind = classify(url, ctype)
