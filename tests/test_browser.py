@@ -24,6 +24,7 @@ from crawler.resolvers.base import (
 from crawler.resolvers.browser import (
     BrowserResolver,
     Recording,
+    Traffic,
     classify,
     host_matches,
     manifest_uris,
@@ -295,3 +296,15 @@ async def test_no_browser_outlives_a_killed_worker(tmp_path):
     (stale / "SingletonLock").symlink_to(f"{socket.gethostname()}-{browser_pid}")
     assert sweep_stale_profiles(tmp_path) == 1 and live.is_dir() and not stale.exists()
     assert sweep_stale_profiles(profile.parent) >= 1 and not profile.exists()
+
+
+async def test_quiet_waits_for_requests_in_flight():
+    traffic = Traffic()
+    await asyncio.wait_for(traffic.quiet(0.05), 5)        # nothing happening: quiet at once, after the window
+    traffic.started()
+    waiting = asyncio.create_task(traffic.quiet(0.05))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done()                              # a request in flight holds it for 2 s at least
+    traffic.ended()
+    await asyncio.wait_for(waiting, 1.5)                   # ended: quiet one window later, not 2 s later
