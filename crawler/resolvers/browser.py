@@ -573,9 +573,12 @@ class BrowserResolver(Resolver):
                 body = await response.body()
                 if len(body) <= 4 * 1024 * 1024:
                     text = body.decode("utf-8", "replace")
-                    if kind == "hls" and "#EXT-X-" not in text and "#EXTINF" in text:
-                        rec.found[urldefrag(url).url].kind = "playlist"    # an m3u8 list of songs
-                    rec.listed |= manifest_uris(text, url)
+                    found = rec.found.get(urldefrag(url).url)
+                    if found is not None and kind == "hls" and "#EXT-X-" not in text and "#EXTINF" in text:
+                        found.kind = "playlist"    # an m3u8 list of songs, not a stream
+                    # A big manifest is read off the loop: its size is the site's choice, up to the cap.
+                    rec.listed |= (manifest_uris(text, url) if len(text) < 65536
+                                   else await asyncio.to_thread(manifest_uris, text, url))
         except Exception as exc:   # the page closed while we read: the recording keeps what it has
             log.debug("browser: response %s: %s", getattr(response, "url", "?")[:200], exc)
 
