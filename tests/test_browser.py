@@ -176,7 +176,7 @@ async def test_a_hung_page_ends_at_its_deadline_and_the_browser_goes_on(site, ct
     r = make(page_timeout=6)
     started = time.monotonic()
     await visit(r, ctx, site.base + "/hang")
-    assert time.monotonic() - started < 6 + 15
+    assert time.monotonic() - started < 6 + 40      # the deadline, a tab close, and a loaded machine
     assert r.stats["timeouts"] == 1
     got = await visit(r, ctx, site.base + "/song/1")
     assert [i.url for i in got.items] == [site.base + "/m/a7f3.mp3"]
