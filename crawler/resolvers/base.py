@@ -33,6 +33,11 @@ class ResolverConfigError(ValueError):
     """A resolver's config section is wrong; the message names the key and the problem."""
 
 
+class ResolverUnavailable(Exception):
+    """A part of this node the resolver needs (a browser, say) failed: the task goes back to be retried, and the
+    page is not blamed."""
+
+
 @dataclass
 class FetchedPage:
     """One response as the worker fetched it."""
@@ -121,6 +126,16 @@ class Resolver:
 
     def needs_page(self, url: str) -> bool:
         return True
+
+    def runs_after(self, url: str, page: FetchedPage | None, found: Resolution | None) -> bool:
+        """Whether to resolve this page too, after the resolver that claimed it found ``found``.
+
+        For resolvers too slow for every page (a real browser): they add to what the static ones found.
+        """
+        return False
+
+    async def aclose(self) -> None:
+        """Release what the resolver started (processes, connections) when the worker stops."""
 
     async def resolve(self, url: str, page: FetchedPage | None, ctx: ResolveContext) -> Resolution:
         raise NotImplementedError

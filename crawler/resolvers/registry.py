@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
-from crawler.resolvers.base import Resolver, ResolverConfigError
+from crawler.resolvers.base import FetchedPage, Resolution, Resolver, ResolverConfigError
 
 log = logging.getLogger(__name__)
 
@@ -17,6 +17,7 @@ GENERIC = "generic"
 # Dotted paths, imported on demand so a worker that does not enable a resolver never imports it.
 BUILTINS = {
     "kugou": "crawler.resolvers.kugou:KugouResolver",
+    "browser": "crawler.resolvers.browser:BrowserResolver",
     GENERIC: "crawler.resolvers.generic:GenericResolver",
 }
 
@@ -57,3 +58,9 @@ def pick(resolvers: Sequence[Resolver], url: str) -> Resolver:
         if resolver.claims(url):
             return resolver
     return resolvers[-1]
+
+
+def followers(resolvers: Sequence[Resolver], picked: Resolver, url: str, page: FetchedPage | None,
+              found: Resolution | None) -> list[Resolver]:
+    """The resolvers that run after ``picked`` on this page, in config order (see Resolver.runs_after)."""
+    return [r for r in resolvers if r is not picked and r.runs_after(url, page, found)]

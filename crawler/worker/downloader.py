@@ -333,6 +333,9 @@ class Downloader:
         self.hosts = HostSlots(cfg.max_per_host)
         self.stats = DownloadStats()
         self._total = asyncio.Semaphore(cfg.max_downloads) if cfg.max_downloads is not None else None
+        from crawler.worker.hls import HlsDownloader  # it builds on this module's helpers
+
+        self.hls = HlsDownloader(client, self.store, cfg, clock=clock)
 
     async def fetch(self, item: AudioItem, reresolve: Reresolve | None = None) -> AudioItem:
         """Download item.url into the store, unless a finished download of it is known to be current.
@@ -376,7 +379,10 @@ class Downloader:
         lease = _Lease(self.hosts, self._total)
         try:
             await lease.take(_host_of(item.url))
-            result = await self._fetch(item, key, reresolve, known, lease)
+            if self.hls.claims(item):     # a playlist of segments, made one file by crawler/worker/hls.py
+                result = await self.hls.fetch(item, key, known)
+            else:
+                result = await self._fetch(item, key, reresolve, known, lease)
         except BaseException:
             future.cancel()
             raise

@@ -19,8 +19,8 @@ from crawler import items as it
 from crawler import protocol as p
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.metrics import WorkerMetrics, serve_metrics
-from crawler.resolvers.base import FetchedPage, ResolveContext, Resolver
-from crawler.resolvers.registry import load_resolvers, pick
+from crawler.resolvers.base import FetchedPage, Resolution, ResolveContext, Resolver, ResolverUnavailable
+from crawler.resolvers.registry import followers, load_resolvers, pick
 from crawler.targets import TargetPolicy, parse_network
 from crawler.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
 from crawler.worker.config import WorkerConfig
@@ -151,6 +151,8 @@ class Worker:
         finally:
             if metrics_runner is not None:
                 await metrics_runner.cleanup()
+            for resolver in self.resolvers:
+                await resolver.aclose()
             self.pages.close()
             await self.http.aclose()
             await self.dl_http.aclose()
@@ -382,13 +384,13 @@ class Worker:
                     self.pages.save(url, page.final_url, page.status, page.content_type, page.body,
                                     page.raw_headers, truncated)
         try:
-            resolution = await resolver.resolve(url, page, self.ctx)
-        except Exception as e:
-            log.exception("resolver %s failed on %s", resolver.name, url)
-            resolution = None
-            error = f"resolver {resolver.name}: {type(e).__name__}"
-        else:
-            error = None
+            resolution, error = await self._resolve(resolver, url, page)
+            for later in followers(self.resolvers, resolver, url, page, resolution):
+                more, more_error = await self._resolve(later, url, page)
+                resolution, error = _merged(resolution, more), error or more_error
+        except ResolverUnavailable as e:   # this node's fault, not the page's: the master leases it again
+            log.warning("%s: %s", url, e)
+            return p.Result(task.lease, url, p.RETRY, error=f"resolver unavailable: {e}")
         items = list(resolution.items) if resolution else []
         if resolution and resolution.links:
             if follow:
@@ -414,6 +416,16 @@ class Worker:
                 refused = await asyncio.to_thread(html.too_deep, body, cfg.max_page_depth)
         return refused
 
+    async def _resolve(self, resolver: Resolver, url: str,
+                       page: FetchedPage | None) -> tuple[Resolution | None, str | None]:
+        try:
+            return await resolver.resolve(url, page, self.ctx), None
+        except ResolverUnavailable:
+            raise
+        except Exception as e:
+            log.exception("resolver %s failed on %s", resolver.name, url)
+            return None, f"resolver {resolver.name}: {type(e).__name__}"
+
     def _links_to_report(self, links: list[str], items: list[it.AudioItem]) -> list[str]:
         # The link cache goes first, on the links as found: the site's navigation, the bulk of every page,
         # then costs one dict lookup a link instead of normalisation and the audio check.
@@ -436,3 +448,12 @@ class Worker:
             return await self.downloader.fetch(item, reresolve)
 
         return list(await asyncio.gather(*(one(i) for i in items)))
+
+
+def _merged(first: Resolution | None, more: Resolution | None) -> Resolution | None:
+    """Both resolutions' items and links, one item per address (the first resolver's wins)."""
+    if first is None or more is None:
+        return more if first is None else first
+    seen = {i.url for i in first.items}
+    return Resolution(items=first.items + [i for i in more.items if i.url not in seen],
+                      links=first.links + more.links)
