@@ -11,7 +11,7 @@ from crawler.master.config import MasterConfig
 from crawler.master.crawl import Crawl
 from crawler.master.dedup import Dedup
 from crawler.master.store import MasterStore
-from crawler.politeness import HostGate, PolitenessConfig
+from crawler.politeness import SLACK_CAP, HostGate, PolitenessConfig
 from crawler.scheduler import NodeTable
 from scripts.cluster import write_secret
 
@@ -82,7 +82,9 @@ def test_min_delay_holds_across_nodes_with_a_simulated_clock(tmp_path):
                 c.complete(node, (done(t),), now)
         now = round(now + 0.25, 2)
     assert len(starts) == 10
-    assert all(b - a >= 1.0 for a, b in itertools.pairwise(starts))
+    # Starts are booked when due, so a start made late lends the next one at most the gate's slack.
+    assert all(b - a >= 1.0 - SLACK_CAP for a, b in itertools.pairwise(starts))
+    assert starts[-1] - starts[0] >= 9 * 1.0 - SLACK_CAP
 
 
 def test_a_node_that_drops_out_gets_its_leases_back_within_grace_or_loses_them(tmp_path):
