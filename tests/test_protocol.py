@@ -29,6 +29,7 @@ MESSAGES = [
     p.Heartbeat(1234.5),
     p.Credit(17),
     p.Shutdown("crawl finished"),
+    p.Fetched((p.PageFetch(1, 200, None, 0.05), p.PageFetch(2, 429, 2.0, 0.001), p.PageFetch(3))),
 ]
 
 
@@ -94,6 +95,9 @@ def _frame(obj) -> bytes:
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "title": 3}]]]],
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "identity": {"headers": [[1]]}}]]]],
     [9, -1], [9, 10**9], [8, "now"], [4, 1.0, [3], 1 << 20], [4, 1.0, [], 10],
+    [20, [[1, 200, None]]], [20, [[-1, 200, None, None]]], [20, [[1, 42, None, None]]],
+    [20, [[1, 200, -1.0, None]]], [20, [[1, 200, None, float("nan")]]], [20, [[1, 200, float("inf"), None]]],
+    [20, [[1, "200", None, None]]], [20, [[1, 200, None, "fast"]]], [20, {}],
 ], ids=repr)
 def test_malformed_messages_raise_protocol_error(obj):
     d = p.FrameDecoder()

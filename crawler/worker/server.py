@@ -11,11 +11,13 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from crawler import items as it
 from crawler import protocol as p
 from crawler.connection import ConnectionClosed, FramedConnection
+from crawler.politeness import THROTTLE_STATUSES, parse_retry_after
 from crawler.resolvers.base import FetchedPage, ResolveContext, Resolver
 from crawler.resolvers.registry import load_resolvers, pick
 from crawler.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
@@ -81,6 +83,8 @@ class Worker:
         self.resolvers: list[Resolver] = load_resolvers(cfg.resolvers)
         self.links = LinkCache(cfg.link_cache)
         self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
+        self._fetched: list[p.PageFetch] = []
+        self._send_fetched: Callable[[], None] | None = None   # set while a session is up
 
     def stop(self) -> None:
         self._stop.set()
@@ -174,6 +178,15 @@ class Worker:
         conn.max_frame = min(conn.max_frame, welcome.max_frame)
         results: asyncio.Queue[p.Result] = asyncio.Queue()
         await conn.send(p.Credit(self.cfg.max_tasks))
+
+        def send_fetched() -> None:
+            # Every page request that ended in this turn of the event loop shares one frame.
+            batch, self._fetched = self._fetched, []
+            if batch and not conn.writer.is_closing():
+                try:
+                    conn.send_nowait(p.Fetched(tuple(batch)))
+                except (OSError, ConnectionError):
+                    pass
         last_heard = time.monotonic()
         timeout = max(3 * welcome.heartbeat_interval, 5.0)
 
@@ -216,6 +229,8 @@ class Worker:
             raise ConnectionClosed("worker stopping")
 
         ended = False
+        self._fetched = []
+        self._send_fetched = send_fetched
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(reader(tg))
@@ -226,7 +241,18 @@ class Worker:
             ended = True
         except* (ConnectionClosed, OSError, ConnectionError, p.ProtocolError) as eg:
             log.info("connection to the master lost: %s", eg.exceptions[0])
+        finally:
+            self._send_fetched = None
         return ended
+
+    def _page_fetched(self, lease: int, status: int | None, retry_after: str | None, latency: float) -> None:
+        """Tell the master at once that a page request ended (see protocol.Fetched), in one frame per loop turn."""
+        if self._send_fetched is None:
+            return
+        wait = parse_retry_after(retry_after, time.time()) if status in THROTTLE_STATUSES else None
+        if not self._fetched:
+            asyncio.get_running_loop().call_soon(self._send_fetched)
+        self._fetched.append(p.PageFetch(lease, status, wait, latency))
 
     # ------------------------------------------------------------------ one task
     async def _run_task(self, task: p.Task, results: asyncio.Queue) -> None:
@@ -250,11 +276,15 @@ class Worker:
         links: list[str] = []
         if resolver.needs_page(url):
             async with self.page_sem:
+                started = time.monotonic()
                 try:
                     page, truncated = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes,
                                                                referrer=task.parent)
                 except FetchError as e:
+                    self._page_fetched(task.lease, None, None, time.monotonic() - started)
                     return p.Result(task.lease, url, p.RETRY if e.transient else p.ERROR, error=str(e))
+                self._page_fetched(task.lease, page.status, page.headers.get("retry-after"),
+                                   time.monotonic() - started)
             if page.status == 429 or page.status >= 500:
                 return p.Result(task.lease, url, p.RETRY, page.status, page.final_url, page.content_type,
                                 len(page.body), f"HTTP {page.status}")
