@@ -51,6 +51,10 @@ def test_example_configs_in_the_repo_are_valid(tmp_path):
     ({"dedup": {"fp_rate": 2}}, "dedup.fp_rate", "between 0 and 1"),
     ({"scheduling": {"heartbeat_timeout": 1, "heartbeat_interval": 5}}, "scheduling.heartbeat_timeout", "longer"),
     ({"politeness": {"obey_robots": "yes"}}, "politeness.obey_robots", "true or false"),
+    ({"politeness": {"min_delay": 2, "max_delay": 1}}, "politeness.max_delay", "below politeness.min_delay"),
+    ({"politeness": {"backoff_base": 10, "backoff_max": 1}}, "politeness.backoff_max", "below"),
+    ({"politeness": {"target_concurrency": 0}}, "politeness.target_concurrency", "greater than 0"),
+    ({"politeness": {"adaptive": 1}}, "politeness.adaptive", "true or false"),
 ])
 def test_bad_values_name_the_key(tmp_path, change, key, words):
     raw = base(tmp_path)

@@ -8,15 +8,17 @@ double-hash node table, and global politeness. Every batch of links goes through
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from crawler import protocol as p
 from crawler.master.config import MasterConfig
 from crawler.master.dedup import Dedup
 from crawler.master.store import Finished, MasterStore
-from crawler.politeness import HostGate, RobotsRules, host_url_of
+from crawler.politeness import THROTTLE_STATUSES, HostGate, RobotsRules, host_url_of
 from crawler.scheduler import NodeTable
 from crawler.urls import NormalizeOptions, UrlPolicy, normalize_many
 
@@ -28,6 +30,10 @@ _AUDIO_HINT = re.compile(r"song|music|audio|track|album|playlist|special|mp3|lis
 HELD_CAP = 2048
 DISCARD_INVALID = "invalid"
 DISCARD_ROBOTS = "robots"
+# A page answered 429/503 goes back in line without counting an attempt: the site asked us to wait, the page is
+# not broken. Past this many such answers in a row (a page that always says 503) they count like any retry.
+FREE_THROTTLED_RETRIES = 20
+THROTTLED_TRACKED = 65536   # URLs whose run of 429/503 answers is remembered; the oldest are forgotten first
 
 
 @dataclass(slots=True)
@@ -39,6 +45,8 @@ class Lease:
     node: str
     host: str
     deadline: float
+    start: float = 0.0        # when it was handed out: the politeness gate booked a request start then
+    fetched: bool = False     # the page request ended (the worker said Fetched): the host's slot is free
 
 
 @dataclass(slots=True)
@@ -47,6 +55,48 @@ class Held:
     depth: int
     parent: str | None
     host: str          # scheme://netloc, the politeness and robots key
+
+
+class HeldQueue:
+    """A node's popped-but-not-yet-sendable entries, one line per host.
+
+    Dispatch asks each host once, not each entry: when a host's gate is shut, its whole line waits at the cost
+    of one check, so waking every few milliseconds for a polite host stays cheap however much is held.
+    """
+
+    __slots__ = ("_by_host", "_count")
+
+    def __init__(self) -> None:
+        self._by_host: dict[str, deque[Held]] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[Held]:
+        for line in self._by_host.values():
+            yield from line
+
+    def add(self, h: Held) -> None:
+        line = self._by_host.get(h.host)
+        if line is None:
+            line = self._by_host[h.host] = deque()
+        line.append(h)
+        self._count += 1
+
+    def hosts(self) -> list[str]:
+        return list(self._by_host)
+
+    def head(self, host: str) -> Held | None:
+        line = self._by_host.get(host)
+        return line[0] if line else None
+
+    def pop_head(self, host: str) -> None:
+        line = self._by_host[host]
+        line.popleft()
+        self._count -= 1
+        if not line:
+            del self._by_host[host]
 
 
 @dataclass
@@ -77,7 +127,10 @@ class Crawl:
                                 allow_patterns=c.allow_patterns, deny_patterns=c.deny_patterns)
         self.leases: dict[int, Lease] = {}
         self.leases_by_node: dict[str, set[int]] = {}
-        self.held: dict[str, deque[Held]] = {}
+        self.held: dict[str, HeldQueue] = {}
+        # node -> when a politeness gate next opens for something it holds (what the server sleeps until)
+        self.wake_at: dict[str, float] = {}
+        self._throttled: dict[str, int] = {}     # url -> 429/503 answers in a row
         self.away: dict[str, float] = {}          # node -> when its leases are given up
         self.robots_wanted: set[str] = set()     # origins whose robots.txt the server should fetch
         self.discards: Counter = Counter()
@@ -94,21 +147,41 @@ class Crawl:
         self.away.pop(node, None)
         self.table.set_live(node, True)
         self.leases_by_node.setdefault(node, set())
-        self.held.setdefault(node, deque())
+        self.held.setdefault(node, HeldQueue())
         # Only entries of this node's own slot and of dead slots can route differently now.
         live = self.table.live
         slots = [i for i, n in enumerate(self.table.nodes) if n == node or n not in live]
         moved = self.store.reroute_slots(slots, self.route) + self.store.reroute([None], self.route)
+        moved += self._rehome_held(node)
         if moved:
             log.info("node %s joined: %d frontier entries routed to it", node, moved)
         return [p.Task(i, self.leases[i].url, self.leases[i].depth, self.leases[i].parent)
                 for i in sorted(self.leases_by_node[node])]
 
+    def _rehome_held(self, joined: str) -> int:
+        """Entries other nodes popped but could not send yet (a polite host holds back most of them) and that
+        now route to the node that joined go back in line, so it gets its share now, not once the others have
+        worked through what they hold."""
+        back: list[str] = []
+        for other, q in list(self.held.items()):
+            if other == joined or not q:
+                continue
+            entries = list(q)
+            kept = HeldQueue()
+            for h, target in zip(entries, self.route([h.url for h in entries]), strict=True):
+                if target == other:
+                    kept.add(h)
+                else:
+                    back.append(h.url)
+            self.held[other] = kept
+        return self.store.unlease(back, self.route) if back else 0
+
     def node_away(self, node: str, now: float, grace: float) -> None:
         """The node's connection closed. New work goes elsewhere at once; its leases wait `grace` seconds for it
         to come back (a restarted worker resumes its partial downloads), then return to the frontier."""
         self.table.set_live(node, False)
-        held = self.held.pop(node, deque())
+        self.wake_at.pop(node, None)
+        held = self.held.pop(node, HeldQueue())
         if held:
             self.store.release([h.url for h in held], self.route)
         self.store.reroute([node], self.route)
@@ -127,14 +200,14 @@ class Crawl:
         """The node left or died: its leases and parked entries go back, through the second hash."""
         self.away.pop(node, None)
         self.table.set_live(node, False)
+        self.wake_at.pop(node, None)
         ids = self.leases_by_node.pop(node, set())
         urls = []
         for i in ids:
             lease = self.leases.pop(i)
             urls.append(lease.url)
-            if self.gate:
-                self.gate.release(lease.host, now)
-        held = self.held.pop(node, deque())
+            self._release_gate(lease, now)
+        held = self.held.pop(node, HeldQueue())
         urls.extend(h.url for h in held)
         back = self.store.release(urls, self.route) if urls else 0
         moved = self.store.reroute([node], self.route)
@@ -184,8 +257,13 @@ class Crawl:
 
     # ------------------------------------------------------------------ dispatch
     def take(self, node: str, n: int, now: float) -> list[p.Task]:
-        """Up to n tasks for node that politeness allows now; the rest waits in the node's held queue."""
+        """Up to n tasks for node that politeness allows now; the rest waits in the node's held queue.
+
+        Afterwards wake_at[node] says when a politeness gate next opens for what the node holds (absent: only
+        an event can help, a release or robots.txt arriving), so the server can sleep until exactly then.
+        """
         out: list[p.Task] = []
+        self.wake_at.pop(node, None)
         if n <= 0 or not self.table.live or node not in self.table.live:
             return out
         max_pages = self.cfg.crawl.max_pages
@@ -193,48 +271,95 @@ class Crawl:
             n = min(n, max_pages - self._scheduled)
             if n <= 0:
                 return out
-        held = self.held.setdefault(node, deque())
-        if held:
-            for _ in range(len(held)):
-                if len(out) >= n:
-                    break
-                h = held.popleft()
-                if not self._try_lease(node, h, now, out):
-                    held.append(h)
+        held = self.held.get(node)
+        if held is None:
+            held = self.held[node] = HeldQueue()
+        wake = math.inf
+        for host in held.hosts():
+            if len(out) >= n:
+                break
+            wake = min(wake, self._serve_host(node, held, host, n, now, out))
         batch = max(n, self.cfg.scheduling.batch_size)
         while len(out) < n and len(held) < HELD_CAP:
             rows = self.store.pop(node, batch, now)
             if not rows:
                 break
+            fresh: dict[str, None] = {}
             for url, depth, parent in rows:
                 h = Held(url, depth, parent, host_url_of(url))
-                if len(out) >= n or not self._try_lease(node, h, now, out):
-                    held.append(h)
+                held.add(h)
+                fresh[h.host] = None
+            for host in fresh:
+                if len(out) >= n:
+                    break
+                wake = min(wake, self._serve_host(node, held, host, n, now, out))
+        if wake < math.inf:
+            self.wake_at[node] = wake
         self._scheduled += len(out)
         return out
 
-    def _try_lease(self, node: str, h: Held, now: float, out: list[p.Task]) -> bool:
+    def next_wake(self) -> float:
+        """The earliest time a politeness gate opens for anything held (inf: none is waiting on time)."""
+        return min(self.wake_at.values(), default=math.inf)
+
+    def _serve_host(self, node: str, held: HeldQueue, host: str, n: int, now: float, out: list[p.Task]) -> float:
+        """Lease the head of host's line while politeness allows; returns when to try it again (inf: on an
+        event only)."""
+        while len(out) < n:
+            h = held.head(host)
+            if h is None:
+                return math.inf
+            wait = self._try_lease(node, h, now, out)
+            if wait is not None:
+                return wait
+            held.pop_head(host)
+        return math.inf   # stopped by the credit: new credit is an event of its own
+
+    def _try_lease(self, node: str, h: Held, now: float, out: list[p.Task]) -> float | None:
+        """None when h was consumed (leased into out, or refused by robots.txt); else when to try again."""
         if self.robots is not None:
             state = self.robots.state(h.host, now)
             if state != "known":
                 if state == "unknown":
                     self.robots.mark_pending(h.host, now)
                     self.robots_wanted.add(h.host)
-                return False
+                return math.inf
             if not self.robots.allowed(h.url):
                 self.discards[DISCARD_ROBOTS] += 1
                 self.store.finish([Finished(h.url, "error", None, None, None, None, "disallowed by robots.txt",
                                             node, now)])
-                return True   # consumed: nothing to send
+                return None   # consumed: nothing to send
         if self.gate is not None and not self.gate.try_acquire(h.host, now):
-            return False
+            return self.gate.ready_at(h.host, now)
         lease = Lease(self._next_lease, h.url, h.depth, h.parent, node, h.host,
-                      now + self.cfg.scheduling.lease_timeout)
+                      now + self.cfg.scheduling.lease_timeout, now)
         self._next_lease += 1
         self.leases[lease.id] = lease
         self.leases_by_node.setdefault(node, set()).add(lease.id)
         out.append(p.Task(lease.id, h.url, h.depth, h.parent))
-        return True
+        return None
+
+    def _release_gate(self, lease: Lease, now: float) -> None:
+        if self.gate is not None and not lease.fetched:
+            self.gate.release(lease.host, now)
+        lease.fetched = True
+
+    def fetched(self, node: str, fetches: tuple[p.PageFetch, ...], now: float) -> None:
+        """Page requests ended at the node: free their hosts' slots; a 429/503 pauses its host for everyone."""
+        gate = self.gate
+        for f in fetches:
+            lease = self.leases.get(f.lease)
+            if lease is None or lease.node != node or lease.fetched:
+                continue
+            self._release_gate(lease, now)
+            if gate is None:
+                continue
+            if f.http_status in THROTTLE_STATUSES:
+                until = gate.throttled(lease.host, lease.start, now, f.retry_after)
+                log.info("%s answered %d: no request to it before %.1f s from now", lease.host, f.http_status,
+                         until - now)
+            elif f.http_status is not None:
+                gate.responded(lease.host, lease.start, now, f.latency, ok=f.http_status < 400)
 
     def robots_fetched(self, origin: str, status: int | None, body: bytes | None, now: float) -> None:
         assert self.robots is not None
@@ -257,9 +382,16 @@ class Crawl:
                 continue
             del self.leases[r.lease]
             mine.discard(r.lease)
-            if self.gate is not None:
-                self.gate.release(lease.host, now)
-            finished.append(Finished(lease.url, r.status, r.http_status, r.final_url, r.content_type, r.size,
+            if not lease.fetched:   # no Fetched came first (a resolver that fetched no page, an older worker)
+                self._release_gate(lease, now)
+                if self.gate is not None and r.http_status in THROTTLE_STATUSES:
+                    self.gate.throttled(lease.host, lease.start, now)
+            state = r.status
+            if state == p.RETRY and r.http_status in THROTTLE_STATUSES:
+                state = self._throttled_state(lease.url)
+            else:
+                self._throttled.pop(lease.url, None)
+            finished.append(Finished(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
                                      r.error, node, now))
             if r.status == p.DONE and r.links:
                 link_batches.append((lease.url, lease.depth + 1, r.links))
@@ -280,14 +412,21 @@ class Crawl:
             return []
         return [row for row, is_new in zip(audio_rows, self.store.add_audio(audio_rows)) if is_new]
 
+    def _throttled_state(self, url: str) -> str:
+        runs = self._throttled
+        n = runs.pop(url, 0) + 1
+        runs[url] = n
+        if len(runs) > THROTTLED_TRACKED:
+            del runs[next(iter(runs))]
+        return "throttled" if n <= FREE_THROTTLED_RETRIES else p.RETRY
+
     def expire(self, now: float) -> int:
         """Leases past their deadline go back to the frontier."""
         expired = [lease for lease in self.leases.values() if lease.deadline <= now]
         for lease in expired:
             del self.leases[lease.id]
             self.leases_by_node.get(lease.node, set()).discard(lease.id)
-            if self.gate is not None:
-                self.gate.release(lease.host, now)
+            self._release_gate(lease, now)
         if expired:
             self.store.release([lease.url for lease in expired], self.route)
             log.warning("%d leases expired and went back to the frontier", len(expired))
