@@ -1,0 +1,127 @@
+"""End to end with real processes against a site that logs every request: the spacing and concurrency a crawl
+keeps across workers, 429 + Retry-After honoured by every worker, and the adaptive delay following latency."""
+
+import asyncio
+import itertools
+import statistics
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from scripts import cluster
+from scripts.politesite import PoliteSite
+
+pytestmark = pytest.mark.timeout(300)
+
+
+async def crawl(tmp: Path, site: PoliteSite, nodes: list[str], *, politeness: dict, crawl: dict | None = None,
+                during=None) -> None:
+    """Crawl the site to the end with one master and the given workers, each fetching as "agent-<node>"."""
+    config = cluster.master_config(tmp, [site.url + "/"], nodes, crawl={"max_depth": 2, **(crawl or {})},
+                                   politeness=politeness)
+    master = await cluster.start_master(config, tmp)
+    workers = []
+    try:
+        addr = cluster.master_addr(config)
+        for n in nodes:
+            wcfg = tmp / f"worker-{n}.yaml"
+            wcfg.write_text(f"download_audio: false\nuser_agent: agent-{n}\n")
+            workers.append(await cluster.start_worker(addr, n, tmp, config=wcfg))
+        if during is not None:
+            await during()
+        assert await master.wait(120) == 0, master.log()[-3000:]
+        for w in workers:
+            assert await w.wait(30) == 0, w.log()[-3000:]
+    finally:
+        for p in [master, *workers]:
+            await p.stop()
+    assert "errors          0" in master.stdout.decode(), master.stdout.decode()
+
+
+async def test_min_delay_holds_across_three_workers_at_the_allowed_rate_spread_over_all_of_them(tmp_path):
+    delay, pages = 0.1, 50
+    async with PoliteSite(pages) as site:
+        await crawl(tmp_path, site, ["w1", "w2", "w3"], politeness={"min_delay": delay})
+    hits = sorted(site.page_hits(), key=lambda h: h.start)
+    assert len(hits) == pages and all(h.status == 200 for h in hits)
+    starts = [h.start for h in hits]
+    # The gate's own bound (starts never closer than the delay less its slack) is proven with a simulated
+    # clock in test_politeness.py. Here each start also travels to one of three worker processes and on to the
+    # server, which on a loaded machine (load 6 on 2 cores) delays one start by up to 40 ms more than the next.
+    # So: no window of starts holds more than one start beyond what the delay allows (a late start is never
+    # followed by a burst that catches up), and no two starts come closer than a quarter of the delay.
+    gaps = [round(b - a, 4) for a, b in itertools.pairwise(starts)]
+    worst = min(starts[j] - starts[i] - (j - i) * delay for i, j in itertools.combinations(range(len(starts)), 2))
+    assert worst >= -delay, f"{-worst:.4f} s more starts than the delay allows in one window; gaps {gaps}"
+    assert min(gaps) >= delay / 4, f"two starts {min(gaps):.4f} s apart, the delay is {delay}; gaps {gaps}"
+    # The rate: at the allowed 10 pages/s it would take 4.9 s. A generous bound, as the machine may be loaded;
+    # at the old 0.2 s tick it took twice as long.
+    rate = (len(starts) - 1) / (starts[-1] - starts[0])
+    assert rate >= 0.7 / delay, f"{rate:.1f} pages/s, {1 / delay:.0f} allowed"
+    # Every worker takes part from the start, not one worker taking every start until the others catch up.
+    first_half = Counter(h.agent for h in hits[: pages // 2])
+    assert all(first_half[f"agent-{n}"] >= pages // 2 // 10 for n in ("w1", "w2", "w3")), first_half
+
+
+async def test_429_with_retry_after_stops_every_worker_until_it_expires_and_every_page_is_crawled(tmp_path):
+    pages = 30
+    async with PoliteSite(pages) as site:
+        # For 3 s after the first page request every page is answered 429 "come back in 2 s".
+        site.throttle_from_first_page(3.0, status=429, retry_after="2")
+        # max_attempts 1: were a 429 counted as a failed attempt, the first one would fail its page for good.
+        await crawl(tmp_path, site, ["w1", "w2"], politeness={"max_per_host": 1, "min_delay": 0.01},
+                    crawl={"max_attempts": 1})
+    hits = site.page_hits()
+    throttled = [h for h in hits if h.status == 429]
+    assert throttled, "the site never throttled: the test did not test anything"
+    for t in throttled:
+        # No request from any worker until the Retry-After has passed since the 429 went out.
+        early = [h for h in hits if t.end < h.start < t.end + 2.0]
+        assert not early, f"{len(early)} requests within 2 s of a 429, e.g. {early[0].start - t.end:.3f} s after"
+    done = {h.path for h in hits if h.status == 200}
+    assert done == {f"/p/{i}.html" for i in range(pages)}
+    assert {h.agent for h in hits if h.status == 200} == {"agent-w1", "agent-w2"}
+
+
+async def test_503_without_retry_after_backs_off_exponentially_for_every_worker(tmp_path):
+    pages = 10
+    async with PoliteSite(pages) as site:
+        site.throttle_from_first_page(3.5, status=503)
+        await crawl(tmp_path, site, ["w1", "w2"],
+                    politeness={"max_per_host": 1, "backoff_base": 0.5, "backoff_max": 2.0},
+                    crawl={"max_attempts": 1})
+    hits = sorted(site.page_hits(), key=lambda h: h.start)
+    # One request at a time: each 503 is followed by a pause of 0.5, 1, 2, 2 ... s before the next request,
+    # from whichever worker. The 3.5 s window holds three 503s; the request after the third is answered.
+    throttled = [i for i, h in enumerate(hits) if h.status == 503]
+    assert throttled == [0, 1, 2], [h.status for h in hits]
+    waits = [hits[i + 1].start - hits[i].end for i in throttled]
+    assert [round(w, 1) >= want for w, want in zip(waits, (0.5, 1.0, 2.0))] == [True] * 3, waits
+    assert all(w <= 3.0 for w in waits), waits   # 2 s at most (backoff_max), plus a loaded machine's lateness
+    assert {h.path for h in hits if h.status == 200} == {f"/p/{i}.html" for i in range(pages)}
+
+
+async def test_adaptive_delay_grows_when_the_site_slows_down(tmp_path):
+    pages, fast, slow = 40, 0.002, 0.3
+    async with PoliteSite(pages, latency=fast) as site:
+        async def slow_down_midway() -> None:
+            await cluster.until(lambda: len(site.page_hits()) >= 15, 60, "the first 15 pages")
+            site.latency = slow
+
+        # Four requests may be out at once: without adaptive, a 0.3 s latency would still allow one start
+        # every 75 ms.
+        await crawl(tmp_path, site, ["w1", "w2"], during=slow_down_midway,
+                    politeness={"adaptive": True, "min_delay": 0.01, "max_delay": 5.0, "max_per_host": 4})
+    hits = sorted(site.page_hits(), key=lambda h: h.start)
+    assert len(hits) == pages
+    first_slow = next(h for h in hits if h.end - h.start >= slow * 0.9)
+    before = [h.start for h in hits if h.end < first_slow.start]
+    after = [h.start for h in hits if h.start > first_slow.end]
+    assert len(before) >= 10 and len(after) >= 10
+    gap_before = statistics.median(b - a for a, b in itertools.pairwise(before))
+    gap_after = statistics.median(b - a for a, b in itertools.pairwise(after))
+    # AutoThrottle with a target concurrency of 1: the delay follows the latency, one request at a time.
+    assert gap_before < 0.1, gap_before
+    assert gap_after >= slow * 0.9, f"starts {gap_after:.3f} s apart after the latency rose to {slow} s"
+    await asyncio.sleep(0)
