@@ -28,7 +28,7 @@ import msgpack
 
 from crawler.items import AudioItem
 
-PROTOCOL_VERSION = 3   # 2: Welcome carries max_depth; 3: Fetched
+PROTOCOL_VERSION = 3   # 2: Welcome carries max_depth; 3: Fetched, Task.after
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 NONCE_SIZE = 32
 _HEADER = struct.Struct(">I")
@@ -226,6 +226,10 @@ class Task:
     url: str
     depth: int
     parent: str | None = None
+    # Start only when the page request of this earlier lease (sent to the same worker) ends, and not at all if
+    # it was answered 429/503: the master hands out a host's next request ahead of the slot freeing, so the
+    # host's concurrency limit is used to the full without a round trip to the master between requests.
+    after: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +238,7 @@ class Assign(Message):
     tasks: tuple[Task, ...]
 
     def fields(self):
-        return [[[t.lease, t.url, t.depth, t.parent] for t in self.tasks]]
+        return [[[t.lease, t.url, t.depth, t.parent, t.after] for t in self.tasks]]
 
     @classmethod
     def from_fields(cls, f):
@@ -242,10 +246,11 @@ class Assign(Message):
         tasks = []
         for raw in _list(f[0], "tasks"):
             t = _list(raw, "task")
-            if len(t) != 4:
-                raise ProtocolError("task: expected 4 fields")
+            if len(t) != 5:
+                raise ProtocolError("task: expected 5 fields")
+            after = None if t[4] is None else _nonneg(t[4], "after")
             tasks.append(Task(_nonneg(t[0], "lease"), _str(t[1], "url"), _nonneg(t[2], "depth"),
-                              _opt_str(t[3], "parent")))
+                              _opt_str(t[3], "parent"), after))
         return cls(tuple(tasks))
 
 

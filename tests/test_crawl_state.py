@@ -110,6 +110,43 @@ def test_a_node_that_drops_out_gets_its_leases_back_within_grace_or_loses_them(t
     assert {t.url for t in held} <= got and len(got) == 20
 
 
+def test_a_hosts_next_request_is_chained_after_one_in_flight_and_takes_its_slot_when_it_ends(tmp_path):
+    c = make(tmp_path, nodes=("a",), max_per_host=1)
+    c.node_up("a")
+    (home,) = c.take("a", 5, 0.0)
+    c.complete("a", (done(home, [f"{SITE}/p{i}" for i in range(10)]),), now=0.5)
+    first, second = c.take("a", 5, 1.0)          # one in flight, one chained after it; no more
+    assert first.after is None and second.after == first.lease
+    assert c.gate.in_flight(SITE) == 1 and c.take("a", 5, 1.0) == []
+    # The first request ends: the worker starts the second at once, the slot passes to it.
+    c.fetched("a", (p.PageFetch(first.lease, 200, None, 0.05),), now=1.1)
+    assert c.gate.in_flight(SITE) == 1
+    (third,) = c.take("a", 5, 1.1)
+    assert third.after == second.lease
+    c.complete("a", (done(first),), now=1.2)
+    assert c.gate.in_flight(SITE) == 1
+    # The second is answered 429: the slot goes back, the host pauses, the third is returned unstarted and goes
+    # back in line without costing an attempt.
+    c.fetched("a", (p.PageFetch(second.lease, 429, 5.0, 0.01),), now=1.3)
+    assert c.gate.in_flight(SITE) == 0 and c.gate.paused_until(SITE) == pytest.approx(6.3)
+    c.complete("a", (p.Result(second.lease, second.url, p.RETRY, 429),
+                     p.Result(third.lease, third.url, p.RETRY, 429, error="not started")), now=1.4)
+    assert c.take("a", 5, 2.0) == [] and c.wake_at["a"] == pytest.approx(6.3)
+    again = c.take("a", 5, 6.3)
+    assert again[0].after is None and {second.url, third.url} <= {t.url for t in c.leases.values()} | {
+        h.url for h in c.held["a"]}
+    assert c.store.url_info(third.url)["attempts"] == 0
+
+
+def test_nothing_is_chained_where_a_delay_must_be_kept(tmp_path):
+    c = make(tmp_path, nodes=("a",), max_per_host=1, min_delay=0.5)
+    c.node_up("a")
+    (home,) = c.take("a", 5, 0.0)
+    c.complete("a", (done(home, [f"{SITE}/p{i}" for i in range(10)]),), now=0.5)
+    assert len(c.take("a", 5, 1.0)) == 1
+    assert c.take("a", 5, 1.6) == []             # the slot is busy: waits for the release, not chained
+
+
 def test_expired_leases_return_to_the_frontier(tmp_path):
     c = make(tmp_path, nodes=("a",))
     c.node_up("a")

@@ -64,6 +64,20 @@ async def test_min_delay_holds_across_three_workers_at_the_allowed_rate_spread_o
     assert all(first_half[f"agent-{n}"] >= pages // 2 // 10 for n in ("w1", "w2", "w3")), first_half
 
 
+async def test_max_per_host_is_never_exceeded_and_used_to_the_full_against_a_slow_site(tmp_path):
+    limit, latency, pages = 2, 0.05, 60
+    async with PoliteSite(pages, latency=latency) as site:
+        await crawl(tmp_path, site, ["w1", "w2", "w3"], politeness={"max_per_host": limit})
+    hits = sorted(site.page_hits(), key=lambda h: h.start)
+    assert len(hits) == pages
+    assert site.max_in_flight <= limit
+    # Allowed: limit / latency = 40 pages/s. A host's next request is chained at a worker behind one in flight,
+    # so no round trip to the master sits between them; the bound is generous for a loaded machine.
+    rate = (len(hits) - 1) / (hits[-1].start - hits[0].start)
+    assert rate >= 0.7 * limit / latency, f"{rate:.1f} pages/s, {limit / latency:.0f} allowed"
+    assert len({h.agent for h in hits}) == 3
+
+
 async def test_429_with_retry_after_stops_every_worker_until_it_expires_and_every_page_is_crawled(tmp_path):
     pages = 30
     async with PoliteSite(pages) as site:

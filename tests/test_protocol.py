@@ -21,7 +21,8 @@ MESSAGES = [
     p.Welcome(5.0, (r"^https?://www\.kugou\.com/song/",), 4 * 1024 * 1024),
     p.Welcome(0.5, (), 1024, max_depth=3),
     p.Refused("bad secret"),
-    p.Assign((p.Task(1, "http://a/", 0, None), p.Task(2, "http://a/b", 3, "http://a/"))),
+    p.Assign((p.Task(1, "http://a/", 0, None), p.Task(2, "http://a/b", 3, "http://a/"),
+              p.Task(3, "http://a/c", 3, "http://a/", after=2))),
     p.Assign(()),
     p.Report((p.Result(1, "http://a/", p.DONE, 200, "http://a/", "text/html", 123, None,
                        ("http://a/1", "http://a/2"), (ITEM,)),
@@ -89,7 +90,8 @@ def _frame(obj) -> bytes:
 
 @pytest.mark.parametrize("obj", [
     [], {}, "hello", [99], [True], [1, "w"], [1, "w", 1, 1, b"short"], [1, 5, 1, 1, NONCE],
-    [6, [[1, "u"]]], [6, [[-1, "u", 0, None]]], [7, [[1, "u", "bogus", None, None, None, None, None, [], []]]],
+    [6, [[1, "u"]]], [6, [[-1, "u", 0, None, None]]], [6, [[1, "u", 0, None]]], [6, [[1, "u", 0, None, -2]]],
+    [6, [[1, "u", 0, None, "2"]]], [7, [[1, "u", "bogus", None, None, None, None, None, [], []]]],
     [7, [[1, "u", "done", None, None, None, None, None, [1], []]]],
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": 1}]]]],
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "title": 3}]]]],

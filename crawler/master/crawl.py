@@ -45,8 +45,10 @@ class Lease:
     node: str
     host: str
     deadline: float
-    start: float = 0.0        # when it was handed out: the politeness gate booked a request start then
-    fetched: bool = False     # the page request ended (the worker said Fetched): the host's slot is free
+    start: float = 0.0        # when its request started, as far as the politeness gate knows
+    holds: bool = True        # it holds one of its host's slots in the gate (until its page request ends)
+    after: int | None = None  # chained: the worker starts it when this lease's request ends (protocol.Task)
+    next: int | None = None   # the lease chained after this one
 
 
 @dataclass(slots=True)
@@ -131,6 +133,8 @@ class Crawl:
         # node -> when a politeness gate next opens for something it holds (what the server sleeps until)
         self.wake_at: dict[str, float] = {}
         self._throttled: dict[str, int] = {}     # url -> 429/503 answers in a row
+        # (node, host) -> leases holding a slot of host with nothing chained after them yet, in order
+        self._heads: dict[tuple[str, str], dict[int, None]] = {}
         self.away: dict[str, float] = {}          # node -> when its leases are given up
         self.robots_wanted: set[str] = set()     # origins whose robots.txt the server should fetch
         self.discards: Counter = Counter()
@@ -155,7 +159,7 @@ class Crawl:
         moved += self._rehome_held(node)
         if moved:
             log.info("node %s joined: %d frontier entries routed to it", node, moved)
-        return [p.Task(i, self.leases[i].url, self.leases[i].depth, self.leases[i].parent)
+        return [p.Task(i, self.leases[i].url, self.leases[i].depth, self.leases[i].parent, self.leases[i].after)
                 for i in sorted(self.leases_by_node[node])]
 
     def _rehome_held(self, joined: str) -> int:
@@ -206,7 +210,8 @@ class Crawl:
         for i in ids:
             lease = self.leases.pop(i)
             urls.append(lease.url)
-            self._release_gate(lease, now)
+            lease.next = None   # its successor went with it
+            self._end_request(lease, now)
         held = self.held.pop(node, HeldQueue())
         urls.extend(h.url for h in held)
         back = self.store.release(urls, self.route) if urls else 0
@@ -329,32 +334,74 @@ class Crawl:
                 self.store.finish([Finished(h.url, "error", None, None, None, None, "disallowed by robots.txt",
                                             node, now)])
                 return None   # consumed: nothing to send
-        if self.gate is not None and not self.gate.try_acquire(h.host, now):
-            return self.gate.ready_at(h.host, now)
+        gate = self.gate
+        after = None
+        if gate is not None and not gate.try_acquire(h.host, now):
+            ready = gate.ready_at(h.host, now)
+            if ready < math.inf or not self._chainable(h.host, now):
+                return ready
+            heads = self._heads.get((node, h.host))
+            if not heads:
+                return ready
+            after = next(iter(heads))
+            self._drop_head(node, h.host, after)
         lease = Lease(self._next_lease, h.url, h.depth, h.parent, node, h.host,
-                      now + self.cfg.scheduling.lease_timeout, now)
+                      now + self.cfg.scheduling.lease_timeout, now, holds=after is None, after=after)
         self._next_lease += 1
         self.leases[lease.id] = lease
         self.leases_by_node.setdefault(node, set()).add(lease.id)
-        out.append(p.Task(lease.id, h.url, h.depth, h.parent))
+        if after is None:
+            self._heads.setdefault((node, h.host), {})[lease.id] = None
+        else:
+            self.leases[after].next = lease.id
+        out.append(p.Task(lease.id, h.url, h.depth, h.parent, after))
         return None
 
-    def _release_gate(self, lease: Lease, now: float) -> None:
-        if self.gate is not None and not lease.fetched:
+    def _chainable(self, host: str, now: float) -> bool:
+        """Whether host's next request may be chained after one in flight: only when the concurrency limit is
+        all that holds it back (no spacing to keep, no pause), so starting it the moment a slot frees at the
+        worker is what the gate would allow anyway."""
+        gate = self.gate
+        assert gate is not None
+        cfg = gate.cfg
+        return (cfg.max_per_host is not None and not cfg.adaptive and gate.delay(host) == 0
+                and gate.paused_until(host) <= now)
+
+    def _drop_head(self, node: str, host: str, lease_id: int) -> None:
+        heads = self._heads.get((node, host))
+        if heads is not None:
+            heads.pop(lease_id, None)
+            if not heads:
+                del self._heads[(node, host)]
+
+    def _end_request(self, lease: Lease, now: float, throttled: bool = False) -> None:
+        """lease's page request ended (or will never be waited for): its slot passes to the lease chained after
+        it, which the worker starts right then, unless the host said 429/503 (the worker then returns that one
+        unstarted); else the slot goes back to the gate."""
+        if not lease.holds:
+            return
+        lease.holds = False
+        self._drop_head(lease.node, lease.host, lease.id)
+        succ = self.leases.get(lease.next) if lease.next is not None else None
+        if succ is not None and not throttled:
+            succ.holds, succ.start = True, now
+            self._heads.setdefault((succ.node, succ.host), {})[succ.id] = None
+            return
+        if self.gate is not None:
             self.gate.release(lease.host, now)
-        lease.fetched = True
 
     def fetched(self, node: str, fetches: tuple[p.PageFetch, ...], now: float) -> None:
         """Page requests ended at the node: free their hosts' slots; a 429/503 pauses its host for everyone."""
         gate = self.gate
         for f in fetches:
             lease = self.leases.get(f.lease)
-            if lease is None or lease.node != node or lease.fetched:
+            if lease is None or lease.node != node or not lease.holds:
                 continue
-            self._release_gate(lease, now)
+            throttled = f.http_status in THROTTLE_STATUSES
+            self._end_request(lease, now, throttled)
             if gate is None:
                 continue
-            if f.http_status in THROTTLE_STATUSES:
+            if throttled:
                 until = gate.throttled(lease.host, lease.start, now, f.retry_after)
                 log.info("%s answered %d: no request to it before %.1f s from now", lease.host, f.http_status,
                          until - now)
@@ -382,9 +429,10 @@ class Crawl:
                 continue
             del self.leases[r.lease]
             mine.discard(r.lease)
-            if not lease.fetched:   # no Fetched came first (a resolver that fetched no page, an older worker)
-                self._release_gate(lease, now)
-                if self.gate is not None and r.http_status in THROTTLE_STATUSES:
+            if lease.holds:   # no Fetched came first (a resolver that fetched no page)
+                throttled = r.http_status in THROTTLE_STATUSES
+                self._end_request(lease, now, throttled)
+                if self.gate is not None and throttled:
                     self.gate.throttled(lease.host, lease.start, now)
             state = r.status
             if state == p.RETRY and r.http_status in THROTTLE_STATUSES:
@@ -426,7 +474,7 @@ class Crawl:
         for lease in expired:
             del self.leases[lease.id]
             self.leases_by_node.get(lease.node, set()).discard(lease.id)
-            self._release_gate(lease, now)
+            self._end_request(lease, now)
         if expired:
             self.store.release([lease.url for lease in expired], self.route)
             log.warning("%d leases expired and went back to the frontier", len(expired))
