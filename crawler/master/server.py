@@ -242,6 +242,8 @@ class Master:
                     await self._wake.wait()
                 finally:
                     timer.cancel()
+            else:
+                await asyncio.sleep(0)   # a gate due already: go round again, letting the other tasks run first
 
     async def _housekeeping(self) -> None:
         """Commits and the slow checks, on their own cadence, off the dispatch path."""
