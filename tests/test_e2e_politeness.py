@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from crawler.politeness import SLACK_CAP
 from scripts import cluster
 from scripts.politesite import PoliteSite
 
@@ -16,11 +17,12 @@ pytestmark = pytest.mark.timeout(300)
 
 
 async def crawl(tmp: Path, site: PoliteSite, nodes: list[str], *, politeness: dict, crawl: dict | None = None,
-                during=None) -> None:
-    """Crawl the site to the end with one master and the given workers, each fetching as "agent-<node>"."""
+                during=None) -> str:
+    """Crawl the site to the end with one master and the given workers, each fetching as "agent-<node>".
+    Returns the master's log (debug level: it says when it let each request go)."""
     config = cluster.master_config(tmp, [site.url + "/"], nodes, crawl={"max_depth": 2, **(crawl or {})},
                                    politeness=politeness)
-    master = await cluster.start_master(config, tmp)
+    master = await cluster.start_master(config, tmp, log_level="debug")
     workers = []
     try:
         addr = cluster.master_addr(config)
@@ -37,31 +39,35 @@ async def crawl(tmp: Path, site: PoliteSite, nodes: list[str], *, politeness: di
         for p in [master, *workers]:
             await p.stop()
     assert "errors          0" in master.stdout.decode(), master.stdout.decode()
+    return master.log()
 
 
 async def test_min_delay_holds_across_three_workers_at_the_allowed_rate_spread_over_all_of_them(tmp_path):
-    delay, pages = 0.1, 50
+    delay, pages = 0.05, 80
     async with PoliteSite(pages) as site:
-        await crawl(tmp_path, site, ["w1", "w2", "w3"], politeness={"min_delay": delay})
+        log = await crawl(tmp_path, site, ["w1", "w2", "w3"], politeness={"min_delay": delay})
     hits = sorted(site.page_hits(), key=lambda h: h.start)
     assert len(hits) == pages and all(h.status == 200 for h in hits)
+    # The gate's bound, strictly, where it is kept: the master never lets two requests to the host go closer
+    # than the delay less its slack (the home page and every page are one host), whichever worker gets them.
+    sent = cluster.assignments(log)
+    assert sum(len(urls) for _, _, urls in sent) == pages + 1 and all(len(urls) == 1 for _, _, urls in sent)
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(sent)]
+    assert min(gaps) >= delay - SLACK_CAP - 1e-6, f"two requests let go {min(gaps):.4f} s apart, delay {delay}"
+    # At the site each start has also travelled through a worker process, which a loaded machine can delay by
+    # a good part of a delay; over the whole crawl that washes out: the rate is the allowed one, no more (and
+    # not much less: at the old 0.2 s tick it was half).
     starts = [h.start for h in hits]
-    # The gate's own bound (starts never closer than the delay less its slack) is proven with a simulated
-    # clock in test_politeness.py. Here each start also travels to one of three worker processes and on to the
-    # server, which on a loaded machine (load 6 on 2 cores) delays one start by up to 40 ms more than the next.
-    # So: no window of starts holds more than one start beyond what the delay allows (a late start is never
-    # followed by a burst that catches up), and no two starts come closer than a quarter of the delay.
-    gaps = [round(b - a, 4) for a, b in itertools.pairwise(starts)]
-    worst = min(starts[j] - starts[i] - (j - i) * delay for i, j in itertools.combinations(range(len(starts)), 2))
-    assert worst >= -delay, f"{-worst:.4f} s more starts than the delay allows in one window; gaps {gaps}"
-    assert min(gaps) >= delay / 4, f"two starts {min(gaps):.4f} s apart, the delay is {delay}; gaps {gaps}"
-    # The rate: at the allowed 10 pages/s it would take 4.9 s. A generous bound, as the machine may be loaded;
-    # at the old 0.2 s tick it took twice as long.
     rate = (len(starts) - 1) / (starts[-1] - starts[0])
-    assert rate >= 0.7 / delay, f"{rate:.1f} pages/s, {1 / delay:.0f} allowed"
-    # Every worker takes part from the start, not one worker taking every start until the others catch up.
-    first_half = Counter(h.agent for h in hits[: pages // 2])
-    assert all(first_half[f"agent-{n}"] >= pages // 2 // 10 for n in ("w1", "w2", "w3")), first_half
+    assert 0.7 / delay <= rate <= 1.05 / delay, f"{rate:.1f} pages/s, {1 / delay:.0f} allowed"
+    # From the moment the last worker joined, every worker takes turns: not one worker taking every start
+    # while the others wait (each gets the URLs the double hash gives it).
+    lines = log.splitlines()
+    joined = max(i for i, line in enumerate(lines) if " joined from " in line)
+    after = [node for _, node, _ in cluster.assignments("\n".join(lines[joined:]))][:30]
+    assert len(after) >= 20
+    share = Counter(after)
+    assert all(share[n] >= len(after) // 6 for n in ("w1", "w2", "w3")), share
 
 
 async def test_max_per_host_is_never_exceeded_and_used_to_the_full_against_a_slow_site(tmp_path):

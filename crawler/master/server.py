@@ -428,11 +428,14 @@ class Master:
         tasks = []
         if s.resend:
             tasks, s.resend = s.resend[:s.credit], s.resend[s.credit:]
-        tasks += self.crawl.take(s.node, s.credit - len(tasks), self.clock())
+        now = self.clock()
+        tasks += self.crawl.take(s.node, s.credit - len(tasks), now)
         if self.crawl.wake_at.get(s.node, math.inf) < self._sleep_until:
             self._wake.set()   # a gate opens before the dispatcher would look again
         if not tasks:
             return
+        if log.isEnabledFor(logging.DEBUG):   # when each request was let go: politeness checks read this
+            log.debug("assigned %d to %s at %.6f: %s", len(tasks), s.node, now, " ".join(t.url for t in tasks))
         s.credit -= len(tasks)
         step = 512
         try:
