@@ -89,7 +89,7 @@ async def test_politeness_min_delay_holds_across_all_workers(tmp_path):
     sent = [t for t, _, _ in cluster.assignments(master.log())]
     gaps = [b - a for a, b in itertools.pairwise(sent)]
     assert min(gaps) >= delay - SLACK_CAP - 1e-6, f"two requests {min(gaps):.4f} s apart; the minimum delay is {delay}"
-    assert (len(log) - 1) / (log[-1] - log[0]) <= 1.05 / delay
+    assert (len(log) - 1) / (log[-1] - log[0]) <= 1.1 / delay
     # Both workers took part, so the spacing really was enforced across them.
     assert pages_of(tmp_path, "w1") and pages_of(tmp_path, "w2")
 
