@@ -147,6 +147,33 @@ def test_nothing_is_chained_where_a_delay_must_be_kept(tmp_path):
     assert c.take("a", 5, 1.6) == []             # the slot is busy: waits for the release, not chained
 
 
+def test_urls_held_back_by_politeness_cost_no_attempt_when_their_node_goes(tmp_path):
+    c = make(tmp_path, nodes=("a", "b"), min_delay=10.0, max_attempts=1)
+    c.node_up("a")
+    (home,) = c.take("a", 5, 0.0)
+    c.complete("a", (done(home, [f"{SITE}/p{i}" for i in range(10)]),), now=0.5)
+    (sent,) = c.take("a", 5, 10.0)               # one goes out; the other nine wait for the gate at the master
+    assert len(c.held["a"]) == 9
+    c.node_away("a", now=11.0, grace=5.0)
+    held_back = [f"{SITE}/p{i}" for i in range(10) if f"{SITE}/p{i}" != sent.url]
+    assert all(c.store.url_info(u)["attempts"] == 0 and c.store.url_info(u)["state"] == "queued"
+               for u in held_back)
+    c.node_up("b")                               # and a node that joins gets them
+    assert len(c.take("b", 50, 20.0)) == 1 and len(c.held["b"]) == 8
+
+
+def test_a_joining_node_gets_its_share_of_what_others_held_back(tmp_path):
+    c = make(tmp_path, nodes=("a", "b"), min_delay=10.0)
+    c.node_up("a")
+    (home,) = c.take("a", 5, 0.0)
+    c.complete("a", (done(home, [f"{SITE}/p{i}" for i in range(40)]),), now=0.5)
+    assert len(c.take("a", 50, 10.0)) == 1 and len(c.held["a"]) == 39
+    c.node_up("b")
+    assert 8 <= len(c.held["a"]) <= 31           # the double hash gives b about half of what a held
+    c.take("b", 50, 10.0)
+    assert len(c.held["a"]) + len(c.held["b"]) == 39
+
+
 def test_expired_leases_return_to_the_frontier(tmp_path):
     c = make(tmp_path, nodes=("a",))
     c.node_up("a")

@@ -186,8 +186,8 @@ class Crawl:
         self.table.set_live(node, False)
         self.wake_at.pop(node, None)
         held = self.held.pop(node, HeldQueue())
-        if held:
-            self.store.release([h.url for h in held], self.route)
+        if held:   # never sent: back in line without counting an attempt
+            self.store.unlease([h.url for h in held], self.route)
         self.store.reroute([node], self.route)
         if self.leases_by_node.get(node):
             self.away[node] = now + grace
@@ -213,8 +213,9 @@ class Crawl:
             lease.next = None   # its successor went with it
             self._end_request(lease, now)
         held = self.held.pop(node, HeldQueue())
-        urls.extend(h.url for h in held)
         back = self.store.release(urls, self.route) if urls else 0
+        if held:   # never sent: back in line without counting an attempt
+            back += self.store.unlease([h.url for h in held], self.route)
         moved = self.store.reroute([node], self.route)
         log.info("node %s left: %d leases returned, %d frontier entries rerouted", node, back, moved)
         return back
