@@ -375,31 +375,34 @@ class Crawl:
             if not heads:
                 del self._heads[(node, host)]
 
-    def _end_request(self, lease: Lease, now: float, throttled: bool = False) -> None:
+    def _end_request(self, lease: Lease, now: float, throttled: bool = False) -> bool:
         """lease's page request ended (or will never be waited for): its slot passes to the lease chained after
         it, which the worker starts right then, unless the host said 429/503 (the worker then returns that one
-        unstarted); else the slot goes back to the gate."""
+        unstarted); else the slot goes back to the gate (then True)."""
         if not lease.holds:
-            return
+            return False
         lease.holds = False
         self._drop_head(lease.node, lease.host, lease.id)
         succ = self.leases.get(lease.next) if lease.next is not None else None
         if succ is not None and not throttled:
             succ.holds, succ.start = True, now
             self._heads.setdefault((succ.node, succ.host), {})[succ.id] = None
-            return
+            return False
         if self.gate is not None:
             self.gate.release(lease.host, now)
+        return True
 
-    def fetched(self, node: str, fetches: tuple[p.PageFetch, ...], now: float) -> None:
-        """Page requests ended at the node: free their hosts' slots; a 429/503 pauses its host for everyone."""
+    def fetched(self, node: str, fetches: tuple[p.PageFetch, ...], now: float) -> bool:
+        """Page requests ended at the node: free their hosts' slots; a 429/503 pauses its host for everyone.
+        True when a slot under a concurrency limit went back to the gate, so held work may now go out."""
         gate = self.gate
+        freed = False
         for f in fetches:
             lease = self.leases.get(f.lease)
             if lease is None or lease.node != node or not lease.holds:
                 continue
             throttled = f.http_status in THROTTLE_STATUSES
-            self._end_request(lease, now, throttled)
+            freed |= self._end_request(lease, now, throttled)
             if gate is None:
                 continue
             if throttled:
@@ -408,6 +411,7 @@ class Crawl:
                          until - now)
             elif f.http_status is not None:
                 gate.responded(lease.host, lease.start, now, f.latency, ok=f.http_status < 400)
+        return freed and gate is not None and gate.cfg.max_per_host is not None
 
     def robots_fetched(self, origin: str, status: int | None, body: bytes | None, now: float) -> None:
         assert self.robots is not None

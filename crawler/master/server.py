@@ -346,8 +346,8 @@ class Master:
                 msg = await conn.recv()
                 s.last_seen = self.clock()
                 if isinstance(msg, p.Fetched):
-                    self.crawl.fetched(s.node, msg.fetches, s.last_seen)
-                    self._dispatch_all()     # the hosts it freed may be waited on by any node
+                    if self.crawl.fetched(s.node, msg.fetches, s.last_seen):
+                        self._dispatch_all()     # the host slots it freed may be waited on by any node
                     continue
                 if isinstance(msg, p.Report):
                     rows = self.crawl.complete(s.node, msg.results, s.last_seen)
