@@ -66,11 +66,15 @@ class HeldQueue:
     of one check, so waking every few milliseconds for a polite host stays cheap however much is held.
     """
 
-    __slots__ = ("_by_host", "_count")
+    __slots__ = ("_by_host", "_count", "not_before")
 
     def __init__(self) -> None:
         self._by_host: dict[str, deque[Held]] = {}
         self._count = 0
+        # host -> the time its gate said it opens, when that was a time (a spacing or a pause, not a slot to be
+        # freed): until then dispatch passes the host by with one lookup. A gate only opens later than it said
+        # (a pause, a longer delay), except when an adaptive delay shrinks, which this merely defers.
+        self.not_before: dict[str, float] = {}
 
     def __len__(self) -> int:
         return self._count
@@ -99,6 +103,7 @@ class HeldQueue:
         self._count -= 1
         if not line:
             del self._by_host[host]
+            self.not_before.pop(host, None)
 
 
 @dataclass
@@ -281,9 +286,14 @@ class Crawl:
         if held is None:
             held = self.held[node] = HeldQueue()
         wake = math.inf
+        not_before = held.not_before
         for host in held.hosts():
             if len(out) >= n:
                 break
+            t = not_before.get(host)
+            if t is not None and t > now:
+                wake = min(wake, t)
+                continue
             wake = min(wake, self._serve_host(node, held, host, n, now, out))
         batch = max(n, self.cfg.scheduling.batch_size)
         while len(out) < n and len(held) < HELD_CAP:
@@ -317,6 +327,10 @@ class Crawl:
                 return math.inf
             wait = self._try_lease(node, h, now, out)
             if wait is not None:
+                if now < wait < math.inf:
+                    held.not_before[host] = wait
+                else:
+                    held.not_before.pop(host, None)
                 return wait
             held.pop_head(host)
         return math.inf   # stopped by the credit: new credit is an event of its own
