@@ -9,8 +9,8 @@ from crawler import protocol as p
 READ_CHUNK = 256 * 1024
 
 
-class ConnectionClosed(Exception):
-    pass
+class ConnectionClosed(ConnectionError):
+    """The connection ended (the peer closed it, or it was closed already): caught wherever a ConnectionError is."""
 
 
 class FramedConnection:
@@ -43,12 +43,19 @@ class FramedConnection:
 
     async def send_bytes(self, frames: bytes) -> None:
         """Frames already encoded (the caller checked them against the limit)."""
-        self.writer.write(frames)
+        self._write(frames)
         await self.writer.drain()
 
     def send_nowait(self, *msgs: p.Message) -> None:
         """Queue bytes without waiting for the peer; callers bound what they queue (credit, batches)."""
-        self.writer.write(b"".join(p.encode(m, self.max_frame) for m in msgs))
+        self._write(b"".join(p.encode(m, self.max_frame) for m in msgs))
+
+    def _write(self, data: bytes) -> None:
+        # A transport that a failed write or the peer's reset already closed makes uvloop raise RuntimeError,
+        # not a connection error: turn it into the error every caller handles.
+        if self.writer.is_closing():
+            raise ConnectionClosed("connection closed")
+        self.writer.write(data)
 
     async def close(self) -> None:
         if self.writer.is_closing():

@@ -8,6 +8,8 @@ so nothing here sleeps.
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import itertools
 import math
 import re
@@ -27,6 +29,18 @@ ROBOTS_MAX_BYTES = 500 * 1024
 # Allow/Disallow lines kept from one file. Each rule costs about 1.5 KB parsed and a little time in every
 # allowed() check; a real file needs far fewer, a hostile one would make one host cost tens of MiB.
 ROBOTS_MAX_RULES = 1000
+
+# Answers that mean "too many requests, slow down" (RFC 6585 4; RFC 9110 15.6.4): they pause the whole host.
+THROTTLE_STATUSES = frozenset({429, 503})
+
+# Starts are kept on a schedule: a start the master makes a little late (its event loop wakes on a millisecond
+# timer, a report is read a moment late) is booked at the time it was due, by up to this share of the delay and
+# never more than SLACK_CAP seconds, so the next start is not pushed back by the same lateness. That lateness is
+# then not lost from the rate (at a 10 ms delay one millisecond a start would cost 10%), two starts are never
+# closer than the delay less min(SLACK_SHARE x delay, SLACK_CAP), and over any run of starts the average
+# spacing is never below the delay.
+SLACK_SHARE = 0.1
+SLACK_CAP = 0.002
 
 
 @dataclass(frozen=True)
@@ -48,31 +62,49 @@ class PolitenessConfig:
     host_idle_ttl: float = 3600.0       # a host with nothing in flight is forgotten after this long idle
     robots_max_hosts: int = 10_000      # robots.txt rules kept, least recently used out (refetched if needed)
     robots_max_rules: int = 100_000     # rules kept over all those hosts, the same way
+    adaptive: bool = False              # the delay follows the host's response latency (AutoThrottle)
+    max_delay: float = 60.0             # the adaptive delay stays at or below this
+    target_concurrency: float = 1.0     # adaptive: requests the host should be serving at once, on average
+    backoff_base: float = 1.0           # the first pause after a 429/503 without a longer Retry-After
+    backoff_max: float = 300.0          # repeated 429/503 pauses double up to this
+    retry_after_cap: float = 3600.0     # a Retry-After is honoured up to this many seconds
 
     def __post_init__(self) -> None:
         if self.max_per_host is not None and self.max_per_host < 1:
             raise ValueError(f"max_per_host must be >= 1 or None, got {self.max_per_host}")
-        for name in ("min_delay", "crawl_delay_cap"):
+        for name in ("min_delay", "crawl_delay_cap", "max_delay", "backoff_base", "backoff_max",
+                     "retry_after_cap"):
             v = getattr(self, name)
             if not v >= 0 or math.isinf(v):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v}")
-        for name in ("robots_ttl", "robots_retry_after", "robots_fetch_timeout", "host_idle_ttl"):
+        for name in ("robots_ttl", "robots_retry_after", "robots_fetch_timeout", "host_idle_ttl",
+                     "target_concurrency"):
             v = getattr(self, name)
-            if not v > 0:
-                raise ValueError(f"{name} must be > 0, got {v}")
+            if not v > 0 or math.isinf(v):
+                raise ValueError(f"{name} must be a finite number > 0, got {v}")
         if self.robots_max_hosts < 1 or self.robots_max_rules < 1:
             raise ValueError("robots_max_hosts and robots_max_rules must be >= 1")
+        if self.max_delay < self.min_delay:
+            raise ValueError(f"max_delay ({self.max_delay}) must not be below min_delay ({self.min_delay})")
+        if self.backoff_max < self.backoff_base:
+            raise ValueError(f"backoff_max ({self.backoff_max}) must not be below backoff_base "
+                             f"({self.backoff_base})")
         if not self.user_agent.strip():
             raise ValueError("user_agent must not be empty")
 
 
 class _Host:
-    __slots__ = ("crawl_delay", "in_flight", "last_start", "touched")
+    __slots__ = ("adaptive_delay", "crawl_delay", "in_flight", "last_start", "paused_until", "throttled_at",
+                 "throttles", "touched")
 
     def __init__(self, now: float) -> None:
         self.in_flight = 0
-        self.last_start = -math.inf
+        self.last_start = -math.inf             # when the latest start was due (see SLACK_SHARE)
         self.crawl_delay: float | None = None   # already capped
+        self.adaptive_delay: float | None = None
+        self.paused_until = -math.inf           # a 429/503 stops every start until then
+        self.throttled_at = -math.inf           # when the latest 429/503 came back
+        self.throttles = 0                      # 429/503 in a row, each to a request started after the last
         self.touched = now
 
 
@@ -95,11 +127,14 @@ class HostGate:
         return len(self._hosts) + len(self._delayed)
 
     def delay(self, host: str) -> float:
-        """The spacing in force for host: max(min_delay, its capped Crawl-delay)."""
+        """The spacing in force for host: max(min_delay, its capped Crawl-delay, its adaptive delay)."""
         st = self._peek(host)
-        if st is None or st.crawl_delay is None:
-            return self.cfg.min_delay
-        return max(self.cfg.min_delay, st.crawl_delay)
+        return self.cfg.min_delay if st is None else self._delay_of(st)
+
+    def paused_until(self, host: str) -> float:
+        """Until when a 429/503 stops every start to host (-inf: not paused)."""
+        st = self._peek(host)
+        return st.paused_until if st is not None else -math.inf
 
     def in_flight(self, host: str) -> int:
         st = self._peek(host)
@@ -112,10 +147,12 @@ class HostGate:
         limit = self.cfg.max_per_host
         if limit is not None and st.in_flight >= limit:
             return False
-        if now - st.last_start < self._delay_of(st):
+        delay = self._delay_of(st)
+        due = max(_earliest(st.last_start, delay), st.paused_until)
+        if now < due:
             return False
         st.in_flight += 1
-        st.last_start = now
+        st.last_start = now if due == -math.inf else max(due, now - min(delay * SLACK_SHARE, SLACK_CAP))
         return True
 
     def release(self, host: str, now: float) -> None:
@@ -135,7 +172,55 @@ class HostGate:
         limit = self.cfg.max_per_host
         if limit is not None and st.in_flight >= limit:
             return math.inf
-        return max(now, _earliest(st.last_start, self._delay_of(st)))
+        return max(now, _earliest(st.last_start, self._delay_of(st)), st.paused_until)
+
+    def throttled(self, host: str, started: float, now: float, retry_after: float | None = None) -> float:
+        """The host answered 429 or 503 to a request that started at `started`: pause every start to it.
+
+        The pause is the longer of the Retry-After (capped at retry_after_cap) and an exponential step,
+        backoff_base doubled for each 429/503 in a row up to backoff_max. Answers to requests that were
+        already out when the previous one came back belong to the same burst: they may lengthen the pause to
+        their own Retry-After but do not double the step. Returns when the pause ends.
+        """
+        self._expire(now)
+        st = self._touch(host, now)
+        cfg = self.cfg
+        if started >= st.throttled_at or st.throttles == 0:
+            st.throttles += 1
+        st.throttled_at = now
+        step = min(cfg.backoff_base * 2.0 ** min(st.throttles - 1, 64), cfg.backoff_max)
+        wait = step
+        if retry_after is not None and retry_after > 0:   # also drops NaN
+            wait = max(wait, min(retry_after, cfg.retry_after_cap))
+        st.paused_until = max(st.paused_until, now + wait)
+        st.touched = max(st.touched, st.paused_until)   # not forgotten while paused
+        return st.paused_until
+
+    def responded(self, host: str, started: float, now: float, latency: float | None,
+                  ok: bool = True) -> None:
+        """A request that started at `started` got an answer other than 429/503 after `latency` seconds.
+
+        An answer to a request sent after the latest 429/503 ends the run of them (the next one starts the
+        backoff from backoff_base again). With adaptive on, the latency moves the host's delay the way
+        Scrapy's AutoThrottle does: towards latency / target_concurrency, averaged with the delay in force,
+        never below that target, clamped to [min_delay, max_delay]; an error answer (ok False) may raise the
+        delay but not lower it, as errors are often fast. The Crawl-delay still applies on top (delay()).
+        """
+        st = self._peek(host)
+        if st is None:
+            return
+        if started >= st.throttled_at:
+            st.throttles = 0
+        cfg = self.cfg
+        if not cfg.adaptive or latency is None or not latency >= 0 or math.isinf(latency):
+            return
+        current = st.adaptive_delay if st.adaptive_delay is not None else cfg.min_delay
+        target = latency / cfg.target_concurrency
+        new = max(target, (current + target) / 2.0)
+        new = min(max(cfg.min_delay, new), cfg.max_delay)
+        if not ok and new < current:
+            return
+        st.adaptive_delay = new
 
     def set_crawl_delay(self, host: str, delay: float | None) -> None:
         """Apply a robots.txt Crawl-delay (None removes it); it is capped at crawl_delay_cap."""
@@ -149,7 +234,12 @@ class HostGate:
         st.crawl_delay = None if delay is None else min(delay, self.cfg.crawl_delay_cap)
 
     def _delay_of(self, st: _Host) -> float:
-        return self.cfg.min_delay if st.crawl_delay is None else max(self.cfg.min_delay, st.crawl_delay)
+        d = self.cfg.min_delay
+        if st.crawl_delay is not None and st.crawl_delay > d:
+            d = st.crawl_delay
+        if st.adaptive_delay is not None and st.adaptive_delay > d:
+            d = st.adaptive_delay
+        return d
 
     def _peek(self, host: str) -> _Host | None:
         st = self._hosts.get(host)
@@ -208,6 +298,28 @@ def _earliest(last_start: float, delay: float) -> float:
     while (earlier := math.nextafter(t, -math.inf)) - last_start >= delay:
         t = earlier
     return t
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Seconds to wait from a Retry-After header (RFC 9110 10.2.3): delay-seconds or an HTTP-date.
+
+    now is the wall-clock time (Unix seconds) the answer came, for a date. None when absent or unreadable;
+    a date in the past is 0.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or len(value) > 64:
+        return None
+    if value.isascii() and value.isdigit():
+        return float(min(int(value), 10**9))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:   # RFC 9110 dates are GMT; a zone-less one is read as such
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, when.timestamp() - now)
 
 
 def host_url_of(url: str) -> str:

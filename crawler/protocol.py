@@ -29,7 +29,7 @@ import msgpack
 from crawler.items import AudioItem
 
 PROTOCOL_VERSION = 3   # 2: Welcome carries max_depth; 3: Result carries the links cut at the depth limit,
-                       # Welcome the private addresses the crawl may reach
+                       # Welcome the private addresses the crawl may reach; Fetched, Task.after
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 NONCE_SIZE = 32
 _HEADER = struct.Struct(">I")
@@ -76,6 +76,15 @@ def _float(v: Any, name: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ProtocolError(f"{name}: expected a number, got {type(v).__name__}")
     return float(v)
+
+
+def _opt_seconds(v: Any, name: str) -> float | None:
+    if v is None:
+        return None
+    v = _float(v, name)
+    if not 0 <= v < 1e12:   # also refuses NaN and infinities
+        raise ProtocolError(f"{name}: expected a finite number of seconds >= 0")
+    return v
 
 
 def _bytes(v: Any, name: str, size: int | None = None) -> bytes:
@@ -224,6 +233,10 @@ class Task:
     url: str
     depth: int
     parent: str | None = None
+    # Start only when the page request of this earlier lease (sent to the same worker) ends, and not at all if
+    # it was answered 429/503: the master hands out a host's next request ahead of the slot freeing, so the
+    # host's concurrency limit is used to the full without a round trip to the master between requests.
+    after: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +245,7 @@ class Assign(Message):
     tasks: tuple[Task, ...]
 
     def fields(self):
-        return [[[t.lease, t.url, t.depth, t.parent] for t in self.tasks]]
+        return [[[t.lease, t.url, t.depth, t.parent, t.after] for t in self.tasks]]
 
     @classmethod
     def from_fields(cls, f):
@@ -240,10 +253,11 @@ class Assign(Message):
         tasks = []
         for raw in _list(f[0], "tasks"):
             t = _list(raw, "task")
-            if len(t) != 4:
-                raise ProtocolError("task: expected 4 fields")
+            if len(t) != 5:
+                raise ProtocolError("task: expected 5 fields")
+            after = None if t[4] is None else _nonneg(t[4], "after")
             tasks.append(Task(_nonneg(t[0], "lease"), _str(t[1], "url"), _nonneg(t[2], "depth"),
-                              _opt_str(t[3], "parent")))
+                              _opt_str(t[3], "parent"), after))
         return cls(tuple(tasks))
 
 
@@ -372,8 +386,47 @@ class Shutdown(_Reason):
     TYPE: ClassVar[int] = 10
 
 
+@dataclass(frozen=True, slots=True)
+class PageFetch:
+    """One page request ended (its answer read, or failed): what the host said and how fast."""
+
+    lease: int
+    http_status: int | None = None     # None: no answer (network error, timeout)
+    retry_after: float | None = None   # seconds, from a Retry-After header (a date already turned into seconds)
+    latency: float | None = None       # seconds from sending the request to having the page
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched(Message):
+    """Sent by a worker the moment page requests end, ahead of their results (which wait for parsing,
+    resolving and downloads, and are batched): the master frees the host's politeness slot at once, and a
+    429/503 slows the host for every worker before anyone else is sent there."""
+
+    TYPE: ClassVar[int] = 20
+    fetches: tuple[PageFetch, ...]
+
+    def fields(self):
+        return [[[f.lease, f.http_status, f.retry_after, f.latency] for f in self.fetches]]
+
+    @classmethod
+    def from_fields(cls, f):
+        _arity(f, 1, cls)
+        out = []
+        for raw in _list(f[0], "fetches"):
+            x = _list(raw, "fetch")
+            if len(x) != 4:
+                raise ProtocolError("fetch: expected 4 fields")
+            status = _opt_int(x[1], "http_status")
+            if status is not None and not 100 <= status <= 999:
+                raise ProtocolError("http_status: out of range")
+            out.append(PageFetch(_nonneg(x[0], "lease"), status, _opt_seconds(x[2], "retry_after"),
+                                 _opt_seconds(x[3], "latency")))
+        return cls(tuple(out))
+
+
 MESSAGE_TYPES: dict[int, type[Message]] = {
-    cls.TYPE: cls for cls in (Hello, Challenge, Auth, Welcome, Refused, Assign, Report, Heartbeat, Credit, Shutdown)
+    cls.TYPE: cls for cls in (Hello, Challenge, Auth, Welcome, Refused, Assign, Report, Heartbeat, Credit, Shutdown,
+                               Fetched)
 }
 
 

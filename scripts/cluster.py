@@ -92,11 +92,12 @@ async def _spawn(name: str, args: list[str], log_path: Path) -> Proc:
     return p
 
 
-async def start_master(config: Path, tmp: Path, *, log_name: str = "master.log") -> Proc:
+async def start_master(config: Path, tmp: Path, *, log_name: str = "master.log", log_level: str = "info") -> Proc:
     addr = Path(yaml.safe_load(config.read_text())["data_dir"]) / "master.addr"
     if addr.exists():
         addr.unlink()
-    p = await _spawn("master", [sys.executable, "-m", "crawler.master", "--config", str(config)], tmp / log_name)
+    p = await _spawn("master", [sys.executable, "-m", "crawler.master", "--log-level", log_level,
+                                "--config", str(config)], tmp / log_name)
     for _ in range(300):
         if addr.exists() and addr.read_text().strip():
             return p
@@ -134,6 +135,18 @@ async def until(predicate, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+def assignments(master_log: str) -> list[tuple[float, str, list[str]]]:
+    """(master clock, node, URLs) of every assignment a master run with --log-level debug logged, in order."""
+    out = []
+    for line in master_log.splitlines():
+        _, sep, rest = line.partition(" DEBUG crawler.master: assigned ")
+        if sep:
+            head, _, urls = rest.partition(": ")
+            _n, _to, node, _at, when = head.split(" ")
+            out.append((float(when), node, urls.split(" ")))
+    return out
 
 
 def catalogue(tmp: Path) -> list[dict]:

@@ -54,6 +54,10 @@ def test_example_configs_in_the_repo_are_valid(tmp_path):
     ({"crawl": {"allowed_networks": ["10.0.0.0/33"]}}, "crawl.allowed_networks", "not an IP network"),
     ({"crawl": {"allowed_networks": ["intranet.example"]}}, "crawl.allowed_networks", "not an IP network"),
     ({"politeness": {"robots_timeout": 0}}, "politeness.robots_timeout", "greater than 0"),
+    ({"politeness": {"min_delay": 2, "max_delay": 1}}, "politeness.max_delay", "below politeness.min_delay"),
+    ({"politeness": {"backoff_base": 10, "backoff_max": 1}}, "politeness.backoff_max", "below"),
+    ({"politeness": {"target_concurrency": 0}}, "politeness.target_concurrency", "greater than 0"),
+    ({"politeness": {"adaptive": 1}}, "politeness.adaptive", "true or false"),
 ])
 def test_bad_values_name_the_key(tmp_path, change, key, words):
     raw = base(tmp_path)

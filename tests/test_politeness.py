@@ -8,11 +8,14 @@ from crawler.politeness import (
     KNOWN,
     PENDING,
     ROBOTS_MAX_BYTES,
+    SLACK_CAP,
+    SLACK_SHARE,
     UNKNOWN,
     HostGate,
     PolitenessConfig,
     RobotsRules,
     host_url_of,
+    parse_retry_after,
     robots_url,
 )
 
@@ -55,6 +58,7 @@ def test_gate_never_exceeds_concurrency_or_spacing(max_per_host, min_delay, cap,
     now = 0.0
     crawl_delay = {h: None for h in HOSTS}     # what robots.txt said, our own model
     last_start: dict[str, float] = {}
+    slack: dict[str, float] = {}          # how much earlier than its start the gate may have booked it
     in_flight: list[str] = []
 
     def spacing(h):
@@ -78,8 +82,10 @@ def test_gate_never_exceeds_concurrency_or_spacing(max_per_host, min_delay, cap,
             # ready_at and try_acquire agree.
             assert ok == (ready <= now)
             if ok:
-                assert now - last_start.get(h, -math.inf) >= spacing(h)
+                # Starts are booked on a schedule: a late one lends the next up to its slack, no more.
+                assert now - last_start.get(h, -math.inf) >= spacing(h) - slack.get(h, 0.0) - 1e-9   # float rounding
                 last_start[h] = now
+                slack[h] = min(spacing(h) * SLACK_SHARE, SLACK_CAP)
                 in_flight.append(h)
                 assert max_per_host is None or in_flight.count(h) <= max_per_host
             else:
@@ -87,8 +93,9 @@ def test_gate_never_exceeds_concurrency_or_spacing(max_per_host, min_delay, cap,
                 assert blocked_by_count or now - last_start[h] < spacing(h)
                 if blocked_by_count:
                     assert ready == math.inf
-                else:   # the first instant at which the spacing is kept
-                    assert ready - last_start[h] >= spacing(h) > math.nextafter(ready, -math.inf) - last_start[h]
+                else:
+                    assert now < ready < math.inf
+                    assert ready - last_start[h] >= spacing(h) - slack[h] - 1e-9
         for h in HOSTS:
             assert gate.in_flight(h) == in_flight.count(h)
 
@@ -378,3 +385,119 @@ def test_recently_used_rules_stay():
     assert rules.allowed("http://a.example/y")          # a is used: b is now the least recently used
     rules.mark_pending("http://c.example", 0.0)
     assert rules.state("http://a.example", 1.0) == KNOWN and rules.state("http://b.example", 1.0) == UNKNOWN
+# --- HostGate: schedule, backoff on 429/503, adaptive delay -------------------------------------------------
+
+def test_late_starts_keep_the_schedule_but_never_run_ahead_of_it():
+    # The master wakes 1 ms late every time: the gate books each start when it was due, so ten starts take
+    # nine delays (plus the last lateness), not nine delays plus nine latenesses.
+    gate = HostGate(PolitenessConfig(max_per_host=None, min_delay=0.01))
+    starts, now = [], 100.0
+    for _ in range(10):
+        now = gate.ready_at("h", now) + 0.001
+        assert gate.try_acquire("h", now)
+        starts.append(now)
+    assert starts[-1] - starts[0] == pytest.approx(9 * 0.01 + 0.001, abs=1e-9)
+    # Lateness beyond the slack is lost, not lent: the next start waits a full delay less the slack.
+    now = gate.ready_at("h", now) + 0.5
+    assert gate.try_acquire("h", now)
+    slack = min(0.01 * SLACK_SHARE, SLACK_CAP)
+    assert gate.ready_at("h", now) == pytest.approx(now + 0.01 - slack)
+    assert not gate.try_acquire("h", now + 0.01 - slack - 1e-6)
+
+
+def test_the_first_start_of_a_host_is_booked_when_it_happens():
+    gate = HostGate(PolitenessConfig(max_per_host=None, min_delay=1.0))
+    assert gate.try_acquire("h", 50.0)
+    assert gate.ready_at("h", 50.0) == 51.0
+
+
+def test_429_pauses_the_host_for_its_retry_after_and_backs_off_exponentially():
+    cfg = PolitenessConfig(max_per_host=None, min_delay=0.0, backoff_base=1.0, backoff_max=8.0,
+                           retry_after_cap=100.0)
+    gate = HostGate(cfg)
+    assert gate.try_acquire("h", 0.0)
+    gate.release("h", 0.5)
+    assert gate.throttled("h", started=0.0, now=0.5, retry_after=2.0) == 2.5   # Retry-After beats the 1 s step
+    assert not gate.try_acquire("h", 2.49) and gate.ready_at("h", 1.0) == 2.5
+    assert gate.try_acquire("other", 1.0)                                     # one host only
+    pauses = []
+    now = 2.5
+    for _ in range(6):                     # each new request is answered 429 without Retry-After
+        assert gate.try_acquire("h", now)
+        gate.release("h", now)
+        until = gate.throttled("h", started=now, now=now)
+        pauses.append(until - now)
+        now = until
+    assert pauses == [2.0, 4.0, 8.0, 8.0, 8.0, 8.0]          # doubling, capped at backoff_max
+    # An answer to a request sent after the pause ends the run: the next 429 starts from the base again.
+    assert gate.try_acquire("h", now)
+    gate.release("h", now + 0.1)
+    gate.responded("h", started=now, now=now + 0.1, latency=0.1)
+    assert gate.throttled("h", started=now + 0.2, now=now + 0.3) == pytest.approx(now + 1.3)
+
+
+def test_answers_from_one_burst_do_not_double_the_pause():
+    gate = HostGate(PolitenessConfig(max_per_host=None, backoff_base=1.0, backoff_max=100.0))
+    for _ in range(4):
+        assert gate.try_acquire("h", 0.0)
+    # Four requests were out together; all four come back 429: one step, not 1+2+4+8.
+    ends = [gate.throttled("h", started=0.0, now=0.1 * i) for i in range(1, 5)]
+    assert ends[-1] == pytest.approx(1.4)
+    # A 200 from that burst does not end the run either: the next request is still the second step.
+    gate.responded("h", started=0.0, now=0.5, latency=0.1)
+    assert gate.throttled("h", started=2.0, now=2.1) == pytest.approx(4.1)
+
+
+def test_retry_after_is_capped_and_a_pause_is_remembered_past_the_idle_ttl():
+    gate = HostGate(PolitenessConfig(max_per_host=None, retry_after_cap=50.0, host_idle_ttl=10.0,
+                                     backoff_base=1.0))
+    assert gate.throttled("h", started=0.0, now=0.0, retry_after=1e9) == 50.0
+    assert gate.try_acquire("other", 20.0)          # moves the clock on past h's idle TTL
+    assert gate.ready_at("h", 30.0) == 50.0
+
+
+def test_adaptive_delay_follows_latency_between_min_and_max_and_never_below_crawl_delay():
+    cfg = PolitenessConfig(max_per_host=None, min_delay=0.05, max_delay=2.0, adaptive=True, target_concurrency=1.0)
+    gate = HostGate(cfg)
+    assert gate.try_acquire("h", 0.0)
+    for i in range(20):                     # a fast host: the delay stays at min_delay
+        gate.responded("h", started=i, now=i, latency=0.01)
+    assert gate.delay("h") == 0.05
+    for i in range(20):                     # latency rises to 0.5 s: the delay converges on it
+        gate.responded("h", started=i, now=i, latency=0.5)
+    assert gate.delay("h") == pytest.approx(0.5, rel=1e-3)
+    gate.responded("h", started=0, now=0, latency=0.01, ok=False)   # a fast error does not lower it
+    assert gate.delay("h") == pytest.approx(0.5, rel=1e-3)
+    gate.responded("h", started=0, now=0, latency=30.0)             # capped at max_delay
+    assert gate.delay("h") == 2.0
+    gate.set_crawl_delay("h", 5.0)
+    for i in range(20):
+        gate.responded("h", started=i, now=i, latency=0.01)
+    assert gate.delay("h") == 5.0                                   # robots.txt's Crawl-delay is the floor
+    gate.set_crawl_delay("h", None)
+    assert gate.delay("h") == pytest.approx(0.05, rel=0.1)
+
+
+def test_latency_is_ignored_without_adaptive():
+    gate = HostGate(PolitenessConfig(max_per_host=None, min_delay=0.1))
+    assert gate.try_acquire("h", 0.0)
+    gate.responded("h", started=0.0, now=1.0, latency=10.0)
+    assert gate.delay("h") == 0.1
+
+
+@pytest.mark.parametrize("kw", [{"max_delay": 0.5, "min_delay": 1.0}, {"backoff_base": 10.0, "backoff_max": 1.0},
+                                {"target_concurrency": 0.0}, {"retry_after_cap": -1.0}])
+def test_config_refuses_inconsistent_backoff_and_adaptive_settings(kw):
+    with pytest.raises(ValueError):
+        PolitenessConfig(**kw)
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    ("2", 2.0), (" 120 ", 120.0), ("0", 0.0),
+    ("Wed, 21 Oct 2015 07:28:10 GMT", 10.0),    # an HTTP-date 10 s after "now"
+    ("Wed, 21 Oct 2015 07:27:00 GMT", 0.0),     # in the past
+    (None, None), ("", None), ("soon", None), ("-5", None), ("1.5", None), ("9" * 100, None),
+])
+def test_parse_retry_after(value, seconds):
+    now = 1445412480.0   # Wed, 21 Oct 2015 07:28:00 GMT
+    assert parse_retry_after(value, now) == seconds

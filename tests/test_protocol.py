@@ -21,7 +21,8 @@ MESSAGES = [
     p.Welcome(5.0, (r"^https?://www\.kugou\.com/song/",), 4 * 1024 * 1024),
     p.Welcome(0.5, (), 1024, max_depth=3),
     p.Refused("bad secret"),
-    p.Assign((p.Task(1, "http://a/", 0, None), p.Task(2, "http://a/b", 3, "http://a/"))),
+    p.Assign((p.Task(1, "http://a/", 0, None), p.Task(2, "http://a/b", 3, "http://a/"),
+              p.Task(3, "http://a/c", 3, "http://a/", after=2))),
     p.Assign(()),
     p.Report((p.Result(1, "http://a/", p.DONE, 200, "http://a/", "text/html", 123, None,
                        ("http://a/1", "http://a/2"), (ITEM,)),
@@ -29,6 +30,7 @@ MESSAGES = [
     p.Heartbeat(1234.5),
     p.Credit(17),
     p.Shutdown("crawl finished"),
+    p.Fetched((p.PageFetch(1, 200, None, 0.05), p.PageFetch(2, 429, 2.0, 0.001), p.PageFetch(3))),
 ]
 
 
@@ -88,12 +90,16 @@ def _frame(obj) -> bytes:
 
 @pytest.mark.parametrize("obj", [
     [], {}, "hello", [99], [True], [1, "w"], [1, "w", 1, 1, b"short"], [1, 5, 1, 1, NONCE],
-    [6, [[1, "u"]]], [6, [[-1, "u", 0, None]]], [7, [[1, "u", "bogus", None, None, None, None, None, [], []]]],
+    [6, [[1, "u"]]], [6, [[-1, "u", 0, None, None]]], [6, [[1, "u", 0, None]]], [6, [[1, "u", 0, None, -2]]],
+    [6, [[1, "u", 0, None, "2"]]], [7, [[1, "u", "bogus", None, None, None, None, None, [], []]]],
     [7, [[1, "u", "done", None, None, None, None, None, [1], []]]],
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": 1}]]]],
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "title": 3}]]]],
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "identity": {"headers": [[1]]}}]]]],
     [9, -1], [9, 10**9], [8, "now"], [4, 1.0, [3], 1 << 20], [4, 1.0, [], 10],
+    [20, [[1, 200, None]]], [20, [[-1, 200, None, None]]], [20, [[1, 42, None, None]]],
+    [20, [[1, 200, -1.0, None]]], [20, [[1, 200, None, float("nan")]]], [20, [[1, 200, float("inf"), None]]],
+    [20, [[1, "200", None, None]]], [20, [[1, 200, None, "fast"]]], [20, {}],
 ], ids=repr)
 def test_malformed_messages_raise_protocol_error(obj):
     d = p.FrameDecoder()

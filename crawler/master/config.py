@@ -103,6 +103,12 @@ SPEC = {
         "crawl_delay_cap": Key("float", 10.0, non_negative),
         "user_agent": Key("str", "audio-crawler/0.1"),
         "robots_timeout": Key("float", 30.0, positive),   # a robots.txt fetch in all, redirects and body
+        "adaptive": Key("bool", False),
+        "max_delay": Key("float", 60.0, non_negative),
+        "target_concurrency": Key("float", 1.0, positive),
+        "backoff_base": Key("float", 1.0, non_negative),
+        "backoff_max": Key("float", 300.0, non_negative),
+        "retry_after_cap": Key("float", 3600.0, non_negative),
     }),
     "dedup": Key("section", section={
         "expected_urls": Key("int", 10_000_000, positive),
@@ -154,6 +160,12 @@ class Politeness:
     crawl_delay_cap: float
     user_agent: str
     robots_timeout: float
+    adaptive: bool
+    max_delay: float
+    target_concurrency: float
+    backoff_base: float
+    backoff_max: float
+    retry_after_cap: float
 
 
 @dataclass(frozen=True)
@@ -215,10 +227,15 @@ class MasterConfig:
         sched = Scheduling(**v["scheduling"])
         if sched.heartbeat_timeout <= sched.heartbeat_interval:
             raise ConfigError("scheduling.heartbeat_timeout", "must be longer than scheduling.heartbeat_interval")
+        pol = Politeness(**v["politeness"])
+        if pol.max_delay < pol.min_delay:
+            raise ConfigError("politeness.max_delay", "must not be below politeness.min_delay")
+        if pol.backoff_max < pol.backoff_base:
+            raise ConfigError("politeness.backoff_max", "must not be below politeness.backoff_base")
         return cls(
             listen=v["listen"], data_dir=v["data_dir"], secret=read_secret(v["secret_file"]),
             nodes=v["nodes"], seeds=v["seeds"], exit_when_done=v["exit_when_done"],
-            crawl=CrawlLimits(**crawl), scheduling=sched, politeness=Politeness(**v["politeness"]),
+            crawl=CrawlLimits(**crawl), scheduling=sched, politeness=pol,
             dedup=DedupSettings(**v["dedup"]), max_frame=v["max_frame"], log_interval=v["log_interval"],
             web=_web(v["web"]),
         )

@@ -8,15 +8,17 @@ double-hash node table, and global politeness. Every batch of links goes through
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from crawler import protocol as p
 from crawler.master.config import MasterConfig
 from crawler.master.dedup import Dedup
 from crawler.master.store import Finished, MasterStore
-from crawler.politeness import HostGate, ParsedRobots, RobotsRules, host_url_of
+from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, host_url_of
 from crawler.scheduler import NodeTable
 from crawler.urls import DISCARD_TOO_DEEP, NormalizeOptions, UrlPolicy, normalize_many
 
@@ -28,6 +30,10 @@ _AUDIO_HINT = re.compile(r"song|music|audio|track|album|playlist|special|mp3|lis
 HELD_CAP = 2048
 DISCARD_INVALID = "invalid"
 DISCARD_ROBOTS = "robots"
+# A page answered 429/503 goes back in line without counting an attempt: the site asked us to wait, the page is
+# not broken. Past this many such answers in a row (a page that always says 503) they count like any retry.
+FREE_THROTTLED_RETRIES = 20
+THROTTLED_TRACKED = 65536   # URLs whose run of 429/503 answers is remembered; the oldest are forgotten first
 
 
 @dataclass(slots=True)
@@ -39,6 +45,10 @@ class Lease:
     node: str
     host: str
     deadline: float
+    start: float = 0.0        # when its request started, as far as the politeness gate knows
+    holds: bool = True        # it holds one of its host's slots in the gate (until its page request ends)
+    after: int | None = None  # chained: the worker starts it when this lease's request ends (protocol.Task)
+    next: int | None = None   # the lease chained after this one
 
 
 @dataclass(slots=True)
@@ -47,6 +57,53 @@ class Held:
     depth: int
     parent: str | None
     host: str          # scheme://netloc, the politeness and robots key
+
+
+class HeldQueue:
+    """A node's popped-but-not-yet-sendable entries, one line per host.
+
+    Dispatch asks each host once, not each entry: when a host's gate is shut, its whole line waits at the cost
+    of one check, so waking every few milliseconds for a polite host stays cheap however much is held.
+    """
+
+    __slots__ = ("_by_host", "_count", "not_before")
+
+    def __init__(self) -> None:
+        self._by_host: dict[str, deque[Held]] = {}
+        self._count = 0
+        # host -> the time its gate said it opens, when that was a time (a spacing or a pause, not a slot to be
+        # freed): until then dispatch passes the host by with one lookup. A gate only opens later than it said
+        # (a pause, a longer delay), except when an adaptive delay shrinks, which this merely defers.
+        self.not_before: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[Held]:
+        for line in self._by_host.values():
+            yield from line
+
+    def add(self, h: Held) -> None:
+        line = self._by_host.get(h.host)
+        if line is None:
+            line = self._by_host[h.host] = deque()
+        line.append(h)
+        self._count += 1
+
+    def hosts(self) -> list[str]:
+        return list(self._by_host)
+
+    def head(self, host: str) -> Held | None:
+        line = self._by_host.get(host)
+        return line[0] if line else None
+
+    def pop_head(self, host: str) -> None:
+        line = self._by_host[host]
+        line.popleft()
+        self._count -= 1
+        if not line:
+            del self._by_host[host]
+            self.not_before.pop(host, None)
 
 
 @dataclass
@@ -77,7 +134,12 @@ class Crawl:
                                 allow_patterns=c.allow_patterns, deny_patterns=c.deny_patterns)
         self.leases: dict[int, Lease] = {}
         self.leases_by_node: dict[str, set[int]] = {}
-        self.held: dict[str, deque[Held]] = {}
+        self.held: dict[str, HeldQueue] = {}
+        # node -> when a politeness gate next opens for something it holds (what the server sleeps until)
+        self.wake_at: dict[str, float] = {}
+        self._throttled: dict[str, int] = {}     # url -> 429/503 answers in a row
+        # (node, host) -> leases holding a slot of host with nothing chained after them yet, in order
+        self._heads: dict[tuple[str, str], dict[int, None]] = {}
         self.away: dict[str, float] = {}          # node -> when its leases are given up
         self.robots_wanted: set[str] = set()     # origins whose robots.txt the server should fetch
         self.discards: Counter = Counter()
@@ -94,23 +156,43 @@ class Crawl:
         self.away.pop(node, None)
         self.table.set_live(node, True)
         self.leases_by_node.setdefault(node, set())
-        self.held.setdefault(node, deque())
+        self.held.setdefault(node, HeldQueue())
         # Only entries of this node's own slot and of dead slots can route differently now.
         live = self.table.live
         slots = [i for i, n in enumerate(self.table.nodes) if n == node or n not in live]
         moved = self.store.reroute_slots(slots, self.route) + self.store.reroute([None], self.route)
+        moved += self._rehome_held(node)
         if moved:
             log.info("node %s joined: %d frontier entries routed to it", node, moved)
-        return [p.Task(i, self.leases[i].url, self.leases[i].depth, self.leases[i].parent)
+        return [p.Task(i, self.leases[i].url, self.leases[i].depth, self.leases[i].parent, self.leases[i].after)
                 for i in sorted(self.leases_by_node[node])]
+
+    def _rehome_held(self, joined: str) -> int:
+        """Entries other nodes popped but could not send yet (a polite host holds back most of them) and that
+        now route to the node that joined go back in line, so it gets its share now, not once the others have
+        worked through what they hold."""
+        back: list[str] = []
+        for other, q in list(self.held.items()):
+            if other == joined or not q:
+                continue
+            entries = list(q)
+            kept = HeldQueue()
+            for h, target in zip(entries, self.route([h.url for h in entries]), strict=True):
+                if target == other:
+                    kept.add(h)
+                else:
+                    back.append(h.url)
+            self.held[other] = kept
+        return self.store.unlease(back, self.route) if back else 0
 
     def node_away(self, node: str, now: float, grace: float) -> None:
         """The node's connection closed. New work goes elsewhere at once; its leases wait `grace` seconds for it
         to come back (a restarted worker resumes its partial downloads), then return to the frontier."""
         self.table.set_live(node, False)
-        held = self.held.pop(node, deque())
-        if held:
-            self.store.release([h.url for h in held], self.route)
+        self.wake_at.pop(node, None)
+        held = self.held.pop(node, HeldQueue())
+        if held:   # never sent: back in line without counting an attempt
+            self.store.unlease([h.url for h in held], self.route)
         self.store.reroute([node], self.route)
         if self.leases_by_node.get(node):
             self.away[node] = now + grace
@@ -127,16 +209,18 @@ class Crawl:
         """The node left or died: its leases and parked entries go back, through the second hash."""
         self.away.pop(node, None)
         self.table.set_live(node, False)
+        self.wake_at.pop(node, None)
         ids = self.leases_by_node.pop(node, set())
         urls = []
         for i in ids:
             lease = self.leases.pop(i)
             urls.append(lease.url)
-            if self.gate:
-                self.gate.release(lease.host, now)
-        held = self.held.pop(node, deque())
-        urls.extend(h.url for h in held)
+            lease.next = None   # its successor went with it
+            self._end_request(lease, now)
+        held = self.held.pop(node, HeldQueue())
         back = self.store.release(urls, self.route) if urls else 0
+        if held:   # never sent: back in line without counting an attempt
+            back += self.store.unlease([h.url for h in held], self.route)
         moved = self.store.reroute([node], self.route)
         log.info("node %s left: %d leases returned, %d frontier entries rerouted", node, back, moved)
         return back
@@ -184,8 +268,13 @@ class Crawl:
 
     # ------------------------------------------------------------------ dispatch
     def take(self, node: str, n: int, now: float) -> list[p.Task]:
-        """Up to n tasks for node that politeness allows now; the rest waits in the node's held queue."""
+        """Up to n tasks for node that politeness allows now; the rest waits in the node's held queue.
+
+        Afterwards wake_at[node] says when a politeness gate next opens for what the node holds (absent: only
+        an event can help, a release or robots.txt arriving), so the server can sleep until exactly then.
+        """
         out: list[p.Task] = []
+        self.wake_at.pop(node, None)
         if n <= 0 or not self.table.live or node not in self.table.live:
             return out
         max_pages = self.cfg.crawl.max_pages
@@ -193,48 +282,150 @@ class Crawl:
             n = min(n, max_pages - self._scheduled)
             if n <= 0:
                 return out
-        held = self.held.setdefault(node, deque())
-        if held:
-            for _ in range(len(held)):
-                if len(out) >= n:
-                    break
-                h = held.popleft()
-                if not self._try_lease(node, h, now, out):
-                    held.append(h)
+        held = self.held.get(node)
+        if held is None:
+            held = self.held[node] = HeldQueue()
+        wake = math.inf
+        not_before = held.not_before
+        for host in held.hosts():
+            if len(out) >= n:
+                break
+            t = not_before.get(host)
+            if t is not None and t > now:
+                wake = min(wake, t)
+                continue
+            wake = min(wake, self._serve_host(node, held, host, n, now, out))
         batch = max(n, self.cfg.scheduling.batch_size)
         while len(out) < n and len(held) < HELD_CAP:
             rows = self.store.pop(node, batch, now)
             if not rows:
                 break
+            fresh: dict[str, None] = {}
             for url, depth, parent in rows:
                 h = Held(url, depth, parent, host_url_of(url))
-                if len(out) >= n or not self._try_lease(node, h, now, out):
-                    held.append(h)
+                held.add(h)
+                fresh[h.host] = None
+            for host in fresh:
+                if len(out) >= n:
+                    break
+                wake = min(wake, self._serve_host(node, held, host, n, now, out))
+        if wake < math.inf:
+            self.wake_at[node] = wake
         self._scheduled += len(out)
         return out
 
-    def _try_lease(self, node: str, h: Held, now: float, out: list[p.Task]) -> bool:
+    def next_wake(self) -> float:
+        """The earliest time a politeness gate opens for anything held (inf: none is waiting on time)."""
+        return min(self.wake_at.values(), default=math.inf)
+
+    def _serve_host(self, node: str, held: HeldQueue, host: str, n: int, now: float, out: list[p.Task]) -> float:
+        """Lease the head of host's line while politeness allows; returns when to try it again (inf: on an
+        event only)."""
+        while len(out) < n:
+            h = held.head(host)
+            if h is None:
+                return math.inf
+            wait = self._try_lease(node, h, now, out)
+            if wait is not None:
+                if now < wait < math.inf:
+                    held.not_before[host] = wait
+                else:
+                    held.not_before.pop(host, None)
+                return wait
+            held.pop_head(host)
+        return math.inf   # stopped by the credit: new credit is an event of its own
+
+    def _try_lease(self, node: str, h: Held, now: float, out: list[p.Task]) -> float | None:
+        """None when h was consumed (leased into out, or refused by robots.txt); else when to try again."""
         if self.robots is not None:
             state = self.robots.state(h.host, now)
             if state != "known":
                 if state == "unknown":
                     self.robots.mark_pending(h.host, now)
                     self.robots_wanted.add(h.host)
-                return False
+                return math.inf
             if not self.robots.allowed(h.url):
                 self.discards[DISCARD_ROBOTS] += 1
                 self.store.finish([Finished(h.url, "error", None, None, None, None, "disallowed by robots.txt",
                                             node, now)])
-                return True   # consumed: nothing to send
-        if self.gate is not None and not self.gate.try_acquire(h.host, now):
-            return False
+                return None   # consumed: nothing to send
+        gate = self.gate
+        after = None
+        if gate is not None and not gate.try_acquire(h.host, now):
+            ready = gate.ready_at(h.host, now)
+            if ready < math.inf or not self._chainable(h.host, now):
+                return ready
+            heads = self._heads.get((node, h.host))
+            if not heads:
+                return ready
+            after = next(iter(heads))
+            self._drop_head(node, h.host, after)
         lease = Lease(self._next_lease, h.url, h.depth, h.parent, node, h.host,
-                      now + self.cfg.scheduling.lease_timeout)
+                      now + self.cfg.scheduling.lease_timeout, now, holds=after is None, after=after)
         self._next_lease += 1
         self.leases[lease.id] = lease
         self.leases_by_node.setdefault(node, set()).add(lease.id)
-        out.append(p.Task(lease.id, h.url, h.depth, h.parent))
+        if after is None:
+            self._heads.setdefault((node, h.host), {})[lease.id] = None
+        else:
+            self.leases[after].next = lease.id
+        out.append(p.Task(lease.id, h.url, h.depth, h.parent, after))
+        return None
+
+    def _chainable(self, host: str, now: float) -> bool:
+        """Whether host's next request may be chained after one in flight: only when the concurrency limit is
+        all that holds it back (no spacing to keep, no pause), so starting it the moment a slot frees at the
+        worker is what the gate would allow anyway."""
+        gate = self.gate
+        assert gate is not None
+        cfg = gate.cfg
+        return (cfg.max_per_host is not None and not cfg.adaptive and gate.delay(host) == 0
+                and gate.paused_until(host) <= now)
+
+    def _drop_head(self, node: str, host: str, lease_id: int) -> None:
+        heads = self._heads.get((node, host))
+        if heads is not None:
+            heads.pop(lease_id, None)
+            if not heads:
+                del self._heads[(node, host)]
+
+    def _end_request(self, lease: Lease, now: float, throttled: bool = False) -> bool:
+        """lease's page request ended (or will never be waited for): its slot passes to the lease chained after
+        it, which the worker starts right then, unless the host said 429/503 (the worker then returns that one
+        unstarted); else the slot goes back to the gate (then True)."""
+        if not lease.holds:
+            return False
+        lease.holds = False
+        self._drop_head(lease.node, lease.host, lease.id)
+        succ = self.leases.get(lease.next) if lease.next is not None else None
+        if succ is not None and not throttled:
+            succ.holds, succ.start = True, now
+            self._heads.setdefault((succ.node, succ.host), {})[succ.id] = None
+            return False
+        if self.gate is not None:
+            self.gate.release(lease.host, now)
         return True
+
+    def fetched(self, node: str, fetches: tuple[p.PageFetch, ...], now: float) -> bool:
+        """Page requests ended at the node: free their hosts' slots; a 429/503 pauses its host for everyone.
+        True when a slot under a concurrency limit went back to the gate, so held work may now go out."""
+        gate = self.gate
+        freed = False
+        for f in fetches:
+            lease = self.leases.get(f.lease)
+            if lease is None or lease.node != node or not lease.holds:
+                continue
+            throttled = f.http_status in THROTTLE_STATUSES
+            freed |= self._end_request(lease, now, throttled)
+            if gate is None:
+                continue
+            if throttled:
+                until = gate.throttled(lease.host, lease.start, now, f.retry_after)
+                log.info("%s answered %d: no request to it before %.1f s from now", lease.host, f.http_status,
+                         until - now)
+            elif f.http_status is not None:
+                gate.responded(lease.host, lease.start, now, f.latency, ok=f.http_status < 400)
+        return freed and gate is not None and gate.cfg.max_per_host is not None
 
     def robots_fetched(self, origin: str, status: int | None, body: bytes | None, now: float,
                        parsed: ParsedRobots | None = None) -> None:
@@ -258,9 +449,17 @@ class Crawl:
                 continue
             del self.leases[r.lease]
             mine.discard(r.lease)
-            if self.gate is not None:
-                self.gate.release(lease.host, now)
-            finished.append(Finished(lease.url, r.status, r.http_status, r.final_url, r.content_type, r.size,
+            if lease.holds:   # no Fetched came first (a resolver that fetched no page)
+                throttled = r.http_status in THROTTLE_STATUSES
+                self._end_request(lease, now, throttled)
+                if self.gate is not None and throttled:
+                    self.gate.throttled(lease.host, lease.start, now)
+            state = r.status
+            if state == p.RETRY and r.http_status in THROTTLE_STATUSES:
+                state = self._throttled_state(lease.url)
+            else:
+                self._throttled.pop(lease.url, None)
+            finished.append(Finished(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
                                      r.error, node, now))
             if r.status == p.DONE and r.links:
                 link_batches.append((lease.url, lease.depth + 1, r.links))
@@ -283,14 +482,21 @@ class Crawl:
             return []
         return [row for row, is_new in zip(audio_rows, self.store.add_audio(audio_rows)) if is_new]
 
+    def _throttled_state(self, url: str) -> str:
+        runs = self._throttled
+        n = runs.pop(url, 0) + 1
+        runs[url] = n
+        if len(runs) > THROTTLED_TRACKED:
+            del runs[next(iter(runs))]
+        return "throttled" if n <= FREE_THROTTLED_RETRIES else p.RETRY
+
     def expire(self, now: float) -> int:
         """Leases past their deadline go back to the frontier."""
         expired = [lease for lease in self.leases.values() if lease.deadline <= now]
         for lease in expired:
             del self.leases[lease.id]
             self.leases_by_node.get(lease.node, set()).discard(lease.id)
-            if self.gate is not None:
-                self.gate.release(lease.host, now)
+            self._end_request(lease, now)
         if expired:
             self.store.release([lease.url for lease in expired], self.route)
             log.warning("%d leases expired and went back to the frontier", len(expired))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("crawler.master")
 
 HANDSHAKE_TIMEOUT = 10.0
-COMMIT_INTERVAL = 0.2
+COMMIT_INTERVAL = 0.2     # the housekeeping cadence: commit, expiry, heartbeats, "is the crawl done"
 
 
 @dataclass
@@ -100,7 +101,9 @@ class Master:
         self.sessions: dict[str, Session] = {}
         self.port: int | None = None
         self._stop = asyncio.Event()
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()       # something may be sendable now: the dispatcher runs
+        self._sleep_until = math.inf        # when the dispatcher wakes by itself (a politeness gate opens)
+        self._turn = 0                      # which session dispatch starts from: rotates, see _dispatch_all
         self._done = False
         self._robots_inflight: set[str] = set()
         self.summary = Summary(data_dir=str(cfg.data_dir))
@@ -120,8 +123,12 @@ class Master:
         self.dedup = Dedup(self.bloom, cfg.dedup.whitelist, self.store.known)
         pol = cfg.politeness
         pcfg = PolitenessConfig(max_per_host=pol.max_per_host, min_delay=pol.min_delay, obey_robots=pol.obey_robots,
-                                crawl_delay_cap=pol.crawl_delay_cap, user_agent=pol.user_agent)
-        gate = HostGate(pcfg) if (pol.max_per_host or pol.min_delay > 0 or pol.obey_robots) else None
+                                crawl_delay_cap=pol.crawl_delay_cap, user_agent=pol.user_agent,
+                                adaptive=pol.adaptive, max_delay=pol.max_delay,
+                                target_concurrency=pol.target_concurrency, backoff_base=pol.backoff_base,
+                                backoff_max=pol.backoff_max, retry_after_cap=pol.retry_after_cap)
+        # The gate also carries the 429/503 backoff, so it is always on; with no limits set it only counts.
+        gate = HostGate(pcfg)
         robots = RobotsRules(pcfg) if pol.obey_robots else None
         self.crawl = Crawl(cfg, self.store, self.dedup, self.table, gate, robots,
                            first_lease=int(self.clock() * 1000) % (1 << 40) * 1000 + 1)
@@ -199,14 +206,12 @@ class Master:
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
-                ticker = tg.create_task(self._ticker())
-                beats = tg.create_task(self._heartbeats())
-                observing = [tg.create_task(self.observer.run()), tg.create_task(self.observer.metrics.lag.run())]
+                background = [tg.create_task(self._dispatcher()), tg.create_task(self._housekeeping()),
+                              tg.create_task(self._heartbeats()), tg.create_task(self.observer.run()),
+                              tg.create_task(self.observer.metrics.lag.run())]
                 await self._stop.wait()
-                ticker.cancel()
-                beats.cancel()
-                for t in observing:
-                    t.cancel()
+                for task in background:
+                    task.cancel()
                 server.close()
                 if self._done:
                     for s in list(self.sessions.values()):
@@ -258,16 +263,40 @@ class Master:
         self.summary.new_urls = self.crawl.totals.links_new
         self.summary.elapsed = elapsed
 
-    async def _ticker(self) -> None:
+    async def _dispatcher(self) -> None:
+        """Hands work out when something may be sendable: on an event (_wake), or when the earliest politeness
+        gate opens, to the millisecond rather than on a tick, so a polite host gets its full rate. Reports and
+        credit are dispatched at once by their handlers; this covers the gates that open with time."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wake.clear()
+            self._sleep_until = -math.inf   # this pass looks at every gate itself
+            self._dispatch_all()
+            self._fetch_robots()
+            wake_at = self.crawl.next_wake()
+            if wake_at == math.inf:
+                self._sleep_until = math.inf
+                await self._wake.wait()
+                continue
+            # The crawl's clock is the master's (wall) clock; the sleep is on the loop's monotonic one.
+            delay = max(0.0, wake_at - self.clock())
+            self._sleep_until = wake_at
+            if delay > 0:
+                timer = loop.call_later(delay, self._wake.set)
+                try:
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()
+            else:
+                await asyncio.sleep(0)   # a gate due already: go round again, letting the other tasks run first
+
+    async def _housekeeping(self) -> None:
+        """Commits and the slow checks, on their own cadence, off the dispatch path."""
         last_snapshot = time.monotonic()
         refresh_every = (self.cfg.crawl.refresh_interval or 0) / 4
         last_refresh = time.monotonic()
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), COMMIT_INTERVAL)
-            except TimeoutError:
-                pass
-            self._wake.clear()
+            await asyncio.sleep(COMMIT_INTERVAL)
             now = self.clock()
             self.crawl.expire(now)
             self.crawl.expire_away(now)
@@ -275,8 +304,8 @@ class Master:
             if refresh_every and time.monotonic() - last_refresh >= max(refresh_every, 0.5):
                 last_refresh = time.monotonic()
                 self._refresh(now)
+            self._wake.set()   # whatever the checks freed or requeued is handed out by the dispatcher
             self._fetch_robots()
-            self._dispatch_all()
             self._commit()
             if time.monotonic() - last_snapshot >= self.cfg.dedup.snapshot_interval:
                 last_snapshot = time.monotonic()
@@ -365,6 +394,10 @@ class Master:
             while True:
                 msg = await conn.recv()
                 s.last_seen = self.clock()
+                if isinstance(msg, p.Fetched):
+                    if self.crawl.fetched(s.node, msg.fetches, s.last_seen):
+                        self._dispatch_all()     # the host slots it freed may be waited on by any node
+                    continue
                 if isinstance(msg, p.Report):
                     rows = self.crawl.complete(s.node, msg.results, s.last_seen)
                     if rows:
@@ -444,13 +477,19 @@ class Master:
 
     def _dispatch(self, s: Session) -> None:
         if s.credit <= 0 or self._stop.is_set():
+            self.crawl.wake_at.pop(s.node, None)   # it can take nothing: no reason to wake for it
             return
         tasks = []
         if s.resend:
             tasks, s.resend = s.resend[:s.credit], s.resend[s.credit:]
-        tasks += self.crawl.take(s.node, s.credit - len(tasks), self.clock())
+        now = self.clock()
+        tasks += self.crawl.take(s.node, s.credit - len(tasks), now)
+        if self.crawl.wake_at.get(s.node, math.inf) < self._sleep_until:
+            self._wake.set()   # a gate opens before the dispatcher would look again
         if not tasks:
             return
+        if log.isEnabledFor(logging.DEBUG):   # when each request was let go: politeness checks read this
+            log.debug("assigned %d to %s at %.6f: %s", len(tasks), s.node, now, " ".join(t.url for t in tasks))
         s.credit -= len(tasks)
         step = 512
         try:
@@ -459,6 +498,12 @@ class Master:
             pass
 
     def _dispatch_all(self) -> None:
-        for s in list(self.sessions.values()):
+        # Each pass starts from the next session: when a host's gate opens, the nodes waiting on it take turns
+        # (each with the URLs the double hash gave it) instead of the first-connected one taking every start.
+        sessions = list(self.sessions.values())
+        if not sessions:
+            return
+        self._turn = (self._turn + 1) % len(sessions)
+        for s in sessions[self._turn:] + sessions[:self._turn]:
             self._dispatch(s)
 

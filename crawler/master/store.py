@@ -145,7 +145,7 @@ class Finished:
     """A node's verdict on one leased URL."""
 
     url: str
-    state: str                    # "done" | "error" | "retry"
+    state: str                    # "done" | "error" | "retry" | "throttled" (a retry that costs no attempt)
     http_status: int | None
     final_url: str | None
     content_type: str | None
@@ -508,6 +508,13 @@ class MasterStore:
                 self._move(LEASED, r[2], ERROR, r[2])
         return self._requeue_rows([r for r in rows if r[4] + 1 < limit], route, attempt=True)
 
+    def unlease(self, urls: Sequence[str], route: Route) -> int:
+        """Leased URLs that were never sent to a node back in line without counting an attempt (the node that
+        popped them is not the one the double hash names any more). Returns how many went back."""
+        self._begin()
+        rows = [r for r in self._lookup(urls, "url, id, node, state").values() if r[3] == LEASED]
+        return self._requeue_rows(rows, route, attempt=False)
+
     def requeue_leased(self, route: Route) -> int:
         """At start-up: every URL still leased (its result died with the old master) goes back in line."""
         self._begin()
@@ -534,7 +541,8 @@ class MasterStore:
     def finish(self, results: Sequence[Finished]) -> list[bool]:
         """Record the nodes' results. True where the result was taken: the URL was leased (or back in line
         after its lease was given up); False for a repeat or late result of a URL already settled, or of
-        a URL the store does not know. "retry" requeues on the same node until max_attempts, then "error".
+        a URL the store does not know. "retry" requeues on the same node until max_attempts, then "error";
+        "throttled" (the site said 429/503) requeues on the same node without counting an attempt.
         """
         self._begin()
         current = {u: [i, st, node, att] for u, i, st, node, att in
@@ -546,13 +554,14 @@ class MasterStore:
                 out.append(False)
                 continue
             row_id, state, node, attempts = row
-            if res.state == "retry":
+            if res.state in ("retry", "throttled"):
                 # A retry only counts from the node holding the lease; otherwise the URL is already in
                 # line or out with another node, whose answer is still to come.
                 if state != LEASED or node != res.node:
                     out.append(False)
                     continue
-                attempts += 1
+                if res.state == "retry":
+                    attempts += 1
                 new_state = ERROR if attempts >= self.max_attempts else QUEUED
             elif res.state in ("done", "error"):
                 new_state = DONE if res.state == "done" else ERROR

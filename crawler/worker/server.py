@@ -11,7 +11,8 @@ import asyncio
 import logging
 import random
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crawler import html
@@ -19,6 +20,7 @@ from crawler import items as it
 from crawler import protocol as p
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.metrics import WorkerMetrics, serve_metrics
+from crawler.politeness import THROTTLE_STATUSES, parse_retry_after
 from crawler.resolvers.base import FetchedPage, Resolution, ResolveContext, Resolver, ResolverUnavailable
 from crawler.resolvers.registry import followers, load_resolvers, pick
 from crawler.targets import TargetPolicy, parse_network
@@ -38,6 +40,7 @@ REPORT_BYTES = 2 * 1024 * 1024
 # Links longer than this are not reported: no crawl policy keeps them, and they would only bloat frames.
 MAX_LINK_LENGTH = 4096
 REPORT_DELAY = 0.02
+ENDED_KEPT = 4096   # page requests whose outcome is remembered for tasks chained after them
 
 
 def _wire_size(r: p.Result) -> int:
@@ -102,6 +105,13 @@ class Worker:
         self.links = LinkCache(cfg.link_cache)
         self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
+        self._fetched: list[p.PageFetch] = []
+        self._send_fetched: Callable[[], None] | None = None   # set while a session is up
+        # Chained tasks (protocol.Task.after): how recent page requests ended (lease -> the next may start),
+        # and the tasks waiting for a request still out.
+        self._ended: OrderedDict[int, bool] = OrderedDict()
+        self._waiting: dict[int, asyncio.Future[bool]] = {}
+        self._running: set[int] = set()
 
     def stop(self) -> None:
         self._stop.set()
@@ -229,6 +239,15 @@ class Worker:
         conn.max_frame = min(conn.max_frame, welcome.max_frame)
         results: asyncio.Queue[p.Result] = asyncio.Queue()
         await conn.send(p.Credit(self.cfg.max_tasks))
+
+        def send_fetched() -> None:
+            # Every page request that ended in this turn of the event loop shares one frame.
+            batch, self._fetched = self._fetched, []
+            if batch and not conn.writer.is_closing():
+                try:
+                    conn.send_nowait(p.Fetched(tuple(batch)))
+                except (OSError, ConnectionError):
+                    pass
         last_heard = time.monotonic()
         timeout = max(3 * welcome.heartbeat_interval, 5.0)
 
@@ -271,6 +290,8 @@ class Worker:
             raise ConnectionClosed("worker stopping")
 
         ended = False
+        self._fetched = []
+        self._send_fetched = send_fetched
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(reader(tg))
@@ -281,6 +302,8 @@ class Worker:
             ended = True
         except* (ConnectionClosed, OSError, ConnectionError, p.ProtocolError) as eg:
             log.info("connection to the master lost: %s", eg.exceptions[0])
+        finally:
+            self._send_fetched = None
         return ended
 
     def _allow_targets(self, welcome: p.Welcome) -> None:
@@ -296,8 +319,44 @@ class Worker:
                 log.warning("master named an allowed network that is none: %r", entry[:100])
         self.targets.allow(origins, networks)
 
+    def _page_fetched(self, lease: int, status: int | None, retry_after: str | None, latency: float) -> bool:
+        """Tell the master at once that a page request ended (see protocol.Fetched), in one frame per loop turn,
+        and release the task chained after it, if any (then True: the caller should let it start first)."""
+        woke = self._request_ended(lease, status not in THROTTLE_STATUSES)
+        if self._send_fetched is not None:
+            wait = parse_retry_after(retry_after, time.time()) if status in THROTTLE_STATUSES else None
+            if not self._fetched:
+                asyncio.get_running_loop().call_soon(self._send_fetched)
+            self._fetched.append(p.PageFetch(lease, status, wait, latency))
+        return woke
+
+    def _request_ended(self, lease: int, go: bool) -> bool:
+        if lease in self._ended:
+            return False
+        self._ended[lease] = go
+        if len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
+        waiter = self._waiting.pop(lease, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(go)
+            return True
+        return False
+
+    async def _wait_for(self, lease: int) -> bool:
+        """Wait until the page request of an earlier task ends; False when its host answered 429/503."""
+        go = self._ended.get(lease)
+        if go is not None:
+            return go
+        if lease not in self._running:
+            return True   # not here (a restarted worker): the master counts its slot as ours already
+        waiter = self._waiting.get(lease)
+        if waiter is None:
+            waiter = self._waiting[lease] = asyncio.get_running_loop().create_future()
+        return await asyncio.shield(waiter)
+
     # ------------------------------------------------------------------ one task
     async def _run_task(self, task: p.Task, results: asyncio.Queue) -> None:
+        self._running.add(task.lease)
         self.stats.in_flight += 1
         try:
             result = await self.process(task)
@@ -306,6 +365,8 @@ class Worker:
             result = p.Result(task.lease, task.url, p.RETRY, error=f"worker error: {type(e).__name__}: {e}")
         finally:
             self.stats.in_flight -= 1
+            self._running.discard(task.lease)
+            self._request_ended(task.lease, True)   # no page request (a resolver's own), or it failed early
         if result.status == p.DONE:
             self.stats.pages += 1
         else:
@@ -330,6 +391,9 @@ class Worker:
 
     async def process(self, task: p.Task) -> p.Result:
         url = task.url
+        if task.after is not None and not await self._wait_for(task.after):
+            # The request this one was chained after was answered 429/503: the host is paused for everyone.
+            return p.Result(task.lease, url, p.RETRY, 429, error="not started: the host asked to slow down")
         # At the crawl's depth limit the page's links would only be dropped by the master: not even extracted.
         follow = self.max_depth is None or task.depth < self.max_depth
         resolver = pick(self.resolvers, url)
@@ -338,16 +402,20 @@ class Worker:
         cut = 0   # links not followed at the depth limit, for the master's discard figures
         if resolver.needs_page(url):
             async with self.page_sem:
-                t0 = time.monotonic()
+                started = time.monotonic()
                 try:
                     page, truncated = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes,
                                                                referrer=task.parent)
                 except FetchError as e:
                     if e.reason:
                         self.stats.refused[e.reason] += 1
+                    self._page_fetched(task.lease, None, None, time.monotonic() - started)
                     return p.Result(task.lease, url, p.RETRY if e.transient else p.ERROR, error=str(e))
                 finally:
-                    self.metrics.fetch_seconds.observe(time.monotonic() - t0)
+                    self.metrics.fetch_seconds.observe(time.monotonic() - started)
+                if self._page_fetched(task.lease, page.status, page.headers.get("retry-after"),
+                                      time.monotonic() - started):
+                    await asyncio.sleep(0)   # the chained request goes out before this page is parsed
             if page.status == 429 or page.status >= 500:
                 return p.Result(task.lease, url, p.RETRY, page.status, page.final_url, page.content_type,
                                 len(page.body), f"HTTP {page.status}")
