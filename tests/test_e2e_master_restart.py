@@ -1,5 +1,6 @@
 """The master is killed, corrupted and restarted; operators look at its state. Real processes throughout."""
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -47,9 +48,14 @@ async def test_master_sigkill_mid_crawl_then_restart_completes_with_bounded_dupl
         html = sum(1 for p in manifest.pages if p.endswith(".html"))
         await cluster.until(lambda: sum(e.path.endswith(".html") for e in server.log) >= html // 3, 120, "a third")
         # While it runs, the operator commands read the live database.
-        status = cli("status", "--config", str(config), "--json")
-        assert status.returncode == 0, status.stderr
-        live = json.loads(status.stdout)
+        # The running master writes its live view every 2 s: wait for one taken after both workers joined.
+        for _ in range(60):
+            status = cli("status", "--config", str(config), "--json")
+            assert status.returncode == 0, status.stderr
+            live = json.loads(status.stdout)
+            if live["nodes_connected"] == 2:
+                break
+            await asyncio.sleep(0.5)
         assert live["urls"]["done"] > 0 and [n["node"] for n in live["nodes"]] == ["w1", "w2"]
         assert live["master"]["running"] and live["nodes_connected"] == 2
         assert sum(n["links"] for n in live["nodes"]) > 0
