@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import sqlite3
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +35,16 @@ DISCARD_ROBOTS = "robots"
 # not broken. Past this many such answers in a row (a page that always says 503) they count like any retry.
 FREE_THROTTLED_RETRIES = 20
 THROTTLED_TRACKED = 65536   # URLs whose run of 429/503 answers is remembered; the oldest are forgotten first
+
+
+class ReportRejected(Exception):
+    """The store refused a report's values: the report was undone and its URLs went back to the frontier."""
+
+
+# What the store raises for values it cannot hold (an integer past 64 bits, a non-JSON value): the report's
+# fault, not the store's. I/O errors are not among them.
+_BAD_VALUES = (OverflowError, ValueError, TypeError, sqlite3.IntegrityError, sqlite3.InterfaceError,
+               sqlite3.DataError)
 
 
 @dataclass(slots=True)
@@ -437,10 +448,16 @@ class Crawl:
 
     # ------------------------------------------------------------------ results
     def complete(self, node: str, results: tuple[p.Result, ...], now: float) -> list[dict]:
-        """Records a report; returns the catalogue rows that are new."""
+        """Records a report as one unit; returns the catalogue rows that are new.
+
+        If the store refuses any of its values, the whole report is undone in the store (and only it: the rest
+        of the commit window stays), its URLs go back to the frontier with an attempt counted, and
+        ReportRejected is raised.
+        """
         finished: list[Finished] = []
         link_batches = []
         audio_rows: list[dict] = []
+        cut = 0
         mine = self.leases_by_node.get(node, set())
         for r in results:
             lease = self.leases.get(r.lease)
@@ -463,24 +480,33 @@ class Crawl:
                                      r.error, node, now))
             if r.status == p.DONE and r.links:
                 link_batches.append((lease.url, lease.depth + 1, r.links))
-            if r.cut:
-                self.discards[DISCARD_TOO_DEEP] += r.cut   # links the worker did not follow at the depth limit
+            cut += r.cut                         # links the worker did not follow at the depth limit
             for a in r.audio:
                 row = a.catalogue_row()
                 row["node"] = node
                 row["found_at"] = now
                 audio_rows.append(row)
-        firsts = self.store.finish(finished) if finished else []
-        self.totals.pages += sum(1 for f, first in zip(finished, firsts) if first and f.state == p.DONE)
-        if link_batches:
-            self.add_links(link_batches)
-        if finished:
-            # Per-worker figures for the status command, one row update per report.
-            self.store.note_node(node, bytes=sum(f.size or 0 for f in finished),
-                                 links=sum(len(b[2]) for b in link_batches), audio=len(audio_rows))
-        if not audio_rows:
+        if not finished:
             return []
-        return [row for row, is_new in zip(audio_rows, self.store.add_audio(audio_rows)) if is_new]
+        try:
+            with self.store.atomic():
+                firsts = self.store.finish(finished)
+                fresh = self.store.add_audio(audio_rows) if audio_rows else []
+                # Per-worker figures for the status command, one row update per report.
+                self.store.note_node(node, bytes=sum(f.size or 0 for f in finished),
+                                     links=sum(len(b[2]) for b in link_batches), audio=len(audio_rows))
+                if link_batches:
+                    self.add_links(link_batches)   # last: an add to the Bloom filter cannot be undone
+        except _BAD_VALUES as e:
+            # The leases already left memory (their request slots are free): their URLs, still leased in the
+            # store after the rollback, go back in line rather than wait for a restart.
+            self.store.release([f.url for f in finished], self.route)
+            raise ReportRejected(f"report of {len(finished)} results refused by the store "
+                                 f"({type(e).__name__}: {e}); its URLs went back to the frontier") from None
+        if cut:
+            self.discards[DISCARD_TOO_DEEP] += cut
+        self.totals.pages += sum(1 for f, first in zip(finished, firsts) if first and f.state == p.DONE)
+        return [row for row, is_new in zip(audio_rows, fresh) if is_new]
 
     def _throttled_state(self, url: str) -> str:
         runs = self._throttled

@@ -18,6 +18,7 @@ one random page each. Equal keys are allowed and the URL text is always compared
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -333,6 +334,22 @@ class MasterStore:
         self._load_audio_counts()
         self._next_seq = int(self.get_meta("next_seq", 0))
         self._seq_dirty = False
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """A unit inside the open transaction (one report): if it raises, everything it wrote is undone, the
+        counters with it, and the rest of the transaction stays."""
+        self._begin()
+        saved = (dict(self._counts), set(self._dirty_counts), self._next_seq, self._seq_dirty)
+        self.db.execute("SAVEPOINT unit")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK TO unit")
+            self.db.execute("RELEASE unit")
+            self._counts, self._dirty_counts, self._next_seq, self._seq_dirty = saved
+            raise
+        self.db.execute("RELEASE unit")
 
     def close(self) -> None:
         """Commit what is open and close; a stopped master leaves nothing half-written."""
