@@ -8,8 +8,10 @@ fall back to a default in a crawl that runs for days.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -175,13 +177,48 @@ def load_yaml(path: Path) -> dict[str, Any]:
     return raw
 
 
+# A shared secret must be worth guessing against: at least this long, this varied, and this many bits by a
+# plain estimate (length x the Shannon entropy of its own byte counts). `head -c 32 /dev/urandom | base64`
+# gives 44 characters and about 220 bits; "passwordpassword" gives 45 and is refused.
+SECRET_MIN_BYTES = 16
+SECRET_MIN_DISTINCT = 10
+SECRET_MIN_BITS = 80
+SECRET_HOWTO = "head -c 32 /dev/urandom | base64 > {path} && chmod 600 {path}"
+
+
+def secret_strength(secret: bytes) -> float:
+    """Estimated bits: length x entropy per byte of the secret's own byte distribution. It overrates words
+    and runs (it cannot know a dictionary), so those are discounted: a secret of letters and spaces only
+    counts 1.5 bits a byte (English text carries about that), and a secret made mostly of runs ("abcd",
+    "aaaa", "4321") counts nothing."""
+    n = len(secret)
+    if not n:
+        return 0.0
+    bits = -sum(c * math.log2(c / n) for c in Counter(secret).values())
+    if n > 1 and sum(abs(a - b) <= 1 for a, b in pairwise(secret)) * 2 > n - 1:
+        return 0.0
+    if all(chr(b).isalpha() or b == 0x20 for b in secret):
+        bits = min(bits, 1.5 * n)
+    return bits
+
+
 def read_secret(path: Path, key: str = "secret_file") -> bytes:
+    """The shared secret from its file, refused unless only the owner can read it and it is hard to guess."""
     try:
+        mode = path.stat().st_mode
         secret = path.read_bytes().strip()
     except OSError as e:
         raise ConfigError(key, f"cannot read {path}: {e.strerror or e}") from None
-    if len(secret) < 16:
-        raise ConfigError(key, f"{path} holds a secret of {len(secret)} bytes; use at least 16")
+    if mode & 0o077:
+        raise ConfigError(key, f"{path} is readable or writable by group or others; fix: chmod 600 {path}")
+    howto = SECRET_HOWTO.format(path=path)
+    if len(secret) < SECRET_MIN_BYTES:
+        raise ConfigError(key, f"{path} holds a secret of {len(secret)} bytes; use at least {SECRET_MIN_BYTES}, "
+                               f"e.g.: {howto}")
+    distinct = len(set(secret))
+    if distinct < SECRET_MIN_DISTINCT or secret_strength(secret) < SECRET_MIN_BITS:
+        raise ConfigError(key, f"{path} holds a guessable secret ({distinct} distinct bytes, about "
+                               f"{secret_strength(secret):.0f} bits; need {SECRET_MIN_BITS}); make one with: {howto}")
     return secret
 
 

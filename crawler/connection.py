@@ -1,4 +1,9 @@
-"""The thin asyncio shell around protocol.py that both daemons use: read frames, write frames."""
+"""The thin asyncio shell around protocol.py that both daemons use: read frames, write frames.
+
+Socket errors are mapped here, once: whatever the OS or asyncio raises on a read or write becomes
+ConnectionClosed, so the daemons tell only two peer failures apart: ConnectionClosed (gone) and
+p.ProtocolError (broke the protocol).
+"""
 
 from __future__ import annotations
 
@@ -10,41 +15,56 @@ READ_CHUNK = 256 * 1024
 
 
 class ConnectionClosed(ConnectionError):
-    """The connection ended (the peer closed it, or it was closed already): caught wherever a ConnectionError is."""
+    """The peer closed the connection or the socket failed."""
 
 
 class FramedConnection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_frame: int) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_frame: int,
+                 recv_limit: int | None = None) -> None:
+        """max_frame bounds what we send and, once `recv_limit` is lifted (None), what we read."""
         self.reader = reader
         self.writer = writer
         self.max_frame = max_frame
         self._decoder = p.FrameDecoder(max_frame)
-        self._pending: list[p.Message] = []
+        self.recv_limit = recv_limit
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 
+    @property
+    def recv_limit(self) -> int | None:
+        return self._recv_limit
+
+    @recv_limit.setter
+    def recv_limit(self, limit: int | None) -> None:
+        """A lower frame limit for reading (before the peer proved the secret); None: max_frame."""
+        self._recv_limit = limit
+        self._decoder.max_frame = self.max_frame if limit is None else min(limit, self.max_frame)
+
     async def recv(self) -> p.Message:
-        """The next message; ProtocolError if the peer broke the protocol, ConnectionClosed at EOF."""
-        while not self._pending:
-            m = self._decoder.next_message()
-            if m is not None:
-                return m
-            data = await self.reader.read(READ_CHUNK)
+        """The next message; ProtocolError if the peer broke the protocol, ConnectionClosed at EOF.
+
+        Messages are decoded one at a time, as asked for: bytes a peer sends ahead (before it may) are never
+        turned into objects before the state that must refuse them has seen the first."""
+        while (m := self._decoder.next_message()) is None:
+            # Before authentication read no more than a frame or two at a time.
+            chunk = READ_CHUNK if self._recv_limit is None else 2 * (self._recv_limit + p.HEADER_SIZE)
+            try:
+                data = await self.reader.read(chunk)
+            except (OSError, ConnectionError) as e:
+                raise ConnectionClosed(str(e) or type(e).__name__) from None
             if not data:
                 raise ConnectionClosed("peer closed the connection")
             self._decoder.feed(data)
-            self._pending = self._decoder.messages()
-            self._pending.reverse()
-        return self._pending.pop()
+        return m
 
     async def send(self, *msgs: p.Message) -> None:
         self.send_nowait(*msgs)
-        await self.writer.drain()
+        await self.drain()
 
     async def send_bytes(self, frames: bytes) -> None:
         """Frames already encoded (the caller checked them against the limit)."""
         self._write(frames)
-        await self.writer.drain()
+        await self.drain()
 
     def send_nowait(self, *msgs: p.Message) -> None:
         """Queue bytes without waiting for the peer; callers bound what they queue (credit, batches)."""
@@ -54,8 +74,21 @@ class FramedConnection:
         # A transport that a failed write or the peer's reset already closed makes uvloop raise RuntimeError,
         # not a connection error: turn it into the error every caller handles.
         if self.writer.is_closing():
-            raise ConnectionClosed("connection closed")
-        self.writer.write(data)
+            raise ConnectionClosed("connection is closing")
+        try:
+            self.writer.write(data)
+        except (OSError, ConnectionError) as e:
+            raise ConnectionClosed(str(e) or type(e).__name__) from None
+
+    async def drain(self) -> None:
+        try:
+            await self.writer.drain()
+        except (OSError, ConnectionError) as e:
+            raise ConnectionClosed(str(e) or type(e).__name__) from None
+
+    def abort(self) -> None:
+        """Drop the connection at once, without flushing (a peer we will not wait for)."""
+        self.writer.transport.abort()
 
     async def close(self) -> None:
         if self.writer.is_closing():

@@ -2,25 +2,40 @@
 
 A frame is a 4-byte unsigned big-endian length followed by that many bytes of msgpack: an array whose first
 element is the message type code and the rest the message's fields in order. No sockets, no asyncio here: the
-daemons own a thin stream shell around `FrameDecoder` and `encode`.
+daemons own a thin stream shell (crawler/connection.py) around `FrameDecoder`, `encode` and a handshake object.
 
-Errors: anything the peer sends that breaks the protocol raises `ProtocolError` (the connection shell closes that
-one connection). Misusing this module (encoding a message that is too large, wrong field types from our own code)
-raises `ValueError`/`TypeError` instead, so the two are never confused.
+Errors, split as h11 splits them: anything the peer sends that breaks the protocol raises `ProtocolError` (the
+connection shell closes that one connection). Misusing this module from our own code (encoding a message past
+the frame limit, a handshake step out of order) raises `LocalProtocolError`, never a ProtocolError, so a bug of
+ours is never blamed on the peer.
 
-Handshake (mutual challenge-response, the secret never crosses the wire):
+Every peer is hostile until it has proved the secret. The master's decoder takes frames of at most
+PRE_AUTH_MAX_FRAME bytes until then (refused from the 4-byte header alone), and msgpack decoding is bounded in
+string, byte string, array and map lengths (DECODE_LIMITS); ext types are refused. Every field is then checked
+for its type and range: integers within signed 64 bits and their field's range, floats finite, strings capped
+(MAX_URL, MAX_TEXT, MAX_NAME), so no value reaches the store or the catalogue that SQLite or strict JSON refuse.
+
+Handshake (version 4: the worker proves the secret first; the secret never crosses the wire):
     worker -> Hello(worker_id, version, capacity, nonce_w)
-    master -> Challenge(nonce_m, proof=HMAC(secret, "master" | nonce_w | nonce_m))
-    worker -> Auth(mac=HMAC(secret, "worker" | nonce_m | nonce_w | worker_id))     (after checking the proof)
-    master -> Welcome(...) or Refused(reason)
+    master -> Challenge(nonce_m)                              (or Refused: protocol version not supported)
+    worker -> Auth(mac = HMAC(secret, "crawler-worker" | T))
+    master -> Welcome(proof = HMAC(secret, "crawler-master" | T), settings...)   or Refused(reason)
+where T = version | capacity | nonce_w | nonce_m | worker_id binds the whole Hello and both fresh nonces. The
+master computes no HMAC over anything before the worker's MAC checks out, so an unauthenticated peer gets no
+oracle to test guesses of the secret offline; a replayed Hello/Auth fails against a fresh nonce_m, and a replayed
+Welcome against a fresh nonce_w. `MasterHandshake` and `WorkerHandshake` hold one connection's state and the
+table of messages legal in each state (MASTER_RECEIVES, WORKER_RECEIVES), for the handshake and the session.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
+import math
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,69 +43,117 @@ import msgpack
 
 from crawler.items import AudioItem
 
-PROTOCOL_VERSION = 3   # 2: Welcome carries max_depth; 3: Result carries the links cut at the depth limit,
-                       # Welcome the private addresses the crawl may reach; Fetched, Task.after
+# 2: Welcome carries max_depth; 3: Result carries the links cut at the depth limit, Welcome the private
+# addresses the crawl may reach; Fetched, Task.after; 4: the worker proves the secret first, the master in its
+# Welcome, and every value is range-checked
+PROTOCOL_VERSION = 4
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+# The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
+PRE_AUTH_MAX_FRAME = 640
+# The largest frame the worker reads before the master proved the secret (a Welcome carries URL patterns).
+HANDSHAKE_MAX_FRAME = 64 * 1024
 NONCE_SIZE = 32
+MAC_SIZE = 32
 _HEADER = struct.Struct(">I")
 HEADER_SIZE = _HEADER.size
 
+# Range checks for values on the wire.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_WORKER_ID = 128            # characters
+MAX_URL = 16 * 1024            # characters in any URL field (task, result, link, audio address)
+MAX_TEXT = 64 * 1024           # characters in free text (titles, descriptions, error messages)
+MAX_NAME = 1024                # characters in short names (status, content type, resolver, header names)
+MAX_CAPACITY = 1_000_000       # tasks a worker may hold, and credit it may grant at once
+MAX_DEPTH = (1 << 31) - 1
+MAX_COUNT = (1 << 31) - 1      # counts the worker reports (links cut at the depth limit)
+MAX_EXTRA_DEPTH = 16           # nesting inside an audio item's free-form `extra` map
+# msgpack decoding limits: no single container or string may be larger, whatever the frame size.
+DECODE_LIMITS: Mapping[str, int] = {
+    "max_str_len": MAX_TEXT,
+    "max_bin_len": 1024,        # only nonces and MACs are bytes
+    "max_array_len": 1_000_000,
+    "max_map_len": 1024,
+    "max_ext_len": 0,           # no ext types at all (msgpack's timestamps included)
+}
+
 
 class ProtocolError(Exception):
-    """The peer broke the protocol: bad frame, bad message, failed authentication."""
+    """The peer broke the protocol: bad frame, bad message, message out of order, failed authentication."""
 
 
 class FrameTooLarge(ProtocolError):
     pass
 
 
+class HandshakeFailed(ProtocolError):
+    """The handshake cannot go on; `reply` (a Refused) is what to send the peer before closing, if anything."""
+
+    def __init__(self, message: str, reply: Refused | None = None) -> None:
+        super().__init__(message)
+        self.reply = reply
+
+
+class PeerRefused(Exception):
+    """The master refused us with a Refused message: `reason` is its word (wrong secret, unknown id ...)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class LocalProtocolError(ValueError):
+    """Our own code misused this module: a frame past the limit, a handshake step out of order."""
+
+
 # --------------------------------------------------------------------------------------------- field checks
-def _str(v: Any, name: str) -> str:
+def _str(v: Any, name: str, cap: int = MAX_TEXT) -> str:
     if not isinstance(v, str):
         raise ProtocolError(f"{name}: expected a string, got {type(v).__name__}")
+    if len(v) > cap:
+        raise ProtocolError(f"{name}: {len(v)} characters, more than {cap}")
     return v
 
 
-def _opt_str(v: Any, name: str) -> str | None:
-    return None if v is None else _str(v, name)
+def _opt_str(v: Any, name: str, cap: int = MAX_TEXT) -> str | None:
+    return None if v is None else _str(v, name, cap)
 
 
-def _int(v: Any, name: str) -> int:
+def _int(v: Any, name: str, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int:
     if not isinstance(v, int) or isinstance(v, bool):
         raise ProtocolError(f"{name}: expected an integer, got {type(v).__name__}")
+    if not lo <= v <= hi:
+        raise ProtocolError(f"{name}: {v} is outside {lo}..{hi}")
     return v
 
 
-def _opt_int(v: Any, name: str) -> int | None:
-    return None if v is None else _int(v, name)
+def _opt_int(v: Any, name: str, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int | None:
+    return None if v is None else _int(v, name, lo, hi)
 
 
-def _nonneg(v: Any, name: str) -> int:
-    v = _int(v, name)
-    if v < 0:
-        raise ProtocolError(f"{name}: must not be negative")
-    return v
+def _nonneg(v: Any, name: str, hi: int = INT64_MAX) -> int:
+    return _int(v, name, 0, hi)
 
 
-def _float(v: Any, name: str) -> float:
+def _float(v: Any, name: str, lo: float = -math.inf, hi: float = math.inf) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ProtocolError(f"{name}: expected a number, got {type(v).__name__}")
-    return float(v)
+    if isinstance(v, int):
+        _int(v, name)
+    f = float(v)
+    # NaN fails every comparison, so it is caught here with the infinities: none may reach strict JSON.
+    if not (math.isfinite(f) and lo <= f <= hi):
+        raise ProtocolError(f"{name}: {f!r} is not a finite number in {lo}..{hi}")
+    return f
 
 
 def _opt_seconds(v: Any, name: str) -> float | None:
-    if v is None:
-        return None
-    v = _float(v, name)
-    if not 0 <= v < 1e12:   # also refuses NaN and infinities
-        raise ProtocolError(f"{name}: expected a finite number of seconds >= 0")
-    return v
+    return None if v is None else _float(v, name, 0.0, 1e12)
 
 
-def _bytes(v: Any, name: str, size: int | None = None) -> bytes:
+def _bytes(v: Any, name: str, size: int) -> bytes:
     if not isinstance(v, bytes):
         raise ProtocolError(f"{name}: expected bytes, got {type(v).__name__}")
-    if size is not None and len(v) != size:
+    if len(v) != size:
         raise ProtocolError(f"{name}: expected {size} bytes, got {len(v)}")
     return v
 
@@ -101,12 +164,36 @@ def _list(v: Any, name: str) -> list:
     return v
 
 
-def _str_tuple(v: Any, name: str) -> tuple[str, ...]:
+def _str_tuple(v: Any, name: str, cap: int) -> tuple[str, ...]:
     items = _list(v, name)
     for s in items:
         if not isinstance(s, str):
             raise ProtocolError(f"{name}: expected a list of strings")
+        if len(s) > cap:
+            raise ProtocolError(f"{name}: an entry of {len(s)} characters, more than {cap}")
     return tuple(items)
+
+
+def _json_value(v: Any, name: str, depth: int = 0) -> None:
+    """Free-form data (an audio item's `extra`) must be what strict JSON and SQLite can hold."""
+    if v is None or isinstance(v, (bool, str)):
+        return
+    if isinstance(v, int):
+        _int(v, name)
+    elif isinstance(v, float):
+        _float(v, name)
+    elif depth >= MAX_EXTRA_DEPTH:
+        raise ProtocolError(f"{name}: nested deeper than {MAX_EXTRA_DEPTH}")
+    elif isinstance(v, list):
+        for x in v:
+            _json_value(x, name, depth + 1)
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            if not isinstance(k, str):
+                raise ProtocolError(f"{name}: map keys must be strings")
+            _json_value(x, name, depth + 1)
+    else:
+        raise ProtocolError(f"{name}: {type(v).__name__} is not allowed here")
 
 
 # --------------------------------------------------------------------------------------------- messages
@@ -140,25 +227,27 @@ class Hello(Message):
     @classmethod
     def from_fields(cls, f):
         _arity(f, 4, cls)
-        wid = _str(f[0], "worker_id")
-        if not wid or len(wid) > 128:
-            raise ProtocolError("worker_id: must be 1 to 128 characters")
-        return cls(wid, _int(f[1], "version"), _nonneg(f[2], "capacity"), _bytes(f[3], "nonce", NONCE_SIZE))
+        wid = _str(f[0], "worker_id", MAX_WORKER_ID)
+        if not wid:
+            raise ProtocolError(f"worker_id: must be 1 to {MAX_WORKER_ID} characters")
+        return cls(wid, _nonneg(f[1], "version", 1 << 31), _nonneg(f[2], "capacity", MAX_CAPACITY),
+                   _bytes(f[3], "nonce", NONCE_SIZE))
 
 
 @dataclass(frozen=True, slots=True)
 class Challenge(Message):
+    """The master's fresh nonce. It carries no proof: the master proves the secret only in its Welcome."""
+
     TYPE: ClassVar[int] = 2
     nonce: bytes
-    proof: bytes
 
     def fields(self):
-        return [self.nonce, self.proof]
+        return [self.nonce]
 
     @classmethod
     def from_fields(cls, f):
-        _arity(f, 2, cls)
-        return cls(_bytes(f[0], "nonce", NONCE_SIZE), _bytes(f[1], "proof", 32))
+        _arity(f, 1, cls)
+        return cls(_bytes(f[0], "nonce", NONCE_SIZE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,14 +261,15 @@ class Auth(Message):
     @classmethod
     def from_fields(cls, f):
         _arity(f, 1, cls)
-        return cls(_bytes(f[0], "mac", 32))
+        return cls(_bytes(f[0], "mac", MAC_SIZE))
 
 
 @dataclass(frozen=True, slots=True)
 class Welcome(Message):
-    """The master accepts the worker and tells it the settings the whole crawl shares."""
+    """The master accepts the worker, proves it knows the secret, and tells it the settings the crawl shares."""
 
     TYPE: ClassVar[int] = 4
+    proof: bytes                          # HMAC(secret, "crawler-master" | transcript): see master_proof()
     heartbeat_interval: float
     keep_fragment: tuple[str, ...] = ()   # URL patterns whose fragment is meaningful (normalise alike)
     max_frame: int = DEFAULT_MAX_FRAME    # the master refuses larger frames: the worker splits its reports
@@ -193,18 +283,19 @@ class Welcome(Message):
     allowed_networks: tuple[str, ...] = ()
 
     def fields(self):
-        return [self.heartbeat_interval, list(self.keep_fragment), self.max_frame, self.max_depth,
+        return [self.proof, self.heartbeat_interval, list(self.keep_fragment), self.max_frame, self.max_depth,
                 list(self.allowed_origins), list(self.allowed_networks)]
 
     @classmethod
     def from_fields(cls, f):
-        _arity(f, 6, cls)
-        max_frame = _int(f[2], "max_frame")
+        _arity(f, 7, cls)
+        max_frame = _int(f[3], "max_frame", 0, 0xFFFFFFFF)
         if max_frame < 1024:
             raise ProtocolError("max_frame: too small to carry a report")
-        max_depth = None if f[3] is None else _nonneg(f[3], "max_depth")
-        return cls(_float(f[0], "heartbeat_interval"), _str_tuple(f[1], "keep_fragment"), max_frame, max_depth,
-                   _str_tuple(f[4], "allowed_origins"), _str_tuple(f[5], "allowed_networks"))
+        max_depth = None if f[4] is None else _nonneg(f[4], "max_depth", MAX_DEPTH)
+        return cls(_bytes(f[0], "proof", MAC_SIZE), _float(f[1], "heartbeat_interval", 0.001, 86400.0),
+                   _str_tuple(f[2], "keep_fragment", MAX_URL), max_frame, max_depth,
+                   _str_tuple(f[5], "allowed_origins", MAX_NAME), _str_tuple(f[6], "allowed_networks", MAX_NAME))
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +310,7 @@ class _Reason(Message):
     @classmethod
     def from_fields(cls, f):
         _arity(f, 1, cls)
-        return cls(_str(f[0], "reason"))
+        return cls(_str(f[0], "reason", MAX_NAME))
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,8 +347,8 @@ class Assign(Message):
             if len(t) != 5:
                 raise ProtocolError("task: expected 5 fields")
             after = None if t[4] is None else _nonneg(t[4], "after")
-            tasks.append(Task(_nonneg(t[0], "lease"), _str(t[1], "url"), _nonneg(t[2], "depth"),
-                              _opt_str(t[3], "parent"), after))
+            tasks.append(Task(_nonneg(t[0], "lease"), _str(t[1], "url", MAX_URL), _nonneg(t[2], "depth", MAX_DEPTH),
+                              _opt_str(t[3], "parent", MAX_URL), after))
         return cls(tuple(tasks))
 
 
@@ -289,49 +380,71 @@ class Result:
 
     @classmethod
     def from_wire(cls, raw: Any) -> Result:
-        r = _list(raw, "result")
-        if len(r) != 11:
-            raise ProtocolError("result: expected 11 fields")
-        status = _str(r[2], "status")
-        if status not in (DONE, ERROR, RETRY):
-            raise ProtocolError(f"status: unknown value {status!r}")
-        audio = [_audio_item(a) for a in _list(r[9], "audio")]
-        return cls(_nonneg(r[0], "lease"), _str(r[1], "url"), status, _opt_int(r[3], "http_status"),
-                   _opt_str(r[4], "final_url"), _opt_str(r[5], "content_type"), _opt_int(r[6], "size"),
-                   _opt_str(r[7], "error"), _str_tuple(r[8], "links"), tuple(audio), _nonneg(r[10], "cut"))
+        f = _check_result(raw)
+        return cls(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8],
+                   tuple(AudioItem.from_wire(a) for a in f[9]), f[10])
 
 
-_AUDIO_STR = ("title", "artist", "album", "description", "cover", "reason", "source_id", "sha256",
-              "content_type", "path")
+def check_result(r: Result) -> None:
+    """The master's checks on one result, for the worker to run before sending it: a value the master would
+    refuse (a hostile page's 100 KiB title, a NaN duration) must not cost the connection, and with it every
+    result in flight, each time the page is crawled again."""
+    _check_result(r.to_wire())
+
+
+def _check_result(raw: Any) -> list[Any]:
+    r = _list(raw, "result")
+    if len(r) != 11:
+        raise ProtocolError("result: expected 11 fields")
+    status = _str(r[2], "status", MAX_NAME)
+    if status not in (DONE, ERROR, RETRY):
+        raise ProtocolError(f"status: unknown value {status!r}")
+    return [_nonneg(r[0], "lease"), _str(r[1], "url", MAX_URL), status, _opt_int(r[3], "http_status", 0, 999),
+            _opt_str(r[4], "final_url", MAX_URL), _opt_str(r[5], "content_type", MAX_NAME),
+            _opt_int(r[6], "size", 0), _opt_str(r[7], "error"), _str_tuple(r[8], "links", MAX_URL),
+            [_check_audio(a) for a in _list(r[9], "audio")], _nonneg(r[10], "cut", MAX_COUNT)]
+
+
+_AUDIO_URL = ("cover",)
+_AUDIO_TEXT = ("title", "artist", "album", "description", "reason")
+_AUDIO_NAME = ("source_id", "sha256", "content_type", "path")
 _AUDIO_NUM = ("duration", "bitrate", "size")
 
 
-def _audio_item(a: Any) -> AudioItem:
-    # Unknown keys are ignored (a newer worker may send more); known ones must have their type.
+def _check_audio(a: Any) -> dict[str, Any]:
+    # Unknown keys are ignored (a newer worker may send more); known ones must have their type and range.
     if not isinstance(a, dict):
         raise ProtocolError("audio: expected a map")
-    _str(a.get("url"), "audio.url")
-    _str(a.get("page"), "audio.page")
-    for k in _AUDIO_STR:
-        _opt_str(a.get(k), f"audio.{k}")
+    _str(a.get("url"), "audio.url", MAX_URL)
+    _str(a.get("page"), "audio.page", MAX_URL)
+    for k in _AUDIO_URL:
+        _opt_str(a.get(k), f"audio.{k}", MAX_URL)
+    for k in _AUDIO_TEXT:
+        _opt_str(a.get(k), f"audio.{k}", MAX_TEXT)
+    for k in _AUDIO_NAME:
+        _opt_str(a.get(k), f"audio.{k}", MAX_NAME)
     for k in _AUDIO_NUM:
         if a.get(k) is not None:
-            _float(a[k], f"audio.{k}")
+            _float(a[k], f"audio.{k}", 0.0, float(INT64_MAX))
     for k in ("status", "resolver"):
         if k in a:
-            _str(a[k], f"audio.{k}")
-    if a.get("extra") is not None and not isinstance(a["extra"], dict):
-        raise ProtocolError("audio.extra: expected a map")
+            _str(a[k], f"audio.{k}", MAX_NAME)
+    if a.get("extra") is not None:
+        if not isinstance(a["extra"], dict):
+            raise ProtocolError("audio.extra: expected a map")
+        _json_value(a["extra"], "audio.extra")
     ident = a.get("identity")
     if ident is not None:
         if not isinstance(ident, dict):
             raise ProtocolError("audio.identity: expected a map")
-        _opt_str(ident.get("user_agent"), "audio.identity.user_agent")
+        _opt_str(ident.get("user_agent"), "audio.identity.user_agent", MAX_NAME)
         for k in ("headers", "cookies"):
             for pair in _list(ident.get(k) or [], f"audio.identity.{k}"):
                 if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(x, str) for x in pair):
                     raise ProtocolError(f"audio.identity.{k}: expected pairs of strings")
-    return AudioItem.from_wire(a)
+                _str(pair[0], f"audio.identity.{k}", MAX_NAME)
+                _str(pair[1], f"audio.identity.{k}", MAX_TEXT)
+    return a
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,8 +488,8 @@ class Credit(Message):
     @classmethod
     def from_fields(cls, f):
         _arity(f, 1, cls)
-        n = _nonneg(f[0], "n")
-        if n > 1_000_000:
+        n = _int(f[0], "n")
+        if not 0 <= n <= MAX_CAPACITY:
             raise ProtocolError("n: credit out of range")
         return cls(n)
 
@@ -416,9 +529,7 @@ class Fetched(Message):
             x = _list(raw, "fetch")
             if len(x) != 4:
                 raise ProtocolError("fetch: expected 4 fields")
-            status = _opt_int(x[1], "http_status")
-            if status is not None and not 100 <= status <= 999:
-                raise ProtocolError("http_status: out of range")
+            status = _opt_int(x[1], "http_status", 100, 999)
             out.append(PageFetch(_nonneg(x[0], "lease"), status, _opt_seconds(x[2], "retry_after"),
                                  _opt_seconds(x[3], "latency")))
         return cls(tuple(out))
@@ -432,17 +543,17 @@ MESSAGE_TYPES: dict[int, type[Message]] = {
 
 # --------------------------------------------------------------------------------------------- framing
 def encode(msg: Message, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
-    """One message as one frame. Raises ValueError if it would exceed max_frame (split the batch instead)."""
+    """One message as one frame. LocalProtocolError (a ValueError) past max_frame: split the batch instead."""
     payload = msgpack.packb([msg.TYPE, *msg.fields()], use_bin_type=True)
     if len(payload) > max_frame:
-        raise ValueError(f"{type(msg).__name__} frame of {len(payload)} bytes exceeds the limit of {max_frame}")
+        raise LocalProtocolError(f"{type(msg).__name__} frame of {len(payload)} bytes exceeds the limit of {max_frame}")
     return _HEADER.pack(len(payload)) + payload
 
 
 def decode_payload(payload: bytes) -> Message:
     try:
-        obj = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
-    except Exception as e:  # msgpack raises several unrelated types for garbage
+        obj = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True, **DECODE_LIMITS)
+    except Exception as e:  # msgpack raises several unrelated types for garbage and for limits
         raise ProtocolError(f"undecodable payload: {type(e).__name__}") from None
     if not isinstance(obj, list) or not obj or not isinstance(obj[0], int) or isinstance(obj[0], bool):
         raise ProtocolError("payload is not a message array")
@@ -456,7 +567,8 @@ class FrameDecoder:
     """Accumulates bytes and yields complete messages.
 
     A length above `max_frame` is refused as soon as the 4 header bytes are in, before any of the body is read
-    or any buffer of that size exists. After a ProtocolError the decoder is unusable: close the connection.
+    or any buffer of that size exists. `max_frame` may be changed between frames (the master raises it once the
+    peer has proved the secret). After a ProtocolError the decoder is unusable: close the connection.
     """
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
@@ -517,14 +629,179 @@ def new_nonce() -> bytes:
     return os.urandom(NONCE_SIZE)
 
 
-def master_proof(secret: bytes, worker_nonce: bytes, master_nonce: bytes) -> bytes:
-    return hmac.new(secret, b"crawler-master\0" + worker_nonce + master_nonce, hashlib.sha256).digest()
+def _transcript(hello: Hello, master_nonce: bytes) -> bytes:
+    return (struct.pack(">QQ", hello.version, hello.capacity) + hello.nonce + master_nonce
+            + hello.worker_id.encode())
 
 
-def worker_proof(secret: bytes, master_nonce: bytes, worker_nonce: bytes, worker_id: str) -> bytes:
-    return hmac.new(secret, b"crawler-worker\0" + master_nonce + worker_nonce + worker_id.encode(),
-                    hashlib.sha256).digest()
+def worker_proof(secret: bytes, hello: Hello, master_nonce: bytes) -> bytes:
+    return hmac.new(secret, b"crawler-worker\0" + _transcript(hello, master_nonce), hashlib.sha256).digest()
+
+
+def master_proof(secret: bytes, hello: Hello, master_nonce: bytes) -> bytes:
+    return hmac.new(secret, b"crawler-master\0" + _transcript(hello, master_nonce), hashlib.sha256).digest()
 
 
 def check_proof(expected: bytes, got: bytes) -> bool:
     return hmac.compare_digest(expected, got)
+
+
+# --------------------------------------------------------------------------------------------- connection state
+class State(enum.Enum):
+    SEND_HELLO = "send hello"              # worker: nothing sent yet
+    AWAIT_HELLO = "await hello"            # master: connection accepted
+    AWAIT_CHALLENGE = "await challenge"    # worker: Hello sent
+    AWAIT_AUTH = "await auth"              # master: Challenge sent
+    AUTHENTICATED = "authenticated"        # master: the worker proved the secret; Welcome or Refused is next
+    AWAIT_WELCOME = "await welcome"        # worker: Auth sent
+    OPEN = "open"                          # both: the session
+    CLOSED = "closed"                      # refused or failed: nothing more is legal
+
+
+# What the peer may send in each state. Anything else is a ProtocolError and closes the connection.
+MASTER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {
+    State.AWAIT_HELLO: (Hello,),
+    State.AWAIT_AUTH: (Auth,),
+    State.AUTHENTICATED: (),               # the worker waits for the Welcome
+    State.OPEN: (Report, Credit, Heartbeat, Fetched),
+    State.CLOSED: (),
+}
+WORKER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {
+    State.SEND_HELLO: (),
+    State.AWAIT_CHALLENGE: (Challenge, Refused),
+    State.AWAIT_WELCOME: (Welcome, Refused),
+    State.OPEN: (Assign, Heartbeat, Shutdown),
+    State.CLOSED: (),
+}
+
+
+class _Handshake:
+    RECEIVES: ClassVar[Mapping[State, tuple[type[Message], ...]]]
+    state: State
+
+    def receive(self, msg: Message) -> Message:
+        """A message from the peer, checked against the current state. ProtocolError if it is not legal now."""
+        if not isinstance(msg, self.RECEIVES[self.state]):
+            state, self.state = self.state, State.CLOSED
+            raise ProtocolError(f"unexpected {type(msg).__name__} in state {state.value}")
+        return msg
+
+    def _step(self, expected: State, what: str) -> None:
+        if self.state is not expected:
+            raise LocalProtocolError(f"{what} in state {self.state.value}")
+
+
+class MasterHandshake(_Handshake):
+    """The master's side of one connection.
+
+        hs = MasterHandshake(secret)
+        send(hs.receive_hello(msg))          # the Challenge; HandshakeFailed(reply=Refused) on a bad version
+        hs.receive_auth(msg)                 # HandshakeFailed(reply=Refused) on a wrong MAC
+        send(hs.welcome(...)) or send(hs.refuse(reason))     # the master's policy (unknown id ...)
+        msg = hs.receive(msg)                # each session message, checked against MASTER_RECEIVES
+    """
+
+    RECEIVES = MASTER_RECEIVES
+
+    def __init__(self, secret: bytes, *, nonce: bytes | None = None) -> None:
+        self.secret = secret
+        self.nonce = nonce or new_nonce()
+        self.state = State.AWAIT_HELLO
+        self.hello: Hello | None = None
+
+    @property
+    def recv_limit(self) -> int | None:
+        """The frame limit for what the peer sends now; None once open (the connection's own limit)."""
+        return None if self.state is State.OPEN else PRE_AUTH_MAX_FRAME
+
+    def receive_hello(self, msg: Message) -> Challenge:
+        self._step(State.AWAIT_HELLO, "receive_hello")
+        hello = self.receive(msg)
+        assert isinstance(hello, Hello)
+        if hello.version != PROTOCOL_VERSION:
+            self.state = State.CLOSED
+            reason = f"protocol version {hello.version} not supported (this master speaks {PROTOCOL_VERSION})"
+            raise HandshakeFailed(f"worker {hello.worker_id!r} speaks protocol version {hello.version}",
+                                  Refused(reason))
+        self.hello = hello
+        self.state = State.AWAIT_AUTH
+        return Challenge(self.nonce)
+
+    def receive_auth(self, msg: Message) -> Hello:
+        """The worker's MAC checked: returns its Hello (the id and capacity are now authenticated)."""
+        self._step(State.AWAIT_AUTH, "receive_auth")
+        auth = self.receive(msg)
+        assert isinstance(auth, Auth) and self.hello is not None
+        if not check_proof(worker_proof(self.secret, self.hello, self.nonce), auth.mac):
+            self.state = State.CLOSED
+            raise HandshakeFailed(f"worker {self.hello.worker_id!r} failed authentication",
+                                  Refused("authentication failed"))
+        self.state = State.AUTHENTICATED
+        return self.hello
+
+    def welcome(self, heartbeat_interval: float, keep_fragment: tuple[str, ...] = (),
+                max_frame: int = DEFAULT_MAX_FRAME, max_depth: int | None = None,
+                allowed_origins: tuple[str, ...] = (), allowed_networks: tuple[str, ...] = ()) -> Welcome:
+        self._step(State.AUTHENTICATED, "welcome")
+        assert self.hello is not None
+        self.state = State.OPEN
+        return Welcome(master_proof(self.secret, self.hello, self.nonce), heartbeat_interval, keep_fragment,
+                       max_frame, max_depth, allowed_origins, allowed_networks)
+
+    def refuse(self, reason: str) -> Refused:
+        """Refuse an authenticated worker (unknown id, duplicate ...). Unauthenticated peers learn nothing more
+        than HandshakeFailed.reply tells them."""
+        self._step(State.AUTHENTICATED, "refuse")
+        self.state = State.CLOSED
+        return Refused(reason)
+
+
+class WorkerHandshake(_Handshake):
+    """The worker's side of one connection.
+
+        hs = WorkerHandshake(secret, worker_id, capacity)
+        send(hs.hello())
+        send(hs.receive_challenge(msg))      # the Auth; PeerRefused if the master refused
+        welcome = hs.receive_welcome(msg)    # ProtocolError if the master's proof is wrong; PeerRefused
+        msg = hs.receive(msg)                # each session message, checked against WORKER_RECEIVES
+    """
+
+    RECEIVES = WORKER_RECEIVES
+
+    def __init__(self, secret: bytes, worker_id: str, capacity: int, *, nonce: bytes | None = None) -> None:
+        self.secret = secret
+        self._hello = Hello(worker_id, PROTOCOL_VERSION, capacity, nonce or new_nonce())
+        self.state = State.SEND_HELLO
+        self._master_nonce = b""
+
+    @property
+    def recv_limit(self) -> int | None:
+        return None if self.state is State.OPEN else HANDSHAKE_MAX_FRAME
+
+    def hello(self) -> Hello:
+        self._step(State.SEND_HELLO, "hello")
+        self.state = State.AWAIT_CHALLENGE
+        return self._hello
+
+    def _refused(self, msg: Message) -> None:
+        if isinstance(msg, Refused):
+            self.state = State.CLOSED
+            raise PeerRefused(msg.reason)
+
+    def receive_challenge(self, msg: Message) -> Auth:
+        self._step(State.AWAIT_CHALLENGE, "receive_challenge")
+        self._refused(self.receive(msg))
+        assert isinstance(msg, Challenge)
+        self._master_nonce = msg.nonce
+        self.state = State.AWAIT_WELCOME
+        return Auth(worker_proof(self.secret, self._hello, msg.nonce))
+
+    def receive_welcome(self, msg: Message) -> Welcome:
+        self._step(State.AWAIT_WELCOME, "receive_welcome")
+        self._refused(self.receive(msg))
+        assert isinstance(msg, Welcome)
+        if not check_proof(master_proof(self.secret, self._hello, self._master_nonce), msg.proof):
+            self.state = State.CLOSED
+            raise HandshakeFailed("the master could not prove it knows the shared secret")
+        self.state = State.OPEN
+        return msg

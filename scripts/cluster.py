@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -13,20 +14,33 @@ from pathlib import Path
 
 import yaml
 
-SECRET = "correct horse battery staple 0123456789"
 
-
-def write_secret(path: Path, secret: str = SECRET) -> Path:
-    path.write_text(secret + "\n")
-    path.chmod(0o600)
+def write_secret(path: Path, secret: str | None = None) -> Path:
+    """A shared secret file as the daemons demand it: only the owner may read it, and (by default) 32 random
+    bytes, base64-encoded. Created 0600 from the start, so it is never readable by others, not even briefly."""
+    if secret is None:
+        secret = base64.b64encode(os.urandom(32)).decode()
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secret + "\n")
     return path
 
 
+def read_secret(path: Path) -> bytes:
+    """The secret as the daemons read it (for tests that speak the protocol by hand)."""
+    return path.read_bytes().strip()
+
+
 def master_config(tmp: Path, seeds: list[str], nodes: list[str], **overrides) -> Path:
+    """A master config in tmp; the shared secret is tmp/secret, made once (workers started earlier keep it)."""
+    secret = tmp / "secret"
+    if not secret.exists():
+        write_secret(secret)
     cfg = {
         "listen": "127.0.0.1:0",
         "data_dir": str(tmp / "master"),
-        "secret_file": str(write_secret(tmp / "secret")),
+        "secret_file": str(secret),
         "nodes": nodes,
         "seeds": seeds,
         "exit_when_done": True,

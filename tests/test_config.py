@@ -23,7 +23,7 @@ def test_minimal_config_gets_defaults_and_seed_hosts_as_scope(tmp_path):
     assert cfg.data_dir == tmp_path / "data"
     assert cfg.crawl.max_depth == 5 and cfg.crawl.max_url_length == 256
     assert cfg.crawl.allowed_hosts == ("127.0.0.1:8000",)   # the seed's port is part of the scope
-    assert cfg.secret.startswith(b"correct horse")
+    assert cfg.secret == (tmp_path / "secret").read_bytes().strip() and len(cfg.secret) >= 32
 
 
 def test_example_configs_in_the_repo_are_valid(tmp_path):
@@ -74,10 +74,52 @@ def test_bad_values_name_the_key(tmp_path, change, key, words):
 
 def test_short_secret_refused(tmp_path):
     raw = base(tmp_path)
-    (tmp_path / "short").write_text("abc")
-    raw["secret_file"] = str(tmp_path / "short")
+    raw["secret_file"] = str(write_secret(tmp_path / "short", "abc"))
     with pytest.raises(ConfigError, match="secret_file: .* use at least 16"):
         MasterConfig.from_mapping(raw, tmp_path)
+
+
+@pytest.mark.parametrize("secret", [
+    "a" * 64,                                   # one distinct byte
+    "passwordpassword",                         # a word, twice
+    "supersecretpassword",                      # words only
+    "abcdefghijklmnopqrstuvwxyz0123456789",     # runs
+    "0123456789abcdef",                         # a run, 16 distinct bytes
+    "correct horse battery staple",             # a phrase of common words
+])
+def test_guessable_secret_refused(tmp_path, secret):
+    raw = base(tmp_path)
+    raw["secret_file"] = str(write_secret(tmp_path / "weak", secret))
+    with pytest.raises(ConfigError, match=r"secret_file: .*weak holds a guessable secret.* /dev/urandom"):
+        MasterConfig.from_mapping(raw, tmp_path)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o660, 0o622])
+def test_secret_readable_by_others_refused_with_the_fix(tmp_path, mode):
+    raw = base(tmp_path)
+    (tmp_path / "secret").chmod(mode)
+    with pytest.raises(ConfigError) as e:
+        MasterConfig.from_mapping(raw, tmp_path)
+    assert str(e.value) == (f"secret_file: {tmp_path / 'secret'} is readable or writable by group or others; "
+                            f"fix: chmod 600 {tmp_path / 'secret'}")
+
+
+@pytest.mark.parametrize("daemon", ["master", "worker"])
+def test_cli_refuses_open_or_weak_secret_one_line_exit_2(tmp_path, daemon):
+    raw = base(tmp_path)
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    args = (["crawler.master", "--config", str(cfg)] if daemon == "master" else
+            ["crawler.worker", "--master", "127.0.0.1:1", "--id", "a", "--data-dir", str(tmp_path / "w"),
+             "--secret-file", str(tmp_path / "secret")])
+    (tmp_path / "secret").chmod(0o644)
+    r = _run(args, tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"chmod 600 {tmp_path / 'secret'}" in r.stderr and "Traceback" not in r.stderr
+    write_secret(tmp_path / "secret", "aaaaaaaaaaaaaaaaaaaaaaaa")
+    r = _run(args, tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "guessable secret" in r.stderr and "Traceback" not in r.stderr
 
 
 def _run(args, cwd):

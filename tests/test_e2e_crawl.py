@@ -22,7 +22,7 @@ async def hostile_clients(addr: str) -> None:
     writer.write(p.encode(p.Hello("w1", p.PROTOCOL_VERSION, 8, p.new_nonce())))
     challenge = p.FrameDecoder()
     challenge.feed(await reader.read(4096))
-    assert isinstance(challenge.next_message(), p.Challenge)
+    assert isinstance(challenge.next_message(), p.Challenge)   # a nonce, and no proof of the master's yet
     writer.write(p.encode(p.Auth(b"\0" * 32)))
     answer = p.FrameDecoder()
     answer.feed(await reader.read(4096))
@@ -54,7 +54,7 @@ async def test_two_workers_crawl_the_site_completely_and_a_wrong_secret_is_refus
         master = await cluster.start_master(config, tmp_path)
         addr = cluster.master_addr(config)
         await hostile_clients(addr)
-        intruder_secret = cluster.write_secret(tmp_path / "wrong-secret", "not the secret at all, but long")
+        intruder_secret = cluster.write_secret(tmp_path / "wrong-secret")   # strong, but not the master's
         intruder = await cluster.start_worker(addr, "w3", tmp_path, secret=intruder_secret)
         w1 = await cluster.start_worker(addr, "w1", tmp_path, extra=["--concurrency", "16"])
         w2 = await cluster.start_worker(addr, "w2", tmp_path, extra=["--concurrency", "16"])

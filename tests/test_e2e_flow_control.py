@@ -16,16 +16,13 @@ class RawWorker:
         self.decoder = p.FrameDecoder()
 
     @classmethod
-    async def join(cls, addr: str, node: str, capacity: int) -> "RawWorker":
+    async def join(cls, addr: str, node: str, capacity: int, secret: bytes) -> "RawWorker":
         host, port = addr.rsplit(":", 1)
         w = cls(*await asyncio.open_connection(host, int(port)))
-        nonce = p.new_nonce()
-        w.send(p.Hello(node, p.PROTOCOL_VERSION, capacity, nonce))
-        challenge = await w.recv()
-        assert isinstance(challenge, p.Challenge)
-        assert p.check_proof(p.master_proof(cluster.SECRET.encode(), nonce, challenge.nonce), challenge.proof)
-        w.send(p.Auth(p.worker_proof(cluster.SECRET.encode(), challenge.nonce, nonce, node)))
-        assert isinstance(await w.recv(), p.Welcome)
+        hs = p.WorkerHandshake(secret, node, capacity)
+        w.send(hs.hello())
+        w.send(hs.receive_challenge(await w.recv()))
+        hs.receive_welcome(await w.recv())      # checks the master's proof
         return w
 
     def send(self, *msgs: p.Message) -> None:
@@ -57,7 +54,8 @@ async def test_master_never_exceeds_the_credit_and_refuses_credit_beyond_capacit
                                    scheduling={"heartbeat_interval": 5.0, "heartbeat_timeout": 30.0})
     master = await cluster.start_master(config, tmp_path)
     try:
-        w = await RawWorker.join(cluster.master_addr(config), "w1", capacity=5)
+        secret = cluster.read_secret(tmp_path / "secret")
+        w = await RawWorker.join(cluster.master_addr(config), "w1", capacity=5, secret=secret)
         w.send(p.Credit(3))
         first = await w.tasks(quiet=1.0)
         assert len(first) == 3, first
@@ -71,7 +69,7 @@ async def test_master_never_exceeds_the_credit_and_refuses_credit_beyond_capacit
             while True:
                 await w.recv()
         # The master carries on: the same node may come back, and gets its unfinished tasks again.
-        w2 = await RawWorker.join(cluster.master_addr(config), "w1", capacity=5)
+        w2 = await RawWorker.join(cluster.master_addr(config), "w1", capacity=5, secret=secret)
         w2.send(p.Credit(5))
         again = await w2.tasks(quiet=1.0)
         assert {t.url for t in first[2:] + second} <= {t.url for t in again}

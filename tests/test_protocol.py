@@ -16,10 +16,10 @@ ITEM = AudioItem(url="http://a/x.mp3", page="http://a/", title="TÃ­", artist="æ­
 
 MESSAGES = [
     p.Hello("w1", p.PROTOCOL_VERSION, 64, NONCE),
-    p.Challenge(NONCE, b"\x01" * 32),
+    p.Challenge(NONCE),
     p.Auth(b"\x02" * 32),
-    p.Welcome(5.0, (r"^https?://www\.kugou\.com/song/",), 4 * 1024 * 1024),
-    p.Welcome(0.5, (), 1024, max_depth=3),
+    p.Welcome(b"\x01" * 32, 5.0, (r"^https?://www\.kugou\.com/song/",), 4 * 1024 * 1024),
+    p.Welcome(b"\x01" * 32, 0.5, (), 1024, max_depth=3),
     p.Refused("bad secret"),
     p.Assign((p.Task(1, "http://a/", 0, None), p.Task(2, "http://a/b", 3, "http://a/"),
               p.Task(3, "http://a/c", 3, "http://a/", after=2))),
@@ -96,7 +96,9 @@ def _frame(obj) -> bytes:
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": 1}]]]],
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "title": 3}]]]],
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "identity": {"headers": [[1]]}}]]]],
-    [9, -1], [9, 10**9], [8, "now"], [4, 1.0, [3], 1 << 20], [4, 1.0, [], 10],
+    [9, -1], [9, 10**9], [8, "now"], [4, b"\x01" * 32, 1.0, [3], 1 << 20, None, [], []],
+    [4, b"\x01" * 32, 1.0, [], 10, None, [], []], [4, b"\x01" * 32, 1.0, [], 1 << 20, None, [1], []],
+    [2, NONCE, b"\x01" * 32],
     [20, [[1, 200, None]]], [20, [[-1, 200, None, None]]], [20, [[1, 42, None, None]]],
     [20, [[1, 200, -1.0, None]]], [20, [[1, 200, None, float("nan")]]], [20, [[1, 200, float("inf"), None]]],
     [20, [[1, "200", None, None]]], [20, [[1, 200, None, "fast"]]], [20, {}],
@@ -130,11 +132,14 @@ def test_handshake_proofs_bind_both_nonces_and_the_id():
     secret = b"s3cret"
     wn, mn = p.new_nonce(), p.new_nonce()
     assert wn != mn and len(wn) == p.NONCE_SIZE
-    mp = p.master_proof(secret, wn, mn)
-    assert p.check_proof(mp, p.master_proof(secret, wn, mn))
-    assert not p.check_proof(mp, p.master_proof(b"other", wn, mn))
-    wp = p.worker_proof(secret, mn, wn, "w1")
-    assert not p.check_proof(wp, p.worker_proof(secret, mn, wn, "w2"))
+    hello = p.Hello("w1", p.PROTOCOL_VERSION, 8, wn)
+    mp = p.master_proof(secret, hello, mn)
+    assert p.check_proof(mp, p.master_proof(secret, hello, mn))
+    assert not p.check_proof(mp, p.master_proof(b"other", hello, mn))
+    assert not p.check_proof(mp, p.master_proof(secret, hello, wn))
+    wp = p.worker_proof(secret, hello, mn)
+    assert not p.check_proof(wp, p.worker_proof(secret, p.Hello("w2", p.PROTOCOL_VERSION, 8, wn), mn))
+    assert not p.check_proof(wp, p.worker_proof(secret, p.Hello("w1", p.PROTOCOL_VERSION, 9, wn), mn))
     assert not p.check_proof(wp, mp)
 
 

@@ -7,6 +7,7 @@ CLI), and returns the summary. All background tasks live in one TaskGroup owned 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -23,7 +24,7 @@ from crawler.bodies import ACCEPT_ENCODING
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.master.catalogue import CatalogueFile
 from crawler.master.config import MasterConfig
-from crawler.master.crawl import Crawl
+from crawler.master.crawl import Crawl, ReportRejected
 from crawler.master.dedup import Dedup
 from crawler.master.observe import Observer
 from crawler.master.store import MasterStore
@@ -44,7 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("crawler.master")
 
-HANDSHAKE_TIMEOUT = 10.0
+HANDSHAKE_TIMEOUT = 10.0          # seconds a peer has to prove the secret
+MAX_UNAUTHENTICATED = 64          # connections still in their handshake; more are closed at once
+READER_LIMIT = 128 * 1024         # asyncio buffers at most twice this per connection before it stops reading
 COMMIT_INTERVAL = 0.2     # the housekeeping cadence: commit, expiry, heartbeats, "is the crawl done"
 
 
@@ -106,6 +109,9 @@ class Master:
         self._turn = 0                      # which session dispatch starts from: rotates, see _dispatch_all
         self._done = False
         self._robots_inflight: set[str] = set()
+        self._unauthenticated = 0
+        self._excess_refused = 0
+        self._excess_logged_at = -math.inf
         self.summary = Summary(data_dir=str(cfg.data_dir))
         self.observer = Observer(self)
         # The private addresses the crawl may reach: its seeds' and the configured networks (told to workers).
@@ -191,7 +197,7 @@ class Master:
         t0 = time.monotonic()
         self._open_state()
         host, port = self.cfg.listen
-        server = await asyncio.start_server(self._handle, host, port, limit=1 << 20)
+        server = await asyncio.start_server(self._handle, host, port, limit=READER_LIMIT)
         self.port = server.sockets[0].getsockname()[1]
         log.info("master listening on %s:%d for nodes %s", host, self.port, ", ".join(self.cfg.nodes))
         try:
@@ -217,7 +223,7 @@ class Master:
                     for s in list(self.sessions.values()):
                         try:
                             await asyncio.wait_for(s.conn.send(p.Shutdown("crawl finished")), 2)
-                        except (TimeoutError, OSError, ConnectionError):
+                        except (TimeoutError, ConnectionClosed):
                             pass
                 for s in list(self.sessions.values()):
                     if s.tasks:
@@ -330,7 +336,7 @@ class Master:
                 self._detach(s, dead=True)
                 if s.tasks:
                     s.tasks.cancel()
-                s.conn.writer.transport.abort()
+                s.conn.abort()
 
     async def _heartbeats(self) -> None:
         while True:
@@ -339,7 +345,7 @@ class Master:
             for s in list(self.sessions.values()):
                 try:
                     s.conn.send_nowait(p.Heartbeat(now))
-                except (OSError, ConnectionError):
+                except ConnectionClosed:
                     pass
 
     # ------------------------------------------------------------------ robots.txt
@@ -377,29 +383,54 @@ class Master:
 
     # ------------------------------------------------------------------ workers
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = FramedConnection(reader, writer, self.cfg.max_frame)
+        if self._unauthenticated >= MAX_UNAUTHENTICATED:
+            # A flood of idle or slow peers must not hold memory or starve the workers: the excess goes at once.
+            writer.transport.abort()
+            self._excess_refused += 1
+            now = time.monotonic()
+            if now - self._excess_logged_at >= 10:
+                self._excess_logged_at = now
+                log.warning("%d unauthenticated connections open (the limit): %d more refused so far",
+                            MAX_UNAUTHENTICATED, self._excess_refused)
+            return
+        hs = p.MasterHandshake(self.cfg.secret)
+        conn = FramedConnection(reader, writer, self.cfg.max_frame, recv_limit=hs.recv_limit)
+        self._unauthenticated += 1
         try:
-            hello = await asyncio.wait_for(self._handshake(conn), HANDSHAKE_TIMEOUT)
-        except (TimeoutError, p.ProtocolError, ConnectionClosed, OSError, ConnectionError) as e:
-            log.warning("connection from %s refused: %s", conn.peer, e or type(e).__name__)
+            hello = await asyncio.wait_for(self._handshake(conn, hs), HANDSHAKE_TIMEOUT)
+        except p.HandshakeFailed as e:
+            log.warning("connection from %s refused: %s", conn.peer, e)
+            if e.reply is not None:
+                with contextlib.suppress(TimeoutError, ConnectionClosed):
+                    await asyncio.wait_for(conn.send(e.reply), 2)
             await conn.close()
             return
+        except (TimeoutError, p.ProtocolError, ConnectionClosed) as e:
+            log.warning("connection from %s refused: %s", conn.peer, e or type(e).__name__)
+            conn.abort()
+            return
+        finally:
+            self._unauthenticated -= 1
         if hello is None:
             await conn.close()
             return
+        conn.recv_limit = hs.recv_limit
         s = Session(hello.worker_id, conn, hello.capacity, last_seen=self.clock())
         s.tasks = asyncio.current_task()
         self._attach(s)
         try:
             while True:
-                msg = await conn.recv()
+                msg = hs.receive(await conn.recv())
                 s.last_seen = self.clock()
                 if isinstance(msg, p.Fetched):
                     if self.crawl.fetched(s.node, msg.fetches, s.last_seen):
                         self._dispatch_all()     # the host slots it freed may be waited on by any node
                     continue
                 if isinstance(msg, p.Report):
-                    rows = self.crawl.complete(s.node, msg.results, s.last_seen)
+                    try:
+                        rows = self.crawl.complete(s.node, msg.results, s.last_seen)
+                    except ReportRejected as e:
+                        raise p.ProtocolError(str(e)) from None
                     if rows:
                         self.catalogue.add(rows)
                     self.observer.report(s.node, msg.results, rows, s.last_seen)
@@ -410,15 +441,13 @@ class Master:
                     s.credit += msg.n
                 elif isinstance(msg, p.Heartbeat):
                     continue
-                else:
-                    raise p.ProtocolError(f"unexpected {type(msg).__name__} from a worker")
                 if isinstance(msg, p.Report):
                     self._dispatch_all()     # its links may route to any node
                 else:
                     self._dispatch(s)
         except p.ProtocolError as e:
             log.warning("worker %s (%s) broke the protocol: %s; closing its connection", s.node, conn.peer, e)
-        except (ConnectionClosed, OSError, ConnectionError) as e:
+        except ConnectionClosed as e:
             log.info("worker %s disconnected: %s", s.node, e)
         except asyncio.CancelledError:
             pass
@@ -426,28 +455,18 @@ class Master:
             self._detach(s)
             await conn.close()
 
-    async def _handshake(self, conn: FramedConnection) -> p.Hello | None:
-        hello = await conn.recv()
-        if not isinstance(hello, p.Hello):
-            raise p.ProtocolError(f"expected Hello, got {type(hello).__name__}")
-        if hello.version != p.PROTOCOL_VERSION:
-            await conn.send(p.Refused(f"protocol version {hello.version} not supported"))
-            raise p.ProtocolError(f"worker {hello.worker_id} speaks protocol version {hello.version}")
-        nonce = p.new_nonce()
-        await conn.send(p.Challenge(nonce, p.master_proof(self.cfg.secret, hello.nonce, nonce)))
-        auth = await conn.recv()
-        if not isinstance(auth, p.Auth):
-            raise p.ProtocolError(f"expected Auth, got {type(auth).__name__}")
-        if not p.check_proof(p.worker_proof(self.cfg.secret, nonce, hello.nonce, hello.worker_id), auth.mac):
-            await conn.send(p.Refused("authentication failed"))
-            raise p.ProtocolError(f"worker {hello.worker_id!r} failed authentication")
+    async def _handshake(self, conn: FramedConnection, hs: p.MasterHandshake) -> p.Hello | None:
+        """The worker proves the secret first (see protocol.py); only then does this master prove its own."""
+        await conn.send(hs.receive_hello(await conn.recv()))
+        hello = hs.receive_auth(await conn.recv())
         if hello.worker_id not in self.cfg.nodes:
-            await conn.send(p.Refused(f"node id {hello.worker_id!r} is not in the master's nodes list"))
-            raise p.ProtocolError(f"unknown node id {hello.worker_id!r}")
-        await conn.send(p.Welcome(self.cfg.scheduling.heartbeat_interval, self.cfg.crawl.keep_fragment,
-                                  self.cfg.max_frame, self.cfg.crawl.max_depth,
-                                  tuple(f"{h}:{port}" for h, port in sorted(self.targets.origins)),
-                                  self.cfg.crawl.allowed_networks))
+            log.warning("connection from %s refused: unknown node id %r", conn.peer, hello.worker_id)
+            await conn.send(hs.refuse(f"node id {hello.worker_id!r} is not in the master's nodes list"))
+            return None
+        await conn.send(hs.welcome(self.cfg.scheduling.heartbeat_interval, self.cfg.crawl.keep_fragment,
+                                   self.cfg.max_frame, self.cfg.crawl.max_depth,
+                                   tuple(f"{h}:{port}" for h, port in sorted(self.targets.origins)),
+                                   self.cfg.crawl.allowed_networks))
         return hello
 
     def _attach(self, s: Session) -> None:
@@ -494,7 +513,7 @@ class Master:
         step = 512
         try:
             s.conn.send_nowait(*(p.Assign(tuple(tasks[i:i + step])) for i in range(0, len(tasks), step)))
-        except (OSError, ConnectionError):
+        except ConnectionClosed:
             pass
 
     def _dispatch_all(self) -> None:

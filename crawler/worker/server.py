@@ -186,15 +186,18 @@ class Worker:
             conn = None
             try:
                 reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
-                conn = FramedConnection(reader, writer, p.DEFAULT_MAX_FRAME)   # lowered by the Welcome
-                welcome = await asyncio.wait_for(self._handshake(conn), 10)
+                hs = p.WorkerHandshake(self.cfg.secret, self.cfg.id, self.cfg.max_tasks)
+                # The send limit is lowered by the Welcome; until the master proved the secret, reads are small.
+                conn = FramedConnection(reader, writer, p.DEFAULT_MAX_FRAME, recv_limit=hs.recv_limit)
+                welcome = await asyncio.wait_for(self._handshake(conn, hs), 10)
+                conn.recv_limit = hs.recv_limit
                 delay = 0.2
                 log.info("worker %s connected to master %s:%d", self.cfg.id, host, port)
-                if await self._session(conn, welcome):
+                if await self._session(conn, hs, welcome):
                     return 0
             except Refused as e:
                 log.error("master refused worker %s: %s", self.cfg.id, e)
-            except (TimeoutError, OSError, ConnectionError, ConnectionClosed) as e:
+            except (TimeoutError, OSError) as e:   # OSError: the connect; ConnectionClosed is one too
                 log.info("master %s:%d not reachable: %s", host, port, e or type(e).__name__)
             except p.ProtocolError as e:
                 log.warning("master broke the protocol: %s", e)
@@ -211,25 +214,16 @@ class Worker:
                 pass
         return 0
 
-    async def _handshake(self, conn: FramedConnection) -> p.Welcome:
-        nonce = p.new_nonce()
-        await conn.send(p.Hello(self.cfg.id, p.PROTOCOL_VERSION, self.cfg.max_tasks, nonce))
-        msg = await conn.recv()
-        if isinstance(msg, p.Refused):
-            raise Refused(msg.reason)
-        if not isinstance(msg, p.Challenge):
-            raise p.ProtocolError(f"expected Challenge, got {type(msg).__name__}")
-        if not p.check_proof(p.master_proof(self.cfg.secret, nonce, msg.nonce), msg.proof):
-            raise Refused("the master could not prove it knows the shared secret")
-        await conn.send(p.Auth(p.worker_proof(self.cfg.secret, msg.nonce, nonce, self.cfg.id)))
-        msg = await conn.recv()
-        if isinstance(msg, p.Refused):
-            raise Refused(msg.reason)
-        if not isinstance(msg, p.Welcome):
-            raise p.ProtocolError(f"expected Welcome, got {type(msg).__name__}")
-        return msg
+    async def _handshake(self, conn: FramedConnection, hs: p.WorkerHandshake) -> p.Welcome:
+        """This worker proves the secret first; the master's Welcome carries its own proof (see protocol.py)."""
+        try:
+            await conn.send(hs.hello())
+            await conn.send(hs.receive_challenge(await conn.recv()))
+            return hs.receive_welcome(await conn.recv())
+        except p.PeerRefused as e:
+            raise Refused(e.reason) from None
 
-    async def _session(self, conn: FramedConnection, welcome: p.Welcome) -> bool:
+    async def _session(self, conn: FramedConnection, hs: p.WorkerHandshake, welcome: p.Welcome) -> bool:
         """Serve one connection. True when the master ended the crawl."""
         patterns = tuple(dict.fromkeys(welcome.keep_fragment + self.norm.keep_fragment))
         self.norm = NormalizeOptions(keep_fragment=patterns)
@@ -254,7 +248,7 @@ class Worker:
         async def reader(tg: asyncio.TaskGroup) -> None:
             nonlocal last_heard
             while True:
-                msg = await conn.recv()
+                msg = hs.receive(await conn.recv())
                 last_heard = time.monotonic()
                 if isinstance(msg, p.Assign):
                     for task in msg.tasks:
@@ -262,10 +256,6 @@ class Worker:
                 elif isinstance(msg, p.Shutdown):
                     log.info("master ended the crawl: %s", msg.reason)
                     raise _Shutdown()
-                elif isinstance(msg, p.Heartbeat):
-                    pass
-                else:
-                    raise p.ProtocolError(f"unexpected {type(msg).__name__} from the master")
 
         async def reporter() -> None:
             while True:
@@ -300,7 +290,7 @@ class Worker:
                 tg.create_task(stopper())
         except* _Shutdown:
             ended = True
-        except* (ConnectionClosed, OSError, ConnectionError, p.ProtocolError) as eg:
+        except* (ConnectionClosed, p.ProtocolError) as eg:
             log.info("connection to the master lost: %s", eg.exceptions[0])
         finally:
             self._send_fetched = None
