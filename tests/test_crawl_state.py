@@ -219,3 +219,39 @@ def test_a_changed_nodes_list_reroutes_what_was_queued_for_a_node_that_no_longer
         got |= {t.url for t in batch}
     assert {f"{SITE}/p{i}" for i in range(5)} <= got
     second.store.close()
+
+
+@pytest.mark.parametrize("bad", [
+    {"size": 2**64},                                              # past SQLite's 64-bit integers
+    {"audio": (AudioItem(url=SITE + "/a.mp3", page=SITE + "/", extra={"raw": b"\0"}),)},   # not JSON
+], ids=["int-past-64-bits", "non-json-extra"])
+def test_a_report_the_store_refuses_is_undone_alone_and_its_urls_go_back(tmp_path, bad):
+    from crawler.master.crawl import ReportRejected
+
+    c = make(tmp_path, nodes=("a",))
+    c.node_up("a")
+    (home,) = c.take("a", 5, now=0.0)
+    c.complete("a", (done(home, [f"{SITE}/p{i}" for i in range(4)]),), now=1.0)
+    t1, t2, t3, t4 = c.take("a", 5, now=2.0)
+    c.complete("a", (done(t1),), now=3.0)                   # a good report in the same commit window
+    before = c.store.status()
+    good = done(t2, [SITE + "/new"])
+    bad_result = p.Result(t3.lease, t3.url, p.DONE, 200, **{"size": 1, **bad})
+    with pytest.raises(ReportRejected, match="went back to the frontier"):
+        c.complete("a", (good, bad_result), now=4.0)
+    # Nothing of the bad report stayed (not even its good result's links), the earlier report did, and the
+    # report's URLs are queued again, not leased; the lease not in the report is still out.
+    assert c.in_flight("a") == 1 and c.store.url_info(SITE + "/new") is None
+    assert c.store.url_info(t1.url)["state"] == "done"
+    assert c.store.url_info(t2.url)["state"] == "queued" and c.store.url_info(t3.url)["state"] == "queued"
+    after = c.store.status()
+    assert after["states"]["done"] == before["states"]["done"]
+    assert after["states"]["leased"] == 1 and after["audio"] == before["audio"]
+    c.store.commit()
+    # The rest of the session goes on: the same URLs are leased again, and a good report of them is taken.
+    again = c.take("a", 5, now=5.0)
+    assert {t.url for t in again} == {t2.url, t3.url}
+    c.complete("a", tuple(done(t) for t in again) + (done(t4),), now=6.0)
+    c.store.commit()
+    assert {k: n for k, n in c.store.status()["states"].items() if n} == {"done": 5}
+    assert c.in_flight() == 0

@@ -148,3 +148,196 @@ def test_unknown_audio_keys_are_ignored_for_forward_compatibility():
     d.feed(_frame([7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "new": 1}], 0]]]))
     (msg,) = d.messages()
     assert msg.results[0].audio[0] == AudioItem(url="a", page="b")
+
+
+# --------------------------------------------------------------------------------------------- handshake
+SECRET = b"0y5v0U6TurQfutWXlbEjg8Uc6b8/atkB5d/V5bgjrR8="
+
+
+def _wire(msg: p.Message) -> p.Message:
+    """Through bytes and back, as the peer would see it."""
+    d = p.FrameDecoder()
+    d.feed(p.encode(msg))
+    (out,) = d.messages()
+    return out
+
+
+def test_handshake_worker_proves_first_and_both_sides_open():
+    master = p.MasterHandshake(SECRET)
+    worker = p.WorkerHandshake(SECRET, "w1", 8)
+    assert master.recv_limit == p.PRE_AUTH_MAX_FRAME
+    challenge = _wire(master.receive_hello(_wire(worker.hello())))
+    assert challenge == p.Challenge(master.nonce)           # a nonce only: nothing computed from the secret
+    hello = master.receive_auth(_wire(worker.receive_challenge(challenge)))
+    assert hello.worker_id == "w1" and hello.capacity == 8 and master.state is p.State.AUTHENTICATED
+    welcome = worker.receive_welcome(_wire(master.welcome(2.0, ("x",), 4096, 3)))
+    assert (welcome.heartbeat_interval, welcome.keep_fragment, welcome.max_frame, welcome.max_depth) == \
+        (2.0, ("x",), 4096, 3)
+    assert master.state is worker.state is p.State.OPEN
+    assert master.recv_limit is None and worker.recv_limit is None
+    assert master.receive(p.Heartbeat(1.0)) == p.Heartbeat(1.0)
+    assert worker.receive(p.Assign(())) == p.Assign(())
+
+
+def test_wrong_secret_is_refused_and_gets_no_proof():
+    master = p.MasterHandshake(SECRET)
+    worker = p.WorkerHandshake(b"another secret, quite as long as the first one", "w1", 8)
+    challenge = master.receive_hello(worker.hello())
+    with pytest.raises(p.HandshakeFailed) as e:
+        master.receive_auth(worker.receive_challenge(challenge))
+    assert e.value.reply == p.Refused("authentication failed")
+    assert master.state is p.State.CLOSED
+    with pytest.raises(p.LocalProtocolError):
+        master.welcome(1.0)                # no Welcome (and so no proof) after a failed MAC
+    with pytest.raises(p.PeerRefused, match="authentication failed"):
+        worker.receive_welcome(e.value.reply)
+
+
+def test_replayed_hello_and_auth_fail_against_a_fresh_nonce():
+    worker = p.WorkerHandshake(SECRET, "w1", 8)
+    hello = worker.hello()
+    first = p.MasterHandshake(SECRET)
+    auth = worker.receive_challenge(first.receive_hello(hello))
+    first.receive_auth(auth)
+    replay = p.MasterHandshake(SECRET)
+    replay.receive_hello(hello)
+    with pytest.raises(p.HandshakeFailed):
+        replay.receive_auth(auth)
+
+
+def test_replayed_welcome_fails_against_a_fresh_worker_nonce():
+    worker = p.WorkerHandshake(SECRET, "w1", 8)
+    master = p.MasterHandshake(SECRET)
+    master.receive_auth(worker.receive_challenge(master.receive_hello(worker.hello())))
+    welcome = master.welcome(1.0)
+    again = p.WorkerHandshake(SECRET, "w1", 8)
+    again.hello()
+    again.receive_challenge(p.Challenge(master.nonce))       # an impostor replays the same nonce and Welcome
+    with pytest.raises(p.ProtocolError, match="could not prove"):
+        again.receive_welcome(welcome)
+
+
+def test_other_protocol_version_is_refused_with_a_reason():
+    master = p.MasterHandshake(SECRET)
+    with pytest.raises(p.HandshakeFailed) as e:
+        master.receive_hello(p.Hello("w1", p.PROTOCOL_VERSION - 1, 8, NONCE))
+    assert isinstance(e.value.reply, p.Refused) and "protocol version" in e.value.reply.reason
+
+
+@pytest.mark.parametrize("msg", [p.Auth(b"\0" * 32), p.Report(()), p.Credit(1), p.Heartbeat(0.0),
+                                 p.Welcome(b"\0" * 32, 1.0)], ids=lambda m: type(m).__name__)
+def test_master_refuses_anything_but_hello_first(msg):
+    master = p.MasterHandshake(SECRET)
+    with pytest.raises(p.ProtocolError, match="unexpected"):
+        master.receive_hello(msg)
+    assert master.state is p.State.CLOSED
+
+
+def test_session_messages_follow_the_table_of_legal_messages():
+    master = p.MasterHandshake(SECRET)
+    worker = p.WorkerHandshake(SECRET, "w1", 8)
+    master.receive_auth(worker.receive_challenge(master.receive_hello(worker.hello())))
+    with pytest.raises(p.ProtocolError):
+        master.receive(p.Report(()))       # before the Welcome went out
+    master = p.MasterHandshake(SECRET)
+    worker = p.WorkerHandshake(SECRET, "w1", 8)
+    master.receive_auth(worker.receive_challenge(master.receive_hello(worker.hello())))
+    worker.receive_welcome(master.welcome(1.0))
+    for state_table, side, bad in ((p.MASTER_RECEIVES, master, p.Hello("w1", 3, 1, NONCE)),
+                                   (p.WORKER_RECEIVES, worker, p.Challenge(NONCE))):
+        for legal in state_table[p.State.OPEN]:
+            assert legal in (p.Report, p.Credit, p.Heartbeat, p.Assign, p.Shutdown)
+        with pytest.raises(p.ProtocolError):
+            side.receive(bad)                # a second handshake inside the session
+        assert side.state is p.State.CLOSED
+
+
+def test_misuse_of_the_api_is_a_local_error_not_the_peers():
+    master = p.MasterHandshake(SECRET)
+    with pytest.raises(p.LocalProtocolError):
+        master.welcome(1.0)                  # before any Hello
+    with pytest.raises(p.LocalProtocolError):
+        master.receive_auth(p.Auth(b"\0" * 32))
+    worker = p.WorkerHandshake(SECRET, "w1", 8)
+    worker.hello()
+    with pytest.raises(p.LocalProtocolError):
+        worker.hello()
+    assert not issubclass(p.LocalProtocolError, p.ProtocolError)
+
+
+# --------------------------------------------------------------------------------------------- limits
+def _result(**change):
+    r = [1, "http://a/", "done", 200, None, None, None, None, [], []]
+    for k, v in change.items():
+        r[["lease", "url", "status", "http_status", "final_url", "content_type", "size", "error", "links",
+           "audio"].index(k)] = v
+    return [7, [r]]
+
+
+def _uint64_frame(value: int) -> bytes:
+    # msgpack cannot carry 2**70 at all; the largest integer it can is 2**64 - 1, as uint64 (0xcf).
+    payload = msgpack.packb([7, [[1, "http://a/", "done", 200, None, None, None, None, [], []]]])
+    payload = payload.replace(b"\xcc\xc8", b"\xcf" + struct.pack(">Q", value))   # http_status 200 -> value
+    return struct.pack(">I", len(payload)) + payload
+
+
+@pytest.mark.parametrize("value", [2**64 - 1, 2**63])
+def test_integers_past_signed_64_bits_are_refused(value):
+    d = p.FrameDecoder()
+    d.feed(_uint64_frame(value))
+    with pytest.raises(p.ProtocolError, match="http_status"):
+        d.messages()
+
+
+@pytest.mark.parametrize("obj, field", [
+    (_result(size=2**63), "size"), (_result(size=-1), "size"), (_result(lease=-5), "lease"),
+    (_result(http_status=1000), "http_status"),
+    (_result(audio=[{"url": "a", "page": "b", "duration": float("nan")}]), "duration"),
+    (_result(audio=[{"url": "a", "page": "b", "bitrate": float("inf")}]), "bitrate"),
+    (_result(audio=[{"url": "a", "page": "b", "size": -1.0}]), "size"),
+    (_result(audio=[{"url": "a", "page": "b", "extra": {"x": [1, {"y": float("-inf")}]}}]), "extra"),
+    (_result(audio=[{"url": "a", "page": "b", "extra": {"x": 2**63}}]), "extra"),
+    (_result(audio=[{"url": "a", "page": "b", "extra": {"x": b"raw"}}]), "extra"),
+    (_result(audio=[{"url": "a", "page": "b", "extra": {"x": [[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]}}]), "extra"),
+    (_result(url="http://a/" + "x" * p.MAX_URL), "url"),
+    (_result(links=["http://a/" + "x" * p.MAX_URL]), "links"),
+    (_result(content_type="t" * (p.MAX_NAME + 1)), "content_type"),
+    ([8, float("nan")], "sent_at"), ([8, float("inf")], "sent_at"),
+    ([4, b"\1" * 32, float("nan"), [], 4096, None], "heartbeat_interval"),
+    ([1, "w" * (p.MAX_WORKER_ID + 1), p.PROTOCOL_VERSION, 1, NONCE], "worker_id"),
+    ([1, "w", p.PROTOCOL_VERSION, p.MAX_CAPACITY + 1, NONCE], "capacity"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_values_out_of_range_are_refused(obj, field):
+    d = p.FrameDecoder()
+    d.feed(_frame(obj))
+    with pytest.raises(p.ProtocolError, match=field):
+        d.messages()
+
+
+@pytest.mark.parametrize("payload", [
+    msgpack.packb([5, "x" * (p.MAX_TEXT + 1)]),                    # a string past the decoder's limit
+    msgpack.packb([5, b"x" * 2000]),                               # bytes past the decoder's limit
+    msgpack.packb([7, [{str(i): i for i in range(2000)}]]),        # a map past the decoder's limit
+    msgpack.packb([8, msgpack.ExtType(1, b"12345678")]),           # ext types are refused
+    b"\x91" * 5000 + b"\x90",                                      # nesting past msgpack's stack
+], ids=["str", "bin", "map", "ext", "nesting"])
+def test_decoding_limits(payload):
+    d = p.FrameDecoder()
+    d.feed(struct.pack(">I", len(payload)) + payload)
+    with pytest.raises(p.ProtocolError, match="undecodable"):
+        d.messages()
+
+
+def test_values_at_their_limits_are_accepted():
+    r = p.Result(2**63 - 1, "http://a/" + "x" * (p.MAX_URL - 9), p.DONE, 999, size=2**63 - 1,
+                 audio=(AudioItem(url="u", page="p", duration=0.0, extra={"n": -(2**63), "f": 1e308}),))
+    assert _wire(p.Report((r,))) == p.Report((r,))
+
+
+def test_pre_auth_limit_fits_the_largest_hello_and_refuses_more_from_the_header():
+    biggest = p.encode(p.Hello("語" * p.MAX_WORKER_ID, p.PROTOCOL_VERSION, p.MAX_CAPACITY, NONCE))
+    d = p.FrameDecoder(p.PRE_AUTH_MAX_FRAME)
+    d.feed(biggest)
+    assert isinstance(d.next_message(), p.Hello)
+    with pytest.raises(p.FrameTooLarge):
+        d.feed(struct.pack(">I", p.PRE_AUTH_MAX_FRAME + 1))
