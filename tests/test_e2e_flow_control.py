@@ -1,51 +1,12 @@
 """A scripted worker speaks the protocol by hand to a real master process: credit bounds what it is sent."""
 
-import asyncio
-
 import pytest
 
 from crawler import protocol as p
 from scripts import cluster
+from tests.fakes.rawpeer import RawPeer
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class RawWorker:
-    def __init__(self, reader, writer):
-        self.reader, self.writer = reader, writer
-        self.decoder = p.FrameDecoder()
-
-    @classmethod
-    async def join(cls, addr: str, node: str, capacity: int, secret: bytes) -> "RawWorker":
-        host, port = addr.rsplit(":", 1)
-        w = cls(*await asyncio.open_connection(host, int(port)))
-        hs = p.WorkerHandshake(secret, node, capacity)
-        w.send(hs.hello())
-        w.send(hs.receive_challenge(await w.recv()))
-        hs.receive_welcome(await w.recv())      # checks the master's proof
-        return w
-
-    def send(self, *msgs: p.Message) -> None:
-        self.writer.write(b"".join(p.encode(m) for m in msgs))
-
-    async def recv(self, timeout: float = 10) -> p.Message:
-        while (m := self.decoder.next_message()) is None:
-            data = await asyncio.wait_for(self.reader.read(65536), timeout)
-            if not data:
-                raise ConnectionError("closed")
-            self.decoder.feed(data)
-        return m
-
-    async def tasks(self, quiet: float) -> list[p.Task]:
-        """Every task the master sends until it has been quiet for `quiet` seconds (heartbeats ignored)."""
-        out = []
-        while True:
-            try:
-                m = await self.recv(timeout=quiet)
-            except TimeoutError:
-                return out
-            if isinstance(m, p.Assign):
-                out.extend(m.tasks)
 
 
 async def test_master_never_exceeds_the_credit_and_refuses_credit_beyond_capacity(tmp_path):
@@ -55,7 +16,7 @@ async def test_master_never_exceeds_the_credit_and_refuses_credit_beyond_capacit
     master = await cluster.start_master(config, tmp_path)
     try:
         secret = cluster.read_secret(tmp_path / "secret")
-        w = await RawWorker.join(cluster.master_addr(config), "w1", capacity=5, secret=secret)
+        w = await RawPeer.join(cluster.master_addr(config), "w1", capacity=5, secret=secret)
         w.send(p.Credit(3))
         first = await w.tasks(quiet=1.0)
         assert len(first) == 3, first
@@ -69,7 +30,7 @@ async def test_master_never_exceeds_the_credit_and_refuses_credit_beyond_capacit
             while True:
                 await w.recv()
         # The master carries on: the same node may come back, and gets its unfinished tasks again.
-        w2 = await RawWorker.join(cluster.master_addr(config), "w1", capacity=5, secret=secret)
+        w2 = await RawPeer.join(cluster.master_addr(config), "w1", capacity=5, secret=secret)
         w2.send(p.Credit(5))
         again = await w2.tasks(quiet=1.0)
         assert {t.url for t in first[2:] + second} <= {t.url for t in again}

@@ -405,8 +405,12 @@ class Master:
                     await asyncio.wait_for(conn.send(e.reply), 2)
             await conn.close()
             return
-        except (TimeoutError, p.ProtocolError, ConnectionClosed) as e:
-            log.warning("connection from %s refused: %s", conn.peer, e or type(e).__name__)
+        except TimeoutError:
+            log.warning("connection from %s refused: no handshake within %.0f s", conn.peer, HANDSHAKE_TIMEOUT)
+            conn.abort()
+            return
+        except (p.ProtocolError, ConnectionClosed) as e:
+            log.warning("connection from %s refused: %s", conn.peer, e)
             conn.abort()
             return
         finally:
