@@ -8,6 +8,7 @@ was unfinished. The worker reconnects by itself, with backoff, until the master 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -63,6 +64,34 @@ def _report_frames(batch: list[p.Result], max_frame: int) -> bytes:
             out.append(p.encode(p.Report((p.Result(r.lease, r.url, p.ERROR, r.http_status, r.final_url,
                                                    r.content_type, r.size, "result larger than the frame limit"),))))
     return b"".join(out)
+
+
+def _within_limits(r: p.Result) -> p.Result:
+    """The result as the master will take it. The master refuses a report with a value past the wire's limits
+    (a hostile page's megabyte title, a NaN duration) and closes the connection; the page would come back and
+    fail the same way for ever. So what does not fit is dropped here: the audio items that fail the checks, or
+    failing that everything but an error status."""
+    try:
+        p.check_result(r)
+        return r
+    except p.ProtocolError as e:
+        why = str(e)[:200]
+    audio = []
+    for a in r.audio:
+        try:
+            p.check_result(p.Result(r.lease, r.url, r.status, audio=(a,)))
+            audio.append(a)
+        except p.ProtocolError:
+            pass
+    fitted = dataclasses.replace(r, audio=tuple(audio))
+    try:
+        p.check_result(fitted)
+        log.warning("result for %s: %d audio items out of the wire's limits dropped (%s)", r.url,
+                    len(r.audio) - len(audio), why)
+        return fitted
+    except p.ProtocolError:
+        log.warning("result for %s is out of the wire's limits (%s): reported as an error", r.url, why)
+        return p.Result(r.lease, r.url, p.ERROR, error=f"result out of the wire's limits: {why}")
 
 
 class Refused(Exception):
@@ -357,6 +386,7 @@ class Worker:
             self.stats.in_flight -= 1
             self._running.discard(task.lease)
             self._request_ended(task.lease, True)   # no page request (a resolver's own), or it failed early
+        result = _within_limits(result)
         if result.status == p.DONE:
             self.stats.pages += 1
         else:
