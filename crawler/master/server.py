@@ -411,7 +411,7 @@ class Master:
             return
         except (p.ProtocolError, ConnectionClosed) as e:
             log.warning("connection from %s refused: %s", conn.peer, e)
-            conn.abort()
+            await conn.close()
             return
         finally:
             self._unauthenticated -= 1
