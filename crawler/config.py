@@ -179,11 +179,11 @@ def load_yaml(path: Path) -> dict[str, Any]:
 
 # A shared secret must be worth guessing against: at least this long, this varied, and this many bits by a
 # plain estimate (length x the Shannon entropy of its own byte counts). `head -c 32 /dev/urandom | base64`
-# gives 44 characters and about 220 bits; "passwordpassword" gives 45 and is refused.
+# gives 44 characters and about 220 bits; "passwordpassword" (7 distinct bytes, letters only) is refused.
 SECRET_MIN_BYTES = 16
 SECRET_MIN_DISTINCT = 10
 SECRET_MIN_BITS = 80
-SECRET_HOWTO = "head -c 32 /dev/urandom | base64 > {path} && chmod 600 {path}"
+SECRET_HOWTO = "(umask 077; head -c 32 /dev/urandom | base64 > {path})"
 
 
 def secret_strength(secret: bytes) -> float:

@@ -227,7 +227,7 @@ class Worker:
             except Refused as e:
                 log.error("master refused worker %s: %s", self.cfg.id, e)
             except (TimeoutError, OSError) as e:   # OSError: the connect; ConnectionClosed is one too
-                log.info("master %s:%d not reachable: %s", host, port, e or type(e).__name__)
+                log.info("master %s:%d not reachable: %s", host, port, str(e) or type(e).__name__)
             except p.ProtocolError as e:
                 log.warning("master broke the protocol: %s", e)
             finally:
@@ -319,7 +319,7 @@ class Worker:
                 tg.create_task(stopper())
         except* _Shutdown:
             ended = True
-        except* (ConnectionClosed, p.ProtocolError) as eg:
+        except* (ConnectionClosed, p.ProtocolError, OSError) as eg:   # OSError: a local fault (disk) ends it too
             log.info("connection to the master lost: %s", eg.exceptions[0])
         finally:
             self._send_fetched = None
