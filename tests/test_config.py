@@ -208,10 +208,13 @@ def test_web_beyond_loopback_needs_a_token(tmp_path):
     public = {**base(tmp_path), "web": {"listen": "0.0.0.0:7780"}}
     with pytest.raises(ConfigError, match="web.listen: 0.0.0.0 is not a loopback address: set web.token_file"):
         MasterConfig.from_mapping(public, tmp_path)
-    token = write_secret(tmp_path / "token", "a long enough web token")
+    token = write_secret(tmp_path / "token")
     cfg = MasterConfig.from_mapping({**public, "web": {"listen": "0.0.0.0:7780", "token_file": str(token)}},
                                     tmp_path)
-    assert cfg.web.token == "a long enough web token"
+    assert cfg.web.token == token.read_text().strip()
+    token.chmod(0o644)                            # a token file is held to the secret file's rules
+    with pytest.raises(ConfigError, match=f"web.token_file: {token} is readable .* chmod 600"):
+        MasterConfig.from_mapping({**public, "web": {"listen": "0.0.0.0:7780", "token_file": str(token)}}, tmp_path)
     assert MasterConfig.from_mapping({**base(tmp_path), "web": {"listen": "[::1]:0"}}, tmp_path).web.listen == \
         ("::1", 0)
 

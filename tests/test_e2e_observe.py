@@ -68,7 +68,7 @@ async def wait_until_idle(client: httpx.AsyncClient, timeout: float) -> dict:
 async def test_metrics_and_status_agree_with_the_catalogue_and_the_sites_log(site, tmp_path):
     site_dir, manifest = site
     token_file = tmp_path / "web-token"
-    token_file.write_text(TOKEN + "\n")
+    cluster.write_secret(token_file, TOKEN)      # a token file is held to the secret file's rules (mode 0600)
     async with await siteserver.start(site_dir, behaviour=siteserver.Behaviour(record_log=True)) as server:
         config = cluster.master_config(tmp_path, [server.url + "/"], ["w1", "w2"], exit_when_done=False,
                                        crawl={"max_depth": manifest.max_depth + 2},

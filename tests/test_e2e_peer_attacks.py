@@ -235,7 +235,7 @@ async def replayed_handshake(addr: str, tmp: Path) -> None:
 
 def _report_frame(lease: int, url: str, **change) -> bytes:
     fields = {"lease": lease, "url": url, "status": "done", "http_status": 200, "final_url": url,
-              "content_type": "text/html", "size": 10, "error": None, "links": [], "audio": []}
+              "content_type": "text/html", "size": 10, "error": None, "links": [], "audio": [], "cut": 0}
     fields.update(change)
     payload = msgpack.packb([p.Report.TYPE, [list(fields.values())]], use_bin_type=True)
     return struct.pack(">I", len(payload)) + payload

@@ -91,10 +91,10 @@ def _frame(obj) -> bytes:
 @pytest.mark.parametrize("obj", [
     [], {}, "hello", [99], [True], [1, "w"], [1, "w", 1, 1, b"short"], [1, 5, 1, 1, NONCE],
     [6, [[1, "u"]]], [6, [[-1, "u", 0, None, None]]], [6, [[1, "u", 0, None]]], [6, [[1, "u", 0, None, -2]]],
-    [6, [[1, "u", 0, None, "2"]]], [7, [[1, "u", "bogus", None, None, None, None, None, [], []]]],
-    [7, [[1, "u", "done", None, None, None, None, None, [1], []]]],
-    [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": 1}]]]],
-    [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "title": 3}]]]],
+    [6, [[1, "u", 0, None, "2"]]], [7, [[1, "u", "bogus", None, None, None, None, None, [], [], 0]]],
+    [7, [[1, "u", "done", None, None, None, None, None, [1], [], 0]]],
+    [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": 1}], 0]]],
+    [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "title": 3}], 0]]],
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": "a", "page": "b", "identity": {"headers": [[1]]}}]]]],
     [9, -1], [9, 10**9], [8, "now"], [4, b"\x01" * 32, 1.0, [3], 1 << 20, None, [], []],
     [4, b"\x01" * 32, 1.0, [], 10, None, [], []], [4, b"\x01" * 32, 1.0, [], 1 << 20, None, [1], []],
@@ -267,16 +267,16 @@ def test_misuse_of_the_api_is_a_local_error_not_the_peers():
 
 # --------------------------------------------------------------------------------------------- limits
 def _result(**change):
-    r = [1, "http://a/", "done", 200, None, None, None, None, [], []]
+    r = [1, "http://a/", "done", 200, None, None, None, None, [], [], 0]
     for k, v in change.items():
         r[["lease", "url", "status", "http_status", "final_url", "content_type", "size", "error", "links",
-           "audio"].index(k)] = v
+           "audio", "cut"].index(k)] = v
     return [7, [r]]
 
 
 def _uint64_frame(value: int) -> bytes:
     # msgpack cannot carry 2**70 at all; the largest integer it can is 2**64 - 1, as uint64 (0xcf).
-    payload = msgpack.packb([7, [[1, "http://a/", "done", 200, None, None, None, None, [], []]]])
+    payload = msgpack.packb([7, [[1, "http://a/", "done", 200, None, None, None, None, [], [], 0]]])
     payload = payload.replace(b"\xcc\xc8", b"\xcf" + struct.pack(">Q", value))   # http_status 200 -> value
     return struct.pack(">I", len(payload)) + payload
 
@@ -291,7 +291,7 @@ def test_integers_past_signed_64_bits_are_refused(value):
 
 @pytest.mark.parametrize("obj, field", [
     (_result(size=2**63), "size"), (_result(size=-1), "size"), (_result(lease=-5), "lease"),
-    (_result(http_status=1000), "http_status"),
+    (_result(http_status=1000), "http_status"), (_result(cut=-1), "cut"), (_result(cut=2**40), "cut"),
     (_result(audio=[{"url": "a", "page": "b", "duration": float("nan")}]), "duration"),
     (_result(audio=[{"url": "a", "page": "b", "bitrate": float("inf")}]), "bitrate"),
     (_result(audio=[{"url": "a", "page": "b", "size": -1.0}]), "size"),

@@ -44,7 +44,7 @@ results = st.lists(st.one_of(
               st.one_of(st.none(), st.integers(-(2**63), 2**64 - 1)), st.one_of(st.none(), st.text(max_size=20)),
               st.one_of(st.none(), st.text(max_size=20)), st.one_of(st.none(), st.integers(-(2**63), 2**64 - 1)),
               st.one_of(st.none(), st.text(max_size=20)), st.lists(st.text(max_size=20), max_size=4),
-              st.lists(audio_maps, max_size=3)).map(list),
+              st.lists(audio_maps, max_size=3), st.integers(-(2**63), 2**64 - 1)).map(list),
     values), max_size=4)
 reports = results.map(lambda rs: [p.Report.TYPE, rs])
 
