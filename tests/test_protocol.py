@@ -246,7 +246,7 @@ def test_session_messages_follow_the_table_of_legal_messages():
     for state_table, side, bad in ((p.MASTER_RECEIVES, master, p.Hello("w1", 3, 1, NONCE)),
                                    (p.WORKER_RECEIVES, worker, p.Challenge(NONCE))):
         for legal in state_table[p.State.OPEN]:
-            assert legal in (p.Report, p.Credit, p.Heartbeat, p.Assign, p.Shutdown)
+            assert legal in (p.Report, p.Credit, p.Heartbeat, p.Fetched, p.Assign, p.Shutdown)
         with pytest.raises(p.ProtocolError):
             side.receive(bad)                # a second handshake inside the session
         assert side.state is p.State.CLOSED
@@ -303,7 +303,7 @@ def test_integers_past_signed_64_bits_are_refused(value):
     (_result(links=["http://a/" + "x" * p.MAX_URL]), "links"),
     (_result(content_type="t" * (p.MAX_NAME + 1)), "content_type"),
     ([8, float("nan")], "sent_at"), ([8, float("inf")], "sent_at"),
-    ([4, b"\1" * 32, float("nan"), [], 4096, None], "heartbeat_interval"),
+    ([4, b"\1" * 32, float("nan"), [], 4096, None, [], []], "heartbeat_interval"),
     ([1, "w" * (p.MAX_WORKER_ID + 1), p.PROTOCOL_VERSION, 1, NONCE], "worker_id"),
     ([1, "w", p.PROTOCOL_VERSION, p.MAX_CAPACITY + 1, NONCE], "capacity"),
 ], ids=lambda v: v if isinstance(v, str) else None)
