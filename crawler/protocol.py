@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 
 import msgpack
 
-from crawler.items import AudioItem
+from crawler.items import AUDIO_FIELD_KINDS, AudioItem
 
 # 2: Welcome carries max_depth; 3: Result carries the links cut at the depth limit, Welcome the private
 # addresses the crawl may reach; Fetched, Task.after; 4: the worker proves the secret first, the master in its
@@ -373,16 +373,21 @@ class Result:
     # Links the page has but the worker did not follow because the page is at the crawl's depth limit: the
     # master counts them as discarded for depth without receiving them.
     cut: int = 0
+    # When some of the links' pages last changed, as a sitemap says: (link, epoch seconds).
+    lastmod: tuple[tuple[str, float], ...] = ()
 
     def to_wire(self) -> list[Any]:
-        return [self.lease, self.url, self.status, self.http_status, self.final_url, self.content_type,
-                self.size, self.error, list(self.links), [a.to_wire() for a in self.audio], self.cut]
+        out = [self.lease, self.url, self.status, self.http_status, self.final_url, self.content_type,
+               self.size, self.error, list(self.links), [a.to_wire() for a in self.audio], self.cut]
+        if self.lastmod:   # an optional trailing field: results without it encode as before
+            out.append([[u, t] for u, t in self.lastmod])
+        return out
 
     @classmethod
     def from_wire(cls, raw: Any) -> Result:
         f = _check_result(raw)
         return cls(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8],
-                   tuple(AudioItem.from_wire(a) for a in f[9]), f[10])
+                   tuple(AudioItem.from_wire(a) for a in f[9]), f[10], f[11])
 
 
 def check_result(r: Result) -> None:
@@ -394,21 +399,33 @@ def check_result(r: Result) -> None:
 
 def _check_result(raw: Any) -> list[Any]:
     r = _list(raw, "result")
-    if len(r) != 11:
-        raise ProtocolError("result: expected 11 fields")
+    if len(r) not in (11, 12):
+        raise ProtocolError("result: expected 11 or 12 fields")
+    lastmod = []
+    for pair in _list(r[11], "lastmod") if len(r) == 12 else ():
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ProtocolError("lastmod: expected [url, time] pairs")
+        lastmod.append((_str(pair[0], "lastmod.url", MAX_URL), _float(pair[1], "lastmod.time")))
     status = _str(r[2], "status", MAX_NAME)
     if status not in (DONE, ERROR, RETRY):
         raise ProtocolError(f"status: unknown value {status!r}")
     return [_nonneg(r[0], "lease"), _str(r[1], "url", MAX_URL), status, _opt_int(r[3], "http_status", 0, 999),
             _opt_str(r[4], "final_url", MAX_URL), _opt_str(r[5], "content_type", MAX_NAME),
             _opt_int(r[6], "size", 0), _opt_str(r[7], "error"), _str_tuple(r[8], "links", MAX_URL),
-            [_check_audio(a) for a in _list(r[9], "audio")], _nonneg(r[10], "cut", MAX_COUNT)]
+            [_check_audio(a) for a in _list(r[9], "audio")], _nonneg(r[10], "cut", MAX_COUNT), tuple(lastmod)]
 
 
+# How each field of an audio map is checked. Numbers and maps follow the item's own field list; every text
+# field must be in one of the three text classes below, which the assertion after them holds to, so a field
+# added to AudioItem cannot reach the wire unchecked.
 _AUDIO_URL = ("cover",)
-_AUDIO_TEXT = ("title", "artist", "album", "description", "reason")
-_AUDIO_NAME = ("source_id", "sha256", "content_type", "path")
-_AUDIO_NUM = ("duration", "bitrate", "size")
+_AUDIO_TEXT = ("title", "artist", "album", "description", "reason", "lyrics")
+_AUDIO_NAME = ("source_id", "sha256", "content_type", "path", "codec", "published")
+_AUDIO_NUM = tuple(k for k, kind in AUDIO_FIELD_KINDS.items() if kind == "number")
+_AUDIO_MAP = tuple(k for k, kind in AUDIO_FIELD_KINDS.items() if kind == "map")
+_AUDIO_OTHER = ("url", "page", "status", "resolver", "identity")
+assert set(AUDIO_FIELD_KINDS) == {*_AUDIO_URL, *_AUDIO_TEXT, *_AUDIO_NAME, *_AUDIO_NUM, *_AUDIO_MAP,
+                                   *_AUDIO_OTHER}, "an AudioItem field has no wire check"
 
 
 def _check_audio(a: Any) -> dict[str, Any]:
@@ -429,10 +446,11 @@ def _check_audio(a: Any) -> dict[str, Any]:
     for k in ("status", "resolver"):
         if k in a:
             _str(a[k], f"audio.{k}", MAX_NAME)
-    if a.get("extra") is not None:
-        if not isinstance(a["extra"], dict):
-            raise ProtocolError("audio.extra: expected a map")
-        _json_value(a["extra"], "audio.extra")
+    for k in _AUDIO_MAP:   # extra, meta_source, file_tags
+        if a.get(k) is not None:
+            if not isinstance(a[k], dict):
+                raise ProtocolError(f"audio.{k}: expected a map")
+            _json_value(a[k], f"audio.{k}")
     ident = a.get("identity")
     if ident is not None:
         if not isinstance(ident, dict):

@@ -168,3 +168,45 @@ def test_sigkill_at_any_moment_leaves_frontier_and_url_table_consistent(tmp_path
     assert c.execute("SELECT COUNT(*) FROM urls WHERE state = 0").fetchone()[0] == s.frontier_size()
     assert leased >= 0
     s.close()
+
+
+def test_catalogue_keeps_meta_source_file_tags_and_new_fields_and_fills_gaps_on_repeat(store):
+    row = {"url": "http://a/x.mp3", "page": "http://a/p", "title": "T", "meta_source": {"title": "class"},
+           "file_tags": {"title": "Other"}, "published": "2024-01-01T00:00:00+00:00"}
+    store.add_audio([row])
+    store.add_audio([dict(row, title="ignored", album="From file", codec="mp3", meta_source={"x": "y"})])
+    [got] = list(store.catalogue())
+    assert (got["title"], got["album"], got["codec"], got["published"]) == (
+        "T", "From file", "mp3", "2024-01-01T00:00:00+00:00")
+    assert got["meta_source"] == {"title": "class"} and got["file_tags"] == {"title": "Other"}
+    assert got["extra"] == {}
+
+
+def test_a_store_from_before_the_new_fields_gains_their_columns(tmp_path):
+    path = tmp_path / "m.db"
+    old = MasterStore(path)
+    old.add_audio([{"url": "http://a/x.mp3", "page": "http://a/p", "title": "T"}])
+    old.push([("http://a/", 0, 0, "n", None)])
+    old.commit()
+    old.close()
+    db = sqlite3.connect(path)
+    for column in ("meta_source", "file_tags", "codec", "published", "lyrics"):
+        db.execute(f"ALTER TABLE audio DROP COLUMN {column}")
+    db.execute("ALTER TABLE urls DROP COLUMN lastmod")
+    db.commit()
+    db.close()
+    reader = MasterStore.open_readonly(path)   # may not alter the file: reads the missing columns as null
+    try:
+        [row] = list(reader.catalogue())
+        assert row["title"] == "T" and row["meta_source"] == {} and row["codec"] is None
+        assert reader.url_info("http://a/")["lastmod"] is None
+    finally:
+        reader.close()
+    store = MasterStore(path)
+    try:
+        store.add_audio([{"url": "http://a/y.mp3", "page": "http://a/p", "codec": "mp3", "meta_source": {"a": "b"}}])
+        store.note_lastmod([("http://a/", 1700000000.0), ("http://a/unknown", 1.0)])
+        assert [r["codec"] for r in store.catalogue()] == [None, "mp3"]
+        assert store.url_info("http://a/")["lastmod"] == 1700000000.0
+    finally:
+        store.close()

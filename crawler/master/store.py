@@ -31,6 +31,8 @@ from typing import Any, Self
 
 import mmh3
 
+from crawler.items import AUDIO_FIELD_KINDS
+
 SCHEMA_VERSION = 1
 # PRAGMA application_id marks the file as ours ("ACRW"), so a stray SQLite file is refused, not altered.
 APPLICATION_ID = 0x41435257
@@ -47,6 +49,30 @@ _CHUNK = 2000
 # Frontier entries being rerouted are parked under this prefix + their old node: a control character no
 # configured node name starts with, and not NUL, which SQLite's string functions treat as an end.
 _PARK, _PARK_END = "\x1f", "\x20"
+
+# Catalogue columns in export order, from the one field list of AudioItem (its client identity is never
+# stored: cookies are secrets), plus who found the item and when. Map fields are stored as JSON text.
+AUDIO_COLUMNS = tuple(k for k, kind in AUDIO_FIELD_KINDS.items() if kind != "identity") + ("node", "found_at")
+_JSON_COLUMNS = frozenset(k for k, kind in AUDIO_FIELD_KINDS.items() if kind == "map")
+_SQL_TYPES = {"text": "TEXT", "map": "TEXT", "number": "REAL"}
+_COLUMN_TYPES = {**{k: _SQL_TYPES[kind] for k, kind in AUDIO_FIELD_KINDS.items() if kind != "identity"},
+                 "size": "INTEGER", "bitrate": "INTEGER", "node": "TEXT", "found_at": "REAL"}
+_NOT_NULL = frozenset({"page", "url", "status"})
+# A repeat report of a known row fills only what the first one lacked; these are decided otherwise.
+_NOT_COALESCED = frozenset({"url", "page", "status", "reason", "node", "found_at", "extra"})
+_AUDIO_TABLE = ("CREATE TABLE audio (\n    id INTEGER PRIMARY KEY,\n    ukey TEXT NOT NULL,\n"
+                + "".join(f"    {c} {_COLUMN_TYPES[c]}{' NOT NULL' if c in _NOT_NULL else ''},\n"
+                          for c in AUDIO_COLUMNS)
+                + "    UNIQUE (ukey, page)\n);")
+
+_INSERT_AUDIO = (f"INSERT INTO audio(ukey, {', '.join(AUDIO_COLUMNS)}) VALUES (?{', ?' * len(AUDIO_COLUMNS)}) "
+                 "ON CONFLICT(ukey, page) DO NOTHING")
+_COALESCED = tuple(c for c in AUDIO_COLUMNS if c not in _NOT_COALESCED)
+_UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c in _COALESCED)
+                 + "url = CASE WHEN url = '' THEN ? ELSE url END, "
+                 "reason = CASE WHEN ? = 'ok' AND status != 'ok' THEN NULL ELSE reason END, "
+                 "status = CASE WHEN ? = 'ok' THEN 'ok' ELSE status END "
+                 "WHERE ukey = ? AND page = ?")
 
 _SCHEMA = f"""
 CREATE TABLE meta (
@@ -71,7 +97,8 @@ CREATE TABLE urls (
     final_url    TEXT,
     content_type TEXT,
     size         INTEGER,
-    error        TEXT
+    error        TEXT,
+    lastmod      REAL
 );
 CREATE INDEX urls_key ON urls(key);
 CREATE INDEX frontier_pop ON urls(node, depth, priority DESC, seq) WHERE state = {QUEUED};
@@ -99,38 +126,9 @@ CREATE TABLE node_stats (
     value INTEGER NOT NULL,
     PRIMARY KEY (node, name)
 ) WITHOUT ROWID;
-CREATE TABLE audio (
-    id           INTEGER PRIMARY KEY,
-    ukey         TEXT NOT NULL,
-    page         TEXT NOT NULL,
-    url          TEXT NOT NULL,
-    title        TEXT,
-    artist       TEXT,
-    album        TEXT,
-    duration     REAL,
-    bitrate      INTEGER,
-    description  TEXT,
-    cover        TEXT,
-    status       TEXT NOT NULL,
-    reason       TEXT,
-    resolver     TEXT,
-    source_id    TEXT,
-    sha256       TEXT,
-    size         INTEGER,
-    content_type TEXT,
-    path         TEXT,
-    extra        TEXT,
-    node         TEXT,
-    found_at     REAL,
-    UNIQUE (ukey, page)
-);
+{_AUDIO_TABLE}
 CREATE INDEX audio_sha ON audio(sha256) WHERE sha256 IS NOT NULL;
 """
-
-# Catalogue columns in export order; "extra" is stored as JSON text.
-AUDIO_COLUMNS = ("url", "page", "title", "artist", "album", "duration", "bitrate", "description", "cover",
-                 "status", "reason", "resolver", "source_id", "sha256", "size", "content_type", "path",
-                 "extra", "node", "found_at")
 
 
 class StoreError(Exception):
@@ -276,6 +274,8 @@ class MasterStore:
             self._lock_fd = None
 
     def _open_schema(self) -> None:
+        self._audio_select = ", ".join(AUDIO_COLUMNS)
+        self._lastmod_select = "lastmod"
         app_id = self.db.execute("PRAGMA application_id").fetchone()[0]
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if app_id == 0 and version == 0:
@@ -293,6 +293,21 @@ class MasterStore:
         if version > SCHEMA_VERSION:
             raise StoreError(f"{self.path}: schema version {version} is newer than this program's "
                              f"({SCHEMA_VERSION}); upgrade the crawler")
+        present = {row[1] for row in self.db.execute("PRAGMA table_info(audio)")}
+        missing = [c for c in AUDIO_COLUMNS if c not in present]
+        url_columns = {row[1] for row in self.db.execute("PRAGMA table_info(urls)")}
+        if (missing or "lastmod" not in url_columns) and not self.readonly:
+            # A file from before a field was added: the new columns start empty. ADD COLUMN only edits the
+            # table's definition, so this is instant whatever the table's size.
+            self.db.executescript(
+                "BEGIN IMMEDIATE; "
+                + "".join(f"ALTER TABLE audio ADD COLUMN {c} {_COLUMN_TYPES[c]}; " for c in missing)
+                + ("ALTER TABLE urls ADD COLUMN lastmod REAL; " if "lastmod" not in url_columns else "")
+                + "COMMIT;")
+            missing = []
+        # A reader of an older file that it may not alter sees the missing columns as null.
+        self._audio_select = ", ".join("NULL" if c in missing else c for c in AUDIO_COLUMNS)
+        self._lastmod_select = "lastmod" if "lastmod" in url_columns or not self.readonly else "NULL AS lastmod"
 
     def _load_audio_counts(self) -> None:
         self._audio_counts = dict(self.db.execute("SELECT status, count(*) FROM audio GROUP BY status"))
@@ -421,6 +436,15 @@ class MasterStore:
             f"INSERT INTO urls(key, url, depth, priority, seq, slot, state, node, parent) "
             f"VALUES (?, ?, ?, ?, ?, ?, {QUEUED}, ?, ?)", inserts)
         return len(inserts)
+
+    def note_lastmod(self, pairs: Sequence[tuple[str, float]]) -> None:
+        """Record when pages last changed, as their site's sitemap says (for refresh to weigh later).
+
+        Only URLs the table holds are touched: a link the URL policy discarded has no row."""
+        self._begin()
+        for i in range(0, len(pairs), _CHUNK):
+            self.db.executemany("UPDATE urls SET lastmod = ? WHERE key = ? AND url = ?",
+                                [(t, url_key(u), u) for u, t in pairs[i:i + _CHUNK]])
 
     def pop(self, node: str | None, n: int, now: float) -> list[tuple[str, int, str | None]]:
         """Lease up to n of this node's frontier entries: lowest depth, then highest priority, then oldest.
@@ -638,7 +662,7 @@ class MasterStore:
         """Everything the table holds about one URL (for the operator and for tests)."""
         cur = self.db.execute(
             "SELECT url, depth, priority, state, node, parent, attempts, leased_at, last_crawl, http_status, "
-            "final_url, content_type, size, error FROM urls WHERE key = ? AND url = ?", (url_key(url), url))
+            f"final_url, content_type, size, error, {self._lastmod_select} FROM urls WHERE key = ? AND url = ?", (url_key(url), url))
         row = cur.fetchone()
         if row is None:
             return None
@@ -652,7 +676,8 @@ class MasterStore:
         """Add catalogue rows (AudioItem.catalogue_row() plus "node" and "found_at").
 
         One row per (source id or URL, page). A repeat returns False and only fills what the first report
-        lacked: the download's sha256/size/content type/path, the URL, and an "ok" status over a failure.
+        lacked: the download's sha256/size/content type/path, metadata, the URL, and an "ok" status over a
+        failure.
         """
         self._begin()
         out = []
@@ -661,14 +686,13 @@ class MasterStore:
             values = {c: row.get(c) for c in AUDIO_COLUMNS}
             extra = dict(row.get("extra") or {})
             extra.update({k: v for k, v in row.items() if k not in known and k != "identity"})
-            values["extra"] = json.dumps(extra, sort_keys=True) if extra else None
+            values["extra"] = extra
+            for c in _JSON_COLUMNS:
+                values[c] = json.dumps(values[c], sort_keys=True, ensure_ascii=False) if values[c] else None
             values["url"] = values["url"] or ""
             values["status"] = values["status"] or "ok"
             ukey = _audio_ukey(row)
-            cur = self.db.execute(
-                f"INSERT INTO audio(ukey, {', '.join(AUDIO_COLUMNS)}) "
-                f"VALUES (?{', ?' * len(AUDIO_COLUMNS)}) ON CONFLICT(ukey, page) DO NOTHING",
-                (ukey, *values.values()))
+            cur = self.db.execute(_INSERT_AUDIO, (ukey, *values.values()))
             if cur.rowcount == 1:
                 self._audio_counts[values["status"]] = self._audio_counts.get(values["status"], 0) + 1
                 out.append(True)
@@ -679,24 +703,18 @@ class MasterStore:
                 if old and old[0] != "ok":
                     self._audio_counts[old[0]] -= 1
                     self._audio_counts["ok"] = self._audio_counts.get("ok", 0) + 1
-            self.db.execute(
-                "UPDATE audio SET sha256 = coalesce(sha256, ?), size = coalesce(size, ?), "
-                "content_type = coalesce(content_type, ?), path = coalesce(path, ?), "
-                "url = CASE WHEN url = '' THEN ? ELSE url END, "
-                "reason = CASE WHEN ? = 'ok' AND status != 'ok' THEN NULL ELSE reason END, "
-                "status = CASE WHEN ? = 'ok' THEN 'ok' ELSE status END "
-                "WHERE ukey = ? AND page = ?",
-                (values["sha256"], values["size"], values["content_type"], values["path"], values["url"],
-                 values["status"], values["status"], ukey, values["page"]))
+            self.db.execute(_UPDATE_AUDIO, (*(values[c] for c in _COALESCED), values["url"], values["status"],
+                                            values["status"], ukey, values["page"]))
             out.append(False)
         return out
 
     def _audio_rows(self, where: str = "", args: tuple = ()) -> Iterator[dict[str, Any]]:
-        cur = self.db.execute(f"SELECT {', '.join(AUDIO_COLUMNS)} FROM audio {where} ORDER BY id", args)
+        cur = self.db.execute(f"SELECT {self._audio_select} FROM audio {where} ORDER BY id", args)
         while batch := cur.fetchmany(1000):
             for row in batch:
                 d = dict(zip(AUDIO_COLUMNS, row))
-                d["extra"] = json.loads(d["extra"]) if d["extra"] else {}
+                for c in _JSON_COLUMNS:
+                    d[c] = json.loads(d[c]) if d[c] else {}
                 yield d
 
     def catalogue(self) -> Iterator[dict[str, Any]]:
