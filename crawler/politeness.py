@@ -41,6 +41,8 @@ THROTTLE_STATUSES = frozenset({429, 503})
 # spacing is never below the delay.
 SLACK_SHARE = 0.1
 SLACK_CAP = 0.002
+# Sitemap: lines read from one robots.txt; a site with more is listing sitemaps, not indexing them.
+MAX_ROBOTS_SITEMAPS = 100
 
 
 @dataclass(frozen=True)
@@ -417,6 +419,13 @@ class RobotsRules:
             delay = None
         self._evict(keep=host_url)
         return delay
+
+    def sitemaps(self, host_url: str) -> list[str]:
+        """The Sitemap: lines of host_url's stored robots.txt (absolute URLs, as RFC 9309 2.2.4 asks), capped."""
+        r = self._hosts.get(host_url)
+        if r is None or r.parser is None:
+            return []
+        return list(itertools.islice(r.parser.sitemaps, MAX_ROBOTS_SITEMAPS))
 
     def allowed(self, url: str) -> bool:
         """Whether url may be fetched by its host's rules; the host must have been stored (state "known")."""

@@ -255,3 +255,24 @@ def test_a_report_the_store_refuses_is_undone_alone_and_its_urls_go_back(tmp_pat
     c.store.commit()
     assert {k: n for k, n in c.store.status()["states"].items() if n} == {"done": 5}
     assert c.in_flight() == 0
+
+
+def test_robots_sitemap_lines_enter_the_frontier_through_the_url_policy_and_sitemap_dates_are_kept(tmp_path):
+    from crawler.politeness import RobotsRules
+
+    c = make(tmp_path, nodes=("a",), max_depth=3)
+    c.robots = RobotsRules(PolitenessConfig(obey_robots=True))
+    c.node_up("a")
+    assert c.take("a", 10, now=0.0) == []            # waits for robots.txt
+    robots = (f"User-agent: *\nDisallow: /private/\nSitemap: {SITE}/sitemap-index.xml\n"
+              "Sitemap: http://elsewhere.example/sitemap.xml\n").encode()
+    c.robots_fetched(SITE, 200, robots, now=1.0)
+    urls = sorted(t.url for t in c.take("a", 10, now=2.0))
+    assert urls == [SITE + "/", SITE + "/sitemap-index.xml"]
+    assert c.discards["out_of_scope"] == 1
+    task = next(t for t in c.leases.values() if t.url.endswith("sitemap-index.xml"))
+    result = p.Result(task.id, task.url, p.DONE, 200, task.url, "application/xml", 100, None,
+                      (SITE + "/song/1.html",), (), ((SITE + "/song/1.html", 1700000000.0),))
+    c.complete("a", (result,), now=3.0)
+    assert c.store.url_info(SITE + "/song/1.html")["lastmod"] == 1700000000.0
+    assert c.store.url_info(SITE + "/song/1.html")["depth"] == 1

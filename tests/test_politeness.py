@@ -501,3 +501,12 @@ def test_config_refuses_inconsistent_backoff_and_adaptive_settings(kw):
 def test_parse_retry_after(value, seconds):
     now = 1445412480.0   # Wed, 21 Oct 2015 07:28:00 GMT
     assert parse_retry_after(value, now) == seconds
+
+
+def test_sitemap_lines_are_kept_capped_and_absent_without_rules():
+    body = b"User-agent: *\nDisallow:\n" + b"".join(b"Sitemap: %s/s%d.xml\n" % (HOST.encode(), i) for i in range(150))
+    rules, _ = fetched(200, body)
+    maps = rules.sitemaps(HOST)
+    assert len(maps) == 100 and maps[0] == HOST + "/s0.xml"
+    assert fetched(404)[0].sitemaps(HOST) == []
+    assert RobotsRules(PolitenessConfig()).sitemaps(HOST) == []

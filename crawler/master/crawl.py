@@ -19,7 +19,7 @@ from crawler import protocol as p
 from crawler.master.config import MasterConfig
 from crawler.master.dedup import Dedup
 from crawler.master.store import Finished, MasterStore
-from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, host_url_of
+from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, host_url_of, robots_url
 from crawler.scheduler import NodeTable
 from crawler.urls import DISCARD_TOO_DEEP, NormalizeOptions, UrlPolicy, normalize_many
 
@@ -445,6 +445,13 @@ class Crawl:
         if self.gate is not None and delay:
             self.gate.set_crawl_delay(origin, delay)
         self.robots_wanted.discard(origin)
+        sitemaps = self.robots.sitemaps(origin)
+        if sitemaps:
+            # Sitemaps enter like seeds (depth 0) through the URL policy, scope and dedup; a worker fetches each
+            # as a task and reports its <loc> entries as links (a sitemap index's entries are sitemaps again).
+            added = self.add_links([(robots_url(origin), 0, tuple(sitemaps))])
+            if added:
+                log.info("robots.txt of %s: %d sitemaps queued", origin, added)
 
     # ------------------------------------------------------------------ results
     def complete(self, node: str, results: tuple[p.Result, ...], now: float) -> list[dict]:
@@ -456,6 +463,7 @@ class Crawl:
         """
         finished: list[Finished] = []
         link_batches = []
+        lastmod: list[tuple[str, float]] = []
         audio_rows: list[dict] = []
         cut = 0
         mine = self.leases_by_node.get(node, set())
@@ -480,6 +488,9 @@ class Crawl:
                                      r.error, node, now))
             if r.status == p.DONE and r.links:
                 link_batches.append((lease.url, lease.depth + 1, r.links))
+            if r.status == p.DONE and r.lastmod:
+                # A date in the future is a site's mistake: it would have the page fetched on every visit.
+                lastmod.extend(pair for pair in r.lastmod if pair[1] <= now)
             cut += r.cut                         # links the worker did not follow at the depth limit
             for a in r.audio:
                 row = a.catalogue_row()
@@ -495,6 +506,8 @@ class Crawl:
                 # Per-worker figures for the status command, one row update per report.
                 self.store.note_node(node, bytes=sum(f.size or 0 for f in finished),
                                      links=sum(len(b[2]) for b in link_batches), audio=len(audio_rows))
+                if lastmod:
+                    self._note_lastmod(lastmod)
                 if link_batches:
                     self.add_links(link_batches)   # last: an add to the Bloom filter cannot be undone
         except _BAD_VALUES as e:
@@ -507,6 +520,13 @@ class Crawl:
             self.discards[DISCARD_TOO_DEEP] += cut
         self.totals.pages += sum(1 for f, first in zip(finished, firsts) if first and f.state == p.DONE)
         return [row for row, is_new in zip(audio_rows, fresh) if is_new]
+
+    def _note_lastmod(self, lastmod: list[tuple[str, float]]) -> None:
+        changed = self.store.note_lastmod(lastmod)
+        if changed and self.cfg.crawl.refresh_interval:
+            # The sitemap says these pages changed since we fetched them: no need to wait for their age.
+            n = self.store.requeue_refresh(changed, self.route)
+            log.info("%d pages changed since their last crawl, as their sitemap says: queued again", n)
 
     def _throttled_state(self, url: str) -> str:
         runs = self._throttled
