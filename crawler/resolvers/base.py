@@ -12,7 +12,7 @@ import re
 import time
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -99,12 +99,16 @@ class ResolveContext:
     http: httpx.AsyncClient
     user_agent: str
     clock: Callable[[], float] = time.time
+    # A page fetch within the worker's limits (size, time, concurrency), for a page other than the one being
+    # resolved: the page that linked an extensionless audio URL, say. None: no such fetches.
+    fetch_page: Callable[[str], Awaitable[FetchedPage | None]] | None = None
 
 
 @dataclass
 class Resolution:
     items: list[AudioItem] = field(default_factory=list)
     links: list[str] = field(default_factory=list)   # extra absolute links to crawl (playlists, ...)
+    lastmod: dict[str, float] = field(default_factory=dict)   # link -> when its page last changed (sitemaps)
 
 
 class Resolver:

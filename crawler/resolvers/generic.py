@@ -10,8 +10,10 @@ containers shared with video (MP4, ASF, Ogg) are checked for a video track.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +23,7 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from crawler.html import css
 from crawler.items import AudioItem
-from crawler.resolvers import jsdata, pagemeta, playlists, sniff
+from crawler.resolvers import feeds, jsdata, pagemeta, playlists, sniff
 from crawler.resolvers.base import (
     FetchedPage,
     Resolution,
@@ -32,6 +34,7 @@ from crawler.resolvers.base import (
 )
 from crawler.resolvers.pagemeta import Meta
 from crawler.resolvers.tags import read_tags
+from crawler.urls import NormalizeOptions, normalize_many
 from crawler.worker.links import document_base, join_url
 
 log = logging.getLogger(__name__)
@@ -42,10 +45,14 @@ class GenericConfig:
     max_items: int = 1000          # per page: a generated page must not flood the catalogue
     scan_scripts: bool = True
     sniff_bytes: bool = True
+    referrer_context: bool = True  # audio found by its first bytes takes title/artist from the linking page
+    max_xml_bytes: int = 16 * 1024 * 1024   # a feed or sitemap, after gzip decompression
 
     def __post_init__(self) -> None:
         if self.max_items < 1:
             raise ResolverConfigError("generic.max_items: must be at least 1")
+        if self.max_xml_bytes < 1024:
+            raise ResolverConfigError("generic.max_xml_bytes: must be at least 1024")
 
 
 # Attributes whose value is metadata, never a URL, even when it reads "song.mp3".
@@ -82,19 +89,27 @@ def _audio_string(value: str, bare_ok: bool = True) -> bool:
     return _url_like(value, bare_ok=bare_ok) and (sniff.is_audio_url(value) or sniff.is_playlist_url(value))
 
 
+def _found(meta: Meta | pagemeta.Found, source: str) -> pagemeta.Found:
+    if isinstance(meta, pagemeta.Found):
+        return meta
+    return pagemeta.Found().add(meta, "data" if source.startswith("data-") else source)
+
+
 class _Collector:
     """Items and playlist links for one page, one item per distinct audio URL."""
 
-    def __init__(self, page_url: str, base: str, max_items: int, page_meta: Mapping[str, Any] | None = None):
+    def __init__(self, page_url: str, base: str, max_items: int, page: pagemeta.PageContext | None = None):
         self.page_url = page_url
         self.base = base
         self.max_items = max_items
-        self.items: dict[str, tuple[Meta, str]] = {}
+        # url -> (local metadata, where found, the link element's own text)
+        self.items: dict[str, tuple[pagemeta.Found, str, Meta]] = {}
         self.links: list[str] = []
         self.extra: dict[str, Any] = {}
-        self._page_meta = page_meta
+        self.page = page
 
-    def add(self, raw: str, meta: Meta, found_in: str, force_audio: bool = False) -> None:
+    def add(self, raw: str, meta: Meta | pagemeta.Found, found_in: str, force_audio: bool = False,
+            link: LexborNode | None = None) -> None:
         url = join_url(self.base, raw.strip())
         if url is None:
             return
@@ -105,19 +120,27 @@ class _Collector:
             return
         if not (force_audio or sniff.is_audio_url(url)):
             return
+        found = _found(meta, found_in)
         if url in self.items:
-            known, where = self.items[url]
-            self.items[url] = (pagemeta.fill(known, meta), where)
+            known, where, text = self.items[url]
+            self.items[url] = (known.copy().fill(found), where, text or _link_text(link))
         elif len(self.items) < self.max_items:
-            self.items[url] = (meta, found_in)
+            self.items[url] = (found, found_in, _link_text(link))
 
-    def result(self, page_level: Meta) -> Resolution:
+    def result(self) -> Resolution:
         items = []
-        for url, (meta, found_in) in self.items.items():
-            full = pagemeta.fill(meta, page_level)
+        for url, (found, found_in, text) in self.items.items():
+            full = found.copy()
+            if self.page is not None:
+                full.fill(self.page.high()).add(text, "link").fill(self.page.low())
             items.append(AudioItem(url=url, page=self.page_url, resolver=GenericResolver.name,
-                                   extra={"found_in": found_in, **self.extra}, **full))
+                                   meta_source=full.sources, extra={"found_in": found_in, **self.extra},
+                                   **full.meta))
         return Resolution(items=items, links=list(self.links))
+
+
+def _link_text(link: LexborNode | None) -> Meta:
+    return pagemeta.link_text(link) if link is not None else {}
 
 
 class GenericResolver(Resolver):
@@ -126,6 +149,8 @@ class GenericResolver(Resolver):
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
         self.settings = parse_section(GenericConfig, self.name, config)
+        # referrer -> what it says about each of its links: the links of one page usually come in a burst.
+        self._referrers: OrderedDict[str, dict[str, pagemeta.Found]] = OrderedDict()
 
     def claims(self, url: str) -> bool:
         return url.lower().startswith(("http://", "https://"))
@@ -136,7 +161,40 @@ class GenericResolver(Resolver):
     async def resolve(self, url: str, page: FetchedPage | None, ctx: ResolveContext) -> Resolution:
         if page is None or page.status >= 400:
             return Resolution()
-        return self.resolve_page(page)
+        if len(page.body) > _XML_INLINE_BYTES and not page.is_html() and self._xml_document(page) is not None:
+            # A big feed or sitemap parses in a thread: the event loop keeps serving the other tasks.
+            return await asyncio.to_thread(self.resolve_page, page)
+        resolution = self.resolve_page(page)
+        if (self.settings.referrer_context and ctx.fetch_page is not None and page.referrer
+                and len(resolution.items) == 1 and resolution.items[0].extra.get("found_in") == "response"
+                and not (resolution.items[0].title and resolution.items[0].artist)):
+            # Audio behind a link that did not say it was audio, and whose file does not name it: what the
+            # linking page said about the link (its row, its text, the page's title) was not at hand when the
+            # link was reported, so that page is read again (once per worker for all its links).
+            found = await self._referrer_meta(page.referrer, page.url, ctx)
+            if found:
+                item = resolution.items[0]
+                tags = {k: getattr(item, k) for k in item.meta_source}
+                fresh = item.replace(meta_source={}, **dict.fromkeys(tags))
+                resolution.items[0] = fresh.with_meta(found.meta, found.sources).with_file_tags(tags)
+        return resolution
+
+    async def _referrer_meta(self, referrer: str, target: str, ctx: ResolveContext) -> pagemeta.Found | None:
+        links = self._referrers.get(referrer)
+        if links is None:
+            assert ctx.fetch_page is not None
+            try:
+                page = await ctx.fetch_page(referrer)
+            except Exception as exc:   # the referrer is a nicety: its failure must not cost the item
+                log.debug("referrer %s not fetched: %s", referrer, exc)
+                page = None
+            links = _link_metadata(page) if page is not None and page.status < 400 else {}
+            self._referrers[referrer] = links
+            while len(self._referrers) > _REFERRER_CACHE:
+                self._referrers.popitem(last=False)
+        else:
+            self._referrers.move_to_end(referrer)
+        return links.get(target)
 
     def resolve_page(self, page: FetchedPage) -> Resolution:
         """The synchronous core: no I/O is needed once the page is fetched."""
@@ -146,6 +204,10 @@ class GenericResolver(Resolver):
             return self._playlist(page)
         if sniff.is_audio_type(ct):
             return Resolution(items=[self._audio_response(page, sniff.sniff_audio(page.body) or ct)])
+        if not page.is_html():
+            xml = self._xml_document(page)
+            if xml is not None:
+                return self._xml(page, *xml)
         if page.is_html():
             tree = page.tree()
             return self._html(page, tree) if tree is not None else Resolution()
@@ -164,7 +226,41 @@ class GenericResolver(Resolver):
         extra: dict[str, Any] = {"found_in": "response", "format": fmt}
         if page.final_url != page.url:
             extra["final_url"] = page.final_url
-        return AudioItem(url=page.url, page=page.referrer or page.url, resolver=self.name, extra=extra, **meta)
+        return AudioItem(url=page.url, page=page.referrer or page.url, resolver=self.name, extra=extra,
+                         meta_source=dict.fromkeys(meta, "file"), **meta)
+
+    def _xml_document(self, page: FetchedPage) -> tuple[str, bytes] | None:
+        """(kind, body) when the page is a feed or sitemap, gzip-compressed or not."""
+        body = page.body
+        if feeds.is_gzip(page.content_type, page.final_url, body):
+            try:
+                body = feeds.gunzip(body, self.settings.max_xml_bytes)
+            except feeds.XmlDocumentError as exc:
+                log.info("%s: %s", page.url, exc)
+                return None
+            kind = feeds.kind_of("", body)
+        else:
+            kind = feeds.kind_of(page.content_type, body)
+        return (kind, body) if kind else None
+
+    def _xml(self, page: FetchedPage, kind: str, body: bytes) -> Resolution:
+        try:
+            doc = feeds.parse(kind, body, page.final_url)
+        except feeds.XmlDocumentError as exc:
+            log.info("%s: %s %s", page.url, kind, exc)
+            return Resolution()
+        items = []
+        seen: set[str] = set()
+        for entry in doc.entries[:self.settings.max_items]:
+            if entry.url in seen:
+                continue
+            seen.add(entry.url)
+            extra: dict[str, Any] = {"found_in": kind}
+            if entry.page:
+                extra["episode_page"] = entry.page
+            items.append(AudioItem(url=entry.url, page=page.url, resolver=self.name, extra=extra,
+                                   meta_source=dict.fromkeys(entry.meta, "feed"), **entry.meta))
+        return Resolution(items=items, links=doc.links, lastmod=doc.lastmod)
 
     def _playlist(self, page: FetchedPage) -> Resolution:
         text = page.text()
@@ -189,17 +285,18 @@ class GenericResolver(Resolver):
             elif sniff.url_extension(absolute) not in _NOT_PLAYLIST_SONGS and absolute not in out.links:
                 # Not named as audio (a stream, a download script): a fetch of its first bytes decides.
                 out.links.append(absolute)
-        return out.result({})
+        return out.result()
 
     def _json_document(self, page: FetchedPage) -> Resolution:
         out = _Collector(page.url, page.final_url, self.settings.max_items)
         _collect_json(out, pagemeta.load_json_block(page.text()), "json")
-        return out.result({})
+        return out.result()
 
     def _html(self, page: FetchedPage, tree: LexborHTMLParser) -> Resolution:
         if not _page_may_hold_audio(page.body):
             return Resolution()   # most pages of a site are navigation: skip the element walk entirely
-        out = _Collector(page.url, document_base(tree, page.final_url), self.settings.max_items)
+        out = _Collector(page.url, document_base(tree, page.final_url), self.settings.max_items,
+                         pagemeta.PageContext(tree))
         for node in _candidates(tree, page.body):
             tag = node.tag
             if tag is None or not tag[0].isalpha():
@@ -208,7 +305,7 @@ class GenericResolver(Resolver):
                 self._script(out, node)
             else:
                 _element(out, node, tag)
-        return out.result(pagemeta.page_meta(tree) if out.items else {})
+        return out.result()
 
     def _script(self, out: _Collector, node: LexborNode) -> None:
         if not self.settings.scan_scripts:
@@ -365,12 +462,13 @@ def _element(out: _Collector, node: LexborNode, tag: str) -> None:
     refs = [r for r in refs if r[1] or sniff.url_extension(r[0].strip()) in _NAMED_EXTENSIONS]
     if not refs:
         return
-    meta = pagemeta.element_meta(node)
+    meta = pagemeta.element_meta(node, out.page)
     if tag == "param" and node.parent is not None:
-        meta = pagemeta.fill(meta, pagemeta.element_meta(node.parent))
+        meta.fill(pagemeta.element_meta(node.parent, out.page))
+    link = node if tag in ("a", "area") else None
     for ref, forced, where in refs:
         if forced or _url_like(ref.strip(), bare_ok=True) or tag in ("a", "area", "audio", "source", "embed"):
-            out.add(ref, meta, where, force_audio=forced)
+            out.add(ref, meta, where, force_audio=forced, link=link)
 
 
 def _data_attribute_refs(name: str, value: str, node: LexborNode,
@@ -378,12 +476,12 @@ def _data_attribute_refs(name: str, value: str, node: LexborNode,
     value = value.strip()
     if value[:1] in ("{", "[") and _mentions_audio(value):
         # data-song='{"url": "a.mp3", "title": "..."}': the object's keys describe the URL.
-        meta = pagemeta.element_meta(node)
+        meta = pagemeta.element_meta(node, out.page)
         before = dict(out.items)
         _collect_json(out, pagemeta.load_json_block(value), name)
         for url in out.items.keys() - before.keys():
-            found_meta, where = out.items[url]
-            out.items[url] = (pagemeta.fill(found_meta, meta), where)
+            found_meta, where, text = out.items[url]
+            out.items[url] = (found_meta.copy().fill(meta), where, text)
         return []
     bare_ok = any(word in name for word in _URL_ATTR_WORDS)
     if _audio_string(value, bare_ok=bare_ok):
@@ -399,6 +497,34 @@ def _flashvars(value: str | None) -> list[str]:
     except ValueError:
         return []
     return [v for _, v in pairs if _audio_string(v)]
+
+
+# Feeds and sitemaps larger than this are parsed off the event loop.
+_XML_INLINE_BYTES = 256 * 1024
+# Referring pages remembered per worker, with what they say about their links.
+_REFERRER_CACHE = 64
+_MAX_REFERRER_LINKS = 5000
+
+
+def _link_metadata(page: FetchedPage) -> dict[str, pagemeta.Found]:
+    """For each a/area link of a page, keyed by its normalised URL: every layer of metadata the page offers."""
+    tree = page.tree()
+    if tree is None:
+        return {}
+    base = document_base(tree, page.final_url)
+    nodes = css(tree, "a[href], area[href]")[:_MAX_REFERRER_LINKS]
+    joined = [join_url(base, n.attributes.get("href") or "") for n in nodes]
+    keys = normalize_many([u for u in joined if u is not None], NormalizeOptions())
+    context = pagemeta.PageContext(tree)
+    out: dict[str, pagemeta.Found] = {}
+    it = iter(keys)
+    for node, url in zip(nodes, joined):
+        if url is None:
+            continue
+        key = next(it)
+        if key and key not in out:
+            out[key] = context.item_meta(pagemeta.element_meta(node, context), node)
+    return out
 
 
 def _tags_meta(body: bytes) -> Meta:

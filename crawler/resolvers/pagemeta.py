@@ -1,10 +1,17 @@
-"""What a page says about the audio it embeds: title, artist, album and the rest.
+"""What a page says about the audio it embeds: title, artist, album and the rest, layered by confidence.
 
-The convention (the demo site and the tests follow it exactly), field by field, first hit wins:
-1. the referencing element's own data-title/data-artist/data-album (title also from its title attribute);
-2. the nearest ancestor carrying data-* fields, or a schema.org MusicRecording itemscope;
-3. the page: a JSON-LD MusicRecording, then og:title / music:musician / meta name=artist, then <title>.
-For URLs inside scripts and JSON blocks the holding object's sibling keys take the place of 1 and 2.
+Field by field, the first layer that has a value wins, and the item records which layer it was (meta_source):
+1. structured data at the element: its own data-title/data-artist/... (title also from its title attribute),
+   then the nearest ancestor with data-* fields or a schema.org MusicRecording itemscope ("data", "microdata");
+   for URLs inside scripts and JSON blocks, the holding object's sibling keys ("script", "json");
+2. elements whose class, id or itemprop names the field (<span class="artist">), in the nearest enclosing
+   element that holds exactly one value for it, short of the whole page ("class");
+3. the page's structured data: a JSON-LD MusicRecording ("jsonld"), music:musician / og:description /
+   og:image ("og"), meta name=artist/description ("meta");
+4. named elements of the page as a whole, when the page holds exactly one value for the field ("class");
+5. the link's own text, unless it is a generic "Download" ("link");
+6. og:title ("og"), then the page's <title> ("page-title").
+A list page has one value per song in each song's row (layer 2), so its page-wide layers never reach across rows.
 """
 
 from __future__ import annotations
@@ -20,6 +27,39 @@ from crawler.html import css, css_first
 
 FIELDS = ("title", "artist", "album", "description", "cover", "duration", "bitrate")
 Meta = dict[str, Any]
+
+
+class Found:
+    """Metadata gathered layer by layer: per field the first value, and the layer it came from."""
+
+    __slots__ = ("meta", "sources")
+
+    def __init__(self) -> None:
+        self.meta: Meta = {}
+        self.sources: dict[str, str] = {}
+
+    def add(self, more: Mapping[str, Any], source: str) -> Found:
+        for key, value in more.items():
+            if key not in self.meta:
+                self.meta[key] = value
+                self.sources[key] = source
+        return self
+
+    def fill(self, other: Found) -> Found:
+        """Fields of other that this lacks, with other's sources."""
+        for key, value in other.meta.items():
+            if key not in self.meta:
+                self.meta[key] = value
+                self.sources[key] = other.sources.get(key, "page")
+        return self
+
+    def copy(self) -> Found:
+        out = Found()
+        out.meta, out.sources = dict(self.meta), dict(self.sources)
+        return out
+
+    def __bool__(self) -> bool:
+        return bool(self.meta)
 
 _DATA_FIELDS = {
     "data-title": "title", "data-artist": "artist", "data-album": "album",
@@ -181,27 +221,195 @@ def _meta_content(tree: LexborHTMLParser, selector: str) -> str | None:
     return clean_text(node.attributes.get("content")) if node is not None else None
 
 
-def page_meta(tree: LexborHTMLParser) -> Meta:
-    """Level 3 of the convention: what the page as a whole says."""
-    recording: Meta = {}
+# Words in a class, id or itemprop that name a field; checked in this order, so "album-artist" is an artist
+# and "album-title" an album.
+_NAME_WORDS = (
+    ("artist", ("artist", "singer", "author", "performer", "musician")),
+    ("album", ("album",)),
+    ("duration", ("duration",)),
+    ("title", ("title", "songname", "song-name", "song_name", "trackname", "track-name", "track_name")),
+)
+_NAMED_SELECTOR = ", ".join(f'[{attr}*="{word}" i]' for _, words in _NAME_WORDS for word in words
+                            for attr in ("class", "id", "itemprop"))
+_NOT_NAMED_TAGS = frozenset({"html", "head", "body", "title", "meta", "link", "script", "style", "noscript",
+                             "template", "img", "input", "select", "option", "textarea", "svg", "audio",
+                             "video", "source", "iframe", "object", "embed"})
+_LABEL = re.compile(r"^(?:artist|singer|album|title|song|track|duration|length|time|歌手|专辑|歌名|时长)\s*[:：]\s*",
+                    re.IGNORECASE)
+_BY = re.compile(r"^by\s+", re.IGNORECASE)
+# Text longer than this under a "title" class is a paragraph, not a name.
+_MAX_NAMED_TEXT = 300
+# Bounds on the work for one page: named elements read, ancestors walked from each.
+_MAX_NAMED = 2000
+_MAX_ANCESTORS = 64
+_GENERIC_LINK_TEXT = re.compile(
+    r"^(?:(?:click\s+)?(?:here|download|listen|play|stream|get|save|open)?\s*(?:now|here|it|this)?\s*"
+    r"(?:the\s+)?(?:mp3|audio|song|track|file|music|link|playlist|m3u|pls|ogg|flac)?\s*(?:file|here|now)?"
+    r"|下载|播放|试听|在线试听|点击下载)$", re.IGNORECASE)
+
+
+def _field_of_name(attrs: Mapping[str, str | None]) -> str | None:
+    for attr in ("itemprop", "class", "id"):
+        value = attrs.get(attr)
+        if not value:
+            continue
+        tokens = value.lower().split()
+        for field_name, words in _NAME_WORDS:
+            if any(word in token for token in tokens for word in words):
+                if field_name == "title" and any(t.startswith("sub") for t in tokens):
+                    continue   # a subtitle names something else
+                return field_name
+    return None
+
+
+def _named_value(node: LexborNode, field_name: str) -> Any:
+    content = node.attributes.get("content") if node.tag == "meta" else None
+    text = clean_text(content or node.text(deep=True, separator=" "))
+    if not text or len(text) > _MAX_NAMED_TEXT:
+        return None
+    text = _LABEL.sub("", text)
+    if field_name == "artist":
+        text = _BY.sub("", text)
+    return normalise({field_name: text}).get(field_name)
+
+
+class NamedIndex:
+    """Which values named elements hold, per enclosing element: built once per page, on first use.
+
+    For every element that has named elements inside it, the distinct values per field. An audio element
+    takes a field from its nearest ancestor (itself included) holding exactly one value; an ancestor holding
+    several is the list around it, past which the field is not looked for.
+    """
+
+    def __init__(self, tree: LexborHTMLParser) -> None:
+        self._by_scope: dict[int, dict[str, set[Any]]] = {}
+        self.body_id: int | None = None
+        body = css_first(tree, "body")
+        if body is not None:
+            self.body_id = body.mem_id
+        named: list[tuple[LexborNode, str]] = []
+        for node in css(tree, _NAMED_SELECTOR)[:_MAX_NAMED]:
+            if node.tag in _NOT_NAMED_TAGS:
+                continue
+            field_name = _field_of_name(node.attributes)
+            if field_name is not None:
+                named.append((node, field_name))
+        # An element named "track" that holds a named "artist" is the row, not a value: skip containers.
+        containers: set[int] = set()
+        for node, _ in named:
+            parent, steps = node.parent, 0
+            while parent is not None and steps < _MAX_ANCESTORS:
+                containers.add(parent.mem_id)
+                parent, steps = parent.parent, steps + 1
+        for node, field_name in named:
+            if node.mem_id in containers:
+                continue
+            value = _named_value(node, field_name)
+            if value is None:
+                continue
+            current: LexborNode | None = node
+            steps = 0
+            while current is not None and steps < _MAX_ANCESTORS and current.tag != "html":
+                self._by_scope.setdefault(current.mem_id, {}).setdefault(field_name, set()).add(value)
+                current, steps = current.parent, steps + 1
+
+    def local(self, node: LexborNode) -> Meta:
+        """Fields from the nearest enclosing element with one value each, short of the whole page."""
+        out: Meta = {}
+        settled: set[str] = set()
+        current: LexborNode | None = node
+        steps = 0
+        while current is not None and steps < _MAX_ANCESTORS and current.tag not in ("body", "html"):
+            found = self._by_scope.get(current.mem_id)
+            if found:
+                for field_name, values in found.items():
+                    if field_name not in settled:
+                        settled.add(field_name)
+                        if len(values) == 1:
+                            out[field_name] = next(iter(values))
+            current, steps = current.parent, steps + 1
+        return out
+
+    def page_wide(self) -> Meta:
+        found = self._by_scope.get(self.body_id) if self.body_id is not None else None
+        return {k: next(iter(v)) for k, v in found.items() if len(v) == 1} if found else {}
+
+
+def link_text(node: LexborNode) -> Meta:
+    """Layer 5: the text of an a/area element, unless it is a generic "Download" or a file name."""
+    if node.tag not in ("a", "area"):
+        return {}
+    text = clean_text(node.text(deep=True, separator=" ") if node.tag == "a" else node.attributes.get("alt"))
+    if not text or len(text) < 2 or len(text) > _MAX_NAMED_TEXT or _GENERIC_LINK_TEXT.fullmatch(text):
+        return {}
+    if "/" in text or re.search(r"\.[a-z0-9]{2,4}$", text, re.IGNORECASE):
+        return {}   # a URL or a file name, not a name
+    return {"title": text}
+
+
+class PageContext:
+    """What a page says as a whole (layers 3, 4 and 6), computed once per page and only when it has audio."""
+
+    def __init__(self, tree: LexborHTMLParser) -> None:
+        self.tree = tree
+        self._named: NamedIndex | None = None
+        self._high: Found | None = None
+        self._low: Found | None = None
+
+    @property
+    def named(self) -> NamedIndex:
+        if self._named is None:
+            self._named = NamedIndex(self.tree)
+        return self._named
+
+    def high(self) -> Found:
+        if self._high is None:
+            self._high, self._low = _page_layers(self.tree, self.named)
+        return self._high
+
+    def low(self) -> Found:
+        if self._low is None:
+            self._high, self._low = _page_layers(self.tree, self.named)
+        return self._low
+
+    def item_meta(self, local: Found, link: LexborNode | None = None) -> Found:
+        """All layers for one item: its local ones, then the page's, the link text, og:title, <title>."""
+        out = local.copy().fill(self.high())
+        if link is not None:
+            out.add(link_text(link), "link")
+        return out.fill(self.low())
+
+
+def _page_layers(tree: LexborHTMLParser, named: NamedIndex) -> tuple[Found, Found]:
+    high = Found()
     for script in css(tree, 'script[type="application/ld+json"]'):
         for obj in _walk_json(load_json_block(script.text() or "")):
             if _is_music_recording(obj):
-                recording = json_object_meta(obj)
+                high.add(json_object_meta(obj), "jsonld")
                 break
-        if recording:
+        if high:
             break
-    title_node = css_first(tree, "title")
-    head: Meta = normalise({
-        "title": _meta_content(tree, 'meta[property="og:title"]')
-        or (title_node.text() if title_node is not None else None),
-        "artist": _meta_content(tree, 'meta[property="music:musician"]')
-        or _meta_content(tree, 'meta[name="artist"]'),
-        "description": _meta_content(tree, 'meta[property="og:description"]')
-        or _meta_content(tree, 'meta[name="description"]'),
+    high.add(normalise({
+        "artist": _meta_content(tree, 'meta[property="music:musician"]'),
+        "description": _meta_content(tree, 'meta[property="og:description"]'),
         "cover": _meta_content(tree, 'meta[property="og:image"]'),
-    })
-    return fill(recording, head)
+    }), "og")
+    high.add(normalise({
+        "artist": _meta_content(tree, 'meta[name="artist"]'),
+        "description": _meta_content(tree, 'meta[name="description"]'),
+    }), "meta")
+    high.add(named.page_wide(), "class")
+    low = Found()
+    low.add(normalise({"title": _meta_content(tree, 'meta[property="og:title"]')}), "og")
+    title_node = css_first(tree, "title")
+    low.add(normalise({"title": title_node.text() if title_node is not None else None}), "page-title")
+    return high, low
+
+
+def page_meta(tree: LexborHTMLParser) -> Meta:
+    """Every page-wide layer, flattened (for callers that want the page's own description of itself)."""
+    ctx = PageContext(tree)
+    return ctx.high().copy().fill(ctx.low()).meta
 
 
 def _own_data(node: LexborNode, with_title_attr: bool) -> Meta:
@@ -232,12 +440,16 @@ def _microdata(node: LexborNode) -> Meta:
                       "duration": _itemprop(node, "duration")})
 
 
-def element_meta(node: LexborNode) -> Meta:
-    """Levels 1 and 2 of the convention for an element referencing audio."""
-    meta = _own_data(node, with_title_attr=True)
-    meta = fill(meta, _microdata(node))
+def element_meta(node: LexborNode, page: PageContext | None = None) -> Found:
+    """Layers 1 and 2 for an element referencing audio."""
+    found = Found()
+    found.add(_own_data(node, with_title_attr=True), "data")
+    found.add(_microdata(node), "microdata")
     current = node.parent
     while current is not None and current.tag not in ("body", "html", "head"):
-        meta = fill(meta, _own_data(current, with_title_attr=False), _microdata(current))
+        found.add(_own_data(current, with_title_attr=False), "data")
+        found.add(_microdata(current), "microdata")
         current = current.parent
-    return meta
+    if page is not None:
+        found.add(page.named.local(node), "class")
+    return found

@@ -18,6 +18,8 @@ _LINK_SELECTOR = "a[href], area[href], iframe[src], frame[src], link[href], meta
 # The links a page at the depth limit would have offered, counted for the discard figures without extracting them.
 _COUNTED_SELECTOR = "a[href], area[href], iframe[src], frame[src]"
 _FOLLOWED_RELS = frozenset({"next", "prev", "previous"})
+# <link rel="alternate"> of these types announces the site's feeds: podcasts are a source of audio.
+_FEED_TYPES = frozenset({"application/rss+xml", "application/atom+xml", "application/rdf+xml"})
 # HTML strips these from URL attributes before parsing them.
 _STRIPPED_INSIDE = re.compile(r"[\t\n\r]")
 
@@ -89,7 +91,8 @@ def _refresh_target(content: str) -> str | None:
 
 
 def extract_links(tree: LexborHTMLParser, base_url: str, max_elements: int | None = None) -> list[str]:
-    """a, area, iframe, frame, link rel=next/prev and meta refresh targets; nofollow links skipped.
+    """a, area, iframe, frame, link rel=next/prev, feeds' link rel=alternate and meta refresh targets;
+    nofollow links skipped.
 
     max_elements bounds the link elements looked at (in document order): each costs Python work, and a
     hostile page can hold hundreds of thousands.
@@ -111,7 +114,10 @@ def extract_links(tree: LexborHTMLParser, base_url: str, max_elements: int | Non
         elif tag in ("iframe", "frame"):
             ref = attrs.get("src")
         elif tag == "link":
-            ref = attrs.get("href") if _rel_tokens(attrs) & _FOLLOWED_RELS else None
+            rels = _rel_tokens(attrs)
+            followed = rels & _FOLLOWED_RELS or (
+                "alternate" in rels and (attrs.get("type") or "").strip().lower() in _FEED_TYPES)
+            ref = attrs.get("href") if followed else None
         else:  # meta
             if (attrs.get("http-equiv") or "").strip().lower() != "refresh":
                 continue

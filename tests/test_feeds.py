@@ -1,0 +1,139 @@
+"""Feeds and sitemaps: items and links from RSS, Atom and sitemap XML, and hostile XML refused cheaply."""
+
+from __future__ import annotations
+
+import gzip
+import time
+
+import pytest
+
+from crawler.resolvers import feeds
+from crawler.resolvers.base import FetchedPage
+from crawler.resolvers.generic import GenericResolver
+
+FEED = "http://pod.example.com/feed.xml"
+
+RSS = b"""<?xml version="1.0" encoding="UTF-8"?>
+<rss version="2.0" xmlns:itunes="http://www.itunes.com/dtds/podcast-1.0.dtd"
+     xmlns:media="http://search.yahoo.com/mrss/" xmlns:dc="http://purl.org/dc/elements/1.1/">
+<channel><title>Show Name</title><itunes:author>Host Person</itunes:author>
+<item><title>Ep 1</title><link>http://pod.example.com/ep/1</link>
+  <description>&lt;p&gt;Hello &amp;amp; welcome&lt;/p&gt;</description>
+  <pubDate>Tue, 05 Mar 2024 10:00:00 GMT</pubDate><itunes:duration>01:02:03</itunes:duration>
+  <enclosure url="/media/ep1.mp3" length="1" type="audio/mpeg"/></item>
+<item><title>Ep 2</title><dc:creator>Guest</dc:creator><media:content url="http://cdn.example.com/ep2.m4a" type="audio/mp4"/>
+  <itunes:duration>1800</itunes:duration></item>
+<item><title>Video ep</title><enclosure url="/v.mp4" type="video/mp4"/></item>
+<item><title>Linked</title><link>http://pod.example.com/ep3.ogg</link></item>
+</channel></rss>"""
+
+ATOM = b"""<?xml version="1.0" encoding="utf-8"?><feed xmlns="http://www.w3.org/2005/Atom">
+<title>Atom Show</title>
+<entry><title>A1</title><author><name>Writer</name></author><published>2024-04-02T08:30:00Z</published>
+<summary>Short</summary><link href="http://pod.example.com/a1.html"/>
+<link rel="enclosure" type="audio/mpeg" href="http://pod.example.com/a1.mp3"/></entry></feed>"""
+
+
+def page(body: bytes, url: str = FEED, content_type: str = "application/rss+xml") -> FetchedPage:
+    return FetchedPage(url=url, final_url=url, status=200, content_type=content_type,
+                       headers={"content-type": content_type}, body=body)
+
+
+def test_rss_enclosures_media_content_and_audio_links_are_items_with_the_episode_metadata() -> None:
+    res = GenericResolver({}).resolve_page(page(RSS))
+    by_url = {i.url: i for i in res.items}
+    assert list(by_url) == ["http://pod.example.com/media/ep1.mp3", "http://cdn.example.com/ep2.m4a",
+                            "http://pod.example.com/ep3.ogg"]
+    ep1 = by_url["http://pod.example.com/media/ep1.mp3"]
+    assert (ep1.title, ep1.artist, ep1.album, ep1.description) == ("Ep 1", "Host Person", "Show Name",
+                                                                  "Hello & welcome")
+    assert ep1.duration == 3723 and ep1.published == "2024-03-05T10:00:00+00:00" and ep1.page == FEED
+    assert ep1.meta_source["title"] == "feed" and ep1.extra["episode_page"] == "http://pod.example.com/ep/1"
+    ep2 = by_url["http://cdn.example.com/ep2.m4a"]
+    assert (ep2.artist, ep2.duration) == ("Guest", 1800)
+    assert "http://pod.example.com/ep/1" in res.links
+
+
+def test_atom_enclosure_links() -> None:
+    res = GenericResolver({}).resolve_page(page(ATOM, content_type="application/atom+xml"))
+    [item] = res.items
+    assert (item.url, item.title, item.artist, item.album, item.published, item.description) == (
+        "http://pod.example.com/a1.mp3", "A1", "Writer", "Atom Show", "2024-04-02T08:30:00+00:00", "Short")
+    assert res.links == ["http://pod.example.com/a1.html"]
+
+
+SITEMAP = b"""<?xml version="1.0" encoding="UTF-8"?>
+<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">
+<url><loc>http://site.example/a.html</loc><lastmod>2024-01-02</lastmod></url>
+<url><loc>http://site.example/b.html</loc></url></urlset>"""
+INDEX = b"""<?xml version="1.0" encoding="UTF-8"?>
+<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">
+<sitemap><loc>http://site.example/s1.xml.gz</loc><lastmod>2024-02-03T04:05:06+00:00</lastmod></sitemap>
+</sitemapindex>"""
+
+
+@pytest.mark.parametrize("content_type", ["application/xml", "text/xml", "application/octet-stream", ""])
+def test_sitemaps_give_links_with_lastmod(content_type: str) -> None:
+    res = GenericResolver({}).resolve_page(page(SITEMAP, "http://site.example/sitemap.xml", content_type))
+    assert res.items == [] and res.links == ["http://site.example/a.html", "http://site.example/b.html"]
+    assert res.lastmod == {"http://site.example/a.html": 1704153600.0}
+
+
+@pytest.mark.parametrize("content_type", ["application/gzip", "application/x-gzip", "application/octet-stream"])
+def test_a_gzip_sitemap_index_lists_sitemaps(content_type: str) -> None:
+    res = GenericResolver({}).resolve_page(page(gzip.compress(INDEX), "http://site.example/index.xml.gz",
+                                                content_type))
+    assert res.links == ["http://site.example/s1.xml.gz"]
+    assert res.lastmod["http://site.example/s1.xml.gz"] == 1706933106.0
+
+
+def test_gzip_bomb_is_cut_at_the_bound_without_inflating_it() -> None:
+    bomb = gzip.compress(b"<urlset>" + b" " * (64 * 1024 * 1024))
+    started = time.process_time()
+    res = GenericResolver({"max_xml_bytes": 1024 * 1024}).resolve_page(
+        page(bomb, "http://site.example/s.xml.gz", "application/gzip"))
+    assert res.links == [] and res.items == []
+    assert time.process_time() - started < 2
+    with pytest.raises(feeds.XmlDocumentError, match="more than"):
+        feeds.gunzip(bomb, 1024 * 1024)
+
+
+@pytest.mark.parametrize("doc", [
+    # billion laughs
+    (b'<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;">'
+    b'<!ENTITY lol3 "&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;">]><rss><channel><title>&lol3;</title>'
+    b'<item><title>&lol3;</title><enclosure url="/a.mp3"/></item></channel></rss>'),
+    # XXE: an external entity naming a local file
+    (b'<?xml version="1.0"?><!DOCTYPE r [<!ENTITY x SYSTEM "file:///etc/passwd">]><rss><channel>'
+    b'<item><title>&x;</title><enclosure url="/a.mp3"/></item></channel></rss>'),
+    # malformed
+    b"<rss><channel><item><title>never closed",
+])
+def test_hostile_or_broken_xml_yields_nothing(doc: bytes) -> None:
+    res = GenericResolver({}).resolve_page(page(doc))
+    assert res.items == [] and res.links == []
+
+
+def test_html_that_mentions_a_feed_is_still_html() -> None:
+    html = b"<!doctype html><html><body><p>&lt;rss&gt; <a href='/x.mp3'>x</a></p></body></html>"
+    res = GenericResolver({}).resolve_page(page(html, content_type="text/html"))
+    assert [i.url for i in res.items] == ["http://pod.example.com/x.mp3"]
+
+
+async def test_a_big_feed_is_parsed_off_the_event_loop() -> None:
+    items = b"".join(b'<item><title>E%d</title><enclosure url="/e%d.mp3" type="audio/mpeg"/></item>' % (i, i)
+                     for i in range(4000))
+    body = b"<rss><channel><title>Big</title>" + items + b"</channel></rss>"
+    assert len(body) > 256 * 1024
+    res = await GenericResolver({}).resolve(FEED, page(body), None)  # type: ignore[arg-type]
+    assert len(res.items) == 1000   # max_items per page
+
+
+def test_links_follow_feeds_announced_by_link_alternate() -> None:
+    from selectolax.lexbor import LexborHTMLParser
+
+    from crawler.worker.links import extract_links
+    tree = LexborHTMLParser('<head><link rel="alternate" type="application/rss+xml" href="/feed.xml">'
+                            '<link rel="alternate" hreflang="de" href="/de/"><link rel="stylesheet" href="/s.css">'
+                            "</head>")
+    assert extract_links(tree, "http://site.example/") == ["http://site.example/feed.xml"]
