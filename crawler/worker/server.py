@@ -29,6 +29,7 @@ from crawler.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
 from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader
 from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
+from crawler.worker.filetags import read_file_tags
 from crawler.worker.linkcache import LinkCache
 from crawler.worker.links import count_links, extract_links
 from crawler.worker.pagestore import open_page_store
@@ -46,7 +47,7 @@ ENDED_KEPT = 4096   # page requests whose outcome is remembered for tasks chaine
 
 def _wire_size(r: p.Result) -> int:
     """A cheap upper estimate of a result's encoded size, to keep report frames well under the limit."""
-    return 512 + sum(len(u) + 4 for u in r.links) + 1024 * len(r.audio)
+    return 512 + sum(len(u) + 4 for u in r.links) + 1024 * len(r.audio) + 16 * len(r.lastmod)
 
 
 def _report_frames(batch: list[p.Result], max_frame: int) -> bytes:
@@ -164,7 +165,10 @@ class Worker:
                                                     max_body=cfg.max_audio_bytes + 1, policy=self.targets),
                                     user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
                                     read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
-        self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent)
+        self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent, fetch_page=self._fetch_other_page)
+        # Reading a finished file's tags blocks on disk: a few threads at most, so downloads cannot pile
+        # up threads; the rest wait their turn here.
+        self.tag_sem = asyncio.Semaphore(2)
         # The downloader holds the download limits itself (overall and per host), so a queue for one busy CDN
         # never blocks downloads from other hosts.
         self.downloader = Downloader(self.dl_http, cfg.data_dir,
@@ -486,12 +490,13 @@ class Worker:
             else:
                 cut += len(resolution.links)
         links = self._links_to_report(links, items)
+        lastmod = self._lastmod_of(links, resolution.lastmod) if resolution and resolution.lastmod else ()
         if items and self.cfg.download_audio:
             items = await self._download_all(items, resolver)
         self.stats.audio += len(items)
         return p.Result(task.lease, url, p.DONE, page.status if page else None, page.final_url if page else None,
                         page.content_type if page else None, len(page.body) if page else None, error,
-                        tuple(links), tuple(items), cut)
+                        tuple(links), tuple(items), cut, lastmod)
 
     async def _too_complex(self, body: bytes) -> str | None:
         """Why a page must not be parsed (a permanent error of its URL), or None. Never long on the loop."""
@@ -514,6 +519,25 @@ class Worker:
             log.exception("resolver %s failed on %s", resolver.name, url)
             return None, f"resolver {resolver.name}: {type(e).__name__}"
 
+    def _lastmod_of(self, reported: list[str], lastmod: dict[str, float]) -> tuple[tuple[str, float], ...]:
+        """The sitemap dates of the links being reported, under the normalised URLs the master will see."""
+        wanted = set(reported)
+        raw = list(lastmod)
+        return tuple((u, lastmod[r]) for r, u in zip(raw, normalize_many(raw, self.norm)) if u in wanted)
+
+    async def _fetch_other_page(self, url: str) -> FetchedPage | None:
+        """A page a resolver needs besides its task's own, within the same limits as any page fetch."""
+        async with self.page_sem:
+            page, _ = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes)
+        return page
+
+    async def _with_file_tags(self, item: it.AudioItem) -> it.AudioItem:
+        if not item.path:
+            return item
+        async with self.tag_sem:
+            tags = await asyncio.to_thread(read_file_tags, self.cfg.data_dir / item.path)
+        return item.with_file_tags(tags) if tags else item
+
     def _links_to_report(self, links: list[str], items: list[it.AudioItem]) -> list[str]:
         # The link cache goes first, on the links as found: the site's navigation, the bulk of every page,
         # then costs one dict lookup a link instead of normalisation and the audio check.
@@ -533,7 +557,7 @@ class Worker:
         async def one(item: it.AudioItem) -> it.AudioItem:
             if item.status != it.OK or not item.url:
                 return item
-            return await self.downloader.fetch(item, reresolve)
+            return await self._with_file_tags(await self.downloader.fetch(item, reresolve))
 
         return list(await asyncio.gather(*(one(i) for i in items)))
 
