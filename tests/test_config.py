@@ -223,3 +223,22 @@ def test_worker_metrics_listen_is_off_unless_asked(tmp_path):
     args = {"master": "h:1", "id": "a", "data_dir": str(tmp_path), "secret_file": str(write_secret(tmp_path / "s"))}
     assert WorkerConfig.build(None, args).metrics_listen is None
     assert WorkerConfig.build(None, {**args, "metrics_listen": "127.0.0.1:0"}).metrics_listen == ("127.0.0.1", 0)
+
+
+def test_kugou_search_seeds_become_search_urls_and_bring_the_song_host_into_scope(tmp_path):
+    raw = dict(base(tmp_path), seeds=[{"kugou-search": "周杰伦 晴天"}, "kugou-search: Adele",
+                                      "http://127.0.0.1:8000/"])
+    cfg = MasterConfig.from_mapping(raw, tmp_path)
+    assert cfg.seeds[0] == ("https://songsearch.kugou.com/song_search_v2?"
+                            "keyword=%E5%91%A8%E6%9D%B0%E4%BC%A6+%E6%99%B4%E5%A4%A9&page=1&pagesize=30")
+    assert cfg.seeds[1].startswith("https://songsearch.kugou.com/song_search_v2?keyword=Adele&")
+    assert cfg.crawl.allowed_hosts == ("songsearch.kugou.com", "127.0.0.1:8000", "www.kugou.com")
+
+
+@pytest.mark.parametrize("entry, words", [({"kugou-search": ""}, "needs the words"),
+                                          ({"kugou-search": "x", "other": 1}, "no other keys"),
+                                          ("kugou-search:   ", "needs the words"),
+                                          ({"kugou-search": ["a"]}, "needs the words")])
+def test_bad_kugou_search_seeds_name_the_entry(tmp_path, entry, words):
+    with pytest.raises(ConfigError, match=rf"^seeds\[1\]: .*{words}"):
+        MasterConfig.from_mapping(dict(base(tmp_path), seeds=["http://a/", entry]), tmp_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 import socket
@@ -14,7 +15,7 @@ import yaml
 
 from crawler.items import FAILED, OK, UNAVAILABLE
 from crawler.resolvers import FetchedPage, ResolveContext, ResolverConfigError, load_resolvers, pick
-from crawler.resolvers.kugou import DESKTOP_USER_AGENT, KugouResolver, unwrap_jsonp
+from crawler.resolvers.kugou import DESKTOP_USER_AGENT, KugouResolver, search_url, unwrap_jsonp
 from crawler.resolvers.tags import read_tags
 from crawler.urls import NormalizeOptions, normalize
 from tests.fakes.kugou import KugouController, make_kugou_app, serve
@@ -47,7 +48,8 @@ def config_for(base: str, **overrides: object) -> dict[str, object]:
     host = base.split("//", 1)[1]
     config: dict[str, object] = {"api_base": base, "mobile_api_base": base, "www_hosts": [host],
                                  "mobile_hosts": [host], "referer": base + "/", "retry_delay": 0,
-                                 "mid": "0123456789abcdef0123456789abcdef"}
+                                 "mid": "0123456789abcdef0123456789abcdef", "search_api_base": base,
+                                 "search_hosts": [host]}
     config.update(overrides)
     return config
 
@@ -215,11 +217,12 @@ async def test_verification_error_is_retried_then_succeeds(env: Env) -> None:
 async def test_persistent_verification_error_fails_with_a_reason_after_bounded_retries(env: Env) -> None:
     a, b, _ = add_catalogue(env.kugou)
     env.kugou.verify_failures[a.hash] = 100
+    env.kugou.song_info_up = False
 
     items = (await env.resolve(env.kugou.add_special("6", [a.hash, b.hash]))).items
 
     failed, ok = items
-    assert failed.status == FAILED and "20010" in (failed.reason or "")
+    assert failed.status == FAILED and "20010" in (failed.reason or "") and "getSongInfo" in failed.reason
     assert failed.title == "晴天" and failed.artist == "周杰伦"   # what the page listed
     assert ok.status == OK   # one song's trouble does not sink the page
     assert sum(r["hash"] == a.hash for r in env.kugou.play_requests) == 3
@@ -286,6 +289,7 @@ async def test_expired_status_is_configurable(env: Env) -> None:
 async def test_unexpected_play_data_becomes_a_failed_item(env: Env, body: str, reason: str) -> None:
     a, _, _ = add_catalogue(env.kugou)
     env.kugou.play_body = body
+    env.kugou.song_info_up = False
 
     [item] = (await env.resolve(env.kugou.add_special("10", [a.hash]))).items
 
@@ -298,11 +302,12 @@ async def test_unreachable_api_becomes_a_failed_item(env: Env) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
-    resolver = KugouResolver(config_for(env.base, api_base=closed))
+    resolver = KugouResolver(config_for(env.base, api_base=closed, mobile_api_base=closed))
 
     [item] = (await resolver.resolve(env.base + "/song/#hash=" + a.hash, None, env.ctx)).items
 
     assert item.status == FAILED and "request failed" in (item.reason or "")
+    assert "getSongInfo" in item.reason
 
 
 @pytest.mark.parametrize("script", [
@@ -361,6 +366,13 @@ def test_claims_only_the_page_kinds_it_understands() -> None:
     assert r.claims("https://www.kugou.com/yy/rank/home/1-8888.html")
     assert r.claims("https://www.kugou.com/song/#hash=0123456789ABCDEF0123456789ABCDEF&album_id=1")
     assert r.claims("http://m.kugou.com/plist/list/125032")
+    for url in ("https://www.kugou.com/album/1645030.html", "http://www.kugou.com/yy/album/single/1645030.html",
+                "https://www.kugou.com/singer/3520.html", "http://www.kugou.com/yy/singer/home/3520.html"):
+        assert r.claims(url) and r.needs_page(url)
+    search = "https://songsearch.kugou.com/song_search_v2?keyword=%E6%99%B4%E5%A4%A9&page=1&pagesize=30"
+    assert r.claims(search) and not r.needs_page(search)
+    assert not r.claims("https://songsearch.kugou.com/song_search_v2")     # no keyword
+    assert not r.claims("https://www.kugou.com/album/")
     assert not r.claims("https://www.kugou.com/song/")             # no song named
     assert not r.claims("https://www.kugou.com/")
     assert not r.claims("https://www.example.com/yy/special/single/1.html")
@@ -386,6 +398,8 @@ def test_unwrap_jsonp() -> None:
     ({"concurrency": "4"}, "kugou.concurrency: must be an integer"),
     ({"mid": "short"}, "kugou.mid"),
     ({"apibase": "https://x"}, "kugou.apibase: unknown key"),
+    ({"search_api_base": "songsearch"}, "kugou.search_api_base: must be an http(s) URL"),
+    ({"search_pages": 0}, "kugou.search_pages: must be at least 1"),
 ])
 def test_config_errors_name_the_key(section: dict[str, object], message: str) -> None:
     with pytest.raises(ResolverConfigError, match=re.escape(message)):
@@ -404,3 +418,106 @@ def test_the_shipped_kugou_config_builds_its_resolvers() -> None:
     resolvers = load_resolvers(yaml.safe_load(path.read_text())["resolvers"])
     assert [r.name for r in resolvers] == ["kugou", "generic"]
     assert resolvers[0].claims("https://www.kugou.com/yy/special/single/547134.html")
+
+
+async def test_album_page_lists_its_songs_in_a_script_and_each_is_resolved(env: Env) -> None:
+    a, b, paid = add_catalogue(env.kugou)
+    items = (await env.resolve(env.kugou.add_album("1645030", [a.hash, b.hash, paid.hash]))).items
+    assert [(i.title, i.artist, i.album, i.status) for i in items] == [
+        ("晴天", "周杰伦", "叶惠美", OK), ("Dream Person", "Faye Wong", "Faye Best", OK),
+        ("Members Only", "Paid Artist", "Gold", UNAVAILABLE)]
+    assert items[0].page == env.base + "/album/1645030.html"
+
+
+async def test_singer_page_lists_its_songs_as_data_links(env: Env) -> None:
+    a, b, _ = add_catalogue(env.kugou)
+    items = (await env.resolve(env.kugou.add_singer("3520", [b.hash, a.hash]))).items
+    assert [(i.source_id, i.title, i.status) for i in items] == [(b.hash, "Dream Person", OK), (a.hash, "晴天", OK)]
+
+
+async def test_lyrics_are_kept_and_every_field_says_it_came_from_kugou(env: Env) -> None:
+    a, _, _ = add_catalogue(env.kugou)
+    [item] = (await env.resolve(f"/song/#hash={a.hash}&album_id={a.album_id}")).items
+    assert item.lyrics == "[00:00.78]晴天"
+    assert item.meta_source["title"] == item.meta_source["lyrics"] == "kugou"
+
+
+async def test_description_comes_from_the_songs_intro_where_the_answer_has_one(env: Env) -> None:
+    a, _, _ = add_catalogue(env.kugou)
+    env.kugou.play_body = json.dumps({"status": 1, "err_code": 0, "data": {
+        "song_name": "晴天", "author_name": "周杰伦", "intro": "  A song about  a sunny day. ",
+        "play_url": env.base + "/x.mp3"}})
+    [item] = (await env.resolve(f"/song/#hash={a.hash}")).items
+    assert item.description == "A song about a sunny day." and item.meta_source["description"] == "kugou"
+
+
+async def test_keyword_search_gives_song_urls_and_the_next_page(env: Env) -> None:
+    songs = [env.kugou.add_song("周杰伦", f"Song {i}") for i in range(65)]
+    env.kugou.add_song("Other", "Song x")
+    resolver = KugouResolver(config_for(env.base, search_pages=2))
+    url = search_url("周杰伦", 1, env.base)
+    res = await resolver.resolve(url, None, env.ctx)
+    assert res.items == []
+    song_links = [u for u in res.links if "/song/#hash=" in u]
+    assert song_links[0] == f"{env.base}/song/#hash={songs[0].hash}&album_id={songs[0].album_id}"
+    assert len(song_links) == 30 and res.links[-1] == search_url("周杰伦", 2, env.base)
+    # The last page allowed links no further page.
+    res2 = await resolver.resolve(res.links[-1], None, env.ctx)
+    assert len(res2.links) == 30 and all("/song/#hash=" in u for u in res2.links)
+    assert [r["page"] for r in env.kugou.search_requests] == ["1", "2"]
+    # A song link is resolved like any song URL.
+    [item] = (await resolver.resolve(song_links[0], None, env.ctx)).items
+    assert item.status == OK and item.title == "Song 0"
+
+
+async def test_a_search_answer_of_another_shape_fails_clearly(env: Env) -> None:
+    env.kugou.pages["/song_search_v2"] = ("application/json", b'{"error_code": 0, "data": {"info": []}}')
+    resolver = KugouResolver(config_for(env.base))
+    [item] = (await resolver.resolve(search_url("x", 1, env.base), None, env.ctx)).items
+    assert item.status == FAILED and "data.lists" in (item.reason or "")
+
+
+async def test_get_song_info_answers_when_play_data_fails(env: Env) -> None:
+    a, _, _ = add_catalogue(env.kugou)
+    env.kugou.play_down.add(a.hash)
+    [item] = (await env.resolve(f"/song/#hash={a.hash}&album_id={a.album_id}")).items
+    assert item.status == OK and item.extra["via"] == "getSongInfo"
+    assert (item.title, item.artist, item.duration, item.bitrate) == ("晴天", "周杰伦", 269, 128)
+    assert env.kugou.song_info_requests == [a.hash]
+    resp = await env.http.get(item.url, headers=item.identity.request_headers())
+    assert resp.status_code == 200 and resp.content == a.audio
+
+
+async def test_backup_address_is_the_address_when_play_url_is_empty(env: Env) -> None:
+    a, _, _ = add_catalogue(env.kugou)
+    backup = env.base + "/backup/x.mp3"
+    env.kugou.play_body = json.dumps({"status": 1, "err_code": 0, "data": {
+        "song_name": "晴天", "play_url": "", "play_backup_url": backup}})
+    [item] = (await env.resolve(f"/song/#hash={a.hash}")).items
+    assert item.status == OK and item.url == backup and "backup_url" not in item.extra
+
+
+def test_the_master_settings_suggested_in_kugou_yaml_admit_every_page_kind_the_resolver_claims(tmp_path) -> None:
+    from crawler.master.config import MasterConfig
+    from crawler.urls import UrlPolicy
+    from scripts.cluster import write_secret
+
+    text = (pathlib.Path(__file__).resolve().parent.parent / "configs" / "kugou.yaml").read_text("utf-8")
+    snippet = [line[4:] for line in text.splitlines() if line.startswith("#   ")]
+    suggested = yaml.safe_load("\n".join(snippet))
+    cfg = MasterConfig.from_mapping({"listen": "127.0.0.1:0", "data_dir": str(tmp_path),
+                                     "secret_file": str(write_secret(tmp_path / "s")), "nodes": ["a"],
+                                     **suggested}, tmp_path)
+    c = cfg.crawl
+    policy = UrlPolicy(max_length=c.max_url_length, max_depth=c.max_depth, max_query_params=c.max_query_params,
+                       max_separator_ratio=c.max_separator_ratio, allowed_hosts=frozenset(c.allowed_hosts),
+                       allow_patterns=c.allow_patterns, deny_patterns=c.deny_patterns)
+    resolver = KugouResolver({})
+    for url in ("https://www.kugou.com/yy/special/single/547134.html", "https://www.kugou.com/share/4fCqm6bdPV2.html",
+                "https://www.kugou.com/yy/rank/home/1-8888.html", "https://www.kugou.com/album/1645030.html",
+                "https://www.kugou.com/yy/album/single/1645030.html", "https://www.kugou.com/singer/3520.html",
+                "https://www.kugou.com/yy/singer/home/3520.html", "http://m.kugou.com/plist/list/125032",
+                "https://www.kugou.com/song/#hash=0123456789ABCDEF0123456789ABCDEF&album_id=1",
+                *(s for s in cfg.seeds if "song_search_v2" in s)):
+        assert resolver.claims(url), url
+        assert policy.check(url, 1) is None, (url, policy.check(url, 1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from crawler.config import (
@@ -18,9 +19,38 @@ from crawler.config import (
     read_secret,
 )
 from crawler.targets import parse_network
+from crawler.resolvers.kugou import SEARCH_HOST, search_url
 
 # Kugou song pages name the song in the fragment (see resolvers/kugou.py); it must survive normalisation.
 DEFAULT_KEEP_FRAGMENT = (r"^https?://(www\.)?kugou\.com/song/",)
+
+
+KUGOU_SEARCH = "kugou-search"
+KUGOU_SONG_HOST = "www.kugou.com"
+
+
+def expand_seeds(seeds: Any) -> Any:
+    """Seed entries that are not URLs, made into the URLs a worker task expands: ``kugou-search: WORDS``
+    (a mapping, or that text) becomes the first page of Kugou's keyword search, which the Kugou resolver
+    turns into song URLs. The master itself makes no request to Kugou."""
+    if not isinstance(seeds, list):
+        return seeds
+    out = []
+    for i, entry in enumerate(seeds):
+        words: Any = None
+        if isinstance(entry, dict) and KUGOU_SEARCH in entry:
+            if len(entry) != 1:
+                raise ConfigError(f"seeds[{i}]", f"a {KUGOU_SEARCH} entry takes no other keys")
+            words = entry[KUGOU_SEARCH]
+        elif isinstance(entry, str) and entry.startswith(KUGOU_SEARCH + ":"):
+            words = entry[len(KUGOU_SEARCH) + 1:]
+        else:
+            out.append(entry)
+            continue
+        if not isinstance(words, (str, int)) or not str(words).strip():
+            raise ConfigError(f"seeds[{i}]", f"{KUGOU_SEARCH} needs the words to search for")
+        out.append(search_url(str(words)))
+    return out
 
 
 def _seeds_check(seeds: tuple[str, ...]) -> str | None:
@@ -220,10 +250,15 @@ class MasterConfig:
 
     @classmethod
     def from_mapping(cls, raw: dict, base: Path) -> MasterConfig:
+        if isinstance(raw, dict) and "seeds" in raw:
+            raw = {**raw, "seeds": expand_seeds(raw["seeds"])}
         v = parse_section(raw, SPEC, base)
         crawl = v["crawl"]
         if not crawl["allowed_hosts"]:
-            crawl["allowed_hosts"] = tuple(dict.fromkeys(_seed_scope(s) for s in v["seeds"]))
+            hosts = [_seed_scope(s) for s in v["seeds"]]
+            if SEARCH_HOST in hosts:
+                hosts.append(KUGOU_SONG_HOST)   # a keyword search leads to Kugou's song pages
+            crawl["allowed_hosts"] = tuple(dict.fromkeys(hosts))
         sched = Scheduling(**v["scheduling"])
         if sched.heartbeat_timeout <= sched.heartbeat_interval:
             raise ConfigError("scheduling.heartbeat_timeout", "must be longer than scheduling.heartbeat_interval")

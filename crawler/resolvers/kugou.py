@@ -10,6 +10,7 @@ with a reason, never a crash and never an item built from garbage.
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import logging
 import math
@@ -19,7 +20,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 DESKTOP_USER_AGENT = ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) "
                       "Chrome/120.0.0.0 Safari/537.36")
 ERR_VERIFY = 20010  # missing kg_mid cookie, or the API wants a verification
+SEARCH_HOST = "songsearch.kugou.com"
+SEARCH_API_BASE = f"https://{SEARCH_HOST}"
+SEARCH_PAGE_SIZE = 30
 
 
 @dataclass(frozen=True)
@@ -59,21 +63,27 @@ class KugouConfig:
     concurrency: int = 4                               # play-data requests in flight per page
     max_songs: int = 500                               # per page
     cover_size: int = 480                              # Kugou cover URLs carry a {size} placeholder
+    # Keyword search: song_search_v2 URLs on these hosts (as seeds expand them) are asked at search_api_base.
+    search_api_base: str = SEARCH_API_BASE
+    search_hosts: tuple[str, ...] = (SEARCH_HOST,)
+    search_pages: int = 3                              # result pages followed per keyword
+    song_info: bool = True                             # the mobile getSongInfo API when play data fails
+    max_lyrics: int = 65536                            # characters of lyrics kept per song
 
     def __post_init__(self) -> None:
-        for key in ("api_base", "mobile_api_base", "referer"):
+        for key in ("api_base", "mobile_api_base", "referer", "search_api_base"):
             value = getattr(self, key)
             parts = urlsplit(value)
             if parts.scheme not in ("http", "https") or not parts.netloc:
                 raise ResolverConfigError(f"kugou.{key}: must be an http(s) URL, got {value!r}")
-        for key in ("www_hosts", "mobile_hosts"):
+        for key in ("www_hosts", "mobile_hosts", "search_hosts"):
             for host in getattr(self, key):
                 if not host or "/" in host or host != host.strip().lower():
                     raise ResolverConfigError(f"kugou.{key}: {host!r} must be a lower-case host[:port]")
         if self.mid is not None and not re.fullmatch(r"[0-9a-zA-Z]{8,64}", self.mid):
             raise ResolverConfigError("kugou.mid: must be 8 to 64 letters or digits")
-        for key in ("verify_retries", "concurrency", "max_songs", "cover_size"):
-            minimum = 0 if key == "verify_retries" else 1
+        for key in ("verify_retries", "concurrency", "max_songs", "cover_size", "search_pages", "max_lyrics"):
+            minimum = 0 if key in ("verify_retries", "max_lyrics") else 1
             if getattr(self, key) < minimum:
                 raise ResolverConfigError(f"kugou.{key}: must be at least {minimum}")
         for key in ("retry_delay", "timeout"):
@@ -91,6 +101,7 @@ class ListedSong:
     artist: str | None = None
     duration: float | None = None
     mixsongid: str | None = None
+    album: str | None = None
 
 
 _HASH = re.compile(r"[0-9A-Fa-f]{32}")
@@ -99,9 +110,17 @@ _SHARE = re.compile(r"^/share/[\w-]+\.html$")
 _RANK = re.compile(r"^/yy/rank/home/\d+-\d+\.html$")
 _SONG = re.compile(r"^/song/?$")
 _PLIST = re.compile(r"^/plist/list/(\d+)/?$")
+# Album and singer pages, at their current and their older (/yy/...) addresses.
+_ALBUM = re.compile(r"^/(?:album|yy/album/single)/(\d+)\.html$")
+_SINGER = re.compile(r"^/(?:singer|yy/singer/home)/(\d+)\.html$")
+_SEARCH = re.compile(r"^/song_search_v2/?$")
+# Song links as older list pages write them: <a title="Artist - Title" data="HASH|ALBUM_ID">.
+_DATA_ANCHOR = re.compile(r"""<a\b[^>]{0,2000}?\bdata="([0-9A-Fa-f]{32})\|(\d*)"[^>]{0,2000}>""", re.IGNORECASE)
+_TITLE_ATTR = re.compile(r'\btitle="([^"]{1,500})"')
 _JSONP = re.compile(r"^\s*(?:/\*\*/\s*)?[\w$.]+\s*\((.*)\)\s*;?\s*$", re.DOTALL)
 # Where each page kind keeps its song list.
-_LIST_VARIABLES = {"special": "global.data", "share": "dataFromSmarty", "rank": "global.features"}
+_LIST_VARIABLES = {"special": "global.data", "share": "dataFromSmarty", "rank": "global.features",
+                   "album": "data", "singer": "data"}
 
 
 def unwrap_jsonp(text: str) -> Any:
@@ -171,6 +190,7 @@ def _listed_song(raw: Any) -> ListedSong | None:
         artist=_text(d.get("author_name") or d.get("singername")) or artist_from_name,
         duration=_seconds(d.get("timelength") or d.get("timelen") or d.get("duration"), None),
         mixsongid=_text(d.get("mixsongid") or d.get("encrypt_id") or d.get("album_audio_id")),
+        album=_text(d.get("album_name") or d.get("albumname")),
     )
 
 
@@ -194,8 +214,58 @@ def songs_from_page(kind: str, text: str) -> list[ListedSong]:
     variable = _LIST_VARIABLES[kind]
     literal = find_literal(text, variable)
     if literal is None:
+        if kind in ("album", "singer"):
+            anchored = songs_from_anchors(text)
+            if anchored:
+                return anchored
         raise LiteralError(f"no {variable} list in the page")
     return songs_from_list(parse_literal(literal))
+
+
+def songs_from_anchors(text: str) -> list[ListedSong]:
+    """Songs listed as <a title="Artist - Title" data="HASH|ALBUM_ID"> links, as older list pages do."""
+    seen: set[str] = set()
+    songs = []
+    for m in _DATA_ANCHOR.finditer(text):
+        song_hash = m.group(1).upper()
+        if song_hash in seen:
+            continue
+        seen.add(song_hash)
+        title_attr = _TITLE_ATTR.search(m.group(0))
+        artist, title = _split_name(_text(html.unescape(title_attr.group(1))) if title_attr else None)
+        songs.append(ListedSong(hash=song_hash, album_id=m.group(2), title=title, artist=artist))
+    return songs
+
+
+def search_url(words: str, page: int = 1, base: str = SEARCH_API_BASE) -> str:
+    """The song_search_v2 address of one page of results for ``words`` (a seed, or the next page)."""
+    query = urlencode({"keyword": " ".join(words.split()), "page": page, "pagesize": SEARCH_PAGE_SIZE})
+    return f"{base.rstrip('/')}/song_search_v2?{query}"
+
+
+def songs_from_search(payload: Any) -> tuple[list[ListedSong], int]:
+    """data.lists[] of song_search_v2, and data.total; LiteralError if the shape is not that."""
+    if not isinstance(payload, Mapping) or payload.get("error_code") not in (0, "0", None):
+        code = payload.get("error_code") if isinstance(payload, Mapping) else None
+        raise LiteralError(f"search refused: error_code {code!r}")
+    data = payload.get("data")
+    lists = data.get("lists") if isinstance(data, Mapping) else None
+    if not isinstance(lists, list):
+        raise LiteralError("no data.lists in the search answer")
+    songs = []
+    for raw in lists:
+        if not isinstance(raw, Mapping):
+            continue
+        song_hash = _text(raw.get("FileHash"))
+        if not song_hash or not _HASH.fullmatch(song_hash):
+            continue
+        album_id = _text(raw.get("AlbumID")) or ""
+        songs.append(ListedSong(hash=song_hash.upper(), album_id=album_id if album_id.isdigit() else "",
+                                title=_text(raw.get("SongName")), artist=_text(raw.get("SingerName")),
+                                duration=_seconds(raw.get("Duration"), False), album=_text(raw.get("AlbumName")),
+                                mixsongid=_text(raw.get("EMixSongID"))))
+    total = data.get("total") if isinstance(data, Mapping) else None
+    return songs, total if isinstance(total, int) and not isinstance(total, bool) and total >= 0 else len(songs)
 
 
 def songs_from_plist(payload: Any) -> list[ListedSong]:
@@ -250,16 +320,23 @@ class KugouResolver(Resolver):
                 return "rank"
             if _SONG.match(parts.path) and "hash=" in parts.fragment:
                 return "song"
+            if _ALBUM.match(parts.path):
+                return "album"
+            if _SINGER.match(parts.path):
+                return "singer"
         if host in self.settings.mobile_hosts and _PLIST.match(parts.path):
             return "plist"
+        if host in self.settings.search_hosts and _SEARCH.match(parts.path) and "keyword=" in parts.query:
+            return "search"
         return None
 
     def claims(self, url: str) -> bool:
         return self._kind(url) is not None
 
     def needs_page(self, url: str) -> bool:
-        # A song is named by the fragment, which the server never sees; the plist twin is fetched as JSON.
-        return self._kind(url) not in ("song", "plist")
+        # A song is named by the fragment, which the server never sees; the plist twin and the search are
+        # asked as JSON APIs.
+        return self._kind(url) not in ("song", "plist", "search")
 
     # Identity the API and the download must share.
     def _user_agent(self, ctx: ResolveContext) -> str:
@@ -281,6 +358,8 @@ class KugouResolver(Resolver):
             if song is None:
                 return Resolution(items=[self._page_failure(url, "song URL has no valid hash in its fragment")])
             return Resolution(items=[await self.resolve_song(song, url, ctx)])
+        if kind == "search":
+            return await self._search(url, ctx)
         try:
             songs = await self._list_songs(kind, url, page, ctx)
         except LiteralError as exc:
@@ -296,6 +375,33 @@ class KugouResolver(Resolver):
                 return await self.resolve_song(song, url, ctx)
 
         return Resolution(items=list(await asyncio.gather(*(one(s) for s in songs))))
+
+    async def _search(self, url: str, ctx: ResolveContext) -> Resolution:
+        """One page of keyword results: each song becomes its song URL to crawl, and the next page a link."""
+        query = parse_qs(urlsplit(url).query)
+        words = (query.get("keyword") or [""])[0]
+        try:
+            page_no = max(1, int((query.get("page") or ["1"])[0]))
+        except ValueError:
+            page_no = 1
+        endpoint = f"{self.settings.search_api_base.rstrip('/')}/song_search_v2"
+        params = {"keyword": words, "page": str(page_no), "pagesize": str(SEARCH_PAGE_SIZE)}
+        try:
+            songs, total = songs_from_search(await self._get_json(endpoint, params, ctx))
+        except LiteralError as exc:
+            log.warning("kugou: search %r: %s", words, exc)
+            return Resolution(items=[self._page_failure(url, f"search not understood: {exc}")])
+        links = [self.song_url(s) for s in songs[:self.settings.max_songs]]
+        if page_no < self.settings.search_pages and page_no * SEARCH_PAGE_SIZE < total:
+            links.append(search_url(words, page_no + 1, f"{urlsplit(url).scheme}://{urlsplit(url).netloc}"))
+        return Resolution(links=links)
+
+    def song_url(self, song: ListedSong) -> str:
+        """The web player's address of one song: what a search result or a list entry points at."""
+        host = self.settings.www_hosts[0] if self.settings.www_hosts else "www.kugou.com"
+        scheme = urlsplit(self.settings.referer).scheme or "https"
+        album = f"&album_id={song.album_id}" if song.album_id else ""
+        return f"{scheme}://{host}/song/#hash={song.hash}{album}"
 
     async def _list_songs(self, kind: str, url: str, page: FetchedPage | None,
                           ctx: ResolveContext) -> list[ListedSong]:
@@ -343,11 +449,62 @@ class KugouResolver(Resolver):
         return params
 
     async def resolve_song(self, song: ListedSong, page_url: str, ctx: ResolveContext) -> AudioItem:
-        """One item for one song: OK with a signed address, UNAVAILABLE, or FAILED with the reason."""
+        """One item for one song: OK with a signed address, UNAVAILABLE, or FAILED with the reason.
+
+        The web play-data API first; when it fails (not when it says the song is paid), the mobile
+        getSongInfo API, which answers for many songs the web API will not."""
         listed = AudioItem(url="", page=page_url, title=song.title, artist=song.artist, duration=song.duration,
-                           resolver=self.name, source_id=song.hash,
+                           album=song.album, resolver=self.name, source_id=song.hash,
                            extra={"hash": song.hash, "album_id": song.album_id})
+        listed = listed.replace(meta_source=dict.fromkeys(
+            (k for k in ("title", "artist", "album", "duration") if getattr(listed, k) is not None), "kugou"))
         identity = self.identity(ctx)
+        item = await self._play_data(song, listed, identity, ctx)
+        if item.status != FAILED or not self.settings.song_info:
+            return item
+        fallback = await self._song_info(song, listed, identity, ctx)
+        if fallback.status == FAILED:
+            return item.replace(reason=f"{item.reason}; getSongInfo: {fallback.reason}")
+        return fallback
+
+    async def _song_info(self, song: ListedSong, listed: AudioItem, identity: RequestIdentity,
+                         ctx: ResolveContext) -> AudioItem:
+        """The mobile API's flat camelCase answer (kugou-api.md, "Mobile variant")."""
+        endpoint = f"{self.settings.mobile_api_base.rstrip('/')}/app/i/getSongInfo.php"
+        try:
+            data = await self._get_json(endpoint, {"cmd": "playInfo", "hash": song.hash}, ctx)
+        except LiteralError as exc:
+            return listed.replace(status=FAILED, reason=str(exc))
+        if not isinstance(data, Mapping):
+            return listed.replace(status=FAILED, reason="answer is not an object")
+        if data.get("errcode") not in (0, "0", None) or data.get("status") not in (1, "1", None):
+            return listed.replace(status=FAILED,
+                                  reason=f"refused: status {data.get('status')!r}, errcode {data.get('errcode')!r}")
+        artist_from_name, title_from_name = _split_name(_text(data.get("fileName")))
+        cover = _text(data.get("imgUrl"))
+        if cover:
+            cover = cover.replace("{size}", str(self.settings.cover_size))
+        bitrate = _number(data.get("bitRate"))
+        found = {"title": _text(data.get("songName")) or title_from_name,
+                 "artist": _text(data.get("singerName")) or artist_from_name,
+                 "duration": _seconds(data.get("timeLength"), False),
+                 "bitrate": int(bitrate) if bitrate else None,
+                 "cover": cover if cover and cover.startswith(("http://", "https://")) else None}
+        item = listed.with_meta({k: v for k, v in found.items() if v is not None}, dict.fromkeys(found, "kugou"))
+        extra = {**listed.extra, "via": "getSongInfo"}
+        filesize = _number(data.get("fileSize"))
+        if filesize:
+            extra["filesize"] = int(filesize)
+        url = data.get("url")
+        if url in ("", None):
+            return item.replace(status=UNAVAILABLE, extra=extra, reason="no url from getSongInfo: paid or blocked")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            return item.replace(status=FAILED, reason="getSongInfo url is not an http(s) URL")
+        return item.replace(url=url, status=OK, reason=None, identity=identity,
+                            extra={**extra, "issued_at": ctx.clock()})
+
+    async def _play_data(self, song: ListedSong, listed: AudioItem, identity: RequestIdentity,
+                         ctx: ResolveContext) -> AudioItem:
         endpoint = f"{self.settings.api_base.rstrip('/')}/yy/index.php"
         attempts = 1 + self.settings.verify_retries
         for attempt in range(attempts):
@@ -403,17 +560,28 @@ class KugouResolver(Resolver):
         privilege = data.get("privilege")
         if isinstance(privilege, int):
             extra["privilege"] = privilege
-        item = listed.replace(
-            title=_text(data.get("song_name")) or title_from_name or listed.title,
-            artist=_text(data.get("author_name")) or ", ".join(n for n in author_names if n) or artist_from_name
-            or listed.artist,
-            album=_text(data.get("album_name")),
-            duration=_seconds(data.get("timelength"), True) or listed.duration,
-            bitrate=int(bitrate) if bitrate else None,
-            cover=cover if cover and cover.startswith(("http://", "https://")) else None,
-            extra=extra,
-        )
+        lyrics = data.get("lyrics")
+        found = {
+            "title": _text(data.get("song_name")) or title_from_name,
+            "artist": _text(data.get("author_name")) or ", ".join(n for n in author_names if n) or artist_from_name,
+            "album": _text(data.get("album_name")),
+            "duration": _seconds(data.get("timelength"), True),
+            "bitrate": int(bitrate) if bitrate else None,
+            "cover": cover if cover and cover.startswith(("http://", "https://")) else None,
+            # The song's own introduction, where the answer carries one.
+            "description": _text(data.get("intro") or data.get("song_intro")),
+            "lyrics": lyrics.strip()[:self.settings.max_lyrics] or None
+            if isinstance(lyrics, str) and self.settings.max_lyrics else None,
+        }
+        sources = dict(listed.meta_source)
+        sources.update((k, "kugou") for k, v in found.items() if v is not None)
+        item = listed.replace(extra=extra, meta_source=sources,
+                              **{k: v if v is not None else getattr(listed, k) for k, v in found.items()})
         play_url = data.get("play_url")
+        if play_url in ("", None) and extra.get("backup_url"):
+            # No primary address but a backup one: the backup is the address.
+            play_url = extra.pop("backup_url")
+            item = item.replace(extra=extra)
         if play_url in ("", None):
             # Listed but not served: paid, or blocked where this worker runs. Not worth retrying.
             return item.replace(status=UNAVAILABLE,

@@ -557,7 +557,15 @@ class Worker:
         async def one(item: it.AudioItem) -> it.AudioItem:
             if item.status != it.OK or not item.url:
                 return item
-            return await self._with_file_tags(await self.downloader.fetch(item, reresolve))
+            done = await self.downloader.fetch(item, reresolve)
+            backup = item.extra.get("backup_url")
+            if done.status == it.FAILED and isinstance(backup, str) and backup.startswith(("http://", "https://")) \
+                    and backup != item.url:
+                # The site named a second address for the same file: try it before giving the item up.
+                log.info("download of %s failed (%s); trying its backup address", item.url, done.reason)
+                done = await self.downloader.fetch(
+                    item.replace(url=backup, extra={**item.extra, "primary_url": item.url}), reresolve)
+            return await self._with_file_tags(done)
 
         return list(await asyncio.gather(*(one(i) for i in items)))
 

@@ -1,7 +1,8 @@
 """A fake Kugou on loopback, serving the real shapes of kugou-api.md.
 
-One aiohttp app plays every Kugou host: www (playlist, share, rank and song pages), wwwapi (play data),
-m (the JSON playlist twin) and webfs (signed downloads). Point the resolver's api_base, mobile_api_base,
+One aiohttp app plays every Kugou host: www (playlist, share, rank, album, singer and song pages), wwwapi
+(play data), m (the JSON playlist twin and getSongInfo), songsearch (song_search_v2) and webfs (signed
+downloads). Point the resolver's api_base, mobile_api_base,
 www_hosts and mobile_hosts at it.
 
     app, kugou = make_kugou_app()
@@ -87,7 +88,14 @@ class KugouController:
     specials: dict[str, list[str]] = field(default_factory=dict)
     shares: dict[str, list[str]] = field(default_factory=dict)
     ranks: dict[str, list[str]] = field(default_factory=dict)
+    albums: dict[str, list[str]] = field(default_factory=dict)
+    singers: dict[str, list[str]] = field(default_factory=dict)
     verify_failures: dict[str, int] = field(default_factory=dict)   # hash -> 20010 answers still to give
+    play_down: set[str] = field(default_factory=set)     # hashes whose play data answers HTTP 503
+    dead_primary: set[str] = field(default_factory=set)  # hashes whose play_url host answers 404 (backup works)
+    song_info_up: bool = True                            # False: getSongInfo refuses every song
+    song_info_requests: list[str] = field(default_factory=list)
+    search_requests: list[dict[str, str]] = field(default_factory=list)
     pages: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # path -> (content type, body) overrides
     play_body: str | None = None        # raw play-data body to answer instead (a shape Kugou might change to)
     links: dict[str, SignedLink] = field(default_factory=dict)
@@ -122,6 +130,14 @@ class KugouController:
     def add_rank(self, rank: str, hashes: list[str]) -> str:
         self.ranks[rank] = list(hashes)
         return f"/yy/rank/home/{rank}.html"
+
+    def add_album(self, album_id: str, hashes: list[str]) -> str:
+        self.albums[album_id] = list(hashes)
+        return f"/album/{album_id}.html"
+
+    def add_singer(self, singer_id: str, hashes: list[str]) -> str:
+        self.singers[singer_id] = list(hashes)
+        return f"/singer/{singer_id}.html"
 
     def sign(self, song: FakeSong, user_agent: str, origin: str) -> str:
         issued = self.clock()
@@ -201,6 +217,64 @@ def make_kugou_app(controller: KugouController | None = None) -> tuple[web.Appli
         script = f"var global = global || {{}};\n    global.features = {_json(data)};"
         return web.Response(body=_page("酷狗TOP500", script), content_type="text/html")
 
+    async def album(request: web.Request) -> web.Response:
+        # The album page keeps its songs in `var data=[...]` (the shape public downloaders read).
+        if (r := override(request)) is not None:
+            return r
+        album_id = request.match_info["id"]
+        if album_id not in kugou.albums:
+            raise web.HTTPNotFound()
+        data = [{"hash": s.hash, "timelen": s.timelength_ms, "filename": s.audio_name, "album_id": s.album_id,
+                 "album_audio_id": s.mixsongid} for s in songs_of(kugou.albums[album_id])]
+        script = f"var data={_json(data)};"
+        return web.Response(body=_page(f"专辑 {album_id}", script), content_type="text/html")
+
+    async def singer(request: web.Request) -> web.Response:
+        # The singer page lists songs as links: <a title="Artist - Title" data="HASH|ALBUM_ID">.
+        if (r := override(request)) is not None:
+            return r
+        singer_id = request.match_info["id"]
+        if singer_id not in kugou.singers:
+            raise web.HTTPNotFound()
+        rows = "".join(f'<li><a hidefocus="true" title="{html.escape(s.audio_name)}" '
+                       f'data="{s.hash}|{s.album_id}" href="javascript:;">{html.escape(s.song_name)}</a></li>\n'
+                       for s in songs_of(kugou.singers[singer_id]))
+        body = _page(f"歌手 {singer_id}", "var singerPage = true;").replace(
+            b'<div id="songs"></div>', f'<ul id="song_container">\n{rows}</ul>'.encode())
+        return web.Response(body=body, content_type="text/html")
+
+    async def search(request: web.Request) -> web.Response:
+        if (r := override(request)) is not None:
+            return r
+        q = request.query
+        kugou.search_requests.append(dict(q))
+        words = q.get("keyword", "").lower().split()
+        page, size = int(q.get("page", "1")), int(q.get("pagesize", "30"))
+        hits = [s for s in kugou.songs.values()
+                if words and all(w in f"{s.author_name} {s.song_name}".lower() for w in words)]
+        lists = [{"SongName": s.song_name, "SingerName": s.author_name, "AlbumID": s.album_id,
+                  "AlbumName": s.album_name, "FileHash": s.hash, "HQFileHash": "", "SQFileHash": "",
+                  "Duration": s.timelength_ms // 1000, "FileSize": len(s.audio), "EMixSongID": s.mixsongid}
+                 for s in hits[(page - 1) * size:page * size]]
+        return web.json_response({"status": 1, "error_code": 0, "error_msg": "",
+                                  "data": {"page": page, "pagesize": size, "total": len(hits), "lists": lists}})
+
+    async def song_info(request: web.Request) -> web.Response:
+        q = request.query
+        song_hash = (q.get("hash") or "").upper()
+        kugou.song_info_requests.append(song_hash)
+        song = kugou.songs.get(song_hash)
+        if q.get("cmd") != "playInfo" or song is None or not kugou.song_info_up:
+            return web.json_response({"status": 0, "errcode": 1, "error": "hash error"})
+        origin = f"{request.scheme}://{request.host}"
+        url = "" if song.paid else kugou.sign(song, request.headers.get("User-Agent", ""), origin)
+        return web.json_response({
+            "status": 1, "errcode": 0, "error": "", "url": url, "fileName": song.audio_name,
+            "songName": song.song_name, "singerName": song.author_name, "fileSize": len(song.audio),
+            "bitRate": song.bitrate, "timeLength": song.timelength_ms // 1000, "extName": "mp3",
+            "imgUrl": f"{origin}/stdmusic/{{size}}/20200909/{song.hash[:8]}.jpg",
+            "extra": {"128hash": song.hash, "128filesize": len(song.audio), "320hash": "", "sqhash": ""}})
+
     async def song_page(request: web.Request) -> web.Response:
         # The song page is a script shell: the song is named in the fragment the server never sees.
         return web.Response(body=_page("酷狗音乐", "var songPage = true;"), content_type="text/html")
@@ -230,6 +304,8 @@ def make_kugou_app(controller: KugouController | None = None) -> tuple[web.Appli
                                     "referer": request.headers.get("Referer")})
         if q.get("r") != "play/getdata":
             raise web.HTTPNotFound()
+        if song_hash in kugou.play_down:
+            return web.Response(status=503, text="service unavailable")
         if kugou.play_body is not None:
             return web.Response(text=kugou.play_body, content_type="text/html")
         song = kugou.songs.get(song_hash)
@@ -268,6 +344,9 @@ def make_kugou_app(controller: KugouController | None = None) -> tuple[web.Appli
         if link is None:
             record["status"] = 404
             raise web.HTTPNotFound()
+        if link.hash in kugou.dead_primary and "/G076/" in request.path:
+            record["status"] = 404
+            raise web.HTTPNotFound()
         if user_agent != link.user_agent:
             record["status"] = 403
             return web.Response(status=403, text="forbidden: this address was issued to another client")
@@ -304,6 +383,10 @@ def make_kugou_app(controller: KugouController | None = None) -> tuple[web.Appli
     app.router.add_get(r"/yy/special/single/{id:\d+}.html", special)
     app.router.add_get(r"/share/{chain:[\w-]+}.html", share)
     app.router.add_get(r"/yy/rank/home/{rank:\d+-\d+}.html", rank)
+    app.router.add_get(r"/album/{id:\d+}.html", album)
+    app.router.add_get(r"/singer/{id:\d+}.html", singer)
+    app.router.add_get("/song_search_v2", search)
+    app.router.add_get("/app/i/getSongInfo.php", song_info)
     app.router.add_get("/song/", song_page)
     app.router.add_get(r"/plist/list/{id:\d+}", plist)
     app.router.add_get("/yy/index.php", play_data)
