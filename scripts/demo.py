@@ -52,10 +52,11 @@ async def run(args: argparse.Namespace) -> int:
     if rc != 0:
         print(f"master exited with {rc}; its log: {master.log_path}", file=sys.stderr)
         return rc
-    found = {(row["url"].removeprefix(site.url), row["page"].removeprefix(site.url))
-             for row in cluster.catalogue(out)}
+    rows = cluster.catalogue(out)
+    found = {(row["url"].removeprefix(site.url), row["page"].removeprefix(site.url)) for row in rows}
     expected = {(a.url, a.page) for a in manifest.audio}
     print(f"  audio expected  {len(expected)}, found {len(expected & found)}")
+    print(f"  fill rate       {fill_rates(rows)}")
     print()
     print("where things are:")
     print(f"  catalogue       {out / 'master' / 'catalog.jsonl'}")
@@ -64,6 +65,16 @@ async def run(args: argparse.Namespace) -> int:
     print(f"  logs            {out}/*.log")
     print(f"  status          .venv/bin/crawler-master status --config {config}")
     return 0
+
+
+FILL_FIELDS = ("title", "artist", "album", "duration", "bitrate")
+
+
+def fill_rates(rows: list[dict]) -> str:
+    """The share of catalogue rows that have each field, e.g. "title 100.0%  artist 99.5% ..."."""
+    n = len(rows) or 1
+    return "  ".join(f"{f} {100 * sum(1 for r in rows if r.get(f) not in (None, '')) / n:.1f}%"
+                     for f in FILL_FIELDS)
 
 
 def main() -> int:
