@@ -102,8 +102,8 @@ class _Collector:
         self.page_url = page_url
         self.base = base
         self.max_items = max_items
-        # url -> (local metadata, where found, the link element's own text)
-        self.items: dict[str, tuple[pagemeta.Found, str, Meta]] = {}
+        # url -> (local metadata, where found, the a/area element, whose text is read only if needed)
+        self.items: dict[str, tuple[pagemeta.Found, str, LexborNode | None]] = {}
         self.links: list[str] = []
         self.extra: dict[str, Any] = {}
         self.page = page
@@ -122,25 +122,25 @@ class _Collector:
             return
         found = _found(meta, found_in)
         if url in self.items:
-            known, where, text = self.items[url]
-            self.items[url] = (known.copy().fill(found), where, text or _link_text(link))
+            known, where, known_link = self.items[url]
+            self.items[url] = (known.copy().fill(found), where, known_link or link)
         elif len(self.items) < self.max_items:
-            self.items[url] = (found, found_in, _link_text(link))
+            self.items[url] = (found, found_in, link)
 
     def result(self) -> Resolution:
         items = []
-        for url, (found, found_in, text) in self.items.items():
+        for url, (found, found_in, link) in self.items.items():
             full = found.copy()
             if self.page is not None:
-                full.fill(self.page.high()).add(text, "link").fill(self.page.low())
+                full.fill(self.page.high())
+                if "title" not in full.meta and link is not None:
+                    full.add(pagemeta.link_text(link), "link")
+                if "title" not in full.meta:
+                    full.fill(self.page.low())
             items.append(AudioItem(url=url, page=self.page_url, resolver=GenericResolver.name,
                                    meta_source=full.sources, extra={"found_in": found_in, **self.extra},
                                    **full.meta))
         return Resolution(items=items, links=list(self.links))
-
-
-def _link_text(link: LexborNode | None) -> Meta:
-    return pagemeta.link_text(link) if link is not None else {}
 
 
 class GenericResolver(Resolver):
@@ -165,7 +165,7 @@ class GenericResolver(Resolver):
             # A big feed or sitemap parses in a thread: the event loop keeps serving the other tasks.
             return await asyncio.to_thread(self.resolve_page, page)
         resolution = self.resolve_page(page)
-        if (self.settings.referrer_context and ctx.fetch_page is not None and page.referrer
+        if (self.settings.referrer_context and getattr(ctx, "fetch_page", None) is not None and page.referrer
                 and len(resolution.items) == 1 and resolution.items[0].extra.get("found_in") == "response"
                 and not (resolution.items[0].title and resolution.items[0].artist)):
             # Audio behind a link that did not say it was audio, and whose file does not name it: what the
@@ -296,7 +296,7 @@ class GenericResolver(Resolver):
         if not _page_may_hold_audio(page.body):
             return Resolution()   # most pages of a site are navigation: skip the element walk entirely
         out = _Collector(page.url, document_base(tree, page.final_url), self.settings.max_items,
-                         pagemeta.PageContext(tree))
+                         pagemeta.PageContext(tree, page.body))
         for node in _candidates(tree, page.body):
             tag = node.tag
             if tag is None or not tag[0].isalpha():
@@ -480,8 +480,8 @@ def _data_attribute_refs(name: str, value: str, node: LexborNode,
         before = dict(out.items)
         _collect_json(out, pagemeta.load_json_block(value), name)
         for url in out.items.keys() - before.keys():
-            found_meta, where, text = out.items[url]
-            out.items[url] = (found_meta.copy().fill(meta), where, text)
+            found_meta, where, link = out.items[url]
+            out.items[url] = (found_meta.copy().fill(meta), where, link)
         return []
     bare_ok = any(word in name for word in _URL_ATTR_WORDS)
     if _audio_string(value, bare_ok=bare_ok):
@@ -515,7 +515,7 @@ def _link_metadata(page: FetchedPage) -> dict[str, pagemeta.Found]:
     nodes = css(tree, "a[href], area[href]")[:_MAX_REFERRER_LINKS]
     joined = [join_url(base, n.attributes.get("href") or "") for n in nodes]
     keys = normalize_many([u for u in joined if u is not None], NormalizeOptions())
-    context = pagemeta.PageContext(tree)
+    context = pagemeta.PageContext(tree, page.body)
     out: dict[str, pagemeta.Found] = {}
     it = iter(keys)
     for node, url in zip(nodes, joined):

@@ -273,6 +273,34 @@ def _named_value(node: LexborNode, field_name: str) -> Any:
     return normalise({field_name: text}).get(field_name)
 
 
+# Named elements are looked for only in pages whose markup names a field somewhere: one scan of the bytes
+# instead of a selector run over every element, for the many pages that have none.
+_NAME_WORDS_B = re.compile(b"|".join(re.escape(w.encode()) for _, words in _NAME_WORDS for w in words))
+_NAMING_ATTRS = (b"class=", b"id=", b"itemprop=")
+
+
+def _may_name_fields(body: bytes) -> bool:
+    """Whether some class, id or itemprop value in the markup contains a field's name. A scan of the bytes
+    with str.find over the few such attributes a page has, so a page without any costs microseconds, not a
+    selector run over every element. (class = "x", with spaces, is not seen: a rare spelling.)"""
+    lower = body.lower()
+    for attr in _NAMING_ATTRS:
+        at = lower.find(attr)
+        while at >= 0:
+            start = at + len(attr)
+            value = lower[start:start + 300]
+            quote = value[:1]
+            if quote in (b'"', b"'"):
+                end = value.find(quote, 1)
+                value = value[1:end] if end > 0 else value[1:]
+            else:
+                value = value.split(b">", 1)[0]
+            if _NAME_WORDS_B.search(value):
+                return True
+            at = lower.find(attr, start)
+    return False
+
+
 class NamedIndex:
     """Which values named elements hold, per enclosing element: built once per page, on first use.
 
@@ -281,9 +309,11 @@ class NamedIndex:
     several is the list around it, past which the field is not looked for.
     """
 
-    def __init__(self, tree: LexborHTMLParser) -> None:
+    def __init__(self, tree: LexborHTMLParser | None) -> None:
         self._by_scope: dict[int, dict[str, set[Any]]] = {}
         self.body_id: int | None = None
+        if tree is None:
+            return   # the empty index
         body = css_first(tree, "body")
         if body is not None:
             self.body_id = body.mem_id
@@ -316,6 +346,8 @@ class NamedIndex:
     def local(self, node: LexborNode) -> Meta:
         """Fields from the nearest enclosing element with one value each, short of the whole page."""
         out: Meta = {}
+        if not self._by_scope:
+            return out
         settled: set[str] = set()
         current: LexborNode | None = node
         steps = 0
@@ -335,6 +367,9 @@ class NamedIndex:
         return {k: next(iter(v)) for k, v in found.items() if len(v) == 1} if found else {}
 
 
+_NO_NAMES = NamedIndex(None)
+
+
 def link_text(node: LexborNode) -> Meta:
     """Layer 5: the text of an a/area element, unless it is a generic "Download" or a file name."""
     if node.tag not in ("a", "area"):
@@ -350,8 +385,9 @@ def link_text(node: LexborNode) -> Meta:
 class PageContext:
     """What a page says as a whole (layers 3, 4 and 6), computed once per page and only when it has audio."""
 
-    def __init__(self, tree: LexborHTMLParser) -> None:
+    def __init__(self, tree: LexborHTMLParser, body: bytes | None = None) -> None:
         self.tree = tree
+        self._body = body
         self._named: NamedIndex | None = None
         self._high: Found | None = None
         self._low: Found | None = None
@@ -359,17 +395,28 @@ class PageContext:
     @property
     def named(self) -> NamedIndex:
         if self._named is None:
-            self._named = NamedIndex(self.tree)
+            maybe = self._body is None or _may_name_fields(self._body)
+            self._named = NamedIndex(self.tree) if maybe else _NO_NAMES
         return self._named
 
     def high(self) -> Found:
+        """Layers 3 and 4: the page's structured data, then its named elements when unambiguous."""
         if self._high is None:
-            self._high, self._low = _page_layers(self.tree, self.named)
+            self._high = _high_layers(self.tree, self.named)
         return self._high
 
     def low(self) -> Found:
+        """Layer 6: og:title, else <title>; asked only by items that have no title by then."""
         if self._low is None:
-            self._high, self._low = _page_layers(self.tree, self.named)
+            self._low = Found()
+            og_title = _meta_content(self.tree, 'meta[property="og:title"]')
+            if og_title:
+                self._low.add({"title": og_title}, "og")
+            else:
+                title_node = css_first(self.tree, "title")
+                text = clean_text(title_node.text()) if title_node is not None else None
+                if text:
+                    self._low.add({"title": text}, "page-title")
         return self._low
 
     def item_meta(self, local: Found, link: LexborNode | None = None) -> Found:
@@ -377,10 +424,10 @@ class PageContext:
         out = local.copy().fill(self.high())
         if link is not None:
             out.add(link_text(link), "link")
-        return out.fill(self.low())
+        return out if "title" in out.meta else out.fill(self.low())
 
 
-def _page_layers(tree: LexborHTMLParser, named: NamedIndex) -> tuple[Found, Found]:
+def _high_layers(tree: LexborHTMLParser, named: NamedIndex) -> Found:
     high = Found()
     for script in css(tree, 'script[type="application/ld+json"]'):
         for obj in _walk_json(load_json_block(script.text() or "")):
@@ -389,21 +436,29 @@ def _page_layers(tree: LexborHTMLParser, named: NamedIndex) -> tuple[Found, Foun
                 break
         if high:
             break
-    high.add(normalise({
-        "artist": _meta_content(tree, 'meta[property="music:musician"]'),
-        "description": _meta_content(tree, 'meta[property="og:description"]'),
-        "cover": _meta_content(tree, 'meta[property="og:image"]'),
-    }), "og")
-    high.add(normalise({
-        "artist": _meta_content(tree, 'meta[name="artist"]'),
-        "description": _meta_content(tree, 'meta[name="description"]'),
-    }), "meta")
+    # Each query only for a field still missing: most pages answer from their first source.
+    # (_meta_content already cleans the text.)
+    known = high.meta
+    if "artist" not in known:
+        musician = _meta_content(tree, 'meta[property="music:musician"]')
+        if musician:
+            high.add({"artist": musician}, "og")
+        else:
+            high.add(_present({"artist": _meta_content(tree, 'meta[name="artist"]')}), "meta")
+    if "description" not in known:
+        description = _meta_content(tree, 'meta[property="og:description"]')
+        if description:
+            high.add({"description": description}, "og")
+        else:
+            high.add(_present({"description": _meta_content(tree, 'meta[name="description"]')}), "meta")
+    if "cover" not in known:
+        high.add(_present({"cover": _meta_content(tree, 'meta[property="og:image"]')}), "og")
     high.add(named.page_wide(), "class")
-    low = Found()
-    low.add(normalise({"title": _meta_content(tree, 'meta[property="og:title"]')}), "og")
-    title_node = css_first(tree, "title")
-    low.add(normalise({"title": title_node.text() if title_node is not None else None}), "page-title")
-    return high, low
+    return high
+
+
+def _present(meta: Meta) -> Meta:
+    return {k: v for k, v in meta.items() if v}
 
 
 def page_meta(tree: LexborHTMLParser) -> Meta:
