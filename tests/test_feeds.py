@@ -137,3 +137,24 @@ def test_links_follow_feeds_announced_by_link_alternate() -> None:
                             '<link rel="alternate" hreflang="de" href="/de/"><link rel="stylesheet" href="/s.css">'
                             "</head>")
     assert extract_links(tree, "http://site.example/") == ["http://site.example/feed.xml"]
+
+
+async def test_a_gzip_sitemap_is_inflated_off_the_event_loop() -> None:
+    import asyncio
+    import threading
+
+    urls = b"".join(b"<url><loc>http://site.example/p%d.html</loc></url>" % i for i in range(20000))
+    body = gzip.compress(b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">' + urls + b"</urlset>")
+    seen: list[str] = []
+    resolver = GenericResolver({})
+    original = resolver._xml
+
+    def spy(*args):
+        seen.append(threading.current_thread().name)
+        return original(*args)
+
+    resolver._xml = spy  # type: ignore[method-assign]
+    res = await resolver.resolve("http://site.example/s.xml.gz", page(body, "http://site.example/s.xml.gz",
+                                                                      "application/gzip"), None)  # type: ignore[arg-type]
+    assert len(res.links) == 20000 and seen and seen[0] != threading.main_thread().name
+    assert asyncio.get_running_loop() is not None

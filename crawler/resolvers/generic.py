@@ -161,8 +161,9 @@ class GenericResolver(Resolver):
     async def resolve(self, url: str, page: FetchedPage | None, ctx: ResolveContext) -> Resolution:
         if page is None or page.status >= 400:
             return Resolution()
-        if len(page.body) > _XML_INLINE_BYTES and not page.is_html() and self._xml_document(page) is not None:
-            # A big feed or sitemap parses in a thread: the event loop keeps serving the other tasks.
+        if not page.is_html() and _xml_work_is_big(page):
+            # A big (or compressed) feed or sitemap is inflated and parsed in a thread: the event loop keeps
+            # serving the other tasks.
             return await asyncio.to_thread(self.resolve_page, page)
         resolution = self.resolve_page(page)
         if (self.settings.referrer_context and getattr(ctx, "fetch_page", None) is not None and page.referrer
@@ -497,6 +498,14 @@ def _flashvars(value: str | None) -> list[str]:
     except ValueError:
         return []
     return [v for _, v in pairs if _audio_string(v)]
+
+
+def _xml_work_is_big(page: FetchedPage) -> bool:
+    """A cheap look (nothing inflated, nothing parsed): is this a compressed document, or a big feed or
+    sitemap? A small gzip body may inflate to max_xml_bytes."""
+    if feeds.is_gzip(page.content_type, page.final_url, page.body):
+        return True
+    return len(page.body) > _XML_INLINE_BYTES and feeds.kind_of(page.content_type, page.body) is not None
 
 
 # Feeds and sitemaps larger than this are parsed off the event loop.
