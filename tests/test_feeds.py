@@ -158,3 +158,12 @@ async def test_a_gzip_sitemap_is_inflated_off_the_event_loop() -> None:
                                                                       "application/gzip"), None)  # type: ignore[arg-type]
     assert len(res.links) == 20000 and seen and seen[0] != threading.main_thread().name
     assert asyncio.get_running_loop() is not None
+
+
+def test_an_rss_091_doctype_naming_an_external_dtd_is_read_without_fetching_it() -> None:
+    body = (b'<?xml version="1.0"?><!DOCTYPE rss PUBLIC "-//Netscape Communications//DTD RSS 0.91//EN" '
+            b'"http://my.netscape.com/publish/formats/rss-0.91.dtd"><rss version="0.91"><channel><title>S</title>'
+            b'<item><title>E &amp; F</title><enclosure url="http://a.example/x.mp3" type="audio/mpeg"/></item>'
+            b"</channel></rss>")
+    [item] = GenericResolver({}).resolve_page(page(body, content_type="text/xml")).items
+    assert (item.url, item.title, item.album) == ("http://a.example/x.mp3", "E & F", "S")
