@@ -3,6 +3,7 @@ context for audio found only by its first bytes."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -86,6 +87,7 @@ class _Pages:
 
     async def __call__(self, url: str) -> FetchedPage | None:
         self.fetched.append(url)
+        await asyncio.sleep(0.01)   # a fetch takes time: others arrive meanwhile
         return self.pages.get(url)
 
 
@@ -97,10 +99,11 @@ async def test_audio_found_by_first_bytes_keeps_the_referring_pages_context() ->
     mp3 = b"\xff\xfb\x90\x64" + bytes(413)
     async with httpx.AsyncClient() as http:
         ctx = ResolveContext(http=http, user_agent="t", fetch_page=pages)
-        first = (await resolver.resolve("http://cdn.example.com/get/123", response(mp3), ctx)).items[0]
-        # A second extensionless link of the same page: the page is not fetched again.
-        other = response(mp3, url="http://cdn.example.com/get/124")
-        await resolver.resolve(other.url, other, ctx)
+        # Extensionless links of one page, found at once: the page is fetched once for all of them.
+        burst = [response(mp3, url=f"http://cdn.example.com/get/{n}") for n in range(123, 130)]
+        results = await asyncio.gather(*(resolver.resolve(o.url, o, ctx) for o in burst))
+        first = results[0].items[0]
+        await resolver.resolve(burst[1].url, burst[1], ctx)   # and later, from the cache
     assert (first.title, first.artist, first.page) == ("Quiet Song", "Mia", PAGE)
     assert first.meta_source == {"title": "class", "artist": "class"}
     assert pages.fetched == [PAGE]

@@ -150,7 +150,7 @@ class GenericResolver(Resolver):
         super().__init__(config)
         self.settings = parse_section(GenericConfig, self.name, config)
         # referrer -> what it says about each of its links: the links of one page usually come in a burst.
-        self._referrers: OrderedDict[str, dict[str, pagemeta.Found]] = OrderedDict()
+        self._referrers: OrderedDict[str, asyncio.Future[dict[str, pagemeta.Found]]] = OrderedDict()
 
     def claims(self, url: str) -> bool:
         return url.lower().startswith(("http://", "https://"))
@@ -181,21 +181,34 @@ class GenericResolver(Resolver):
         return resolution
 
     async def _referrer_meta(self, referrer: str, target: str, ctx: ResolveContext) -> pagemeta.Found | None:
-        links = self._referrers.get(referrer)
-        if links is None:
-            assert ctx.fetch_page is not None
-            try:
-                page = await ctx.fetch_page(referrer)
-            except Exception as exc:   # the referrer is a nicety: its failure must not cost the item
-                log.debug("referrer %s not fetched: %s", referrer, exc)
-                page = None
-            links = _link_metadata(page) if page is not None and page.status < 400 else {}
-            self._referrers[referrer] = links
-            while len(self._referrers) > _REFERRER_CACHE:
-                self._referrers.popitem(last=False)
-        else:
+        known = self._referrers.get(referrer)
+        if known is not None:
             self._referrers.move_to_end(referrer)
+            return (await asyncio.shield(known)).get(target)
+        # The first task to need this page fetches it itself; the others (its other links, in the same
+        # burst) wait for that one fetch. No task is started on the side.
+        known = asyncio.get_running_loop().create_future()
+        self._referrers[referrer] = known
+        while len(self._referrers) > _REFERRER_CACHE:
+            self._referrers.popitem(last=False)
+        try:
+            links = await self._read_referrer(referrer, ctx)
+        except BaseException:   # cancelled: the waiters go without, and the next asker fetches again
+            if self._referrers.get(referrer) is known:
+                del self._referrers[referrer]
+            known.set_result({})
+            raise
+        known.set_result(links)
         return links.get(target)
+
+    async def _read_referrer(self, referrer: str, ctx: ResolveContext) -> dict[str, pagemeta.Found]:
+        assert ctx.fetch_page is not None
+        try:
+            page = await ctx.fetch_page(referrer)
+        except Exception as exc:   # the referrer is a nicety: its failure must not cost the item
+            log.debug("referrer %s not fetched: %s", referrer, exc)
+            return {}
+        return _link_metadata(page) if page is not None and page.status < 400 else {}
 
     def resolve_page(self, page: FetchedPage) -> Resolution:
         """The synchronous core: no I/O is needed once the page is fetched."""
