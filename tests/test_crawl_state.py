@@ -272,7 +272,41 @@ def test_robots_sitemap_lines_enter_the_frontier_through_the_url_policy_and_site
     assert c.discards["out_of_scope"] == 1
     task = next(t for t in c.leases.values() if t.url.endswith("sitemap-index.xml"))
     result = p.Result(task.id, task.url, p.DONE, 200, task.url, "application/xml", 100, None,
-                      (SITE + "/song/1.html",), (), ((SITE + "/song/1.html", 1700000000.0),))
+                      (SITE + "/song/1.html",), (), ((SITE + "/song/1.html", 2.0),))
     c.complete("a", (result,), now=3.0)
-    assert c.store.url_info(SITE + "/song/1.html")["lastmod"] == 1700000000.0
+    assert c.store.url_info(SITE + "/song/1.html")["lastmod"] == 2.0
     assert c.store.url_info(SITE + "/song/1.html")["depth"] == 1
+
+
+@pytest.mark.parametrize("refresh", [None, 3600.0])
+def test_a_page_the_sitemap_says_changed_since_its_crawl_is_queued_again_when_the_crawl_refreshes(tmp_path, refresh):
+    c = make(tmp_path, nodes=("a",), max_depth=3, refresh_interval=refresh)
+    c.node_up("a")
+    (home,) = c.take("a", 10, now=0.0)
+    page = SITE + "/song/1.html"
+    c.complete("a", (done(home, [SITE + "/sitemap.xml", page]),), now=1.0)
+    tasks = {t.url: t for t in c.take("a", 10, now=2.0)}
+    c.complete("a", (done(tasks[page]),), now=3.0)            # the page, crawled at t=3
+
+    sitemap = tasks[SITE + "/sitemap.xml"]
+
+    def sitemap_says(when: float, now: float) -> list[str]:
+        """The sitemap's task reports the page's date; returns what is handed out next."""
+        c.complete("a", (p.Result(sitemap.lease, sitemap.url, p.DONE, 200, sitemap.url, "application/xml", 1, None,
+                                  (page,), (), ((page, when),)),), now=now)
+        return [t.url for t in c.take("a", 10, now=now + 1)]
+
+    def fetch_sitemap_again(now: float) -> None:
+        nonlocal sitemap
+        c.store.requeue_refresh([(SITE + "/sitemap.xml", 0)], c.route)
+        (sitemap,) = c.take("a", 10, now=now)
+
+    assert sitemap_says(2.5, now=4.0) == []                   # unchanged since the crawl
+    assert c.store.url_info(page)["lastmod"] == 2.5
+    fetch_sitemap_again(now=55.0)
+    again = sitemap_says(50.0, now=60.0)                      # changed at t=50, after the crawl at t=3
+    assert again == ([page] if refresh else [])
+    for lease_id, lease in list(c.leases.items()):          # the page's second crawl
+        c.complete("a", (done(p.Task(lease_id, lease.url, lease.depth, lease.parent)),), now=62.0)
+    fetch_sitemap_again(now=65.0)
+    assert sitemap_says(1e12, now=70.0) == []                 # a date in the future is ignored

@@ -506,8 +506,6 @@ class Crawl:
                 # Per-worker figures for the status command, one row update per report.
                 self.store.note_node(node, bytes=sum(f.size or 0 for f in finished),
                                      links=sum(len(b[2]) for b in link_batches), audio=len(audio_rows))
-                if lastmod:
-                    self._note_lastmod(lastmod)
                 if link_batches:
                     self.add_links(link_batches)   # last: an add to the Bloom filter cannot be undone
         except _BAD_VALUES as e:
@@ -516,6 +514,9 @@ class Crawl:
             self.store.release([f.url for f in finished], self.route)
             raise ReportRejected(f"report of {len(finished)} results refused by the store "
                                  f"({type(e).__name__}: {e}); its URLs went back to the frontier") from None
+        if lastmod:
+            # After the links went in, so a sitemap's new URLs have rows to take their dates.
+            self._note_lastmod(lastmod)
         if cut:
             self.discards[DISCARD_TOO_DEEP] += cut
         self.totals.pages += sum(1 for f, first in zip(finished, firsts) if first and f.state == p.DONE)

@@ -437,14 +437,23 @@ class MasterStore:
             f"VALUES (?, ?, ?, ?, ?, ?, {QUEUED}, ?, ?)", inserts)
         return len(inserts)
 
-    def note_lastmod(self, pairs: Sequence[tuple[str, float]]) -> None:
-        """Record when pages last changed, as their site's sitemap says (for refresh to weigh later).
+    def note_lastmod(self, pairs: Sequence[tuple[str, float]]) -> list[tuple[str, int]]:
+        """Record when pages last changed, as their site's sitemap says. Returns (url, depth) of the done
+        pages that changed after their last crawl: what a refreshing crawl should fetch again now.
 
         Only URLs the table holds are touched: a link the URL policy discarded has no row."""
         self._begin()
-        for i in range(0, len(pairs), _CHUNK):
+        latest: dict[str, float] = {}
+        for u, t in pairs:
+            latest[u] = max(t, latest.get(u, t))
+        changed = [(u, depth) for u, depth, state, last_crawl in
+                   self._lookup(latest, "url, depth, state, last_crawl").values()
+                   if state == DONE and last_crawl is not None and latest[u] > last_crawl]
+        items = list(latest.items())
+        for i in range(0, len(items), _CHUNK):
             self.db.executemany("UPDATE urls SET lastmod = ? WHERE key = ? AND url = ?",
-                                [(t, url_key(u), u) for u, t in pairs[i:i + _CHUNK]])
+                                [(t, url_key(u), u) for u, t in items[i:i + _CHUNK]])
+        return changed
 
     def pop(self, node: str | None, n: int, now: float) -> list[tuple[str, int, str | None]]:
         """Lease up to n of this node's frontier entries: lowest depth, then highest priority, then oldest.
