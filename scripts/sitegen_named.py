@@ -150,29 +150,24 @@ def generate_named(out_dir: Path, *, songs: int = 150, seed: int = 11,
         '<?xml version="1.0" encoding="utf-8"?>\n<feed xmlns="http://www.w3.org/2005/Atom">'
         "<title>Named News</title><id>urn:named-news</id>\n" + "".join(entries) + "</feed>\n", "utf-8")
 
-    # Sitemaps: robots.txt names the index; the index names a gzip sitemap (the songs only it leads to)
-    # and a plain one.
-    (out_dir / "sitemaps").mkdir(exist_ok=True)
-    urls = "".join(f"<url><loc>{{origin}}{page}</loc><lastmod>{lastmod}</lastmod></url>\n"
-                   for page, lastmod in manifest.sitemap_lastmod.items())
-    (out_dir / "sitemaps" / "songs.xml.gz.template").write_text(urls, "utf-8")
-    (out_dir / "sitemap-index.xml.template").write_text(
-        '<?xml version="1.0" encoding="UTF-8"?>\n<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
-        f"<sitemap><loc>{{origin}}{SITEMAP_GZ}</loc></sitemap>"
-        f"<sitemap><loc>{{origin}}{SITEMAP_PLAIN}</loc><lastmod>2024-01-01</lastmod></sitemap></sitemapindex>\n",
-        "utf-8")
+    # Sitemaps hold absolute URLs: write_sitemaps() writes them, and robots.txt, once the origin is known.
     return manifest
 
 
-def write_sitemaps(out_dir: Path, origin: str) -> None:
-    """Sitemaps hold absolute URLs: written once the server's origin is known."""
-    urls = (out_dir / "sitemaps" / "songs.xml.gz.template").read_text("utf-8").replace("{origin}", origin)
-    body = ('<?xml version="1.0" encoding="UTF-8"?>\n<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">\n'
-            + urls + "</urlset>\n")
-    (out_dir / SITEMAP_GZ.lstrip("/")).write_bytes(gzip.compress(body.encode(), mtime=0))
+def write_sitemaps(out_dir: Path, origin: str, manifest: NamedManifest) -> None:
+    """robots.txt names the sitemap index; the index names a gzip sitemap (the songs only it leads to) and a
+    plain one. Sitemaps hold absolute URLs, so they are written once the server's origin is known."""
+    ns = 'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"'
+    urls = "".join(f"<url><loc>{origin}{page}</loc><lastmod>{lastmod}</lastmod></url>\n"
+                   for page, lastmod in manifest.sitemap_lastmod.items())
+    songs = f'<?xml version="1.0" encoding="UTF-8"?>\n<urlset {ns}>\n{urls}</urlset>\n'
+    (out_dir / "sitemaps").mkdir(exist_ok=True)
+    (out_dir / SITEMAP_GZ.lstrip("/")).write_bytes(gzip.compress(songs.encode(), mtime=0))
     (out_dir / SITEMAP_PLAIN.lstrip("/")).write_text(
-        '<?xml version="1.0" encoding="UTF-8"?>\n<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
-        f"<url><loc>{origin}/</loc></url></urlset>\n", "utf-8")
-    index = (out_dir / "sitemap-index.xml.template").read_text("utf-8").replace("{origin}", origin)
-    (out_dir / SITEMAP_INDEX.lstrip("/")).write_text(index, "utf-8")
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<urlset {ns}><url><loc>{origin}/</loc></url></urlset>\n', "utf-8")
+    (out_dir / SITEMAP_INDEX.lstrip("/")).write_text(
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<sitemapindex {ns}>'
+        f"<sitemap><loc>{origin}{SITEMAP_GZ}</loc></sitemap>"
+        f"<sitemap><loc>{origin}{SITEMAP_PLAIN}</loc><lastmod>2024-01-01</lastmod></sitemap></sitemapindex>\n",
+        "utf-8")
     (out_dir / "robots.txt").write_text(f"User-agent: *\nDisallow: /private/\nSitemap: {origin}{SITEMAP_INDEX}\n")

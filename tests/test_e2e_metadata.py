@@ -27,7 +27,7 @@ async def test_names_from_plain_text_tags_from_files_feeds_and_sitemaps(tmp_path
     manifest = generate_named(site_dir, songs=150, write_audio=_tagged_writer)
     async with await siteserver.start(site_dir, behaviour=siteserver.Behaviour(record_log=True)) as server:
         base = server.url
-        write_sitemaps(site_dir, base)
+        write_sitemaps(site_dir, base, manifest)
         config = cluster.master_config(tmp_path, [base + "/"], ["w1", "w2"], crawl={"max_depth": 6},
                                        politeness={"obey_robots": True})
         master = await cluster.start_master(config, tmp_path)
