@@ -33,3 +33,8 @@ def test_garbage_gives_nothing_and_never_raises(tmp_path: Path, body: bytes) -> 
 
 def test_a_missing_file_gives_nothing(tmp_path: Path) -> None:
     assert read_file_tags(tmp_path / "gone.mp3") == {}
+
+
+def test_asf_tags_are_read_though_its_stream_header_states_no_length(tmp_path: Path) -> None:
+    tags = read_file_tags(audiofiles.write(tmp_path / "a.wma", "wma", "Título", "Artíst", "Albüm"))
+    assert tags == {"title": "Título", "artist": "Artíst", "album": "Albüm", "codec": "wma"}

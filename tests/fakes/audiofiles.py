@@ -11,6 +11,7 @@ import random
 import struct
 from pathlib import Path
 
+import mutagen.asf
 import mutagen.flac
 import mutagen.id3
 import mutagen.mp4
@@ -58,7 +59,7 @@ def m4a_body(seconds: int, kbps: int) -> bytes:
 
 
 def write(path: Path, kind: str, title: str, artist: str, album: str, *, size: int = 60_000) -> Path:
-    """An audio file of kind mp3/ogg/flac/m4a at path, its tags written by mutagen."""
+    """An audio file of kind mp3/ogg/flac/m4a/wma at path, its tags written by mutagen."""
     rng = random.Random(f"{title}/{kind}")
     if kind == "mp3":
         # MPEG-1 Layer III, 128 kbit/s: ~3.75 s for 60 kB.
@@ -80,6 +81,11 @@ def write(path: Path, kind: str, title: str, artist: str, album: str, *, size: i
         f = mutagen.flac.FLAC(path)
         f.delete()
         f["title"], f["artist"], f["album"] = title, artist, album
+        f.save()
+    elif kind == "wma":
+        path.write_bytes(sitegen._wma(rng, size, "x", "x", "x"))
+        f = mutagen.asf.ASF(path)
+        f["Title"], f["Author"], f["WM/AlbumTitle"] = [title], [artist], [album]
         f.save()
     elif kind == "m4a":
         path.write_bytes(m4a_body(seconds=95, kbps=96))
