@@ -167,3 +167,17 @@ def test_an_rss_091_doctype_naming_an_external_dtd_is_read_without_fetching_it()
             b"</channel></rss>")
     [item] = GenericResolver({}).resolve_page(page(body, content_type="text/xml")).items
     assert (item.url, item.title, item.album) == ("http://a.example/x.mp3", "E & F", "S")
+
+
+def test_a_sitemap_read_again_reports_every_date_though_its_links_were_reported_before(tmp_path) -> None:
+    from crawler.worker.config import WorkerConfig
+    from crawler.worker.server import Worker
+    from scripts.cluster import write_secret
+
+    cfg = WorkerConfig.build(None, {"master": "127.0.0.1:1", "id": "w", "data_dir": str(tmp_path),
+                                    "secret_file": str(write_secret(tmp_path / "s"))})
+    worker = Worker(cfg)
+    res = GenericResolver({}).resolve_page(page(SITEMAP, "http://site.example/sitemap.xml", "application/xml"))
+    assert worker._links_to_report(res.links, []) == res.links
+    assert worker._links_to_report(res.links, []) == []          # the second time the link cache holds them
+    assert worker._lastmod_of(res.lastmod) == (("http://site.example/a.html", 1704153600.0),)

@@ -47,7 +47,7 @@ ENDED_KEPT = 4096   # page requests whose outcome is remembered for tasks chaine
 
 def _wire_size(r: p.Result) -> int:
     """A cheap upper estimate of a result's encoded size, to keep report frames well under the limit."""
-    return 512 + sum(len(u) + 4 for u in r.links) + 1024 * len(r.audio) + 16 * len(r.lastmod)
+    return 512 + sum(len(u) + 4 for u in r.links) + 1024 * len(r.audio) + sum(len(u) + 16 for u, _ in r.lastmod)
 
 
 def _report_frames(batch: list[p.Result], max_frame: int) -> bytes:
@@ -133,6 +133,7 @@ class Worker:
         self._stop = asyncio.Event()
         self.resolvers: list[Resolver] = load_resolvers(cfg.resolvers)
         self.links = LinkCache(cfg.link_cache)
+        self.norm = NormalizeOptions(keep_fragment=tuple(pat for r in self.resolvers for pat in r.keep_fragment))
         self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
         self._fetched: list[p.PageFetch] = []
@@ -177,7 +178,6 @@ class Worker:
                                                     deadline_base=cfg.download_timeout,
                                                     min_rate=cfg.download_min_rate))
         self.page_sem = asyncio.Semaphore(cfg.concurrency)
-        self.norm = NormalizeOptions(keep_fragment=tuple(pat for r in self.resolvers for pat in r.keep_fragment))
         metrics_runner = None
         if cfg.metrics_listen is not None:
             metrics_runner, self.metrics_addr = await serve_metrics(self.metrics, *cfg.metrics_listen)
@@ -490,7 +490,7 @@ class Worker:
             else:
                 cut += len(resolution.links)
         links = self._links_to_report(links, items)
-        lastmod = self._lastmod_of(links, resolution.lastmod) if resolution and resolution.lastmod else ()
+        lastmod = self._lastmod_of(resolution.lastmod) if follow and resolution and resolution.lastmod else ()
         if items and self.cfg.download_audio:
             items = await self._download_all(items, resolver)
         self.stats.audio += len(items)
@@ -519,11 +519,12 @@ class Worker:
             log.exception("resolver %s failed on %s", resolver.name, url)
             return None, f"resolver {resolver.name}: {type(e).__name__}"
 
-    def _lastmod_of(self, reported: list[str], lastmod: dict[str, float]) -> tuple[tuple[str, float], ...]:
-        """The sitemap dates of the links being reported, under the normalised URLs the master will see."""
-        wanted = set(reported)
-        raw = list(lastmod)
-        return tuple((u, lastmod[r]) for r, u in zip(raw, normalize_many(raw, self.norm)) if u in wanted)
+    def _lastmod_of(self, lastmod: dict[str, float]) -> tuple[tuple[str, float], ...]:
+        """Sitemap dates under the normalised URLs the master knows. All of them, not only those of the links
+        reported this time: a sitemap read again lists links the link cache holds back, and their new dates
+        are what tells the master a page changed."""
+        raw = [u for u in lastmod if len(u) <= MAX_LINK_LENGTH]
+        return tuple((u, lastmod[r]) for r, u in zip(raw, normalize_many(raw, self.norm)) if u)
 
     async def _fetch_other_page(self, url: str) -> FetchedPage | None:
         """A page a resolver needs besides its task's own, within the same limits as any page fetch."""
