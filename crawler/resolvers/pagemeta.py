@@ -284,20 +284,22 @@ def _may_name_fields(body: bytes) -> bool:
     with str.find over the few such attributes a page has, so a page without any costs microseconds, not a
     selector run over every element. (class = "x", with spaces, is not seen: a rare spelling.)"""
     lower = body.lower()
+    search = _NAME_WORDS_B.search
     for attr in _NAMING_ATTRS:
         at = lower.find(attr)
         while at >= 0:
             start = at + len(attr)
-            value = lower[start:start + 300]
-            quote = value[:1]
-            if quote in (b'"', b"'"):
-                end = value.find(quote, 1)
-                value = value[1:end] if end > 0 else value[1:]
+            quote = lower[start:start + 1]
+            if quote == b'"' or quote == b"'":
+                start += 1
+                end = lower.find(quote, start, start + 300)
             else:
-                value = value.split(b">", 1)[0]
-            if _NAME_WORDS_B.search(value):
+                end = lower.find(b">", start, start + 300)
+            if end < 0:
+                end = start + 300
+            if search(lower, start, end):
                 return True
-            at = lower.find(attr, start)
+            at = lower.find(attr, end)
     return False
 
 
