@@ -272,7 +272,7 @@ def test_robots_sitemap_lines_enter_the_frontier_through_the_url_policy_and_site
     assert c.discards["out_of_scope"] == 1
     task = next(t for t in c.leases.values() if t.url.endswith("sitemap-index.xml"))
     result = p.Result(task.id, task.url, p.DONE, 200, task.url, "application/xml", 100, None,
-                      (SITE + "/song/1.html",), (), ((SITE + "/song/1.html", 2.0),))
+                      (SITE + "/song/1.html",), (), lastmod=((SITE + "/song/1.html", 2.0),))
     c.complete("a", (result,), now=3.0)
     assert c.store.url_info(SITE + "/song/1.html")["lastmod"] == 2.0
     assert c.store.url_info(SITE + "/song/1.html")["depth"] == 1
@@ -293,7 +293,7 @@ def test_a_page_the_sitemap_says_changed_since_its_crawl_is_queued_again_when_th
     def sitemap_says(when: float, now: float) -> list[str]:
         """The sitemap's task reports the page's date; returns what is handed out next."""
         c.complete("a", (p.Result(sitemap.lease, sitemap.url, p.DONE, 200, sitemap.url, "application/xml", 1, None,
-                                  (page,), (), ((page, when),)),), now=now)
+                                  (page,), (), lastmod=((page, when),)),), now=now)
         return [t.url for t in c.take("a", 10, now=now + 1)]
 
     def fetch_sitemap_again(now: float) -> None:

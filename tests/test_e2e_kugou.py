@@ -79,7 +79,7 @@ async def test_kugou_album_singer_pages_keyword_seeds_and_fallbacks(tmp_path):
         config = cluster.master_config(
             tmp_path, [base + album, base + singer, {"kugou-search": "searchable band"}], ["k1"],
             crawl={"max_depth": 2, "keep_fragment": [rf"^http://{host}/song/"],
-                   "allowed_hosts": ["127.0.0.1", "songsearch.kugou.com"]})
+                   "allowed_hosts": [host, "songsearch.kugou.com"]})
         wcfg = tmp_path / "worker.yaml"
         wcfg.write_text(yaml.safe_dump({"concurrency": 4, "resolvers": {
             "kugou": {"api_base": base, "mobile_api_base": base, "www_hosts": [host], "mobile_hosts": [host],

@@ -28,7 +28,7 @@ MESSAGES = [
                        ("http://a/1", "http://a/2"), (ITEM,)),
               p.Result(2, "http://a/b", p.RETRY, None, None, None, None, "timeout"))),
     p.Report((p.Result(3, "http://a/sitemap.xml", p.DONE, 200, None, "application/xml", 9, None, ("http://a/1",),
-                       (), (("http://a/1", 1700000000.0),)),)),
+                       (), lastmod=(("http://a/1", 1700000000.0),)),)),
     p.Heartbeat(1234.5),
     p.Credit(17),
     p.Shutdown("crawl finished"),
@@ -347,11 +347,11 @@ def test_pre_auth_limit_fits_the_largest_hello_and_refuses_more_from_the_header(
 
 def test_a_result_without_sitemap_dates_encodes_as_before_and_bad_dates_are_refused():
     plain = p.Result(1, "http://a/", p.DONE, 200, None, None, None, None, ("http://a/1",))
-    assert len(plain.to_wire()) == 10
+    assert len(plain.to_wire()) == 11
     wire = plain.to_wire() + [[["http://a/1", "yesterday"]]]
     with pytest.raises(p.ProtocolError, match="lastmod.time"):
         p.Result.from_wire(wire)
-    with pytest.raises(p.ProtocolError, match="10 or 11"):
+    with pytest.raises(p.ProtocolError, match="11 or 12"):
         p.Result.from_wire(plain.to_wire() + [[], []])
 
 
@@ -361,4 +361,4 @@ def test_new_audio_fields_are_type_checked(key, value):
     wire = ITEM.to_wire()
     wire[key] = value
     with pytest.raises(p.ProtocolError, match=f"audio.{key}"):
-        p.Result.from_wire([1, "http://a/", p.DONE, None, None, None, None, None, [], [wire]])
+        p.Result.from_wire([1, "http://a/", p.DONE, None, None, None, None, None, [], [wire], 0])

@@ -18,8 +18,8 @@ from crawler.config import (
     probability,
     read_secret,
 )
-from crawler.targets import parse_network
 from crawler.resolvers.kugou import SEARCH_HOST, search_url
+from crawler.targets import parse_network
 
 # Kugou song pages name the song in the fragment (see resolvers/kugou.py); it must survive normalisation.
 DEFAULT_KEEP_FRAGMENT = (r"^https?://(www\.)?kugou\.com/song/",)

@@ -476,9 +476,9 @@ def _element(out: _Collector, node: LexborNode, tag: str) -> None:
     refs = [r for r in refs if r[1] or sniff.url_extension(r[0].strip()) in _NAMED_EXTENSIONS]
     if not refs:
         return
-    meta = pagemeta.element_meta(node, out.page)
+    meta = pagemeta.element_found(node, out.page)
     if tag == "param" and node.parent is not None:
-        meta.fill(pagemeta.element_meta(node.parent, out.page))
+        meta.fill(pagemeta.element_found(node.parent, out.page))
     link = node if tag in ("a", "area") else None
     for ref, forced, where in refs:
         if forced or _url_like(ref.strip(), bare_ok=True) or tag in ("a", "area", "audio", "source", "embed"):
@@ -490,7 +490,7 @@ def _data_attribute_refs(name: str, value: str, node: LexborNode,
     value = value.strip()
     if value[:1] in ("{", "[") and _mentions_audio(value):
         # data-song='{"url": "a.mp3", "title": "..."}': the object's keys describe the URL.
-        meta = pagemeta.element_meta(node, out.page)
+        meta = pagemeta.element_found(node, out.page)
         before = dict(out.items)
         _collect_json(out, pagemeta.load_json_block(value), name)
         for url in out.items.keys() - before.keys():
@@ -545,7 +545,7 @@ def _link_metadata(page: FetchedPage) -> dict[str, pagemeta.Found]:
             continue
         key = next(it)
         if key and key not in out:
-            out[key] = context.item_meta(pagemeta.element_meta(node, context), node)
+            out[key] = context.item_meta(pagemeta.element_found(node, context), node)
     return out
 
 

@@ -497,8 +497,13 @@ def _microdata(node: LexborNode) -> Meta:
                       "duration": _itemprop(node, "duration")})
 
 
-def element_meta(node: LexborNode, page: PageContext | None = None) -> Found:
-    """Layers 1 and 2 for an element referencing audio."""
+def element_meta(node: LexborNode) -> Meta:
+    """Layer 1 for an element referencing audio, as plain fields (for callers that keep no sources)."""
+    return element_found(node).meta
+
+
+def element_found(node: LexborNode, page: PageContext | None = None) -> Found:
+    """Layers 1 and 2 for an element referencing audio, each field with its source."""
     found = Found()
     found.add(_own_data(node, with_title_attr=True), "data")
     found.add(_microdata(node), "microdata")

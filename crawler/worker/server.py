@@ -577,4 +577,4 @@ def _merged(first: Resolution | None, more: Resolution | None) -> Resolution | N
         return more if first is None else first
     seen = {i.url for i in first.items}
     return Resolution(items=first.items + [i for i in more.items if i.url not in seen],
-                      links=first.links + more.links)
+                      links=first.links + more.links, lastmod={**more.lastmod, **first.lastmod})
