@@ -45,8 +45,8 @@ from crawler.items import AUDIO_FIELD_KINDS, AudioItem
 
 # 2: Welcome carries max_depth; 3: Result carries the links cut at the depth limit, Welcome the private
 # addresses the crawl may reach; Fetched, Task.after; 4: the worker proves the secret first, the master in its
-# Welcome, and every value is range-checked
-PROTOCOL_VERSION = 4
+# Welcome, and every value is range-checked; 5: Result may end with sitemap dates of its links
+PROTOCOL_VERSION = 5
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
 PRE_AUTH_MAX_FRAME = 640
