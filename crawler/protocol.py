@@ -19,12 +19,20 @@ Handshake (version 4: the worker proves the secret first; the secret never cross
     worker -> Hello(worker_id, version, capacity, nonce_w)
     master -> Challenge(nonce_m)                              (or Refused: protocol version not supported)
     worker -> Auth(mac = HMAC(secret, "crawler-worker" | T))
-    master -> Welcome(proof = HMAC(secret, "crawler-master" | T), settings...)   or Refused(reason)
+    master -> Welcome(proof = HMAC(secret, "crawler-master" | T), settings...)   or Refused(reason, code)
 where T = version | capacity | nonce_w | nonce_m | worker_id binds the whole Hello and both fresh nonces. The
 master computes no HMAC over anything before the worker's MAC checks out, so an unauthenticated peer gets no
 oracle to test guesses of the secret offline; a replayed Hello/Auth fails against a fresh nonce_m, and a replayed
 Welcome against a fresh nonce_w. `MasterHandshake` and `WorkerHandshake` hold one connection's state and the
 table of messages legal in each state (MASTER_RECEIVES, WORKER_RECEIVES), for the handshake and the session.
+
+A refusal is final for that worker process (wrong secret, unknown id, other protocol version, its id already
+connected): retrying cannot help until the operator changes something, so the worker exits. The one exception is
+code DUPLICATE_ID seen by a worker that was connected before: its own old connection may not be gone yet.
+
+Local faults: a worker whose disk is full or read-only sends Fault(reason, leases) to hand back the leases it cannot
+finish and stops granting credit; the master routes its work to the live nodes and counts no attempt against the
+URLs. The worker's next Credit says it can take work again.
 """
 
 from __future__ import annotations
@@ -45,8 +53,9 @@ from crawler.items import AUDIO_FIELD_KINDS, AudioItem
 
 # 2: Welcome carries max_depth; 3: Result carries the links cut at the depth limit, Welcome the private
 # addresses the crawl may reach; Fetched, Task.after; 4: the worker proves the secret first, the master in its
-# Welcome, and every value is range-checked; 5: Result may end with sitemap dates of its links
-PROTOCOL_VERSION = 5
+# Welcome, and every value is range-checked; 5: Result may end with sitemap dates of its links; 6: Fault (a
+# worker's local fault), Refused carries a code
+PROTOCOL_VERSION = 6
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
 PRE_AUTH_MAX_FRAME = 640
@@ -94,11 +103,13 @@ class HandshakeFailed(ProtocolError):
 
 
 class PeerRefused(Exception):
-    """The master refused us with a Refused message: `reason` is its word (wrong secret, unknown id ...)."""
+    """The master refused us with a Refused message: `reason` is its word (wrong secret, unknown id ...), `code`
+    what a program can act on (Refused.code)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, code: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.code = code
 
 
 class LocalProtocolError(ValueError):
@@ -313,9 +324,28 @@ class _Reason(Message):
         return cls(_str(f[0], "reason", MAX_NAME))
 
 
+# Refused.code values: why, in a form the worker can act on (the reason is for people).
+AUTH_FAILED = "auth"
+UNKNOWN_ID = "unknown_id"
+DUPLICATE_ID = "duplicate_id"
+
+
 @dataclass(frozen=True, slots=True)
-class Refused(_Reason):
+class Refused(Message):
     TYPE: ClassVar[int] = 5
+    reason: str
+    code: str = ""
+
+    def fields(self):
+        # Without a code the frame keeps its version-2 shape, so a worker of another protocol version can
+        # still read why it was refused.
+        return [self.reason, self.code] if self.code else [self.reason]
+
+    @classmethod
+    def from_fields(cls, f):
+        if len(f) not in (1, 2):
+            raise ProtocolError(f"Refused: expected 1 or 2 fields, got {len(f)}")
+        return cls(_str(f[0], "reason", MAX_NAME), _str(f[1], "code", MAX_NAME) if len(f) == 2 else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,9 +583,27 @@ class Fetched(Message):
         return cls(tuple(out))
 
 
+@dataclass(frozen=True, slots=True)
+class Fault(Message):
+    """The worker cannot store what it fetches (disk full, read-only, no permission): it hands back these
+    leases, unfinished, and takes no work until its next Credit. Not the URLs' fault: no attempt is counted."""
+
+    TYPE: ClassVar[int] = 11
+    reason: str
+    leases: tuple[int, ...] = ()
+
+    def fields(self):
+        return [self.reason, list(self.leases)]
+
+    @classmethod
+    def from_fields(cls, f):
+        _arity(f, 2, cls)
+        return cls(_str(f[0], "reason", MAX_NAME), tuple(_nonneg(x, "lease") for x in _list(f[1], "leases")))
+
+
 MESSAGE_TYPES: dict[int, type[Message]] = {
     cls.TYPE: cls for cls in (Hello, Challenge, Auth, Welcome, Refused, Assign, Report, Heartbeat, Credit, Shutdown,
-                               Fetched)
+                               Fetched, Fault)
 }
 
 
@@ -681,7 +729,7 @@ MASTER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {
     State.AWAIT_HELLO: (Hello,),
     State.AWAIT_AUTH: (Auth,),
     State.AUTHENTICATED: (),               # the worker waits for the Welcome
-    State.OPEN: (Report, Credit, Heartbeat, Fetched),
+    State.OPEN: (Report, Credit, Heartbeat, Fetched, Fault),
     State.CLOSED: (),
 }
 WORKER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {
@@ -753,7 +801,7 @@ class MasterHandshake(_Handshake):
         if not check_proof(worker_proof(self.secret, self.hello, self.nonce), auth.mac):
             self.state = State.CLOSED
             raise HandshakeFailed(f"worker {self.hello.worker_id!r} failed authentication",
-                                  Refused("authentication failed"))
+                                  Refused("authentication failed", AUTH_FAILED))
         self.state = State.AUTHENTICATED
         return self.hello
 
@@ -766,12 +814,12 @@ class MasterHandshake(_Handshake):
         return Welcome(master_proof(self.secret, self.hello, self.nonce), heartbeat_interval, keep_fragment,
                        max_frame, max_depth, allowed_origins, allowed_networks)
 
-    def refuse(self, reason: str) -> Refused:
+    def refuse(self, reason: str, code: str = "") -> Refused:
         """Refuse an authenticated worker (unknown id, duplicate ...). Unauthenticated peers learn nothing more
         than HandshakeFailed.reply tells them."""
         self._step(State.AUTHENTICATED, "refuse")
         self.state = State.CLOSED
-        return Refused(reason)
+        return Refused(reason, code)
 
 
 class WorkerHandshake(_Handshake):
@@ -804,7 +852,7 @@ class WorkerHandshake(_Handshake):
     def _refused(self, msg: Message) -> None:
         if isinstance(msg, Refused):
             self.state = State.CLOSED
-            raise PeerRefused(msg.reason)
+            raise PeerRefused(msg.reason, msg.code)
 
     def receive_challenge(self, msg: Message) -> Auth:
         self._step(State.AWAIT_CHALLENGE, "receive_challenge")

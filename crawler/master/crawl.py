@@ -210,6 +210,25 @@ class Crawl:
         else:
             self.leases_by_node.pop(node, None)
 
+    def node_fault(self, node: str, lease_ids: list[int], now: float) -> int:
+        """The node cannot store its work (disk full, read-only): these of its leases and everything held for it
+        go back to the frontier without counting an attempt, and new work routes around it until node_up().
+        Returns how many URLs went back."""
+        self.table.set_live(node, False)
+        self.wake_at.pop(node, None)
+        mine = self.leases_by_node.get(node, set())
+        urls = []
+        for i in lease_ids:
+            if i in mine:
+                mine.discard(i)
+                lease = self.leases.pop(i)
+                urls.append(lease.url)
+                self._end_request(lease, now)
+        urls.extend(h.url for h in self.held.pop(node, HeldQueue()))
+        back = self.store.unlease(urls, self.route) if urls else 0
+        self.store.reroute([node], self.route)
+        return back
+
     def expire_away(self, now: float) -> None:
         for node, deadline in list(self.away.items()):
             if deadline <= now:
@@ -241,6 +260,25 @@ class Crawl:
         normed = [u for u in normalize_many(urls, self.norm) if u]
         new = self.dedup.filter_new(normed)
         return self.store.push([(u, 0, 1, n, None) for u, n in zip(new, self.route(new))])
+
+    def seed_more(self, urls: list[str]) -> dict:
+        """URLs an operator adds to a crawl: through normalisation, dedup and the URL policy like any link, at
+        depth 0 and ahead of their depth's other pages. Returns what became of them."""
+        normed = normalize_many(urls, self.norm)
+        valid = list(dict.fromkeys(u for u in normed if u))
+        new = self.dedup.filter_new(valid)
+        discarded: Counter = Counter()
+        rows = []
+        for u in new:
+            reason = self.policy.check(u, 0)
+            if reason:
+                discarded[reason] += 1
+            else:
+                rows.append(u)
+        self.discards.update(discarded)
+        added = self.store.push([(u, 0, 1, n, None) for u, n in zip(rows, self.route(rows))])
+        return {"added": added, "known": len(valid) - len(new), "invalid": len(urls) - sum(1 for u in normed if u),
+                "discarded": dict(discarded)}
 
     def add_links(self, batches: list[tuple[str, int, tuple[str, ...]]]) -> int:
         """batches: (parent url, depth of the links, links). Returns how many new URLs entered the frontier."""

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING
 import httpx
 
 from crawler import protocol as p
+from crawler import sdnotify
 from crawler.bloom import BloomFileError, BloomFilter
 from crawler.bodies import ACCEPT_ENCODING
 from crawler.connection import ConnectionClosed, FramedConnection
+from crawler.master import steering
 from crawler.master.catalogue import CatalogueFile
 from crawler.master.config import MasterConfig
 from crawler.master.crawl import Crawl, ReportRejected
@@ -60,6 +62,7 @@ class Session:
     last_seen: float = 0.0
     resend: list[p.Task] = field(default_factory=list)
     tasks: asyncio.Task | None = None
+    fault: str | None = None     # the worker cannot store anything (its disk): it gets no work until its Credit
 
 
 @dataclass
@@ -97,6 +100,10 @@ class Summary:
         ])
 
 
+class StartupError(Exception):
+    """The master cannot start as configured (address in use, data dir unusable): one line for the operator."""
+
+
 class Master:
     def __init__(self, cfg: MasterConfig, *, clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
@@ -116,9 +123,11 @@ class Master:
         self.observer = Observer(self)
         # The private addresses the crawl may reach: its seeds' and the configured networks (told to workers).
         self.targets = TargetPolicy.for_crawl(cfg.seeds, cfg.crawl.allowed_networks)
+        self.paused = False
 
     # ------------------------------------------------------------------ state
-    def _open_state(self) -> None:
+    def _open_core(self) -> None:
+        """The store, the node table, the Bloom filter and the crawl state: all a command needs."""
         cfg = self.cfg
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         self.table = NodeTable(cfg.nodes, key=cfg.scheduling.key)
@@ -138,6 +147,11 @@ class Master:
         robots = RobotsRules(pcfg) if pol.obey_robots else None
         self.crawl = Crawl(cfg, self.store, self.dedup, self.table, gate, robots,
                            first_lease=int(self.clock() * 1000) % (1 << 40) * 1000 + 1)
+        self.paused = bool(self.store.get_meta("paused", False))
+
+    def _open_state(self) -> None:
+        cfg = self.cfg
+        self._open_core()
         if self.store.get_meta("nodes") not in (None, list(cfg.nodes)):
             moved = self.store.reset_routing()
             log.warning("the nodes list changed since the last run: %d queued entries are routed again", moved)
@@ -148,6 +162,11 @@ class Master:
         added = self.crawl.seed(cfg.seeds)
         if added:
             log.info("seeded %d URLs", added)
+        steering.commands_dir(cfg.data_dir).mkdir(exist_ok=True)
+        for _ in self._apply_commands():    # left by the operator while the master was stopped
+            pass
+        if self.paused:
+            log.warning("the crawl is paused: no work is handed out until `crawler-master resume`")
         self.catalogue = CatalogueFile(cfg.data_dir / "catalog.jsonl")
         self.catalogue.rewrite(self.store.catalogue())
         self.observer.opened()
@@ -176,17 +195,80 @@ class Master:
             log.warning("Bloom filter rebuilt from the URL table (%d URLs): %s", count, why)
         return fresh
 
+    # ------------------------------------------------------------------ operator commands
+    def apply_offline(self) -> None:
+        """Apply the waiting commands with no master running (the command line does this). Raises StoreBusy when
+        a master holds the state: that master applies them."""
+        self._open_core()
+        try:
+            while steering.pending(self.cfg.data_dir):
+                for _ in self._apply_commands():
+                    pass
+            self._snapshot_bloom()
+        finally:
+            self.store.close()
+
+    def _apply_commands(self) -> Iterator[None]:
+        """Apply the waiting commands, committing each before answering. Yields between chunks of a long one
+        (a retry over millions of URLs), so the running master's loop is never held for long."""
+        for path in steering.pending(self.cfg.data_dir):
+            try:
+                cmd = steering.read(path)
+                result = yield from self._command(cmd)
+            except steering.CommandError as e:
+                log.warning("%s", e)
+                result = {"error": str(e)}
+            self._commit_state()
+            try:
+                steering.answer(path, result)
+            except OSError as e:
+                log.warning("operator command %s applied but not answered: %s", path.name, e)
+
+    def _command(self, cmd: dict) -> Iterator[None]:
+        kind = cmd["command"]
+        if kind in ("pause", "resume"):
+            self.paused = kind == "pause"
+            self.store.set_meta("paused", self.paused)
+            log.warning("operator: crawl %s", "paused: no new work is handed out" if self.paused else "resumed")
+            self._wake.set()
+            return {"paused": self.paused}
+        if kind == "seed":
+            urls = cmd.get("urls")
+            if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+                raise steering.CommandError("seed: expected a list of URLs")
+            result = self.crawl.seed_more(urls)
+            log.info("operator: seeded %d of %d URLs", result["added"], len(urls))
+            self._wake.set()
+            return result
+        # retry
+        contains = cmd.get("reason")
+        if contains is not None and not isinstance(contains, str):
+            raise steering.CommandError("retry: reason must be text")
+        total, after = 0, 0
+        while after is not None:
+            n, after = self.store.retry_errors(self.crawl.route, contains or None, after)
+            total += n
+            if after is not None:
+                yield
+        log.info("operator: %d failed URLs back in the queue%s", total,
+                 f" (errors containing {contains!r})" if contains else "")
+        self._wake.set()
+        return {"requeued": total}
+
     def _snapshot_bloom(self) -> None:
         self.store.commit()
         self.bloom.save(self.bloom_path)
         self.store.set_meta("bloom_url_count", str(self.store.url_count()))
         self.store.commit()
 
-    def _commit(self) -> None:
+    def _commit_state(self) -> None:
         self.observer.committing(self.crawl.discards)
         self.store.count_discards(self.crawl.discards)
         self.crawl.discards.clear()
         self.store.commit()
+
+    def _commit(self) -> None:
+        self._commit_state()
         self.catalogue.flush()
 
     # ------------------------------------------------------------------ serve
@@ -195,9 +277,21 @@ class Master:
 
     async def serve(self, started: Callable[[int], None] | None = None) -> Summary:
         t0 = time.monotonic()
-        self._open_state()
         host, port = self.cfg.listen
-        server = await asyncio.start_server(self._handle, host, port, limit=READER_LIMIT)
+        # The port first: a taken port must fail before anything is seeded or written.
+        try:
+            server = await asyncio.start_server(self._handle, host, port, limit=READER_LIMIT)
+        except OSError as e:
+            raise StartupError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        try:
+            self._open_state()
+        except OSError as e:
+            server.close()
+            raise StartupError(f"cannot use the data dir {self.cfg.data_dir}: {e.strerror or e}"
+                               f"{f' ({e.filename})' if e.filename else ''}") from None
+        except BaseException:
+            server.close()
+            raise
         self.port = server.sockets[0].getsockname()[1]
         log.info("master listening on %s:%d for nodes %s", host, self.port, ", ".join(self.cfg.nodes))
         try:
@@ -209,6 +303,7 @@ class Master:
         (self.cfg.data_dir / "master.addr").write_text(f"{host}:{self.port}\n")
         if started:
             started(self.port)
+        sdnotify.ready(f"listening on {host}:{self.port}")
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
@@ -310,9 +405,12 @@ class Master:
             if refresh_every and time.monotonic() - last_refresh >= max(refresh_every, 0.5):
                 last_refresh = time.monotonic()
                 self._refresh(now)
+            for _ in self._apply_commands():
+                await asyncio.sleep(0)
             self._wake.set()   # whatever the checks freed or requeued is handed out by the dispatcher
             self._fetch_robots()
             self._commit()
+            sdnotify.watchdog()
             if time.monotonic() - last_snapshot >= self.cfg.dedup.snapshot_interval:
                 last_snapshot = time.monotonic()
                 self._snapshot_bloom()
@@ -443,6 +541,13 @@ class Master:
                     if s.credit + msg.n + at_worker > s.capacity:
                         raise p.ProtocolError(f"credit beyond the announced capacity of {s.capacity}")
                     s.credit += msg.n
+                    if s.fault is not None:
+                        s.fault = None
+                        log.info("worker %s can store again: it takes work again", s.node)
+                        self.crawl.node_up(s.node)   # its own slot's URLs come back to it
+                elif isinstance(msg, p.Fault):
+                    self._fault(s, msg)
+                    msg = p.Report(())      # its work may now route to any node
                 elif isinstance(msg, p.Heartbeat):
                     continue
                 if isinstance(msg, p.Report):
@@ -465,13 +570,41 @@ class Master:
         hello = hs.receive_auth(await conn.recv())
         if hello.worker_id not in self.cfg.nodes:
             log.warning("connection from %s refused: unknown node id %r", conn.peer, hello.worker_id)
-            await conn.send(hs.refuse(f"node id {hello.worker_id!r} is not in the master's nodes list"))
+            await conn.send(hs.refuse(f"node id {hello.worker_id!r} is not in the master's nodes list", p.UNKNOWN_ID))
+            return None
+        old = self.sessions.get(hello.worker_id)
+        if old is not None and self.clock() - old.last_seen <= self._alive_within():
+            # Two machines with one id (a cloned VM) would knock each other off for ever: the first one keeps it.
+            # A session silent for longer is taken to be this worker's own dead connection and is replaced.
+            log.warning("connection from %s refused: node id %r is already connected from %s", conn.peer,
+                        hello.worker_id, old.conn.peer)
+            await conn.send(hs.refuse(f"node id {hello.worker_id!r} is already connected from {old.conn.peer}",
+                                      p.DUPLICATE_ID))
             return None
         await conn.send(hs.welcome(self.cfg.scheduling.heartbeat_interval, self.cfg.crawl.keep_fragment,
                                    self.cfg.max_frame, self.cfg.crawl.max_depth,
                                    tuple(f"{h}:{port}" for h, port in sorted(self.targets.origins)),
                                    self.cfg.crawl.allowed_networks))
         return hello
+
+    def _fault(self, s: Session, msg: p.Fault) -> None:
+        """A local fault on the worker: its leases go back to the frontier without an attempt, and its work to the
+        live nodes, until it grants credit again. Counted against the node, never against the URLs."""
+        if s.fault is None:
+            log.warning("worker %s cannot store what it fetches (%s): its work goes to the other nodes",
+                        s.node, msg.reason)
+            self.store.note_node(s.node, faults=1)
+        s.fault = msg.reason
+        leases = [t.lease for t in s.resend] + list(msg.leases)
+        s.resend = []
+        back = self.crawl.node_fault(s.node, leases, self.clock())
+        if back:
+            self.store.note_node(s.node, handed_back=back)
+
+    def _alive_within(self) -> float:
+        """A session heard from this recently is alive: a worker speaks at least once a heartbeat interval."""
+        sch = self.cfg.scheduling
+        return max(2 * sch.heartbeat_interval, sch.heartbeat_timeout / 2)
 
     def _attach(self, s: Session) -> None:
         old = self.sessions.get(s.node)
@@ -499,7 +632,7 @@ class Master:
         self._dispatch_all()
 
     def _dispatch(self, s: Session) -> None:
-        if s.credit <= 0 or self._stop.is_set():
+        if s.credit <= 0 or s.fault is not None or self.paused or self._stop.is_set():
             self.crawl.wake_at.pop(s.node, None)   # it can take nothing: no reason to wake for it
             return
         tasks = []

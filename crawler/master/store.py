@@ -135,6 +135,10 @@ class StoreError(Exception):
     """The store cannot be used as asked: not our database, a newer schema, held by another master, read-only."""
 
 
+class StoreBusy(StoreError):
+    """Another master process holds the store."""
+
+
 class ReadOnlyStoreError(StoreError, sqlite3.OperationalError):
     """A write through a store opened with open_readonly()."""
 
@@ -265,7 +269,7 @@ class MasterStore:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise StoreError(f"{self.path}: in use by another master process") from None
+            raise StoreBusy(f"{self.path}: in use by another master process") from None
         self._lock_fd = fd
 
     def _release_lock(self) -> None:
@@ -631,6 +635,36 @@ class MasterStore:
             row[1], row[2], row[3] = new_state, new_node, attempts
             out.append(True)
         return out
+
+    def retry_errors(self, route: Route, contains: str | None = None, after: int = 0,
+                     limit: int = _CHUNK) -> tuple[int, int | None]:
+        """Failed URLs (state error) back in line with their attempts reset, optionally only those whose error
+        contains `contains`. Works through the table in id order, `limit` rows a call: returns how many went back
+        and the id to continue after, or None when the table is done."""
+        self._begin()
+        cond, args = "", [after]
+        if contains:
+            cond, args = " AND instr(error, ?) > 0", [after, contains]
+        rows = self.db.execute(
+            f"SELECT url, id, node FROM urls WHERE id > ? AND state = {ERROR}{cond} ORDER BY id LIMIT ?",
+            (*args, limit)).fetchall()
+        if not rows:
+            return 0, None
+        targets = route([r[0] for r in rows])
+        self.db.executemany(
+            f"UPDATE urls SET state = {QUEUED}, node = ?, attempts = 0, leased_at = NULL, error = NULL, seq = ? "
+            f"WHERE id = ?", [(t, self._take_seq(), r[1]) for r, t in zip(rows, targets, strict=True)])
+        for r, t in zip(rows, targets):
+            self._move(ERROR, r[2], QUEUED, t)
+        return len(rows), rows[-1][1]
+
+    def failed(self) -> Iterator[dict[str, Any]]:
+        """The URLs given up as errors, with why, in the order they were found (streams)."""
+        cols = ("url", "error", "http_status", "attempts", "node", "last_crawl", "depth", "parent")
+        cur = self.db.execute(f"SELECT {', '.join(cols)} FROM urls WHERE state = {ERROR} ORDER BY id")
+        while batch := cur.fetchmany(1000):
+            for row in batch:
+                yield dict(zip(cols, row))
 
     def due_for_refresh(self, now: float, older_than: float, limit: int) -> list[tuple[str, int]]:
         """Done pages last crawled before now - older_than, oldest first: (url, depth)."""

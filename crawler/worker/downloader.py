@@ -69,6 +69,7 @@ from crawler.items import FAILED, OK, AudioItem
 from crawler.resolvers import sniff
 from crawler.targets import TargetRefused
 from crawler.worker.audiostore import AudioStore, Finished, Sidecar, extension_for, partial_key
+from crawler.worker.faults import is_local
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -370,6 +371,8 @@ class Downloader:
                     self._remember(key, known)    # next time this key finds it without the address map
                 self.store.record_place(known.sha256, known.path, item)
             except OSError as exc:
+                if is_local(exc):
+                    raise     # the node's disk, not this item: the worker hands the task back
                 return item.replace(status=FAILED, reason=f"storage: {exc}")
             self.stats.reused += 1
             return _filled(item, known)
@@ -435,6 +438,8 @@ class Downloader:
                 self.store.save_sidecar(key, record)
             partial = _Partial(self.store, key, record, self.cfg.chunk_size)
         except OSError as exc:
+            if is_local(exc):
+                raise
             return item.replace(status=FAILED, reason=f"storage: {exc}")
         loop = asyncio.get_running_loop()
         partial.started = loop.time()
@@ -458,6 +463,8 @@ class Downloader:
                 partial.checkpoint()
             return item.replace(status=FAILED, reason=str(exc))
         except OSError as exc:
+            if is_local(exc):
+                raise
             return item.replace(status=FAILED, reason=f"storage: {exc}")
         finally:
             await partial.aclose()

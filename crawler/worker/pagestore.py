@@ -166,7 +166,13 @@ class WarcPageStore(_Store):
 
     def _append(self, data: bytes) -> int:
         offset = self._size
-        _write_all(self._fd, data)
+        try:
+            _write_all(self._fd, data)
+        except OSError:
+            # A record cut short (disk full) must not stay in the file: the next one is appended after it and
+            # the index would point at the wrong bytes. Truncating frees space, so it works on a full disk too.
+            os.ftruncate(self._fd, offset)
+            raise
         self._size += len(data)
         return offset
 

@@ -16,7 +16,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from crawler import html
+from crawler import html, sdnotify
 from crawler import items as it
 from crawler import protocol as p
 from crawler.connection import ConnectionClosed, FramedConnection
@@ -28,6 +28,7 @@ from crawler.targets import TargetPolicy, parse_network
 from crawler.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
 from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader
+from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, describe, is_local
 from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
 from crawler.worker.filetags import read_file_tags
 from crawler.worker.linkcache import LinkCache
@@ -43,10 +44,14 @@ REPORT_BYTES = 2 * 1024 * 1024
 MAX_LINK_LENGTH = 4096
 REPORT_DELAY = 0.02
 ENDED_KEPT = 4096   # page requests whose outcome is remembered for tasks chained after them
+# How often the data dir is checked for free space, and, after a local fault, whether it can be written again.
+DISK_CHECK_INTERVAL = 1.0
 
 
-def _wire_size(r: p.Result) -> int:
+def _wire_size(r: p.Result | int) -> int:
     """A cheap upper estimate of a result's encoded size, to keep report frames well under the limit."""
+    if isinstance(r, int):
+        return 16
     return 512 + sum(len(u) + 4 for u in r.links) + 1024 * len(r.audio) + sum(len(u) + 16 for u, _ in r.lastmod)
 
 
@@ -96,7 +101,11 @@ def _within_limits(r: p.Result) -> p.Result:
 
 
 class Refused(Exception):
-    """The master refused this worker (bad secret, unknown id): retrying will not help without a fix."""
+    """The master refused this worker (bad secret, unknown id, id in use): retrying will not help without a fix."""
+
+    def __init__(self, reason: str, code: str = "") -> None:
+        super().__init__(reason)
+        self.code = code
 
 
 class _Shutdown(Exception):
@@ -112,6 +121,7 @@ class WorkerStats:
     in_flight: int = 0
     # Pages refused for what the site sent, by reason: "page too complex", "body refused", "address refused".
     refused: Counter = field(default_factory=Counter)
+    handed_back: int = 0      # tasks given back unfinished after a local fault (disk full ...)
 
 
 def progress_line(interval: float, now: WorkerStats, before: WorkerStats) -> str:
@@ -143,13 +153,17 @@ class Worker:
         self._ended: OrderedDict[int, bool] = OrderedDict()
         self._waiting: dict[int, asyncio.Future[bool]] = {}
         self._running: set[int] = set()
+        self.fault: str | None = None       # why this node's storage cannot take work now (see faults.py)
+        self.refusal: Refused | None = None  # the master's final answer, for the CLI's exit status
+        self._was_connected = False
 
     def stop(self) -> None:
         self._stop.set()
 
     # ------------------------------------------------------------------ lifecycle
     async def serve(self) -> int:
-        """Runs until the master says the crawl is over (returns 0) or stop() is called (returns 0)."""
+        """Runs until the master says the crawl is over or stop() is called (returns 0), or the master refuses
+        this worker for good (returns 2; the reason is in self.refusal)."""
         cfg = self.cfg
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         self.pages = open_page_store(cfg.data_dir, cfg.page_format, warc_file_bytes=cfg.warc_file_bytes)
@@ -183,9 +197,11 @@ class Worker:
             metrics_runner, self.metrics_addr = await serve_metrics(self.metrics, *cfg.metrics_listen)
             (cfg.data_dir / "metrics.addr").write_text(f"{self.metrics_addr}\n")
             log.info("worker %s metrics on http://%s/metrics", cfg.id, self.metrics_addr)
+        sdnotify.ready(f"worker {cfg.id} started")
         try:
             async with asyncio.TaskGroup() as tg:
-                background = [tg.create_task(self.metrics.lag.run()), tg.create_task(self._progress())]
+                background = [tg.create_task(self.metrics.lag.run()), tg.create_task(self._progress()),
+                              tg.create_task(self._keepalive())]
                 try:
                     return await self._run()
                 finally:
@@ -196,12 +212,16 @@ class Worker:
                 await metrics_runner.cleanup()
             for resolver in self.resolvers:
                 await resolver.aclose()
-            self.pages.close()
+            try:
+                self.pages.close()
+            except OSError as e:   # the last index lines on a full disk: those pages are fetched again elsewhere
+                log.warning("page index not flushed: %s", describe(e))
             await self.http.aclose()
             await self.dl_http.aclose()
-            log.info("worker %s stopped: %d pages, %d errors, %d audio items; downloads: %s; pages refused: %s",
-                     cfg.id, self.stats.pages, self.stats.errors, self.stats.audio, self.downloader.stats,
-                     dict(self.stats.refused) or "none")
+            if self._was_connected:
+                log.info("worker %s stopped: %d pages, %d errors, %d audio items; downloads: %s; pages refused: %s",
+                         cfg.id, self.stats.pages, self.stats.errors, self.stats.audio, self.downloader.stats,
+                         dict(self.stats.refused) or "none")
 
     async def _progress(self) -> None:
         interval = self.cfg.log_interval
@@ -211,6 +231,12 @@ class Worker:
             await asyncio.sleep(interval)
             log.info("%s", progress_line(time.monotonic() - t0, self.stats, before))
             before = WorkerStats(**vars(self.stats))
+
+    async def _keepalive(self) -> None:
+        # The watchdog is told the loop still turns; whether the master is reachable is not its business.
+        while True:
+            sdnotify.watchdog()
+            await asyncio.sleep(1.0)
 
     async def _run(self) -> int:
         delay = 0.2
@@ -225,11 +251,18 @@ class Worker:
                 welcome = await asyncio.wait_for(self._handshake(conn, hs), 10)
                 conn.recv_limit = hs.recv_limit
                 delay = 0.2
+                self._was_connected = True
                 log.info("worker %s connected to master %s:%d", self.cfg.id, host, port)
                 if await self._session(conn, hs, welcome):
                     return 0
             except Refused as e:
-                log.error("master refused worker %s: %s", self.cfg.id, e)
+                if e.code == p.DUPLICATE_ID and self._was_connected:
+                    # Our own previous connection, not yet noticed gone by the master: it will be soon.
+                    log.info("master still holds this worker's previous connection; trying again")
+                else:
+                    self.refusal = e
+                    log.error("worker %s cannot join master %s:%d: %s", self.cfg.id, host, port, e)
+                    return 2
             except (TimeoutError, OSError) as e:   # OSError: the connect; ConnectionClosed is one too
                 log.info("master %s:%d not reachable: %s", host, port, str(e) or type(e).__name__)
             except p.ProtocolError as e:
@@ -254,7 +287,7 @@ class Worker:
             await conn.send(hs.receive_challenge(await conn.recv()))
             return hs.receive_welcome(await conn.recv())
         except p.PeerRefused as e:
-            raise Refused(e.reason) from None
+            raise Refused(e.reason, e.code) from None
 
     async def _session(self, conn: FramedConnection, hs: p.WorkerHandshake, welcome: p.Welcome) -> bool:
         """Serve one connection. True when the master ended the crawl."""
@@ -264,8 +297,15 @@ class Worker:
         self.max_depth = welcome.max_depth
         self._allow_targets(welcome)
         conn.max_frame = min(conn.max_frame, welcome.max_frame)
-        results: asyncio.Queue[p.Result] = asyncio.Queue()
-        await conn.send(p.Credit(self.cfg.max_tasks))
+        # A Result to report, or the lease id of a task handed back unfinished after a local fault.
+        results: asyncio.Queue[p.Result | int] = asyncio.Queue()
+        # Credit this worker owes the master but holds back while it cannot store anything.
+        withheld = 0
+        if self.fault is None:
+            await conn.send(p.Credit(self.cfg.max_tasks))
+        else:
+            withheld = self.cfg.max_tasks
+            await conn.send(p.Fault(self.fault))
 
         def send_fetched() -> None:
             # Every page request that ended in this turn of the event loop shares one frame.
@@ -291,6 +331,7 @@ class Worker:
                     raise _Shutdown()
 
         async def reporter() -> None:
+            nonlocal withheld
             while True:
                 batch = [await results.get()]
                 await asyncio.sleep(REPORT_DELAY)   # let a burst of results share one frame
@@ -298,8 +339,41 @@ class Worker:
                 while len(batch) < REPORT_BATCH and size < REPORT_BYTES and not results.empty():
                     batch.append(results.get_nowait())
                     size += _wire_size(batch[-1])
-                self.pages.flush()   # the index lines of these pages reach the disk before the master hears of them
-                await conn.send_bytes(_report_frames(batch, conn.max_frame) + p.encode(p.Credit(len(batch))))
+                try:
+                    self.pages.flush()   # the index lines of these pages reach the disk before the master hears
+                except OSError as e:
+                    if not is_local(e):
+                        raise
+                    self._enter_fault(describe(e))
+                    # Their pages may not be indexed: the whole batch is fetched again elsewhere.
+                    batch = [r.lease if isinstance(r, p.Result) else r for r in batch]
+                done = [r for r in batch if isinstance(r, p.Result)]
+                back = [r for r in batch if isinstance(r, int)]
+                frames = _report_frames(done, conn.max_frame) if done else b""
+                if back:
+                    self.stats.handed_back += len(back)
+                    frames += p.encode(p.Fault(self.fault or "local fault", tuple(back)), conn.max_frame)
+                if self.fault is None:
+                    frames += p.encode(p.Credit(len(batch) + withheld))
+                    withheld = 0
+                else:
+                    withheld += len(batch)
+                await conn.send_bytes(frames)
+
+        async def disk_watch() -> None:
+            nonlocal withheld
+            while True:
+                need = self.cfg.min_free_bytes + (RESUME_HEADROOM if self.fault is not None else 0)
+                reason = await asyncio.to_thread(check_data_dir, self.cfg.data_dir, need)
+                if reason is not None and self.fault is None:
+                    self._enter_fault(reason)
+                    await conn.send(p.Fault(reason))
+                elif reason is None and self.fault is not None:
+                    log.info("worker %s can store again: taking tasks", self.cfg.id)
+                    self.fault = None
+                    credit, withheld = withheld, 0
+                    await conn.send(p.Credit(credit))
+                await asyncio.sleep(DISK_CHECK_INTERVAL)
 
         async def heartbeat() -> None:
             while True:
@@ -320,6 +394,7 @@ class Worker:
                 tg.create_task(reader(tg))
                 tg.create_task(reporter())
                 tg.create_task(heartbeat())
+                tg.create_task(disk_watch())
                 tg.create_task(stopper())
         except* _Shutdown:
             ended = True
@@ -378,11 +453,20 @@ class Worker:
         return await asyncio.shield(waiter)
 
     # ------------------------------------------------------------------ one task
+    def _enter_fault(self, reason: str) -> None:
+        if self.fault is None:
+            self.fault = reason
+            log.error("worker %s stops taking tasks and hands them back: %s", self.cfg.id, reason)
+
     async def _run_task(self, task: p.Task, results: asyncio.Queue) -> None:
         self._running.add(task.lease)
         self.stats.in_flight += 1
         try:
             result = await self.process(task)
+        except LocalFault as e:
+            self._enter_fault(str(e))
+            results.put_nowait(task.lease)
+            return
         except Exception as e:   # a bug must cost one task, not the worker
             log.exception("task %s failed unexpectedly", task.url)
             result = p.Result(task.lease, task.url, p.RETRY, error=f"worker error: {type(e).__name__}: {e}")
@@ -424,8 +508,12 @@ class Worker:
         page: FetchedPage | None = None
         links: list[str] = []
         cut = 0   # links not followed at the depth limit, for the master's discard figures
+        if self.fault is not None:
+            raise LocalFault(self.fault)
         if resolver.needs_page(url):
             async with self.page_sem:
+                if self.fault is not None:   # it came while this task waited its turn
+                    raise LocalFault(self.fault)
                 started = time.monotonic()
                 try:
                     page, truncated = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes,
@@ -473,8 +561,13 @@ class Worker:
                 else:
                     cut = count_links(tree)
                 if self.cfg.store_pages:
-                    self.pages.save(url, page.final_url, page.status, page.content_type, page.body,
-                                    page.raw_headers, truncated)
+                    try:
+                        self.pages.save(url, page.final_url, page.status, page.content_type, page.body,
+                                        page.raw_headers, truncated)
+                    except OSError as e:
+                        if is_local(e):
+                            raise LocalFault(describe(e)) from None
+                        raise
         try:
             resolution, error = await self._resolve(resolver, url, page)
             for later in followers(self.resolvers, resolver, url, page, resolution):
@@ -492,7 +585,12 @@ class Worker:
         links = self._links_to_report(links, items)
         lastmod = self._lastmod_of(resolution.lastmod) if follow and resolution and resolution.lastmod else ()
         if items and self.cfg.download_audio:
-            items = await self._download_all(items, resolver)
+            try:
+                items = await self._download_all(items, resolver)
+            except OSError as e:
+                if is_local(e):
+                    raise LocalFault(describe(e)) from None
+                raise
         self.stats.audio += len(items)
         return p.Result(task.lease, url, p.DONE, page.status if page else None, page.final_url if page else None,
                         page.content_type if page else None, len(page.body) if page else None, error,
@@ -568,7 +666,12 @@ class Worker:
                     item.replace(url=backup, extra={**item.extra, "primary_url": item.url}), reresolve)
             return await self._with_file_tags(done)
 
-        return list(await asyncio.gather(*(one(i) for i in items)))
+        # Every download ends before an error is raised: none is left running after its task was handed back.
+        done = await asyncio.gather(*(one(i) for i in items), return_exceptions=True)
+        for d in done:
+            if isinstance(d, BaseException):
+                raise d
+        return done  # type: ignore[return-value]
 
 
 def _merged(first: Resolution | None, more: Resolution | None) -> Resolution | None:
