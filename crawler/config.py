@@ -8,6 +8,7 @@ fall back to a default in a crawl that runs for days.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -239,3 +240,13 @@ def non_negative(v: Any) -> str | None:
 
 def probability(v: float) -> str | None:
     return None if 0 < v < 1 else "must be between 0 and 1 (exclusive)"
+
+
+def regexes(v: tuple[str, ...]) -> str | None:
+    """Every pattern compiles: a typo must stop the daemon at load, before it writes any state."""
+    for pattern in v:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            return f"{pattern!r} is not a valid regular expression: {e}"
+    return None

@@ -1,7 +1,10 @@
-"""The daemons' logging: one line a record on stderr (time, level, logger, message), alike for both daemons.
+"""The daemons' logging: one line a record (time, level, logger, message), alike for both daemons.
 
 Times are ISO-8601 in UTC with milliseconds (2026-12-02T17:20:01.123Z): the master and its workers run on
 machines in different time zones, and their logs are read side by side.
+
+Records go to stderr (the journal, under systemd) or to --log-file. On SIGHUP the daemons call reopen_logs(), so
+logrotate can move the file away and the daemon carries on in a fresh one.
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ import logging
 import sys
 import time
 from datetime import UTC, datetime
+from pathlib import Path
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class UTCFormatter(logging.Formatter):
@@ -24,10 +30,39 @@ def iso_utc(t: float | None) -> str | None:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(UTCFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
+class ReopenableFileHandler(logging.FileHandler):
+    def reopen(self) -> None:
+        self.acquire()
+        try:
+            old, self.stream = self.stream, self._open()
+            if old is not None:
+                old.close()
+        finally:
+            self.release()
+
+
+def setup_logging(level: str, log_file: Path | None = None) -> None:
+    """Raises OSError when the log file cannot be opened (the CLI reports it as one line)."""
+    handler: logging.Handler
+    if log_file is not None:
+        handler = ReopenableFileHandler(log_file, encoding="utf-8")
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(UTCFormatter(FORMAT))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+        old.close()
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
     # httpx logs every request at INFO: far too much for a crawler's log. aiohttp.web logs every request too.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def reopen_logs() -> None:
+    """Reopen the log file (after logrotate moved it); nothing to do when logging to stderr."""
+    for h in logging.getLogger().handlers:
+        if isinstance(h, ReopenableFileHandler):
+            h.reopen()
+    logging.getLogger("crawler").info("log file reopened")

@@ -153,8 +153,12 @@ def test_master_cli_unreadable_and_invalid_yaml(tmp_path):
 
 
 def test_worker_cli_missing_flag_and_bad_resolver(tmp_path):
-    r = _run(["crawler.worker", "--master", "127.0.0.1:1", "--id", "a", "--data-dir", str(tmp_path)], tmp_path)
-    assert r.returncode == 2 and "secret_file: required" in r.stderr and "Traceback" not in r.stderr
+    r = _run(["crawler.worker", "--id", "a", "--data-dir", str(tmp_path)], tmp_path)
+    assert r.returncode == 2 and "master: required" in r.stderr and "Traceback" not in r.stderr
+    r = _run(["crawler.worker", "--master", "127.0.0.1:1", "--id", "a", "--data-dir", str(tmp_path),
+              "--secret-file", "nosuch"], tmp_path)
+    assert r.returncode == 2 and f"secret_file: cannot read {tmp_path / 'nosuch'}" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
     cfg = tmp_path / "w.yaml"
     cfg.write_text(yaml.safe_dump({"resolvers": {"nosuch": {}}, "concurrency": 4}))
     r = _run(["crawler.worker", "--master", "127.0.0.1:1", "--id", "a", "--data-dir", str(tmp_path),
@@ -167,6 +171,7 @@ def test_second_master_on_the_same_state_and_a_taken_port_are_one_line_errors(tm
 
     raw = base(tmp_path)
     raw["listen"] = "127.0.0.1:0"
+    raw["web"] = {"listen": "127.0.0.1:0"}   # never a fixed port in tests
     raw["exit_when_done"] = False
     cfg = tmp_path / "m.yaml"
     cfg.write_text(yaml.safe_dump(raw))
@@ -190,8 +195,8 @@ def test_second_master_on_the_same_state_and_a_taken_port_are_one_line_errors(tm
         raw["listen"] = f"127.0.0.1:{taken.getsockname()[1]}"
         cfg.write_text(yaml.safe_dump(raw))
         r = _run(["crawler.master", "--config", str(cfg)], tmp_path)
-    assert r.returncode == 1 and "address already in use" in r.stderr.lower()
-    assert "Traceback" not in r.stderr
+    assert r.returncode == 2 and "address already in use" in r.stderr.lower()
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
 def test_web_listen_defaults_to_loopback_and_can_be_switched_off(tmp_path):

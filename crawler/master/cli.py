@@ -1,8 +1,8 @@
-"""crawler-master: run the master, or look at its state (status, export). Only this module exits the process."""
+"""crawler-master: run the master, look at its state (status, export) or steer it (pause, resume, seed, retry).
+Only this module exits the process."""
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import json
 import os
@@ -10,16 +10,22 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import click
 
 from crawler import eventloop
+from crawler.commandline import OneLineGroup, daemon_signals, version_option
 from crawler.config import ConfigError
 from crawler.logs import setup_logging
 from crawler.master.config import MasterConfig
 
+PROG = "crawler-master"
+CONFIG_ENV = "CRAWLER_MASTER_CONFIG"
 CONFIG = click.option("--config", "config_path", required=True, type=click.Path(path_type=Path),
-                      help="The master's YAML config.")
+                      envvar=CONFIG_ENV, help=f"The master's YAML config (or ${CONFIG_ENV}).")
+# How long a steering command waits for the running master to answer (it applies commands every 0.2 s).
+ANSWER_TIMEOUT = 30.0
 
 
 def load_config(path: Path) -> MasterConfig:
@@ -30,28 +36,35 @@ def load_config(path: Path) -> MasterConfig:
         sys.exit(2)
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", type=click.Path(path_type=Path), help="The master's YAML config.")
-@click.option("--log-level", default="info", show_default=True,
+@click.group(PROG, cls=OneLineGroup, invoke_without_command=True,
+             context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(path_type=Path), envvar=CONFIG_ENV,
+              help=f"The master's YAML config (or ${CONFIG_ENV}).")
+@click.option("--log-level", default="info", show_default=True, envvar="CRAWLER_MASTER_LOG_LEVEL",
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--log-file", type=click.Path(path_type=Path), envvar="CRAWLER_MASTER_LOG_FILE",
+              help="Log here instead of stderr; reopened on SIGHUP (for logrotate).")
+@version_option(PROG)
 @click.pass_context
-def main(ctx: click.Context, config_path: Path | None, log_level: str) -> None:
+def main(ctx: click.Context, config_path: Path | None, log_level: str, log_file: Path | None) -> None:
     """Run the crawl master (with --config), or one of the commands below."""
-    setup_logging(log_level)
+    try:
+        setup_logging(log_level, log_file)
+    except OSError as e:
+        click.echo(f"{PROG}: --log-file: cannot open {log_file}: {e.strerror or e}", err=True)
+        sys.exit(2)
     if ctx.invoked_subcommand is not None:
         return
     if config_path is None:
-        click.echo(ctx.get_help())
-        click.echo("\nError: --config is required to run the master.", err=True)
+        click.echo(f"{PROG}: --config is required to run the master (try --help)", err=True)
         sys.exit(2)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)   # until the loop's handler reopens logs instead
     cfg = load_config(config_path)
-    from crawler.master.server import Master
+    from crawler.master.server import Master, StartupError
 
     async def run() -> int:
         master = Master(cfg)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, master.stop)
+        daemon_signals(master.stop)
         summary = await master.serve()
         click.echo(summary.text())
         return 0
@@ -60,8 +73,11 @@ def main(ctx: click.Context, config_path: Path | None, log_level: str) -> None:
 
     try:
         sys.exit(eventloop.run(run()))
-    except (OSError, StoreError) as e:   # port taken, data dir unwritable, another master on the same state
-        click.echo(f"crawler-master: {e}", err=True)
+    except StartupError as e:     # port taken, data dir unusable: the operator must change something
+        click.echo(f"{PROG}: {e}", err=True)
+        sys.exit(2)
+    except (OSError, StoreError) as e:   # another master on the same state, a failing disk
+        click.echo(f"{PROG}: {e}", err=True)
         sys.exit(1)
 
 
@@ -70,7 +86,7 @@ def _open_store(cfg: MasterConfig):
 
     db = cfg.data_dir / "master.db"
     if not db.exists():
-        click.echo(f"crawler-master: no crawl state at {db} (has the master run with this config?)", err=True)
+        click.echo(f"{PROG}: no crawl state at {db} (has the master run with this config?)", err=True)
         sys.exit(1)
     return MasterStore.open_readonly(db)
 
@@ -121,18 +137,29 @@ def status(config_path: Path, as_json: bool) -> None:
 @CONFIG
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True)
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here instead of standard output.")
-def export(config_path: Path, fmt: str, output: Path | None) -> None:
-    """The audio catalogue, as JSON lines or CSV."""
+@click.option("--failed", is_flag=True, help="The URLs given up as errors, with the reason, not the catalogue.")
+def export(config_path: Path, fmt: str, output: Path | None, failed: bool) -> None:
+    """The audio catalogue (or with --failed the failed URLs), as JSON lines or CSV."""
     cfg = load_config(config_path)
     store = _open_store(cfg)
-    out = open(output, "w", encoding="utf-8", newline="") if output else sys.stdout
+    out: IO[str] = sys.stdout
+    if output:
+        try:
+            out = open(output, "w", encoding="utf-8", newline="")
+        except OSError as e:
+            store.close()
+            click.echo(f"{PROG}: cannot write {output}: {e.strerror or e}", err=True)
+            sys.exit(2)
     try:
+        from crawler.logs import iso_utc
         from crawler.master.catalogue import export_row
 
-        rows = map(export_row, store.catalogue())
+        if failed:
+            rows = ({**r, "last_crawl": iso_utc(r["last_crawl"])} for r in store.failed())
+        else:
+            rows = map(export_row, store.catalogue())
         if fmt == "jsonl":
-            for row in rows:
-                out.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+            out.writelines(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows)
         else:
             writer = None
             for row in rows:
@@ -146,3 +173,86 @@ def export(config_path: Path, fmt: str, output: Path | None) -> None:
         store.close()
         if output:
             out.close()
+
+
+# ---------------------------------------------------------------------------------------------- steering
+def _steer(config_path: Path, command: dict) -> dict:
+    """Queue a command; apply it here when no master runs, else wait for the running master's answer."""
+    from crawler.master import steering
+    from crawler.master.server import Master
+    from crawler.master.store import StoreBusy, StoreError
+
+    cfg = load_config(config_path)
+    if not (cfg.data_dir / "master.db").exists():
+        click.echo(f"{PROG}: no crawl state at {cfg.data_dir / 'master.db'} (has the master run with this "
+                   f"config?)", err=True)
+        sys.exit(1)
+    try:
+        path = steering.submit(cfg.data_dir, command)
+    except OSError as e:
+        click.echo(f"{PROG}: cannot queue the command in {steering.commands_dir(cfg.data_dir)}: "
+                   f"{e.strerror or e}", err=True)
+        sys.exit(2)
+    where = "the running master"
+    try:
+        Master(cfg).apply_offline()
+        where = "applied to the stopped crawl"
+    except StoreBusy:
+        pass
+    except (StoreError, OSError) as e:
+        click.echo(f"{PROG}: {e}", err=True)
+        sys.exit(1)
+    deadline = time.monotonic() + ANSWER_TIMEOUT
+    while (result := steering.take_answer(path)) is None:
+        if time.monotonic() > deadline:
+            click.echo(f"{PROG}: queued in {path}; the master applies it when it next runs its loop")
+            sys.exit(0)
+        time.sleep(0.05)
+    if "error" in result:
+        click.echo(f"{PROG}: {result['error']}", err=True)
+        sys.exit(2)
+    result["by"] = where if where != "the running master" else "applied by the running master"
+    return result
+
+
+@main.command()
+@CONFIG
+def pause(config_path: Path) -> None:
+    """Stop handing out work (what is in flight finishes); the crawl stays paused across restarts."""
+    r = _steer(config_path, {"command": "pause"})
+    click.echo(f"paused ({r['by']})")
+
+
+@main.command()
+@CONFIG
+def resume(config_path: Path) -> None:
+    """Hand out work again after pause."""
+    r = _steer(config_path, {"command": "resume"})
+    click.echo(f"resumed ({r['by']})")
+
+
+@main.command()
+@CONFIG
+@click.argument("urls", nargs=-1, required=True)
+def seed(config_path: Path, urls: tuple[str, ...]) -> None:
+    """Add start URLs to the crawl, through the URL policy and dedup like any discovered link."""
+    from urllib.parse import urlsplit
+
+    for u in urls:
+        parts = urlsplit(u)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            click.echo(f"{PROG}: seed: {u!r} is not an http(s) URL", err=True)
+            sys.exit(2)
+    r = _steer(config_path, {"command": "seed", "urls": list(urls)})
+    discarded = ", ".join(f"{k} {v}" for k, v in sorted(r["discarded"].items())) or "none"
+    click.echo(f"seeded {r['added']} of {len(urls)} URLs ({r['by']}); already known {r['known']}, "
+               f"discarded by policy: {discarded}")
+
+
+@main.command()
+@CONFIG
+@click.option("--reason", help="Only the failed URLs whose error contains this text.")
+def retry(config_path: Path, reason: str | None) -> None:
+    """Put failed URLs (state error) back in the queue with their attempts reset."""
+    r = _steer(config_path, {"command": "retry", "reason": reason})
+    click.echo(f"{r['requeued']} failed URLs back in the queue ({r['by']})")

@@ -17,6 +17,7 @@ from crawler.config import (
     positive,
     probability,
     read_secret,
+    regexes,
 )
 from crawler.resolvers.kugou import SEARCH_HOST, search_url
 from crawler.targets import parse_network
@@ -111,11 +112,11 @@ SPEC = {
         # Networks outside the public internet (loopback, private, link-local ...) the crawl may fetch from;
         # the seeds' own host:port always may. See crawler/targets.py.
         "allowed_networks": Key("list[str]", (), check=_networks_check),
-        "allow_patterns": Key("list[str]", ()),
-        "deny_patterns": Key("list[str]", ()),
+        "allow_patterns": Key("list[str]", (), regexes),
+        "deny_patterns": Key("list[str]", (), regexes),
         "sort_query": Key("bool", False),
         "drop_params": Key("list[str]", ("utm_source", "utm_medium", "utm_campaign", "utm_term", "utm_content")),
-        "keep_fragment": Key("list[str]", DEFAULT_KEEP_FRAGMENT),
+        "keep_fragment": Key("list[str]", DEFAULT_KEEP_FRAGMENT, regexes),
         "refresh_interval": Key("float", None, positive),
         "max_attempts": Key("int", 3, positive),
     }),
@@ -143,7 +144,7 @@ SPEC = {
     "dedup": Key("section", section={
         "expected_urls": Key("int", 10_000_000, positive),
         "fp_rate": Key("float", 1e-6, probability),
-        "whitelist": Key("list[str]", ()),
+        "whitelist": Key("list[str]", (), regexes),
         "snapshot_interval": Key("float", 60.0, positive),
     }),
     "max_frame": Key("int", 16 * 1024 * 1024, positive),

@@ -100,6 +100,10 @@ class Summary:
         ])
 
 
+def _hostport(addr: tuple[str, int] | None) -> str:
+    return f"{addr[0]}:{addr[1]}" if addr else "-"
+
+
 class StartupError(Exception):
     """The master cannot start as configured (address in use, data dir unusable): one line for the operator."""
 
@@ -284,21 +288,27 @@ class Master:
         except OSError as e:
             raise StartupError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         try:
-            self._open_state()
+            web = await self._start_web()
         except OSError as e:
             server.close()
-            raise StartupError(f"cannot use the data dir {self.cfg.data_dir}: {e.strerror or e}"
-                               f"{f' ({e.filename})' if e.filename else ''}") from None
-        except BaseException:
+            raise StartupError(f"cannot listen on web.listen {_hostport(self.cfg.web.listen)}: {e.strerror or e}"
+                               ) from None
+        try:
+            self._open_state()
+        except BaseException as e:
             server.close()
+            if web is not None:
+                await web.close()
+            if isinstance(e, OSError):
+                raise StartupError(f"cannot use the data dir {self.cfg.data_dir}: {e.strerror or e}"
+                                   f"{f' ({e.filename})' if e.filename else ''}") from None
             raise
         self.port = server.sockets[0].getsockname()[1]
         log.info("master listening on %s:%d for nodes %s", host, self.port, ", ".join(self.cfg.nodes))
-        try:
-            web = await self._start_web()
-        except BaseException:
-            server.close()
-            raise
+        if web is not None:
+            from crawler.master.web import WEB_ADDR_FILE
+
+            (self.cfg.data_dir / WEB_ADDR_FILE).write_text(f"{self.observer.web_addr}\n")
         # Tools and tests find a master that listens on port 0 here (and its web server in web.addr).
         (self.cfg.data_dir / "master.addr").write_text(f"{host}:{self.port}\n")
         if started:
@@ -340,14 +350,13 @@ class Master:
         """The status page, /api/status and /metrics on web.listen (not at all when it is off)."""
         if self.cfg.web.listen is None:
             return None
-        from crawler.master.web import WEB_ADDR_FILE, WebServer
+        from crawler.master.web import WebServer
 
         web = WebServer(self.observer, self.cfg.data_dir / "master.db", self.cfg.web.token)
         addr = await web.start(*self.cfg.web.listen)
         self.observer.web_addr = addr
         log.info("status page on http://%s/ (metrics at /metrics%s)", addr,
                  ", token required" if self.cfg.web.token else "")
-        (self.cfg.data_dir / WEB_ADDR_FILE).write_text(f"{addr}\n")
         return web
 
     def _fill_summary(self, elapsed: float) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import sys
 from pathlib import Path
@@ -10,52 +9,76 @@ from pathlib import Path
 import click
 
 from crawler import eventloop
+from crawler.commandline import OneLineGroup, daemon_signals, version_option
 from crawler.config import ConfigError
 from crawler.logs import setup_logging
 from crawler.resolvers.base import ResolverConfigError
-from crawler.worker.config import WorkerConfig
+from crawler.worker.config import DEFAULT_SECRET_FILE, WorkerConfig
+
+PROG = "crawler-worker"
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--master", help="The master's host:port.")
-@click.option("--id", "node_id", help="This node's id; must be one of the master's `nodes`.")
-@click.option("--data-dir", type=click.Path(path_type=Path), help="Where pages and audio are stored.")
-@click.option("--secret-file", type=click.Path(path_type=Path), help="File holding the shared secret.")
-@click.option("--config", "config_path", type=click.Path(path_type=Path),
-              help="Optional YAML: concurrency, User-Agent, limits, resolvers.")
-@click.option("--concurrency", type=int, help="Page fetches in flight (overrides the config).")
-@click.option("--metrics-listen", help="host:port to serve Prometheus /metrics on (overrides the config).")
-@click.option("--log-level", default="info", show_default=True,
+@click.group(PROG, cls=OneLineGroup, invoke_without_command=True,
+             context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--master", envvar="CRAWLER_MASTER", help="The master's host:port [$CRAWLER_MASTER].")
+@click.option("--id", "node_id", envvar="CRAWLER_ID",
+              help="This node's id, one of the master's `nodes` [$CRAWLER_ID; default: the host name].")
+@click.option("--data-dir", type=click.Path(path_type=Path), envvar="CRAWLER_DATA_DIR",
+              help="Where pages and audio are stored [$CRAWLER_DATA_DIR; default: $STATE_DIRECTORY or "
+                   "/var/lib/audio-crawler].")
+@click.option("--secret-file", type=click.Path(path_type=Path), envvar="CRAWLER_SECRET_FILE",
+              help=f"File holding the shared secret [$CRAWLER_SECRET_FILE; default: {DEFAULT_SECRET_FILE}].")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), envvar="CRAWLER_CONFIG",
+              help="Optional YAML: the settings above and concurrency, User-Agent, limits, resolvers "
+                   "[$CRAWLER_CONFIG].")
+@click.option("--concurrency", type=int, envvar="CRAWLER_CONCURRENCY",
+              help="Page fetches in flight (overrides the config) [$CRAWLER_CONCURRENCY].")
+@click.option("--metrics-listen", envvar="CRAWLER_METRICS_LISTEN",
+              help="host:port to serve Prometheus /metrics on (overrides the config) [$CRAWLER_METRICS_LISTEN].")
+@click.option("--log-level", default="info", show_default=True, envvar="CRAWLER_LOG_LEVEL",
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--log-file", type=click.Path(path_type=Path), envvar="CRAWLER_LOG_FILE",
+              help="Log here instead of stderr; reopened on SIGHUP (for logrotate) [$CRAWLER_LOG_FILE].")
+@version_option(PROG)
 @click.pass_context
-def main(ctx, master, node_id, data_dir, secret_file, config_path, concurrency, metrics_listen, log_level) -> None:
-    """Run a crawl worker (with --master and the rest), or one of the commands below."""
+def main(ctx, master, node_id, data_dir, secret_file, config_path, concurrency, metrics_listen, log_level,
+         log_file) -> None:
+    """Run a crawl worker (--master is all it needs), or one of the commands below.
+
+    Flags win over their environment variables, which win over the config file."""
     if ctx.invoked_subcommand is not None:
         return
-    setup_logging(log_level)
-    overrides = {"master": master, "id": node_id, "data_dir": str(data_dir) if data_dir else None,
-                 "secret_file": str(secret_file) if secret_file else None, "concurrency": concurrency,
-                 "metrics_listen": metrics_listen}
+    try:
+        setup_logging(log_level, log_file)
+    except OSError as e:
+        click.echo(f"{PROG}: --log-file: cannot open {log_file}: {e.strerror or e}", err=True)
+        sys.exit(2)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)   # until the loop's handler reopens logs instead
+    overrides = {"master": master, "id": node_id, "data_dir": data_dir, "secret_file": secret_file,
+                 "concurrency": concurrency, "metrics_listen": metrics_listen}
     try:
         cfg = WorkerConfig.build(config_path, overrides)
+        from crawler.worker.faults import unusable_data_dir
+
+        problem = unusable_data_dir(cfg.data_dir)
+        if problem:
+            raise ConfigError("data_dir", problem)
         from crawler.worker.server import Worker
 
         worker = Worker(cfg)
     except (ConfigError, ResolverConfigError) as e:
-        click.echo(f"crawler-worker: config error: {e}", err=True)
+        click.echo(f"{PROG}: config error: {e}", err=True)
         sys.exit(2)
 
     async def run() -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+        daemon_signals(worker.stop)
         return await worker.serve()
 
     try:
-        sys.exit(eventloop.run(run()))
-    except OSError as e:   # the metrics port is taken
-        click.echo(f"crawler-worker: {e}", err=True)
-        sys.exit(1)
+        sys.exit(eventloop.run(run()))   # 2: the master refused this worker for good (logged as one line)
+    except OSError as e:   # the metrics port is taken: a mistake to fix, like a config error
+        click.echo(f"{PROG}: {e}", err=True)
+        sys.exit(2)
 
 
 @main.command()

@@ -1,7 +1,10 @@
-"""The worker's one config object: an optional YAML file, with the command line's flags taking precedence."""
+"""The worker's one config object: an optional YAML file, with the command line's flags (or their environment
+variables) taking precedence, and defaults that fit a systemd unit so `crawler-worker --master host:port` runs."""
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,6 +13,7 @@ from crawler.config import (
     ConfigError,
     Key,
     load_yaml,
+    non_negative,
     one_of,
     parse_hostport,
     parse_section,
@@ -19,6 +23,15 @@ from crawler.config import (
 from crawler.worker.pagestore import FORMATS
 
 DEFAULT_USER_AGENT = "Mozilla/5.0 (compatible; audio-crawler/0.1)"
+DEFAULT_DATA_DIR = Path("/var/lib/audio-crawler")     # systemd's StateDirectory=audio-crawler
+DEFAULT_SECRET_FILE = Path("/etc/audio-crawler/secret")
+
+
+def default_data_dir() -> Path:
+    # systemd sets $STATE_DIRECTORY (colon-separated when a unit has several) from StateDirectory=.
+    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return Path(state) if state else DEFAULT_DATA_DIR
+
 
 SPEC = {
     "master": Key("str", None),
@@ -45,6 +58,7 @@ SPEC = {
     "store_pages": Key("bool", True),
     "page_format": Key("str", "warc", one_of(*FORMATS)),   # see crawler/worker/pagestore.py
     "warc_file_bytes": Key("int", 1024 ** 3, positive),      # a new WARC file past this size
+    "min_free_bytes": Key("int", 100 * 1024 ** 2, non_negative),   # less free in data_dir: take no work
     "download_audio": Key("bool", True),
     "reconnect_max_delay": Key("float", 30.0, positive),
     "resolvers": Key("map", None),                    # name -> its own section, in the order they are tried
@@ -79,6 +93,7 @@ class WorkerConfig:
     store_pages: bool
     page_format: str
     warc_file_bytes: int
+    min_free_bytes: int
     download_audio: bool
     reconnect_max_delay: float
     resolvers: dict[str, dict[str, Any]]
@@ -87,14 +102,22 @@ class WorkerConfig:
 
     @classmethod
     def build(cls, yaml_path: Path | None, overrides: dict[str, Any]) -> WorkerConfig:
+        """overrides: the command line's values (None: not given). Paths among them are taken from the current
+        directory, paths in the file from the file's folder."""
         raw = load_yaml(yaml_path) if yaml_path else {}
         base = yaml_path.resolve().parent if yaml_path else Path.cwd()
-        raw.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        for k in ("data_dir", "secret_file"):
+            if k in given:
+                given[k] = str(Path(given[k]).expanduser().absolute())
+        raw.update(given)
         v = parse_section(raw, SPEC, base)
-        for key, flag in (("master", "--master"), ("id", "--id"), ("data_dir", "--data-dir"),
-                          ("secret_file", "--secret-file")):
-            if v[key] is None:
-                raise ConfigError(key, f"required: give {flag} or set {key} in the config file")
+        if v["master"] is None:
+            raise ConfigError("master", "required: give --master host:port, set $CRAWLER_MASTER or set master "
+                                        "in the config file")
+        v["id"] = v["id"] or socket.gethostname()
+        v["data_dir"] = v["data_dir"] or default_data_dir()
+        v["secret_file"] = v["secret_file"] or DEFAULT_SECRET_FILE
         resolvers = v["resolvers"] or {"generic": {}}
         for name, section in resolvers.items():
             if section is not None and not isinstance(section, dict):
@@ -110,7 +133,7 @@ class WorkerConfig:
             max_page_tags=v["max_page_tags"],
             max_redirects=v["max_redirects"], dns_ttl=v["dns_ttl"], link_cache=v["link_cache"],
             max_links_per_page=v["max_links_per_page"], store_pages=v["store_pages"],
-            page_format=v["page_format"], warc_file_bytes=v["warc_file_bytes"],
+            page_format=v["page_format"], warc_file_bytes=v["warc_file_bytes"], min_free_bytes=v["min_free_bytes"],
             download_audio=v["download_audio"], reconnect_max_delay=v["reconnect_max_delay"],
             resolvers={k: dict(s or {}) for k, s in resolvers.items()},
             metrics_listen=v["metrics_listen"], log_interval=v["log_interval"],

@@ -1,0 +1,262 @@
+"""End to end with real processes: what an operator meets over days of crawling.
+
+A worker's disk fills up; a second machine claims a connected id; a worker has the wrong secret or an id the master
+does not know; the operator pauses, resumes, seeds and retries a running crawl; a worker runs on `--master` alone.
+"""
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from crawler.master.store import MasterStore
+from scripts import cluster, sitegen, siteserver
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    return out, sitegen.generate(out, songs=200)
+
+
+def pages_of(tmp: Path, node: str) -> list[str]:
+    index = tmp / f"worker-{node}" / "pages" / "index.tsv"
+    if not index.exists():
+        return []
+    return [line.split("\t")[1] for line in index.read_text(errors="replace").splitlines() if line.count("\t") > 2]
+
+
+def failed_urls(tmp: Path) -> list[dict]:
+    with MasterStore.open_readonly(tmp / "master" / "master.db") as store:
+        return list(store.failed())
+
+
+def error_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if " ERROR " in line]
+
+
+def master_cmd(config: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "crawler.master", *args, "--config", str(config)],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+async def master_cmd_async(config: Path, *args: str) -> subprocess.CompletedProcess:
+    return await asyncio.to_thread(master_cmd, config, *args)
+
+
+# ------------------------------------------------------------------------------------------- a full disk
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 1 MiB tmpfs: the worker's data dir fills within a few dozen songs."""
+    if os.geteuid() != 0:
+        pytest.fail("mounting a tmpfs needs root (the test suite runs as root)")
+    mnt = tmp_path / "worker-small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+async def test_full_disk_stops_the_worker_not_the_urls_and_it_resumes_when_space_returns(site, tmp_path,
+                                                                                          tiny_disk):
+    site_dir, manifest = site
+    slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.3}, record_log=True)
+    async with await siteserver.start(site_dir, behaviour=slow) as server:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["big", "small"],
+                                       crawl={"max_depth": manifest.max_depth + 3})
+        wcfg = tmp_path / "worker.yaml"
+        wcfg.write_text("min_free_bytes: 0\nconcurrency: 4\n")
+        master = await cluster.start_master(config, tmp_path)
+        addr = cluster.master_addr(config)
+        big = await cluster.start_worker(addr, "big", tmp_path, config=wcfg)
+        small = await cluster.start_worker(addr, "small", tmp_path, config=wcfg)
+        await cluster.until(lambda: "stops taking tasks" in small.log(), 90, "the small worker's disk to fill")
+        await cluster.until(lambda: "cannot store what it fetches" in master.log(), 30, "the master to hear of it")
+        fetched_at_fault = len(pages_of(tmp_path, "small"))
+        # Space comes back (a bigger tmpfs): the worker finds out by itself and takes work again.
+        await asyncio.to_thread(subprocess.run, ["mount", "-o", "remount,size=64m", str(tiny_disk)], check=True)
+        await cluster.until(lambda: "can store again" in small.log(), 30, "the small worker to resume")
+        await cluster.until(lambda: "worker small can store again" in master.log(), 30, "the master to hear of it")
+        await cluster.until(lambda: len(pages_of(tmp_path, "small")) > fetched_at_fault, 60,
+                            "the small worker to fetch pages again")
+        assert await master.wait(240) == 0, master.log()[-3000:]
+        assert await big.wait(30) == 0
+        assert await small.wait(30) == 0
+        log = list(server.log)
+
+    assert failed_urls(tmp_path) == []
+    assert len(error_lines(small.log())) == 1, small.log()[-3000:]
+    assert "No space left on device" in error_lines(small.log())[0]
+    assert "Traceback" not in small.log() and "Traceback" not in master.log()
+    gets = Counter(e.path for e in log if e.method == "GET" and e.path.endswith(".html"))
+    lost = [p for p in manifest.pages if p.endswith(".html") and gets[p] == 0]
+    assert not lost, f"{len(lost)} pages never fetched, e.g. {lost[:5]}"
+    found = {row["url"].rsplit("/", 1)[-1] for row in cluster.catalogue(tmp_path) if row["status"] == "ok"}
+    missing = [a.url for a in manifest.audio if a.url.rsplit("/", 1)[-1] not in found]
+    assert not missing, f"{len(missing)} audio items lost, e.g. {missing[:3]}"
+    with MasterStore.open_readonly(tmp_path / "master" / "master.db") as store:
+        small_stats = store.status()["nodes"]["small"]
+    assert small_stats.get("faults", 0) >= 1, small_stats
+
+
+# ------------------------------------------------------------------------------------------- refusals
+async def test_duplicate_id_wrong_secret_and_unknown_id_exit_2_while_the_first_worker_crawls(site, tmp_path):
+    site_dir, manifest = site
+    slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.05})
+    async with await siteserver.start(site_dir, behaviour=slow) as server:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1", "w2"],
+                                       crawl={"max_depth": manifest.max_depth + 3})
+        master = await cluster.start_master(config, tmp_path)
+        addr = cluster.master_addr(config)
+        first = await cluster.start_worker(addr, "w1", tmp_path, extra=["--concurrency", "4"])
+        await cluster.until(lambda: len(pages_of(tmp_path, "w1")) >= 5, 60, "w1 to crawl")
+
+        clone_dir = tmp_path / "clone"
+        clone_dir.mkdir()
+        clone = await cluster.start_worker(addr, "w1", clone_dir, secret=tmp_path / "secret")
+        wrong = cluster.write_secret(tmp_path / "wrong-secret", "a different secret of enough length")
+        intruder = await cluster.start_worker(addr, "w2", tmp_path, secret=wrong)
+        stranger = await cluster.start_worker(addr, "w9", tmp_path)
+        for proc, words in ((clone, "already connected"), (intruder, "could not prove"),
+                            (stranger, "not in the master's nodes list")):
+            assert await proc.wait(60) == 2, proc.log()
+            errors = error_lines(proc.log())
+            assert len(errors) == 1 and words in errors[0], proc.log()
+            assert "Traceback" not in proc.log() and "WARNING" not in proc.log()
+        assert await master.wait(240) == 0, master.log()[-3000:]
+        assert await first.wait(30) == 0
+
+    assert failed_urls(tmp_path) == []
+    assert "w1 connected again" not in master.log()
+    assert len(set(pages_of(tmp_path, "w1"))) >= sum(1 for p in manifest.pages if p.endswith(".html")) - 2
+
+
+# ------------------------------------------------------------------------------------------- steering
+def states(tmp: Path) -> dict[str, int]:
+    with MasterStore.open_readonly(tmp / "master" / "master.db") as store:
+        return store.status()["states"]
+
+
+def html_gets(server) -> int:
+    return sum(1 for e in server.log if e.path.endswith(".html"))
+
+
+async def test_pause_resume_seed_and_retry_on_a_running_master(tmp_path):
+    site_dir = tmp_path / "site"
+    manifest = sitegen.generate(site_dir, songs=60)
+    # Every song page fails (HTTP 500: given up at once with max_attempts 1) until the site is fixed.
+    broken = siteserver.Behaviour(status_overrides={r"^/song/": 500}, record_log=True,
+                                  slow_paths={r"\.html$": 0.3})
+    server = await siteserver.start(site_dir, behaviour=broken)
+    try:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"], exit_when_done=False,
+                                       crawl={"max_depth": manifest.max_depth + 3, "max_attempts": 1})
+        master = await cluster.start_master(config, tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path,
+                                            extra=["--concurrency", "4"])
+        await cluster.until(lambda: html_gets(server) >= 8, 90, "the crawl to get going")
+
+        r = await master_cmd_async(config, "pause")
+        assert r.returncode == 0 and "paused (applied by the running master)" in r.stdout, r
+        at_pause = html_gets(server)
+        # What the worker held when the pause came (at most its credit of 2*4 + 2*4 tasks) still finishes.
+        settled = at_pause
+        while True:
+            await asyncio.sleep(1.0)
+            if html_gets(server) == settled:
+                break
+            settled = html_gets(server)
+        assert settled - at_pause <= 16, (at_pause, settled)
+        assert states(tmp_path)["queued"] > 0, "nothing left to hold back: the test proves nothing"
+        await asyncio.sleep(1.0)
+        assert html_gets(server) == settled, "work was handed out while paused"
+
+        r = await master_cmd_async(config, "resume")
+        assert r.returncode == 0 and "resumed (applied by the running master)" in r.stdout, r
+        await cluster.until(lambda: html_gets(server) > settled, 30, "work to flow again after resume")
+
+        await cluster.until(lambda: (st := states(tmp_path))["queued"] == 0 and st["leased"] == 0, 120,
+                            "the first pass to end")
+        failed = failed_urls(tmp_path)
+        assert len(failed) == 60 and all(f["error"] == "HTTP 500" for f in failed), failed[:3]
+        out = tmp_path / "failed.csv"
+        r = await master_cmd_async(config, "export", "--failed", "--format", "csv", "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        text = out.read_text()
+        assert len(text.splitlines()) == 61 and "/song/1.html" in text and "HTTP 500" in text
+
+        # The site is fixed; the operator retries the failures it caused.
+        await server.close()
+        server = await siteserver.start(site_dir, port=server.port,
+                                        behaviour=siteserver.Behaviour(record_log=True))
+        r = await master_cmd_async(config, "retry", "--reason", "HTTP 500")
+        assert r.returncode == 0 and "60 failed URLs back in the queue" in r.stdout, r
+        await cluster.until(lambda: not failed_urls(tmp_path) and states(tmp_path)["done"] >= len(manifest.pages),
+                            120, "the retried URLs to be fetched")
+        assert sum(1 for e in server.log if e.path.startswith("/song/")) >= 60
+
+        # New seeds on the running crawl: the one in scope is fetched, the other discarded by the URL policy.
+        (site_dir / "extra.html").write_text("<html><body>late addition</body></html>")
+        r = await master_cmd_async(config, "seed", server.url + "/extra.html", "http://elsewhere.example/")
+        assert r.returncode == 0 and "seeded 1 of 2 URLs" in r.stdout and "out_of_scope 1" in r.stdout, r
+        await cluster.until(lambda: any(e.path == "/extra.html" for e in server.log), 60, "the seed to be fetched")
+        await master.stop()
+        await worker.stop()
+    finally:
+        await server.close()
+    assert master.proc.returncode == 0, master.log()[-3000:]
+
+
+async def test_commands_on_a_stopped_crawl_apply_at_once_and_pause_survives_a_restart(tmp_path):
+    site_dir = tmp_path / "site"
+    sitegen.generate(site_dir, songs=5)
+    async with await siteserver.start(site_dir, behaviour=siteserver.Behaviour(record_log=True)) as server:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"], crawl={"max_depth": 0})
+        master = await cluster.start_master(config, tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path)
+        assert await master.wait(60) == 0
+        assert await worker.wait(30) == 0
+        r = await master_cmd_async(config, "seed", server.url + "/artists/")
+        assert r.returncode == 0 and "applied to the stopped crawl" in r.stdout and "seeded 1 of 1" in r.stdout, r
+        r = await master_cmd_async(config, "pause")
+        assert r.returncode == 0 and "applied to the stopped crawl" in r.stdout, r
+        master = await cluster.start_master(config, tmp_path, log_name="master2.log")
+        await cluster.until(lambda: "the crawl is paused" in master.log(), 30, "the master to start paused")
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path)
+        await cluster.until(lambda: "worker w1 joined" in master.log(), 30, "the worker to join")
+        await asyncio.sleep(1.0)   # two heartbeats: nothing may be handed out
+        assert not any(e.path.startswith("/artists/") for e in server.log)
+        r = await master_cmd_async(config, "resume")
+        assert r.returncode == 0 and "applied by the running master" in r.stdout, r
+        assert await master.wait(60) == 0, master.log()[-3000:]
+        assert await worker.wait(30) == 0
+        assert any(e.path.startswith("/artists/") for e in server.log)
+
+
+# ------------------------------------------------------------------------------------------- --master alone
+async def test_worker_runs_with_only_master_given(tmp_path):
+    site_dir = tmp_path / "site"
+    sitegen.generate(site_dir, songs=5)
+    async with await siteserver.start(site_dir) as server:
+        config = cluster.master_config(tmp_path, [server.url + "/"], [os.uname().nodename])
+        master = await cluster.start_master(config, tmp_path)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", STATE_DIRECTORY=str(tmp_path / "state"),
+                   CRAWLER_SECRET_FILE=str(tmp_path / "secret"))
+        for k in ("CRAWLER_ID", "CRAWLER_DATA_DIR", "CRAWLER_CONFIG", "CRAWLER_MASTER"):
+            env.pop(k, None)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "crawler.worker", "--master", cluster.master_addr(config), env=env,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, cwd=tmp_path)
+        _, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, err.decode()
+        assert await master.wait(60) == 0, master.log()[-3000:]
+    assert (tmp_path / "state" / "pages" / "index.tsv").stat().st_size > 0
+    assert f"worker {os.uname().nodename} connected" in err.decode()
