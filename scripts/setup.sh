@@ -23,3 +23,13 @@ if ! .venv/bin/python -c "import crawler, pytest, warcio, prometheus_client, pla
     .venv/bin/python -m pip install --quiet -e '.[test]'
     touch .venv/.installed
 fi
+# The tests check the shipped systemd units with systemd-analyze (verify, security); a fresh machine may lack it.
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q >/dev/null
+        apt-get install -y -q --no-install-recommends systemd >/dev/null
+    else
+        echo "setup.sh: systemd-analyze is missing; install the systemd package (as root) for the unit tests" >&2
+    fi
+fi
