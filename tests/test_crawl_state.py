@@ -310,3 +310,56 @@ def test_a_page_the_sitemap_says_changed_since_its_crawl_is_queued_again_when_th
         c.complete("a", (done(p.Task(lease_id, lease.url, lease.depth, lease.parent)),), now=62.0)
     fetch_sitemap_again(now=65.0)
     assert sitemap_says(1e12, now=70.0) == []                 # a date in the future is ignored
+
+
+def test_a_local_fault_gives_leases_back_without_an_attempt_and_routes_around_the_node(tmp_path):
+    c = make(tmp_path, nodes=("a", "b"))
+    c.node_up("a")
+    c.node_up("b")
+    (home,) = c.take("a", 10, now=0.0) + c.take("b", 10, now=0.0)
+    holder = "a" if c.in_flight("a") else "b"
+    other = "b" if holder == "a" else "a"
+    c.complete(holder, (done(home, [SITE + f"/p{i}" for i in range(40)]),), now=1.0)
+    mine = c.take(holder, 100, now=2.0)
+    assert mine
+    # The holder's disk is full: it hands back everything, and no attempt is counted against the URLs.
+    back = c.node_fault(holder, [t.lease for t in mine], now=3.0)
+    assert back == len(mine) and c.in_flight(holder) == 0
+    assert c.take(holder, 100, now=4.0) == []
+    theirs = c.take(other, 100, now=4.0)
+    assert {t.url for t in mine} <= {t.url for t in theirs}
+    assert c.store.status()["states"]["error"] == 0
+    assert all(c.store.url_info(t.url)["attempts"] == 0 for t in mine)
+    # Space returns: the node takes its share again.
+    for t in theirs:
+        c.complete(other, (done(t),), now=5.0)
+    c.node_up(holder)
+    c.seed_more([SITE + f"/late{i}" for i in range(20)])
+    assert c.take(holder, 100, now=6.0)
+
+
+def test_failed_urls_go_back_to_the_queue_on_retry_optionally_by_reason(tmp_path):
+    c = make(tmp_path, nodes=("a",))
+    c.node_up("a")
+    (home,) = c.take("a", 10, now=0.0)
+    c.complete("a", (done(home, [SITE + f"/p{i}" for i in range(6)]),), now=1.0)
+    tasks = c.take("a", 10, now=2.0)
+    c.complete("a", tuple(p.Result(t.lease, t.url, p.ERROR, error="HTTP 500" if i % 2 else "timeout")
+                          for i, t in enumerate(tasks)), now=3.0)
+    assert len(list(c.store.failed())) == 6
+    n, after = c.store.retry_errors(c.route, "HTTP 5", limit=2)
+    assert n == 2 and after is not None
+    n2, after = c.store.retry_errors(c.route, "HTTP 5", after, limit=2)
+    assert n2 == 1
+    assert c.store.retry_errors(c.route, "HTTP 5", after, limit=2) == (0, None)
+    assert sorted(f["error"] for f in c.store.failed()) == ["timeout"] * 3
+    again = c.take("a", 10, now=4.0)
+    assert len(again) == 3 and all(c.store.url_info(t.url)["attempts"] == 0 for t in again)
+    assert c.store.retry_errors(c.route)[0] == 3
+    assert list(c.store.failed()) == []
+
+
+def test_seeds_added_later_go_through_the_url_policy_and_dedup(tmp_path):
+    c = make(tmp_path, nodes=("a",))
+    r = c.seed_more([SITE + "/new", SITE + "/", "http://elsewhere.example/", "not a url", SITE + "/new#x"])
+    assert r == {"added": 1, "known": 1, "invalid": 1, "discarded": {"out_of_scope": 1}}

@@ -21,6 +21,7 @@ MESSAGES = [
     p.Welcome(b"\x01" * 32, 5.0, (r"^https?://www\.kugou\.com/song/",), 4 * 1024 * 1024),
     p.Welcome(b"\x01" * 32, 0.5, (), 1024, max_depth=3),
     p.Refused("bad secret"),
+    p.Refused("node id 'w1' is already connected", p.DUPLICATE_ID),
     p.Assign((p.Task(1, "http://a/", 0, None), p.Task(2, "http://a/b", 3, "http://a/"),
               p.Task(3, "http://a/c", 3, "http://a/", after=2))),
     p.Assign(()),
@@ -33,7 +34,23 @@ MESSAGES = [
     p.Credit(17),
     p.Shutdown("crawl finished"),
     p.Fetched((p.PageFetch(1, 200, None, 0.05), p.PageFetch(2, 429, 2.0, 0.001), p.PageFetch(3))),
+    p.Fault("No space left on device", (3, 4, 5)),
+    p.Fault("under min_free_bytes"),
 ]
+
+
+def test_a_refusal_without_a_code_keeps_the_version_2_frame_so_any_worker_can_read_why():
+    assert p.encode(p.Refused("protocol version 9 not supported")) == \
+        p.encode(p.Refused("protocol version 9 not supported", ""))
+    frame = p.encode(p.Refused("x"))
+    assert msgpack.unpackb(frame[4:]) == [p.Refused.TYPE, "x"]
+
+
+def test_a_fault_with_bad_leases_is_a_protocol_error():
+    with pytest.raises(p.ProtocolError):
+        p.decode_payload(msgpack.packb([p.Fault.TYPE, "full", [-1]]))
+    with pytest.raises(p.ProtocolError):
+        p.decode_payload(msgpack.packb([p.Fault.TYPE, "full"]))
 
 
 @pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)

@@ -78,13 +78,13 @@ def unusable_data_dir(data_dir: Path) -> str | None:
 
     A full disk is not such a reason: the worker starts, takes no work, and resumes when space returns.
     """
+    if data_dir.exists() and not data_dir.is_dir():
+        return f"{data_dir} is not a directory"
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
-        if not data_dir.is_dir():
-            return f"{data_dir} is not a directory"
         error = _probe(data_dir)
     except OSError as e:
-        return f"cannot use {data_dir}: {describe(e)}"
+        return f"cannot use {data_dir}: {e.strerror or e}"
     if error is not None and error.errno not in (errno.ENOSPC, errno.EDQUOT):
         return f"cannot write in {data_dir}: {describe(error)}"
     return None

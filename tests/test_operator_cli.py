@@ -1,0 +1,141 @@
+"""The command lines as an operator meets them: every mistake one line and exit 2, --version, the worker's
+defaults and environment variables, paths from where they were given, SIGHUP for logrotate."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from crawler import __version__
+from crawler.master.store import MasterStore
+from crawler.worker.config import WorkerConfig
+from scripts.cluster import write_secret
+
+
+def run(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, timeout=60,
+                          check=False, env=env)
+
+
+def one_line(r: subprocess.CompletedProcess, words: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], r.stderr
+
+
+def master_yaml(tmp: Path, **changes) -> Path:
+    raw = {"listen": "127.0.0.1:0", "data_dir": "state", "secret_file": str(write_secret(tmp / "secret")),
+           "nodes": ["w1"], "seeds": ["http://127.0.0.1:9/"]}
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            raw.setdefault(key, {}).update(value)
+        else:
+            raw[key] = value
+    path = tmp / "master.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize("section, key", [("crawl", "allow_patterns"), ("crawl", "deny_patterns"),
+                                          ("crawl", "keep_fragment"), ("dedup", "whitelist")])
+def test_a_bad_regex_is_one_line_before_any_state_is_written(tmp_path, section, key):
+    cfg = master_yaml(tmp_path, **{section: {key: ["ok", "(unclosed"]}})
+    r = run(["crawler.master", "--config", str(cfg)], tmp_path)
+    one_line(r, f"{section}.{key}: '(unclosed' is not a valid regular expression")
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_taken_port_fails_before_seeding(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cfg = master_yaml(tmp_path, listen=f"127.0.0.1:{taken.getsockname()[1]}")
+        r = run(["crawler.master", "--config", str(cfg)], tmp_path)
+    one_line(r, "cannot listen on 127.0.0.1:")
+    assert not (tmp_path / "state" / "master.db").exists()
+
+
+def test_version_and_unknown_commands(tmp_path):
+    for prog, module in (("crawler-master", "crawler.master"), ("crawler-worker", "crawler.worker")):
+        r = run([module, "--version"], tmp_path)
+        assert r.returncode == 0 and r.stdout.strip() == f"{prog} {__version__}", r
+        one_line(run([module, "frobnicate"], tmp_path), f"{prog}: No such command 'frobnicate'")
+        one_line(run([module, "--no-such-flag"], tmp_path), "No such option")
+
+
+def test_export_to_an_unwritable_path_and_commands_without_state(tmp_path):
+    cfg = master_yaml(tmp_path)
+    MasterStore(tmp_path / "state" / "master.db").close()
+    one_line(run(["crawler.master", "export", "--config", str(cfg), "-o", "/nonexistent/x.csv"], tmp_path),
+             "cannot write /nonexistent/x.csv: No such file or directory")
+    one_line(run(["crawler.master", "seed", "--config", str(cfg), "ftp://x/"], tmp_path),
+             "seed: 'ftp://x/' is not an http(s) URL")
+    r = run(["crawler.master", "export", "--failed", "--config", str(cfg)], tmp_path)
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+
+
+def test_unusable_worker_data_dirs(tmp_path):
+    secret = write_secret(tmp_path / "secret")
+    (tmp_path / "afile").write_text("x")
+    for data_dir, words in ((tmp_path / "afile", "afile is not a directory"),
+                            (tmp_path / "afile" / "below", "cannot use")):
+        r = run(["crawler.worker", "--master", "127.0.0.1:9", "--id", "w1", "--data-dir", str(data_dir),
+                 "--secret-file", str(secret)], tmp_path)
+        one_line(r, words)
+    r = run(["crawler.worker", "--master", "nowhere", "--secret-file", str(secret)], tmp_path)
+    one_line(r, "master: expected host:port, got 'nowhere'")
+
+
+def test_worker_defaults_environment_and_relative_paths(tmp_path, monkeypatch):
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    write_secret(etc / "secret")
+    (etc / "worker.yaml").write_text("master: 127.0.0.1:7700\nsecret_file: secret\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    # Paths in the file are taken from the file's folder; on the command line, from the current directory.
+    cfg = WorkerConfig.build(Path("etc/worker.yaml"), {})
+    assert cfg.master == ("127.0.0.1", 7700) and cfg.id == socket.gethostname()
+    assert cfg.data_dir == tmp_path / "state"
+    cfg = WorkerConfig.build(Path("etc/worker.yaml"), {"secret_file": "etc/secret", "data_dir": "here"})
+    assert cfg.data_dir == tmp_path / "here"
+    monkeypatch.delenv("STATE_DIRECTORY")
+    assert WorkerConfig.build(Path("etc/worker.yaml"), {}).data_dir == Path("/var/lib/audio-crawler")
+    # Environment variables stand for flags: a missing secret at the default place is named.
+    env = dict(os.environ, CRAWLER_MASTER="127.0.0.1:9", CRAWLER_ID="w1", CRAWLER_DATA_DIR=str(tmp_path / "d"))
+    env.pop("CRAWLER_SECRET_FILE", None)
+    env.pop("CRAWLER_CONFIG", None)
+    r = run(["crawler.worker"], tmp_path, env=env)
+    one_line(r, "secret_file: cannot read /etc/audio-crawler/secret")
+    r = run(["crawler.worker", "--secret-file", "etc/secret", "--config", "etc/worker.yaml", "--log-level",
+             "nonsense"], tmp_path, env=env)
+    one_line(r, "Invalid value for '--log-level'")
+
+
+def test_sighup_reopens_the_log_file_and_the_master_carries_on(tmp_path):
+    cfg = master_yaml(tmp_path)
+    log = tmp_path / "master.log"
+    proc = subprocess.Popen([sys.executable, "-m", "crawler.master", "--log-file", str(log), "--config", str(cfg)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "master listening" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.05)
+        log.rename(tmp_path / "master.log.1")          # what logrotate does
+        proc.send_signal(signal.SIGHUP)
+        while not log.exists() or "log file reopened" not in log.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, "the master did not reopen its log"
+            time.sleep(0.05)
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "crawl summary" in out, err
+    assert err == ""
