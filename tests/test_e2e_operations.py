@@ -122,7 +122,7 @@ async def test_duplicate_id_wrong_secret_and_unknown_id_exit_2_while_the_first_w
         clone_dir = tmp_path / "clone"
         clone_dir.mkdir()
         clone = await cluster.start_worker(addr, "w1", clone_dir, secret=tmp_path / "secret")
-        wrong = cluster.write_secret(tmp_path / "wrong-secret", "a different secret of enough length")
+        wrong = cluster.write_secret(tmp_path / "wrong-secret", "Q7mZk2Rx9Lw4Tp8Vn3Hs6Jd1Fb5Gc0Ye")
         intruder = await cluster.start_worker(addr, "w2", tmp_path, secret=wrong)
         stranger = await cluster.start_worker(addr, "w9", tmp_path)
         for proc, words in ((clone, "already connected"), (intruder, "could not prove"),
