@@ -175,7 +175,7 @@ async def test_pause_resume_seed_and_retry_on_a_running_master(tmp_path):
                 break
             settled = html_gets(server)
         assert settled - at_pause <= 16, (at_pause, settled)
-        assert states(tmp_path)["queued"] > 0, "nothing left to hold back: the test proves nothing"
+        assert settled < len(manifest.pages) - 10, "nothing left to hold back: the test proves nothing"
         await asyncio.sleep(1.0)
         assert html_gets(server) == settled, "work was handed out while paused"
 
