@@ -11,7 +11,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -228,7 +228,7 @@ class Master:
             except OSError as e:
                 log.warning("operator command %s applied but not answered: %s", path.name, e)
 
-    def _command(self, cmd: dict) -> Iterator[None]:
+    def _command(self, cmd: dict) -> Generator[None, None, dict]:
         kind = cmd["command"]
         if kind in ("pause", "resume"):
             self.paused = kind == "pause"
@@ -249,11 +249,13 @@ class Master:
         if contains is not None and not isinstance(contains, str):
             raise steering.CommandError("retry: reason must be text")
         total, after = 0, 0
-        while after is not None:
-            n, after = self.store.retry_errors(self.crawl.route, contains or None, after)
+        while True:
+            n, more = self.store.retry_errors(self.crawl.route, contains or None, after)
             total += n
-            if after is not None:
-                yield
+            if more is None:
+                break
+            after = more
+            yield
         log.info("operator: %d failed URLs back in the queue%s", total,
                  f" (errors containing {contains!r})" if contains else "")
         self._wake.set()

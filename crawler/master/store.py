@@ -642,9 +642,9 @@ class MasterStore:
         contains `contains`. Works through the table in id order, `limit` rows a call: returns how many went back
         and the id to continue after, or None when the table is done."""
         self._begin()
-        cond, args = "", [after]
+        cond, args = "", (after,)   # type: tuple[str, tuple[Any, ...]]
         if contains:
-            cond, args = " AND instr(error, ?) > 0", [after, contains]
+            cond, args = " AND instr(error, ?) > 0", (after, contains)
         rows = self.db.execute(
             f"SELECT url, id, node FROM urls WHERE id > ? AND state = {ERROR}{cond} ORDER BY id LIMIT ?",
             (*args, limit)).fetchall()
