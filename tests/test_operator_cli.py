@@ -139,3 +139,15 @@ def test_sighup_reopens_the_log_file_and_the_master_carries_on(tmp_path):
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "crawl summary" in out, err
     assert err == ""
+
+
+def test_a_read_only_data_dir_is_a_mistake_at_start(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
+    try:
+        r = run(["crawler.worker", "--master", "127.0.0.1:9", "--id", "w1", "--data-dir", str(ro),
+                 "--secret-file", str(write_secret(tmp_path / "secret"))], tmp_path)
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=False)
+    one_line(r, "Read-only file system")

@@ -128,6 +128,7 @@ class Master:
         # The private addresses the crawl may reach: its seeds' and the configured networks (told to workers).
         self.targets = TargetPolicy.for_crawl(cfg.seeds, cfg.crawl.allowed_networks)
         self.paused = False
+        self._unanswered: set[str] = set()   # commands applied whose file could not be removed
 
     # ------------------------------------------------------------------ state
     def _open_core(self) -> None:
@@ -205,7 +206,10 @@ class Master:
         a master holds the state: that master applies them."""
         self._open_core()
         try:
-            while steering.pending(self.cfg.data_dir):
+            seen: list[Path] = []
+            # Batches of MAX_PER_TICK until none is left, or none could be removed (it would come back for ever).
+            while (waiting := steering.pending(self.cfg.data_dir)) and waiting != seen:
+                seen = waiting
                 for _ in self._apply_commands():
                     pass
             self._snapshot_bloom()
@@ -216,6 +220,8 @@ class Master:
         """Apply the waiting commands, committing each before answering. Yields between chunks of a long one
         (a retry over millions of URLs), so the running master's loop is never held for long."""
         for path in steering.pending(self.cfg.data_dir):
+            if path.name in self._unanswered:
+                continue
             try:
                 cmd = steering.read(path)
                 result = yield from self._command(cmd)
@@ -226,7 +232,9 @@ class Master:
             try:
                 steering.answer(path, result)
             except OSError as e:
-                log.warning("operator command %s applied but not answered: %s", path.name, e)
+                # Not applied again on every tick: once is what the operator asked for.
+                self._unanswered.add(path.name)
+                log.warning("operator command %s applied but not answered (remove it by hand): %s", path.name, e)
 
     def _command(self, cmd: dict) -> Generator[None, None, dict]:
         kind = cmd["command"]
