@@ -456,7 +456,8 @@ class Worker:
     def _enter_fault(self, reason: str) -> None:
         if self.fault is None:
             self.fault = reason
-            log.error("worker %s stops taking tasks and hands them back: %s", self.cfg.id, reason)
+            log.error("worker %s stops taking tasks and hands them back: %s (data dir %s)", self.cfg.id, reason,
+                      self.cfg.data_dir)
 
     async def _run_task(self, task: p.Task, results: asyncio.Queue) -> None:
         self._running.add(task.lease)
