@@ -6,6 +6,7 @@ does not know; the operator pauses, resumes, seeds and retries a running crawl; 
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -242,21 +243,33 @@ async def test_commands_on_a_stopped_crawl_apply_at_once_and_pause_survives_a_re
 
 
 # ------------------------------------------------------------------------------------------- --master alone
-async def test_worker_runs_with_only_master_given(tmp_path):
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_worker_runs_with_only_master_given_and_waits_for_a_master_not_up_yet(tmp_path):
     site_dir = tmp_path / "site"
     sitegen.generate(site_dir, songs=5)
     async with await siteserver.start(site_dir) as server:
-        config = cluster.master_config(tmp_path, [server.url + "/"], [os.uname().nodename])
-        master = await cluster.start_master(config, tmp_path)
+        port = free_port()
+        config = cluster.master_config(tmp_path, [server.url + "/"], [socket.gethostname()],
+                                       listen=f"127.0.0.1:{port}")
+        # Its id (the host name), data dir ($STATE_DIRECTORY, as systemd sets it) and secret come from defaults
+        # and the environment.
         env = dict(os.environ, PYTHONUNBUFFERED="1", STATE_DIRECTORY=str(tmp_path / "state"),
                    CRAWLER_SECRET_FILE=str(tmp_path / "secret"))
         for k in ("CRAWLER_ID", "CRAWLER_DATA_DIR", "CRAWLER_CONFIG", "CRAWLER_MASTER"):
             env.pop(k, None)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "crawler.worker", "--master", cluster.master_addr(config), env=env,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, cwd=tmp_path)
-        _, err = await asyncio.wait_for(proc.communicate(), 120)
-        assert proc.returncode == 0, err.decode()
+        log = tmp_path / "worker.log"
+        with open(log, "wb") as fh:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "crawler.worker", "--master", f"127.0.0.1:{port}", env=env,
+                stdout=asyncio.subprocess.DEVNULL, stderr=fh, cwd=tmp_path)
+        await cluster.until(lambda: "not reachable" in log.read_text(), 60, "the worker to try the master")
+        master = await cluster.start_master(config, tmp_path)
+        assert await asyncio.wait_for(proc.wait(), 120) == 0, log.read_text()
         assert await master.wait(60) == 0, master.log()[-3000:]
     assert (tmp_path / "state" / "pages" / "index.tsv").stat().st_size > 0
-    assert f"worker {os.uname().nodename} connected" in err.decode()
+    assert f"worker {socket.gethostname()} connected" in log.read_text()
