@@ -82,12 +82,16 @@ def main(ctx, master, node_id, data_dir, secret_file, config_path, concurrency, 
 
 
 @main.command()
-@click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="The worker's data dir.")
+@click.option("--data-dir", type=click.Path(path_type=Path), envvar="CRAWLER_DATA_DIR",
+              help="The worker's data dir [$CRAWLER_DATA_DIR; default: $STATE_DIRECTORY or /var/lib/audio-crawler].")
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here instead of standard output.")
 @click.argument("url")
-def page(data_dir: Path, output: Path | None, url: str) -> None:
+def page(data_dir: Path | None, output: Path | None, url: str) -> None:
     """Print the stored body of URL (its latest copy), from the WARC archive or the page files."""
+    from crawler.worker.config import default_data_dir
     from crawler.worker.pagestore import find_page, read_page
+
+    data_dir = data_dir or default_data_dir()
 
     pages_dir = data_dir / "pages"
     try:
@@ -100,6 +104,10 @@ def page(data_dir: Path, output: Path | None, url: str) -> None:
         click.echo(f"crawler-worker: {e}", err=True)
         sys.exit(1)
     if output is not None:
-        output.write_bytes(body)
+        try:
+            output.write_bytes(body)
+        except OSError as e:
+            click.echo(f"{PROG}: cannot write {output}: {e.strerror or e}", err=True)
+            sys.exit(2)
     else:
         sys.stdout.buffer.write(body)
