@@ -31,7 +31,7 @@ def one_line(r: subprocess.CompletedProcess, words: str) -> None:
 
 def master_yaml(tmp: Path, **changes) -> Path:
     raw = {"listen": "127.0.0.1:0", "data_dir": "state", "secret_file": str(write_secret(tmp / "secret")),
-           "nodes": ["w1"], "seeds": ["http://127.0.0.1:9/"]}
+           "nodes": ["w1"], "seeds": ["http://127.0.0.1:9/"], "web": {"listen": "127.0.0.1:0"}}
     for key, value in changes.items():
         if isinstance(value, dict):
             raw.setdefault(key, {}).update(value)
@@ -58,6 +58,14 @@ def test_a_taken_port_fails_before_seeding(tmp_path):
         cfg = master_yaml(tmp_path, listen=f"127.0.0.1:{taken.getsockname()[1]}")
         r = run(["crawler.master", "--config", str(cfg)], tmp_path)
     one_line(r, "cannot listen on 127.0.0.1:")
+    assert not (tmp_path / "state" / "master.db").exists()
+    # The status page's port too.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cfg = master_yaml(tmp_path, web={"listen": f"127.0.0.1:{taken.getsockname()[1]}"})
+        r = run(["crawler.master", "--config", str(cfg)], tmp_path)
+    one_line(r, "cannot listen on web.listen 127.0.0.1:")
     assert not (tmp_path / "state" / "master.db").exists()
 
 

@@ -315,9 +315,11 @@ class Master:
             raise
         self.port = server.sockets[0].getsockname()[1]
         log.info("master listening on %s:%d for nodes %s", host, self.port, ", ".join(self.cfg.nodes))
-        if web is not None:
+        if web is not None:   # said once the state is open: a master that cannot start has no status page
             from crawler.master.web import WEB_ADDR_FILE
 
+            log.info("status page on http://%s/ (metrics at /metrics%s)", self.observer.web_addr,
+                     ", token required" if self.cfg.web.token else "")
             (self.cfg.data_dir / WEB_ADDR_FILE).write_text(f"{self.observer.web_addr}\n")
         # Tools and tests find a master that listens on port 0 here (and its web server in web.addr).
         (self.cfg.data_dir / "master.addr").write_text(f"{host}:{self.port}\n")
@@ -365,8 +367,6 @@ class Master:
         web = WebServer(self.observer, self.cfg.data_dir / "master.db", self.cfg.web.token)
         addr = await web.start(*self.cfg.web.listen)
         self.observer.web_addr = addr
-        log.info("status page on http://%s/ (metrics at /metrics%s)", addr,
-                 ", token required" if self.cfg.web.token else "")
         return web
 
     def _fill_summary(self, elapsed: float) -> None:
