@@ -5,6 +5,7 @@ does not know; the operator pauses, resumes, seeds and retries a running crawl; 
 """
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -103,9 +104,9 @@ async def test_full_disk_stops_the_worker_not_the_urls_and_it_resumes_when_space
     found = {row["url"].rsplit("/", 1)[-1] for row in cluster.catalogue(tmp_path) if row["status"] == "ok"}
     missing = [a.url for a in manifest.audio if a.url.rsplit("/", 1)[-1] not in found]
     assert not missing, f"{len(missing)} audio items lost, e.g. {missing[:3]}"
-    with MasterStore.open_readonly(tmp_path / "master" / "master.db") as store:
-        small_stats = store.status()["nodes"]["small"]
-    assert small_stats.get("faults", 0) >= 1, small_stats
+    status = json.loads(master_cmd(config, "status", "--json").stdout)
+    small_stats = next(n for n in status["nodes"] if n["node"] == "small")
+    assert small_stats["faults"] >= 1 and small_stats["handed_back"] >= 1, small_stats
 
 
 # ------------------------------------------------------------------------------------------- refusals

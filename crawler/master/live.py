@@ -224,6 +224,9 @@ def build_status(db: Mapping[str, Any], live: Mapping[str, Any] | None, nodes: I
             "audio": d.get("audio", 0),
             "bytes": d.get("bytes", 0),
             "links": d.get("links", 0),
+            # Local faults (disk full ...) and the tasks the node handed back for them: the node's, not the URLs'.
+            "faults": d.get("faults", 0),
+            "handed_back": d.get("handed_back", 0),
         })
     figures = db.get("figures") or {}
     http_status = live.get("http_status", figures.get("http_status", {})) if running else \
