@@ -127,7 +127,7 @@ async def test_duplicate_id_wrong_secret_and_unknown_id_exit_2_while_the_first_w
         wrong = cluster.write_secret(tmp_path / "wrong-secret", "Q7mZk2Rx9Lw4Tp8Vn3Hs6Jd1Fb5Gc0Ye")
         intruder = await cluster.start_worker(addr, "w2", tmp_path, secret=wrong)
         stranger = await cluster.start_worker(addr, "w9", tmp_path)
-        for proc, words in ((clone, "already connected"), (intruder, "could not prove"),
+        for proc, words in ((clone, "already connected"), (intruder, "authentication failed"),
                             (stranger, "not in the master's nodes list")):
             assert await proc.wait(60) == 2, proc.log()
             errors = error_lines(proc.log())
