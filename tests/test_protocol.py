@@ -204,7 +204,7 @@ def test_wrong_secret_is_refused_and_gets_no_proof():
     challenge = master.receive_hello(worker.hello())
     with pytest.raises(p.HandshakeFailed) as e:
         master.receive_auth(worker.receive_challenge(challenge))
-    assert e.value.reply == p.Refused("authentication failed")
+    assert e.value.reply == p.Refused("authentication failed", p.AUTH_FAILED)
     assert master.state is p.State.CLOSED
     with pytest.raises(p.LocalProtocolError):
         master.welcome(1.0)                # no Welcome (and so no proof) after a failed MAC
@@ -265,7 +265,7 @@ def test_session_messages_follow_the_table_of_legal_messages():
     for state_table, side, bad in ((p.MASTER_RECEIVES, master, p.Hello("w1", 3, 1, NONCE)),
                                    (p.WORKER_RECEIVES, worker, p.Challenge(NONCE))):
         for legal in state_table[p.State.OPEN]:
-            assert legal in (p.Report, p.Credit, p.Heartbeat, p.Fetched, p.Assign, p.Shutdown)
+            assert legal in (p.Report, p.Credit, p.Heartbeat, p.Fetched, p.Fault, p.Assign, p.Shutdown)
         with pytest.raises(p.ProtocolError):
             side.receive(bad)                # a second handshake inside the session
         assert side.state is p.State.CLOSED
