@@ -198,7 +198,7 @@ async def _wrong_secret_once(addr: str) -> None:
     challenge = await peer.recv()
     assert challenge == p.Challenge(challenge.nonce)        # a nonce: nothing the secret was used on
     peer.send(guess.receive_challenge(challenge))
-    assert await peer.recv() == p.Refused("authentication failed")
+    assert await peer.recv() == p.Refused("authentication failed", p.AUTH_FAILED)
     assert await peer.closed_by_peer(10)
     peer.close()
 
@@ -225,7 +225,7 @@ async def replayed_handshake(addr: str, tmp: Path) -> None:
     replay.send(hello)
     assert isinstance(await replay.recv(), p.Challenge)
     replay.send(auth)
-    assert await replay.recv() == p.Refused("authentication failed")
+    assert await replay.recv() == p.Refused("authentication failed", p.AUTH_FAILED)
     assert await replay.closed_by_peer(10)
     # The recorded Hello twice on one connection, without waiting: the second is out of order.
     burst = await RawPeer.connect(addr)
