@@ -325,6 +325,7 @@ class Master:
         (self.cfg.data_dir / "master.addr").write_text(f"{host}:{self.port}\n")
         if started:
             started(self.port)
+        self.observer.write_snapshot()   # the status command has a view from the start, not after the first interval
         sdnotify.ready(f"listening on {host}:{self.port}")
         try:
             async with asyncio.TaskGroup() as tg:
