@@ -88,6 +88,20 @@ def test_export_to_an_unwritable_path_and_commands_without_state(tmp_path):
     assert r.returncode == 0 and r.stdout == "", r.stderr
 
 
+def test_seed_by_kugou_keywords_on_a_stopped_crawl(tmp_path):
+    cfg = master_yaml(tmp_path, crawl={"allowed_hosts": ["127.0.0.1:9", "songsearch.kugou.com"]})
+    MasterStore(tmp_path / "state" / "master.db").close()
+    one_line(run(["crawler.master", "seed", "--config", str(cfg)], tmp_path),
+             "seed: give at least one URL or --kugou-search WORDS")
+    r = run(["crawler.master", "seed", "--config", str(cfg), "--kugou-search", "Some  Band"], tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("seeded 1 of 1 URLs"), (r.stdout, r.stderr)
+    store = MasterStore.open_readonly(tmp_path / "state" / "master.db")
+    try:
+        assert store.known(["https://songsearch.kugou.com/song_search_v2?keyword=Some+Band&page=1&pagesize=30"])
+    finally:
+        store.close()
+
+
 def test_unusable_worker_data_dirs(tmp_path):
     secret = write_secret(tmp_path / "secret")
     (tmp_path / "afile").write_text("x")

@@ -233,11 +233,24 @@ def resume(config_path: Path) -> None:
 
 @main.command()
 @CONFIG
-@click.argument("urls", nargs=-1, required=True)
-def seed(config_path: Path, urls: tuple[str, ...]) -> None:
+@click.option("--kugou-search", "kugou_search", multiple=True, metavar="WORDS",
+              help="Seed Kugou's keyword search for WORDS (a worker turns the results into song pages).")
+@click.argument("urls", nargs=-1)
+def seed(config_path: Path, urls: tuple[str, ...], kugou_search: tuple[str, ...]) -> None:
     """Add start URLs to the crawl, through the URL policy and dedup like any discovered link."""
     from urllib.parse import urlsplit
 
+    from crawler.master.config import KUGOU_SEARCH, expand_seeds
+
+    if not urls and not kugou_search:
+        click.echo(f"{PROG}: seed: give at least one URL or --kugou-search WORDS", err=True)
+        sys.exit(2)
+    for words in kugou_search:
+        if not words.strip():
+            click.echo(f"{PROG}: seed: --kugou-search needs the words to search for", err=True)
+            sys.exit(2)
+    # The same expansion as a `kugou-search:` entry under seeds in the config.
+    urls = (*urls, *expand_seeds([{KUGOU_SEARCH: words} for words in kugou_search]))
     for u in urls:
         parts = urlsplit(u)
         if parts.scheme not in ("http", "https") or not parts.hostname:
