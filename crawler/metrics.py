@@ -4,7 +4,7 @@ The names are a contract (configs/grafana-dashboard.json reads them):
 
 master  crawler_pages_total{node,outcome}      results reported by workers: done, error, retry
         crawler_audio_items_total{node,status}  catalogue rows added: ok, unavailable, failed
-        crawler_discarded_urls_total{reason}    URLs dropped by policy (too_deep, out_of_scope, robots ...)
+        crawler_discarded_urls_total{reason}    URLs dropped by policy (depth, out_of_scope, robots ...)
         crawler_download_bytes_total{node,kind} bytes fetched by the workers: page bodies and audio files
         crawler_frontier_urls                   URLs queued in the frontier
         crawler_in_flight_urls{where}           held at the master (politeness gate, robots.txt) or at workers

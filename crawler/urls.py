@@ -355,7 +355,7 @@ def host_of(url: str) -> str:
 # -- discard rules (paper, section 3.2) --------------------------------------------------------------------
 
 DISCARD_TOO_LONG = "too_long"
-DISCARD_TOO_DEEP = "too_deep"
+DISCARD_TOO_DEEP = "depth"
 DISCARD_GENERATED = "generated_name"
 DISCARD_QUERY = "too_many_params"
 DISCARD_SCHEME = "scheme"

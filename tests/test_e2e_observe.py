@@ -126,7 +126,7 @@ async def test_metrics_and_status_agree_with_the_catalogue_and_the_sites_log(sit
     assert page_bytes == sum(n["bytes"] for n in st["nodes"]) > 0
     for reason, n in st["discards"].items():
         assert total(m, "crawler_discarded_urls_total", reason=reason) == n
-    assert st["discards"].get("too_deep", 0) > 0 or manifest.max_depth + 2 >= max(manifest.depth.values())
+    assert st["discards"].get("depth", 0) > 0 or manifest.max_depth + 2 >= max(manifest.depth.values())
     assert total(m, "crawler_frontier_urls") == 0
     assert total(m, "crawler_in_flight_urls", where="workers") == 0
     assert total(m, "crawler_nodes_connected") == 1

@@ -82,7 +82,7 @@ def test_figures_survive_a_restart():
 
 def _db(**over):
     db = {"states": {"queued": 5, "leased": 7, "done": 10, "error": 1}, "frontier": 5,
-          "frontier_by_node": {"None": 5}, "nodes": {}, "discards": {"too_deep": 3}, "audio": {"ok": 2},
+          "frontier_by_node": {"None": 5}, "nodes": {}, "discards": {"depth": 3}, "audio": {"ok": 2},
           "figures": {"http_status": {"200": 10}, "errors": {"HTTP 503": 1}}}
     db.update(over)
     return db
@@ -94,7 +94,7 @@ def test_status_before_any_worker_joined_has_no_none_node_and_says_not_routed():
     assert st["urls"]["not_routed"] == 5 and st["urls"]["leased_when_stopped"] == 7
     text = status_text(st)
     assert "None" not in text and "{" not in text and "not routed" in text
-    assert "master not running" in text and "too_deep" in text and "HTTP 503" in text
+    assert "master not running" in text and "depth" in text and "HTTP 503" in text
 
 
 def test_status_of_a_running_master_splits_waiting_at_the_master_from_at_workers():

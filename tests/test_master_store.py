@@ -90,14 +90,14 @@ def test_catalogue_rows_unique_per_source_and_page_and_filled_in_later(store):
 
 
 def test_statistics_and_meta(store):
-    store.count_discards({"too_deep": 2, "out_of_scope": 1})
-    store.count_discards({"too_deep": 3})
+    store.count_discards({"depth": 2, "out_of_scope": 1})
+    store.count_discards({"depth": 3})
     store.note_node("a", bytes=10)
     store.note_node("a", bytes=5)
     store.set_meta("k", "1")
     store.set_meta("k", "2")
     st = store.status()
-    assert st["discards"] == {"out_of_scope": 1, "too_deep": 5} and st["nodes"]["a"]["bytes"] == 15
+    assert st["discards"] == {"out_of_scope": 1, "depth": 5} and st["nodes"]["a"]["bytes"] == 15
     assert store.get_meta("k") == "2" and store.get_meta("missing") is None
 
 

@@ -264,15 +264,15 @@ def test_search_audio_matches_title_artist_or_urls_literally_newest_first(store,
 
 
 def test_discards_node_figures_and_meta_accumulate(store):
-    store.count_discards({"too_deep": 2, "out_of_scope": 1})
-    store.count_discards({"too_deep": 3, "too_long": 0})
+    store.count_discards({"depth": 2, "out_of_scope": 1})
+    store.count_discards({"depth": 3, "too_long": 0})
     store.note_node("a", pages=1, bytes=10)
     store.note_node("a", bytes=5)
     store.set_meta("bloom_url_count", "12")
     store.set_meta("bloom_url_count", "13")
     store.set_meta("snapshot", {"m": 8, "k": 2})
     st = store.status()
-    assert st["discards"] == {"out_of_scope": 1, "too_deep": 5}
+    assert st["discards"] == {"out_of_scope": 1, "depth": 5}
     assert st["nodes"]["a"] == {"pages": 1, "bytes": 15}
     assert store.get_meta("bloom_url_count") == "13" and store.get_meta("snapshot") == {"m": 8, "k": 2}
     assert store.get_meta("missing") is None and store.get_meta("missing", 0) == 0
@@ -409,7 +409,7 @@ CRASH_WRITER = textwrap.dedent("""
             s.requeue_refresh(due, route)
             requeued.extend(u for u, _ in due)
         else:
-            s.count_discards({"too_deep": 1})
+            s.count_discards({"depth": 1})
             s.commit()
             commits += 1
             print(json.dumps({"commit": commits, "urls": n, "settled": settled, "requeued": requeued}),
