@@ -163,6 +163,14 @@ def assignments(master_log: str) -> list[tuple[float, str, list[str]]]:
     return out
 
 
+def pages_of(tmp: Path, node: str) -> list[str]:
+    """The URLs a worker started by start_worker(tmp=...) has stored so far, from its page index."""
+    index = tmp / f"worker-{node}" / "pages" / "index.tsv"
+    if not index.exists():
+        return []
+    return [line.split("\t")[1] for line in index.read_text(errors="replace").splitlines() if line.count("\t") > 2]
+
+
 def catalogue(tmp: Path) -> list[dict]:
     path = tmp / "master" / "catalog.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -25,11 +25,6 @@ def site(tmp_path_factory):
     return out, sitegen.generate(out, songs=200)
 
 
-def pages_of(tmp: Path, node: str) -> list[str]:
-    index = tmp / f"worker-{node}" / "pages" / "index.tsv"
-    if not index.exists():
-        return []
-    return [line.split("\t")[1] for line in index.read_text().splitlines() if line]
 
 
 async def test_worker_killed_and_worker_joining_mid_crawl(site, tmp_path):
@@ -43,7 +38,7 @@ async def test_worker_killed_and_worker_joining_mid_crawl(site, tmp_path):
         opts = ["--concurrency", "4"]
         workers = {n: await cluster.start_worker(addr, n, tmp_path, extra=opts) for n in ("w1", "w2", "w3")}
         total = sum(1 for p in manifest.pages if p.endswith(".html"))
-        await cluster.until(lambda: len(pages_of(tmp_path, "w2")) >= 5, 60, "w2 to fetch some pages")
+        await cluster.until(lambda: len(cluster.pages_of(tmp_path, "w2")) >= 5, 60, "w2 to fetch some pages")
         workers["w4"] = await cluster.start_worker(addr, "w4", tmp_path, extra=opts)
         workers["w2"].kill()                      # SIGKILL: no goodbye, leases in flight
         await cluster.until(lambda: "worker w4 joined" in master.log(), 30, "w4 to join")
@@ -61,7 +56,7 @@ async def test_worker_killed_and_worker_joining_mid_crawl(site, tmp_path):
     twice = sum(c - 1 for c in gets.values() if c > 1)
     assert twice <= 2 * 4 + 2 * 4, twice
     # Three live nodes of four: w4 should take about a third of what was left when it joined.
-    assert len(pages_of(tmp_path, "w4")) > 0.15 * left_at_join, "the joining worker got no share of the crawl"
+    assert len(cluster.pages_of(tmp_path, "w4")) > 0.15 * left_at_join, "the joining worker got no share of the crawl"
     assert "worker w2 disconnected" in master.log() or "w2 left" in master.log()
 
 
@@ -91,7 +86,7 @@ async def test_politeness_min_delay_holds_across_all_workers(tmp_path):
     assert min(gaps) >= delay - SLACK_CAP - 1e-6, f"two requests {min(gaps):.4f} s apart; the minimum delay is {delay}"
     assert (len(log) - 1) / (log[-1] - log[0]) <= 1.1 / delay
     # Both workers took part, so the spacing really was enforced across them.
-    assert pages_of(tmp_path, "w1") and pages_of(tmp_path, "w2")
+    assert cluster.pages_of(tmp_path, "w1") and cluster.pages_of(tmp_path, "w2")
 
 
 # ------------------------------------------------------------------------------------------- namespaces
@@ -179,7 +174,7 @@ async def test_cut_link_detected_within_heartbeat_timeout_and_work_moves(site, t
                 [py, "-m", "crawler.worker", "--master", f"{m}:7700", "--id", node, "--data-dir",
                  str(tmp_path / f"worker-{node}"), "--secret-file", str(tmp_path / "secret"),
                  "--concurrency", "4"], tmp_path / f"worker-{node}.log")
-        await cluster.until(lambda: len(pages_of(tmp_path, "a")) >= 10, 60, "worker a to fetch some pages")
+        await cluster.until(lambda: len(cluster.pages_of(tmp_path, "a")) >= 10, 60, "worker a to fetch some pages")
         _ip("-n", "acn-sw", "link", "set", "sw-a", "down")      # the cable is pulled: no FIN, no RST
         cut = time.monotonic()
         await cluster.until(lambda: "worker a silent" in master.log(), timeout + 5, "the master to notice")
@@ -190,7 +185,7 @@ async def test_cut_link_detected_within_heartbeat_timeout_and_work_moves(site, t
         await workers["a"].stop()
     finally:
         await siteproc.stop()
-    fetched = set(pages_of(tmp_path, "a")) | set(pages_of(tmp_path, "b"))
+    fetched = set(cluster.pages_of(tmp_path, "a")) | set(cluster.pages_of(tmp_path, "b"))
     base = f"http://{m}:8080"
     missing = [p for p in manifest.pages if base + p not in fetched and p.endswith(".html")]
     assert not missing, f"{len(missing)} pages never fetched, e.g. {missing[:5]}"

@@ -27,11 +27,6 @@ def site(tmp_path_factory):
     return out, sitegen.generate(out, songs=200)
 
 
-def pages_of(tmp: Path, node: str) -> list[str]:
-    index = tmp / f"worker-{node}" / "pages" / "index.tsv"
-    if not index.exists():
-        return []
-    return [line.split("\t")[1] for line in index.read_text(errors="replace").splitlines() if line.count("\t") > 2]
 
 
 def failed_urls(tmp: Path) -> list[dict]:
@@ -82,12 +77,12 @@ async def test_full_disk_stops_the_worker_not_the_urls_and_it_resumes_when_space
         small = await cluster.start_worker(addr, "small", tmp_path, config=wcfg)
         await cluster.until(lambda: "stops taking tasks" in small.log(), 90, "the small worker's disk to fill")
         await cluster.until(lambda: "cannot store what it fetches" in master.log(), 30, "the master to hear of it")
-        fetched_at_fault = len(pages_of(tmp_path, "small"))
+        fetched_at_fault = len(cluster.pages_of(tmp_path, "small"))
         # Space comes back (a bigger tmpfs): the worker finds out by itself and takes work again.
         await asyncio.to_thread(subprocess.run, ["mount", "-o", "remount,size=64m", str(tiny_disk)], check=True)
         await cluster.until(lambda: "can store again" in small.log(), 30, "the small worker to resume")
         await cluster.until(lambda: "worker small can store again" in master.log(), 30, "the master to hear of it")
-        await cluster.until(lambda: len(pages_of(tmp_path, "small")) > fetched_at_fault, 60,
+        await cluster.until(lambda: len(cluster.pages_of(tmp_path, "small")) > fetched_at_fault, 60,
                             "the small worker to fetch pages again")
         assert await master.wait(240) == 0, master.log()[-3000:]
         assert await big.wait(30) == 0
@@ -119,7 +114,7 @@ async def test_duplicate_id_wrong_secret_and_unknown_id_exit_2_while_the_first_w
         master = await cluster.start_master(config, tmp_path)
         addr = cluster.master_addr(config)
         first = await cluster.start_worker(addr, "w1", tmp_path, extra=["--concurrency", "4"])
-        await cluster.until(lambda: len(pages_of(tmp_path, "w1")) >= 5, 60, "w1 to crawl")
+        await cluster.until(lambda: len(cluster.pages_of(tmp_path, "w1")) >= 5, 60, "w1 to crawl")
 
         clone_dir = tmp_path / "clone"
         clone_dir.mkdir()
@@ -138,7 +133,7 @@ async def test_duplicate_id_wrong_secret_and_unknown_id_exit_2_while_the_first_w
 
     assert failed_urls(tmp_path) == []
     assert "w1 connected again" not in master.log()
-    assert len(set(pages_of(tmp_path, "w1"))) >= sum(1 for p in manifest.pages if p.endswith(".html")) - 2
+    assert len(set(cluster.pages_of(tmp_path, "w1"))) >= sum(1 for p in manifest.pages if p.endswith(".html")) - 2
 
 
 # ------------------------------------------------------------------------------------------- steering
