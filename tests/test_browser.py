@@ -308,3 +308,15 @@ async def test_quiet_waits_for_requests_in_flight():
     assert not waiting.done()                              # a request in flight holds it for 2 s at least
     traffic.ended()
     await asyncio.wait_for(waiting, 1.5)                   # ended: quiet one window later, not 2 s later
+
+
+async def test_quiet_after_an_action_waits_a_whole_window_from_the_action():
+    """A click's requests reach us as events a little after the click: the quiet spell must count from the
+    click, or a page that was quiet before it is judged quiet at once and its player's requests are missed."""
+    loop = asyncio.get_running_loop()
+    traffic = Traffic()
+    await asyncio.sleep(0.1)                               # quiet for longer than the window before the click
+    traffic.acted()
+    began = loop.time()
+    await asyncio.wait_for(traffic.quiet(0.05), 5)
+    assert loop.time() - began >= 0.045

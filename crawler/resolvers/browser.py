@@ -290,6 +290,11 @@ class Traffic:
         self.last = self._clock()
         self._changed.set()
 
+    def acted(self) -> None:
+        """The page was just acted on (a click): what it starts reaches us as events a little later, so the
+        quiet spell is counted from now, not from the last request seen before the action."""
+        self._touch()
+
     async def quiet(self, idle: float) -> None:
         """Until nothing started or ended for ``idle`` seconds with nothing in flight, or for four times that
         with a request left open (a long poll, a stream): the caller's deadline bounds the whole wait."""
@@ -491,8 +496,10 @@ class BrowserResolver(Resolver):
                     await tab.goto(urldefrag(page_url).url, wait_until="load")
                     await traffic.quiet(s.settle)
                     if await tab.evaluate(_PRESS_PLAY, s.max_clicks):
+                        traffic.acted()
                         await traffic.quiet(s.settle)
                         await tab.evaluate(_PRESS_PLAY, 0)    # what the clicks set up
+                        traffic.acted()
                         await traffic.quiet(s.settle)
                     if pending:
                         await asyncio.wait(set(pending))
