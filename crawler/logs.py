@@ -9,7 +9,9 @@ logrotate can move the file away and the daemon carries on in a fresh one.
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import sys
 import time
 from datetime import UTC, datetime
@@ -27,7 +29,13 @@ def iso_utc(t: float | None) -> str | None:
     """An epoch time as ISO-8601 UTC (seconds), as logs and exports print it; None stays None."""
     if t is None:
         return None
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return _iso_second(math.floor(t))
+
+
+@functools.lru_cache(maxsize=256)
+def _iso_second(second: int) -> str:
+    # Cached: an export or a busy catalogue writes thousands of rows stamped with the same few seconds.
+    return datetime.fromtimestamp(second, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class ReopenableFileHandler(logging.FileHandler):

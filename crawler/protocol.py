@@ -458,21 +458,27 @@ assert set(AUDIO_FIELD_KINDS) == {*_AUDIO_URL, *_AUDIO_TEXT, *_AUDIO_NAME, *_AUD
                                    *_AUDIO_OTHER}, "an AudioItem field has no wire check"
 
 
+# (key, label, cap) of every optional text field, labels built once: the checks run for every item reported.
+_AUDIO_OPT_STR = tuple((k, f"audio.{k}", cap) for keys, cap in ((_AUDIO_URL, MAX_URL), (_AUDIO_TEXT, MAX_TEXT),
+                                                                 (_AUDIO_NAME, MAX_NAME)) for k in keys)
+_AUDIO_NUM_LABELS = tuple((k, f"audio.{k}") for k in _AUDIO_NUM)
+_INT64_MAX_F = float(INT64_MAX)
+
+
 def _check_audio(a: Any) -> dict[str, Any]:
     # Unknown keys are ignored (a newer worker may send more); known ones must have their type and range.
     if not isinstance(a, dict):
         raise ProtocolError("audio: expected a map")
     _str(a.get("url"), "audio.url", MAX_URL)
     _str(a.get("page"), "audio.page", MAX_URL)
-    for k in _AUDIO_URL:
-        _opt_str(a.get(k), f"audio.{k}", MAX_URL)
-    for k in _AUDIO_TEXT:
-        _opt_str(a.get(k), f"audio.{k}", MAX_TEXT)
-    for k in _AUDIO_NAME:
-        _opt_str(a.get(k), f"audio.{k}", MAX_NAME)
-    for k in _AUDIO_NUM:
-        if a.get(k) is not None:
-            _float(a[k], f"audio.{k}", 0.0, float(INT64_MAX))
+    for k, label, cap in _AUDIO_OPT_STR:
+        v = a.get(k)
+        if v is not None and (type(v) is not str or len(v) > cap):
+            _str(v, label, cap)     # raises, saying what is wrong
+    for k, label in _AUDIO_NUM_LABELS:
+        v = a.get(k)
+        if v is not None and (type(v) is not float or not 0.0 <= v <= _INT64_MAX_F):
+            _float(v, label, 0.0, _INT64_MAX_F)
     for k in ("status", "resolver"):
         if k in a:
             _str(a[k], f"audio.{k}", MAX_NAME)

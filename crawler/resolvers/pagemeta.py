@@ -216,9 +216,27 @@ def load_json_block(text: str) -> Any:
         return None
 
 
-def _meta_content(tree: LexborHTMLParser, selector: str) -> str | None:
-    node = css_first(tree, selector)
-    return clean_text(node.attributes.get("content")) if node is not None else None
+MetaTags = dict[tuple[str, str], str | None]
+
+
+def meta_tags(tree: LexborHTMLParser) -> MetaTags:
+    """The page's <meta> tags by ("property" | "name", value): the first of each, as a selector would find it.
+    One pass over the tags instead of a selector run per field (most pages have none of the fields)."""
+    out: MetaTags = {}
+    for node in css(tree, "meta[property], meta[name]"):
+        attrs = node.attributes
+        content = attrs.get("content")
+        prop = attrs.get("property")
+        if prop is not None:
+            out.setdefault(("property", prop), content)
+        name = attrs.get("name")
+        if name is not None:
+            out.setdefault(("name", name), content)
+    return out
+
+
+def _meta_content(tags: MetaTags, attr: str, value: str) -> str | None:
+    return clean_text(tags.get((attr, value)))
 
 
 # Words in a class, id or itemprop that name a field; checked in this order, so "album-artist" is an artist
@@ -391,6 +409,7 @@ class PageContext:
         self.tree = tree
         self._body = body
         self._named: NamedIndex | None = None
+        self._metas: MetaTags | None = None
         self._high: Found | None = None
         self._low: Found | None = None
 
@@ -401,17 +420,23 @@ class PageContext:
             self._named = NamedIndex(self.tree) if maybe else _NO_NAMES
         return self._named
 
+    @property
+    def metas(self) -> MetaTags:
+        if self._metas is None:
+            self._metas = meta_tags(self.tree)
+        return self._metas
+
     def high(self) -> Found:
         """Layers 3 and 4: the page's structured data, then its named elements when unambiguous."""
         if self._high is None:
-            self._high = _high_layers(self.tree, self.named)
+            self._high = _high_layers(self.tree, self.metas, self.named)
         return self._high
 
     def low(self) -> Found:
         """Layer 6: og:title, else <title>; asked only by items that have no title by then."""
         if self._low is None:
             self._low = Found()
-            og_title = _meta_content(self.tree, 'meta[property="og:title"]')
+            og_title = _meta_content(self.metas, "property", "og:title")
             if og_title:
                 self._low.add({"title": og_title}, "og")
             else:
@@ -429,7 +454,7 @@ class PageContext:
         return out if "title" in out.meta else out.fill(self.low())
 
 
-def _high_layers(tree: LexborHTMLParser, named: NamedIndex) -> Found:
+def _high_layers(tree: LexborHTMLParser, metas: MetaTags, named: NamedIndex) -> Found:
     high = Found()
     for script in css(tree, 'script[type="application/ld+json"]'):
         for obj in _walk_json(load_json_block(script.text() or "")):
@@ -442,19 +467,19 @@ def _high_layers(tree: LexborHTMLParser, named: NamedIndex) -> Found:
     # (_meta_content already cleans the text.)
     known = high.meta
     if "artist" not in known:
-        musician = _meta_content(tree, 'meta[property="music:musician"]')
+        musician = _meta_content(metas, "property", "music:musician")
         if musician:
             high.add({"artist": musician}, "og")
         else:
-            high.add(_present({"artist": _meta_content(tree, 'meta[name="artist"]')}), "meta")
+            high.add(_present({"artist": _meta_content(metas, "name", "artist")}), "meta")
     if "description" not in known:
-        description = _meta_content(tree, 'meta[property="og:description"]')
+        description = _meta_content(metas, "property", "og:description")
         if description:
             high.add({"description": description}, "og")
         else:
-            high.add(_present({"description": _meta_content(tree, 'meta[name="description"]')}), "meta")
+            high.add(_present({"description": _meta_content(metas, "name", "description")}), "meta")
     if "cover" not in known:
-        high.add(_present({"cover": _meta_content(tree, 'meta[property="og:image"]')}), "og")
+        high.add(_present({"cover": _meta_content(metas, "property", "og:image")}), "og")
     high.add(named.page_wide(), "class")
     return high
 
