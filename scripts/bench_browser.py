@@ -27,12 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from crawler.resolvers.base import ResolveContext
 from crawler.resolvers.browser import BrowserResolver
-from crawler.resolvers.chromium import rss_bytes, tree_pids
+from crawler.resolvers.chromium import LOOPBACK_ONLY_ARGS, rss_bytes, tree_pids
 from crawler.worker.fetcher import PageFetcher, build_client, build_transport
 from tests.fakes import playersite
 
 UA = "Mozilla/5.0 (compatible; audio-crawler/0.1)"
-LOOPBACK_ONLY = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
 
 
 def pss_bytes(pids: list[int]) -> int:
@@ -54,7 +53,7 @@ async def round_(base: str, pages: int, tabs: int) -> dict[str, float]:
     http = build_client(transport, user_agent=UA, connect_timeout=10, read_timeout=30, max_redirects=3)
     ctx = ResolveContext(http=http, user_agent=UA)
     fetcher = PageFetcher(transport, http)
-    resolver = BrowserResolver({"max_pages": tabs, "args": [LOOPBACK_ONLY], "page_timeout": 60})
+    resolver = BrowserResolver({"max_pages": tabs, "args": list(LOOPBACK_ONLY_ARGS), "page_timeout": 60})
     peak = {"rss": 0, "pss": 0, "driver": 0}
     done = asyncio.Event()
 

@@ -1,59 +1,25 @@
-"""A headless Chromium for the status page test: the system's browser, started so that it resolves no name and
-connects nowhere but loopback, driven over the DevTools protocol with Playwright (connect_over_cdp)."""
+"""A headless Chromium for tests that drive one themselves (the status page test): the worker's own launcher
+(crawler/resolvers/chromium.py, the switches that keep the browser quiet, its process-tree kill), with the one
+switch more that a test's browser needs: it resolves no name, so it connects nowhere but loopback."""
 
 from __future__ import annotations
 
-import asyncio
-import re
-import shutil
-import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
+from typing import Any
 
-CHROMIUM_NAMES = ("chromium", "chromium-browser")
+from crawler.resolvers.chromium import LOOPBACK_ONLY_ARGS, ChromiumProcess, find_executable
 
-FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-domain-reliability", "--no-pings",
-    "--no-first-run", "--no-proxy-server", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-    "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
-)
-
-
-def chromium_path() -> str:
-    for name in CHROMIUM_NAMES:
-        found = shutil.which(name)
-        if found:
-            return found
-    raise AssertionError("no chromium on PATH: scripts/setup.sh installs it (apt-get install -y chromium)")
+# What a test's browser is started with, beside the launcher's own switches.
+TEST_BROWSER_ARGS = list(LOOPBACK_ONLY_ARGS)
 
 
 @asynccontextmanager
-async def chromium(timeout: float = 60) -> AsyncIterator[str]:
-    """Start Chromium with a fresh profile; yields its DevTools WebSocket URL; kills it and its profile after."""
-    profile = Path(tempfile.mkdtemp(prefix="chromium-profile-"))
-    proc = await asyncio.create_subprocess_exec(
-        chromium_path(), *FLAGS, f"--user-data-dir={profile}", "about:blank",
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+async def chromium(playwright: Any, timeout: float = 60) -> AsyncIterator[Any]:
+    """Start Chromium with a fresh profile and yield the Playwright Browser connected to it; kill it (and its
+    helpers and profile) after."""
+    browser = await ChromiumProcess.start(playwright, find_executable(None), TEST_BROWSER_ARGS, timeout=timeout)
     try:
-        assert proc.stderr is not None
-        seen = []
-        async with asyncio.timeout(timeout):
-            while True:
-                line = (await proc.stderr.readline()).decode(errors="replace")
-                if not line:
-                    raise AssertionError(f"chromium exited before listening: {''.join(seen)[-2000:]}")
-                seen.append(line)
-                m = re.search(r"DevTools listening on (ws://\S+)", line)
-                if m:
-                    break
-        # Keep reading its stderr so the pipe never fills and stalls the browser.
-        drain = asyncio.ensure_future(proc.stderr.read())
-        yield m.group(1)
-        drain.cancel()
+        yield browser.browser
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        shutil.rmtree(profile, ignore_errors=True)
+        await browser.close()

@@ -30,7 +30,7 @@ from crawler.resolvers.browser import (
     manifest_uris,
     request_allowed,
 )
-from crawler.resolvers.chromium import PROFILE_PREFIX, sweep_stale_profiles, tree_pids
+from crawler.resolvers.chromium import LOOPBACK_ONLY_ARGS, PROFILE_PREFIX, sweep_stale_profiles, tree_pids
 from crawler.resolvers.registry import followers, load_resolvers, pick
 from crawler.worker.fetcher import PageFetcher, build_client, build_transport
 from tests.fakes import playersite
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.timeout(180)
 
 UA = "SiteTestBrowser/1.0"
 REPO = Path(__file__).resolve().parent.parent
-TEST_ARGS = ("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",)
+TEST_ARGS = LOOPBACK_ONLY_ARGS
 
 
 def html_page(url: str, body: bytes, content_type: str = "text/html", status: int = 200) -> FetchedPage:

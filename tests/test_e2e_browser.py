@@ -15,12 +15,11 @@ import pytest
 import yaml
 
 from scripts import cluster
+from tests.browser import TEST_BROWSER_ARGS
 from tests.fakes import playersite
 
 pytestmark = pytest.mark.timeout(240)
 
-# What a test's browser is started with: it resolves no name and connects nowhere but loopback.
-TEST_BROWSER_ARGS = ["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
 
 
 def sha(data: bytes) -> str:

@@ -36,8 +36,7 @@ async def test_status_page_in_headless_chromium_shows_the_crawl_moving(tmp_path)
                                             extra=["--concurrency", "3"])
         url = cluster.web_url(config) + "/?refresh=1"
         try:
-            async with chromium() as ws, async_playwright() as pw:
-                browser = await pw.chromium.connect_over_cdp(ws)
+            async with async_playwright() as pw, chromium(pw) as browser:
                 page = await browser.new_page(viewport={"width": 1400, "height": 1100})
                 await page.goto(url)
                 await page.wait_for_function(
@@ -54,7 +53,6 @@ async def test_status_page_in_headless_chromium_shows_the_crawl_moving(tmp_path)
                 second = await figures(page)
                 shot = tmp_path / "status-page.png"
                 await page.screenshot(path=str(shot), full_page=True)
-                await browser.close()
         finally:
             await master.stop()
             await worker.stop()

@@ -38,6 +38,9 @@ BASE_ARGS = (
     "--disable-dev-shm-usage", "--mute-audio", "--autoplay-policy=no-user-gesture-required",
     "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
 )
+# For a browser that must reach nothing but this machine (the test suite's and the benchmarks'): every name
+# resolves to nothing, so only addresses given as 127.0.0.1 are reachable.
+LOOPBACK_ONLY_ARGS = ("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",)
 _PR_SET_PDEATHSIG = 1
 PROFILE_PREFIX = "crawler-chromium-"
 EXECUTABLES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
