@@ -279,6 +279,15 @@ class BloomFilter:
     def _prefix(self) -> bytes:
         return _PREFIX.pack(_MAGIC, _VERSION, self.k, self.m, self.capacity, self.count)
 
+    def copy(self) -> BloomFilter:
+        """A frozen copy to save while this one goes on taking keys (a memory copy of the bits: milliseconds,
+        where hashing and writing them takes a tenth of a second or more)."""
+        twin = BloomFilter.__new__(BloomFilter)
+        twin.m, twin.k, twin.capacity, twin.count = self.m, self.k, self.capacity, self.count
+        twin._bits = self._bits.copy()
+        twin._setup()
+        return twin
+
     def save(self, path: Path) -> None:
         """Write a snapshot atomically: a temporary file beside ``path``, fsync, rename, fsync the dir."""
         path = Path(path)

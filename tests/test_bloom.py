@@ -199,3 +199,16 @@ def test_failed_save_keeps_the_previous_snapshot(saved: tuple[BloomFilter, Path]
         bf.save(path)
     assert path.read_bytes() == before
     assert os.listdir(path.parent) == ["urls.bloom"]
+
+
+def test_a_copy_is_frozen_and_saves_what_the_filter_held_when_copied(tmp_path):
+    """The master saves a copy from a thread while the filter goes on taking keys: the copy must not see them."""
+    bloom = BloomFilter.for_capacity(10_000, 0.01)
+    bloom.add_many([f"http://a.test/{i}" for i in range(100)])
+    frozen = bloom.copy()
+    bloom.add_many([f"http://b.test/{i}" for i in range(100)])
+    frozen.save(tmp_path / "snap")
+    loaded = BloomFilter.load(tmp_path / "snap")
+    assert loaded.count == 100 and bloom.count == 200
+    assert all(f"http://a.test/{i}" in loaded for i in range(100))
+    assert sum(f"http://b.test/{i}" in loaded for i in range(100)) <= 5

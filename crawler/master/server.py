@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -129,6 +130,8 @@ class Master:
         self.targets = TargetPolicy.for_crawl(cfg.seeds, cfg.crawl.allowed_networks)
         self.paused = False
         self._unanswered: set[str] = set()   # commands applied whose file could not be removed
+        # Writes Bloom snapshots off the event loop; one thread, so snapshots are written one at a time.
+        self._bloom_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bloom-snapshot")
 
     # ------------------------------------------------------------------ state
     def _open_core(self) -> None:
@@ -270,9 +273,22 @@ class Master:
         return {"requeued": total}
 
     def _snapshot_bloom(self) -> None:
+        """A snapshot now, waiting for it (at start-up and shutdown). It queues behind a periodic one still being
+        written: one writer thread, so two snapshots never race for the file."""
         self.store.commit()
-        self.bloom.save(self.bloom_path)
+        self._bloom_writer.submit(self.bloom.save, self.bloom_path).result()
         self.store.set_meta("bloom_url_count", str(self.store.url_count()))
+        self.store.commit()
+
+    async def _snapshot_bloom_off_loop(self) -> None:
+        """The periodic snapshot, written by the writer thread from a copy of the filter taken at a commit, so the
+        event loop is not held while the bits are hashed and written (0.16 s for the default filter). The count
+        recorded is the copy's: a crash before it is committed leaves the older count, and the next start
+        rebuilds the filter from the URL table instead of trusting a snapshot it cannot match."""
+        self.store.commit()
+        frozen, count = self.bloom.copy(), self.store.url_count()
+        await asyncio.wrap_future(self._bloom_writer.submit(frozen.save, self.bloom_path))
+        self.store.set_meta("bloom_url_count", str(count))
         self.store.commit()
 
     def _commit_state(self) -> None:
@@ -433,7 +449,7 @@ class Master:
             sdnotify.watchdog()
             if time.monotonic() - last_snapshot >= self.cfg.dedup.snapshot_interval:
                 last_snapshot = time.monotonic()
-                self._snapshot_bloom()
+                await self._snapshot_bloom_off_loop()
             if self.cfg.exit_when_done and self.crawl.done():
                 log.info("frontier empty and nothing in flight: the crawl is done")
                 self._done = True
