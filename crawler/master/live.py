@@ -254,7 +254,7 @@ def _changes(changes: Mapping[str, Any] | None) -> dict[str, Any]:
     """The catalogue's new, changed and removed items in the last refresh cycle and in the one under way."""
     out: dict[str, Any] = {}
     for name, c in (changes or {}).items():
-        if c:
+        if c and c.get("start") is not None:   # no cycle has started: refresh is off
             out[name] = {**{k: c.get(k, 0) for k in ("new", "changed", "removed")},
                          **{k: iso_utc(c[k]) for k in ("start", "end") if c.get(k) is not None}}
     return out

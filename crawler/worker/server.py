@@ -44,7 +44,7 @@ REPORT_BATCH = 64
 REPORT_BYTES = 2 * 1024 * 1024
 # Links longer than this are not reported: no crawl policy keeps them, and they would only bloat frames.
 MAX_LINK_LENGTH = 4096
-MAX_VALIDATOR = p.MAX_NAME   # a longer ETag or date is cut: the wire refuses it and it would never match anyway
+MAX_VALIDATOR = 256   # characters of an ETag or a Last-Modified date kept for the next visit
 REPORT_DELAY = 0.02
 ENDED_KEPT = 4096   # page requests whose outcome is remembered for tasks chained after them
 # How often the data dir is checked for free space, and, after a local fault, whether it can be written again.
@@ -535,7 +535,8 @@ class Worker:
                     await asyncio.sleep(0)   # the chained request goes out before this page is parsed
             if page.status == 304:   # unchanged since the visit the validators came from: nothing to parse
                 return p.Result(task.lease, url, p.DONE, 304, page.final_url, page.content_type, 0,
-                                validators=(page.headers.get("etag"), page.headers.get("last-modified"), None))
+                                validators=(_header_value(page.headers.get("etag")),
+                                            _header_value(page.headers.get("last-modified")), None))
             if page.status == 429 or page.status >= 500:
                 return p.Result(task.lease, url, p.RETRY, page.status, page.final_url, page.content_type,
                                 len(page.body), f"HTTP {page.status}")
@@ -688,9 +689,13 @@ def _validators(page: FetchedPage | None) -> tuple[str | None, str | None, int |
     if page is None or not 200 <= page.status < 300:
         return None
     h = page.headers
-    etag, last_modified = h.get("etag"), h.get("last-modified")
-    return (etag[:MAX_VALIDATOR] if etag else None, last_modified[:MAX_VALIDATOR] if last_modified else None,
-            mmh3.hash64(page.body, signed=True)[0])
+    return _header_value(h.get("etag")), _header_value(h.get("last-modified")), mmh3.hash64(page.body, signed=True)[0]
+
+
+def _header_value(v: str | None) -> str | None:
+    # Sent back verbatim next time: only what is a valid header value, and short (a hostile site's 1 MiB ETag,
+    # or one with control characters, would break every later request for the page).
+    return v if v and len(v) <= MAX_VALIDATOR and v.isascii() and v.isprintable() else None
 
 
 def _merged(first: Resolution | None, more: Resolution | None) -> Resolution | None:
