@@ -82,7 +82,8 @@ async def test_a_revisit_finds_what_appeared_changed_and_went_and_asks_condition
                 rows = catalogue_of(db)
                 return (rows.get("a1", {}).get("status") == "changed" and rows["b2"]["status"] == "removed"
                         and bool(rows.get("b3", {}).get("sha256")) and rows["g1"]["status"] == "removed"
-                        and any(r.path == "/static.html" and r.status == 304 for r in srv.log[seen:]))
+                        and any(r.path == "/static.html" and r.status == 304 for r in srv.log[seen:])
+                        and rows["s1"]["last_seen"] >= t_edit)    # that 304's report reached the master
 
             await srv.wait_until(edited, 120)
         finally:
@@ -124,6 +125,12 @@ async def test_a_revisit_finds_what_appeared_changed_and_went_and_asks_condition
     table = list(csv.DictReader(io.StringIO(await export(config, "--changes-since", edit_iso, "--format", "csv"))))
     assert sorted(r["change"] for r in table) == ["changed", "new", "removed", "removed"]
     assert await export(config, "--changes-since", iso_utc(time.time() + 60)) == ""
+    # The status command shows the refresh cycles' counts (how the changes fall into cycles depends on timing).
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "crawler.master", "status", "--json", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE)
+    status = json.loads((await asyncio.wait_for(proc.communicate(), 60))[0])
+    assert set(status["changes"]["this_cycle"]) >= {"new", "changed", "removed", "start"}
 
     # The site's log: the unchanged page was answered 304 on its revisits, and audio whose bytes did not change
     # was downloaded once (its revalidations were answered 304, no body).

@@ -359,7 +359,7 @@ def status_text(st: Mapping[str, Any]) -> str:
         lines += _table(["", "new", "changed", "removed", "from", "to"],
                         [[label, c["new"], c["changed"], c["removed"], c.get("start") or "-", c.get("end") or "now"]
                          for label, key in (("last cycle", "last_cycle"), ("this cycle", "this_cycle"))
-                         if (c := changes.get(key))], right={1, 2, 3})[1:]
+                         if (c := changes.get(key))], right={1, 2, 3})
     lines += _counts("top error reasons", st["errors"])
     lines += _counts("HTTP status", st["http_status"])
     lines += _counts("discarded URLs by reason", st["discards"])
