@@ -106,7 +106,9 @@ def test_without_refresh_a_page_gets_no_visit_record(store):
     lease(store)
     store.finish([visit()])
     assert store.page_visit(PAGE) is None and store.requeue_due(1e12, to("a")) == []
-    assert store.schedule_unscheduled() == 1                  # refresh switched on later: due from its last crawl
+    assert store.schedule_unscheduled(False) == 0
+    assert store.schedule_unscheduled(True) == 1              # refresh switched on later: due from its last crawl
+    assert store.schedule_unscheduled(True) == 0              # once
     assert store.requeue_due(1000.0, to("a")) == [0.0]
 
 
@@ -201,6 +203,7 @@ def test_an_older_store_gains_the_revisit_columns_and_its_done_pages_are_due(tmp
                      "ALTER TABLE audio DROP COLUMN removed_at;")
     db.close()
     s = MasterStore(path)
+    assert s.schedule_unscheduled(True) == 1
     assert s.requeue_due(60.0, to("a")) == [10.0]
     assert s.add_audio([item("x")]) == [True]
     s.close()

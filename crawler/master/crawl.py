@@ -537,9 +537,10 @@ class Crawl:
                 audio_rows.append(row)
             if self.revisit is not None and state == p.DONE:
                 etag, last_modified, digest = r.validators or (None, None, None)
+                # A visit whose resolver reported an error may have missed items: it removes none.
+                listed = page_keys(lease.url, audio_rows[first_row:]) if r.error is None else None
                 finished.append(Finished(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
-                                         r.error, node, now, etag, last_modified, digest,
-                                         page_keys(lease.url, audio_rows[first_row:])))
+                                         r.error, node, now, etag, last_modified, digest, listed))
             else:
                 finished.append(Finished(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
                                          r.error, node, now))

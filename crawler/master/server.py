@@ -165,7 +165,7 @@ class Master:
             moved = self.store.reset_routing()
             log.warning("the nodes list changed since the last run: %d queued entries are routed again", moved)
         self.store.set_meta("nodes", list(cfg.nodes))
-        if self.crawl.revisit is not None and (n := self.store.schedule_unscheduled()):
+        if n := self.store.schedule_unscheduled(self.crawl.revisit is not None):
             log.info("refresh: %d pages fetched while refresh was off are due again", n)
         back = self.store.requeue_leased(self.crawl.route)
         if back:

@@ -90,10 +90,11 @@ _UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c
                  "WHERE id = ?")
 
 # Revisits (crawler/master/revisit.py): urls.next_visit says when a fetched page is due again, found through a
-# partial index over the done pages; everything else a revisit needs lives in page_visits, one row per fetched
-# page only (never for queued URLs), so the URL table grows by one REAL a fetched page.
+# partial index over the done pages that have one (none while refresh is off); everything else a revisit needs
+# lives in page_visits, one row per fetched page only (never for queued URLs), so the URL table grows by one
+# REAL a fetched page, and by nothing while refresh is off.
 _REVISIT_SCHEMA = f"""
-CREATE INDEX IF NOT EXISTS refresh_due ON urls(next_visit) WHERE state = {DONE};
+CREATE INDEX IF NOT EXISTS refresh_due ON urls(next_visit) WHERE state = {DONE} AND next_visit IS NOT NULL;
 CREATE TABLE IF NOT EXISTS page_visits (
     id            INTEGER PRIMARY KEY,   -- urls.id
     etag          TEXT,                  -- the validators of the last full answer, sent back as
@@ -364,15 +365,13 @@ class MasterStore:
         url_columns = {row[1] for row in self.db.execute("PRAGMA table_info(urls)")}
         if (missing or "lastmod" not in url_columns or "next_visit" not in url_columns) and not self.readonly:
             # A file from before a field was added: the new columns start empty. ADD COLUMN only edits the
-            # table's definition, so this is instant whatever the table's size. Pages done before revisits
-            # were tracked are due from their last crawl on, oldest first.
+            # table's definition, so this is instant whatever the table's size. (Pages done before revisits
+            # were tracked get their next visit from schedule_unscheduled() once refresh is on.)
             self.db.executescript(
                 "BEGIN IMMEDIATE; "
                 + "".join(f"ALTER TABLE audio ADD COLUMN {c} {_COLUMN_TYPES[c]}; " for c in missing)
                 + ("ALTER TABLE urls ADD COLUMN lastmod REAL; " if "lastmod" not in url_columns else "")
-                + ("ALTER TABLE urls ADD COLUMN next_visit REAL; "
-                   f"UPDATE urls SET next_visit = last_crawl WHERE state = {DONE}; "
-                   if "next_visit" not in url_columns else "")
+                + ("ALTER TABLE urls ADD COLUMN next_visit REAL; " if "next_visit" not in url_columns else "")
                 + f"{_REVISIT_SCHEMA} {_HISTORY_SCHEMA} COMMIT;")
             missing = []
         # A reader of an older file that it may not alter sees the missing columns as null.
@@ -867,9 +866,17 @@ class MasterStore:
             self._move(DONE, r[2], QUEUED, t)
         return [now - r[3] for r in rows]
 
-    def schedule_unscheduled(self) -> int:
-        """Done pages with no next visit (fetched while refresh was off) are due from their last crawl on."""
+    def schedule_unscheduled(self, refresh: bool) -> int:
+        """Call at start with whether refresh is on. Once it is switched on, done pages with no next visit
+        (fetched while it was off) are due from their last crawl on: one pass over the table, only the first
+        time after a run without refresh."""
         self._begin()
+        scheduled = bool(self.get_meta("revisits_scheduled", False))
+        if refresh == scheduled:
+            return 0
+        self._write_meta("revisits_scheduled", refresh)
+        if not refresh:
+            return 0
         return self.db.execute(f"UPDATE urls SET next_visit = coalesce(last_crawl, 0) "
                                f"WHERE state = {DONE} AND next_visit IS NULL").rowcount
 
