@@ -38,6 +38,23 @@ def _iso_second(second: int) -> str:
     return datetime.fromtimestamp(second, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+def parse_time(text: str) -> float:
+    """An operator's time as epoch seconds: ISO-8601 (a time without an offset is UTC) or epoch seconds.
+    ValueError with a one-line reason otherwise."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not an ISO-8601 time (e.g. 2026-12-02T20:00:00Z) or epoch seconds") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return t.timestamp()
+
+
 class ReopenableFileHandler(logging.FileHandler):
     def reopen(self) -> None:
         self.acquire()

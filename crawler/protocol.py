@@ -55,7 +55,7 @@ from crawler.items import AUDIO_FIELD_KINDS, AudioItem
 # addresses the crawl may reach; Fetched, Task.after; 4: the worker proves the secret first, the master in its
 # Welcome, and every value is range-checked; 5: Result may end with sitemap dates of its links; 6: Fault (a
 # worker's local fault), Refused carries a code
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
 PRE_AUTH_MAX_FRAME = 640
@@ -358,6 +358,9 @@ class Task:
     # it was answered 429/503: the master hands out a host's next request ahead of the slot freeing, so the
     # host's concurrency limit is used to the full without a round trip to the master between requests.
     after: int | None = None
+    # The page's validators from its last full answer, (ETag, Last-Modified), for a conditional fetch: a 304
+    # then costs no body and no parse.
+    validators: tuple[str | None, str | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,7 +369,10 @@ class Assign(Message):
     tasks: tuple[Task, ...]
 
     def fields(self):
-        return [[[t.lease, t.url, t.depth, t.parent, t.after] for t in self.tasks]]
+        # Validators are an optional trailing pair: a task without them encodes as before.
+        return [[[t.lease, t.url, t.depth, t.parent, t.after] if t.validators is None else
+                 [t.lease, t.url, t.depth, t.parent, t.after, t.validators[0], t.validators[1]]
+                 for t in self.tasks]]
 
     @classmethod
     def from_fields(cls, f):
@@ -374,11 +380,14 @@ class Assign(Message):
         tasks = []
         for raw in _list(f[0], "tasks"):
             t = _list(raw, "task")
-            if len(t) != 5:
-                raise ProtocolError("task: expected 5 fields")
+            if len(t) not in (5, 7):
+                raise ProtocolError("task: expected 5 or 7 fields")
             after = None if t[4] is None else _nonneg(t[4], "after")
+            validators = None
+            if len(t) == 7:
+                validators = (_opt_str(t[5], "etag", MAX_NAME), _opt_str(t[6], "last_modified", MAX_NAME))
             tasks.append(Task(_nonneg(t[0], "lease"), _str(t[1], "url", MAX_URL), _nonneg(t[2], "depth", MAX_DEPTH),
-                              _opt_str(t[3], "parent", MAX_URL), after))
+                              _opt_str(t[3], "parent", MAX_URL), after, validators))
         return cls(tuple(tasks))
 
 
@@ -405,19 +414,23 @@ class Result:
     cut: int = 0
     # When some of the links' pages last changed, as a sitemap says: (link, epoch seconds).
     lastmod: tuple[tuple[str, float], ...] = ()
+    # What the page's answer says for its next visit: (ETag, Last-Modified, 64-bit digest of a 2xx body).
+    validators: tuple[str | None, str | None, int | None] | None = None
 
     def to_wire(self) -> list[Any]:
         out = [self.lease, self.url, self.status, self.http_status, self.final_url, self.content_type,
                self.size, self.error, list(self.links), [a.to_wire() for a in self.audio], self.cut]
-        if self.lastmod:   # an optional trailing field: results without it encode as before
+        if self.lastmod or self.validators is not None:   # optional trailing fields: without them, as before
             out.append([[u, t] for u, t in self.lastmod])
+        if self.validators is not None:
+            out.append(list(self.validators))
         return out
 
     @classmethod
     def from_wire(cls, raw: Any) -> Result:
         f = _check_result(raw)
         return cls(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8],
-                   tuple(AudioItem.from_wire(a) for a in f[9]), f[10], f[11])
+                   tuple(AudioItem.from_wire(a) for a in f[9]), f[10], f[11], f[12])
 
 
 def check_result(r: Result) -> None:
@@ -429,10 +442,17 @@ def check_result(r: Result) -> None:
 
 def _check_result(raw: Any) -> list[Any]:
     r = _list(raw, "result")
-    if len(r) not in (11, 12):
-        raise ProtocolError("result: expected 11 or 12 fields")
+    if len(r) not in (11, 12, 13):
+        raise ProtocolError("result: expected 11 to 13 fields")
+    validators = None
+    if len(r) == 13:
+        v = _list(r[12], "validators")
+        if len(v) != 3:
+            raise ProtocolError("validators: expected [etag, last_modified, digest]")
+        validators = (_opt_str(v[0], "etag", MAX_NAME), _opt_str(v[1], "last_modified", MAX_NAME),
+                      _opt_int(v[2], "digest", -(1 << 63), (1 << 63) - 1))
     lastmod = []
-    for pair in _list(r[11], "lastmod") if len(r) == 12 else ():
+    for pair in _list(r[11], "lastmod") if len(r) >= 12 else ():
         if not isinstance(pair, list) or len(pair) != 2:
             raise ProtocolError("lastmod: expected [url, time] pairs")
         lastmod.append((_str(pair[0], "lastmod.url", MAX_URL), _float(pair[1], "lastmod.time")))
@@ -442,7 +462,8 @@ def _check_result(raw: Any) -> list[Any]:
     return [_nonneg(r[0], "lease"), _str(r[1], "url", MAX_URL), status, _opt_int(r[3], "http_status", 0, 999),
             _opt_str(r[4], "final_url", MAX_URL), _opt_str(r[5], "content_type", MAX_NAME),
             _opt_int(r[6], "size", 0), _opt_str(r[7], "error"), _str_tuple(r[8], "links", MAX_URL),
-            [_check_audio(a) for a in _list(r[9], "audio")], _nonneg(r[10], "cut", MAX_COUNT), tuple(lastmod)]
+            [_check_audio(a) for a in _list(r[9], "audio")], _nonneg(r[10], "cut", MAX_COUNT), tuple(lastmod),
+            validators]
 
 
 # How each field of an audio map is checked. Numbers and maps follow the item's own field list; every text

@@ -4,6 +4,7 @@ from collections import Counter
 
 from crawler import protocol as p
 from crawler.items import AudioItem
+from crawler.logs import iso_utc
 from crawler.master.live import (
     CHART_BUCKET,
     MAX_REASONS,
@@ -122,3 +123,21 @@ def test_progress_line():
     assert "queue not shrinking" in progress_line(30, 0, 0, Counter(), queued=5, held=0, at_workers=0,
                                                   connected=0, nodes=1, shrink=None)
     assert human_bytes(0) == "0 B" and human_bytes(1536) == "1.5 KiB"
+
+
+def test_status_shows_the_last_refresh_cycles_changes_only_when_refresh_runs():
+    assert build_status(_db(), None, ["w1"], T0, running=False)["changes"] == {}
+    off = _db(changes={"this_cycle": {"start": None, "new": 4, "changed": 0, "removed": 0}, "last_cycle": None})
+    assert build_status(off, None, ["w1"], T0, running=False)["changes"] == {}
+    assert "refresh cycles" not in status_text(build_status(off, None, ["w1"], T0, running=False))
+    db = _db(changes={"this_cycle": {"start": T0 + 60, "new": 1, "changed": 0, "removed": 0},
+                      "last_cycle": {"start": T0, "end": T0 + 60, "new": 3, "changed": 2, "removed": 5}})
+    st = build_status(db, None, ["w1"], T0 + 70, running=False)
+    assert st["changes"]["last_cycle"] == {"new": 3, "changed": 2, "removed": 5, "start": iso_utc(T0),
+                                           "end": iso_utc(T0 + 60)}
+    text = status_text(st)
+    lines = [line.strip() for line in text.splitlines()]
+    assert lines[lines.index("catalogue changes (refresh cycles):") + 1].split()[:3] == ["new", "changed", "removed"]
+    (last,) = [line for line in lines if line.startswith("last cycle")]
+    assert last.split()[2:5] == ["3", "2", "5"]
+    assert any(line.startswith("this cycle") and line.endswith(" now") for line in lines)

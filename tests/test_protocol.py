@@ -368,8 +368,24 @@ def test_a_result_without_sitemap_dates_encodes_as_before_and_bad_dates_are_refu
     wire = plain.to_wire() + [[["http://a/1", "yesterday"]]]
     with pytest.raises(p.ProtocolError, match="lastmod.time"):
         p.Result.from_wire(wire)
-    with pytest.raises(p.ProtocolError, match="11 or 12"):
-        p.Result.from_wire(plain.to_wire() + [[], []])
+    with pytest.raises(p.ProtocolError, match="11 to 13"):
+        p.Result.from_wire(plain.to_wire() + [[], [], []])
+
+
+def test_validators_travel_both_ways_and_are_checked():
+    task = p.Task(7, "http://a/", 1, None, None, ('"v1"', "Wed, 02 Dec 2026 10:00:00 GMT"))
+    assert p.decode_payload(p.encode(p.Assign((task, p.Task(8, "http://a/2", 1))))[4:]) == p.Assign(
+        (task, p.Task(8, "http://a/2", 1)))
+    assert len(p.Assign((p.Task(8, "http://a/2", 1),)).fields()[0][0]) == 5    # without them, as before
+    with pytest.raises(p.ProtocolError, match="etag"):
+        p.Assign.from_fields([[[1, "http://a/", 0, None, None, 5, None]]])
+    r = p.Result(1, "http://a/", p.DONE, 200, validators=('"v1"', None, -(1 << 63)))
+    assert p.Result.from_wire(r.to_wire()) == r
+    assert p.Result.from_wire(p.Result(1, "http://a/", p.DONE, 304, validators=(None, None, None)).to_wire()
+                              ).validators == (None, None, None)
+    for bad in (["x", None], [None, None, 1 << 63], [None, None, "1"]):
+        with pytest.raises(p.ProtocolError):
+            p.Result.from_wire(p.Result(1, "http://a/", p.DONE).to_wire() + [[], bad])
 
 
 @pytest.mark.parametrize("key, value", [("meta_source", "class"), ("file_tags", [1]), ("codec", 3),

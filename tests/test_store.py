@@ -225,11 +225,28 @@ def test_add_audio_is_unique_per_item_and_page_and_fills_gaps_later(store):
     assert store.add_audio([audio(), audio(title="other")]) == [True, False]
     assert store.add_audio([audio(page="http://s/q")]) == [True]
     assert store.add_audio([audio(sha256="ab" * 32, size=123)]) == [False]
-    assert store.add_audio([audio(sha256="cd" * 32, size=9)]) == [False]          # filled already: kept
+    assert store.add_audio([audio(sha256="ab" * 32, size=123, title="later")]) == [False]   # filled already
     rows = list(store.catalogue())
-    assert [(r["page"], r["sha256"], r["size"], r["title"]) for r in rows] == [
-        ("http://s/p", "ab" * 32, 123, "T"), ("http://s/q", None, None, "T")]
+    assert [(r["page"], r["sha256"], r["size"], r["title"], r["status"]) for r in rows] == [
+        ("http://s/p", "ab" * 32, 123, "T", "ok"), ("http://s/q", None, None, "T", "ok")]
     assert [r["page"] for r in store.audio_by_sha("ab" * 32)] == ["http://s/p"]
+
+
+def test_new_bytes_at_the_same_address_are_a_change_and_the_old_ones_are_kept(store):
+    store.add_audio([audio(sha256="ab" * 32, size=123, found_at=10.0)])
+    assert store.add_audio([audio(sha256="cd" * 32, size=9, found_at=20.0)]) == [False]
+    (row,) = store.catalogue()
+    assert (row["sha256"], row["size"], row["status"], row["found_at"], row["changed_at"], row["last_seen"]) == (
+        "cd" * 32, 9, "changed", 10.0, 20.0, 20.0)
+    assert [(h["sha256"], h["size"], h["replaced_at"]) for h in store.audio_history(row["url"])] == [
+        ("ab" * 32, 123, 20.0)]
+    assert store.status()["audio"] == {"changed": 1}
+    assert store.add_audio([audio(sha256="cd" * 32, size=9, found_at=30.0)]) == [False]   # the same bytes again
+    (row,) = store.catalogue()
+    assert (row["status"], row["changed_at"], row["last_seen"]) == ("changed", 20.0, 30.0)
+    assert [(r["change"], r["url"]) for r in store.changes_since(15.0)] == [("changed", row["url"])]
+    assert [r["change"] for r in store.changes_since(5.0)] == ["changed"]
+    assert list(store.changes_since(25.0)) == []
 
 
 def test_a_site_id_identifies_an_item_whose_links_expire(store):

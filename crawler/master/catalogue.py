@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from crawler.logs import iso_utc
+from crawler.master.store import AUDIO_TIMES
 
 
 def export_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A catalogue row as exports show it: times as ISO-8601 UTC, not epoch seconds."""
-    if isinstance(row.get("found_at"), (int, float)):
-        row = {**row, "found_at": iso_utc(row["found_at"])}
+    """A catalogue row as exports show it: times as ISO-8601 UTC, not epoch seconds, and when the item first
+    appeared also under the name first_seen."""
+    row = {**row, **{k: iso_utc(row[k]) for k in AUDIO_TIMES if isinstance(row.get(k), (int, float))}}
+    if "found_at" in row:
+        row["first_seen"] = row["found_at"]
     return row
 
 

@@ -138,8 +138,23 @@ def status(config_path: Path, as_json: bool) -> None:
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True)
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here instead of standard output.")
 @click.option("--failed", is_flag=True, help="The URLs given up as errors, with the reason, not the catalogue.")
-def export(config_path: Path, fmt: str, output: Path | None, failed: bool) -> None:
+@click.option("--changes-since", "since", metavar="TIME",
+              help="Only the audio items that appeared, changed or were removed since TIME (ISO-8601, UTC unless "
+                   "it says otherwise, or epoch seconds); each row's \"change\" says which.")
+def export(config_path: Path, fmt: str, output: Path | None, failed: bool, since: str | None) -> None:
     """The audio catalogue (or with --failed the failed URLs), as JSON lines or CSV."""
+    from crawler.logs import parse_time
+
+    since_t: float | None = None
+    if since is not None:
+        if failed:
+            click.echo(f"{PROG}: --changes-since lists catalogue changes; it does not go with --failed", err=True)
+            sys.exit(2)
+        try:
+            since_t = parse_time(since)
+        except ValueError as e:
+            click.echo(f"{PROG}: --changes-since: {e}", err=True)
+            sys.exit(2)
     cfg = load_config(config_path)
     store = _open_store(cfg)
     out: IO[str] = sys.stdout
@@ -156,6 +171,8 @@ def export(config_path: Path, fmt: str, output: Path | None, failed: bool) -> No
 
         if failed:
             rows = ({**r, "last_crawl": iso_utc(r["last_crawl"])} for r in store.failed())
+        elif since_t is not None:
+            rows = map(export_row, store.changes_since(since_t))
         else:
             rows = map(export_row, store.catalogue())
         if fmt == "jsonl":

@@ -95,6 +95,21 @@ def _key_check(v: str) -> str | None:
     return None if v in ("url", "host") else "must be 'url' or 'host'"
 
 
+def _check_refresh(crawl: dict[str, Any]) -> None:
+    base = crawl["refresh_interval"]
+    for k in ("refresh_min", "refresh_max", "refresh_hub_interval"):
+        if crawl[k] is not None and base is None:
+            raise ConfigError(f"crawl.{k}", "needs crawl.refresh_interval")
+    if base is None:
+        return
+    lo = crawl["refresh_min"] if crawl["refresh_min"] is not None else base / 4
+    hi = crawl["refresh_max"] if crawl["refresh_max"] is not None else base * 4
+    if lo > base:
+        raise ConfigError("crawl.refresh_min", "must not be above crawl.refresh_interval")
+    if hi < base:
+        raise ConfigError("crawl.refresh_max", "must not be below crawl.refresh_interval")
+
+
 SPEC = {
     "listen": Key("hostport"),
     "data_dir": Key("path"),
@@ -118,6 +133,11 @@ SPEC = {
         "drop_params": Key("list[str]", ("utm_source", "utm_medium", "utm_campaign", "utm_term", "utm_content")),
         "keep_fragment": Key("list[str]", DEFAULT_KEEP_FRAGMENT, regexes),
         "refresh_interval": Key("float", None, positive),
+        # Each page's revisit interval adapts within these (default: a quarter and four times refresh_interval);
+        # pages that yielded audio are revisited every refresh_hub_interval when set. See master/revisit.py.
+        "refresh_min": Key("float", None, positive),
+        "refresh_max": Key("float", None, positive),
+        "refresh_hub_interval": Key("float", None, positive),
         "max_attempts": Key("int", 3, positive),
     }),
     "scheduling": Key("section", section={
@@ -171,6 +191,9 @@ class CrawlLimits:
     drop_params: tuple[str, ...]
     keep_fragment: tuple[str, ...]
     refresh_interval: float | None
+    refresh_min: float | None
+    refresh_max: float | None
+    refresh_hub_interval: float | None
     max_attempts: int
 
 
@@ -260,6 +283,7 @@ class MasterConfig:
             if SEARCH_HOST in hosts:
                 hosts.append(KUGOU_SONG_HOST)   # a keyword search leads to Kugou's song pages
             crawl["allowed_hosts"] = tuple(dict.fromkeys(hosts))
+        _check_refresh(crawl)
         sched = Scheduling(**v["scheduling"])
         if sched.heartbeat_timeout <= sched.heartbeat_interval:
             raise ConfigError("scheduling.heartbeat_timeout", "must be longer than scheduling.heartbeat_interval")

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from crawler import protocol as p
 from crawler.master.config import MasterConfig
 from crawler.master.dedup import Dedup
-from crawler.master.store import Finished, MasterStore
+from crawler.master.revisit import revisit_policy
+from crawler.master.store import Finished, MasterStore, page_keys
 from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, host_url_of, robots_url
 from crawler.scheduler import NodeTable
 from crawler.urls import DISCARD_TOO_DEEP, NormalizeOptions, UrlPolicy, normalize_many
@@ -60,6 +61,7 @@ class Lease:
     holds: bool = True        # it holds one of its host's slots in the gate (until its page request ends)
     after: int | None = None  # chained: the worker starts it when this lease's request ends (protocol.Task)
     next: int | None = None   # the lease chained after this one
+    validators: tuple[str | None, str | None] | None = None   # for a conditional fetch (protocol.Task)
 
 
 @dataclass(slots=True)
@@ -68,6 +70,7 @@ class Held:
     depth: int
     parent: str | None
     host: str          # scheme://netloc, the politeness and robots key
+    validators: tuple[str | None, str | None] | None = None
 
 
 class HeldQueue:
@@ -157,6 +160,8 @@ class Crawl:
         self.totals = Totals()
         self._next_lease = first_lease
         self._scheduled = 0                      # pages handed out this run (for max_pages)
+        # Refresh on: each fetched page's next visit adapts to how often it changes (master/revisit.py).
+        self.revisit = revisit_policy(c)
 
     # ------------------------------------------------------------------ routing
     def route(self, urls) -> list[str | None]:
@@ -175,7 +180,8 @@ class Crawl:
         moved += self._rehome_held(node)
         if moved:
             log.info("node %s joined: %d frontier entries routed to it", node, moved)
-        return [p.Task(i, self.leases[i].url, self.leases[i].depth, self.leases[i].parent, self.leases[i].after)
+        return [p.Task(i, self.leases[i].url, self.leases[i].depth, self.leases[i].parent, self.leases[i].after,
+                       self.leases[i].validators)
                 for i in sorted(self.leases_by_node[node])]
 
     def _rehome_held(self, joined: str) -> int:
@@ -346,12 +352,12 @@ class Crawl:
             wake = min(wake, self._serve_host(node, held, host, n, now, out))
         batch = max(n, self.cfg.scheduling.batch_size)
         while len(out) < n and len(held) < HELD_CAP:
-            rows = self.store.pop(node, batch, now)
+            rows = self.store.pop(node, batch, now, validators=self.revisit is not None)
             if not rows:
                 break
             fresh: dict[str, None] = {}
-            for url, depth, parent in rows:
-                h = Held(url, depth, parent, host_url_of(url))
+            for url, depth, parent, *validators in rows:
+                h = Held(url, depth, parent, host_url_of(url), validators[0] if validators else None)
                 held.add(h)
                 fresh[h.host] = None
             for host in fresh:
@@ -410,7 +416,8 @@ class Crawl:
             after = next(iter(heads))
             self._drop_head(node, h.host, after)
         lease = Lease(self._next_lease, h.url, h.depth, h.parent, node, h.host,
-                      now + self.cfg.scheduling.lease_timeout, now, holds=after is None, after=after)
+                      now + self.cfg.scheduling.lease_timeout, now, holds=after is None, after=after,
+                      validators=h.validators)
         self._next_lease += 1
         self.leases[lease.id] = lease
         self.leases_by_node.setdefault(node, set()).add(lease.id)
@@ -418,7 +425,7 @@ class Crawl:
             self._heads.setdefault((node, h.host), {})[lease.id] = None
         else:
             self.leases[after].next = lease.id
-        out.append(p.Task(lease.id, h.url, h.depth, h.parent, after))
+        out.append(p.Task(lease.id, h.url, h.depth, h.parent, after, h.validators))
         return None
 
     def _chainable(self, host: str, now: float) -> bool:
@@ -522,24 +529,32 @@ class Crawl:
                 state = self._throttled_state(lease.url)
             else:
                 self._throttled.pop(lease.url, None)
-            finished.append(Finished(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
-                                     r.error, node, now))
+            first_row = len(audio_rows)
+            for a in r.audio:
+                row = a.catalogue_row()
+                row["node"] = node
+                row["found_at"] = now
+                audio_rows.append(row)
+            if self.revisit is not None and state == p.DONE:
+                etag, last_modified, digest = r.validators or (None, None, None)
+                # A visit whose resolver reported an error may have missed items: it removes none.
+                listed = page_keys(lease.url, audio_rows[first_row:]) if r.error is None else None
+                finished.append(Finished(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
+                                         r.error, node, now, etag, last_modified, digest, listed))
+            else:
+                finished.append(Finished(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
+                                         r.error, node, now))
             if r.status == p.DONE and r.links:
                 link_batches.append((lease.url, lease.depth + 1, r.links))
             if r.status == p.DONE and r.lastmod:
                 # A date in the future is a site's mistake: it would have the page fetched on every visit.
                 lastmod.extend(pair for pair in r.lastmod if pair[1] <= now)
             cut += r.cut                         # links the worker did not follow at the depth limit
-            for a in r.audio:
-                row = a.catalogue_row()
-                row["node"] = node
-                row["found_at"] = now
-                audio_rows.append(row)
         if not finished:
             return []
         try:
             with self.store.atomic():
-                firsts = self.store.finish(finished)
+                firsts = self.store.finish(finished, self.revisit)
                 fresh = self.store.add_audio(audio_rows) if audio_rows else []
                 # Per-worker figures for the status command, one row update per report.
                 self.store.note_node(node, bytes=sum(f.size or 0 for f in finished),

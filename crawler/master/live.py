@@ -246,7 +246,18 @@ def build_status(db: Mapping[str, Any], live: Mapping[str, Any] | None, nodes: I
         "http_status": dict(sorted(http_status.items())),
         "discards": dict(sorted(db.get("discards", {}).items())),
         "audio": dict(sorted(db.get("audio", {}).items())),
+        "changes": _changes(db.get("changes")),
     }
+
+
+def _changes(changes: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The catalogue's new, changed and removed items in the last refresh cycle and in the one under way."""
+    out: dict[str, Any] = {}
+    for name, c in (changes or {}).items():
+        if c and c.get("start") is not None:   # no cycle has started: refresh is off
+            out[name] = {**{k: c.get(k, 0) for k in ("new", "changed", "removed")},
+                         **{k: iso_utc(c[k]) for k in ("start", "end") if c.get(k) is not None}}
+    return out
 
 
 def human_bytes(n: float) -> str:
@@ -342,6 +353,13 @@ def status_text(st: Mapping[str, Any]) -> str:
                      for n in st["nodes"]], right={3, 4, 5, 6, 7, 8})
     lines.append("")
     lines += _counts("audio items by status", st["audio"])
+    changes = st.get("changes") or {}
+    if changes:
+        lines.append("catalogue changes (refresh cycles):")
+        lines += _table(["", "new", "changed", "removed", "from", "to"],
+                        [[label, c["new"], c["changed"], c["removed"], c.get("start") or "-", c.get("end") or "now"]
+                         for label, key in (("last cycle", "last_cycle"), ("this cycle", "this_cycle"))
+                         if (c := changes.get(key))], right={1, 2, 3})
     lines += _counts("top error reasons", st["errors"])
     lines += _counts("HTTP status", st["http_status"])
     lines += _counts("discarded URLs by reason", st["discards"])

@@ -92,6 +92,13 @@ function tile(label, value, sub) { const t = el("div", null, "tile"); t.appendCh
 function ago(iso) { if (!iso) return "never"; const s = Math.round((Date.now() - Date.parse(iso)) / 1000);
   return s < 60 ? s + " s ago" : s < 3600 ? Math.round(s / 60) + " min ago" : Math.round(s / 3600) + " h ago"; }
 
+function changesTile(last, now) {
+  // The catalogue's changes in the last refresh cycle (this one's so far below it).
+  const c = last || now || {new: 0, changed: 0, removed: 0};
+  return tile(last ? "last refresh cycle" : "this refresh cycle",
+    fmt(c.new) + " new · " + fmt(c.changed) + " changed · " + fmt(c.removed) + " removed",
+    last && now ? "this cycle: " + fmt(now.new) + " / " + fmt(now.changed) + " / " + fmt(now.removed) : "");
+}
 function drawStatus(st) {
   const r = st.rates || {}, u = st.urls, run = st.this_run || {};
   $("meta").textContent = "master " + (st.master.web || "") + " · started " +
@@ -105,6 +112,7 @@ function drawStatus(st) {
     tile("pages / min", rate(r.pages_per_min_1m), "10 min: " + rate(r.pages_per_min_10m)),
     tile("audio items", fmt(audio), fmt(st.audio.ok || 0) + " ok"),
     tile("audio / min", rate(r.audio_per_min_1m), "10 min: " + rate(r.audio_per_min_10m)),
+    changesTile((st.changes || {}).last_cycle, (st.changes || {}).this_cycle),
     tile("errors / min", rate(r.errors_per_min_1m), fmt(u.error) + " URLs failed"),
     tile("waiting at master", fmt(u.waiting_at_master), fmt(u.held_at_master) + " held, " + fmt(u.queued) + " queued"),
     tile("at workers", fmt(u.at_workers), "loop lag " + ((st.master.event_loop_lag_s || 0) * 1000).toFixed(1) + " ms"));

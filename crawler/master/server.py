@@ -51,6 +51,7 @@ log = logging.getLogger("crawler.master")
 HANDSHAKE_TIMEOUT = 10.0          # seconds a peer has to prove the secret
 MAX_UNAUTHENTICATED = 64          # connections still in their handshake; more are closed at once
 READER_LIMIT = 128 * 1024         # asyncio buffers at most twice this per connection before it stops reading
+REFRESH_BATCH = 5000      # due pages requeued per statement; the scan goes on batch after batch
 COMMIT_INTERVAL = 0.2     # the housekeeping cadence: commit, expiry, heartbeats, "is the crawl done"
 
 
@@ -164,6 +165,8 @@ class Master:
             moved = self.store.reset_routing()
             log.warning("the nodes list changed since the last run: %d queued entries are routed again", moved)
         self.store.set_meta("nodes", list(cfg.nodes))
+        if n := self.store.schedule_unscheduled(self.crawl.revisit is not None):
+            log.info("refresh: %d pages fetched while refresh was off are due again", n)
         back = self.store.requeue_leased(self.crawl.route)
         if back:
             log.info("recovered %d leases that were in flight when the master stopped", back)
@@ -430,17 +433,15 @@ class Master:
     async def _housekeeping(self) -> None:
         """Commits and the slow checks, on their own cadence, off the dispatch path."""
         last_snapshot = time.monotonic()
-        refresh_every = (self.cfg.crawl.refresh_interval or 0) / 4
-        last_refresh = time.monotonic()
         while True:
             await asyncio.sleep(COMMIT_INTERVAL)
             now = self.clock()
             self.crawl.expire(now)
             self.crawl.expire_away(now)
             self._check_heartbeats(now)
-            if refresh_every and time.monotonic() - last_refresh >= max(refresh_every, 0.5):
-                last_refresh = time.monotonic()
-                self._refresh(now)
+            if self.crawl.revisit is not None:
+                for _ in self._refresh(now):
+                    await asyncio.sleep(0)   # a big site's backlog goes in batches, the workers served between
             for _ in self._apply_commands():
                 await asyncio.sleep(0)
             self._wake.set()   # whatever the checks freed or requeued is handed out by the dispatcher
@@ -456,11 +457,24 @@ class Master:
                 self._stop.set()
                 return
 
-    def _refresh(self, now: float) -> None:
-        rows = self.store.due_for_refresh(now, self.cfg.crawl.refresh_interval, 10_000)
-        if rows:
-            n = self.store.requeue_refresh(rows, self.crawl.route)
-            log.info("refresh: %d pages scheduled again", n)
+    def _refresh(self, now: float) -> Iterator[None]:
+        """Every page whose next visit is due goes back in line, a batch at a time through the next-visit
+        index, until none is due: no cap per tick, so a big site catches up. Yields between batches."""
+        total, late = 0, 0.0
+        while True:
+            lags = self.store.requeue_due(now, self.crawl.route, REFRESH_BATCH)
+            if lags:
+                total += len(lags)
+                late = max(late, lags[0])
+            if len(lags) < REFRESH_BATCH:
+                break
+            yield
+        if total:
+            log.info("refresh: %d pages due again (the most overdue by %.1f s)", total, late)
+        if self.store.roll_cycle(now, self.cfg.crawl.refresh_interval or 0):
+            last = self.store.get_meta("last_cycle") or {}
+            log.info("refresh cycle: %d new, %d changed, %d removed audio items",
+                     last.get("new", 0), last.get("changed", 0), last.get("removed", 0))
 
     def _check_heartbeats(self, now: float) -> None:
         timeout = self.cfg.scheduling.heartbeat_timeout

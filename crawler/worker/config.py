@@ -49,6 +49,9 @@ SPEC = {
     "fetch_timeout": Key("float", 60.0, positive),       # a page fetch or API call in all, body included
     "download_timeout": Key("float", 120.0, positive),   # a download in all: this, plus its size at...
     "download_min_rate": Key("int", 32 * 1024, positive),  # ...this many bytes per second
+    # A finished audio file is trusted this long before it is asked for again (conditionally: a 304 costs no
+    # download); 0 asks on every visit of its page.
+    "revalidate_after": Key("float", 86_400.0, non_negative),
     "max_page_depth": Key("int", 512, positive),         # element nesting a page may reach
     "max_page_tags": Key("int", 100_000, positive),      # tags a page may hold
     "max_redirects": Key("int", 5, positive),
@@ -84,6 +87,7 @@ class WorkerConfig:
     fetch_timeout: float
     download_timeout: float
     download_min_rate: int
+    revalidate_after: float
     max_page_depth: int
     max_page_tags: int
     max_redirects: int
@@ -129,7 +133,8 @@ class WorkerConfig:
             max_page_bytes=v["max_page_bytes"], max_audio_bytes=v["max_audio_bytes"],
             connect_timeout=v["connect_timeout"], read_timeout=v["read_timeout"],
             fetch_timeout=v["fetch_timeout"], download_timeout=v["download_timeout"],
-            download_min_rate=v["download_min_rate"], max_page_depth=v["max_page_depth"],
+            download_min_rate=v["download_min_rate"], revalidate_after=v["revalidate_after"],
+            max_page_depth=v["max_page_depth"],
             max_page_tags=v["max_page_tags"],
             max_redirects=v["max_redirects"], dns_ttl=v["dns_ttl"], link_cache=v["link_cache"],
             max_links_per_page=v["max_links_per_page"], store_pages=v["store_pages"],

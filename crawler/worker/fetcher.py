@@ -112,13 +112,24 @@ class PageFetcher:
                                                  "cut_body": True}
         return ext
 
-    async def fetch(self, url: str, *, max_bytes: int, referrer: str | None = None) -> tuple[FetchedPage, bool]:
-        """GET url; returns the page and whether its body was cut at the cap. Raises FetchError."""
+    async def fetch(self, url: str, *, max_bytes: int, referrer: str | None = None,
+                    validators: tuple[str | None, str | None] | None = None) -> tuple[FetchedPage, bool]:
+        """GET url; returns the page and whether its body was cut at the cap. Raises FetchError.
+
+        validators: (ETag, Last-Modified) of the page's last full answer, sent as If-None-Match and
+        If-Modified-Since (RFC 9110, 13.1): an unchanged page is then answered 304 with no body."""
         request_url = url.split("#", 1)[0]
         headers = self._headers
-        if referrer:
+        if referrer or validators:
             headers = headers.copy()
-            headers["Referer"] = referrer
+            if referrer:
+                headers["Referer"] = referrer
+            if validators:
+                etag, last_modified = validators
+                if etag:
+                    headers["If-None-Match"] = etag
+                if last_modified:
+                    headers["If-Modified-Since"] = last_modified
         try:
             request = httpx.Request("GET", request_url, headers=headers,
                                     extensions=self._request_extensions(max_bytes))

@@ -16,6 +16,8 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import mmh3
+
 from crawler import html, sdnotify
 from crawler import items as it
 from crawler import protocol as p
@@ -42,6 +44,7 @@ REPORT_BATCH = 64
 REPORT_BYTES = 2 * 1024 * 1024
 # Links longer than this are not reported: no crawl policy keeps them, and they would only bloat frames.
 MAX_LINK_LENGTH = 4096
+MAX_VALIDATOR = 256   # characters of an ETag or a Last-Modified date kept for the next visit
 REPORT_DELAY = 0.02
 ENDED_KEPT = 4096   # page requests whose outcome is remembered for tasks chained after them
 # How often the data dir is checked for free space, and, after a local fault, whether it can be written again.
@@ -190,7 +193,8 @@ class Worker:
                                      DownloadConfig(max_size=cfg.max_audio_bytes, timeout=cfg.read_timeout,
                                                     max_downloads=cfg.downloads,
                                                     deadline_base=cfg.download_timeout,
-                                                    min_rate=cfg.download_min_rate))
+                                                    min_rate=cfg.download_min_rate,
+                                                    revalidate_after=cfg.revalidate_after))
         self.page_sem = asyncio.Semaphore(cfg.concurrency)
         metrics_runner = None
         if cfg.metrics_listen is not None:
@@ -518,7 +522,7 @@ class Worker:
                 started = time.monotonic()
                 try:
                     page, truncated = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes,
-                                                               referrer=task.parent)
+                                                               referrer=task.parent, validators=task.validators)
                 except FetchError as e:
                     if e.reason:
                         self.stats.refused[e.reason] += 1
@@ -529,6 +533,10 @@ class Worker:
                 if self._page_fetched(task.lease, page.status, page.headers.get("retry-after"),
                                       time.monotonic() - started):
                     await asyncio.sleep(0)   # the chained request goes out before this page is parsed
+            if page.status == 304:   # unchanged since the visit the validators came from: nothing to parse
+                return p.Result(task.lease, url, p.DONE, 304, page.final_url, page.content_type, 0,
+                                validators=(_header_value(page.headers.get("etag")),
+                                            _header_value(page.headers.get("last-modified")), None))
             if page.status == 429 or page.status >= 500:
                 return p.Result(task.lease, url, p.RETRY, page.status, page.final_url, page.content_type,
                                 len(page.body), f"HTTP {page.status}")
@@ -595,7 +603,7 @@ class Worker:
         self.stats.audio += len(items)
         return p.Result(task.lease, url, p.DONE, page.status if page else None, page.final_url if page else None,
                         page.content_type if page else None, len(page.body) if page else None, error,
-                        tuple(links), tuple(items), cut, lastmod)
+                        tuple(links), tuple(items), cut, lastmod, _validators(page))
 
     async def _too_complex(self, body: bytes) -> str | None:
         """Why a page must not be parsed (a permanent error of its URL), or None. Never long on the loop."""
@@ -673,6 +681,21 @@ class Worker:
             if isinstance(d, BaseException):
                 raise d
         return done  # type: ignore[return-value]
+
+
+def _validators(page: FetchedPage | None) -> tuple[str | None, str | None, int | None] | None:
+    """What the master keeps of a 2xx page for its next visit: its validators and a digest of its body (a page
+    without validators still tells whether it changed)."""
+    if page is None or not 200 <= page.status < 300:
+        return None
+    h = page.headers
+    return _header_value(h.get("etag")), _header_value(h.get("last-modified")), mmh3.hash64(page.body, signed=True)[0]
+
+
+def _header_value(v: str | None) -> str | None:
+    # Sent back verbatim next time: only what is a valid header value, and short (a hostile site's 1 MiB ETag,
+    # or one with control characters, would break every later request for the page).
+    return v if v and len(v) <= MAX_VALIDATOR and v.isascii() and v.isprintable() else None
 
 
 def _merged(first: Resolution | None, more: Resolution | None) -> Resolution | None:

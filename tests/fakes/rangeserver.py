@@ -161,6 +161,10 @@ class RangeServer:
             if res.last_modified is not None:
                 res.last_modified = formatdate(1_800_000_000, usegmt=True)
 
+    def remove(self, path: str) -> None:
+        """The path is gone: it answers 404 from now on."""
+        del self._resources[path]
+
     def drop_random(self, path: str, count: int, seed: int) -> list[int]:
         res = self._resources[path]
         res.drops = sorted(random.Random(seed).sample(range(1, res.size), count))

@@ -1,0 +1,143 @@
+"""Refresh that tracks change, end to end: a real master and worker revisit a local site that is edited between
+visits, and the catalogue, the --changes-since export and the site's own request log say exactly what changed."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import sys
+import time
+from pathlib import Path
+
+from crawler.logs import iso_utc
+from crawler.master.store import MasterStore
+from scripts import cluster
+from tests.fakes.hostile import mp3
+from tests.fakes.rangeserver import RangeServer
+
+HTML = "text/html; charset=utf-8"
+
+
+def page(*audio: str) -> bytes:
+    links = "".join(f'<li><a href="{a}">{a}</a></li>' for a in audio)
+    return f"<html><body><h1>songs</h1><ul>{links}</ul></body></html>".encode()
+
+
+def snapshot(db: Path) -> tuple[dict[str, dict], MasterStore]:
+    store = MasterStore.open_readonly(db)
+    return {row["url"].rsplit("/", 1)[1].removesuffix(".mp3"): row for row in store.catalogue()}, store
+
+
+def catalogue_of(db: Path) -> dict[str, dict]:
+    if not db.exists():
+        return {}
+    rows, store = snapshot(db)
+    store.close()
+    return rows
+
+
+async def export(config: Path, *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "crawler.master", "export", "--config", str(config), *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
+async def test_a_revisit_finds_what_appeared_changed_and_went_and_asks_conditionally(tmp_path):
+    async with RangeServer(second_host=False) as srv:
+        plain = {"etag": None, "last_modified": None, "content_type": HTML}
+        srv.add("/", page("/a.html", "/b.html", "/gone.html", "/static.html"), **plain)
+        srv.add("/a.html", page("/audio/a1.mp3"), **plain)
+        srv.add("/b.html", page("/audio/b1.mp3", "/audio/b2.mp3"), **plain)
+        srv.add("/gone.html", page("/audio/g1.mp3"), **plain)
+        # The one page a site serves with a validator: its revisits are answered 304.
+        srv.add("/static.html", page("/audio/s1.mp3"), etag='"static-1"', last_modified=None, content_type=HTML)
+        for i, name in enumerate(("a1", "b1", "b2", "b3", "g1", "s1")):
+            srv.add(f"/audio/{name}.mp3", mp3(i))
+        config = cluster.master_config(tmp_path, [srv.url("/")], ["w1"], exit_when_done=False,
+                                       crawl={"refresh_interval": 2.0, "refresh_min": 2.0, "refresh_max": 2.0})
+        wcfg = tmp_path / "worker.yaml"
+        wcfg.write_text("revalidate_after: 0\n")   # every visit of a page asks about its audio (conditionally)
+        db = tmp_path / "master" / "master.db"
+        master = await cluster.start_master(config, tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=wcfg)
+        try:
+            first = {"a1", "b1", "b2", "g1", "s1"}
+            await srv.wait_until(lambda: {k for k, r in catalogue_of(db).items() if r["sha256"]} == first, 120)
+            before = catalogue_of(db)
+            # Every page revisited once before the edit, so the edit is seen by a revisit, not a first visit.
+            await srv.wait_until(lambda: sum(1 for r in srv.log if r.path == "/static.html") >= 2, 120)
+            # The edit, in one step of the server's loop: no request sees half of it.
+            t_edit = time.time()
+            seen = len(srv.log)
+            srv.replace_content("/audio/a1.mp3", mp3(100))                           # new bytes, same address
+            srv.replace_content("/b.html", page("/audio/b1.mp3", "/audio/b3.mp3"))  # b2 off its page, b3 on it
+            srv.remove("/gone.html")                                                  # the page answers 404
+
+            def edited() -> bool:
+                rows = catalogue_of(db)
+                return (rows.get("a1", {}).get("status") == "changed" and rows["b2"]["status"] == "removed"
+                        and bool(rows.get("b3", {}).get("sha256")) and rows["g1"]["status"] == "removed"
+                        and any(r.path == "/static.html" and r.status == 304 for r in srv.log[seen:])
+                        and rows["s1"]["last_seen"] >= t_edit)    # that 304's report reached the master
+
+            await srv.wait_until(edited, 120)
+        finally:
+            await worker.stop()
+            await master.stop()
+        log = list(srv.log)
+
+    rows, store = snapshot(db)
+    try:
+        gone = store.page_visit(srv.url("/gone.html"))
+        history = store.audio_history(srv.url("/audio/a1.mp3"))
+        static = store.page_visit(srv.url("/static.html"))
+    finally:
+        store.close()
+    edit_iso = iso_utc(t_edit)
+    # The catalogue: exactly these four changed, each with its time; the rest as they were.
+    assert rows["a1"]["status"] == "changed" and rows["a1"]["changed_at"] >= t_edit
+    assert rows["a1"]["sha256"] != before["a1"]["sha256"]
+    assert [h["sha256"] for h in history] == [before["a1"]["sha256"]]
+    assert rows["b2"]["status"] == rows["g1"]["status"] == "removed"
+    assert rows["b2"]["removed_at"] >= t_edit and rows["g1"]["removed_at"] >= t_edit
+    assert rows["b3"]["status"] == "ok" and rows["b3"]["found_at"] >= t_edit
+    for name in ("b1", "s1"):
+        assert rows[name]["status"] == "ok" and rows[name]["sha256"] == before[name]["sha256"]
+        assert rows[name]["changed_at"] is None and rows[name]["removed_at"] is None
+        assert rows[name]["found_at"] < t_edit <= rows[name]["last_seen"]
+    assert gone is not None and gone["gone_at"] >= t_edit
+    assert static is not None and static["etag"] == '"static-1"'
+
+    # The export of changes since the edit lists exactly those, with the page and the times (ISO-8601 UTC).
+    lines = [json.loads(x) for x in (await export(config, "--changes-since", edit_iso)).splitlines()]
+    assert sorted((r["url"].rsplit("/", 1)[1], r["change"]) for r in lines) == [
+        ("a1.mp3", "changed"), ("b2.mp3", "removed"), ("b3.mp3", "new"), ("g1.mp3", "removed")]
+    by_name = {r["url"].rsplit("/", 1)[1]: r for r in lines}
+    assert by_name["b2.mp3"]["page"] == srv.url("/b.html") and by_name["g1.mp3"]["page"] == srv.url("/gone.html")
+    assert by_name["a1.mp3"]["changed_at"] >= edit_iso and by_name["a1.mp3"]["first_seen"] < edit_iso
+    assert by_name["b3.mp3"]["first_seen"] >= edit_iso and by_name["g1.mp3"]["removed_at"] >= edit_iso
+    assert all(r["last_seen"].endswith("Z") for r in lines)
+    table = list(csv.DictReader(io.StringIO(await export(config, "--changes-since", edit_iso, "--format", "csv"))))
+    assert sorted(r["change"] for r in table) == ["changed", "new", "removed", "removed"]
+    assert await export(config, "--changes-since", iso_utc(time.time() + 60)) == ""
+    # The status command shows the refresh cycles' counts (how the changes fall into cycles depends on timing).
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "crawler.master", "status", "--json", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE)
+    status = json.loads((await asyncio.wait_for(proc.communicate(), 60))[0])
+    assert set(status["changes"]["this_cycle"]) >= {"new", "changed", "removed", "start"}
+
+    # The site's log: the unchanged page was answered 304 on its revisits, and audio whose bytes did not change
+    # was downloaded once (its revalidations were answered 304, no body).
+    assert sum(1 for r in log if r.path == "/static.html" and r.status == 304) >= 1
+    assert all("if-none-match" in r.headers for r in log if r.path == "/static.html" and r.status == 304)
+    for name in ("b1", "s1", "g1", "b2"):
+        assert [r.status for r in log if r.path == f"/audio/{name}.mp3" and r.status == 200] == [200], name
+    assert [r.status for r in log if r.path == "/audio/a1.mp3" and r.status == 200] == [200, 200]
+    # The page answered 304 is not parsed: its audio is not even asked about again.
+    assert [r.status for r in log if r.path == "/audio/s1.mp3"] == [200]
