@@ -54,7 +54,9 @@ from crawler.items import AUDIO_FIELD_KINDS, AudioItem
 # 2: Welcome carries max_depth; 3: Result carries the links cut at the depth limit, Welcome the private
 # addresses the crawl may reach; Fetched, Task.after; 4: the worker proves the secret first, the master in its
 # Welcome, and every value is range-checked; 5: Result may end with sitemap dates of its links; 6: Fault (a
-# worker's local fault), Refused carries a code
+# worker's local fault), Refused carries a code; 7: Result may end with the page's validators, a worker's
+# Heartbeat names the leases it still works on (they are renewed), Result may end with the page's audio
+# references (followed past the depth limit)
 PROTOCOL_VERSION = 7
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
@@ -416,21 +418,27 @@ class Result:
     lastmod: tuple[tuple[str, float], ...] = ()
     # What the page's answer says for its next visit: (ETag, Last-Modified, 64-bit digest of a 2xx body).
     validators: tuple[str | None, str | None, int | None] | None = None
+    # Addresses that resolve this page's audio (a playlist, a stream, an API answer): part of the page, so the
+    # master queues them even past the depth limit (see crawler/urls.py AUDIO_REF_HOPS). Normalised, like links.
+    refs: tuple[str, ...] = ()
 
     def to_wire(self) -> list[Any]:
         out = [self.lease, self.url, self.status, self.http_status, self.final_url, self.content_type,
                self.size, self.error, list(self.links), [a.to_wire() for a in self.audio], self.cut]
-        if self.lastmod or self.validators is not None:   # optional trailing fields: without them, as before
+        # Optional trailing fields, each present when a later one is: without them, as before.
+        if self.lastmod or self.validators is not None or self.refs:
             out.append([[u, t] for u, t in self.lastmod])
-        if self.validators is not None:
-            out.append(list(self.validators))
+        if self.validators is not None or self.refs:
+            out.append(list(self.validators) if self.validators is not None else None)
+        if self.refs:
+            out.append(list(self.refs))
         return out
 
     @classmethod
     def from_wire(cls, raw: Any) -> Result:
         f = _check_result(raw)
         return cls(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8],
-                   tuple(AudioItem.from_wire(a) for a in f[9]), f[10], f[11], f[12])
+                   tuple(AudioItem.from_wire(a) for a in f[9]), f[10], f[11], f[12], f[13])
 
 
 def check_result(r: Result) -> None:
@@ -442,10 +450,10 @@ def check_result(r: Result) -> None:
 
 def _check_result(raw: Any) -> list[Any]:
     r = _list(raw, "result")
-    if len(r) not in (11, 12, 13):
-        raise ProtocolError("result: expected 11 to 13 fields")
+    if len(r) not in (11, 12, 13, 14):
+        raise ProtocolError("result: expected 11 to 14 fields")
     validators = None
-    if len(r) == 13:
+    if len(r) >= 13 and r[12] is not None:
         v = _list(r[12], "validators")
         if len(v) != 3:
             raise ProtocolError("validators: expected [etag, last_modified, digest]")
@@ -463,7 +471,7 @@ def _check_result(raw: Any) -> list[Any]:
             _opt_str(r[4], "final_url", MAX_URL), _opt_str(r[5], "content_type", MAX_NAME),
             _opt_int(r[6], "size", 0), _opt_str(r[7], "error"), _str_tuple(r[8], "links", MAX_URL),
             [_check_audio(a) for a in _list(r[9], "audio")], _nonneg(r[10], "cut", MAX_COUNT), tuple(lastmod),
-            validators]
+            validators, _str_tuple(r[13], "refs", MAX_URL) if len(r) == 14 else ()]
 
 
 # How each field of an audio map is checked. Numbers and maps follow the item's own field list; every text
@@ -538,16 +546,20 @@ class Report(Message):
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat(Message):
+    """Both ways, every heartbeat interval. A worker's names the leases it still works on (a page being parsed,
+    a long download): the master renews them, so only a dead or silent worker loses its leases."""
+
     TYPE: ClassVar[int] = 8
     sent_at: float
+    leases: tuple[int, ...] = ()
 
     def fields(self):
-        return [self.sent_at]
+        return [self.sent_at, list(self.leases)]
 
     @classmethod
     def from_fields(cls, f):
-        _arity(f, 1, cls)
-        return cls(_float(f[0], "sent_at"))
+        _arity(f, 2, cls)
+        return cls(_float(f[0], "sent_at"), tuple(_nonneg(x, "lease") for x in _list(f[1], "leases")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,9 @@ MESSAGES = [
     p.Report((p.Result(3, "http://a/sitemap.xml", p.DONE, 200, None, "application/xml", 9, None, ("http://a/1",),
                        (), lastmod=(("http://a/1", 1700000000.0),)),)),
     p.Heartbeat(1234.5),
+    p.Heartbeat(1234.5, (3, 17, 2**40)),
+    p.Report((p.Result(4, "http://a/song/1.html", p.DONE, 200, None, "text/html", 9, None, (), (),
+                       refs=("http://a/playlists/1.m3u", "http://a/stream/1")),)),
     p.Credit(17),
     p.Shutdown("crawl finished"),
     p.Fetched((p.PageFetch(1, 200, None, 0.05), p.PageFetch(2, 429, 2.0, 0.001), p.PageFetch(3))),
@@ -293,6 +296,10 @@ def _result(**change):
     return [7, [r]]
 
 
+def _result_refs(refs):
+    return [7, [[1, "http://a/", "done", 200, None, None, None, None, [], [], 0, [], None, refs]]]
+
+
 def _uint64_frame(value: int) -> bytes:
     # msgpack cannot carry 2**70 at all; the largest integer it can is 2**64 - 1, as uint64 (0xcf).
     payload = msgpack.packb([7, [[1, "http://a/", "done", 200, None, None, None, None, [], [], 0]]])
@@ -321,7 +328,9 @@ def test_integers_past_signed_64_bits_are_refused(value):
     (_result(url="http://a/" + "x" * p.MAX_URL), "url"),
     (_result(links=["http://a/" + "x" * p.MAX_URL]), "links"),
     (_result(content_type="t" * (p.MAX_NAME + 1)), "content_type"),
-    ([8, float("nan")], "sent_at"), ([8, float("inf")], "sent_at"),
+    ([8, float("nan"), []], "sent_at"), ([8, float("inf"), []], "sent_at"), ([8, 1.0, [-1]], "lease"),
+    ([8, 1.0, ["x"]], "lease"), ([8, 1.0, 5], "leases"),
+    (_result_refs(["http://a/" + "x" * p.MAX_URL]), "refs"), (_result_refs([3]), "refs"),
     ([4, b"\1" * 32, float("nan"), [], 4096, None, [], []], "heartbeat_interval"),
     ([1, "w" * (p.MAX_WORKER_ID + 1), p.PROTOCOL_VERSION, 1, NONCE], "worker_id"),
     ([1, "w", p.PROTOCOL_VERSION, p.MAX_CAPACITY + 1, NONCE], "capacity"),
@@ -368,8 +377,12 @@ def test_a_result_without_sitemap_dates_encodes_as_before_and_bad_dates_are_refu
     wire = plain.to_wire() + [[["http://a/1", "yesterday"]]]
     with pytest.raises(p.ProtocolError, match="lastmod.time"):
         p.Result.from_wire(wire)
-    with pytest.raises(p.ProtocolError, match="11 to 13"):
-        p.Result.from_wire(plain.to_wire() + [[], [], []])
+    with pytest.raises(p.ProtocolError, match="11 to 14"):
+        p.Result.from_wire(plain.to_wire() + [[], None, [], []])
+    # Audio references without sitemap dates: the dates go as an empty list, so the fields keep their places.
+    with_refs = p.Result(1, "http://a/", p.DONE, refs=("http://a/1.m3u",))
+    assert with_refs.to_wire()[11:] == [[], None, ["http://a/1.m3u"]]
+    assert p.Result.from_wire(with_refs.to_wire()) == with_refs
 
 
 def test_validators_travel_both_ways_and_are_checked():

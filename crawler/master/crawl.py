@@ -22,7 +22,7 @@ from crawler.master.revisit import revisit_policy
 from crawler.master.store import Finished, MasterStore, page_keys
 from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, host_url_of, robots_url
 from crawler.scheduler import NodeTable
-from crawler.urls import DISCARD_TOO_DEEP, NormalizeOptions, UrlPolicy, normalize_many
+from crawler.urls import AUDIO_REF_HOPS, DISCARD_TOO_DEEP, NormalizeOptions, UrlPolicy, normalize_many
 
 log = logging.getLogger("crawler.master")
 
@@ -162,6 +162,12 @@ class Crawl:
         self._scheduled = 0                      # pages handed out this run (for max_pages)
         # Refresh on: each fetched page's next visit adapts to how often it changes (master/revisit.py).
         self.revisit = revisit_policy(c)
+        # The level barrier (breadth first across the cluster): only entries of depth <= level are handed out,
+        # and the level rises only once nothing of it is queued, held or leased anywhere. So every page of a
+        # level has reported its links before any page of the next is fetched, and a URL is first seen at its
+        # shortest depth (the depth it keeps). Entries queued below the level later (a seed added, a refresh)
+        # are served at once: the bound is "at most", not "exactly".
+        self.level = 0
 
     # ------------------------------------------------------------------ routing
     def route(self, urls) -> list[str | None]:
@@ -286,22 +292,30 @@ class Crawl:
         return {"added": added, "known": len(valid) - len(new), "invalid": len(urls) - sum(1 for u in normed if u),
                 "discarded": dict(discarded)}
 
-    def add_links(self, batches: list[tuple[str, int, tuple[str, ...]]]) -> int:
-        """batches: (parent url, depth of the links, links). Returns how many new URLs entered the frontier."""
+    def add_links(self, batches: list[tuple[str, int, tuple[str, ...]]],
+                  refs: list[tuple[str, int, tuple[str, ...]]] | None = None) -> int:
+        """batches: (parent url, depth of the links, links); refs: the same for the audio references of pages
+        (a playlist, a stream), which pass the depth limit by up to AUDIO_REF_HOPS: resolving a page's audio is
+        part of that page. Returns how many new URLs entered the frontier."""
         urls: list[str] = []
         meta: dict[str, tuple[int, str]] = {}
         max_depth = self.cfg.crawl.max_depth
-        for parent, depth, links in batches:
-            self.totals.links_seen += len(links)
-            if depth > max_depth:
-                self.discards[DISCARD_TOO_DEEP] += len(links)
-                continue
-            for u in normalize_many(links, self.norm):
-                if u is None:
-                    self.discards[DISCARD_INVALID] += 1
-                elif u not in meta:
-                    meta[u] = (depth, parent)
-                    urls.append(u)
+        ref_limit = max_depth + AUDIO_REF_HOPS if max_depth is not None else None
+        is_ref: set[str] = set()
+        for kind, limit, entries in ((0, max_depth, batches), (1, ref_limit, refs or ())):
+            for parent, depth, links in entries:
+                self.totals.links_seen += len(links)
+                if limit is not None and depth > limit:
+                    self.discards[DISCARD_TOO_DEEP] += len(links)
+                    continue
+                for u in normalize_many(links, self.norm):
+                    if u is None:
+                        self.discards[DISCARD_INVALID] += 1
+                    elif u not in meta:
+                        meta[u] = (depth, parent)
+                        urls.append(u)
+                        if kind:
+                            is_ref.add(u)
         if not urls:
             return 0
         new = self.dedup.filter_new(urls)
@@ -309,7 +323,8 @@ class Crawl:
         check = self.policy.check
         for u in new:
             depth, parent = meta[u]
-            reason = check(u, depth)
+            # A reference is held to every rule but the depth limit (its own bound was checked above).
+            reason = check(u, min(depth, max_depth) if u in is_ref and max_depth is not None else depth)
             if reason:
                 self.discards[reason] += 1
             else:
@@ -352,9 +367,11 @@ class Crawl:
             wake = min(wake, self._serve_host(node, held, host, n, now, out))
         batch = max(n, self.cfg.scheduling.batch_size)
         while len(out) < n and len(held) < HELD_CAP:
-            rows = self.store.pop(node, batch, now, validators=self.revisit is not None)
+            rows = self.store.pop(node, batch, now, max_depth=self.level, validators=self.revisit is not None)
             if not rows:
-                break
+                if not self._next_level():
+                    break
+                continue
             fresh: dict[str, None] = {}
             for url, depth, parent, *validators in rows:
                 h = Held(url, depth, parent, host_url_of(url), validators[0] if validators else None)
@@ -368,6 +385,19 @@ class Crawl:
             self.wake_at[node] = wake
         self._scheduled += len(out)
         return out
+
+    def _next_level(self) -> bool:
+        """The level barrier opens when nothing of the current level is left anywhere: no lease, nothing held
+        (all of which is of the level or below) and nothing queued at it or below (the caller's pop found none
+        for its node; the store is asked for every node). True when the level rose."""
+        if self.leases or any(self.held.values()) or self.robots_wanted:
+            return False
+        lowest = self.store.lowest_queued_depth()
+        if lowest is None or lowest <= self.level:
+            return False
+        log.info("breadth first: level %d done, level %d begins", self.level, lowest)
+        self.level = lowest
+        return True
 
     def next_wake(self) -> float:
         """The earliest time a politeness gate opens for anything held (inf: none is waiting on time)."""
@@ -508,6 +538,7 @@ class Crawl:
         """
         finished: list[Finished] = []
         link_batches = []
+        ref_batches = []
         lastmod: list[tuple[str, float]] = []
         audio_rows: list[dict] = []
         cut = 0
@@ -546,6 +577,8 @@ class Crawl:
                                          r.error, node, now))
             if r.status == p.DONE and r.links:
                 link_batches.append((lease.url, lease.depth + 1, r.links))
+            if r.status == p.DONE and r.refs:
+                ref_batches.append((lease.url, lease.depth + 1, r.refs))
             if r.status == p.DONE and r.lastmod:
                 # A date in the future is a site's mistake: it would have the page fetched on every visit.
                 lastmod.extend(pair for pair in r.lastmod if pair[1] <= now)
@@ -559,8 +592,9 @@ class Crawl:
                 # Per-worker figures for the status command, one row update per report.
                 self.store.note_node(node, bytes=sum(f.size or 0 for f in finished),
                                      links=sum(len(b[2]) for b in link_batches), audio=len(audio_rows))
-                if link_batches:
-                    self.add_links(link_batches)   # last: an add to the Bloom filter cannot be undone
+                if link_batches or ref_batches:
+                    # last: an add to the Bloom filter cannot be undone
+                    self.add_links(link_batches, ref_batches)
         except _BAD_VALUES as e:
             # The leases already left memory (their request slots are free): their URLs, still leased in the
             # store after the rollback, go back in line rather than wait for a restart.
@@ -601,6 +635,15 @@ class Crawl:
             self.store.release([lease.url for lease in expired], self.route)
             log.warning("%d leases expired and went back to the frontier", len(expired))
         return len(expired)
+
+    def renew(self, node: str, lease_ids: tuple[int, ...], now: float) -> None:
+        """The node says it still works on these leases (a heartbeat): their deadlines move on."""
+        deadline = now + self.cfg.scheduling.lease_timeout
+        leases = self.leases
+        for i in lease_ids:
+            lease = leases.get(i)
+            if lease is not None and lease.node == node:
+                lease.deadline = deadline
 
     def in_flight(self, node: str | None = None) -> int:
         if node is None:

@@ -599,6 +599,8 @@ class Master:
                     self._fault(s, msg)
                     msg = p.Report(())      # its work may now route to any node
                 elif isinstance(msg, p.Heartbeat):
+                    if msg.leases:   # the work in progress at the worker keeps its leases
+                        self.crawl.renew(s.node, msg.leases, s.last_seen)
                     continue
                 if isinstance(msg, p.Report):
                     self._dispatch_all()     # its links may route to any node

@@ -26,6 +26,7 @@ from crawler.metrics import WorkerMetrics, serve_metrics
 from crawler.politeness import THROTTLE_STATUSES, parse_retry_after
 from crawler.resolvers.base import FetchedPage, Resolution, ResolveContext, Resolver, ResolverUnavailable
 from crawler.resolvers.registry import followers, load_resolvers, pick
+from crawler.resolvers.sniff import is_audio_url, is_playlist_url
 from crawler.targets import TargetPolicy, parse_network
 from crawler.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
 from crawler.worker.config import WorkerConfig
@@ -34,7 +35,7 @@ from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, d
 from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
 from crawler.worker.filetags import read_file_tags
 from crawler.worker.linkcache import LinkCache
-from crawler.worker.links import count_links, extract_links
+from crawler.worker.links import audio_candidates, count_links, extract_links
 from crawler.worker.pagestore import open_page_store
 
 log = logging.getLogger("crawler.worker")
@@ -55,7 +56,8 @@ def _wire_size(r: p.Result | int) -> int:
     """A cheap upper estimate of a result's encoded size, to keep report frames well under the limit."""
     if isinstance(r, int):
         return 16
-    return 512 + sum(len(u) + 4 for u in r.links) + 1024 * len(r.audio) + sum(len(u) + 16 for u, _ in r.lastmod)
+    return (512 + sum(len(u) + 4 for u in r.links) + 1024 * len(r.audio) + sum(len(u) + 16 for u, _ in r.lastmod)
+            + sum(len(u) + 4 for u in r.refs))
 
 
 def _report_frames(batch: list[p.Result], max_frame: int) -> bytes:
@@ -384,7 +386,8 @@ class Worker:
                 await asyncio.sleep(welcome.heartbeat_interval)
                 if time.monotonic() - last_heard > timeout:
                     raise ConnectionClosed(f"master silent for {time.monotonic() - last_heard:.1f} s")
-                await conn.send(p.Heartbeat(time.time()))
+                # The leases still worked on, so the master renews them: a long download keeps its page's.
+                await conn.send(p.Heartbeat(time.time(), tuple(self._running)))
 
         async def stopper() -> None:
             await self._stop.wait()
@@ -508,7 +511,11 @@ class Worker:
             # The request this one was chained after was answered 429/503: the host is paused for everyone.
             return p.Result(task.lease, url, p.RETRY, 429, error="not started: the host asked to slow down")
         # At the crawl's depth limit the page's links would only be dropped by the master: not even extracted.
+        # Its audio references (a playlist, a stream) are still reported: resolving its audio is part of the page.
+        # Past the limit a task is itself such a reference: what it names in turn is one too.
         follow = self.max_depth is None or task.depth < self.max_depth
+        beyond = self.max_depth is not None and task.depth > self.max_depth
+        refs: list[str] = []
         resolver = pick(self.resolvers, url)
         page: FetchedPage | None = None
         links: list[str] = []
@@ -546,10 +553,11 @@ class Worker:
                     target = resolve(page.final_url, location) if location else ""
                 except InvalidURL:
                     target = ""
-                links = self._links_to_report([target] if target and follow else [], [])
+                links = self._links_to_report([target] if target and follow else [], [], task.depth + 1)
+                refs = self._links_to_report([target] if target and beyond else [], [], task.depth + 1)
                 return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
                                 len(page.body), None if target else "redirect without a usable Location",
-                                tuple(links), cut=0 if follow or not target else 1)
+                                tuple(links), cut=0 if follow or beyond or not target else 1, refs=tuple(refs))
             if page.status >= 400:
                 return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
                                 len(page.body))
@@ -569,6 +577,12 @@ class Worker:
                     links = extract_links(tree, page.final_url, 4 * self.cfg.max_links_per_page)
                 else:
                     cut = count_links(tree)
+                    if not beyond:
+                        # Named audio is the resolver's (an item, not a link); streams named like pages are
+                        # followed as references.
+                        refs = [u for u in audio_candidates(tree, page.final_url, 4 * self.cfg.max_links_per_page)
+                                if not is_audio_url(u)]
+                        cut = max(0, cut - len(refs))
                 if self.cfg.store_pages:
                     try:
                         self.pages.save(url, page.final_url, page.status, page.content_type, page.body,
@@ -590,8 +604,12 @@ class Worker:
             if follow:
                 links.extend(resolution.links)
             else:
-                cut += len(resolution.links)
-        links = self._links_to_report(links, items)
+                found = [u for u in resolution.links if beyond or is_playlist_url(u)]
+                refs.extend(found)
+                cut += len(resolution.links) - len(found)
+        links = self._links_to_report(links, items, task.depth + 1)
+        if refs:
+            refs = self._links_to_report(refs, items, task.depth + 1)
         lastmod = self._lastmod_of(resolution.lastmod) if follow and resolution and resolution.lastmod else ()
         if items and self.cfg.download_audio:
             try:
@@ -603,7 +621,7 @@ class Worker:
         self.stats.audio += len(items)
         return p.Result(task.lease, url, p.DONE, page.status if page else None, page.final_url if page else None,
                         page.content_type if page else None, len(page.body) if page else None, error,
-                        tuple(links), tuple(items), cut, lastmod, _validators(page))
+                        tuple(links), tuple(items), cut, lastmod, _validators(page), tuple(refs))
 
     async def _too_complex(self, body: bytes) -> str | None:
         """Why a page must not be parsed (a permanent error of its URL), or None. Never long on the loop."""
@@ -646,10 +664,11 @@ class Worker:
             tags = await asyncio.to_thread(read_file_tags, self.cfg.data_dir / item.path)
         return item.with_file_tags(tags) if tags else item
 
-    def _links_to_report(self, links: list[str], items: list[it.AudioItem]) -> list[str]:
+    def _links_to_report(self, links: list[str], items: list[it.AudioItem], depth: int) -> list[str]:
         # The link cache goes first, on the links as found: the site's navigation, the bulk of every page,
-        # then costs one dict lookup a link instead of normalisation and the audio check.
-        fresh = self.links.fresh(links)
+        # then costs one dict lookup a link instead of normalisation and the audio check. It lets a link
+        # through again when found at a smaller depth than before (a shorter path the master must hear of).
+        fresh = self.links.fresh(links, depth)
         if not fresh:
             return []
         audio = {i.url for i in items}
