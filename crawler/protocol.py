@@ -397,6 +397,9 @@ class Assign(Message):
 DONE = "done"          # fetched (any HTTP status the crawl treats as final, 404 included)
 ERROR = "error"        # permanent failure (bad URL, refused by robots, too large ...)
 RETRY = "retry"        # transient failure (timeout, connection reset, 5xx): the master may try again
+# A page answered with one of these reports its Location as its one link: the same resource under another
+# address, which the master queues at the redirecting URL's own depth.
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
 
 @dataclass(frozen=True, slots=True)

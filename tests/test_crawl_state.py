@@ -448,3 +448,17 @@ def test_heartbeats_renew_the_leases_a_worker_names_and_only_those(tmp_path):
     assert one.lease in c.leases and two.lease not in c.leases
     c.expire(151.0)
     assert one.lease not in c.leases
+
+
+def test_a_redirect_target_keeps_the_depth_for_a_bounded_run_of_redirects(tmp_path):
+    from crawler.master.crawl import MAX_REDIRECT_HOPS
+    c = make(tmp_path, nodes=("a",), max_depth=20)
+    c.node_up("a")
+    (task,) = c.take("a", 10, 0.0)
+    depths = []
+    for hop in range(MAX_REDIRECT_HOPS + 2):
+        c.complete("a", (p.Result(task.lease, task.url, p.DONE, 301, links=(f"{SITE}/r{hop}",)),), now=hop)
+        (task,) = c.take("a", 10, float(hop))
+        depths.append(task.depth)
+    # The same resource under a new address, again and again: the run ends, then each hop counts.
+    assert depths == [0] * MAX_REDIRECT_HOPS + [1, 1]

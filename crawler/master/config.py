@@ -287,6 +287,9 @@ class MasterConfig:
         sched = Scheduling(**v["scheduling"])
         if sched.heartbeat_timeout <= sched.heartbeat_interval:
             raise ConfigError("scheduling.heartbeat_timeout", "must be longer than scheduling.heartbeat_interval")
+        if sched.lease_timeout <= sched.heartbeat_interval:
+            # A worker's heartbeat renews the leases it works on: one must come before a lease can expire.
+            raise ConfigError("scheduling.lease_timeout", "must be longer than scheduling.heartbeat_interval")
         pol = Politeness(**v["politeness"])
         if pol.max_delay < pol.min_delay:
             raise ConfigError("politeness.max_delay", "must not be below politeness.min_delay")

@@ -32,6 +32,10 @@ _AUDIO_HINT = re.compile(r"song|music|audio|track|album|playlist|special|mp3|lis
 HELD_CAP = 2048
 DISCARD_INVALID = "invalid"
 DISCARD_ROBOTS = "robots"
+# A redirect's target keeps the redirecting URL's depth for this many redirects in a row; past them (a site
+# that redirects for ever, to a new address each time) each redirect counts as a link hop again.
+MAX_REDIRECT_HOPS = 5
+REDIRECTS_TRACKED = 65536   # targets whose run of redirects is remembered; the oldest are forgotten first
 # A page answered 429/503 goes back in line without counting an attempt: the site asked us to wait, the page is
 # not broken. Past this many such answers in a row (a page that always says 503) they count like any retry.
 FREE_THROTTLED_RETRIES = 20
@@ -152,6 +156,7 @@ class Crawl:
         # node -> when a politeness gate next opens for something it holds (what the server sleeps until)
         self.wake_at: dict[str, float] = {}
         self._throttled: dict[str, int] = {}     # url -> 429/503 answers in a row
+        self._redirected: dict[str, int] = {}    # url -> redirects in a row that led to it
         # (node, host) -> leases holding a slot of host with nothing chained after them yet, in order
         self._heads: dict[tuple[str, str], dict[int, None]] = {}
         self.away: dict[str, float] = {}          # node -> when its leases are given up
@@ -575,10 +580,11 @@ class Crawl:
             else:
                 finished.append(Finished(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
                                          r.error, node, now))
+            depth = self._depth_of_links(lease, r)
             if r.status == p.DONE and r.links:
-                link_batches.append((lease.url, lease.depth + 1, r.links))
+                link_batches.append((lease.url, depth, r.links))
             if r.status == p.DONE and r.refs:
-                ref_batches.append((lease.url, lease.depth + 1, r.refs))
+                ref_batches.append((lease.url, depth, r.refs))
             if r.status == p.DONE and r.lastmod:
                 # A date in the future is a site's mistake: it would have the page fetched on every visit.
                 lastmod.extend(pair for pair in r.lastmod if pair[1] <= now)
@@ -615,6 +621,21 @@ class Crawl:
             # The sitemap says these pages changed since we fetched them: no need to wait for their age.
             n = self.store.requeue_refresh(changed, self.route)
             log.info("%d pages changed since their last crawl, as their sitemap says: queued again", n)
+
+    def _depth_of_links(self, lease: Lease, r: p.Result) -> int:
+        """A redirect's target is the same resource: it keeps the depth (a link to it is one hop, not two), for
+        up to MAX_REDIRECT_HOPS redirects in a row."""
+        hops = self._redirected.pop(lease.url, 0)
+        if r.http_status not in p.REDIRECT_STATUSES or len(r.links) != 1 or hops >= MAX_REDIRECT_HOPS:
+            return lease.depth + 1
+        (target,) = normalize_many(r.links, self.norm)   # the key the target's own lease will have
+        if target is None:
+            return lease.depth + 1
+        runs = self._redirected
+        runs[target] = hops + 1
+        if len(runs) > REDIRECTS_TRACKED:
+            del runs[next(iter(runs))]
+        return lease.depth
 
     def _throttled_state(self, url: str) -> str:
         runs = self._throttled

@@ -40,7 +40,6 @@ from crawler.worker.pagestore import open_page_store
 
 log = logging.getLogger("crawler.worker")
 
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 REPORT_BATCH = 64
 REPORT_BYTES = 2 * 1024 * 1024
 # Links longer than this are not reported: no crawl policy keeps them, and they would only bloat frames.
@@ -547,17 +546,19 @@ class Worker:
             if page.status == 429 or page.status >= 500:
                 return p.Result(task.lease, url, p.RETRY, page.status, page.final_url, page.content_type,
                                 len(page.body), f"HTTP {page.status}")
-            if page.status in _REDIRECTS:
+            if page.status in p.REDIRECT_STATUSES:
                 location = page.headers.get("location", "").strip()
                 try:
                     target = resolve(page.final_url, location) if location else ""
                 except InvalidURL:
                     target = ""
-                links = self._links_to_report([target] if target and follow else [], [], task.depth + 1)
-                refs = self._links_to_report([target] if target and beyond else [], [], task.depth + 1)
+                # The target is the same resource, at the same depth (the master queues it there): followed
+                # even at the limit; past it, it is the reference this task was.
+                links = self._links_to_report([target] if target and not beyond else [], [], task.depth)
+                refs = self._links_to_report([target] if target and beyond else [], [], task.depth)
                 return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
                                 len(page.body), None if target else "redirect without a usable Location",
-                                tuple(links), cut=0 if follow or beyond or not target else 1, refs=tuple(refs))
+                                tuple(links), refs=tuple(refs))
             if page.status >= 400:
                 return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
                                 len(page.body))
