@@ -25,9 +25,9 @@ from urllib.parse import unquote
 import idna
 
 __all__ = [
-    "DEFAULT", "DISCARD_DENIED", "DISCARD_GENERATED", "DISCARD_QUERY", "DISCARD_SCHEME", "DISCARD_SCOPE",
-    "AUDIO_REF_HOPS", "DISCARD_TOO_DEEP", "DISCARD_TOO_LONG", "InvalidURL", "NormalizeOptions", "UrlPolicy", "host_of",
-    "normalize", "normalize_many", "remove_dot_segments", "resolve",
+    "AUDIO_REF_HOPS", "DEFAULT", "DISCARD_DENIED", "DISCARD_GENERATED", "DISCARD_QUERY", "DISCARD_SCHEME",
+    "DISCARD_SCOPE", "DISCARD_TOO_DEEP", "DISCARD_TOO_LONG", "InvalidURL", "NormalizeOptions", "UrlPolicy",
+    "host_of", "normalize", "normalize_many", "remove_dot_segments", "resolve",
 ]
 
 

@@ -58,7 +58,7 @@ async def test_four_workers_with_max_depth_at_the_sites_depth_find_every_audio_i
 async def test_downloads_longer_than_the_lease_complete_with_one_attempt_each(site, tmp_path):
     """Leases of 2 s, each audio file answered after 3 s: the workers' heartbeats keep the leases, nothing is
     handed out twice."""
-    site_dir, manifest = site
+    site_dir, _ = site
     behaviour = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/": 3.0})
     async with await siteserver.start(site_dir, behaviour=behaviour) as server:
         base = server.url
