@@ -56,7 +56,8 @@ from crawler.items import AUDIO_FIELD_KINDS, AudioItem
 # Welcome, and every value is range-checked; 5: Result may end with sitemap dates of its links; 6: Fault (a
 # worker's local fault), Refused carries a code; 7: Result may end with the page's validators, a worker's
 # Heartbeat names the leases it still works on (they are renewed), Result may end with the page's audio
-# references (followed past the depth limit)
+# references (followed past the depth limit); DownloadAsk, DownloadGrant, DownloadDone: audio downloads under
+# the master's politeness, one per address in the cluster
 PROTOCOL_VERSION = 7
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
@@ -643,9 +644,102 @@ class Fault(Message):
         return cls(_str(f[0], "reason", MAX_NAME), tuple(_nonneg(x, "lease") for x in _list(f[1], "leases")))
 
 
+@dataclass(frozen=True, slots=True)
+class DownloadAsk(Message):
+    """The worker wants to download these audio addresses: (ticket, url), the ticket its own number for the
+    download. The master answers each with a Grant, when the address's host may take one more download."""
+
+    TYPE: ClassVar[int] = 21
+    asks: tuple[tuple[int, str], ...]
+
+    def fields(self):
+        return [[[t, u] for t, u in self.asks]]
+
+    @classmethod
+    def from_fields(cls, f):
+        _arity(f, 1, cls)
+        out = []
+        for raw in _list(f[0], "asks"):
+            x = _list(raw, "ask")
+            if len(x) != 2:
+                raise ProtocolError("ask: expected 2 fields")
+            out.append((_nonneg(x[0], "ticket"), _str(x[1], "ask.url", MAX_URL)))
+        return cls(tuple(out))
+
+
+GRANT_GO = "go"        # download it now (a slot of its host is the worker's until its DownloadDone)
+GRANT_COPY = "copy"    # already downloaded by `node`: record that place, fetch nothing
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    ticket: int
+    verdict: str
+    node: str | None = None       # copy: the node that holds the file
+    sha256: str | None = None
+    size: int | None = None
+    path: str | None = None       # copy: where the file is in that node's data dir
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadGrant(Message):
+    TYPE: ClassVar[int] = 22
+    grants: tuple[Grant, ...]
+
+    def fields(self):
+        return [[[g.ticket, g.verdict, g.node, g.sha256, g.size, g.path] for g in self.grants]]
+
+    @classmethod
+    def from_fields(cls, f):
+        _arity(f, 1, cls)
+        out = []
+        for raw in _list(f[0], "grants"):
+            x = _list(raw, "grant")
+            if len(x) != 6:
+                raise ProtocolError("grant: expected 6 fields")
+            verdict = _str(x[1], "verdict", MAX_NAME)
+            if verdict not in (GRANT_GO, GRANT_COPY):
+                raise ProtocolError(f"verdict: unknown value {verdict!r}")
+            out.append(Grant(_nonneg(x[0], "ticket"), verdict, _opt_str(x[2], "grant.node", MAX_WORKER_ID),
+                             _opt_str(x[3], "grant.sha256", MAX_NAME), _opt_int(x[4], "grant.size", 0),
+                             _opt_str(x[5], "grant.path", MAX_NAME)))
+        return cls(tuple(out))
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadEnd:
+    ticket: int
+    sha256: str | None = None     # set: the file is stored (then size and path too); None: it failed
+    size: int | None = None
+    path: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadDone(Message):
+    """Downloads the master granted ended: their hosts' slots are free, and the stored ones can be copied."""
+
+    TYPE: ClassVar[int] = 23
+    ends: tuple[DownloadEnd, ...]
+
+    def fields(self):
+        return [[[e.ticket, e.sha256, e.size, e.path] for e in self.ends]]
+
+    @classmethod
+    def from_fields(cls, f):
+        _arity(f, 1, cls)
+        out = []
+        for raw in _list(f[0], "ends"):
+            x = _list(raw, "end")
+            if len(x) != 4:
+                raise ProtocolError("end: expected 4 fields")
+            out.append(DownloadEnd(_nonneg(x[0], "ticket"), _opt_str(x[1], "end.sha256", MAX_NAME),
+                                   _opt_int(x[2], "end.size", 0), _opt_str(x[3], "end.path", MAX_NAME)))
+        return cls(tuple(out))
+
+
 MESSAGE_TYPES: dict[int, type[Message]] = {
     cls.TYPE: cls for cls in (Hello, Challenge, Auth, Welcome, Refused, Assign, Report, Heartbeat, Credit, Shutdown,
-                               Fetched, Fault)
+                               Fetched, Fault, DownloadAsk, DownloadGrant, DownloadDone)
 }
 
 
@@ -771,14 +865,14 @@ MASTER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {
     State.AWAIT_HELLO: (Hello,),
     State.AWAIT_AUTH: (Auth,),
     State.AUTHENTICATED: (),               # the worker waits for the Welcome
-    State.OPEN: (Report, Credit, Heartbeat, Fetched, Fault),
+    State.OPEN: (Report, Credit, Heartbeat, Fetched, Fault, DownloadAsk, DownloadDone),
     State.CLOSED: (),
 }
 WORKER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {
     State.SEND_HELLO: (),
     State.AWAIT_CHALLENGE: (Challenge, Refused),
     State.AWAIT_WELCOME: (Welcome, Refused),
-    State.OPEN: (Assign, Heartbeat, Shutdown),
+    State.OPEN: (Assign, Heartbeat, Shutdown, DownloadGrant),
     State.CLOSED: (),
 }
 

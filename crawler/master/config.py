@@ -160,6 +160,9 @@ SPEC = {
         "backoff_base": Key("float", 1.0, non_negative),
         "backoff_max": Key("float", 300.0, non_negative),
         "retry_after_cap": Key("float", 3600.0, non_negative),
+        # Audio downloads, apart from pages: over all workers, per audio host (None: no limit, as for pages).
+        "audio_max_per_host": Key("int", None, positive),
+        "audio_min_delay": Key("float", 0.0, non_negative),
     }),
     "dedup": Key("section", section={
         "expected_urls": Key("int", 10_000_000, positive),
@@ -220,6 +223,8 @@ class Politeness:
     backoff_base: float
     backoff_max: float
     retry_after_cap: float
+    audio_max_per_host: int | None
+    audio_min_delay: float
 
 
 @dataclass(frozen=True)

@@ -568,7 +568,9 @@ class Crawl:
             first_row = len(audio_rows)
             for a in r.audio:
                 row = a.catalogue_row()
-                row["node"] = node
+                # A copy (protocol.GRANT_COPY) is on the node that downloaded it: the row names where the file is.
+                holder = a.extra.get("stored_on")
+                row["node"] = holder if isinstance(holder, str) and holder else node
                 row["found_at"] = now
                 audio_rows.append(row)
             if self.revisit is not None and state == p.DONE:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import random
 import time
@@ -151,6 +152,13 @@ class Worker:
         self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
         self._fetched: list[p.PageFetch] = []
+        # Downloads the master grants (protocol.DownloadAsk): asks and ends not yet sent, each batch one frame
+        # per loop turn, and the asks waiting for their grant, by ticket.
+        self._tickets = itertools.count(1)
+        self._asks: list[tuple[int, str]] = []
+        self._ends: list[p.DownloadEnd] = []
+        self._grants: dict[int, asyncio.Future[p.Grant]] = {}
+        self._send_downloads: Callable[[], None] | None = None   # set while a session is up
         self._send_fetched: Callable[[], None] | None = None   # set while a session is up
         # Chained tasks (protocol.Task.after): how recent page requests ended (lease -> the next may start),
         # and the tasks waiting for a request still out.
@@ -331,6 +339,11 @@ class Worker:
                 if isinstance(msg, p.Assign):
                     for task in msg.tasks:
                         tg.create_task(self._run_task(task, results))
+                elif isinstance(msg, p.DownloadGrant):
+                    for g in msg.grants:
+                        waiter = self._grants.pop(g.ticket, None)
+                        if waiter is not None and not waiter.done():
+                            waiter.set_result(g)
                 elif isinstance(msg, p.Shutdown):
                     log.info("master ended the crawl: %s", msg.reason)
                     raise _Shutdown()
@@ -393,8 +406,23 @@ class Worker:
             raise ConnectionClosed("worker stopping")
 
         ended = False
+        def send_downloads() -> None:
+            asks, self._asks = self._asks, []
+            ends, self._ends = self._ends, []
+            if conn.writer.is_closing():
+                return
+            try:
+                if ends:   # first: a slot freed may be what an ask of this frame waits for
+                    conn.send_nowait(p.DownloadDone(tuple(ends)))
+                if asks:
+                    conn.send_nowait(p.DownloadAsk(tuple(asks)))
+            except (OSError, ConnectionError):
+                pass
+
         self._fetched = []
         self._send_fetched = send_fetched
+        self._asks, self._ends, self._grants = [], [], {}
+        self._send_downloads = send_downloads
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(reader(tg))
@@ -408,6 +436,7 @@ class Worker:
             log.info("connection to the master lost: %s", eg.exceptions[0])
         finally:
             self._send_fetched = None
+            self._send_downloads = None
         return ended
 
     def _allow_targets(self, welcome: p.Welcome) -> None:
@@ -500,7 +529,7 @@ class Worker:
             self.stats.bytes += result.size
         for a in result.audio:
             m.audio.labels(self.cfg.id, a.status).inc()
-            if a.sha256 and a.size:
+            if a.sha256 and a.size and "stored_on" not in a.extra:
                 m.audio_bytes.inc(a.size)
                 self.stats.bytes += a.size
 
@@ -678,6 +707,38 @@ class Worker:
                   if u and u not in audio and not generic.audio_link(u)]
         return normed[: self.cfg.max_links_per_page]
 
+    def _flush_downloads(self) -> None:
+        if self._send_downloads is not None and not (self._asks or self._ends):
+            asyncio.get_running_loop().call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        if self._send_downloads is not None:
+            self._send_downloads()
+
+    async def _grant(self, url: str) -> tuple[int | None, p.Grant]:
+        """The master's leave to download url (its host has a free slot), or the place of the copy another node
+        already has. The asks of one loop turn share a frame. Without a master (a task run on its own) the
+        answer is yes at once."""
+        if self._send_downloads is None:
+            return None, p.Grant(0, p.GRANT_GO)
+        ticket = next(self._tickets)
+        waiter = self._grants[ticket] = asyncio.get_running_loop().create_future()
+        self._flush_downloads()
+        self._asks.append((ticket, url))
+        try:
+            return ticket, await waiter
+        finally:
+            self._grants.pop(ticket, None)
+
+    def _download_ended(self, ticket: int | None, done: it.AudioItem | None) -> None:
+        if ticket is None or self._send_downloads is None:
+            return   # the session that granted it is gone, and with it the master's count of this download
+        self._flush_downloads()
+        if done is not None and done.status == it.OK and done.sha256:
+            self._ends.append(p.DownloadEnd(ticket, done.sha256, done.size, done.path))
+        else:
+            self._ends.append(p.DownloadEnd(ticket))
+
     async def _download_all(self, items: list[it.AudioItem], resolver: Resolver) -> list[it.AudioItem]:
         async def reresolve(item: it.AudioItem) -> it.AudioItem | None:
             return await resolver.reresolve(item, self.ctx)
@@ -685,14 +746,24 @@ class Worker:
         async def one(item: it.AudioItem) -> it.AudioItem:
             if item.status != it.OK or not item.url:
                 return item
-            done = await self.downloader.fetch(item, reresolve)
-            backup = item.extra.get("backup_url")
-            if done.status == it.FAILED and isinstance(backup, str) and backup.startswith(("http://", "https://")) \
-                    and backup != item.url:
-                # The site named a second address for the same file: try it before giving the item up.
-                log.info("download of %s failed (%s); trying its backup address", item.url, done.reason)
-                done = await self.downloader.fetch(
-                    item.replace(url=backup, extra={**item.extra, "primary_url": item.url}), reresolve)
+            # The master paces downloads per audio host over all workers, and knows which addresses a node
+            # already has: then only the place is recorded.
+            ticket, grant = await self._grant(item.url)
+            if grant.verdict == p.GRANT_COPY:
+                return item.replace(sha256=grant.sha256, size=grant.size, path=grant.path,
+                                    extra={**item.extra, "stored_on": grant.node})
+            done: it.AudioItem | None = None
+            try:
+                done = await self.downloader.fetch(item, reresolve)
+                backup = item.extra.get("backup_url")
+                if done.status == it.FAILED and isinstance(backup, str) \
+                        and backup.startswith(("http://", "https://")) and backup != item.url:
+                    # The site named a second address for the same file: try it before giving the item up.
+                    log.info("download of %s failed (%s); trying its backup address", item.url, done.reason)
+                    done = await self.downloader.fetch(
+                        item.replace(url=backup, extra={**item.extra, "primary_url": item.url}), reresolve)
+            finally:
+                self._download_ended(ticket, done)
             return await self._with_file_tags(done)
 
         # Every download ends before an error is raised: none is left running after its task was handed back.
