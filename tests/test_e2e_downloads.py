@@ -2,6 +2,7 @@
 a site whose pages all name the same audio address besides their own."""
 
 import random
+import time
 from collections import Counter
 
 import pytest
@@ -72,3 +73,54 @@ async def test_three_workers_download_each_address_once_within_the_audio_hosts_l
     # The pages were spread over the nodes: the copies were recorded by nodes that did not download the file.
     assert sum(1 for n in nodes if cluster.pages_of(tmp_path, n)) >= 2
     assert sum(1 for r in rows if r["extra"].get("stored_on")) == PAGES - 1
+
+
+async def _timed_crawl(tmp, site_dir, base, nodes, worker_cfg):
+    tmp.mkdir()
+    config = cluster.master_config(tmp, [base + "/"], nodes, crawl={"allowed_networks": ["127.0.0.0/8"]},
+                                   politeness={"obey_robots": False, "max_per_host": 2, "audio_max_per_host": 2})
+    t0 = time.monotonic()
+    master = await cluster.start_master(config, tmp)
+    addr = cluster.master_addr(config)
+    workers = [await cluster.start_worker(addr, n, tmp, config=worker_cfg) for n in nodes]
+    assert await master.wait(240) == 0, master.log()[-3000:]
+    elapsed = time.monotonic() - t0
+    for w in workers:
+        assert await w.wait(30) == 0, w.log()[-2000:]
+    rows = cluster.catalogue(tmp)
+    assert len(rows) == SPREAD and all(r["sha256"] for r in rows)
+    return elapsed
+
+
+SPREAD = 36
+
+
+async def test_more_workers_finish_a_politeness_bound_crawl_sooner_when_downloads_dominate(tmp_path):
+    """Audio on three hosts, 2 downloads at once each over the cluster; each worker downloads 2 at once: one
+    worker uses 2 of the 6 slots the politeness rules allow, three workers all 6."""
+    rng = random.Random(9)
+    site_dir = tmp_path / "site"
+    (site_dir / "media").mkdir(parents=True)
+    slow = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/": 0.6})
+    cdns = [await siteserver.start(site_dir, host=f"127.0.0.{i}", behaviour=slow) for i in (2, 3, 4)]
+    try:
+        async with await siteserver.start(site_dir, behaviour=siteserver.Behaviour(record_log=True)) as server:
+            links = []
+            for i in range(SPREAD):
+                (site_dir / "media" / f"{i}.mp3").write_bytes(sitegen._mp3(rng, 20_000, f"S{i}", "A", "B"))
+                (site_dir / f"s{i}.html").write_text(
+                    f'<html><body><h1>S{i}</h1><audio src="{cdns[i % 3].url}/media/{i}.mp3"></audio></body></html>')
+                links.append(f'<a href="/s{i}.html">S{i}</a>')
+            (site_dir / "index.html").write_text(f"<html><body>{''.join(links)}</body></html>")
+            worker_cfg = tmp_path / "worker.yaml"
+            worker_cfg.write_text("downloads: 2\nconcurrency: 4\n")
+            one = await _timed_crawl(tmp_path / "one", site_dir, server.url, ["w1"], worker_cfg)
+            three = await _timed_crawl(tmp_path / "three", site_dir, server.url, ["w1", "w2", "w3"], worker_cfg)
+            # Each CDN never had more than 2 downloads in flight, with three workers as with one.
+            for cdn in cdns:
+                assert 0 < _most_in_flight([e for e in cdn.log if e.path.startswith("/media/")]) <= 2
+    finally:
+        for cdn in cdns:
+            await cdn.close()
+    # Downloads alone: 36 x 0.6 s over 2 slots is 10.8 s for one worker, over 6 slots 3.6 s for three.
+    assert three < 0.75 * one, (one, three)
