@@ -462,3 +462,24 @@ def test_a_redirect_target_keeps_the_depth_for_a_bounded_run_of_redirects(tmp_pa
         depths.append(task.depth)
     # The same resource under a new address, again and again: the run ends, then each hop counts.
     assert depths == [0] * MAX_REDIRECT_HOPS + [1, 1]
+
+
+def test_a_page_found_later_on_a_shorter_path_is_lowered_and_fetched_again_for_its_links(tmp_path):
+    c = make(tmp_path, nodes=("a",), max_depth=3)
+    c.node_up("a")
+    (task,) = c.take("a", 10, 0.0)
+    for i, nxt in enumerate(("/a", "/b", "/c")):
+        c.complete("a", (done(task, [SITE + nxt]),), now=float(i))
+        (task,) = c.take("a", 10, float(i))
+    assert task.url == SITE + "/c" and task.depth == 3
+    c.complete("a", (done(task),), now=5.0)        # at the limit: no links extracted
+    # An operator adds a page that links /c directly: /c is 1 from a seed now, and its links are wanted.
+    assert c.seed_more([SITE + "/new"])["added"] == 1
+    (new,) = c.take("a", 10, 6.0)
+    c.complete("a", (done(new, [SITE + "/c", SITE + "/a"]),), now=7.0)
+    assert c.store.url_info(SITE + "/a")["depth"] == 1     # as it was: nothing to lower, nothing fetched again
+    (again,) = c.take("a", 10, 8.0)
+    assert (again.url, again.depth) == (SITE + "/c", 1) and c.store.url_info(SITE + "/c")["depth"] == 1
+    c.complete("a", (done(again, [SITE + "/d"]),), now=9.0)
+    (d,) = c.take("a", 10, 10.0)
+    assert (d.url, d.depth) == (SITE + "/d", 2)

@@ -324,6 +324,8 @@ class Crawl:
         if not urls:
             return 0
         new = self.dedup.filter_new(urls)
+        if len(new) < len(urls):
+            self._lower_known(urls, new, meta)
         rows = []
         check = self.policy.check
         for u in new:
@@ -390,6 +392,24 @@ class Crawl:
             self.wake_at[node] = wake
         self._scheduled += len(out)
         return out
+
+    def _lower_known(self, urls: list[str], new: list[str], meta: dict[str, tuple[int, str]]) -> None:
+        """Known URLs found at a depth at or below the current level may have been recorded deeper (only
+        work served out of order, a seed added or a page refreshed, finds any): their depth is lowered, and a
+        done page whose links are wanted at the new depth is fetched again, so they are lowered in turn (the
+        workers' link caches let a link through again at a smaller depth). Links one level deeper than the
+        level, the bulk of every report, are never looked up."""
+        fresh = set(new)
+        level = self.level
+        pairs = [(u, meta[u][0]) for u in urls if meta[u][0] <= level and u not in fresh]
+        if not pairs:
+            return
+        lowered = self.store.lower_depths(pairs)
+        max_depth = self.cfg.crawl.max_depth
+        again = [(u, new_depth) for u, _, new_depth in lowered if max_depth is None or new_depth < max_depth]
+        if again:
+            n = self.store.requeue_refresh(again, self.route)
+            log.info("%d pages found on a shorter path: fetched again for their links at the lower depth", n)
 
     def _next_level(self) -> bool:
         """The level barrier opens when nothing of the current level is left anywhere: no lease, nothing held

@@ -856,6 +856,19 @@ class MasterStore:
             f"SELECT url, depth FROM urls WHERE state = {DONE} AND last_crawl < ? ORDER BY last_crawl LIMIT ?",
             (now - older_than, limit)).fetchall()
 
+    def lower_depths(self, pairs: Sequence[tuple[str, int]]) -> list[tuple[str, int, int]]:
+        """Known URLs found on a shorter path: (url, depth) rows whose recorded depth is larger get this one.
+        Returns (url, old depth, new depth) of the done pages lowered, which the crawl may fetch again."""
+        self._begin()
+        want: dict[str, int] = {}
+        for u, d in pairs:
+            want[u] = min(d, want.get(u, d))
+        rows = [r for r in self._lookup(want, "url, id, depth, state").values() if want[r[0]] < r[2]]
+        if not rows:
+            return []
+        self.db.executemany("UPDATE urls SET depth = ? WHERE id = ?", [(want[r[0]], r[1]) for r in rows])
+        return [(r[0], r[2], want[r[0]]) for r in rows if r[3] == DONE]
+
     def requeue_refresh(self, rows: Sequence[tuple[str, int]], route: Route) -> int:
         """Put done pages back at the end of the line for a fresh crawl (past the Bloom filter)."""
         self._begin()

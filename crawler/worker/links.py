@@ -150,7 +150,8 @@ def audio_candidates(tree: LexborHTMLParser, base_url: str, max_elements: int | 
     for node in nodes:
         attrs = node.attributes
         href = attrs.get("href")
-        if not href:
+        # Most links are the site's navigation: settled on the raw attribute, before any joining.
+        if not href or not (any(a in attrs for a in _SONG_ATTRS) or _STREAM_PATH.search(href)):
             continue
         url = join_url(base, href)
         if url is None:

@@ -405,7 +405,6 @@ class Worker:
             await self._stop.wait()
             raise ConnectionClosed("worker stopping")
 
-        ended = False
         def send_downloads() -> None:
             asks, self._asks = self._asks, []
             ends, self._ends = self._ends, []
@@ -419,6 +418,7 @@ class Worker:
             except (OSError, ConnectionError):
                 pass
 
+        ended = False
         self._fetched = []
         self._send_fetched = send_fetched
         self._asks, self._ends, self._grants = [], [], {}
