@@ -23,6 +23,16 @@ def test_an_address_is_downloaded_once_and_the_others_get_its_place():
     assert sorted(got) == [("b", p.Grant(7, p.GRANT_COPY, *copy)), ("c", p.Grant(9, p.GRANT_COPY, *copy))]
     assert b.ask("b", ((8, CDN + "/x.mp3"),), 2.0) == [("b", p.Grant(8, p.GRANT_COPY, *copy))]
     assert b.copies == 3
+    # The node that holds it checks its own file again (a revisit sees a change): no copy for it.
+    assert b.ask("a", ((2, CDN + "/x.mp3"),), 3.0) == [("a", p.Grant(2, p.GRANT_GO))]
+
+
+def test_a_refreshing_crawl_is_offered_no_copy_older_than_its_refresh_interval():
+    b = DownloadBoard(HostGate(PolitenessConfig(max_per_host=None, obey_robots=False)), max_age=10.0)
+    b.ask("a", ((1, CDN + "/x.mp3"),), 0.0)
+    b.done("a", (p.DownloadEnd(1, "ab" * 32, 10, "x"),), 1.0)
+    assert b.ask("b", ((1, CDN + "/x.mp3"),), 5.0)[0][1].verdict == p.GRANT_COPY
+    assert b.ask("b", ((2, CDN + "/x.mp3"),), 12.0) == [("b", p.Grant(2, p.GRANT_GO))]
 
 
 def test_a_failed_download_passes_the_address_to_the_next_asker():

@@ -37,12 +37,15 @@ class _Copy:
     sha256: str
     size: int | None
     path: str | None
+    at: float
 
 
 class DownloadBoard:
-    def __init__(self, gate: HostGate, remembered: int = 200_000) -> None:
+    def __init__(self, gate: HostGate, remembered: int = 200_000, max_age: float | None = None) -> None:
         self.gate = gate
         self.remembered = remembered
+        # A refreshing crawl looks at its audio again: a copy older than this is not offered (None: any age).
+        self.max_age = max_age
         self._done: OrderedDict[str, _Copy] = OrderedDict()    # url -> where a finished download of it is
         self._running: dict[str, _Ask] = {}                   # url -> the download of it in progress
         self._by_ticket: dict[tuple[str, int], _Ask] = {}     # (node, ticket) -> a download in progress
@@ -118,7 +121,7 @@ class DownloadBoard:
 
     # ------------------------------------------------------------------ inside
     def _route(self, a: _Ask, now: float, out: list[tuple[str, p.Grant]]) -> None:
-        copy = self._done.get(a.url)
+        copy = self._fresh_copy(a, now)
         if copy is not None:
             self._done.move_to_end(a.url)
             self.copies += 1
@@ -135,6 +138,14 @@ class DownloadBoard:
             line = self._waiting[a.host] = deque()
         line.append(a)
 
+    def _fresh_copy(self, a: _Ask, now: float) -> _Copy | None:
+        """The copy to offer a: none to the node that holds it (its own store checks the file, conditionally,
+        and sees a change), nor one older than max_age."""
+        copy = self._done.get(a.url)
+        if copy is None or copy.node == a.node or (self.max_age is not None and now - copy.at > self.max_age):
+            return None
+        return copy
+
     def _start(self, a: _Ask, out: list[tuple[str, p.Grant]]) -> None:
         self._running[a.url] = a
         self._by_ticket[(a.node, a.ticket)] = a
@@ -146,7 +157,7 @@ class DownloadBoard:
         if self._running.get(a.url) is a:
             del self._running[a.url]
         if sha256:
-            self._done[a.url] = _Copy(a.node, sha256, size, path)
+            self._done[a.url] = _Copy(a.node, sha256, size, path, now)
             self._done.move_to_end(a.url)
             while len(self._done) > self.remembered:
                 self._done.popitem(last=False)
@@ -158,7 +169,7 @@ class DownloadBoard:
         line = self._waiting.get(host)
         while line:
             a = line[0]
-            if a.url in self._done or a.url in self._running:
+            if self._fresh_copy(a, now) is not None or a.url in self._running:
                 line.popleft()
                 self._route_known(a, now, out)
                 continue
@@ -170,7 +181,7 @@ class DownloadBoard:
 
     def _route_known(self, a: _Ask, now: float, out: list[tuple[str, p.Grant]]) -> None:
         """An ask that waited for its host while the same address was taken up by another: copy or follow."""
-        copy = self._done.get(a.url)
+        copy = self._fresh_copy(a, now)
         if copy is not None:
             self.copies += 1
             out.append((a.node, p.Grant(a.ticket, p.GRANT_COPY, copy.node, copy.sha256, copy.size, copy.path)))

@@ -157,7 +157,8 @@ class Master:
         robots = RobotsRules(pcfg) if pol.obey_robots else None
         # Downloads have their own gate: audio hosts (CDNs) are not the pages' hosts, nor paced like them.
         self.downloads = DownloadBoard(HostGate(PolitenessConfig(
-            max_per_host=pol.audio_max_per_host, min_delay=pol.audio_min_delay, obey_robots=False)))
+            max_per_host=pol.audio_max_per_host, min_delay=pol.audio_min_delay, obey_robots=False)),
+            max_age=cfg.crawl.refresh_interval)
         self.crawl = Crawl(cfg, self.store, self.dedup, self.table, gate, robots,
                            first_lease=int(self.clock() * 1000) % (1 << 40) * 1000 + 1)
         self.paused = bool(self.store.get_meta("paused", False))
