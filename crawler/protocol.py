@@ -54,7 +54,10 @@ from crawler.items import AUDIO_FIELD_KINDS, AudioItem
 # 2: Welcome carries max_depth; 3: Result carries the links cut at the depth limit, Welcome the private
 # addresses the crawl may reach; Fetched, Task.after; 4: the worker proves the secret first, the master in its
 # Welcome, and every value is range-checked; 5: Result may end with sitemap dates of its links; 6: Fault (a
-# worker's local fault), Refused carries a code
+# worker's local fault), Refused carries a code; 7: Result may end with the page's validators, a worker's
+# Heartbeat names the leases it still works on (they are renewed), Result may end with the page's audio
+# references (followed past the depth limit); DownloadAsk, DownloadGrant, DownloadDone: audio downloads under
+# the master's politeness, one per address in the cluster
 PROTOCOL_VERSION = 7
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
@@ -395,6 +398,9 @@ class Assign(Message):
 DONE = "done"          # fetched (any HTTP status the crawl treats as final, 404 included)
 ERROR = "error"        # permanent failure (bad URL, refused by robots, too large ...)
 RETRY = "retry"        # transient failure (timeout, connection reset, 5xx): the master may try again
+# A page answered with one of these reports its Location as its one link: the same resource under another
+# address, which the master queues at the redirecting URL's own depth.
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,21 +422,27 @@ class Result:
     lastmod: tuple[tuple[str, float], ...] = ()
     # What the page's answer says for its next visit: (ETag, Last-Modified, 64-bit digest of a 2xx body).
     validators: tuple[str | None, str | None, int | None] | None = None
+    # Addresses that resolve this page's audio (a playlist, a stream, an API answer): part of the page, so the
+    # master queues them even past the depth limit (see crawler/urls.py AUDIO_REF_HOPS). Normalised, like links.
+    refs: tuple[str, ...] = ()
 
     def to_wire(self) -> list[Any]:
         out = [self.lease, self.url, self.status, self.http_status, self.final_url, self.content_type,
                self.size, self.error, list(self.links), [a.to_wire() for a in self.audio], self.cut]
-        if self.lastmod or self.validators is not None:   # optional trailing fields: without them, as before
+        # Optional trailing fields, each present when a later one is: without them, as before.
+        if self.lastmod or self.validators is not None or self.refs:
             out.append([[u, t] for u, t in self.lastmod])
-        if self.validators is not None:
-            out.append(list(self.validators))
+        if self.validators is not None or self.refs:
+            out.append(list(self.validators) if self.validators is not None else None)
+        if self.refs:
+            out.append(list(self.refs))
         return out
 
     @classmethod
     def from_wire(cls, raw: Any) -> Result:
         f = _check_result(raw)
         return cls(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8],
-                   tuple(AudioItem.from_wire(a) for a in f[9]), f[10], f[11], f[12])
+                   tuple(AudioItem.from_wire(a) for a in f[9]), f[10], f[11], f[12], f[13])
 
 
 def check_result(r: Result) -> None:
@@ -442,10 +454,10 @@ def check_result(r: Result) -> None:
 
 def _check_result(raw: Any) -> list[Any]:
     r = _list(raw, "result")
-    if len(r) not in (11, 12, 13):
-        raise ProtocolError("result: expected 11 to 13 fields")
+    if len(r) not in (11, 12, 13, 14):
+        raise ProtocolError("result: expected 11 to 14 fields")
     validators = None
-    if len(r) == 13:
+    if len(r) >= 13 and r[12] is not None:
         v = _list(r[12], "validators")
         if len(v) != 3:
             raise ProtocolError("validators: expected [etag, last_modified, digest]")
@@ -463,7 +475,7 @@ def _check_result(raw: Any) -> list[Any]:
             _opt_str(r[4], "final_url", MAX_URL), _opt_str(r[5], "content_type", MAX_NAME),
             _opt_int(r[6], "size", 0), _opt_str(r[7], "error"), _str_tuple(r[8], "links", MAX_URL),
             [_check_audio(a) for a in _list(r[9], "audio")], _nonneg(r[10], "cut", MAX_COUNT), tuple(lastmod),
-            validators]
+            validators, _str_tuple(r[13], "refs", MAX_URL) if len(r) == 14 else ()]
 
 
 # How each field of an audio map is checked. Numbers and maps follow the item's own field list; every text
@@ -538,16 +550,20 @@ class Report(Message):
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat(Message):
+    """Both ways, every heartbeat interval. A worker's names the leases it still works on (a page being parsed,
+    a long download): the master renews them, so only a dead or silent worker loses its leases."""
+
     TYPE: ClassVar[int] = 8
     sent_at: float
+    leases: tuple[int, ...] = ()
 
     def fields(self):
-        return [self.sent_at]
+        return [self.sent_at, list(self.leases)]
 
     @classmethod
     def from_fields(cls, f):
-        _arity(f, 1, cls)
-        return cls(_float(f[0], "sent_at"))
+        _arity(f, 2, cls)
+        return cls(_float(f[0], "sent_at"), tuple(_nonneg(x, "lease") for x in _list(f[1], "leases")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -628,9 +644,102 @@ class Fault(Message):
         return cls(_str(f[0], "reason", MAX_NAME), tuple(_nonneg(x, "lease") for x in _list(f[1], "leases")))
 
 
+@dataclass(frozen=True, slots=True)
+class DownloadAsk(Message):
+    """The worker wants to download these audio addresses: (ticket, url), the ticket its own number for the
+    download. The master answers each with a Grant, when the address's host may take one more download."""
+
+    TYPE: ClassVar[int] = 21
+    asks: tuple[tuple[int, str], ...]
+
+    def fields(self):
+        return [[[t, u] for t, u in self.asks]]
+
+    @classmethod
+    def from_fields(cls, f):
+        _arity(f, 1, cls)
+        out = []
+        for raw in _list(f[0], "asks"):
+            x = _list(raw, "ask")
+            if len(x) != 2:
+                raise ProtocolError("ask: expected 2 fields")
+            out.append((_nonneg(x[0], "ticket"), _str(x[1], "ask.url", MAX_URL)))
+        return cls(tuple(out))
+
+
+GRANT_GO = "go"        # download it now (a slot of its host is the worker's until its DownloadDone)
+GRANT_COPY = "copy"    # already downloaded by `node`: record that place, fetch nothing
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    ticket: int
+    verdict: str
+    node: str | None = None       # copy: the node that holds the file
+    sha256: str | None = None
+    size: int | None = None
+    path: str | None = None       # copy: where the file is in that node's data dir
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadGrant(Message):
+    TYPE: ClassVar[int] = 22
+    grants: tuple[Grant, ...]
+
+    def fields(self):
+        return [[[g.ticket, g.verdict, g.node, g.sha256, g.size, g.path] for g in self.grants]]
+
+    @classmethod
+    def from_fields(cls, f):
+        _arity(f, 1, cls)
+        out = []
+        for raw in _list(f[0], "grants"):
+            x = _list(raw, "grant")
+            if len(x) != 6:
+                raise ProtocolError("grant: expected 6 fields")
+            verdict = _str(x[1], "verdict", MAX_NAME)
+            if verdict not in (GRANT_GO, GRANT_COPY):
+                raise ProtocolError(f"verdict: unknown value {verdict!r}")
+            out.append(Grant(_nonneg(x[0], "ticket"), verdict, _opt_str(x[2], "grant.node", MAX_WORKER_ID),
+                             _opt_str(x[3], "grant.sha256", MAX_NAME), _opt_int(x[4], "grant.size", 0),
+                             _opt_str(x[5], "grant.path", MAX_NAME)))
+        return cls(tuple(out))
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadEnd:
+    ticket: int
+    sha256: str | None = None     # set: the file is stored (then size and path too); None: it failed
+    size: int | None = None
+    path: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadDone(Message):
+    """Downloads the master granted ended: their hosts' slots are free, and the stored ones can be copied."""
+
+    TYPE: ClassVar[int] = 23
+    ends: tuple[DownloadEnd, ...]
+
+    def fields(self):
+        return [[[e.ticket, e.sha256, e.size, e.path] for e in self.ends]]
+
+    @classmethod
+    def from_fields(cls, f):
+        _arity(f, 1, cls)
+        out = []
+        for raw in _list(f[0], "ends"):
+            x = _list(raw, "end")
+            if len(x) != 4:
+                raise ProtocolError("end: expected 4 fields")
+            out.append(DownloadEnd(_nonneg(x[0], "ticket"), _opt_str(x[1], "end.sha256", MAX_NAME),
+                                   _opt_int(x[2], "end.size", 0), _opt_str(x[3], "end.path", MAX_NAME)))
+        return cls(tuple(out))
+
+
 MESSAGE_TYPES: dict[int, type[Message]] = {
     cls.TYPE: cls for cls in (Hello, Challenge, Auth, Welcome, Refused, Assign, Report, Heartbeat, Credit, Shutdown,
-                               Fetched, Fault)
+                               Fetched, Fault, DownloadAsk, DownloadGrant, DownloadDone)
 }
 
 
@@ -756,14 +865,14 @@ MASTER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {
     State.AWAIT_HELLO: (Hello,),
     State.AWAIT_AUTH: (Auth,),
     State.AUTHENTICATED: (),               # the worker waits for the Welcome
-    State.OPEN: (Report, Credit, Heartbeat, Fetched, Fault),
+    State.OPEN: (Report, Credit, Heartbeat, Fetched, Fault, DownloadAsk, DownloadDone),
     State.CLOSED: (),
 }
 WORKER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {
     State.SEND_HELLO: (),
     State.AWAIT_CHALLENGE: (Challenge, Refused),
     State.AWAIT_WELCOME: (Welcome, Refused),
-    State.OPEN: (Assign, Heartbeat, Shutdown),
+    State.OPEN: (Assign, Heartbeat, Shutdown, DownloadGrant),
     State.CLOSED: (),
 }
 

@@ -25,9 +25,9 @@ from urllib.parse import unquote
 import idna
 
 __all__ = [
-    "DEFAULT", "DISCARD_DENIED", "DISCARD_GENERATED", "DISCARD_QUERY", "DISCARD_SCHEME", "DISCARD_SCOPE",
-    "DISCARD_TOO_DEEP", "DISCARD_TOO_LONG", "InvalidURL", "NormalizeOptions", "UrlPolicy", "host_of",
-    "normalize", "normalize_many", "remove_dot_segments", "resolve",
+    "AUDIO_REF_HOPS", "DEFAULT", "DISCARD_DENIED", "DISCARD_GENERATED", "DISCARD_QUERY", "DISCARD_SCHEME",
+    "DISCARD_SCOPE", "DISCARD_TOO_DEEP", "DISCARD_TOO_LONG", "InvalidURL", "NormalizeOptions", "UrlPolicy",
+    "host_of", "normalize", "normalize_many", "remove_dot_segments", "resolve",
 ]
 
 
@@ -356,6 +356,9 @@ def host_of(url: str) -> str:
 
 DISCARD_TOO_LONG = "too_long"
 DISCARD_TOO_DEEP = "depth"
+# How far past the depth limit a page's audio references (a playlist, a stream, the playlist a playlist names)
+# are followed: resolving a page's audio is part of the page, but a site's chain of playlists must end.
+AUDIO_REF_HOPS = 3
 DISCARD_GENERATED = "generated_name"
 DISCARD_QUERY = "too_many_params"
 DISCARD_SCHEME = "scheme"

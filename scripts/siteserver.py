@@ -69,6 +69,7 @@ class LogEntry:
     user_agent: str | None
     bytes_sent: int          # body bytes handed to the socket (a broken response: what went before the drop)
     range: str | None = None
+    ended: float = 0.0       # time.monotonic() when the answer was sent (or dropped): concurrency checks read it
 
 
 def _compile(rules: Mapping[str, object]) -> tuple[tuple[re.Pattern[str], object], ...]:
@@ -141,7 +142,7 @@ class _Site:
                 self.log.append(LogEntry(arrived, request.method, request.raw_path,
                                          resp.status if resp is not None else 0,
                                          request.headers.get(hdrs.USER_AGENT), sent,
-                                         request.headers.get(hdrs.RANGE)))
+                                         request.headers.get(hdrs.RANGE), time.monotonic()))
 
     async def respond(self, request: web.BaseRequest) -> tuple[web.StreamResponse, int]:
         """Answer the request, having sent it already, and say how many body bytes went out."""

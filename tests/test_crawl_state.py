@@ -207,7 +207,8 @@ def test_a_changed_nodes_list_reroutes_what_was_queued_for_a_node_that_no_longer
 
     first = Master(config(["a", "b"]))
     first._open_state()
-    first.store.push([(f"{SITE}/p{i}", 1, 0, "b", None) for i in range(5)])
+    # At the seed's depth: the level barrier would otherwise hold them until the seed is done.
+    first.store.push([(f"{SITE}/p{i}", 0, 0, "b", None) for i in range(5)])
     first.store.commit()
     first.store.close()
     second = Master(config(["a", "c"]))
@@ -363,3 +364,122 @@ def test_seeds_added_later_go_through_the_url_policy_and_dedup(tmp_path):
     c = make(tmp_path, nodes=("a",))
     r = c.seed_more([SITE + "/new", SITE + "/", "http://elsewhere.example/", "not a url", SITE + "/new#x"])
     assert r == {"added": 1, "known": 1, "invalid": 1, "discarded": {"out_of_scope": 1}}
+
+
+def _drain(c, nodes, now):
+    out = []
+    for node in nodes:
+        out += [(node, t) for t in c.take(node, 100, now)]
+    return out
+
+
+def test_the_level_barrier_hands_out_no_page_of_a_level_before_the_last_one_reported(tmp_path):
+    """Two nodes, one slow on its level-1 page: the other waits at the barrier instead of running ahead into
+    level 2, so a page linked from both levels is first seen, and kept, at its shortest depth."""
+    c = make(tmp_path, max_depth=5)
+    c.node_up("a")
+    c.node_up("b")
+    ((n0, home),) = _drain(c, ("a", "b"), 0.0)
+    level1 = [f"{SITE}/l1/{i}" for i in range(12)]
+    c.complete(n0, (done(home, level1),), now=1.0)
+    first = _drain(c, ("a", "b"), 1.0)
+    assert sorted(t.url for _, t in first) == sorted(level1) and {n for n, _ in first} == {"a", "b"}
+    assert c.level == 1
+    slow, rest = first[0], first[1:]
+    # Every page of level 1 but one reports; its links (level 2) wait for the last one.
+    for node, t in rest:
+        c.complete(node, (done(t, [f"{SITE}/deep/{t.url.rsplit('/', 1)[1]}"]),), now=2.0)
+    assert _drain(c, ("a", "b"), 2.0) == []
+    # The slow page links a level-2 page too, and the level opens once it reported.
+    c.complete(slow[0], (done(slow[1], [f"{SITE}/deep/x"]),), now=3.0)
+    second = _drain(c, ("a", "b"), 3.0)
+    assert len(second) == 12 and all(t.depth == 2 for _, t in second) and c.level == 2
+
+
+def test_the_barrier_waits_for_a_retried_page_of_its_level(tmp_path):
+    c = make(tmp_path, nodes=("a",), max_depth=5)
+    c.node_up("a")
+    (home,) = c.take("a", 10, 0.0)
+    c.complete("a", (done(home, [SITE + "/l1/a", SITE + "/l1/b"]),), now=1.0)
+    a, b = c.take("a", 10, 1.0)
+    c.complete("a", (done(a, [SITE + "/l2/a"]), p.Result(b.lease, b.url, p.RETRY, error="timeout")), now=2.0)
+    (again,) = c.take("a", 10, 2.0)   # the retried level-1 page, not its neighbour's level-2 link
+    assert again.url == b.url and again.depth == 1
+    c.complete("a", (done(again),), now=3.0)
+    assert [t.url for t in c.take("a", 10, 3.0)] == [SITE + "/l2/a"]
+
+
+def test_audio_references_pass_the_depth_limit_by_a_bounded_number_of_hops(tmp_path):
+    from crawler.urls import AUDIO_REF_HOPS
+    c = make(tmp_path, nodes=("a",), max_depth=0)
+    c.node_up("a")
+    (home,) = c.take("a", 10, 0.0)
+    result = p.Result(home.lease, home.url, p.DONE, 200, links=(SITE + "/page.html",),
+                      refs=(SITE + "/list.m3u", SITE + "/stream/1"))
+    c.complete("a", (result,), now=1.0)
+    got = c.take("a", 10, 1.0)
+    assert sorted(t.url for t in got) == [SITE + "/list.m3u", SITE + "/stream/1"]
+    assert all(t.depth == 1 for t in got) and c.discards["depth"] == 1
+    # A chain of references ends AUDIO_REF_HOPS past the limit.
+    task = got[0]
+    c.complete("a", (done(got[1]),), now=1.5)
+    for hop in range(2, AUDIO_REF_HOPS + 3):
+        c.complete("a", (p.Result(task.lease, task.url, p.DONE, refs=(f"{SITE}/chain{hop}.m3u",)),), now=hop)
+        nxt = c.take("a", 10, float(hop))
+        nxt = [t for t in nxt if "chain" in t.url]
+        if hop > AUDIO_REF_HOPS:
+            assert nxt == []
+            break
+        (task,) = nxt
+        assert task.depth == hop
+    assert c.discards["depth"] == 2
+
+
+def test_heartbeats_renew_the_leases_a_worker_names_and_only_those(tmp_path):
+    c = make(tmp_path, nodes=("a",))
+    c.node_up("a")
+    (home,) = c.take("a", 10, 0.0)
+    c.complete("a", (done(home, [SITE + "/1", SITE + "/2"]),), now=1.0)
+    one, two = c.take("a", 10, 1.0)
+    for t in (30.0, 60.0, 90.0):   # the lease is 60 s: renewed every 30 s, it outlives them all
+        c.renew("a", (one.lease, 999), t)
+        c.renew("b", (two.lease,), t)      # another node cannot renew a lease it does not hold
+        c.expire(t)
+    assert one.lease in c.leases and two.lease not in c.leases
+    c.expire(151.0)
+    assert one.lease not in c.leases
+
+
+def test_a_redirect_target_keeps_the_depth_for_a_bounded_run_of_redirects(tmp_path):
+    from crawler.master.crawl import MAX_REDIRECT_HOPS
+    c = make(tmp_path, nodes=("a",), max_depth=20)
+    c.node_up("a")
+    (task,) = c.take("a", 10, 0.0)
+    depths = []
+    for hop in range(MAX_REDIRECT_HOPS + 2):
+        c.complete("a", (p.Result(task.lease, task.url, p.DONE, 301, links=(f"{SITE}/r{hop}",)),), now=hop)
+        (task,) = c.take("a", 10, float(hop))
+        depths.append(task.depth)
+    # The same resource under a new address, again and again: the run ends, then each hop counts.
+    assert depths == [0] * MAX_REDIRECT_HOPS + [1, 1]
+
+
+def test_a_page_found_later_on_a_shorter_path_is_lowered_and_fetched_again_for_its_links(tmp_path):
+    c = make(tmp_path, nodes=("a",), max_depth=3)
+    c.node_up("a")
+    (task,) = c.take("a", 10, 0.0)
+    for i, nxt in enumerate(("/a", "/b", "/c")):
+        c.complete("a", (done(task, [SITE + nxt]),), now=float(i))
+        (task,) = c.take("a", 10, float(i))
+    assert task.url == SITE + "/c" and task.depth == 3
+    c.complete("a", (done(task),), now=5.0)        # at the limit: no links extracted
+    # An operator adds a page that links /c directly: /c is 1 from a seed now, and its links are wanted.
+    assert c.seed_more([SITE + "/new"])["added"] == 1
+    (new,) = c.take("a", 10, 6.0)
+    c.complete("a", (done(new, [SITE + "/c", SITE + "/a"]),), now=7.0)
+    assert c.store.url_info(SITE + "/a")["depth"] == 1     # as it was: nothing to lower, nothing fetched again
+    (again,) = c.take("a", 10, 8.0)
+    assert (again.url, again.depth) == (SITE + "/c", 1) and c.store.url_info(SITE + "/c")["depth"] == 1
+    c.complete("a", (done(again, [SITE + "/d"]),), now=9.0)
+    (d,) = c.take("a", 10, 10.0)
+    assert (d.url, d.depth) == (SITE + "/d", 2)

@@ -44,7 +44,11 @@ async def test_master_sigkill_mid_crawl_then_restart_completes_with_bounded_dupl
         master = await cluster.start_master(config, tmp_path)
         addr = cluster.master_addr(config)
         opts = ["--concurrency", str(concurrency)]
-        workers = [await cluster.start_worker(addr, n, tmp_path, extra=opts) for n in ("w1", "w2")]
+        # The workers come back within a second of the restarted master listening: on a loaded machine its
+        # whole remaining crawl can take less than a 30 s backoff, and a worker that missed it never hears the end.
+        wcfg = tmp_path / "worker.yaml"
+        wcfg.write_text("reconnect_max_delay: 1.0\n")
+        workers = [await cluster.start_worker(addr, n, tmp_path, config=wcfg, extra=opts) for n in ("w1", "w2")]
         html = sum(1 for p in manifest.pages if p.endswith(".html"))
         await cluster.until(lambda: sum(e.path.endswith(".html") for e in server.log) >= html // 3, 120, "a third")
         # While it runs, the operator commands read the live database.

@@ -178,6 +178,6 @@ def test_a_sitemap_read_again_reports_every_date_though_its_links_were_reported_
                                     "secret_file": str(write_secret(tmp_path / "s"))})
     worker = Worker(cfg)
     res = GenericResolver({}).resolve_page(page(SITEMAP, "http://site.example/sitemap.xml", "application/xml"))
-    assert worker._links_to_report(res.links, []) == res.links
-    assert worker._links_to_report(res.links, []) == []          # the second time the link cache holds them
+    assert worker._links_to_report(res.links, [], 1) == res.links
+    assert worker._links_to_report(res.links, [], 1) == []          # the second time the link cache holds them
     assert worker._lastmod_of(res.lastmod) == (("http://site.example/a.html", 1704153600.0),)

@@ -7,7 +7,8 @@ import time
 import pytest
 from selectolax.lexbor import LexborHTMLParser
 
-from crawler.worker.links import document_base, extract_links, join_url
+from crawler.worker.linkcache import LinkCache
+from crawler.worker.links import audio_candidates, document_base, extract_links, join_url
 
 PAGE = "http://site.example.com/dir/page.html?q=1"
 
@@ -105,3 +106,22 @@ def test_link_elements_looked_at_are_bounded() -> None:
     tree = LexborHTMLParser(page)
     assert len(extract_links(tree, "http://h/")) == 1000
     assert extract_links(tree, "http://h/", max_elements=10) == [f"http://h/p/{i}" for i in range(10)]
+
+
+def test_the_link_cache_holds_back_a_link_seen_again_only_at_the_same_depth_or_deeper():
+    cache = LinkCache(100)
+    assert cache.fresh(["http://a/1", "http://a/2", "http://a/1"], 3) == ["http://a/1", "http://a/2"]
+    assert cache.fresh(["http://a/1", "http://a/2"], 4) == []
+    assert cache.fresh(["http://a/1"], 3) == []
+    # A shorter path to it: reported again, so the master lowers its depth; then held back at that depth.
+    assert cache.fresh(["http://a/2", "http://a/1"], 2) == ["http://a/2", "http://a/1"]
+    assert cache.fresh(["http://a/2"], 2) == [] and len(cache) == 2
+
+
+def test_audio_candidates_are_links_that_look_like_streams_not_pages():
+    tree = LexborHTMLParser(
+        '<a href="/stream/12" data-title="Song">Listen</a> <a href="/song/3.html" data-title="x">page</a>'
+        '<a href="/listen/9">x</a> <a href="/about">about</a> <a href="/dl?id=4" download>file</a>'
+        '<a href="/img/cover.png" data-title="c">c</a> <a href="mailto:x@y" data-title="m">m</a>')
+    assert audio_candidates(tree, "http://a/song/1.html") == [
+        "http://a/stream/12", "http://a/listen/9", "http://a/dl?id=4"]

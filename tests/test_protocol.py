@@ -31,7 +31,13 @@ MESSAGES = [
     p.Report((p.Result(3, "http://a/sitemap.xml", p.DONE, 200, None, "application/xml", 9, None, ("http://a/1",),
                        (), lastmod=(("http://a/1", 1700000000.0),)),)),
     p.Heartbeat(1234.5),
+    p.Heartbeat(1234.5, (3, 17, 2**40)),
+    p.Report((p.Result(4, "http://a/song/1.html", p.DONE, 200, None, "text/html", 9, None, (), (),
+                       refs=("http://a/playlists/1.m3u", "http://a/stream/1")),)),
     p.Credit(17),
+    p.DownloadAsk(((1, "http://cdn.a/1.mp3"), (2, "http://cdn.a/2.mp3"))),
+    p.DownloadGrant((p.Grant(1, p.GRANT_GO), p.Grant(2, p.GRANT_COPY, "w2", "ab" * 32, 123, "audio/ab/x.mp3"))),
+    p.DownloadDone((p.DownloadEnd(1, "ab" * 32, 123, "audio/ab/x.mp3"), p.DownloadEnd(2))),
     p.Shutdown("crawl finished"),
     p.Fetched((p.PageFetch(1, 200, None, 0.05), p.PageFetch(2, 429, 2.0, 0.001), p.PageFetch(3))),
     p.Fault("No space left on device", (3, 4, 5)),
@@ -265,7 +271,8 @@ def test_session_messages_follow_the_table_of_legal_messages():
     for state_table, side, bad in ((p.MASTER_RECEIVES, master, p.Hello("w1", 3, 1, NONCE)),
                                    (p.WORKER_RECEIVES, worker, p.Challenge(NONCE))):
         for legal in state_table[p.State.OPEN]:
-            assert legal in (p.Report, p.Credit, p.Heartbeat, p.Fetched, p.Fault, p.Assign, p.Shutdown)
+            assert legal in (p.Report, p.Credit, p.Heartbeat, p.Fetched, p.Fault, p.Assign, p.Shutdown,
+                             p.DownloadAsk, p.DownloadGrant, p.DownloadDone)
         with pytest.raises(p.ProtocolError):
             side.receive(bad)                # a second handshake inside the session
         assert side.state is p.State.CLOSED
@@ -291,6 +298,10 @@ def _result(**change):
         r[["lease", "url", "status", "http_status", "final_url", "content_type", "size", "error", "links",
            "audio", "cut"].index(k)] = v
     return [7, [r]]
+
+
+def _result_refs(refs):
+    return [7, [[1, "http://a/", "done", 200, None, None, None, None, [], [], 0, [], None, refs]]]
 
 
 def _uint64_frame(value: int) -> bytes:
@@ -321,7 +332,12 @@ def test_integers_past_signed_64_bits_are_refused(value):
     (_result(url="http://a/" + "x" * p.MAX_URL), "url"),
     (_result(links=["http://a/" + "x" * p.MAX_URL]), "links"),
     (_result(content_type="t" * (p.MAX_NAME + 1)), "content_type"),
-    ([8, float("nan")], "sent_at"), ([8, float("inf")], "sent_at"),
+    ([8, float("nan"), []], "sent_at"), ([8, float("inf"), []], "sent_at"), ([8, 1.0, [-1]], "lease"),
+    ([8, 1.0, ["x"]], "lease"), ([8, 1.0, 5], "leases"),
+    ([21, [[-1, "http://a/1.mp3"]]], "ticket"), ([21, [[1, 2]]], "ask.url"), ([21, [[1]]], "ask"),
+    ([22, [[1, "steal", None, None, None, None]]], "verdict"), ([22, [[1, "copy", None, None, -5, None]]], "size"),
+    ([23, [[1, None, None, "x" * (p.MAX_NAME + 1)]]], "end.path"),
+    (_result_refs(["http://a/" + "x" * p.MAX_URL]), "refs"), (_result_refs([3]), "refs"),
     ([4, b"\1" * 32, float("nan"), [], 4096, None, [], []], "heartbeat_interval"),
     ([1, "w" * (p.MAX_WORKER_ID + 1), p.PROTOCOL_VERSION, 1, NONCE], "worker_id"),
     ([1, "w", p.PROTOCOL_VERSION, p.MAX_CAPACITY + 1, NONCE], "capacity"),
@@ -368,8 +384,12 @@ def test_a_result_without_sitemap_dates_encodes_as_before_and_bad_dates_are_refu
     wire = plain.to_wire() + [[["http://a/1", "yesterday"]]]
     with pytest.raises(p.ProtocolError, match="lastmod.time"):
         p.Result.from_wire(wire)
-    with pytest.raises(p.ProtocolError, match="11 to 13"):
-        p.Result.from_wire(plain.to_wire() + [[], [], []])
+    with pytest.raises(p.ProtocolError, match="11 to 14"):
+        p.Result.from_wire(plain.to_wire() + [[], None, [], []])
+    # Audio references without sitemap dates: the dates go as an empty list, so the fields keep their places.
+    with_refs = p.Result(1, "http://a/", p.DONE, refs=("http://a/1.m3u",))
+    assert with_refs.to_wire()[11:] == [[], None, ["http://a/1.m3u"]]
+    assert p.Result.from_wire(with_refs.to_wire()) == with_refs
 
 
 def test_validators_travel_both_ways_and_are_checked():

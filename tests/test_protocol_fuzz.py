@@ -83,7 +83,9 @@ def _decode_all(data: bytes, max_frame: int = 4096) -> list[p.Message]:
     out: list[p.Message] = []
     try:
         d.feed(data)
-        out.extend(d.messages())
+        # One at a time: the messages before a broken frame count, as they do when fed in pieces.
+        while (m := d.next_message()) is not None:
+            out.append(m)
     except p.ProtocolError:
         pass
     return out

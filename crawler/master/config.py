@@ -160,6 +160,9 @@ SPEC = {
         "backoff_base": Key("float", 1.0, non_negative),
         "backoff_max": Key("float", 300.0, non_negative),
         "retry_after_cap": Key("float", 3600.0, non_negative),
+        # Audio downloads, apart from pages: over all workers, per audio host (None: no limit, as for pages).
+        "audio_max_per_host": Key("int", None, positive),
+        "audio_min_delay": Key("float", 0.0, non_negative),
     }),
     "dedup": Key("section", section={
         "expected_urls": Key("int", 10_000_000, positive),
@@ -220,6 +223,8 @@ class Politeness:
     backoff_base: float
     backoff_max: float
     retry_after_cap: float
+    audio_max_per_host: int | None
+    audio_min_delay: float
 
 
 @dataclass(frozen=True)
@@ -287,6 +292,9 @@ class MasterConfig:
         sched = Scheduling(**v["scheduling"])
         if sched.heartbeat_timeout <= sched.heartbeat_interval:
             raise ConfigError("scheduling.heartbeat_timeout", "must be longer than scheduling.heartbeat_interval")
+        if sched.lease_timeout <= sched.heartbeat_interval:
+            # A worker's heartbeat renews the leases it works on: one must come before a lease can expire.
+            raise ConfigError("scheduling.lease_timeout", "must be longer than scheduling.heartbeat_interval")
         pol = Politeness(**v["politeness"])
         if pol.max_delay < pol.min_delay:
             raise ConfigError("politeness.max_delay", "must not be below politeness.min_delay")

@@ -22,7 +22,7 @@ from crawler.master.revisit import revisit_policy
 from crawler.master.store import Finished, MasterStore, page_keys
 from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, host_url_of, robots_url
 from crawler.scheduler import NodeTable
-from crawler.urls import DISCARD_TOO_DEEP, NormalizeOptions, UrlPolicy, normalize_many
+from crawler.urls import AUDIO_REF_HOPS, DISCARD_TOO_DEEP, NormalizeOptions, UrlPolicy, normalize_many
 
 log = logging.getLogger("crawler.master")
 
@@ -32,6 +32,10 @@ _AUDIO_HINT = re.compile(r"song|music|audio|track|album|playlist|special|mp3|lis
 HELD_CAP = 2048
 DISCARD_INVALID = "invalid"
 DISCARD_ROBOTS = "robots"
+# A redirect's target keeps the redirecting URL's depth for this many redirects in a row; past them (a site
+# that redirects for ever, to a new address each time) each redirect counts as a link hop again.
+MAX_REDIRECT_HOPS = 5
+REDIRECTS_TRACKED = 65536   # targets whose run of redirects is remembered; the oldest are forgotten first
 # A page answered 429/503 goes back in line without counting an attempt: the site asked us to wait, the page is
 # not broken. Past this many such answers in a row (a page that always says 503) they count like any retry.
 FREE_THROTTLED_RETRIES = 20
@@ -152,6 +156,7 @@ class Crawl:
         # node -> when a politeness gate next opens for something it holds (what the server sleeps until)
         self.wake_at: dict[str, float] = {}
         self._throttled: dict[str, int] = {}     # url -> 429/503 answers in a row
+        self._redirected: dict[str, int] = {}    # url -> redirects in a row that led to it
         # (node, host) -> leases holding a slot of host with nothing chained after them yet, in order
         self._heads: dict[tuple[str, str], dict[int, None]] = {}
         self.away: dict[str, float] = {}          # node -> when its leases are given up
@@ -162,6 +167,12 @@ class Crawl:
         self._scheduled = 0                      # pages handed out this run (for max_pages)
         # Refresh on: each fetched page's next visit adapts to how often it changes (master/revisit.py).
         self.revisit = revisit_policy(c)
+        # The level barrier (breadth first across the cluster): only entries of depth <= level are handed out,
+        # and the level rises only once nothing of it is queued, held or leased anywhere. So every page of a
+        # level has reported its links before any page of the next is fetched, and a URL is first seen at its
+        # shortest depth (the depth it keeps). Entries queued below the level later (a seed added, a refresh)
+        # are served at once: the bound is "at most", not "exactly".
+        self.level = 0
 
     # ------------------------------------------------------------------ routing
     def route(self, urls) -> list[str | None]:
@@ -286,30 +297,41 @@ class Crawl:
         return {"added": added, "known": len(valid) - len(new), "invalid": len(urls) - sum(1 for u in normed if u),
                 "discarded": dict(discarded)}
 
-    def add_links(self, batches: list[tuple[str, int, tuple[str, ...]]]) -> int:
-        """batches: (parent url, depth of the links, links). Returns how many new URLs entered the frontier."""
+    def add_links(self, batches: list[tuple[str, int, tuple[str, ...]]],
+                  refs: list[tuple[str, int, tuple[str, ...]]] | None = None) -> int:
+        """batches: (parent url, depth of the links, links); refs: the same for the audio references of pages
+        (a playlist, a stream), which pass the depth limit by up to AUDIO_REF_HOPS: resolving a page's audio is
+        part of that page. Returns how many new URLs entered the frontier."""
         urls: list[str] = []
         meta: dict[str, tuple[int, str]] = {}
         max_depth = self.cfg.crawl.max_depth
-        for parent, depth, links in batches:
-            self.totals.links_seen += len(links)
-            if depth > max_depth:
-                self.discards[DISCARD_TOO_DEEP] += len(links)
-                continue
-            for u in normalize_many(links, self.norm):
-                if u is None:
-                    self.discards[DISCARD_INVALID] += 1
-                elif u not in meta:
-                    meta[u] = (depth, parent)
-                    urls.append(u)
+        ref_limit = max_depth + AUDIO_REF_HOPS if max_depth is not None else None
+        is_ref: set[str] = set()
+        for kind, limit, entries in ((0, max_depth, batches), (1, ref_limit, refs or ())):
+            for parent, depth, links in entries:
+                self.totals.links_seen += len(links)
+                if limit is not None and depth > limit:
+                    self.discards[DISCARD_TOO_DEEP] += len(links)
+                    continue
+                for u in normalize_many(links, self.norm):
+                    if u is None:
+                        self.discards[DISCARD_INVALID] += 1
+                    elif u not in meta:
+                        meta[u] = (depth, parent)
+                        urls.append(u)
+                        if kind:
+                            is_ref.add(u)
         if not urls:
             return 0
         new = self.dedup.filter_new(urls)
+        if len(new) < len(urls):
+            self._lower_known(urls, new, meta)
         rows = []
         check = self.policy.check
         for u in new:
             depth, parent = meta[u]
-            reason = check(u, depth)
+            # A reference is held to every rule but the depth limit (its own bound was checked above).
+            reason = check(u, min(depth, max_depth) if u in is_ref and max_depth is not None else depth)
             if reason:
                 self.discards[reason] += 1
             else:
@@ -352,9 +374,11 @@ class Crawl:
             wake = min(wake, self._serve_host(node, held, host, n, now, out))
         batch = max(n, self.cfg.scheduling.batch_size)
         while len(out) < n and len(held) < HELD_CAP:
-            rows = self.store.pop(node, batch, now, validators=self.revisit is not None)
+            rows = self.store.pop(node, batch, now, max_depth=self.level, validators=self.revisit is not None)
             if not rows:
-                break
+                if not self._next_level():
+                    break
+                continue
             fresh: dict[str, None] = {}
             for url, depth, parent, *validators in rows:
                 h = Held(url, depth, parent, host_url_of(url), validators[0] if validators else None)
@@ -368,6 +392,37 @@ class Crawl:
             self.wake_at[node] = wake
         self._scheduled += len(out)
         return out
+
+    def _lower_known(self, urls: list[str], new: list[str], meta: dict[str, tuple[int, str]]) -> None:
+        """Known URLs found at a depth at or below the current level may have been recorded deeper (only
+        work served out of order, a seed added or a page refreshed, finds any): their depth is lowered, and a
+        done page whose links are wanted at the new depth is fetched again, so they are lowered in turn (the
+        workers' link caches let a link through again at a smaller depth). Links one level deeper than the
+        level, the bulk of every report, are never looked up."""
+        fresh = set(new)
+        level = self.level
+        pairs = [(u, meta[u][0]) for u in urls if meta[u][0] <= level and u not in fresh]
+        if not pairs:
+            return
+        lowered = self.store.lower_depths(pairs)
+        max_depth = self.cfg.crawl.max_depth
+        again = [(u, new_depth) for u, _, new_depth in lowered if max_depth is None or new_depth < max_depth]
+        if again:
+            n = self.store.requeue_refresh(again, self.route)
+            log.info("%d pages found on a shorter path: fetched again for their links at the lower depth", n)
+
+    def _next_level(self) -> bool:
+        """The level barrier opens when nothing of the current level is left anywhere: no lease, nothing held
+        (all of which is of the level or below) and nothing queued at it or below (the caller's pop found none
+        for its node; the store is asked for every node). True when the level rose."""
+        if self.leases or any(self.held.values()) or self.robots_wanted:
+            return False
+        lowest = self.store.lowest_queued_depth()
+        if lowest is None or lowest <= self.level:
+            return False
+        log.info("breadth first: level %d done, level %d begins", self.level, lowest)
+        self.level = lowest
+        return True
 
     def next_wake(self) -> float:
         """The earliest time a politeness gate opens for anything held (inf: none is waiting on time)."""
@@ -508,6 +563,7 @@ class Crawl:
         """
         finished: list[Finished] = []
         link_batches = []
+        ref_batches = []
         lastmod: list[tuple[str, float]] = []
         audio_rows: list[dict] = []
         cut = 0
@@ -532,7 +588,9 @@ class Crawl:
             first_row = len(audio_rows)
             for a in r.audio:
                 row = a.catalogue_row()
-                row["node"] = node
+                # A copy (protocol.GRANT_COPY) is on the node that downloaded it: the row names where the file is.
+                holder = a.extra.get("stored_on")
+                row["node"] = holder if isinstance(holder, str) and holder else node
                 row["found_at"] = now
                 audio_rows.append(row)
             if self.revisit is not None and state == p.DONE:
@@ -544,8 +602,11 @@ class Crawl:
             else:
                 finished.append(Finished(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
                                          r.error, node, now))
+            depth = self._depth_of_links(lease, r)
             if r.status == p.DONE and r.links:
-                link_batches.append((lease.url, lease.depth + 1, r.links))
+                link_batches.append((lease.url, depth, r.links))
+            if r.status == p.DONE and r.refs:
+                ref_batches.append((lease.url, depth, r.refs))
             if r.status == p.DONE and r.lastmod:
                 # A date in the future is a site's mistake: it would have the page fetched on every visit.
                 lastmod.extend(pair for pair in r.lastmod if pair[1] <= now)
@@ -559,8 +620,9 @@ class Crawl:
                 # Per-worker figures for the status command, one row update per report.
                 self.store.note_node(node, bytes=sum(f.size or 0 for f in finished),
                                      links=sum(len(b[2]) for b in link_batches), audio=len(audio_rows))
-                if link_batches:
-                    self.add_links(link_batches)   # last: an add to the Bloom filter cannot be undone
+                if link_batches or ref_batches:
+                    # last: an add to the Bloom filter cannot be undone
+                    self.add_links(link_batches, ref_batches)
         except _BAD_VALUES as e:
             # The leases already left memory (their request slots are free): their URLs, still leased in the
             # store after the rollback, go back in line rather than wait for a restart.
@@ -582,6 +644,21 @@ class Crawl:
             n = self.store.requeue_refresh(changed, self.route)
             log.info("%d pages changed since their last crawl, as their sitemap says: queued again", n)
 
+    def _depth_of_links(self, lease: Lease, r: p.Result) -> int:
+        """A redirect's target is the same resource: it keeps the depth (a link to it is one hop, not two), for
+        up to MAX_REDIRECT_HOPS redirects in a row."""
+        hops = self._redirected.pop(lease.url, 0)
+        if r.http_status not in p.REDIRECT_STATUSES or len(r.links) != 1 or hops >= MAX_REDIRECT_HOPS:
+            return lease.depth + 1
+        (target,) = normalize_many(r.links, self.norm)   # the key the target's own lease will have
+        if target is None:
+            return lease.depth + 1
+        runs = self._redirected
+        runs[target] = hops + 1
+        if len(runs) > REDIRECTS_TRACKED:
+            del runs[next(iter(runs))]
+        return lease.depth
+
     def _throttled_state(self, url: str) -> str:
         runs = self._throttled
         n = runs.pop(url, 0) + 1
@@ -601,6 +678,15 @@ class Crawl:
             self.store.release([lease.url for lease in expired], self.route)
             log.warning("%d leases expired and went back to the frontier", len(expired))
         return len(expired)
+
+    def renew(self, node: str, lease_ids: tuple[int, ...], now: float) -> None:
+        """The node says it still works on these leases (a heartbeat): their deadlines move on."""
+        deadline = now + self.cfg.scheduling.lease_timeout
+        leases = self.leases
+        for i in lease_ids:
+            lease = leases.get(i)
+            if lease is not None and lease.node == node:
+                lease.deadline = deadline
 
     def in_flight(self, node: str | None = None) -> int:
         if node is None:

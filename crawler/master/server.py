@@ -29,6 +29,7 @@ from crawler.master.catalogue import CatalogueFile
 from crawler.master.config import MasterConfig
 from crawler.master.crawl import Crawl, ReportRejected
 from crawler.master.dedup import Dedup
+from crawler.master.downloads import DownloadBoard
 from crawler.master.observe import Observer
 from crawler.master.store import MasterStore
 from crawler.politeness import (
@@ -154,6 +155,10 @@ class Master:
         # The gate also carries the 429/503 backoff, so it is always on; with no limits set it only counts.
         gate = HostGate(pcfg)
         robots = RobotsRules(pcfg) if pol.obey_robots else None
+        # Downloads have their own gate: audio hosts (CDNs) are not the pages' hosts, nor paced like them.
+        self.downloads = DownloadBoard(HostGate(PolitenessConfig(
+            max_per_host=pol.audio_max_per_host, min_delay=pol.audio_min_delay, obey_robots=False)),
+            max_age=cfg.crawl.refresh_interval)
         self.crawl = Crawl(cfg, self.store, self.dedup, self.table, gate, robots,
                            first_lease=int(self.clock() * 1000) % (1 << 40) * 1000 + 1)
         self.paused = bool(self.store.get_meta("paused", False))
@@ -413,7 +418,9 @@ class Master:
             self._sleep_until = -math.inf   # this pass looks at every gate itself
             self._dispatch_all()
             self._fetch_robots()
-            wake_at = self.crawl.next_wake()
+            now = self.clock()
+            self._send_grants(self.downloads.pump(now))
+            wake_at = min(self.crawl.next_wake(), self.downloads.next_wake(now))
             if wake_at == math.inf:
                 self._sleep_until = math.inf
                 await self._wake.wait()
@@ -578,6 +585,12 @@ class Master:
                     if self.crawl.fetched(s.node, msg.fetches, s.last_seen):
                         self._dispatch_all()     # the host slots it freed may be waited on by any node
                     continue
+                if isinstance(msg, p.DownloadAsk):
+                    self._send_grants(self.downloads.ask(s.node, msg.asks, s.last_seen))
+                    continue
+                if isinstance(msg, p.DownloadDone):
+                    self._send_grants(self.downloads.done(s.node, msg.ends, s.last_seen))
+                    continue
                 if isinstance(msg, p.Report):
                     try:
                         rows = self.crawl.complete(s.node, msg.results, s.last_seen)
@@ -599,6 +612,8 @@ class Master:
                     self._fault(s, msg)
                     msg = p.Report(())      # its work may now route to any node
                 elif isinstance(msg, p.Heartbeat):
+                    if msg.leases:   # the work in progress at the worker keeps its leases
+                        self.crawl.renew(s.node, msg.leases, s.last_seen)
                     continue
                 if isinstance(msg, p.Report):
                     self._dispatch_all()     # its links may route to any node
@@ -675,11 +690,33 @@ class Master:
             return
         del self.sessions[s.node]
         self.observer.left(s.node, s.last_seen)
+        self._send_grants(self.downloads.node_gone(s.node, self.clock()))
         if dead:   # silent past the heartbeat timeout: it had its grace already
             self.crawl.node_down(s.node, self.clock())
         else:
             self.crawl.node_away(s.node, self.clock(), self.cfg.scheduling.heartbeat_timeout)
         self._dispatch_all()
+
+    def _send_grants(self, grants: list[tuple[str, p.Grant]]) -> None:
+        """One DownloadGrant frame per node. A grant to a node that is gone is given back at once."""
+        by_node: dict[str, list[p.Grant]] = {}
+        for node, g in grants:
+            by_node.setdefault(node, []).append(g)
+        while by_node:
+            node, mine = by_node.popitem()
+            s = self.sessions.get(node)
+            if s is not None:
+                try:
+                    s.conn.send_nowait(p.DownloadGrant(tuple(mine)))
+                    continue
+                except ConnectionClosed:
+                    pass
+            back = self.downloads.done(node, tuple(p.DownloadEnd(g.ticket) for g in mine
+                                                   if g.verdict == p.GRANT_GO), self.clock())
+            for other, g in back:
+                by_node.setdefault(other, []).append(g)
+        if self.downloads.next_wake(self.clock()) < self._sleep_until:
+            self._wake.set()   # a download host's spacing ends before the dispatcher would look again
 
     def _dispatch(self, s: Session) -> None:
         if s.credit <= 0 or s.fault is not None or self.paused or self._stop.is_set():

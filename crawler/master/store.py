@@ -531,15 +531,21 @@ class MasterStore:
                                 [(t, url_key(u), u) for u, t in items[i:i + _CHUNK]])
         return changed
 
-    def pop(self, node: str | None, n: int, now: float, *, validators: bool = False) -> list[tuple]:
-        """Lease up to n of this node's frontier entries: lowest depth, then highest priority, then oldest.
+    def pop(self, node: str | None, n: int, now: float, max_depth: int | None = None, *,
+            validators: bool = False) -> list[tuple]:
+        """Lease up to n of this node's frontier entries: lowest depth, then highest priority, then oldest;
+        with max_depth, none deeper (the crawl's level barrier).
 
         Returns (url, depth, parent) rows; with validators, (url, depth, parent, (etag, last_modified) or None),
         the validators of the page's last full answer for a conditional fetch.
         """
         self._begin()
         where = "u.node IS NULL" if node is None else "u.node = ?"
-        args: tuple = (n,) if node is None else (node, n)
+        args: tuple = () if node is None else (node,)
+        if max_depth is not None:
+            where += " AND u.depth <= ?"
+            args += (max_depth,)
+        args += (n,)
         cols, join = "u.id, u.url, u.depth, u.parent", ""
         if validators:
             cols, join = cols + ", v.etag, v.last_modified", " LEFT JOIN page_visits v ON v.id = u.id"
@@ -555,6 +561,23 @@ class MasterStore:
             return [(r[1], r[2], r[3], (r[4], r[5]) if r[4] is not None or r[5] is not None else None)
                     for r in rows]
         return [(url, depth, parent) for _, url, depth, parent in rows]
+
+    def lowest_queued_depth(self) -> int | None:
+        """The smallest depth in the frontier, over every node (None: the frontier is empty). One index seek a
+        node (frontier_pop leads with node, depth); asked only when a level of the crawl may be done."""
+        self._begin()
+        nodes = [n for (state, n), c in self._current_counts().items() if state == QUEUED and c > 0]
+        best: int | None = None
+        for key in nodes:
+            node = _node_of(key)
+            if node is None:
+                row = self.db.execute(f"SELECT min(depth) FROM urls WHERE state = {QUEUED} AND node IS NULL").fetchone()
+            else:
+                row = self.db.execute(f"SELECT min(depth) FROM urls WHERE state = {QUEUED} AND node = ?",
+                                      (node,)).fetchone()
+            if row[0] is not None and (best is None or row[0] < best):
+                best = row[0]
+        return best
 
     def frontier_size(self, node: str | None | EllipsisType = ...) -> int:
         """Queued URLs: all of them, or those routed to one node (None: not routed to any)."""
@@ -832,6 +855,19 @@ class MasterStore:
         return self.db.execute(
             f"SELECT url, depth FROM urls WHERE state = {DONE} AND last_crawl < ? ORDER BY last_crawl LIMIT ?",
             (now - older_than, limit)).fetchall()
+
+    def lower_depths(self, pairs: Sequence[tuple[str, int]]) -> list[tuple[str, int, int]]:
+        """Known URLs found on a shorter path: (url, depth) rows whose recorded depth is larger get this one.
+        Returns (url, old depth, new depth) of the done pages lowered, which the crawl may fetch again."""
+        self._begin()
+        want: dict[str, int] = {}
+        for u, d in pairs:
+            want[u] = min(d, want.get(u, d))
+        rows = [r for r in self._lookup(want, "url, id, depth, state").values() if want[r[0]] < r[2]]
+        if not rows:
+            return []
+        self.db.executemany("UPDATE urls SET depth = ? WHERE id = ?", [(want[r[0]], r[1]) for r in rows])
+        return [(r[0], r[2], want[r[0]]) for r in rows if r[3] == DONE]
 
     def requeue_refresh(self, rows: Sequence[tuple[str, int]], route: Route) -> int:
         """Put done pages back at the end of the line for a fresh crawl (past the Bloom filter)."""

@@ -7,19 +7,25 @@ from collections.abc import Iterable
 
 
 class LinkCache:
+    """Each link with the smallest depth it was reported at: a link seen again at a smaller depth (a shorter
+    path to it) is reported again, so the master can lower its depth; seen again as deep or deeper, it is not."""
+
     def __init__(self, size: int) -> None:
         self.size = size
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._seen: OrderedDict[str, int] = OrderedDict()
 
-    def fresh(self, links: Iterable[str]) -> list[str]:
-        """The links not reported recently (and remembers them); order kept, duplicates dropped."""
+    def fresh(self, links: Iterable[str], depth: int = 0) -> list[str]:
+        """The links not reported recently at `depth` or less (and remembers them at depth); order kept,
+        duplicates dropped."""
         seen = self._seen
         out = []
         for u in links:
-            if u in seen:
+            known = seen.get(u)
+            if known is not None:
                 seen.move_to_end(u)
-                continue
-            seen[u] = None
+                if known <= depth:
+                    continue
+            seen[u] = depth
             out.append(u)
         while len(seen) > self.size:
             seen.popitem(last=False)

@@ -131,6 +131,41 @@ def extract_links(tree: LexborHTMLParser, base_url: str, max_elements: int | Non
     return out
 
 
+# A link with no page's extension whose element carries song metadata or whose path says so is likely a stream
+# (an address that answers with audio bytes although nothing in its name says audio).
+_PAGE_EXTENSIONS = frozenset({"html", "htm", "xhtml", "shtml", "php", "asp", "aspx", "jsp", "cgi", "xml", "txt",
+                              "css", "js", "json", "png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "pdf"})
+_STREAM_PATH = re.compile(r"stream|listen|download|audio|/play|/mp3|/media/", re.IGNORECASE)
+_SONG_ATTRS = ("data-title", "data-artist", "data-album", "data-duration", "download")
+
+
+def audio_candidates(tree: LexborHTMLParser, base_url: str, max_elements: int | None = None) -> list[str]:
+    """The a/area links of a page that may be its audio (streams named like pages), as absolute URLs: what a
+    page at the crawl's depth limit still follows, since resolving its audio is part of the page."""
+    base = document_base(tree, base_url)
+    out: dict[str, None] = {}
+    nodes = css(tree, "a[href], area[href]")
+    if max_elements is not None and len(nodes) > max_elements:
+        del nodes[max_elements:]
+    for node in nodes:
+        attrs = node.attributes
+        href = attrs.get("href")
+        # Most links are the site's navigation: settled on the raw attribute, before any joining.
+        if not href or not (any(a in attrs for a in _SONG_ATTRS) or _STREAM_PATH.search(href)):
+            continue
+        url = join_url(base, href)
+        if url is None:
+            continue
+        path = urlsplit(url).path
+        name = path.rsplit("/", 1)[-1]
+        ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+        if ext in _PAGE_EXTENSIONS or not name:
+            continue
+        if any(a in attrs for a in _SONG_ATTRS) or _STREAM_PATH.search(path):
+            out[url] = None
+    return list(out)
+
+
 def count_links(tree: LexborHTMLParser) -> int:
     """How many link elements the page has: one C-side query, without resolving or filtering any of them."""
     return len(css(tree, _COUNTED_SELECTOR))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import random
 import time
@@ -26,6 +27,7 @@ from crawler.metrics import WorkerMetrics, serve_metrics
 from crawler.politeness import THROTTLE_STATUSES, parse_retry_after
 from crawler.resolvers.base import FetchedPage, Resolution, ResolveContext, Resolver, ResolverUnavailable
 from crawler.resolvers.registry import followers, load_resolvers, pick
+from crawler.resolvers.sniff import is_audio_url, is_playlist_url
 from crawler.targets import TargetPolicy, parse_network
 from crawler.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
 from crawler.worker.config import WorkerConfig
@@ -34,12 +36,11 @@ from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, d
 from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
 from crawler.worker.filetags import read_file_tags
 from crawler.worker.linkcache import LinkCache
-from crawler.worker.links import count_links, extract_links
+from crawler.worker.links import audio_candidates, count_links, extract_links
 from crawler.worker.pagestore import open_page_store
 
 log = logging.getLogger("crawler.worker")
 
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 REPORT_BATCH = 64
 REPORT_BYTES = 2 * 1024 * 1024
 # Links longer than this are not reported: no crawl policy keeps them, and they would only bloat frames.
@@ -55,7 +56,8 @@ def _wire_size(r: p.Result | int) -> int:
     """A cheap upper estimate of a result's encoded size, to keep report frames well under the limit."""
     if isinstance(r, int):
         return 16
-    return 512 + sum(len(u) + 4 for u in r.links) + 1024 * len(r.audio) + sum(len(u) + 16 for u, _ in r.lastmod)
+    return (512 + sum(len(u) + 4 for u in r.links) + 1024 * len(r.audio) + sum(len(u) + 16 for u, _ in r.lastmod)
+            + sum(len(u) + 4 for u in r.refs))
 
 
 def _report_frames(batch: list[p.Result], max_frame: int) -> bytes:
@@ -150,6 +152,13 @@ class Worker:
         self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
         self._fetched: list[p.PageFetch] = []
+        # Downloads the master grants (protocol.DownloadAsk): asks and ends not yet sent, each batch one frame
+        # per loop turn, and the asks waiting for their grant, by ticket.
+        self._tickets = itertools.count(1)
+        self._asks: list[tuple[int, str]] = []
+        self._ends: list[p.DownloadEnd] = []
+        self._grants: dict[int, asyncio.Future[p.Grant]] = {}
+        self._send_downloads: Callable[[], None] | None = None   # set while a session is up
         self._send_fetched: Callable[[], None] | None = None   # set while a session is up
         # Chained tasks (protocol.Task.after): how recent page requests ended (lease -> the next may start),
         # and the tasks waiting for a request still out.
@@ -330,6 +339,11 @@ class Worker:
                 if isinstance(msg, p.Assign):
                     for task in msg.tasks:
                         tg.create_task(self._run_task(task, results))
+                elif isinstance(msg, p.DownloadGrant):
+                    for g in msg.grants:
+                        waiter = self._grants.pop(g.ticket, None)
+                        if waiter is not None and not waiter.done():
+                            waiter.set_result(g)
                 elif isinstance(msg, p.Shutdown):
                     log.info("master ended the crawl: %s", msg.reason)
                     raise _Shutdown()
@@ -384,15 +398,31 @@ class Worker:
                 await asyncio.sleep(welcome.heartbeat_interval)
                 if time.monotonic() - last_heard > timeout:
                     raise ConnectionClosed(f"master silent for {time.monotonic() - last_heard:.1f} s")
-                await conn.send(p.Heartbeat(time.time()))
+                # The leases still worked on, so the master renews them: a long download keeps its page's.
+                await conn.send(p.Heartbeat(time.time(), tuple(self._running)))
 
         async def stopper() -> None:
             await self._stop.wait()
             raise ConnectionClosed("worker stopping")
 
+        def send_downloads() -> None:
+            asks, self._asks = self._asks, []
+            ends, self._ends = self._ends, []
+            if conn.writer.is_closing():
+                return
+            try:
+                if ends:   # first: a slot freed may be what an ask of this frame waits for
+                    conn.send_nowait(p.DownloadDone(tuple(ends)))
+                if asks:
+                    conn.send_nowait(p.DownloadAsk(tuple(asks)))
+            except (OSError, ConnectionError):
+                pass
+
         ended = False
         self._fetched = []
         self._send_fetched = send_fetched
+        self._asks, self._ends, self._grants = [], [], {}
+        self._send_downloads = send_downloads
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(reader(tg))
@@ -406,6 +436,7 @@ class Worker:
             log.info("connection to the master lost: %s", eg.exceptions[0])
         finally:
             self._send_fetched = None
+            self._send_downloads = None
         return ended
 
     def _allow_targets(self, welcome: p.Welcome) -> None:
@@ -498,7 +529,7 @@ class Worker:
             self.stats.bytes += result.size
         for a in result.audio:
             m.audio.labels(self.cfg.id, a.status).inc()
-            if a.sha256 and a.size:
+            if a.sha256 and a.size and "stored_on" not in a.extra:
                 m.audio_bytes.inc(a.size)
                 self.stats.bytes += a.size
 
@@ -508,7 +539,11 @@ class Worker:
             # The request this one was chained after was answered 429/503: the host is paused for everyone.
             return p.Result(task.lease, url, p.RETRY, 429, error="not started: the host asked to slow down")
         # At the crawl's depth limit the page's links would only be dropped by the master: not even extracted.
+        # Its audio references (a playlist, a stream) are still reported: resolving its audio is part of the page.
+        # Past the limit a task is itself such a reference: what it names in turn is one too.
         follow = self.max_depth is None or task.depth < self.max_depth
+        beyond = self.max_depth is not None and task.depth > self.max_depth
+        refs: list[str] = []
         resolver = pick(self.resolvers, url)
         page: FetchedPage | None = None
         links: list[str] = []
@@ -540,16 +575,19 @@ class Worker:
             if page.status == 429 or page.status >= 500:
                 return p.Result(task.lease, url, p.RETRY, page.status, page.final_url, page.content_type,
                                 len(page.body), f"HTTP {page.status}")
-            if page.status in _REDIRECTS:
+            if page.status in p.REDIRECT_STATUSES:
                 location = page.headers.get("location", "").strip()
                 try:
                     target = resolve(page.final_url, location) if location else ""
                 except InvalidURL:
                     target = ""
-                links = self._links_to_report([target] if target and follow else [], [])
+                # The target is the same resource, at the same depth (the master queues it there): followed
+                # even at the limit; past it, it is the reference this task was.
+                links = self._links_to_report([target] if target and not beyond else [], [], task.depth)
+                refs = self._links_to_report([target] if target and beyond else [], [], task.depth)
                 return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
                                 len(page.body), None if target else "redirect without a usable Location",
-                                tuple(links), cut=0 if follow or not target else 1)
+                                tuple(links), refs=tuple(refs))
             if page.status >= 400:
                 return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
                                 len(page.body))
@@ -569,6 +607,12 @@ class Worker:
                     links = extract_links(tree, page.final_url, 4 * self.cfg.max_links_per_page)
                 else:
                     cut = count_links(tree)
+                    if not beyond:
+                        # Named audio is the resolver's (an item, not a link); streams named like pages are
+                        # followed as references.
+                        refs = [u for u in audio_candidates(tree, page.final_url, 4 * self.cfg.max_links_per_page)
+                                if not is_audio_url(u)]
+                        cut = max(0, cut - len(refs))
                 if self.cfg.store_pages:
                     try:
                         self.pages.save(url, page.final_url, page.status, page.content_type, page.body,
@@ -590,8 +634,12 @@ class Worker:
             if follow:
                 links.extend(resolution.links)
             else:
-                cut += len(resolution.links)
-        links = self._links_to_report(links, items)
+                found = [u for u in resolution.links if beyond or is_playlist_url(u)]
+                refs.extend(found)
+                cut += len(resolution.links) - len(found)
+        links = self._links_to_report(links, items, task.depth + 1)
+        if refs:
+            refs = self._links_to_report(refs, items, task.depth + 1)
         lastmod = self._lastmod_of(resolution.lastmod) if follow and resolution and resolution.lastmod else ()
         if items and self.cfg.download_audio:
             try:
@@ -603,7 +651,7 @@ class Worker:
         self.stats.audio += len(items)
         return p.Result(task.lease, url, p.DONE, page.status if page else None, page.final_url if page else None,
                         page.content_type if page else None, len(page.body) if page else None, error,
-                        tuple(links), tuple(items), cut, lastmod, _validators(page))
+                        tuple(links), tuple(items), cut, lastmod, _validators(page), tuple(refs))
 
     async def _too_complex(self, body: bytes) -> str | None:
         """Why a page must not be parsed (a permanent error of its URL), or None. Never long on the loop."""
@@ -646,10 +694,11 @@ class Worker:
             tags = await asyncio.to_thread(read_file_tags, self.cfg.data_dir / item.path)
         return item.with_file_tags(tags) if tags else item
 
-    def _links_to_report(self, links: list[str], items: list[it.AudioItem]) -> list[str]:
+    def _links_to_report(self, links: list[str], items: list[it.AudioItem], depth: int) -> list[str]:
         # The link cache goes first, on the links as found: the site's navigation, the bulk of every page,
-        # then costs one dict lookup a link instead of normalisation and the audio check.
-        fresh = self.links.fresh(links)
+        # then costs one dict lookup a link instead of normalisation and the audio check. It lets a link
+        # through again when found at a smaller depth than before (a shorter path the master must hear of).
+        fresh = self.links.fresh(links, depth)
         if not fresh:
             return []
         audio = {i.url for i in items}
@@ -658,6 +707,38 @@ class Worker:
                   if u and u not in audio and not generic.audio_link(u)]
         return normed[: self.cfg.max_links_per_page]
 
+    def _flush_downloads(self) -> None:
+        if self._send_downloads is not None and not (self._asks or self._ends):
+            asyncio.get_running_loop().call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        if self._send_downloads is not None:
+            self._send_downloads()
+
+    async def _grant(self, url: str) -> tuple[int | None, p.Grant]:
+        """The master's leave to download url (its host has a free slot), or the place of the copy another node
+        already has. The asks of one loop turn share a frame. Without a master (a task run on its own) the
+        answer is yes at once."""
+        if self._send_downloads is None:
+            return None, p.Grant(0, p.GRANT_GO)
+        ticket = next(self._tickets)
+        waiter = self._grants[ticket] = asyncio.get_running_loop().create_future()
+        self._flush_downloads()
+        self._asks.append((ticket, url))
+        try:
+            return ticket, await waiter
+        finally:
+            self._grants.pop(ticket, None)
+
+    def _download_ended(self, ticket: int | None, done: it.AudioItem | None) -> None:
+        if ticket is None or self._send_downloads is None:
+            return   # the session that granted it is gone, and with it the master's count of this download
+        self._flush_downloads()
+        if done is not None and done.status == it.OK and done.sha256:
+            self._ends.append(p.DownloadEnd(ticket, done.sha256, done.size, done.path))
+        else:
+            self._ends.append(p.DownloadEnd(ticket))
+
     async def _download_all(self, items: list[it.AudioItem], resolver: Resolver) -> list[it.AudioItem]:
         async def reresolve(item: it.AudioItem) -> it.AudioItem | None:
             return await resolver.reresolve(item, self.ctx)
@@ -665,14 +746,24 @@ class Worker:
         async def one(item: it.AudioItem) -> it.AudioItem:
             if item.status != it.OK or not item.url:
                 return item
-            done = await self.downloader.fetch(item, reresolve)
-            backup = item.extra.get("backup_url")
-            if done.status == it.FAILED and isinstance(backup, str) and backup.startswith(("http://", "https://")) \
-                    and backup != item.url:
-                # The site named a second address for the same file: try it before giving the item up.
-                log.info("download of %s failed (%s); trying its backup address", item.url, done.reason)
-                done = await self.downloader.fetch(
-                    item.replace(url=backup, extra={**item.extra, "primary_url": item.url}), reresolve)
+            # The master paces downloads per audio host over all workers, and knows which addresses a node
+            # already has: then only the place is recorded.
+            ticket, grant = await self._grant(item.url)
+            if grant.verdict == p.GRANT_COPY:
+                return item.replace(sha256=grant.sha256, size=grant.size, path=grant.path,
+                                    extra={**item.extra, "stored_on": grant.node})
+            done: it.AudioItem | None = None
+            try:
+                done = await self.downloader.fetch(item, reresolve)
+                backup = item.extra.get("backup_url")
+                if done.status == it.FAILED and isinstance(backup, str) \
+                        and backup.startswith(("http://", "https://")) and backup != item.url:
+                    # The site named a second address for the same file: try it before giving the item up.
+                    log.info("download of %s failed (%s); trying its backup address", item.url, done.reason)
+                    done = await self.downloader.fetch(
+                        item.replace(url=backup, extra={**item.extra, "primary_url": item.url}), reresolve)
+            finally:
+                self._download_ended(ticket, done)
             return await self._with_file_tags(done)
 
         # Every download ends before an error is raised: none is left running after its task was handed back.

@@ -62,7 +62,7 @@ class RawPeer:
         """Send heartbeats every `interval` seconds until closed, as a live worker does."""
         async def beat() -> None:
             while not self.writer.is_closing():
-                self.send(p.Heartbeat(time.time()))
+                self.send(p.Heartbeat(time.time(), ()))
                 await asyncio.sleep(interval)
         self._beats = asyncio.ensure_future(beat())
 
