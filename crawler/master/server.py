@@ -262,7 +262,7 @@ class Master:
         contains = cmd.get("reason")
         if contains is not None and not isinstance(contains, str):
             raise steering.CommandError("retry: reason must be text")
-        total, after = 0, 0
+        total, after = 0, None
         while True:
             n, more = self.store.retry_errors(self.crawl.route, contains or None, after)
             total += n

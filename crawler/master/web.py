@@ -22,7 +22,6 @@ import hmac
 import json
 import logging
 import sqlite3
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -46,9 +45,7 @@ WEB_ADDR_FILE = "web.addr"
 
 def _search(db_path: Path, query: str, limit: int) -> list[dict[str, Any]]:
     store = MasterStore.open_readonly(db_path)
-    deadline = time.monotonic() + SEARCH_SECONDS
-    # Called every 10,000 SQLite instructions: a non-zero answer interrupts the query.
-    store.db.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    store.limit_time(SEARCH_SECONDS)
     try:
         return store.search_audio(query, limit)
     finally:
