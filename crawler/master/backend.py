@@ -63,6 +63,7 @@ class Backend:
     # Type names in the shared DDL: {INT} is a 64-bit integer, {REAL} a double, {AUTO_ID} an increasing key.
     types: dict[str, str] = {}
     strpos = ""
+    like = "LIKE"          # case-insensitive LIKE (SQLite's LIKE ignores ASCII case; PostgreSQL's does not)
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
         raise NotImplementedError
@@ -234,6 +235,7 @@ class PostgresBackend(Backend):
     name = "postgresql"
     types = {"INT": "BIGINT", "REAL": "DOUBLE PRECISION", "AUTO_ID": "BIGSERIAL PRIMARY KEY", "WITHOUT_ROWID": ""}
     strpos = "strpos"
+    like = "ILIKE"
 
     def __init__(self, dsn: str, *, readonly: bool, connect_timeout: float = 10.0) -> None:
         import psycopg

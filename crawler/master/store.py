@@ -949,7 +949,7 @@ class MasterStore:
             sql, args = f"SELECT {cols} FROM audio ORDER BY id DESC LIMIT ?", (limit,)
         else:
             like = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            cond = " OR ".join(f"{c} LIKE ? ESCAPE '\\'" for c in ("title", "artist", "url", "page"))
+            cond = " OR ".join(f"{c} {self.db.like} ? ESCAPE '\\'" for c in ("title", "artist", "url", "page"))
             sql, args = f"SELECT {cols} FROM audio WHERE {cond} ORDER BY id DESC LIMIT ?", (like,) * 4 + (limit,)
         names = [c.strip() for c in cols.split(",")]
         return [dict(zip(names, row)) for row in self.db.execute(sql, args).fetchall()]

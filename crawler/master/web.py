@@ -43,7 +43,7 @@ MAX_QUERY = 200
 WEB_ADDR_FILE = "web.addr"
 
 
-def _search(db_path: Path, query: str, limit: int) -> list[dict[str, Any]]:
+def _search(db_path: Path | str, query: str, limit: int) -> list[dict[str, Any]]:
     store = MasterStore.open_readonly(db_path)
     store.limit_time(SEARCH_SECONDS)
     try:
@@ -57,7 +57,7 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 
 
 class WebServer:
-    def __init__(self, observer: Observer, db_path: Path, token: str | None) -> None:
+    def __init__(self, observer: Observer, db_path: Path | str, token: str | None) -> None:
         self.obs = observer
         self.db_path = db_path
         self.token = token
