@@ -282,6 +282,11 @@ def test_search_audio_matches_title_artist_or_urls_literally_newest_first(store,
     reader.close()
 
 
+def test_catalogue_text_with_nul_is_kept_without_it_on_either_store(store):
+    assert store.add_audio([audio(url="http://cdn/n.mp3", page="http://s/n", title="a\x00b")]) == [True]
+    assert [r["title"] for r in store.catalogue()] == ["ab"]
+
+
 def test_discards_node_figures_and_meta_accumulate(store):
     store.count_discards({"depth": 2, "out_of_scope": 1})
     store.count_discards({"depth": 3, "too_long": 0})

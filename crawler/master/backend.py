@@ -54,6 +54,20 @@ def describe(location: str | Path) -> str:
     return str(location)
 
 
+def take_lock(path: Path) -> int:
+    """Hold `<path>.lock` for this process (an fd to close to let go), or StoreBusy.
+
+    Two masters on one store would each trust their own in-memory counters; refuse the second. flock dies with
+    the process, so a killed master never leaves a stale lock behind."""
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreBusy(f"{path}: in use by another master process") from None
+    return fd
+
+
 class Backend:
     """One open connection. SQL is written with `?` placeholders; rows come back as tuples."""
 
@@ -77,6 +91,9 @@ class Backend:
     @property
     def in_transaction(self) -> bool:
         raise NotImplementedError
+
+    def start_writing(self) -> None:
+        """The store is ours and current: set up for writing."""
 
     def begin(self) -> None:
         """A write transaction (taking the write lock at once, so a commit never fails on a busy database)."""
@@ -123,6 +140,7 @@ class SqliteBackend(Backend):
         self.path = path
         self.where = str(path)
         self.readonly = readonly
+        self._checkpoint_pages = checkpoint_pages
         self._lock_fd: int | None = None
         if readonly:
             if not path.exists():
@@ -137,10 +155,6 @@ class SqliteBackend(Backend):
         try:
             self.db.execute("PRAGMA busy_timeout = 5000")
             self.db.execute(f"PRAGMA cache_size = {-cache_mb * 1024}")
-            if not readonly:
-                self.db.execute("PRAGMA journal_mode = WAL")
-                self.db.execute("PRAGMA synchronous = NORMAL")
-                self.db.execute(f"PRAGMA wal_autocheckpoint = {checkpoint_pages}")
         except sqlite3.DatabaseError as e:
             self.close()
             raise StoreError(f"{path}: not a crawl database ({e})") from e
@@ -156,15 +170,13 @@ class SqliteBackend(Backend):
             raise StoreError(f"{self.path}: not a crawl database (not an SQLite file)")
 
     def _take_lock(self) -> None:
-        # Two masters on one store would each trust their own in-memory counters; refuse the second.
-        # flock dies with the process, so a killed master never leaves a stale lock behind.
-        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreBusy(f"{self.path}: in use by another master process") from None
-        self._lock_fd = fd
+        self._lock_fd = take_lock(self.path)
+
+    def start_writing(self) -> None:
+        # Only once the file is known to be ours and current: WAL mode rewrites the header of the file.
+        self.db.execute("PRAGMA journal_mode = WAL")
+        self.db.execute("PRAGMA synchronous = NORMAL")
+        self.db.execute(f"PRAGMA wal_autocheckpoint = {self._checkpoint_pages}")
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
         return self.db.execute(sql, args)

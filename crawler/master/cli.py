@@ -292,3 +292,23 @@ def retry(config_path: Path, reason: str | None) -> None:
     """Put failed URLs (state error) back in the queue with their attempts reset."""
     r = _steer(config_path, {"command": "retry", "reason": reason})
     click.echo(f"{r['requeued']} failed URLs back in the queue ({r['by']})")
+
+
+@main.command("upgrade-store")
+@CONFIG
+def upgrade_store(config_path: Path) -> None:
+    """Rewrite a stopped crawl's SQLite store from an older crawler in this one's layout (the old file is kept)."""
+    from crawler.master.store import StoreError, upgrade_layout
+
+    cfg = load_config(config_path)
+    db = cfg.store_location
+    if not isinstance(db, Path):
+        click.echo(f"{PROG}: a PostgreSQL store is created in the current layout: nothing to upgrade")
+        return
+    _need_state(cfg)
+    try:
+        n = upgrade_layout(db, progress=lambda n: click.echo(f"{n:,} URLs moved", err=True))
+    except StoreError as e:
+        click.echo(f"{PROG}: {e}", err=True)
+        sys.exit(1)
+    click.echo(f"upgraded {db}: {n:,} URLs; the old file is {db.name}.layout1 (remove it once the crawl runs)")

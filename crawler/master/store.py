@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -286,6 +287,7 @@ class MasterStore:
             self._open_schema()
             self._load_names()
             if not _readonly:
+                self.db.start_writing()
                 self._load_counts()
                 self._load_audio_counts()
                 self._next_seq = int(self.get_meta("next_seq", 0))
@@ -899,7 +901,11 @@ class MasterStore:
                 values[c] = json.dumps(values[c], sort_keys=True, ensure_ascii=False) if values[c] else None
             values["url"] = values["url"] or ""
             values["status"] = values["status"] or "ok"
-            ukey = _audio_ukey(row)
+            for c, v in values.items():
+                # Page text may hold NUL; PostgreSQL's text cannot, and no reader wants it: dropped on both stores.
+                if isinstance(v, str) and "\x00" in v:
+                    values[c] = v.replace("\x00", "")
+            ukey = _audio_ukey(row).replace("\x00", "")
             cur = self.db.execute(_INSERT_AUDIO, (ukey, *values.values()))
             if cur.rowcount == 1:
                 self._audio_counts[values["status"]] = self._audio_counts.get(values["status"], 0) + 1
@@ -1035,3 +1041,114 @@ class MasterStore:
     def _write_meta(self, key: str, value: Any) -> None:
         self.db.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
                          "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, json.dumps(value)))
+
+
+# -- upgrading a store of the previous layout ---------------------------------------------------------------
+
+_V1_URL_COLUMNS = ("url", "depth", "priority", "seq", "slot", "state", "node", "parent", "attempts", "last_crawl",
+                   "http_status", "final_url", "content_type", "size", "error", "lastmod")
+
+
+def upgrade_layout(path: Path, *, chunk: int = 20_000, progress: Callable[[int], None] | None = None) -> int:
+    """Rewrite an SQLite store of layout 1 (URL text per row, a separate key index) in the compact layout.
+
+    Written beside the old file and swapped in only when complete, so a crash midway leaves the old store as it
+    was; the old file is kept as ``<path>.layout1`` until the operator removes it. Returns how many URLs moved.
+    Refuses while a master holds the store. Every row keeps its state, node, place in line, attempts and results.
+    """
+    import sqlite3
+
+    from crawler.master.backend import SqliteBackend, take_lock
+
+    path = Path(path)
+    new_path = path.with_name(path.name + ".upgrading")
+    SqliteBackend(path, readonly=True).close()      # it exists and is an SQLite file
+    lock_fd = take_lock(path)                        # and no master holds it, nor will until this is done
+    try:
+        old = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            app_id = old.execute("PRAGMA application_id").fetchone()[0]
+            version = old.execute("PRAGMA user_version").fetchone()[0]
+            if app_id != 0x41435257:
+                raise StoreError(f"{path}: not a crawl database")
+            if version != 1:
+                raise StoreError(f"{path}: layout {version}, nothing to upgrade (this crawler reads "
+                                 f"{SCHEMA_VERSION})")
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{new_path}{suffix}").unlink(missing_ok=True)
+            new = MasterStore(new_path)
+            moved = _copy_v1(new, old, chunk, progress)
+            new.close()
+        finally:
+            old.close()
+        path.rename(path.with_name(path.name + ".layout1"))
+        for suffix in ("-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        new_path.rename(path)
+        return moved
+    finally:
+        os.close(lock_fd)
+
+
+def _copy_tables(store: MasterStore, old: Any) -> None:
+    for table, cols in (("meta", "key, value"), ("counts", "state, node, n"), ("discards", "reason, n"),
+                        ("node_stats", "node, name, value")):
+        rows = old.execute(f"SELECT {cols} FROM {table}").fetchall()
+        store.db.executemany(f"INSERT INTO {table}({cols}) VALUES ({', '.join('?' * len(cols.split(',')))})"
+                            f" ON CONFLICT DO NOTHING", rows)
+    present = {r[1] for r in old.execute("PRAGMA table_info(audio)")}
+    cols = ", ".join(c for c in ("ukey", *AUDIO_COLUMNS) if c in present)
+    cur = old.execute(f"SELECT {cols} FROM audio ORDER BY id")
+    while batch := cur.fetchmany(5000):
+        store.db.executemany(f"INSERT INTO audio({cols}) VALUES ({', '.join('?' * len(cols.split(',')))})", batch)
+
+
+def _copy_v1(store: MasterStore, old: Any, chunk: int, progress: Callable[[int], None] | None) -> int:
+    store._begin()
+    _copy_tables(store, old)
+    moved = 0
+    cur = old.execute(f"SELECT {', '.join(_V1_URL_COLUMNS)} FROM urls ORDER BY id")
+    while rows := cur.fetchmany(chunk):
+        by_url = {r[0]: r for r in rows}
+        _, free = store._find(by_url, "url")
+        origin_of = store._origin_ids(split_url(u)[0] for u in by_url)
+        taken: set[int] = set()
+        states, pages = [], []
+        for (url, depth, priority, seq, slot, state, node, parent, attempts, *result) in by_url.values():
+            key = free[url]
+            while key in taken:
+                key = store._next_free(key + 1, taken)
+            taken.add(key)
+            origin, rest = split_url(url)
+            states.append((key, origin_of[origin], rest, state, store._node_id(node), depth, priority, seq, slot,
+                           parent, attempts))
+            if any(v is not None for v in result):
+                pages.append((key, *result))
+        store.db.executemany(
+            "INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent_url, attempts) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", states)
+        store._write_pages((*_FETCH_COLUMNS, "lastmod"), pages)
+        moved += len(states)
+        store.commit()
+        store._begin()
+        if progress is not None:
+            progress(moved)
+    # Parents by key now that every URL has one (a parent the table never held keeps its text).
+    last = None
+    while True:
+        op, start = _from(last)
+        rows = store.db.execute(f"SELECT id, parent_url FROM url_state WHERE id {op} ? AND parent_url IS NOT NULL "
+                               f"ORDER BY id LIMIT ?", (start, chunk)).fetchall()
+        if not rows:
+            break
+        last = rows[-1][0]
+        keys = {u: r[1] for u, r in store._lookup({p for _, p in rows}, "url, id").items()}
+        store.db.executemany("UPDATE url_state SET parent = ?, parent_url = NULL WHERE id = ?",
+                            [(keys[p], i) for i, p in rows if p in keys])
+        store.commit()
+        store._begin()
+    store._load_counts()
+    store._next_seq = int(store.get_meta("next_seq", 0))
+    store.commit()
+    return moved
+
