@@ -107,6 +107,10 @@ class Backend:
         """`column` is one of a list given as one parameter (see list_arg)."""
         raise NotImplementedError
 
+    def json_text(self, column: str, key: str) -> str:
+        """The text at `key` of the JSON object in `column` (NULL when absent)."""
+        raise NotImplementedError
+
     def list_arg(self, values: Sequence[Any]) -> Any:
         raise NotImplementedError
 
@@ -198,6 +202,9 @@ class SqliteBackend(Backend):
 
     def in_list(self, column: str) -> str:
         return f"{column} IN (SELECT value FROM json_each(?))"
+
+    def json_text(self, column: str, key: str) -> str:
+        return f"json_extract({column}, '$.{key}')"
 
     def list_arg(self, values: Sequence[Any]) -> Any:
         import json
@@ -327,6 +334,9 @@ class PostgresBackend(Backend):
 
     def in_list(self, column: str) -> str:
         return f"{column} = ANY(?)"
+
+    def json_text(self, column: str, key: str) -> str:
+        return f"({column}::jsonb ->> '{key}')"
 
     def list_arg(self, values: Sequence[Any]) -> Any:
         return list(values)

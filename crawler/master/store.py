@@ -36,11 +36,14 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass
 from pathlib import Path
 from types import EllipsisType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import mmh3
 
 from crawler.items import AUDIO_FIELD_KINDS
+
+if TYPE_CHECKING:
+    from crawler.master.revisit import RevisitPolicy
 from crawler.master.backend import (
     Backend,
     ReadOnlyStoreError,
@@ -70,16 +73,27 @@ _CHUNK = 2000
 # Origin ids the store keeps in memory (an LRU): enough for the hosts of a busy crawl, bounded whatever its size.
 _ORIGIN_CACHE = 100_000
 
+# The catalogue changes counted per refresh cycle.
+_CHANGE_KINDS = ("new", "changed", "removed")
+
 # Catalogue columns in export order, from the one field list of AudioItem (its client identity is never
 # stored: cookies are secrets), plus who found the item and when. Map fields are stored as JSON text.
-AUDIO_COLUMNS = tuple(k for k, kind in AUDIO_FIELD_KINDS.items() if kind != "identity") + ("node", "found_at")
+AUDIO_COLUMNS = (tuple(k for k, kind in AUDIO_FIELD_KINDS.items() if kind != "identity")
+                 + ("node", "found_at", "last_seen", "changed_at", "removed_at"))
+# found_at is when the item first appeared (exports also call it first_seen); last_seen when a visit of its page
+# last showed it; changed_at when new bytes were last found at its address; removed_at when its page stopped
+# linking it or went away (status "removed"). Epoch seconds here, ISO-8601 UTC in exports.
+AUDIO_TIMES = ("found_at", "last_seen", "changed_at", "removed_at")
+CHANGED, REMOVED = "changed", "removed"
 _JSON_COLUMNS = frozenset(k for k, kind in AUDIO_FIELD_KINDS.items() if kind == "map")
 _SQL_TYPES = {"text": "TEXT", "map": "TEXT", "number": "{REAL}"}
 _COLUMN_TYPES = {**{k: _SQL_TYPES[kind] for k, kind in AUDIO_FIELD_KINDS.items() if kind != "identity"},
-                 "size": "{INT}", "bitrate": "{INT}", "node": "TEXT", "found_at": "{REAL}"}
+                 "size": "{INT}", "bitrate": "{INT}", "node": "TEXT", "found_at": "{REAL}", "last_seen": "{REAL}",
+                 "changed_at": "{REAL}", "removed_at": "{REAL}"}
 _NOT_NULL = frozenset({"page", "url", "status"})
 # A repeat report of a known row fills only what the first one lacked; these are decided otherwise.
-_NOT_COALESCED = frozenset({"url", "page", "status", "reason", "node", "found_at", "extra"})
+_NOT_COALESCED = frozenset({"url", "page", "status", "reason", "node", "found_at", "extra", "last_seen", "changed_at",
+                            "removed_at"})
 _AUDIO_TABLE = ("CREATE TABLE audio (\n    id {AUTO_ID},\n    ukey TEXT NOT NULL,\n"
                 + "".join(f"    {c} {_COLUMN_TYPES[c]}{' NOT NULL' if c in _NOT_NULL else ''},\n"
                           for c in AUDIO_COLUMNS)
@@ -90,9 +104,11 @@ _INSERT_AUDIO = (f"INSERT INTO audio(ukey, {', '.join(AUDIO_COLUMNS)}) VALUES (?
 _COALESCED = tuple(c for c in AUDIO_COLUMNS if c not in _NOT_COALESCED)
 _UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c in _COALESCED)
                  + "url = CASE WHEN url = '' THEN ? ELSE url END, "
-                 "reason = CASE WHEN ? = 'ok' AND status != 'ok' THEN NULL ELSE reason END, "
-                 "status = CASE WHEN ? = 'ok' THEN 'ok' ELSE status END "
-                 "WHERE ukey = ? AND page = ?")
+                 "reason = CASE WHEN ? = 'ok' AND status NOT IN ('ok', 'changed') THEN NULL ELSE reason END, "
+                 # A removed item that is back takes the new report's status; "changed" stays until it changes.
+                 "status = CASE WHEN status = 'removed' THEN ? WHEN ? = 'ok' AND status != 'changed' THEN 'ok' "
+                 "ELSE status END, last_seen = ?, removed_at = NULL "
+                 "WHERE id = ?")
 
 # The parent's text: its own when it is not in the table, else the text of the row its key names.
 _PARENT = ("coalesce(u.parent_url, (SELECT po.origin || p.path FROM url_state p JOIN origins po ON po.id = p.origin "
@@ -139,11 +155,26 @@ CREATE TABLE pages (
     content_type TEXT,
     size         {{INT}},
     error        TEXT,
-    lastmod      {{REAL}}
+    lastmod      {{REAL}},
+    next_visit   {{REAL}}
 );
 CREATE INDEX frontier_pop ON url_state(node, depth, priority DESC, seq, slot) WHERE state = {QUEUED};
 CREATE INDEX leases ON url_state(node) WHERE state = {LEASED};
 CREATE INDEX refresh ON pages(last_crawl);
+-- Revisits (crawler/master/revisit.py): pages.next_visit says when a fetched page is due again, found through a
+-- partial index over the pages that have one (none while refresh is off; cleared when a page goes back in line);
+-- everything else a revisit needs lives in page_visits, one row per fetched page only (never for queued URLs).
+CREATE INDEX refresh_due ON pages(next_visit) WHERE next_visit IS NOT NULL;
+CREATE TABLE page_visits (
+    id            {{INT}} PRIMARY KEY,   -- url_state.id
+    etag          TEXT,                  -- the validators of the last full answer, sent back as
+    last_modified TEXT,                  --   If-None-Match / If-Modified-Since
+    digest        {{INT}},               -- 64-bit hash of the last 2xx body: did the page change
+    interval      {{REAL}},              -- the current wait between visits
+    hub           {{INT}} NOT NULL DEFAULT 0,   -- the last full visit found audio on it
+    changed_at    {{REAL}},              -- when a visit last found it changed
+    gone_at       {{REAL}}               -- when it went (404/410 or a redirect away); NULL while it is there
+);
 -- Every URL with its text, its node's name and its parent's text: for ad hoc SQL and for the store's reads.
 CREATE VIEW urls AS
     SELECT o.origin || u.path AS url, u.id AS id, u.depth AS depth, u.priority AS priority, u.seq AS seq,
@@ -175,7 +206,20 @@ CREATE TABLE node_stats (
     PRIMARY KEY (node, name)
 ) {{WITHOUT_ROWID}};
 {_AUDIO_TABLE}
-CREATE INDEX audio_sha ON audio(sha256) WHERE sha256 IS NOT NULL
+CREATE INDEX audio_sha ON audio(sha256) WHERE sha256 IS NOT NULL;
+-- The catalogue's history: the bytes an address served before it changed, and the page index that finds a
+-- page's items when it is visited again.
+CREATE TABLE audio_history (
+    id          {{AUTO_ID}},
+    audio_id    {{INT}} NOT NULL,        -- audio.id
+    sha256      TEXT NOT NULL,
+    size        {{INT}},
+    path        TEXT,
+    replaced_at {{REAL}} NOT NULL        -- when other bytes were found at the address
+);
+CREATE INDEX audio_history_item ON audio_history(audio_id);
+CREATE INDEX audio_page ON audio(page);
+CREATE INDEX audio_changes ON audio((coalesce(removed_at, changed_at, found_at)), id)
 """
 
 
@@ -192,6 +236,11 @@ class Finished:
     error: str | None
     node: str
     at: float
+    # What a page visit brings for revisits and the catalogue's history (see finish()).
+    etag: str | None = None
+    last_modified: str | None = None
+    digest: int | None = None           # 64-bit hash of a 2xx body
+    audio_keys: frozenset[str] | None = None   # the catalogue keys of the audio the page itself showed
 
 
 _KEY_MAX = (1 << 63) - 1
@@ -246,6 +295,11 @@ def _chunks(seq: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
         yield seq[i:i + size]
 
 
+def page_keys(page: str, rows: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """The catalogue keys of the audio a visit of `page` showed on the page itself (see _remove_unlisted)."""
+    return frozenset(_audio_ukey(r) for r in rows if r.get("page") == page)
+
+
 def _audio_ukey(row: Mapping[str, Any]) -> str:
     # A site's own id outlives its download links (they expire and carry per-client tokens), so it
     # identifies the item better than the URL when the resolver knows it.
@@ -277,6 +331,10 @@ class MasterStore:
         self._dirty_counts: set[tuple[int, str]] = set()
         self._next_seq = 0
         self._seq_dirty = False
+        # This refresh cycle's catalogue changes: {"start": time, "new": n, "changed": n, "removed": n}, saved
+        # under the meta key "cycle" with each commit that changed it.
+        self._cycle: dict[str, Any] = {}
+        self._cycle_dirty = False
         self._origins: OrderedDict[str, int] = OrderedDict()
         self._next_origin = 0
         self._node_ids: dict[str, int] = {}
@@ -291,6 +349,7 @@ class MasterStore:
                 self._load_counts()
                 self._load_audio_counts()
                 self._next_seq = int(self.get_meta("next_seq", 0))
+                self._cycle = dict(self.get_meta("cycle", {}))
         except StoreError:
             self.db.close()
             raise
@@ -379,6 +438,9 @@ class MasterStore:
         if self._seq_dirty:
             self._write_meta("next_seq", self._next_seq)
             self._seq_dirty = False
+        if self._cycle_dirty:
+            self._write_meta("cycle", self._cycle)
+            self._cycle_dirty = False
         self.db.execute("COMMIT")
 
     def rollback(self) -> None:
@@ -392,6 +454,8 @@ class MasterStore:
         self._load_names()
         self._next_seq = int(self.get_meta("next_seq", 0))
         self._seq_dirty = False
+        self._cycle = dict(self.get_meta("cycle", {}))
+        self._cycle_dirty = False
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
@@ -399,14 +463,15 @@ class MasterStore:
         counters with it, and the rest of the transaction stays."""
         self._begin()
         saved = (dict(self._counts), set(self._dirty_counts), self._next_seq, self._seq_dirty,
-                 dict(self._audio_counts))
+                 dict(self._audio_counts), dict(self._cycle), self._cycle_dirty)
         self.db.execute("SAVEPOINT unit")
         try:
             yield
         except BaseException:
             self.db.execute("ROLLBACK TO SAVEPOINT unit")
             self.db.execute("RELEASE SAVEPOINT unit")
-            self._counts, self._dirty_counts, self._next_seq, self._seq_dirty, self._audio_counts = saved
+            (self._counts, self._dirty_counts, self._next_seq, self._seq_dirty, self._audio_counts, self._cycle,
+             self._cycle_dirty) = saved
             self._load_names()       # ids handed out inside the unit are gone with it
             raise
         self.db.execute("RELEASE SAVEPOINT unit")
@@ -606,29 +671,62 @@ class MasterStore:
         self._write_pages(("lastmod",), [(r[4], latest[u]) for u, r in rows.items()])
         return changed
 
-    def pop(self, node: str | None, n: int, now: float) -> list[tuple[str, int, str | None]]:
-        """Lease up to n of this node's frontier entries: lowest depth, then highest priority, then oldest.
+    def pop(self, node: str | None, n: int, now: float, max_depth: int | None = None, *,
+            validators: bool = False) -> list[tuple]:
+        """Lease up to n of this node's frontier entries: lowest depth, then highest priority, then oldest;
+        with max_depth, none deeper (the crawl's level barrier).
 
-        Returns (url, depth, parent) rows.
+        Returns (url, depth, parent) rows; with validators, (url, depth, parent, (etag, last_modified) or None),
+        the validators of the page's last full answer for a conditional fetch.
         """
         self._begin()
         node_id = self._node_ids.get(node) if node is not None else None
         if node is not None and node_id is None:
             return []
         where = "node IS NULL" if node is None else "node = ?"
-        args: tuple = (n,) if node is None else (node_id, n)
+        args: tuple = () if node is None else (node_id,)
+        if max_depth is not None:
+            where += " AND depth <= ?"
+            args += (max_depth,)
+        args += (n,)
+        cols, join = f"u.id, o.origin || u.path, u.depth, {_PARENT}", ""
+        if validators:
+            cols, join = cols + ", v.etag, v.last_modified", " LEFT JOIN page_visits v ON v.id = u.id"
         rows = self.db.execute(
-            f"SELECT u.id, o.origin || u.path, u.depth, {_PARENT} FROM "
+            f"SELECT {cols} FROM "
             f"(SELECT id, depth AS d, priority AS p, seq AS s FROM url_state WHERE state = {QUEUED} AND {where} "
             f"ORDER BY depth, priority DESC, seq LIMIT ?) f "
-            f"JOIN url_state u ON u.id = f.id JOIN origins o ON o.id = u.origin ORDER BY f.d, f.p DESC, f.s",
+            f"JOIN url_state u ON u.id = f.id JOIN origins o ON o.id = u.origin{join} ORDER BY f.d, f.p DESC, f.s",
             args).fetchall()
         if not rows:
             return []
         self.db.executemany(f"UPDATE url_state SET state = {LEASED} WHERE id = ?",
                             [(r[0],) for r in rows])
         self._move(QUEUED, node, LEASED, node, len(rows))
+        if validators:
+            return [(r[1], r[2], r[3], (r[4], r[5]) if r[4] is not None or r[5] is not None else None)
+                    for r in rows]
         return [(url, depth, parent) for _, url, depth, parent in rows]
+
+    def lowest_queued_depth(self) -> int | None:
+        """The smallest depth in the frontier, over every node (None: the frontier is empty). One index seek a
+        node (frontier_pop leads with node, depth); asked only when a level of the crawl may be done."""
+        self._begin()
+        nodes = [n for (state, n), c in self._current_counts().items() if state == QUEUED and c > 0]
+        best: int | None = None
+        for key in nodes:
+            node = _node_of(key)
+            if node is None:
+                row = self.db.execute(
+                    f"SELECT min(depth) FROM url_state WHERE state = {QUEUED} AND node IS NULL").fetchone()
+            elif node in self._node_ids:
+                row = self.db.execute(f"SELECT min(depth) FROM url_state WHERE state = {QUEUED} AND node = ?",
+                                      (self._node_ids[node],)).fetchone()
+            else:
+                continue
+            if row[0] is not None and (best is None or row[0] < best):
+                best = row[0]
+        return best
 
     def frontier_size(self, node: str | None | EllipsisType = ...) -> int:
         """Queued URLs: all of them, or those routed to one node (None: not routed to any)."""
@@ -748,15 +846,20 @@ class MasterStore:
             self._move(LEASED, r[2], QUEUED, t)
         return len(rows)
 
-    def finish(self, results: Sequence[Finished]) -> list[bool]:
+    def finish(self, results: Sequence[Finished], revisit: RevisitPolicy | None = None) -> list[bool]:
         """Record the nodes' results. True where the result was taken: the URL was leased (or back in line
         after its lease was given up); False for a repeat or late result of a URL already settled, or of
         a URL the store does not know. "retry" requeues on the same node until max_attempts, then "error";
         "throttled" (the site said 429/503) requeues on the same node without counting an attempt.
+
+        With a revisit policy (refresh on), a done page also gets its next visit and its page_visits row, and
+        a visit of a page seen before updates the catalogue: see _visited().
         """
         self._begin()
-        current = {u: [i, st, node, att] for u, i, st, node, att in
-                   self._lookup([r.url for r in results], "url, id, state, node, attempts").values()}
+        current = {u: [i, st, node, att, status, last] for u, i, st, node, att, status, last in
+                   self._lookup([r.url for r in results],
+                                "url, id, state, node, attempts, http_status, last_crawl").values()}
+        visits: list[tuple[Finished, int, int | None, float | None]] = []
         out: list[bool] = []
         fetched: list[tuple] = []
         for res in results:
@@ -764,7 +867,9 @@ class MasterStore:
             if row is None or row[1] in (DONE, ERROR):
                 out.append(False)
                 continue
-            row_id, state, node, attempts = row
+            row_id, state, node, attempts = row[:4]
+            if revisit is not None and res.state == "done":
+                visits.append((res, row_id, row[4], row[5]))
             if res.state in ("retry", "throttled"):
                 # A retry only counts from the node holding the lease; otherwise the URL is already in
                 # line or out with another node, whose answer is still to come.
@@ -790,7 +895,88 @@ class MasterStore:
             row[1], row[2], row[3] = new_state, new_node, attempts
             out.append(True)
         self._write_pages(_FETCH_COLUMNS, fetched)
+        if visits:
+            assert revisit is not None
+            self._visited(visits, revisit)
         return out
+
+    def _visited(self, visits: Sequence[tuple[Finished, int, int | None, float | None]],
+                 policy: RevisitPolicy) -> None:
+        """Done pages (result, url id, last HTTP status, last crawl): their next visit and page_visits row; on a
+        revisit the catalogue follows the page: a 304 confirms its items, a gone page removes them, a full
+        answer removes the items it no longer shows."""
+        from crawler.master.revisit import changed as page_changed
+        from crawler.master.revisit import gone as page_gone
+
+        prev: dict[int, tuple] = {}
+        ids = [v[1] for v in visits]
+        for chunk in _chunks(ids):
+            for row in self.db.execute(
+                    "SELECT id, etag, last_modified, digest, interval, hub, changed_at, gone_at FROM page_visits "
+                    f"WHERE {self.db.in_list('id')}", (self.db.list_arg(chunk),)):
+                prev[row[0]] = row
+        upserts, next_visits = [], []
+        confirmed: list[str] = []
+        listed: dict[str, frozenset[str]] = {}
+        for res, row_id, last_status, last_crawl in visits:
+            _, etag, lastmod, digest, interval, hub, changed_at, gone_at = prev.get(row_id, (None,) * 8)
+            status, at = res.http_status, res.at
+            seen_before = last_crawl is not None
+            changed = seen_before and page_changed(status, res.digest, last_status, digest)
+            if status == 304:   # the page as it was: keep what its full answer said
+                etag, lastmod = res.etag or etag, res.last_modified or lastmod
+                if seen_before:
+                    confirmed.append(res.url)
+            else:
+                etag, lastmod, digest = res.etag, res.last_modified, res.digest
+                hub = 1 if res.audio_keys else 0
+                if seen_before and page_gone(status):
+                    listed[res.url] = frozenset()
+                elif seen_before and status is not None and 200 <= status < 300 and res.audio_keys is not None:
+                    listed[res.url] = res.audio_keys
+            if page_gone(status):
+                gone_at = gone_at if gone_at is not None else at
+            elif status is not None and status < 300 or status == 304:
+                gone_at = None
+            if changed:
+                changed_at = at
+            hub = hub or 0
+            interval = policy.interval(interval, changed, bool(hub))
+            upserts.append((row_id, etag, lastmod, digest, interval, hub, changed_at, gone_at))
+            next_visits.append((row_id, at + interval))
+        cols = ("etag", "last_modified", "digest", "interval", "hub", "changed_at", "gone_at")
+        self.db.executemany(
+            f"INSERT INTO page_visits(id, {', '.join(cols)}) VALUES (?{', ?' * len(cols)}) ON CONFLICT(id) DO UPDATE "
+            f"SET " + ", ".join(f"{c} = excluded.{c}" for c in cols), upserts)
+        self._write_pages(("next_visit",), next_visits)
+        at = visits[0][0].at
+        if confirmed:
+            for chunk in _chunks(confirmed):
+                self.db.execute(f"UPDATE audio SET last_seen = ? WHERE {self.db.in_list('page')} "
+                                f"AND status != '{REMOVED}'", (at, self.db.list_arg(chunk)))
+        if listed:
+            self._remove_unlisted(listed, at)
+
+    def _remove_unlisted(self, listed: Mapping[str, frozenset[str]], at: float) -> None:
+        """Catalogue items of these pages that their visit no longer showed become "removed". Items found at an
+        address the page linked and that a task of its own showed to be audio (found_in "response") are not
+        listed by the page's own visit, so they are left to that address."""
+        gone: list[tuple[int, str]] = []
+        found_in = self.db.json_text("extra", "found_in")
+        for chunk in _chunks(list(listed)):
+            for row_id, page, ukey, status in self.db.execute(
+                    f"SELECT id, page, ukey, status FROM audio WHERE {self.db.in_list('page')} "
+                    f"AND status != '{REMOVED}' AND coalesce({found_in}, '') != 'response'",
+                    (self.db.list_arg(chunk),)):
+                if ukey not in listed[page]:
+                    gone.append((row_id, status))
+        if not gone:
+            return
+        self.db.executemany(f"UPDATE audio SET status = '{REMOVED}', removed_at = ? WHERE id = ?",
+                            [(at, i) for i, _ in gone])
+        for _, status in gone:
+            self._count_audio(status, REMOVED)
+        self._note_change(REMOVED, len(gone))
 
     def retry_errors(self, route: Route, contains: str | None = None, after: int | None = None,
                      limit: int = _CHUNK) -> tuple[int, int | None]:
@@ -850,9 +1036,71 @@ class MasterStore:
         self.db.executemany(
             f"UPDATE url_state SET state = {QUEUED}, node = ?, depth = ?, seq = ?, attempts = 0 WHERE id = ?",
             [(self._node_id(t), depth_of[r[0]], self._take_seq(), r[1]) for r, t in zip(found, targets, strict=True)])
+        self.db.executemany("UPDATE pages SET next_visit = NULL WHERE id = ?", [(r[1],) for r in found])
         for r, t in zip(found, targets):
             self._move(DONE, r[2], QUEUED, t)
         return len(found)
+
+    def requeue_due(self, now: float, route: Route, limit: int = _CHUNK) -> list[float]:
+        """Done pages whose next visit is due (next_visit <= now), most overdue first, back in line for a fresh
+        crawl (past the Bloom filter), at most `limit` a call, through the next-visit index. Returns how late
+        each one is (now - next_visit): the caller calls again while a full batch came back."""
+        self._begin()
+        rows = self.db.execute(
+            f"SELECT v.id, v.url, v.node, f.next_visit FROM (SELECT p.id, p.next_visit FROM pages p "
+            f"JOIN url_state u ON u.id = p.id WHERE p.next_visit <= ? AND u.state = {DONE} "
+            f"ORDER BY p.next_visit LIMIT ?) f JOIN urls v ON v.id = f.id ORDER BY f.next_visit",
+            (now, limit)).fetchall()
+        if not rows:
+            return []
+        targets = route([r[1] for r in rows])
+        self.db.executemany(
+            f"UPDATE url_state SET state = {QUEUED}, node = ?, seq = ?, attempts = 0 WHERE id = ?",
+            [(self._node_id(t), self._take_seq(), r[0]) for r, t in zip(rows, targets, strict=True)])
+        # Out of the next-visit index until the visit is done and sets the next one.
+        self.db.executemany("UPDATE pages SET next_visit = NULL WHERE id = ?", [(r[0],) for r in rows])
+        for r, t in zip(rows, targets):
+            self._move(DONE, r[2], QUEUED, t)
+        return [now - r[3] for r in rows]
+
+    def schedule_unscheduled(self, refresh: bool) -> int:
+        """Call at start with whether refresh is on. Once it is switched on, done pages with no next visit
+        (fetched while it was off) are due from their last crawl on: one pass over the table, only the first
+        time after a run without refresh."""
+        self._begin()
+        scheduled = bool(self.get_meta("revisits_scheduled", False))
+        if refresh == scheduled:
+            return 0
+        self._write_meta("revisits_scheduled", refresh)
+        if not refresh:
+            return 0
+        return int(self.db.execute(
+            f"UPDATE pages SET next_visit = coalesce(last_crawl, 0) WHERE next_visit IS NULL "
+            f"AND id IN (SELECT id FROM url_state WHERE state = {DONE})").rowcount)
+
+    def page_visit(self, url: str) -> dict[str, Any] | None:
+        """The revisit record of one fetched page (for the operator and for tests)."""
+        found = self._lookup([url], "url, id").get(url)
+        if found is None:
+            return None
+        cols = ("next_visit", "etag", "last_modified", "digest", "interval", "hub", "changed_at", "gone_at")
+        row = self.db.execute(
+            "SELECT p.next_visit, v.etag, v.last_modified, v.digest, v.interval, v.hub, v.changed_at, v.gone_at "
+            "FROM page_visits v LEFT JOIN pages p ON p.id = v.id WHERE v.id = ?", (found[1],)).fetchone()
+        return None if row is None else dict(zip(cols, row))
+
+    def lower_depths(self, pairs: Sequence[tuple[str, int]]) -> list[tuple[str, int, int]]:
+        """Known URLs found on a shorter path: (url, depth) rows whose recorded depth is larger get this one.
+        Returns (url, old depth, new depth) of the done pages lowered, which the crawl may fetch again."""
+        self._begin()
+        want: dict[str, int] = {}
+        for u, d in pairs:
+            want[u] = min(d, want.get(u, d))
+        rows = [r for r in self._lookup(want, "url, id, depth, state").values() if want[r[0]] < r[2]]
+        if not rows:
+            return []
+        self.db.executemany("UPDATE url_state SET depth = ? WHERE id = ?", [(want[r[0]], r[1]) for r in rows])
+        return [(r[0], r[2], want[r[0]]) for r in rows if r[3] == DONE]
 
     def url_count(self) -> int:
         return sum(self._current_counts().values())
@@ -883,11 +1131,13 @@ class MasterStore:
     # -- catalogue -----------------------------------------------------------------------------------
 
     def add_audio(self, rows: Sequence[Mapping[str, Any]]) -> list[bool]:
-        """Add catalogue rows (AudioItem.catalogue_row() plus "node" and "found_at").
+        """Add catalogue rows (AudioItem.catalogue_row() plus "node" and "found_at", the time of the visit).
 
-        One row per (source id or URL, page). A repeat returns False and only fills what the first report
-        lacked: the download's sha256/size/content type/path, metadata, the URL, and an "ok" status over a
-        failure.
+        One row per (source id or URL, page). A repeat returns False, marks the item seen at found_at, and
+        fills only what the first report lacked: the download's sha256/size/content type/path, metadata, the
+        URL, and an "ok" status over a failure; a removed item that is back takes the new status. A repeat
+        whose download has other bytes than the row holds is a change: the old sha256/size/path go to
+        audio_history, the new ones replace them, and the status becomes "changed".
         """
         self._begin()
         out = []
@@ -905,22 +1155,112 @@ class MasterStore:
                 # Page text may hold NUL; PostgreSQL's text cannot, and no reader wants it: dropped on both stores.
                 if isinstance(v, str) and "\x00" in v:
                     values[c] = v.replace("\x00", "")
+            at = values["found_at"]
+            values["last_seen"] = at
+            values["changed_at"] = values["removed_at"] = None
             ukey = _audio_ukey(row).replace("\x00", "")
             cur = self.db.execute(_INSERT_AUDIO, (ukey, *values.values()))
             if cur.rowcount == 1:
-                self._audio_counts[values["status"]] = self._audio_counts.get(values["status"], 0) + 1
+                self._count_audio(None, values["status"])
+                self._note_change("new")
                 out.append(True)
                 continue
-            if values["status"] == "ok":
-                old = self.db.execute("SELECT status FROM audio WHERE ukey = ? AND page = ?",
-                                      (ukey, values["page"])).fetchone()
-                if old and old[0] != "ok":
-                    self._audio_counts[old[0]] -= 1
-                    self._audio_counts["ok"] = self._audio_counts.get("ok", 0) + 1
-            self.db.execute(_UPDATE_AUDIO, (*(values[c] for c in _COALESCED), values["url"], values["status"],
-                                            values["status"], ukey, values["page"]))
             out.append(False)
+            old_id, old_status, old_sha = self.db.execute(
+                "SELECT id, status, sha256 FROM audio WHERE ukey = ? AND page = ?", (ukey, values["page"])).fetchone()
+            new_sha = values["sha256"]
+            if old_sha and new_sha and new_sha != old_sha:
+                self.db.execute("INSERT INTO audio_history(audio_id, sha256, size, path, replaced_at) "
+                                "SELECT id, sha256, size, path, ? FROM audio WHERE id = ?", (at, old_id))
+                self.db.execute(
+                    f"UPDATE audio SET sha256 = ?, size = ?, path = ?, content_type = coalesce(?, content_type), "
+                    f"status = '{CHANGED}', reason = NULL, changed_at = ?, last_seen = ?, removed_at = NULL "
+                    "WHERE id = ?", (new_sha, values["size"], values["path"], values["content_type"], at, at, old_id))
+                self._count_audio(old_status, CHANGED)
+                self._note_change(CHANGED)
+                continue
+            status = values["status"]
+            if old_status == REMOVED:
+                new_status = status
+                self._note_change("new")    # back on its page: it appeared again
+            elif status == "ok" and old_status != CHANGED:
+                new_status = "ok"
+            else:
+                new_status = old_status
+            self._count_audio(old_status, new_status)
+            self.db.execute(_UPDATE_AUDIO, (*(values[c] for c in _COALESCED), values["url"], status,
+                                            status, status, at, old_id))
         return out
+
+    def _count_audio(self, old: str | None, new: str) -> None:
+        if old == new:
+            return
+        if old is not None:
+            self._audio_counts[old] = self._audio_counts.get(old, 0) - 1
+        self._audio_counts[new] = self._audio_counts.get(new, 0) + 1
+
+    def _note_change(self, kind: str, n: int = 1) -> None:
+        """Count a catalogue change (new, changed, removed) in this refresh cycle's figures (see roll_cycle)."""
+        self._cycle[kind] = self._cycle.get(kind, 0) + n
+        self._cycle_dirty = True
+
+    def roll_cycle(self, now: float, length: float) -> bool:
+        """Close the refresh cycle once it is `length` seconds old: its counts of new, changed and removed items
+        become the last cycle's (the status command and the web page show them). True when it rolled."""
+        start = self._cycle.get("start")
+        if start is None:
+            self._cycle["start"] = now
+            self._cycle_dirty = True
+            return False
+        if now - start < length:
+            return False
+        self._begin()
+        last = {"start": start, "end": now, **{k: self._cycle.get(k, 0) for k in _CHANGE_KINDS}}
+        self._write_meta("last_cycle", last)
+        self._cycle = {"start": now}
+        self._cycle_dirty = True
+        return True
+
+    def changes_since(self, since: float) -> Iterator[dict[str, Any]]:
+        """Catalogue items that appeared, changed or were removed at `since` or later, the latest event first
+        named in "change" (new, changed, removed), in the order of that event (streams, through an index, a
+        page of rows at a time)."""
+        when = "coalesce(removed_at, changed_at, found_at)"
+        last: tuple[float, int] | None = None
+        while True:
+            if last is None:
+                cond, args = f"{when} >= ?", (since,)   # type: str, tuple
+            else:
+                cond, args = f"({when}, id) > (?, ?)", last
+            rows = self.db.execute(f"SELECT {self._audio_select}, {when}, id FROM audio WHERE {cond} "
+                                   f"ORDER BY {when}, id LIMIT 1000", args).fetchall()
+            if not rows:
+                return
+            last = (rows[-1][-2], rows[-1][-1])
+            for values in rows:
+                d = self._audio_dict(values)
+                if d.get("removed_at") is not None and d["status"] == REMOVED:
+                    d["change"] = REMOVED
+                elif d.get("changed_at") is not None and d["changed_at"] >= since:
+                    d["change"] = CHANGED
+                else:
+                    d["change"] = "new"
+                yield d
+
+    def audio_history(self, audio_url: str) -> list[dict[str, Any]]:
+        """The bytes an address served before they changed, oldest first."""
+        cols = ("page", "sha256", "size", "path", "replaced_at")
+        rows = self.db.execute(
+            "SELECT a.page, h.sha256, h.size, h.path, h.replaced_at FROM audio_history h "
+            "JOIN audio a ON a.id = h.audio_id WHERE a.url = ? ORDER BY h.id", (audio_url,)).fetchall()
+        return [dict(zip(cols, row)) for row in rows]
+
+    @staticmethod
+    def _audio_dict(row: Sequence[Any]) -> dict[str, Any]:
+        d = dict(zip(AUDIO_COLUMNS, row))
+        for c in _JSON_COLUMNS:
+            d[c] = json.loads(d[c]) if d[c] else {}
+        return d
 
     def _audio_rows(self, where: str = "", args: tuple = ()) -> Iterator[dict[str, Any]]:
         # Pages of rows by id: streams on either database without holding a cursor open across yields.
@@ -933,10 +1273,7 @@ class MasterStore:
                 return
             last = rows[-1][-1]
             for row in rows:
-                d = dict(zip(AUDIO_COLUMNS, row))
-                for c in _JSON_COLUMNS:
-                    d[c] = json.loads(d[c]) if d[c] else {}
-                yield d
+                yield self._audio_dict(row)
 
     def catalogue(self) -> Iterator[dict[str, Any]]:
         """Every catalogue row in the order found, for export (streams; does not load the table)."""
@@ -1014,6 +1351,9 @@ class MasterStore:
             else:
                 audio = {k: v for k, v in self._audio_counts.items() if v}
             figures = self.get_meta("figures", {})
+            cycle = self.get_meta("cycle", {}) if self.readonly else self._cycle
+            changes = {"this_cycle": {"start": cycle.get("start"), **{k: cycle.get(k, 0) for k in _CHANGE_KINDS}},
+                       "last_cycle": self.get_meta("last_cycle")}
         finally:
             if snapshot:
                 self.db.execute("COMMIT")
@@ -1025,6 +1365,7 @@ class MasterStore:
             "discards": discards,
             "audio": audio,
             "figures": figures,
+            "changes": changes,
         }
 
     # -- small key/value table -----------------------------------------------------------------------
