@@ -256,6 +256,10 @@ class PostgresBackend(Backend):
     strpos = "strpos"
     like = "ILIKE"
 
+    # How long a new master waits for the advisory lock: a killed master's session ends as soon as its server
+    # process sees the connection close, which takes a moment. Past this, another master holds it.
+    LOCK_WAIT = 2.0
+
     def __init__(self, dsn: str, *, readonly: bool, connect_timeout: float = 10.0) -> None:
         import psycopg
 
@@ -271,13 +275,29 @@ class PostgresBackend(Backend):
             if readonly:
                 self.db.execute("SET default_transaction_read_only = on")
             else:
-                # Refuse a second master, as the flock does for SQLite; the lock goes with the connection.
-                got = self.db.execute("SELECT pg_try_advisory_lock(%s)", (APPLICATION_ID,)).fetchone()
-                if not got or not got[0]:
-                    raise StoreBusy(f"{self.where}: in use by another master process")
+                # A master whose machine died leaves its session (and lock) behind until the server notices:
+                # keepalives from the server's side make that seconds, not the system's default of hours.
+                for name, value in (("tcp_keepalives_idle", 10), ("tcp_keepalives_interval", 5),
+                                    ("tcp_keepalives_count", 3)):
+                    self.db.execute(f"SET {name} = {value}")
+                self._lock()
+        except psycopg.Error as e:
+            self.db.close()
+            raise StoreError(f"{self.where}: {_first_line(e)}") from None
         except BaseException:
             self.db.close()
             raise
+
+    def _lock(self) -> None:
+        # Refuse a second master, as the flock does for SQLite; the lock goes with the connection.
+        deadline = time.monotonic() + self.LOCK_WAIT
+        while True:
+            got = self.db.execute("SELECT pg_try_advisory_lock(%s)", (APPLICATION_ID,)).fetchone()
+            if got and got[0]:
+                return
+            if time.monotonic() > deadline:
+                raise StoreBusy(f"{self.where}: in use by another master process")
+            time.sleep(0.1)
 
     def _q(self, sql: str) -> str:
         out = self._sql.get(sql)
