@@ -124,6 +124,7 @@ def main() -> int:
         gen_s = push_s = pop_s = push_cpu = 0.0
         mark_cpu = 0.0
         cpu_rates: list[float] = []
+        cpu_curve: list[tuple[int, float]] = []      # the same in CPU seconds: what the load of others leaves out
         pop_cpu_rates: list[float] = []
         pushed = popped = 0
         mark, mark_s = tenth, 0.0
@@ -145,6 +146,7 @@ def main() -> int:
                 rate = done / (push_s - mark_s)
                 push_curve.append((pushed - done // 2, 1 / rate))
                 cpu_rates.append(done / max(push_cpu - mark_cpu, 1e-9))
+                cpu_curve.append((pushed - done // 2, 1 / cpu_rates[-1]))
                 # Pop 1% of the run's URLs at this size, as the master does between pushes, node by node.
                 t0, c0, got = time.perf_counter(), time.process_time(), 0
                 while got < sample:
@@ -175,6 +177,7 @@ def main() -> int:
         def spread_of(r: list[float]) -> float:
             return (max(r) - min(r)) / max(r) if r else 0.0
         hours, end_rate = projection(push_curve, 1_000_000_000)
+        cpu_hours, cpu_end = projection(cpu_curve, 1_000_000_000)
         print(f"push               {args.count / push_s:,.0f} URLs/s over the run ({push_s:.1f} s; generating the "
               f"URLs took another {gen_s:.1f} s, not counted); slowest tenth {spread:.0%} below the fastest, "
               f"{spread_of(cpu_rates):.0%} in URLs per CPU second")
@@ -185,7 +188,8 @@ def main() -> int:
         print(f"peak RSS           {rss_queued:.0f} MB")
         print(f"store on disk      {size / 1e6:,.0f} MB ({size / args.count:.0f} bytes per URL)")
         print(f"projection to 1B   {size / args.count * 1e9 / 1e9:,.0f} GB; push {hours:.1f} h in all, "
-              f"{end_rate:,.0f} URLs/s at the billionth (fit a + b ln n over the tenths above)")
+              f"{end_rate:,.0f} URLs/s at the billionth (fit a + b ln n over the tenths above); in CPU time "
+              f"{cpu_hours:.1f} h, {cpu_end:,.0f} URLs per CPU second at the billionth")
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if cluster is not None:

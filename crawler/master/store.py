@@ -7,14 +7,21 @@ the logic below are written once; crawler/master/backend.py spells the few diffe
 **Compact URL state.** A crawl of a billion URLs must fit one master's disk and ingest at the same rate at the end
 as at the start, so the URL table is kept small and its writes local:
 
-- a URL's row is keyed by its 64-bit key (``id``, SQLite's rowid itself: no separate index). The key's top 20
+- a URL's row is keyed by its 48-bit key (``id``, SQLite's rowid itself: no separate index). The key's top 16
   bits hash the host, so one host's URLs sit together and the links of one page touch a few pages of the table;
-  the low 44 bits hash the URL. Two URLs on one key (rare) are told apart by their text: the second takes the next
+  the low 32 bits hash the URL. Two URLs on one key (rare) are told apart by their text: the second takes the next
   free key (linear probing; rows are never deleted, so a lookup stops at the first free key);
-- the URL text is kept once, as the id of its origin (``origins``, one row per scheme://host:port) and the rest;
+- the URL text is kept once: its prefix (scheme://host:port, and the first path segment when it is a word such as
+  ``/music/``) once per host in ``origins``, the rest in the row;
 - the parent is the parent's key (its text only when the parent is not in the table), the node a small id;
 - the frontier is a partial index over the queued rows, ordered the way a node pops them:
-  ``(node, depth, priority DESC, seq)``; ``seq`` only grows, so entries are appended, never inserted in the middle.
+  ``(node, depth, priority DESC, seq, slot)``; ``seq`` only grows, so entries are appended, never inserted in the
+  middle, and the slot makes it cover the search for a slot's entries when a node joins (reroute_slots);
+- what a fetch said (status, type, size, error, when; the revisit state) lives in ``pages`` and ``page_visits``,
+  rows only for fetched URLs, so a queued URL carries no empty result columns.
+
+Measured with scripts/bench_frontier.py: under 100 bytes per queued URL on disk (URL text included), and a
+push cost per URL that stops growing once the table is past the cache (README, Benchmarks).
 
 ``state`` says where a URL is (queued in the frontier, leased to a node, done, or failed for good), so "every URL
 is in exactly one place" holds by construction. The view ``urls`` shows the rows with their text (for ad hoc SQL).
@@ -319,7 +326,7 @@ class MasterStore:
         max_attempts: failed tries ("retry" results) before a URL is given up as an error; a URL whose lease
         is lost max_attempts * LOST_LEASE_FACTOR times (its worker keeps dying on it) is given up too.
         slot_of: the scheduler's first hash (URL -> slot of the node table); recorded at push so that
-        reroute_slots() finds a slot's entries through an index.
+        reroute_slots() finds a slot's entries in the frontier index without reading the rows.
         """
         self.location = location if is_postgres(location) else Path(location)
         self.path = self.location       # the name older callers use
