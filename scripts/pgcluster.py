@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Self
 
 
 def pg_bin() -> Path:
@@ -102,7 +103,7 @@ class PgCluster:
         if self._owns_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> PgCluster:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

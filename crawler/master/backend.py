@@ -19,7 +19,7 @@ import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 # PRAGMA application_id marks an SQLite file as ours ("ACRW"), so a stray SQLite file is refused, not altered;
 # the same number is the advisory lock a PostgreSQL master holds.
@@ -75,7 +75,7 @@ class Backend:
     where = ""
     readonly = False
     # Type names in the shared DDL: {INT} is a 64-bit integer, {REAL} a double, {AUTO_ID} an increasing key.
-    types: dict[str, str] = {}
+    types: ClassVar[dict[str, str]] = {}
     strpos = ""
     like = "LIKE"          # case-insensitive LIKE (SQLite's LIKE ignores ASCII case; PostgreSQL's does not)
 
@@ -137,7 +137,8 @@ class Backend:
 
 class SqliteBackend(Backend):
     name = "sqlite"
-    types = {"INT": "INTEGER", "REAL": "REAL", "AUTO_ID": "INTEGER PRIMARY KEY", "WITHOUT_ROWID": "WITHOUT ROWID"}
+    types: ClassVar[dict[str, str]] = {
+        "INT": "INTEGER", "REAL": "REAL", "AUTO_ID": "INTEGER PRIMARY KEY", "WITHOUT_ROWID": "WITHOUT ROWID"}
     strpos = "instr"
 
     def __init__(self, path: Path, *, readonly: bool, cache_mb: int = 64, checkpoint_pages: int = 10_000) -> None:
@@ -252,7 +253,8 @@ class SqliteBackend(Backend):
 
 class PostgresBackend(Backend):
     name = "postgresql"
-    types = {"INT": "BIGINT", "REAL": "DOUBLE PRECISION", "AUTO_ID": "BIGSERIAL PRIMARY KEY", "WITHOUT_ROWID": ""}
+    types: ClassVar[dict[str, str]] = {
+        "INT": "BIGINT", "REAL": "DOUBLE PRECISION", "AUTO_ID": "BIGSERIAL PRIMARY KEY", "WITHOUT_ROWID": ""}
     strpos = "strpos"
     like = "ILIKE"
 

@@ -62,8 +62,16 @@ from crawler.master.backend import (
     open_backend,
 )
 
-__all__ = ["Finished", "MasterStore", "ReadOnlyStoreError", "StoreBusy", "StoreError", "StoreValueError",
-           "url_key", "STATE_NAMES"]
+__all__ = [
+    "STATE_NAMES",
+    "Finished",
+    "MasterStore",
+    "ReadOnlyStoreError",
+    "StoreBusy",
+    "StoreError",
+    "StoreValueError",
+    "url_key",
+]
 
 # 1: one row per URL with its text, a text index of keys. 2: the compact layout described above.
 SCHEMA_VERSION = 2
