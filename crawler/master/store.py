@@ -20,8 +20,8 @@ as at the start, so the URL table is kept small and its writes local:
 - what a fetch said (status, type, size, error, when; the revisit state) lives in ``pages`` and ``page_visits``,
   rows only for fetched URLs, so a queued URL carries no empty result columns.
 
-Measured with scripts/bench_frontier.py: under 100 bytes per queued URL on disk (URL text included), and a
-push cost per URL that stops growing once the table is past the cache (README, Benchmarks).
+Measured with scripts/bench_frontier.py: under 100 bytes per queued URL on disk, URL text included (README,
+"The master store at scale", which also says why the cost per insert still grows with the table).
 
 ``state`` says where a URL is (queued in the frontier, leased to a node, done, or failed for good), so "every URL
 is in exactly one place" holds by construction. The view ``urls`` shows the rows with their text (for ad hoc SQL).
