@@ -1,20 +1,27 @@
-"""Frontier throughput and the master store's memory: N new URLs pushed through the durable frontier.
+"""Frontier throughput and the master store's size: N new URLs pushed through the durable frontier, then popped.
 
     python scripts/bench_frontier.py [--count 10000000] [--batch 10000] [--nodes 4] [--hosts 5000]
-                                     [--workload pages|random] [--dir /tmp/...]
+                                     [--workload pages|random] [--dir /tmp/...] [--store postgresql://...]
 
-Pushes every URL in batches, one transaction each (the master commits a batch every 100-200 ms), then pops them
-all back, node by node, one transaction per batch, and prints URLs/s for each phase, the peak RSS (VmHWM) with
-the whole frontier queued, and the database size.
+Pushes every URL in batches, one transaction each (the master commits a batch every 100-200 ms); after each
+tenth, pops 1% of the run's URLs, node by node, one transaction per batch, as the master pops between pushes.
+Prints the push and pop rates in each tenth of the run as it goes (a store whose ingest falls as it grows shows it here), in URLs per second of wall time and per second
+of the process's CPU time (user + system: on a shared machine the wall time says as much about the neighbours), the peak RSS (VmHWM) with the whole frontier queued,
+the bytes per URL on disk, and a projection to a billion URLs from the measured curve.
 
 Workloads: "pages" is what the master sees: each page reports ~50 new links, 45 of them on its own host, and
-one batch holds the links of many pages on random hosts. "random" puts every URL on a random host, the worst
-case for the URL index (no two URLs of a batch share an index page).
+one batch holds the links of many pages on random hosts; a page's links name it as their parent, a URL found
+earlier on its host, as in a crawl. "random" puts every URL on a random host, the worst case for locality.
+
+--store postgresql://... runs against that (empty) database instead of an SQLite file in --dir; --store pg-temp
+starts a throwaway PostgreSQL cluster for the run (scripts/pgcluster.py; 256 MB of shared buffers, fsync on).
+The PostgreSQL size is pg_total_relation_size of the store's tables (heap, indexes and TOAST), its WAL aside.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import resource
 import shutil
@@ -41,19 +48,53 @@ def peak_rss_mb() -> float:
 def batches(count: int, batch: int, hosts: int, workload: str, nodes: list[str], seed: int = 1):
     """Rows (url, depth, priority, node, parent) of `count` distinct URLs, `batch` at a time."""
     rnd = random.Random(seed)
+    found_on: dict[int, str] = {}    # a URL already pushed per host: the next page of that host to report links
     i = 0
     while i < count:
         rows = []
         n = min(batch, count - i)
         while len(rows) < n:
             host = rnd.randrange(hosts)
-            parent = f"https://site{host}.example.com/list/{rnd.getrandbits(24):x}.html"
+            parent = found_on.get(host)
             for k in range(min(LINKS_PER_PAGE, n - len(rows))):
                 h = host if workload == "pages" and k < SAME_HOST else rnd.randrange(hosts)
                 url = f"https://site{h}.example.com/music/{rnd.getrandbits(32):08x}/song-{i}.html"
                 rows.append((url, i % 6, i % 3, nodes[i % len(nodes)], parent))
+                if k == 0:
+                    found_on[h] = url
                 i += 1
         yield rows
+
+
+def store_bytes(store: MasterStore, work: Path) -> int:
+    if store.backend == "postgresql":
+        return int(store.db.execute(
+            "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind IN ('r', 'm') AND n.nspname = current_schema()").fetchone()[0])
+    return sum(p.stat().st_size for p in work.iterdir() if p.is_file())
+
+
+def projection(points: list[tuple[int, float]], target: int) -> tuple[float, float]:
+    """Seconds per URL fitted as a + b*ln(n) over the measured tenths (a B-tree's cost grows with its depth,
+    the log of its size; never below the cheapest tenth measured), summed from the first URL to `target`:
+    (hours for target URLs, URLs/s at the end)."""
+    xs = [math.log(max(n, 1)) for n, _ in points]
+    ys = [s for _, s in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    a = my - b * mx
+    floor = min(ys)
+
+    def cost(n: float) -> float:
+        return max(a + b * math.log(max(n, 1.0)), floor)
+
+    steps, total, prev = 1000, 0.0, 0.0
+    for i in range(1, steps + 1):
+        n = target * i / steps
+        total += cost((prev + n) / 2) * (n - prev)
+        prev = n
+    return total / 3600, 1 / cost(target)
 
 
 def main() -> int:
@@ -64,41 +105,95 @@ def main() -> int:
     ap.add_argument("--hosts", type=int, default=5000)
     ap.add_argument("--workload", choices=["pages", "random"], default="pages")
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--store", default=None,
+                    help="a postgresql:// address (an empty database) or pg-temp, instead of SQLite")
     args = ap.parse_args()
+    cluster = None
+    if args.store == "pg-temp":
+        from scripts.pgcluster import PgCluster
+
+        cluster = PgCluster.start(shared_buffers="256MB", max_wal_size="4GB")
+        args.store = cluster.create_database("bench")
     work = Path(tempfile.mkdtemp(prefix="bench-frontier-", dir=args.dir))
     nodes = [f"node{i}" for i in range(args.nodes)]
+    tenth = max(1, args.count // 10)
     try:
-        store = MasterStore(work / "master.db")
-        gen_s = push_s = 0.0
+        store = MasterStore(args.store or work / "master.db")
+        print(f"URLs {args.count:,} ({args.workload}) in batches of {args.batch:,} over {args.nodes} nodes and "
+              f"{args.hosts:,} hosts, on {store.backend}", flush=True)
+        gen_s = push_s = pop_s = push_cpu = 0.0
+        mark_cpu = 0.0
+        cpu_rates: list[float] = []
+        cpu_curve: list[tuple[int, float]] = []      # the same in CPU seconds: what the load of others leaves out
+        pop_cpu_rates: list[float] = []
+        pushed = popped = 0
+        mark, mark_s = tenth, 0.0
+        push_curve: list[tuple[int, float]] = []     # (URLs in the table at the middle of a tenth, s per URL)
+        pop_rates: list[float] = []
+        sample = max(1, args.count // 100)
+        turn = 0
         t = time.perf_counter()
         for rows in batches(args.count, args.batch, args.hosts, args.workload, nodes):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             gen_s += t0 - t
-            store.push(rows)
+            pushed += store.push(rows)
             store.commit()
             t = time.perf_counter()
             push_s += t - t0
+            push_cpu += time.process_time() - c0
+            if pushed >= mark or pushed == args.count:
+                done = pushed - (mark - tenth)
+                rate = done / (push_s - mark_s)
+                push_curve.append((pushed - done // 2, 1 / rate))
+                cpu_rates.append(done / max(push_cpu - mark_cpu, 1e-9))
+                cpu_curve.append((pushed - done // 2, 1 / cpu_rates[-1]))
+                # Pop 1% of the run's URLs at this size, as the master does between pushes, node by node.
+                t0, c0, got = time.perf_counter(), time.process_time(), 0
+                while got < sample:
+                    batch = store.pop(nodes[turn % len(nodes)], min(args.batch, sample - got), 0.0)
+                    store.commit()
+                    turn += 1
+                    got += len(batch)
+                took = time.perf_counter() - t0
+                pop_cpu_rates.append(got / max(time.process_time() - c0, 1e-9))
+                pop_s, popped = pop_s + took, popped + got
+                pop_rates.append(got / took)
+                print(f"tenth {len(push_curve):2d}  push {rate:9,.0f} URLs/s ({cpu_rates[-1]:9,.0f} per CPU s)  "
+                      f"pop {got / took:9,.0f} URLs/s ({pop_cpu_rates[-1]:9,.0f} per CPU s)  "
+                      f"(table at {pushed:,})", flush=True)
+                mark, mark_s, mark_cpu = mark + tenth, push_s, push_cpu
+                t = time.perf_counter()
         queued = store.frontier_size()
         rss_queued = peak_rss_mb()
-        t0 = time.perf_counter()
-        popped = 0
-        for node in nodes:
-            while batch := store.pop(node, args.batch, 0.0):
-                popped += len(batch)
-                store.commit()
-        pop_s = time.perf_counter() - t0
+        if args.store is not None:
+            size = store_bytes(store, work)
         store.close()
-        size = sum(p.stat().st_size for p in work.iterdir())
-        print(f"URLs               {args.count:,} ({args.workload}) in batches of {args.batch:,} "
-              f"over {args.nodes} nodes and {args.hosts:,} hosts")
-        print(f"push               {args.count / push_s:,.0f} URLs/s ({push_s:.1f} s; "
-              f"generating them took another {gen_s:.1f} s, not counted)")
-        print(f"pop                {popped / pop_s:,.0f} URLs/s ({pop_s:.1f} s, {popped:,} URLs)")
-        print(f"queued at the peak {queued:,}")
-        print(f"peak RSS           {rss_queued:.0f} MB with the frontier full, {peak_rss_mb():.0f} MB at the end")
-        print(f"database on disk   {size / 1e6:,.0f} MB ({size / args.count:.0f} bytes per URL)")
+        if args.store is None:
+            size = store_bytes(store, work)      # after the last checkpoint folded the WAL in
+        rates = [1 / s for _, s in push_curve]
+        spread = (max(rates) - min(rates)) / max(rates) if rates else 0.0
+        pop_spread = (max(pop_rates) - min(pop_rates)) / max(pop_rates) if pop_rates else 0.0
+
+        def spread_of(r: list[float]) -> float:
+            return (max(r) - min(r)) / max(r) if r else 0.0
+        hours, end_rate = projection(push_curve, 1_000_000_000)
+        cpu_hours, cpu_end = projection(cpu_curve, 1_000_000_000)
+        print(f"push               {args.count / push_s:,.0f} URLs/s over the run ({push_s:.1f} s; generating the "
+              f"URLs took another {gen_s:.1f} s, not counted); slowest tenth {spread:.0%} below the fastest, "
+              f"{spread_of(cpu_rates):.0%} in URLs per CPU second")
+        print(f"pop                {popped / pop_s:,.0f} URLs/s over the run ({pop_s:.1f} s, {popped:,} URLs, 1% of "
+              f"the run after each tenth); slowest tenth {pop_spread:.0%} below the fastest, "
+              f"{spread_of(pop_cpu_rates):.0%} in URLs per CPU second")
+        print(f"queued at the end  {queued:,} (the rest leased)")
+        print(f"peak RSS           {rss_queued:.0f} MB")
+        print(f"store on disk      {size / 1e6:,.0f} MB ({size / args.count:.0f} bytes per URL)")
+        print(f"projection to 1B   {size / args.count * 1e9 / 1e9:,.0f} GB; push {hours:.1f} h in all, "
+              f"{end_rate:,.0f} URLs/s at the billionth (fit a + b ln n over the tenths above); in CPU time "
+              f"{cpu_hours:.1f} h, {cpu_end:,.0f} URLs per CPU second at the billionth")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if cluster is not None:
+            cluster.remove()
     return 0
 
 

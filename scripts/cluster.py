@@ -59,6 +59,12 @@ def master_config(tmp: Path, seeds: list[str], nodes: list[str], **overrides) ->
     return path
 
 
+def store_of(config: Path) -> Path | str:
+    """Where a master config keeps its store: its postgresql:// address, or the SQLite file in its data dir."""
+    raw = yaml.safe_load(Path(config).read_text())
+    return raw.get("store") or Path(raw["data_dir"]) / "master.db"
+
+
 @dataclass
 class Proc:
     name: str

@@ -17,7 +17,8 @@ fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import crawler, pytest, warcio, prometheus_client, playwright, cryptography" 2>/dev/null \
+if ! .venv/bin/python -c "import crawler, pytest, warcio, prometheus_client, playwright, cryptography, psycopg" \
+        2>/dev/null \
    || [ pyproject.toml -nt .venv/.installed ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e '.[test]'
@@ -31,5 +32,16 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
         apt-get install -y -q --no-install-recommends systemd >/dev/null
     else
         echo "setup.sh: systemd-analyze is missing; install the systemd package (as root) for the unit tests" >&2
+    fi
+fi
+# The master store's PostgreSQL backend is tested against a throwaway cluster the tests start themselves
+# (scripts/pgcluster.py: initdb into a temporary directory); they need the server programs, not a running service.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q >/dev/null
+        apt-get install -y -q --no-install-recommends postgresql >/dev/null
+    else
+        echo "setup.sh: PostgreSQL is missing; install the postgresql package (as root) for the store tests" >&2
     fi
 fi

@@ -27,12 +27,12 @@ def site(tmp_path_factory):
 
 
 
-async def test_worker_killed_and_worker_joining_mid_crawl(site, tmp_path):
+async def test_worker_killed_and_worker_joining_mid_crawl(site, tmp_path, master_store):
     site_dir, manifest = site
     slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.25}, record_log=True)
     async with await siteserver.start(site_dir, behaviour=slow) as server:
         config = cluster.master_config(tmp_path, [server.url + "/"], ["w1", "w2", "w3", "w4"],
-                                       crawl={"max_depth": manifest.max_depth + 3})
+                                       crawl={"max_depth": manifest.max_depth + 3}, **master_store)
         master = await cluster.start_master(config, tmp_path)
         addr = cluster.master_addr(config)
         opts = ["--concurrency", "4"]

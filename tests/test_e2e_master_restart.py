@@ -33,14 +33,14 @@ def site(tmp_path_factory):
     return out, sitegen.generate(out, songs=200)
 
 
-async def test_master_sigkill_mid_crawl_then_restart_completes_with_bounded_duplicates(site, tmp_path):
+async def test_master_sigkill_mid_crawl_then_restart_completes_with_bounded_duplicates(site, tmp_path, master_store):
     site_dir, manifest = site
     slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.1}, record_log=True)
     concurrency, downloads = 4, 4
     async with await siteserver.start(site_dir, behaviour=slow) as server:
         config = cluster.master_config(tmp_path, [server.url + "/"], ["w1", "w2"],
                                        listen=f"127.0.0.1:{free_port()}",
-                                       crawl={"max_depth": manifest.max_depth + 3})
+                                       crawl={"max_depth": manifest.max_depth + 3}, **master_store)
         master = await cluster.start_master(config, tmp_path)
         addr = cluster.master_addr(config)
         opts = ["--concurrency", str(concurrency)]
@@ -132,12 +132,12 @@ async def test_corrupt_bloom_snapshot_is_refused_and_rebuilt_without_refetching(
     assert again == ["/about.html?again=1"], again
 
 
-async def test_refresh_crawls_old_pages_again_and_skips_unchanged_audio(tmp_path):
+async def test_refresh_crawls_old_pages_again_and_skips_unchanged_audio(tmp_path, master_store):
     site_dir = tmp_path / "site"
     sitegen.generate(site_dir, songs=10)
     async with await siteserver.start(site_dir, behaviour=siteserver.Behaviour(record_log=True)) as server:
         config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"], exit_when_done=False,
-                                       crawl={"max_depth": 10, "refresh_interval": 1.0})
+                                       crawl={"max_depth": 10, "refresh_interval": 1.0}, **master_store)
         master = await cluster.start_master(config, tmp_path)
         worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path)
         await cluster.until(lambda: Counter(e.path for e in server.log)["/"] >= 2, 60, "the home page to be refreshed")

@@ -25,13 +25,13 @@ def page(*audio: str) -> bytes:
     return f"<html><body><h1>songs</h1><ul>{links}</ul></body></html>".encode()
 
 
-def snapshot(db: Path) -> tuple[dict[str, dict], MasterStore]:
+def snapshot(db: Path | str) -> tuple[dict[str, dict], MasterStore]:
     store = MasterStore.open_readonly(db)
     return {row["url"].rsplit("/", 1)[1].removesuffix(".mp3"): row for row in store.catalogue()}, store
 
 
-def catalogue_of(db: Path) -> dict[str, dict]:
-    if not db.exists():
+def catalogue_of(db: Path | str) -> dict[str, dict]:
+    if isinstance(db, Path) and not db.exists():
         return {}
     rows, store = snapshot(db)
     store.close()
@@ -47,7 +47,7 @@ async def export(config: Path, *args: str) -> str:
     return out.decode()
 
 
-async def test_a_revisit_finds_what_appeared_changed_and_went_and_asks_conditionally(tmp_path):
+async def test_a_revisit_finds_what_appeared_changed_and_went_and_asks_conditionally(tmp_path, master_store):
     async with RangeServer(second_host=False) as srv:
         plain = {"etag": None, "last_modified": None, "content_type": HTML}
         srv.add("/", page("/a.html", "/b.html", "/gone.html", "/static.html"), **plain)
@@ -59,10 +59,11 @@ async def test_a_revisit_finds_what_appeared_changed_and_went_and_asks_condition
         for i, name in enumerate(("a1", "b1", "b2", "b3", "g1", "s1")):
             srv.add(f"/audio/{name}.mp3", mp3(i))
         config = cluster.master_config(tmp_path, [srv.url("/")], ["w1"], exit_when_done=False,
-                                       crawl={"refresh_interval": 2.0, "refresh_min": 2.0, "refresh_max": 2.0})
+                                       crawl={"refresh_interval": 2.0, "refresh_min": 2.0, "refresh_max": 2.0},
+                                       **master_store)
         wcfg = tmp_path / "worker.yaml"
         wcfg.write_text("revalidate_after: 0\n")   # every visit of a page asks about its audio (conditionally)
-        db = tmp_path / "master" / "master.db"
+        db = cluster.store_of(config)
         master = await cluster.start_master(config, tmp_path)
         worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=wcfg)
         try:

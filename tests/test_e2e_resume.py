@@ -16,7 +16,7 @@ def partial_size(tmp) -> int:
     return max((p.stat().st_size for p in parts), default=0)
 
 
-async def test_worker_killed_mid_download_resumes_after_restart(tmp_path):
+async def test_worker_killed_mid_download_resumes_after_restart(tmp_path, master_store):
     audio = b"ID3\x04\0\0\0\0\0\0" + random.Random(5).randbytes(3 * 1024 * 1024)
     page = (b'<html><head><title>Big</title><meta property="og:title" content="Long Song">'
             b'<meta property="music:musician" content="Slow Band"></head>'
@@ -26,7 +26,7 @@ async def test_worker_killed_mid_download_resumes_after_restart(tmp_path):
         big = srv.add("/big.mp3", audio)
         big.pause_at = 1024 * 1024                 # the link stalls here until the worker is gone
         config = cluster.master_config(tmp_path, [srv.url("/")], ["w1"],
-                                       scheduling={"heartbeat_interval": 0.5, "heartbeat_timeout": 8.0})
+                                       scheduling={"heartbeat_interval": 0.5, "heartbeat_timeout": 8.0}, **master_store)
         master = await cluster.start_master(config, tmp_path)
         addr = cluster.master_addr(config)
         worker = await cluster.start_worker(addr, "w1", tmp_path)

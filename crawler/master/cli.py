@@ -82,13 +82,22 @@ def main(ctx: click.Context, config_path: Path | None, log_level: str, log_file:
 
 
 def _open_store(cfg: MasterConfig):
-    from crawler.master.store import MasterStore
+    from crawler.master.store import MasterStore, StoreError
 
-    db = cfg.data_dir / "master.db"
-    if not db.exists():
+    _need_state(cfg)
+    try:
+        return MasterStore.open_readonly(cfg.store_location)
+    except StoreError as e:
+        click.echo(f"{PROG}: {e}", err=True)
+        sys.exit(1)
+
+
+def _need_state(cfg: MasterConfig) -> None:
+    """Exit with one line when the SQLite store was never created (a PostgreSQL store says so when opened)."""
+    db = cfg.store_location
+    if isinstance(db, Path) and not db.exists():
         click.echo(f"{PROG}: no crawl state at {db} (has the master run with this config?)", err=True)
         sys.exit(1)
-    return MasterStore.open_readonly(db)
 
 
 def _alive(pid: object) -> bool:
@@ -200,10 +209,7 @@ def _steer(config_path: Path, command: dict) -> dict:
     from crawler.master.store import StoreBusy, StoreError
 
     cfg = load_config(config_path)
-    if not (cfg.data_dir / "master.db").exists():
-        click.echo(f"{PROG}: no crawl state at {cfg.data_dir / 'master.db'} (has the master run with this "
-                   f"config?)", err=True)
-        sys.exit(1)
+    _need_state(cfg)
     try:
         path = steering.submit(cfg.data_dir, command)
     except OSError as e:
@@ -286,3 +292,23 @@ def retry(config_path: Path, reason: str | None) -> None:
     """Put failed URLs (state error) back in the queue with their attempts reset."""
     r = _steer(config_path, {"command": "retry", "reason": reason})
     click.echo(f"{r['requeued']} failed URLs back in the queue ({r['by']})")
+
+
+@main.command("upgrade-store")
+@CONFIG
+def upgrade_store(config_path: Path) -> None:
+    """Rewrite a stopped crawl's SQLite store from an older crawler in this one's layout (the old file is kept)."""
+    from crawler.master.store import StoreError, upgrade_layout
+
+    cfg = load_config(config_path)
+    db = cfg.store_location
+    if not isinstance(db, Path):
+        click.echo(f"{PROG}: a PostgreSQL store is created in the current layout: nothing to upgrade")
+        return
+    _need_state(cfg)
+    try:
+        n = upgrade_layout(db, progress=lambda n: click.echo(f"{n:,} URLs moved", err=True))
+    except StoreError as e:
+        click.echo(f"{PROG}: {e}", err=True)
+        sys.exit(1)
+    click.echo(f"upgraded {db}: {n:,} URLs; the old file is {db.name}.layout1 (remove it once the crawl runs)")

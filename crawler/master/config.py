@@ -91,6 +91,12 @@ def _seed_scope(seed: str) -> str:
     return host if port is None or port == {"http": 80, "https": 443}.get(parts.scheme) else f"{host}:{port}"
 
 
+def _store_check(v: str) -> str | None:
+    if v.startswith(("postgresql://", "postgres://")):
+        return None
+    return "must be a postgresql:// address (leave it out for the SQLite file in data_dir)"
+
+
 def _key_check(v: str) -> str | None:
     return None if v in ("url", "host") else "must be 'url' or 'host'"
 
@@ -113,6 +119,9 @@ def _check_refresh(crawl: dict[str, Any]) -> None:
 SPEC = {
     "listen": Key("hostport"),
     "data_dir": Key("path"),
+    # Where the URL table, frontier and catalogue live: absent, an SQLite file in data_dir; a postgresql://
+    # address puts them in that PostgreSQL database (a crawl bigger than one disk, or a standby to fail over to).
+    "store": Key("str", None, _store_check),
     "secret_file": Key("path"),
     "nodes": Key("list[str]", check=_nodes_check),
     "seeds": Key("list[str]", check=_seeds_check),
@@ -276,6 +285,12 @@ class MasterConfig:
     max_frame: int
     log_interval: float
     web: WebSettings
+    store: str | None = None
+
+    @property
+    def store_location(self) -> Path | str:
+        """The master store: the postgresql:// address, or the SQLite file in the data dir."""
+        return self.store if self.store else self.data_dir / "master.db"
 
     @classmethod
     def from_mapping(cls, raw: dict, base: Path) -> MasterConfig:
@@ -305,7 +320,7 @@ class MasterConfig:
             nodes=v["nodes"], seeds=v["seeds"], exit_when_done=v["exit_when_done"],
             crawl=CrawlLimits(**crawl), scheduling=sched, politeness=pol,
             dedup=DedupSettings(**v["dedup"]), max_frame=v["max_frame"], log_interval=v["log_interval"],
-            web=_web(v["web"]),
+            web=_web(v["web"]), store=v["store"],
         )
 
     @classmethod

@@ -141,7 +141,7 @@ class Master:
         cfg = self.cfg
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         self.table = NodeTable(cfg.nodes, key=cfg.scheduling.key)
-        self.store = MasterStore(cfg.data_dir / "master.db", max_attempts=cfg.crawl.max_attempts,
+        self.store = MasterStore(cfg.store_location, max_attempts=cfg.crawl.max_attempts,
                                  slot_of=self.table.slot_of)
         self.bloom_path = cfg.data_dir / "urls.bloom"
         self.bloom = self._load_bloom()
@@ -267,7 +267,7 @@ class Master:
         contains = cmd.get("reason")
         if contains is not None and not isinstance(contains, str):
             raise steering.CommandError("retry: reason must be text")
-        total, after = 0, 0
+        total, after = 0, None
         while True:
             n, more = self.store.retry_errors(self.crawl.route, contains or None, after)
             total += n
@@ -389,7 +389,7 @@ class Master:
             return None
         from crawler.master.web import WebServer
 
-        web = WebServer(self.observer, self.cfg.data_dir / "master.db", self.cfg.web.token)
+        web = WebServer(self.observer, self.cfg.store_location, self.cfg.web.token)
         addr = await web.start(*self.cfg.web.listen)
         self.observer.web_addr = addr
         return web

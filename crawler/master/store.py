@@ -1,44 +1,80 @@
-"""The master's durable state: URL table, on-disk frontier, audio catalogue and node figures, in one SQLite file.
+"""The master's durable state: URL table, on-disk frontier, audio catalogue and node figures.
 
-One table holds every URL the crawl has seen. Its ``state`` column says where the URL is (queued in the
-frontier, leased to a node, done, or failed for good), so "every URL is in exactly one place" holds by
-construction, and the frontier is a partial index over the queued rows, ordered the way a node pops them:
-``(node, depth, priority DESC, seq)``. The frontier is therefore as big as the disk, and a pop is one
-index range read.
+SQLite (one file in the data dir) is the embedded default; PostgreSQL (``store: postgresql://...``) holds the same
+tables when one machine's disk is not enough or the state must outlive the master's machine. Every query and all
+the logic below are written once; crawler/master/backend.py spells the few differences.
+
+**Compact URL state.** A crawl of a billion URLs must fit one master's disk and ingest at the same rate at the end
+as at the start, so the URL table is kept small and its writes local:
+
+- a URL's row is keyed by its 48-bit key (``id``, SQLite's rowid itself: no separate index). The key's top 16
+  bits hash the host, so one host's URLs sit together and the links of one page touch a few pages of the table;
+  the low 32 bits hash the URL. Two URLs on one key (rare) are told apart by their text: the second takes the next
+  free key (linear probing; rows are never deleted, so a lookup stops at the first free key);
+- the URL text is kept once: its prefix (scheme://host:port, and the first path segment when it is a word such as
+  ``/music/``) once per host in ``origins``, the rest in the row;
+- the parent is the parent's key (its text only when the parent is not in the table), the node a small id;
+- the frontier is a partial index over the queued rows, ordered the way a node pops them:
+  ``(node, depth, priority DESC, seq, slot)``; ``seq`` only grows, so entries are appended, never inserted in the
+  middle, and the slot makes it cover the search for a slot's entries when a node joins (reroute_slots);
+- what a fetch said (status, type, size, error, when; the revisit state) lives in ``pages`` and ``page_visits``,
+  rows only for fetched URLs, so a queued URL carries no empty result columns.
+
+Measured with scripts/bench_frontier.py: under 100 bytes per queued URL on disk, URL text included (README,
+"The master store at scale", which also says why the cost per insert still grows with the table).
+
+``state`` says where a URL is (queued in the frontier, leased to a node, done, or failed for good), so "every URL
+is in exactly one place" holds by construction. The view ``urls`` shows the rows with their text (for ad hoc SQL).
 
 Writes happen inside an open transaction that ``commit()`` ends; the master commits every 100-200 ms, so a
 kill -9 loses at most what happened since the last commit, and anything lost is consistent with itself:
 a page whose result was not committed is still leased, and start-up (``requeue_leased``) hands it out
-again. WAL mode lets the operator's status and export commands read while the master writes.
-
-URLs are looked up through a 64-bit key, not a text index: the key is four times smaller, and its top
-bits come from the host, so the links of one page (mostly one host) land on a few index pages instead of
-one random page each. Equal keys are allowed and the URL text is always compared, so lookups stay exact.
+again. SQLite runs in WAL mode so the operator's status and export commands read while the master writes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import sqlite3
+import re
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import EllipsisType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import mmh3
 
 from crawler.items import AUDIO_FIELD_KINDS
-from crawler.master.revisit import RevisitPolicy
-from crawler.master.revisit import changed as page_changed
-from crawler.master.revisit import gone as page_gone
 
-SCHEMA_VERSION = 1
-# PRAGMA application_id marks the file as ours ("ACRW"), so a stray SQLite file is refused, not altered.
-APPLICATION_ID = 0x41435257
+if TYPE_CHECKING:
+    from crawler.master.revisit import RevisitPolicy
+from crawler.master.backend import (
+    Backend,
+    ReadOnlyStoreError,
+    StoreBusy,
+    StoreError,
+    StoreValueError,
+    describe,
+    is_postgres,
+    open_backend,
+)
+
+__all__ = [
+    "STATE_NAMES",
+    "Finished",
+    "MasterStore",
+    "ReadOnlyStoreError",
+    "StoreBusy",
+    "StoreError",
+    "StoreValueError",
+    "url_key",
+]
+
+# 1: one row per URL with its text, a text index of keys. 2: the compact layout described above.
+SCHEMA_VERSION = 2
 
 QUEUED, LEASED, DONE, ERROR = 0, 1, 2, 3
 STATE_NAMES = {QUEUED: "queued", LEASED: "leased", DONE: "done", ERROR: "error"}
@@ -49,11 +85,11 @@ Route = Callable[[Sequence[str]], list[str | None]]
 
 # Rows per statement when the store works through a large set (reroute, requeue, lookups).
 _CHUNK = 2000
+# Origin ids the store keeps in memory (an LRU): enough for the hosts of a busy crawl, bounded whatever its size.
+_ORIGIN_CACHE = 100_000
+
 # The catalogue changes counted per refresh cycle.
 _CHANGE_KINDS = ("new", "changed", "removed")
-# Frontier entries being rerouted are parked under this prefix + their old node: a control character no
-# configured node name starts with, and not NUL, which SQLite's string functions treat as an end.
-_PARK, _PARK_END = "\x1f", "\x20"
 
 # Catalogue columns in export order, from the one field list of AudioItem (its client identity is never
 # stored: cookies are secrets), plus who found the item and when. Map fields are stored as JSON text.
@@ -65,15 +101,15 @@ AUDIO_COLUMNS = (tuple(k for k, kind in AUDIO_FIELD_KINDS.items() if kind != "id
 AUDIO_TIMES = ("found_at", "last_seen", "changed_at", "removed_at")
 CHANGED, REMOVED = "changed", "removed"
 _JSON_COLUMNS = frozenset(k for k, kind in AUDIO_FIELD_KINDS.items() if kind == "map")
-_SQL_TYPES = {"text": "TEXT", "map": "TEXT", "number": "REAL"}
+_SQL_TYPES = {"text": "TEXT", "map": "TEXT", "number": "{REAL}"}
 _COLUMN_TYPES = {**{k: _SQL_TYPES[kind] for k, kind in AUDIO_FIELD_KINDS.items() if kind != "identity"},
-                 "size": "INTEGER", "bitrate": "INTEGER", "node": "TEXT", "found_at": "REAL", "last_seen": "REAL",
-                 "changed_at": "REAL", "removed_at": "REAL"}
+                 "size": "{INT}", "bitrate": "{INT}", "node": "TEXT", "found_at": "{REAL}", "last_seen": "{REAL}",
+                 "changed_at": "{REAL}", "removed_at": "{REAL}"}
 _NOT_NULL = frozenset({"page", "url", "status"})
 # A repeat report of a known row fills only what the first one lacked; these are decided otherwise.
 _NOT_COALESCED = frozenset({"url", "page", "status", "reason", "node", "found_at", "extra", "last_seen", "changed_at",
                             "removed_at"})
-_AUDIO_TABLE = ("CREATE TABLE audio (\n    id INTEGER PRIMARY KEY,\n    ukey TEXT NOT NULL,\n"
+_AUDIO_TABLE = ("CREATE TABLE audio (\n    id {AUTO_ID},\n    ukey TEXT NOT NULL,\n"
                 + "".join(f"    {c} {_COLUMN_TYPES[c]}{' NOT NULL' if c in _NOT_NULL else ''},\n"
                           for c in AUDIO_COLUMNS)
                 + "    UNIQUE (ukey, page)\n);")
@@ -89,106 +125,117 @@ _UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c
                  "ELSE status END, last_seen = ?, removed_at = NULL "
                  "WHERE id = ?")
 
-# Revisits (crawler/master/revisit.py): urls.next_visit says when a fetched page is due again, found through a
-# partial index over the done pages that have one (none while refresh is off); everything else a revisit needs
-# lives in page_visits, one row per fetched page only (never for queued URLs), so the URL table grows by one
-# REAL a fetched page, and by nothing while refresh is off.
-_REVISIT_SCHEMA = f"""
-CREATE INDEX IF NOT EXISTS refresh_due ON urls(next_visit) WHERE state = {DONE} AND next_visit IS NOT NULL;
-CREATE TABLE IF NOT EXISTS page_visits (
-    id            INTEGER PRIMARY KEY,   -- urls.id
-    etag          TEXT,                  -- the validators of the last full answer, sent back as
-    last_modified TEXT,                  --   If-None-Match / If-Modified-Since
-    digest        INTEGER,               -- 64-bit hash of the last 2xx body: did the page change
-    interval      REAL,                  -- the current wait between visits
-    hub           INTEGER NOT NULL DEFAULT 0,   -- the last full visit found audio on it
-    changed_at    REAL,                  -- when a visit last found it changed
-    gone_at       REAL                   -- when it went (404/410 or a redirect away); NULL while it is there
-);"""
-# The catalogue's history: the bytes an address served before it changed, and the page index that finds a
-# page's items when it is visited again.
-_HISTORY_SCHEMA = """
-CREATE TABLE IF NOT EXISTS audio_history (
-    audio_id    INTEGER NOT NULL,        -- audio.id
-    sha256      TEXT NOT NULL,
-    size        INTEGER,
-    path        TEXT,
-    replaced_at REAL NOT NULL            -- when other bytes were found at the address
-);
-CREATE INDEX IF NOT EXISTS audio_history_item ON audio_history(audio_id);
-CREATE INDEX IF NOT EXISTS audio_page ON audio(page);
-CREATE INDEX IF NOT EXISTS audio_changes ON audio(coalesce(removed_at, changed_at, found_at));"""
+# The parent's text: its own when it is not in the table, else the text of the row its key names.
+_PARENT = ("coalesce(u.parent_url, (SELECT po.origin || p.path FROM url_state p JOIN origins po ON po.id = p.origin "
+           "WHERE p.id = u.parent))")
+# The URL columns as callers name them (url_info, failed, lookups); read through the view below.
+_FETCH_COLUMNS = ("last_crawl", "http_status", "final_url", "content_type", "size", "error")
+_URL_COLUMNS = ("url", "id", "depth", "priority", "seq", "slot", "state", "node", "parent", "attempts",
+                "last_crawl", "http_status", "final_url", "content_type", "size", "error", "lastmod")
 
 _SCHEMA = f"""
 CREATE TABLE meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
-CREATE TABLE urls (
-    id           INTEGER PRIMARY KEY,
-    key          INTEGER NOT NULL,
-    url          TEXT NOT NULL,
-    depth        INTEGER NOT NULL,
-    priority     INTEGER NOT NULL,
-    seq          INTEGER NOT NULL,
-    slot         INTEGER,
-    state        INTEGER NOT NULL,
-    node         TEXT,
-    parent       TEXT,
-    attempts     INTEGER NOT NULL DEFAULT 0,
-    leased_at    REAL,
-    last_crawl   REAL,
-    http_status  INTEGER,
+CREATE TABLE origins (
+    id     {{INT}} PRIMARY KEY,
+    origin TEXT NOT NULL UNIQUE
+);
+CREATE TABLE nodes (
+    id   {{INT}} PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE
+);
+CREATE TABLE url_state (
+    id           {{INT}} PRIMARY KEY,
+    origin       {{INT}} NOT NULL,
+    path         TEXT NOT NULL,
+    state        {{INT}} NOT NULL,
+    node         {{INT}},
+    depth        {{INT}} NOT NULL,
+    priority     {{INT}} NOT NULL,
+    seq          {{INT}} NOT NULL,
+    slot         {{INT}},
+    parent       {{INT}},
+    parent_url   TEXT,
+    attempts     {{INT}} NOT NULL DEFAULT 0
+);
+-- What the last fetch of a URL said, and when its page last changed: only URLs that were fetched (or that a
+-- sitemap dated) have a row, so a queued URL's row above carries no empty result columns.
+CREATE TABLE pages (
+    id           {{INT}} PRIMARY KEY,
+    last_crawl   {{REAL}},
+    http_status  {{INT}},
     final_url    TEXT,
     content_type TEXT,
-    size         INTEGER,
+    size         {{INT}},
     error        TEXT,
-    lastmod      REAL,
-    next_visit   REAL
+    lastmod      {{REAL}},
+    next_visit   {{REAL}}
 );
-CREATE INDEX urls_key ON urls(key);
-CREATE INDEX frontier_pop ON urls(node, depth, priority DESC, seq) WHERE state = {QUEUED};
-CREATE INDEX frontier_slots ON urls(slot) WHERE state = {QUEUED};
-CREATE INDEX leases ON urls(node) WHERE state = {LEASED};
-CREATE INDEX refresh ON urls(last_crawl) WHERE state = {DONE};
-{_REVISIT_SCHEMA}
+CREATE INDEX frontier_pop ON url_state(node, depth, priority DESC, seq, slot) WHERE state = {QUEUED};
+CREATE INDEX leases ON url_state(node) WHERE state = {LEASED};
+CREATE INDEX refresh ON pages(last_crawl);
+-- Revisits (crawler/master/revisit.py): pages.next_visit says when a fetched page is due again, found through a
+-- partial index over the pages that have one (none while refresh is off; cleared when a page goes back in line);
+-- everything else a revisit needs lives in page_visits, one row per fetched page only (never for queued URLs).
+CREATE INDEX refresh_due ON pages(next_visit) WHERE next_visit IS NOT NULL;
+CREATE TABLE page_visits (
+    id            {{INT}} PRIMARY KEY,   -- url_state.id
+    etag          TEXT,                  -- the validators of the last full answer, sent back as
+    last_modified TEXT,                  --   If-None-Match / If-Modified-Since
+    digest        {{INT}},               -- 64-bit hash of the last 2xx body: did the page change
+    interval      {{REAL}},              -- the current wait between visits
+    hub           {{INT}} NOT NULL DEFAULT 0,   -- the last full visit found audio on it
+    changed_at    {{REAL}},              -- when a visit last found it changed
+    gone_at       {{REAL}}               -- when it went (404/410 or a redirect away); NULL while it is there
+);
+-- Every URL with its text, its node's name and its parent's text: for ad hoc SQL and for the store's reads.
+CREATE VIEW urls AS
+    SELECT o.origin || u.path AS url, u.id AS id, u.depth AS depth, u.priority AS priority, u.seq AS seq,
+           u.slot AS slot, u.state AS state, n.name AS node, {_PARENT} AS parent, u.attempts AS attempts,
+           p.last_crawl AS last_crawl, p.http_status AS http_status,
+           p.final_url AS final_url, p.content_type AS content_type, p.size AS size, p.error AS error,
+           p.lastmod AS lastmod
+    FROM url_state u JOIN origins o ON o.id = u.origin LEFT JOIN nodes n ON n.id = u.node
+    LEFT JOIN pages p ON p.id = u.id;
 -- The frontier as rows, for ad hoc SQL and for tools that expect a table of entries.
 CREATE VIEW frontier AS
-    SELECT seq, id AS url_id, node, depth, priority FROM urls WHERE state = {QUEUED};
+    SELECT seq, id AS url_id, node, depth, priority FROM url_state WHERE state = {QUEUED};
 -- Row counts by (state, node), kept in the same transactions as the rows they count, so status and
 -- frontier_size never scan the URL table. node '' stands for "not routed".
 CREATE TABLE counts (
-    state INTEGER NOT NULL,
+    state {{INT}} NOT NULL,
     node  TEXT NOT NULL,
-    n     INTEGER NOT NULL,
+    n     {{INT}} NOT NULL,
     PRIMARY KEY (state, node)
-) WITHOUT ROWID;
+) {{WITHOUT_ROWID}};
 CREATE TABLE discards (
     reason TEXT PRIMARY KEY,
-    n      INTEGER NOT NULL
-) WITHOUT ROWID;
+    n      {{INT}} NOT NULL
+) {{WITHOUT_ROWID}};
 CREATE TABLE node_stats (
     node  TEXT NOT NULL,
     name  TEXT NOT NULL,
-    value INTEGER NOT NULL,
+    value {{INT}} NOT NULL,
     PRIMARY KEY (node, name)
-) WITHOUT ROWID;
+) {{WITHOUT_ROWID}};
 {_AUDIO_TABLE}
 CREATE INDEX audio_sha ON audio(sha256) WHERE sha256 IS NOT NULL;
-{_HISTORY_SCHEMA}
+-- The catalogue's history: the bytes an address served before it changed, and the page index that finds a
+-- page's items when it is visited again.
+CREATE TABLE audio_history (
+    id          {{AUTO_ID}},
+    audio_id    {{INT}} NOT NULL,        -- audio.id
+    sha256      TEXT NOT NULL,
+    size        {{INT}},
+    path        TEXT,
+    replaced_at {{REAL}} NOT NULL        -- when other bytes were found at the address
+);
+CREATE INDEX audio_history_item ON audio_history(audio_id);
+CREATE INDEX audio_page ON audio(page);
+CREATE INDEX audio_changes ON audio((coalesce(removed_at, changed_at, found_at)), id)
 """
-
-
-class StoreError(Exception):
-    """The store cannot be used as asked: not our database, a newer schema, held by another master, read-only."""
-
-
-class StoreBusy(StoreError):
-    """Another master process holds the store."""
-
-
-class ReadOnlyStoreError(StoreError, sqlite3.OperationalError):
-    """A write through a store opened with open_readonly()."""
 
 
 @dataclass(frozen=True)
@@ -211,16 +258,43 @@ class Finished:
     audio_keys: frozenset[str] | None = None   # the catalogue keys of the audio the page itself showed
 
 
-_MASK44 = (1 << 44) - 1
+_KEY_MAX = (1 << 63) - 1
+# A first path segment this short and made of letters only ("/music/", "/song/") names a part of the site, shared
+# by many of its URLs: it is stored once with the origin. Segments with digits are ids: they stay in the row.
+_SHARED_SEGMENT = re.compile(r"/[A-Za-z_.-]{1,24}/")
 
 
 def url_key(url: str) -> int:
-    """The 64-bit lookup key of a URL: 20 bits of host hash, then 44 bits of URL hash (as a signed int64)."""
+    """The 48-bit key of a URL: 16 bits of host hash, then 32 bits of URL hash.
+
+    48 bits, not 64: a key is stored in every row, index entry and parent reference, and SQLite stores a 48-bit
+    integer in 6 bytes where a 64-bit one takes 8 or 9. Two URLs of one host share a key with odds of 1 in 4
+    billion per pair; the store tells them apart by their text (linear probing), so the key need not be unique.
+    """
     rest = url.partition("://")[2]
     host = rest.partition("/")[0]
-    high = mmh3.hash(host, signed=False) >> 12
-    low = mmh3.hash64(url, signed=False)[0] & _MASK44
-    return ((high << 44) | low) - (1 << 63)
+    return (mmh3.hash(host, signed=False) >> 16) << 32 | mmh3.hash(url, 0x5EED, signed=False)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """(prefix, rest) with prefix + rest == url: the prefix (the origin, and the first path segment when it is a
+    word) is stored once in ``origins``, the rest in the URL's row."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "", url
+    cut = rest.find("/")
+    if cut < 0:
+        return url, ""
+    n = len(scheme) + 3 + cut
+    m = _SHARED_SEGMENT.match(url, n)
+    if m:
+        n = m.end()
+    return url[:n], url[n:]
+
+
+def _from(after: int | None) -> tuple[str, int]:
+    """The condition on keys for "after this key" (None: from the first); keys span the whole int64 range."""
+    return (">=", -(1 << 63)) if after is None else (">", after)
 
 
 def _node_key(node: str | None) -> str:
@@ -236,6 +310,11 @@ def _chunks(seq: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
         yield seq[i:i + size]
 
 
+def page_keys(page: str, rows: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """The catalogue keys of the audio a visit of `page` showed on the page itself (see _remove_unlisted)."""
+    return frozenset(_audio_ukey(r) for r in rows if r.get("page") == page)
+
+
 def _audio_ukey(row: Mapping[str, Any]) -> str:
     # A site's own id outlives its download links (they expire and carry per-client tokens), so it
     # identifies the item better than the URL when the resolver knows it.
@@ -245,28 +324,23 @@ def _audio_ukey(row: Mapping[str, Any]) -> str:
     return row.get("url") or ""
 
 
-def page_keys(page: str, rows: Iterable[Mapping[str, Any]]) -> frozenset[str]:
-    """The catalogue keys of the audio a visit of `page` showed on the page itself (see _remove_unlisted)."""
-    return frozenset(_audio_ukey(r) for r in rows if r.get("page") == page)
-
-
 class MasterStore:
-    """The master's SQLite store. Used from one thread; write methods join the open transaction."""
+    """The master's store. Used from one thread; write methods join the open transaction."""
 
-    def __init__(self, path: Path | str, *, max_attempts: int = 3, slot_of: Callable[[str], int] | None = None,
+    def __init__(self, location: Path | str, *, max_attempts: int = 3, slot_of: Callable[[str], int] | None = None,
                  cache_mb: int = 64, checkpoint_pages: int = 10_000, _readonly: bool = False) -> None:
-        """Open or create the store at `path`.
+        """Open or create the store: an SQLite file path, or a ``postgresql://`` address.
 
         max_attempts: failed tries ("retry" results) before a URL is given up as an error; a URL whose lease
         is lost max_attempts * LOST_LEASE_FACTOR times (its worker keeps dying on it) is given up too.
         slot_of: the scheduler's first hash (URL -> slot of the node table); recorded at push so that
-        reroute_slots() finds a slot's entries through an index.
+        reroute_slots() finds a slot's entries in the frontier index without reading the rows.
         """
-        self.path = Path(path)
+        self.location = location if is_postgres(location) else Path(location)
+        self.path = self.location       # the name older callers use
         self.max_attempts = max_attempts
         self._slot_of = slot_of
         self.readonly = _readonly
-        self._lock_fd: int | None = None
         self._counts: dict[tuple[int, str], int] = {}
         self._audio_counts: dict[str, int] = {}     # catalogue rows by status, so status() never scans the table
         self._dirty_counts: set[tuple[int, str]] = set()
@@ -276,107 +350,80 @@ class MasterStore:
         # under the meta key "cycle" with each commit that changed it.
         self._cycle: dict[str, Any] = {}
         self._cycle_dirty = False
-        if _readonly:
-            if not self.path.exists():
-                raise StoreError(f"{self.path}: no such store")
-            self._check_header()
-            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._check_header()
-            self._take_lock()
-            self.db = sqlite3.connect(self.path, isolation_level=None)
+        self._origins: OrderedDict[str, int] = OrderedDict()
+        self._next_origin = 0
+        self._node_ids: dict[str, int] = {}
+        self._node_names: dict[int, str] = {}
+        self.db: Backend = open_backend(self.location, readonly=_readonly, cache_mb=cache_mb,
+                                        checkpoint_pages=checkpoint_pages)
         try:
-            self.db.execute("PRAGMA busy_timeout = 5000")
-            self.db.execute(f"PRAGMA cache_size = {-cache_mb * 1024}")
             self._open_schema()
+            self._load_names()
             if not _readonly:
-                self.db.execute("PRAGMA journal_mode = WAL")
-                self.db.execute("PRAGMA synchronous = NORMAL")
-                self.db.execute(f"PRAGMA wal_autocheckpoint = {checkpoint_pages}")
+                self.db.start_writing()
                 self._load_counts()
                 self._load_audio_counts()
                 self._next_seq = int(self.get_meta("next_seq", 0))
                 self._cycle = dict(self.get_meta("cycle", {}))
-        except sqlite3.DatabaseError as e:
+        except StoreError:
             self.db.close()
-            self._release_lock()
-            raise StoreError(f"{self.path}: not a crawl database ({e})") from e
+            raise
+        except Exception as e:
+            self.db.close()
+            if type(e).__module__.startswith(("sqlite3", "psycopg")):
+                raise StoreError(f"{describe(self.location)}: not a crawl database ({e})") from e
+            raise
         except BaseException:
             self.db.close()
-            self._release_lock()
             raise
 
     @classmethod
-    def open_readonly(cls, path: Path | str) -> MasterStore:
-        """A reader for the status/export commands; works beside a running master (WAL) and after it stopped."""
-        return cls(path, _readonly=True)
+    def open_readonly(cls, location: Path | str) -> MasterStore:
+        """A reader for the status/export commands; works beside a running master and after it stopped."""
+        return cls(location, _readonly=True)
+
+    @property
+    def backend(self) -> str:
+        """"sqlite" or "postgresql"."""
+        return self.db.name
 
     # -- opening -------------------------------------------------------------------------------------
 
-    def _check_header(self) -> None:
-        # sqlite3 opens anything lazily and only fails on the first query with a terse message; look first.
-        try:
-            with open(self.path, "rb") as f:
-                head = f.read(16)
-        except FileNotFoundError:
-            return
-        if head and head != b"SQLite format 3\x00":
-            raise StoreError(f"{self.path}: not a crawl database (not an SQLite file)")
-
-    def _take_lock(self) -> None:
-        # Two masters on one store would each trust their own in-memory counters; refuse the second.
-        # flock dies with the process, so a killed master never leaves a stale lock behind.
-        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreBusy(f"{self.path}: in use by another master process") from None
-        self._lock_fd = fd
-
-    def _release_lock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-
     def _open_schema(self) -> None:
         self._audio_select = ", ".join(AUDIO_COLUMNS)
-        self._lastmod_select = "lastmod"
-        app_id = self.db.execute("PRAGMA application_id").fetchone()[0]
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        if app_id == 0 and version == 0:
-            has_tables = self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if has_tables:
-                raise StoreError(f"{self.path}: an SQLite database, but not a crawl database")
+        where = describe(self.location)
+        version = self.db.schema_version()
+        if version is None:
             if self.readonly:
-                raise StoreError(f"{self.path}: empty database, not a crawl database")
-            # One transaction, so a crash mid-creation leaves an empty file, not half a schema.
-            self.db.executescript(f"BEGIN IMMEDIATE; {_SCHEMA}; PRAGMA application_id = {APPLICATION_ID}; "
-                                  f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+                raise StoreError(f"{where}: empty database, not a crawl database")
+            self.db.create(_SCHEMA, SCHEMA_VERSION)
             return
-        if app_id != APPLICATION_ID:
-            raise StoreError(f"{self.path}: an SQLite database, but not a crawl database")
         if version > SCHEMA_VERSION:
-            raise StoreError(f"{self.path}: schema version {version} is newer than this program's "
+            raise StoreError(f"{where}: schema version {version} is newer than this program's "
                              f"({SCHEMA_VERSION}); upgrade the crawler")
-        present = {row[1] for row in self.db.execute("PRAGMA table_info(audio)")}
+        if version < SCHEMA_VERSION:
+            # The layout changed entirely (URL text per row and a text index, before): rewriting a big crawl
+            # in place would hold the master for hours, so say so rather than start on a state it cannot read.
+            raise StoreError(f"{where}: crawl state from an older crawler (layout {version}, this one reads "
+                             f"{SCHEMA_VERSION}): run `crawler-master upgrade-store` with this config once")
+        present = self.db.columns("audio")
         missing = [c for c in AUDIO_COLUMNS if c not in present]
-        url_columns = {row[1] for row in self.db.execute("PRAGMA table_info(urls)")}
-        if (missing or "lastmod" not in url_columns or "next_visit" not in url_columns) and not self.readonly:
-            # A file from before a field was added: the new columns start empty. ADD COLUMN only edits the
-            # table's definition, so this is instant whatever the table's size. (Pages done before revisits
-            # were tracked get their next visit from schedule_unscheduled() once refresh is on.)
-            self.db.executescript(
-                "BEGIN IMMEDIATE; "
-                + "".join(f"ALTER TABLE audio ADD COLUMN {c} {_COLUMN_TYPES[c]}; " for c in missing)
-                + ("ALTER TABLE urls ADD COLUMN lastmod REAL; " if "lastmod" not in url_columns else "")
-                + ("ALTER TABLE urls ADD COLUMN next_visit REAL; " if "next_visit" not in url_columns else "")
-                + f"{_REVISIT_SCHEMA} {_HISTORY_SCHEMA} COMMIT;")
+        if missing and not self.readonly:
+            # A store from before a field was added: the new columns start empty. ADD COLUMN only edits the
+            # table's definition, so this is instant whatever the table's size.
+            self.db.begin()
+            for c in missing:
+                self.db.execute(self.db.ddl(f"ALTER TABLE audio ADD COLUMN {c} {_COLUMN_TYPES[c]}"))
+            self.db.execute("COMMIT")
             missing = []
-        # A reader of an older file that it may not alter sees the missing columns as null.
+        # A reader of an older store that it may not alter sees the missing columns as null.
         self._audio_select = ", ".join("NULL" if c in missing else c for c in AUDIO_COLUMNS)
-        self._lastmod_select = "lastmod" if "lastmod" in url_columns or not self.readonly else "NULL AS lastmod"
+
+    def _load_names(self) -> None:
+        self._node_ids = {name: i for i, name in self.db.execute("SELECT id, name FROM nodes")}
+        self._node_names = {i: name for name, i in self._node_ids.items()}
+        self._origins.clear()
+        self._next_origin = int(self.db.execute("SELECT coalesce(max(id), 0) FROM origins").fetchone()[0])
 
     def _load_audio_counts(self) -> None:
         self._audio_counts = dict(self.db.execute("SELECT status, count(*) FROM audio GROUP BY status"))
@@ -389,9 +436,9 @@ class MasterStore:
 
     def _begin(self) -> None:
         if self.readonly:
-            raise ReadOnlyStoreError(f"{self.path}: opened read-only")
+            raise ReadOnlyStoreError(f"{describe(self.location)}: opened read-only")
         if not self.db.in_transaction:
-            self.db.execute("BEGIN IMMEDIATE")
+            self.db.begin()
 
     def commit(self) -> None:
         """End the open transaction: everything written since the last commit becomes durable at once."""
@@ -401,7 +448,7 @@ class MasterStore:
             self.db.executemany(
                 "INSERT INTO counts(state, node, n) VALUES (?, ?, ?) "
                 "ON CONFLICT(state, node) DO UPDATE SET n = excluded.n",
-                [(s, n, self._counts.get((s, n), 0)) for s, n in self._dirty_counts])
+                [(s, n, self._counts.get((s, n), 0)) for s, n in sorted(self._dirty_counts)])
             self._dirty_counts.clear()
         if self._seq_dirty:
             self._write_meta("next_seq", self._next_seq)
@@ -419,6 +466,7 @@ class MasterStore:
             self.db.execute("ROLLBACK")
         self._load_counts()
         self._load_audio_counts()
+        self._load_names()
         self._next_seq = int(self.get_meta("next_seq", 0))
         self._seq_dirty = False
         self._cycle = dict(self.get_meta("cycle", {}))
@@ -435,12 +483,13 @@ class MasterStore:
         try:
             yield
         except BaseException:
-            self.db.execute("ROLLBACK TO unit")
-            self.db.execute("RELEASE unit")
+            self.db.execute("ROLLBACK TO SAVEPOINT unit")
+            self.db.execute("RELEASE SAVEPOINT unit")
             (self._counts, self._dirty_counts, self._next_seq, self._seq_dirty, self._audio_counts, self._cycle,
              self._cycle_dirty) = saved
+            self._load_names()       # ids handed out inside the unit are gone with it
             raise
-        self.db.execute("RELEASE unit")
+        self.db.execute("RELEASE SAVEPOINT unit")
 
     def close(self) -> None:
         """Commit what is open and close; a stopped master leaves nothing half-written."""
@@ -448,13 +497,16 @@ class MasterStore:
             self.commit()
         finally:
             self.db.close()
-            self._release_lock()
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def limit_time(self, seconds: float) -> None:
+        """Queries from now on are cut off after `seconds` with a StoreError (sqlite3.OperationalError on SQLite)."""
+        self.db.limit_time(seconds)
 
     def _move(self, state_from: int | None, node_from: str | None, state_to: int, node_to: str | None,
               n: int = 1) -> None:
@@ -471,19 +523,95 @@ class MasterStore:
         self._seq_dirty = True
         return self._next_seq
 
+    # -- names: nodes and origins --------------------------------------------------------------------
+
+    def _node_id(self, name: str | None) -> int | None:
+        """The small id a node's name is stored as (created on first use, in the open transaction)."""
+        if name is None:
+            return None
+        i = self._node_ids.get(name)
+        if i is None:
+            i = max(self._node_names, default=0) + 1
+            self.db.execute("INSERT INTO nodes(id, name) VALUES (?, ?)", (i, name))
+            self._node_ids[name], self._node_names[i] = i, name
+        return i
+
+    def _origin_ids(self, origins: Iterable[str]) -> dict[str, int]:
+        """Ids of these origins, creating the new ones in the open transaction. Remembers the recent ones."""
+        out: dict[str, int] = {}
+        missing = []
+        for o in set(origins):
+            i = self._origins.get(o)
+            if i is None:
+                missing.append(o)
+            else:
+                self._origins.move_to_end(o)
+                out[o] = i
+        for chunk in _chunks(missing):
+            for i, o in self.db.execute(f"SELECT id, origin FROM origins WHERE {self.db.in_list('origin')}",
+                                        (self.db.list_arg(chunk),)):
+                out[o] = i
+        new = [o for o in missing if o not in out]
+        if new:
+            rows = []
+            for o in new:
+                self._next_origin += 1
+                out[o] = self._next_origin
+                rows.append((self._next_origin, o))
+            self.db.executemany("INSERT INTO origins(id, origin) VALUES (?, ?)", rows)
+        for o in missing:
+            self._origins[o] = out[o]
+        while len(self._origins) > _ORIGIN_CACHE:
+            self._origins.popitem(last=False)
+        return out
+
     # -- URL table and frontier ----------------------------------------------------------------------
 
     def _lookup(self, urls: Iterable[str], columns: str) -> dict[str, tuple]:
-        """Rows of the given URLs that exist, keyed by URL; `columns` must start with url."""
-        out: dict[str, tuple] = {}
-        wanted = set(urls)
-        keys = list({url_key(u) for u in wanted})
-        sql = f"SELECT {columns} FROM urls WHERE key IN (SELECT value FROM json_each(?))"
-        for chunk in _chunks(keys):
-            for row in self.db.execute(sql, (json.dumps(chunk),)):
-                if row[0] in wanted:
-                    out[row[0]] = row
+        """Rows of the given URLs that exist, keyed by URL; `columns` (of the urls view) must start with url."""
+        out, _ = self._find(urls, columns)
         return out
+
+    def _find(self, urls: Iterable[str], columns: str) -> tuple[dict[str, tuple], dict[str, int]]:
+        """(rows found keyed by URL, the free key each URL not found would take)."""
+        wanted = {u: url_key(u) for u in dict.fromkeys(urls)}
+        by_key: dict[int, tuple] = {}
+        sql = f"SELECT {columns}, id FROM urls WHERE {self.db.in_list('id')}"
+        keys = sorted(set(wanted.values()))
+        for chunk in _chunks(keys):
+            for row in self.db.execute(sql, (self.db.list_arg(chunk),)):
+                by_key[row[-1]] = row[:-1]
+        out: dict[str, tuple] = {}        # in the order asked
+        free: dict[str, int] = {}
+        for u, k in wanted.items():
+            row = by_key.get(k)
+            if row is None:
+                free[u] = k
+            elif row[0] == u:
+                out[u] = row
+            else:
+                self._probe(u, k, columns, out, free)
+        return out, free
+
+    def _probe(self, url: str, key: int, columns: str, out: dict[str, tuple], free: dict[str, int]) -> None:
+        # Another URL holds this key: walk the run of taken keys after it until the URL or a free key.
+        expect = key
+        while True:
+            rows = self.db.execute(f"SELECT {columns}, id FROM urls WHERE id >= ? ORDER BY id LIMIT 64",
+                                   (expect,)).fetchall()
+            for row in rows:
+                if row[-1] != expect:
+                    free[url] = expect
+                    return
+                if row[0] == url:
+                    out[url] = row[:-1]
+                    return
+                if expect == _KEY_MAX:
+                    raise StoreError("URL key space exhausted at its top")
+                expect += 1
+            if len(rows) < 64:
+                free[url] = expect
+                return
 
     def known(self, urls: Sequence[str]) -> set[str]:
         """Which of these URLs the URL table holds, whatever their state (exact, not probabilistic)."""
@@ -498,20 +626,50 @@ class MasterStore:
         fresh: dict[str, tuple[str, int, int, str | None, str | None]] = {}
         for row in rows:
             fresh.setdefault(row[0], row)
-        for url in self.known(list(fresh)):
+        found, free = self._find(fresh, "url")
+        for url in found:
             del fresh[url]
         if not fresh:
             return 0
+        parents = {p for *_, p in fresh.values() if p is not None}
+        parent_keys = {u: r[1] for u, r in self._lookup(parents, "url, id").items()} if parents else {}
+        origin_of = self._origin_ids(split_url(u)[0] for u in fresh)
         slot_of = self._slot_of
+        taken: set[int] = set()
         inserts = []
         for url, depth, priority, node, parent in fresh.values():
+            key = free[url]
+            while key in taken:
+                key = self._next_free(key + 1, taken)
+            taken.add(key)
+            origin, rest = split_url(url)
             slot = slot_of(url) if slot_of is not None else None
-            inserts.append((url_key(url), url, depth, priority, self._take_seq(), slot, node, parent))
+            pkey = parent_keys.get(parent) if parent is not None else None
+            inserts.append((key, origin_of[origin], rest, self._node_id(node), depth, priority, self._take_seq(),
+                            slot, pkey, parent if pkey is None else None))
             self._move(None, None, QUEUED, node)
         self.db.executemany(
-            f"INSERT INTO urls(key, url, depth, priority, seq, slot, state, node, parent) "
-            f"VALUES (?, ?, ?, ?, ?, ?, {QUEUED}, ?, ?)", inserts)
+            f"INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent, parent_url) "
+            f"VALUES (?, ?, ?, {QUEUED}, ?, ?, ?, ?, ?, ?, ?)", inserts)
         return len(inserts)
+
+    def _write_pages(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """Set these result columns of URLs by key: rows are (id, value, ...), in the order of `columns`."""
+        if not rows:
+            return
+        cols = ", ".join(columns)
+        self.db.executemany(
+            f"INSERT INTO pages(id, {cols}) VALUES (?{', ?' * len(columns)}) ON CONFLICT(id) DO UPDATE SET "
+            + ", ".join(f"{c} = excluded.{c}" for c in columns), rows)
+
+    def _next_free(self, key: int, taken: set[int]) -> int:
+        """The first key from `key` on that neither the table nor this batch holds (two new URLs on one key)."""
+        while True:
+            if key > _KEY_MAX:
+                raise StoreError("URL key space exhausted at its top")
+            if key not in taken and self.db.execute("SELECT 1 FROM url_state WHERE id = ?", (key,)).fetchone() is None:
+                return key
+            key += 1
 
     def note_lastmod(self, pairs: Sequence[tuple[str, float]]) -> list[tuple[str, int]]:
         """Record when pages last changed, as their site's sitemap says. Returns (url, depth) of the done
@@ -522,13 +680,10 @@ class MasterStore:
         latest: dict[str, float] = {}
         for u, t in pairs:
             latest[u] = max(t, latest.get(u, t))
-        changed = [(u, depth) for u, depth, state, last_crawl in
-                   self._lookup(latest, "url, depth, state, last_crawl").values()
+        rows = self._lookup(latest, "url, depth, state, last_crawl, id")
+        changed = [(u, depth) for u, depth, state, last_crawl, _ in rows.values()
                    if state == DONE and last_crawl is not None and latest[u] > last_crawl]
-        items = list(latest.items())
-        for i in range(0, len(items), _CHUNK):
-            self.db.executemany("UPDATE urls SET lastmod = ? WHERE key = ? AND url = ?",
-                                [(t, url_key(u), u) for u, t in items[i:i + _CHUNK]])
+        self._write_pages(("lastmod",), [(r[4], latest[u]) for u, r in rows.items()])
         return changed
 
     def pop(self, node: str | None, n: int, now: float, max_depth: int | None = None, *,
@@ -540,22 +695,28 @@ class MasterStore:
         the validators of the page's last full answer for a conditional fetch.
         """
         self._begin()
-        where = "u.node IS NULL" if node is None else "u.node = ?"
-        args: tuple = () if node is None else (node,)
+        node_id = self._node_ids.get(node) if node is not None else None
+        if node is not None and node_id is None:
+            return []
+        where = "node IS NULL" if node is None else "node = ?"
+        args: tuple = () if node is None else (node_id,)
         if max_depth is not None:
-            where += " AND u.depth <= ?"
+            where += " AND depth <= ?"
             args += (max_depth,)
         args += (n,)
-        cols, join = "u.id, u.url, u.depth, u.parent", ""
+        cols, join = f"u.id, o.origin || u.path, u.depth, {_PARENT}", ""
         if validators:
             cols, join = cols + ", v.etag, v.last_modified", " LEFT JOIN page_visits v ON v.id = u.id"
         rows = self.db.execute(
-            f"SELECT {cols} FROM urls u{join} WHERE u.state = {QUEUED} AND {where} "
-            f"ORDER BY u.depth, u.priority DESC, u.seq LIMIT ?", args).fetchall()
+            f"SELECT {cols} FROM "
+            f"(SELECT id, depth AS d, priority AS p, seq AS s FROM url_state WHERE state = {QUEUED} AND {where} "
+            f"ORDER BY depth, priority DESC, seq LIMIT ?) f "
+            f"JOIN url_state u ON u.id = f.id JOIN origins o ON o.id = u.origin{join} ORDER BY f.d, f.p DESC, f.s",
+            args).fetchall()
         if not rows:
             return []
-        self.db.executemany(f"UPDATE urls SET state = {LEASED}, leased_at = ? WHERE id = ?",
-                             [(now, r[0]) for r in rows])
+        self.db.executemany(f"UPDATE url_state SET state = {LEASED} WHERE id = ?",
+                            [(r[0],) for r in rows])
         self._move(QUEUED, node, LEASED, node, len(rows))
         if validators:
             return [(r[1], r[2], r[3], (r[4], r[5]) if r[4] is not None or r[5] is not None else None)
@@ -571,10 +732,13 @@ class MasterStore:
         for key in nodes:
             node = _node_of(key)
             if node is None:
-                row = self.db.execute(f"SELECT min(depth) FROM urls WHERE state = {QUEUED} AND node IS NULL").fetchone()
+                row = self.db.execute(
+                    f"SELECT min(depth) FROM url_state WHERE state = {QUEUED} AND node IS NULL").fetchone()
+            elif node in self._node_ids:
+                row = self.db.execute(f"SELECT min(depth) FROM url_state WHERE state = {QUEUED} AND node = ?",
+                                      (self._node_ids[node],)).fetchone()
             else:
-                row = self.db.execute(f"SELECT min(depth) FROM urls WHERE state = {QUEUED} AND node = ?",
-                                      (node,)).fetchone()
+                continue
             if row[0] is not None and (best is None or row[0] < best):
                 best = row[0]
         return best
@@ -591,15 +755,15 @@ class MasterStore:
 
     def reroute(self, nodes: Collection[str | None], route: Route) -> int:
         """Route again the frontier entries of these nodes (the live set changed). Returns how many moved."""
-        names = [n for n in nodes if n is not None]
+        ids = [self._node_ids[n] for n in nodes if n is not None and n in self._node_ids]
         conds = []
-        if names:
-            conds.append(f"node IN ({','.join('?' * len(names))})")
+        if ids:
+            conds.append(f"node IN ({','.join(map(str, ids))})")
         if any(n is None for n in nodes):
             conds.append("node IS NULL")
         if not conds:
             return 0
-        return self._reroute_where(" OR ".join(conds), names, route)
+        return self._reroute_where(" OR ".join(conds), [], route)
 
     def reset_routing(self) -> int:
         """The node table changed between runs: every queued entry forgets its node and its slot, so they are
@@ -608,7 +772,7 @@ class MasterStore:
                  if state == QUEUED and n and node]
         moved = self.reroute(nodes, lambda urls: [None] * len(urls)) if nodes else 0
         self._begin()
-        self.db.execute(f"UPDATE urls SET slot = NULL WHERE state = {QUEUED}")
+        self.db.execute(f"UPDATE url_state SET slot = NULL WHERE state = {QUEUED}")
         return moved
 
     def reroute_slots(self, slots: Collection[int], route: Route) -> int:
@@ -626,23 +790,24 @@ class MasterStore:
 
     def _reroute_where(self, cond: str, args: Sequence[Any], route: Route) -> int:
         self._begin()
-        # Park the entries first (node = marker + old node), then drain the parking range in chunks: an
-        # entry that routes back to its own node is not met again, and memory stays bounded however big
-        # the frontier is. The parked names never outlive this call, so no commit can see them.
+        # Park the entries first (node = -1 - old node id, so every parked value is negative), then drain the
+        # parked entries in chunks: an entry that routes back to its own node is not met again, and memory stays
+        # bounded however big the frontier is. The parked values never outlive this call, so no commit sees them.
         self.db.execute(
-            f"UPDATE urls SET node = ? || coalesce(node, '') WHERE state = {QUEUED} AND ({cond})", (_PARK, *args))
+            f"UPDATE url_state SET node = -1 - coalesce(node, 0) WHERE state = {QUEUED} AND ({cond})", args)
         moved = 0
         while True:
             rows = self.db.execute(
-                f"SELECT id, url, node FROM urls WHERE state = {QUEUED} AND node >= ? AND node < ? LIMIT ?",
-                (_PARK, _PARK_END, _CHUNK)).fetchall()
+                f"SELECT u.id, o.origin || u.path, u.node FROM url_state u JOIN origins o ON o.id = u.origin "
+                f"WHERE u.state = {QUEUED} AND u.node < 0 LIMIT ?", (_CHUNK,)).fetchall()
             if not rows:
                 return moved
             targets = route([r[1] for r in rows])
-            self.db.executemany("UPDATE urls SET node = ? WHERE id = ?",
-                                [(t, r[0]) for r, t in zip(rows, targets, strict=True)])
+            self.db.executemany("UPDATE url_state SET node = ? WHERE id = ?",
+                                [(self._node_id(t), r[0]) for r, t in zip(rows, targets, strict=True)])
             for (_, _, parked), target in zip(rows, targets):
-                old = _node_of(parked[1:])
+                old_id = -1 - parked
+                old = self._node_names[old_id] if old_id else None
                 if target != old:
                     self._move(QUEUED, old, QUEUED, target)
                     moved += 1
@@ -657,9 +822,10 @@ class MasterStore:
         limit = self.max_attempts * LOST_LEASE_FACTOR
         doomed = [r for r in rows if r[4] + 1 >= limit]
         if doomed:
-            self.db.executemany(
-                f"UPDATE urls SET state = {ERROR}, attempts = attempts + 1, leased_at = NULL, error = ? WHERE id = ?",
-                [("lease lost too often (a worker may be dying on it)", r[1]) for r in doomed])
+            self.db.executemany(f"UPDATE url_state SET state = {ERROR}, attempts = attempts + 1 WHERE id = ?",
+                                [(r[1],) for r in doomed])
+            self._write_pages(("error",), [(r[1], "lease lost too often (a worker may be dying on it)")
+                                           for r in doomed])
             for r in doomed:
                 self._move(LEASED, r[2], ERROR, r[2])
         return self._requeue_rows([r for r in rows if r[4] + 1 < limit], route, attempt=True)
@@ -677,7 +843,8 @@ class MasterStore:
         total = 0
         while True:
             rows = self.db.execute(
-                f"SELECT url, id, node, state FROM urls WHERE state = {LEASED} LIMIT ?", (_CHUNK,)).fetchall()
+                f"SELECT url, id, node, state FROM urls WHERE id IN "
+                f"(SELECT id FROM url_state WHERE state = {LEASED} LIMIT ?)", (_CHUNK,)).fetchall()
             if not rows:
                 return total
             total += self._requeue_rows(rows, route, attempt=False)
@@ -688,8 +855,8 @@ class MasterStore:
         targets = route([r[0] for r in rows])
         bump = 1 if attempt else 0
         self.db.executemany(
-            f"UPDATE urls SET state = {QUEUED}, node = ?, attempts = attempts + {bump}, leased_at = NULL "
-            f"WHERE id = ?", [(t, r[1]) for r, t in zip(rows, targets, strict=True)])
+            f"UPDATE url_state SET state = {QUEUED}, node = ?, attempts = attempts + {bump} "
+            f"WHERE id = ?", [(self._node_id(t), r[1]) for r, t in zip(rows, targets, strict=True)])
         for r, t in zip(rows, targets):
             self._move(LEASED, r[2], QUEUED, t)
         return len(rows)
@@ -709,6 +876,7 @@ class MasterStore:
                                 "url, id, state, node, attempts, http_status, last_crawl").values()}
         visits: list[tuple[Finished, int, int | None, float | None]] = []
         out: list[bool] = []
+        fetched: list[tuple] = []
         for res in results:
             row = current.get(res.url)
             if row is None or row[1] in (DONE, ERROR):
@@ -732,17 +900,16 @@ class MasterStore:
                 raise ValueError(f"unknown result state {res.state!r}")
             new_node = node if new_state == QUEUED else res.node
             seq_sql = ", seq = ?" if new_state == QUEUED else ""
-            args: list[Any] = [new_state, new_node, attempts, res.at, res.http_status, res.final_url,
-                               res.content_type, res.size, res.error]
+            args: list[Any] = [new_state, self._node_id(new_node), attempts]
             if new_state == QUEUED:
                 args.append(self._take_seq())
-            self.db.execute(
-                f"UPDATE urls SET state = ?, node = ?, attempts = ?, leased_at = NULL, last_crawl = ?, "
-                f"http_status = ?, final_url = ?, content_type = ?, size = ?, error = ?{seq_sql} WHERE id = ?",
-                (*args, row_id))
+            self.db.execute(f"UPDATE url_state SET state = ?, node = ?, attempts = ?{seq_sql} WHERE id = ?",
+                            (*args, row_id))
+            fetched.append((row_id, res.at, res.http_status, res.final_url, res.content_type, res.size, res.error))
             self._move(state, node, new_state, new_node)
             row[1], row[2], row[3] = new_state, new_node, attempts
             out.append(True)
+        self._write_pages(_FETCH_COLUMNS, fetched)
         if visits:
             assert revisit is not None
             self._visited(visits, revisit)
@@ -753,12 +920,15 @@ class MasterStore:
         """Done pages (result, url id, last HTTP status, last crawl): their next visit and page_visits row; on a
         revisit the catalogue follows the page: a 304 confirms its items, a gone page removes them, a full
         answer removes the items it no longer shows."""
+        from crawler.master.revisit import changed as page_changed
+        from crawler.master.revisit import gone as page_gone
+
         prev: dict[int, tuple] = {}
         ids = [v[1] for v in visits]
         for chunk in _chunks(ids):
             for row in self.db.execute(
                     "SELECT id, etag, last_modified, digest, interval, hub, changed_at, gone_at FROM page_visits "
-                    "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(list(chunk)),)):
+                    f"WHERE {self.db.in_list('id')}", (self.db.list_arg(chunk),)):
                 prev[row[0]] = row
         upserts, next_visits = [], []
         confirmed: list[str] = []
@@ -788,15 +958,17 @@ class MasterStore:
             hub = hub or 0
             interval = policy.interval(interval, changed, bool(hub))
             upserts.append((row_id, etag, lastmod, digest, interval, hub, changed_at, gone_at))
-            next_visits.append((at + interval, row_id))
+            next_visits.append((row_id, at + interval))
+        cols = ("etag", "last_modified", "digest", "interval", "hub", "changed_at", "gone_at")
         self.db.executemany(
-            "INSERT OR REPLACE INTO page_visits(id, etag, last_modified, digest, interval, hub, changed_at, gone_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", upserts)
-        self.db.executemany("UPDATE urls SET next_visit = ? WHERE id = ?", next_visits)
+            f"INSERT INTO page_visits(id, {', '.join(cols)}) VALUES (?{', ?' * len(cols)}) ON CONFLICT(id) DO UPDATE "
+            f"SET " + ", ".join(f"{c} = excluded.{c}" for c in cols), upserts)
+        self._write_pages(("next_visit",), next_visits)
         at = visits[0][0].at
         if confirmed:
-            self.db.execute(f"UPDATE audio SET last_seen = ? WHERE page IN (SELECT value FROM json_each(?)) "
-                            f"AND status != '{REMOVED}'", (at, json.dumps(confirmed)))
+            for chunk in _chunks(confirmed):
+                self.db.execute(f"UPDATE audio SET last_seen = ? WHERE {self.db.in_list('page')} "
+                                f"AND status != '{REMOVED}'", (at, self.db.list_arg(chunk)))
         if listed:
             self._remove_unlisted(listed, at)
 
@@ -805,11 +977,12 @@ class MasterStore:
         address the page linked and that a task of its own showed to be audio (found_in "response") are not
         listed by the page's own visit, so they are left to that address."""
         gone: list[tuple[int, str]] = []
+        found_in = self.db.json_text("extra", "found_in")
         for chunk in _chunks(list(listed)):
             for row_id, page, ukey, status in self.db.execute(
-                    f"SELECT id, page, ukey, status FROM audio WHERE page IN (SELECT value FROM json_each(?)) "
-                    f"AND status != '{REMOVED}' "
-                    "AND coalesce(json_extract(extra, '$.found_in'), '') != 'response'", (json.dumps(list(chunk)),)):
+                    f"SELECT id, page, ukey, status FROM audio WHERE {self.db.in_list('page')} "
+                    f"AND status != '{REMOVED}' AND coalesce({found_in}, '') != 'response'",
+                    (self.db.list_arg(chunk),)):
                 if ukey not in listed[page]:
                     gone.append((row_id, status))
         if not gone:
@@ -820,54 +993,52 @@ class MasterStore:
             self._count_audio(status, REMOVED)
         self._note_change(REMOVED, len(gone))
 
-    def retry_errors(self, route: Route, contains: str | None = None, after: int = 0,
+    def retry_errors(self, route: Route, contains: str | None = None, after: int | None = None,
                      limit: int = _CHUNK) -> tuple[int, int | None]:
         """Failed URLs (state error) back in line with their attempts reset, optionally only those whose error
-        contains `contains`. Works through the table in id order, `limit` rows a call: returns how many went back
-        and the id to continue after, or None when the table is done."""
+        contains `contains`. Works through the table in key order, `limit` rows a call: returns how many went
+        back and the key to continue after, or None when the table is done."""
         self._begin()
-        cond, args = "", (after,)   # type: tuple[str, tuple[Any, ...]]
+        op, start = _from(after)
+        cond, args = "", (start,)   # type: tuple[str, tuple[Any, ...]]
         if contains:
-            cond, args = " AND instr(error, ?) > 0", (after, contains)
+            cond, args = (f" AND id IN (SELECT id FROM pages WHERE id {op} ? AND {self.db.strpos}(error, ?) > 0)",
+                          (start, start, contains))
         rows = self.db.execute(
-            f"SELECT url, id, node FROM urls WHERE id > ? AND state = {ERROR}{cond} ORDER BY id LIMIT ?",
-            (*args, limit)).fetchall()
+            f"SELECT url, id, node FROM urls WHERE id IN (SELECT id FROM url_state WHERE id {op} ? "
+            f"AND state = {ERROR}{cond} ORDER BY id LIMIT ?) ORDER BY id", (*args, limit)).fetchall()
         if not rows:
             return 0, None
         targets = route([r[0] for r in rows])
         self.db.executemany(
-            f"UPDATE urls SET state = {QUEUED}, node = ?, attempts = 0, leased_at = NULL, error = NULL, seq = ? "
-            f"WHERE id = ?", [(t, self._take_seq(), r[1]) for r, t in zip(rows, targets, strict=True)])
+            f"UPDATE url_state SET state = {QUEUED}, node = ?, attempts = 0, seq = ? WHERE id = ?",
+            [(self._node_id(t), self._take_seq(), r[1]) for r, t in zip(rows, targets, strict=True)])
+        self.db.executemany("UPDATE pages SET error = NULL WHERE id = ?", [(r[1],) for r in rows])
         for r, t in zip(rows, targets):
             self._move(ERROR, r[2], QUEUED, t)
         return len(rows), rows[-1][1]
 
     def failed(self) -> Iterator[dict[str, Any]]:
-        """The URLs given up as errors, with why, in the order they were found (streams)."""
+        """The URLs given up as errors, with why, in key order (streams, a page of rows at a time)."""
         cols = ("url", "error", "http_status", "attempts", "node", "last_crawl", "depth", "parent")
-        cur = self.db.execute(f"SELECT {', '.join(cols)} FROM urls WHERE state = {ERROR} ORDER BY id")
-        while batch := cur.fetchmany(1000):
-            for row in batch:
+        last = None
+        while True:
+            op, start = _from(last)
+            rows = self.db.execute(
+                f"SELECT {', '.join(cols)}, id FROM urls WHERE id IN (SELECT id FROM url_state WHERE id {op} ? "
+                f"AND state = {ERROR} ORDER BY id LIMIT 1000) ORDER BY id", (start,)).fetchall()
+            if not rows:
+                return
+            last = rows[-1][-1]
+            for row in rows:
                 yield dict(zip(cols, row))
 
     def due_for_refresh(self, now: float, older_than: float, limit: int) -> list[tuple[str, int]]:
         """Done pages last crawled before now - older_than, oldest first: (url, depth)."""
-        return self.db.execute(
-            f"SELECT url, depth FROM urls WHERE state = {DONE} AND last_crawl < ? ORDER BY last_crawl LIMIT ?",
-            (now - older_than, limit)).fetchall()
-
-    def lower_depths(self, pairs: Sequence[tuple[str, int]]) -> list[tuple[str, int, int]]:
-        """Known URLs found on a shorter path: (url, depth) rows whose recorded depth is larger get this one.
-        Returns (url, old depth, new depth) of the done pages lowered, which the crawl may fetch again."""
-        self._begin()
-        want: dict[str, int] = {}
-        for u, d in pairs:
-            want[u] = min(d, want.get(u, d))
-        rows = [r for r in self._lookup(want, "url, id, depth, state").values() if want[r[0]] < r[2]]
-        if not rows:
-            return []
-        self.db.executemany("UPDATE urls SET depth = ? WHERE id = ?", [(want[r[0]], r[1]) for r in rows])
-        return [(r[0], r[2], want[r[0]]) for r in rows if r[3] == DONE]
+        return [tuple(r) for r in self.db.execute(
+            f"SELECT o.origin || u.path, u.depth FROM pages p JOIN url_state u ON u.id = p.id "
+            f"JOIN origins o ON o.id = u.origin WHERE p.last_crawl < ? AND u.state = {DONE} "
+            f"ORDER BY p.last_crawl LIMIT ?", (now - older_than, limit))]
 
     def requeue_refresh(self, rows: Sequence[tuple[str, int]], route: Route) -> int:
         """Put done pages back at the end of the line for a fresh crawl (past the Bloom filter)."""
@@ -878,8 +1049,9 @@ class MasterStore:
             return 0
         targets = route([r[0] for r in found])
         self.db.executemany(
-            f"UPDATE urls SET state = {QUEUED}, node = ?, depth = ?, seq = ?, attempts = 0 WHERE id = ?",
-            [(t, depth_of[r[0]], self._take_seq(), r[1]) for r, t in zip(found, targets, strict=True)])
+            f"UPDATE url_state SET state = {QUEUED}, node = ?, depth = ?, seq = ?, attempts = 0 WHERE id = ?",
+            [(self._node_id(t), depth_of[r[0]], self._take_seq(), r[1]) for r, t in zip(found, targets, strict=True)])
+        self.db.executemany("UPDATE pages SET next_visit = NULL WHERE id = ?", [(r[1],) for r in found])
         for r, t in zip(found, targets):
             self._move(DONE, r[2], QUEUED, t)
         return len(found)
@@ -890,14 +1062,18 @@ class MasterStore:
         each one is (now - next_visit): the caller calls again while a full batch came back."""
         self._begin()
         rows = self.db.execute(
-            f"SELECT id, url, node, next_visit FROM urls WHERE state = {DONE} AND next_visit <= ? "
-            "ORDER BY next_visit LIMIT ?", (now, limit)).fetchall()
+            f"SELECT v.id, v.url, v.node, f.next_visit FROM (SELECT p.id, p.next_visit FROM pages p "
+            f"JOIN url_state u ON u.id = p.id WHERE p.next_visit <= ? AND u.state = {DONE} "
+            f"ORDER BY p.next_visit LIMIT ?) f JOIN urls v ON v.id = f.id ORDER BY f.next_visit",
+            (now, limit)).fetchall()
         if not rows:
             return []
         targets = route([r[1] for r in rows])
         self.db.executemany(
-            f"UPDATE urls SET state = {QUEUED}, node = ?, seq = ?, attempts = 0 WHERE id = ?",
-            [(t, self._take_seq(), r[0]) for r, t in zip(rows, targets, strict=True)])
+            f"UPDATE url_state SET state = {QUEUED}, node = ?, seq = ?, attempts = 0 WHERE id = ?",
+            [(self._node_id(t), self._take_seq(), r[0]) for r, t in zip(rows, targets, strict=True)])
+        # Out of the next-visit index until the visit is done and sets the next one.
+        self.db.executemany("UPDATE pages SET next_visit = NULL WHERE id = ?", [(r[0],) for r in rows])
         for r, t in zip(rows, targets):
             self._move(DONE, r[2], QUEUED, t)
         return [now - r[3] for r in rows]
@@ -913,26 +1089,45 @@ class MasterStore:
         self._write_meta("revisits_scheduled", refresh)
         if not refresh:
             return 0
-        return self.db.execute(f"UPDATE urls SET next_visit = coalesce(last_crawl, 0) "
-                               f"WHERE state = {DONE} AND next_visit IS NULL").rowcount
+        return int(self.db.execute(
+            f"UPDATE pages SET next_visit = coalesce(last_crawl, 0) WHERE next_visit IS NULL "
+            f"AND id IN (SELECT id FROM url_state WHERE state = {DONE})").rowcount)
 
     def page_visit(self, url: str) -> dict[str, Any] | None:
         """The revisit record of one fetched page (for the operator and for tests)."""
-        cur = self.db.execute(
-            "SELECT u.next_visit, v.etag, v.last_modified, v.digest, v.interval, v.hub, v.changed_at, v.gone_at "
-            "FROM urls u JOIN page_visits v ON v.id = u.id WHERE u.key = ? AND u.url = ?", (url_key(url), url))
-        row = cur.fetchone()
-        return None if row is None else dict(zip([c[0] for c in cur.description], row))
+        found = self._lookup([url], "url, id").get(url)
+        if found is None:
+            return None
+        cols = ("next_visit", "etag", "last_modified", "digest", "interval", "hub", "changed_at", "gone_at")
+        row = self.db.execute(
+            "SELECT p.next_visit, v.etag, v.last_modified, v.digest, v.interval, v.hub, v.changed_at, v.gone_at "
+            "FROM page_visits v LEFT JOIN pages p ON p.id = v.id WHERE v.id = ?", (found[1],)).fetchone()
+        return None if row is None else dict(zip(cols, row))
+
+    def lower_depths(self, pairs: Sequence[tuple[str, int]]) -> list[tuple[str, int, int]]:
+        """Known URLs found on a shorter path: (url, depth) rows whose recorded depth is larger get this one.
+        Returns (url, old depth, new depth) of the done pages lowered, which the crawl may fetch again."""
+        self._begin()
+        want: dict[str, int] = {}
+        for u, d in pairs:
+            want[u] = min(d, want.get(u, d))
+        rows = [r for r in self._lookup(want, "url, id, depth, state").values() if want[r[0]] < r[2]]
+        if not rows:
+            return []
+        self.db.executemany("UPDATE url_state SET depth = ? WHERE id = ?", [(want[r[0]], r[1]) for r in rows])
+        return [(r[0], r[2], want[r[0]]) for r in rows if r[3] == DONE]
 
     def url_count(self) -> int:
         return sum(self._current_counts().values())
 
     def iter_urls(self, batch: int = 100_000) -> Iterator[list[str]]:
         """Every URL, in batches, to rebuild the Bloom filter."""
-        last = -1
+        last = None
         while True:
-            rows = self.db.execute("SELECT id, url FROM urls WHERE id > ? ORDER BY id LIMIT ?",
-                                    (last, batch)).fetchall()
+            op, start = _from(last)
+            rows = self.db.execute(
+                "SELECT u.id, o.origin || u.path FROM url_state u JOIN origins o ON o.id = u.origin "
+                f"WHERE u.id {op} ? ORDER BY u.id LIMIT ?", (start, batch)).fetchall()
             if not rows:
                 return
             last = rows[-1][0]
@@ -940,13 +1135,11 @@ class MasterStore:
 
     def url_info(self, url: str) -> dict[str, Any] | None:
         """Everything the table holds about one URL (for the operator and for tests)."""
-        cur = self.db.execute(
-            "SELECT url, depth, priority, state, node, parent, attempts, leased_at, last_crawl, http_status, "
-            f"final_url, content_type, size, error, {self._lastmod_select} FROM urls WHERE key = ? AND url = ?", (url_key(url), url))
-        row = cur.fetchone()
+        cols = [c for c in _URL_COLUMNS if c not in ("id", "seq", "slot")]
+        row = self._lookup([url], ", ".join(cols)).get(url)
         if row is None:
             return None
-        d = dict(zip([c[0] for c in cur.description], row))
+        d = dict(zip(cols, row))
         d["state"] = STATE_NAMES[d["state"]]
         return d
 
@@ -973,10 +1166,14 @@ class MasterStore:
                 values[c] = json.dumps(values[c], sort_keys=True, ensure_ascii=False) if values[c] else None
             values["url"] = values["url"] or ""
             values["status"] = values["status"] or "ok"
+            for c, v in values.items():
+                # Page text may hold NUL; PostgreSQL's text cannot, and no reader wants it: dropped on both stores.
+                if isinstance(v, str) and "\x00" in v:
+                    values[c] = v.replace("\x00", "")
             at = values["found_at"]
             values["last_seen"] = at
             values["changed_at"] = values["removed_at"] = None
-            ukey = _audio_ukey(row)
+            ukey = _audio_ukey(row).replace("\x00", "")
             cur = self.db.execute(_INSERT_AUDIO, (ukey, *values.values()))
             if cur.rowcount == 1:
                 self._count_audio(None, values["status"])
@@ -1041,12 +1238,21 @@ class MasterStore:
 
     def changes_since(self, since: float) -> Iterator[dict[str, Any]]:
         """Catalogue items that appeared, changed or were removed at `since` or later, the latest event first
-        named in "change" (new, changed, removed), in the order of that event (streams, through an index)."""
-        cur = self.db.execute(
-            f"SELECT {self._audio_select} FROM audio WHERE coalesce(removed_at, changed_at, found_at) >= ? "
-            "ORDER BY coalesce(removed_at, changed_at, found_at), id", (since,))
-        while batch := cur.fetchmany(1000):
-            for values in batch:
+        named in "change" (new, changed, removed), in the order of that event (streams, through an index, a
+        page of rows at a time)."""
+        when = "coalesce(removed_at, changed_at, found_at)"
+        last: tuple[float, int] | None = None
+        while True:
+            if last is None:
+                cond, args = f"{when} >= ?", (since,)   # type: str, tuple
+            else:
+                cond, args = f"({when}, id) > (?, ?)", last
+            rows = self.db.execute(f"SELECT {self._audio_select}, {when}, id FROM audio WHERE {cond} "
+                                   f"ORDER BY {when}, id LIMIT 1000", args).fetchall()
+            if not rows:
+                return
+            last = (rows[-1][-2], rows[-1][-1])
+            for values in rows:
                 d = self._audio_dict(values)
                 if d.get("removed_at") is not None and d["status"] == REMOVED:
                     d["change"] = REMOVED
@@ -1058,17 +1264,11 @@ class MasterStore:
 
     def audio_history(self, audio_url: str) -> list[dict[str, Any]]:
         """The bytes an address served before they changed, oldest first."""
-        cur = self.db.execute(
+        cols = ("page", "sha256", "size", "path", "replaced_at")
+        rows = self.db.execute(
             "SELECT a.page, h.sha256, h.size, h.path, h.replaced_at FROM audio_history h "
-            "JOIN audio a ON a.id = h.audio_id WHERE a.url = ? ORDER BY h.rowid", (audio_url,))
-        names = [c[0] for c in cur.description]
-        return [dict(zip(names, row)) for row in cur.fetchall()]
-
-    def _audio_rows(self, where: str = "", args: tuple = ()) -> Iterator[dict[str, Any]]:
-        cur = self.db.execute(f"SELECT {self._audio_select} FROM audio {where} ORDER BY id", args)
-        while batch := cur.fetchmany(1000):
-            for row in batch:
-                yield self._audio_dict(row)
+            "JOIN audio a ON a.id = h.audio_id WHERE a.url = ? ORDER BY h.id", (audio_url,)).fetchall()
+        return [dict(zip(cols, row)) for row in rows]
 
     @staticmethod
     def _audio_dict(row: Sequence[Any]) -> dict[str, Any]:
@@ -1077,13 +1277,26 @@ class MasterStore:
             d[c] = json.loads(d[c]) if d[c] else {}
         return d
 
+    def _audio_rows(self, where: str = "", args: tuple = ()) -> Iterator[dict[str, Any]]:
+        # Pages of rows by id: streams on either database without holding a cursor open across yields.
+        last = 0
+        cond = f"({where}) AND " if where else ""
+        while True:
+            rows = self.db.execute(f"SELECT {self._audio_select}, id FROM audio WHERE {cond}id > ? "
+                                   f"ORDER BY id LIMIT 1000", (*args, last)).fetchall()
+            if not rows:
+                return
+            last = rows[-1][-1]
+            for row in rows:
+                yield self._audio_dict(row)
+
     def catalogue(self) -> Iterator[dict[str, Any]]:
         """Every catalogue row in the order found, for export (streams; does not load the table)."""
         return self._audio_rows()
 
     def audio_by_sha(self, sha256: str) -> list[dict[str, Any]]:
         """Every place one content was found."""
-        return list(self._audio_rows("WHERE sha256 = ?", (sha256,)))
+        return list(self._audio_rows("sha256 = ?", (sha256,)))
 
     def search_audio(self, query: str, limit: int = 50) -> list[dict[str, Any]]:
         """Catalogue rows whose title, artist, audio URL or page contains `query` (case-insensitive for
@@ -1094,11 +1307,10 @@ class MasterStore:
             sql, args = f"SELECT {cols} FROM audio ORDER BY id DESC LIMIT ?", (limit,)
         else:
             like = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            cond = " OR ".join(f"{c} LIKE ? ESCAPE '\\'" for c in ("title", "artist", "url", "page"))
+            cond = " OR ".join(f"{c} {self.db.like} ? ESCAPE '\\'" for c in ("title", "artist", "url", "page"))
             sql, args = f"SELECT {cols} FROM audio WHERE {cond} ORDER BY id DESC LIMIT ?", (like,) * 4 + (limit,)
-        cur = self.db.execute(sql, args)
-        names = [c[0] for c in cur.description]
-        return [dict(zip(names, row)) for row in cur.fetchall()]
+        names = [c.strip() for c in cols.split(",")]
+        return [dict(zip(names, row)) for row in self.db.execute(sql, args).fetchall()]
 
     # -- figures -------------------------------------------------------------------------------------
 
@@ -1106,7 +1318,7 @@ class MasterStore:
         """Add to the discard counters (URLs dropped by policy, by reason)."""
         self._begin()
         self.db.executemany(
-            "INSERT INTO discards(reason, n) VALUES (?, ?) ON CONFLICT(reason) DO UPDATE SET n = n + excluded.n",
+            "INSERT INTO discards(reason, n) VALUES (?, ?) ON CONFLICT(reason) DO UPDATE SET n = discards.n + excluded.n",
             [(r, n) for r, n in reasons.items() if n])
 
     def note_node(self, node: str, **counters: int) -> None:
@@ -1114,7 +1326,7 @@ class MasterStore:
         self._begin()
         self.db.executemany(
             "INSERT INTO node_stats(node, name, value) VALUES (?, ?, ?) "
-            "ON CONFLICT(node, name) DO UPDATE SET value = value + excluded.value",
+            "ON CONFLICT(node, name) DO UPDATE SET value = node_stats.value + excluded.value",
             [(node, k, v) for k, v in counters.items()])
 
     def _current_counts(self) -> dict[tuple[int, str], int]:
@@ -1132,7 +1344,7 @@ class MasterStore:
         """
         snapshot = self.readonly and not self.db.in_transaction
         if snapshot:
-            self.db.execute("BEGIN")
+            self.db.begin_snapshot()
         try:
             counts = self._current_counts()
             by_state = {name: 0 for name in STATE_NAMES.values()}
@@ -1185,3 +1397,114 @@ class MasterStore:
     def _write_meta(self, key: str, value: Any) -> None:
         self.db.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
                          "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, json.dumps(value)))
+
+
+# -- upgrading a store of the previous layout ---------------------------------------------------------------
+
+_V1_URL_COLUMNS = ("url", "depth", "priority", "seq", "slot", "state", "node", "parent", "attempts", "last_crawl",
+                   "http_status", "final_url", "content_type", "size", "error", "lastmod")
+
+
+def upgrade_layout(path: Path, *, chunk: int = 20_000, progress: Callable[[int], None] | None = None) -> int:
+    """Rewrite an SQLite store of layout 1 (URL text per row, a separate key index) in the compact layout.
+
+    Written beside the old file and swapped in only when complete, so a crash midway leaves the old store as it
+    was; the old file is kept as ``<path>.layout1`` until the operator removes it. Returns how many URLs moved.
+    Refuses while a master holds the store. Every row keeps its state, node, place in line, attempts and results.
+    """
+    import sqlite3
+
+    from crawler.master.backend import SqliteBackend, take_lock
+
+    path = Path(path)
+    new_path = path.with_name(path.name + ".upgrading")
+    SqliteBackend(path, readonly=True).close()      # it exists and is an SQLite file
+    lock_fd = take_lock(path)                        # and no master holds it, nor will until this is done
+    try:
+        old = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            app_id = old.execute("PRAGMA application_id").fetchone()[0]
+            version = old.execute("PRAGMA user_version").fetchone()[0]
+            if app_id != 0x41435257:
+                raise StoreError(f"{path}: not a crawl database")
+            if version != 1:
+                raise StoreError(f"{path}: layout {version}, nothing to upgrade (this crawler reads "
+                                 f"{SCHEMA_VERSION})")
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{new_path}{suffix}").unlink(missing_ok=True)
+            new = MasterStore(new_path)
+            moved = _copy_v1(new, old, chunk, progress)
+            new.close()
+        finally:
+            old.close()
+        path.rename(path.with_name(path.name + ".layout1"))
+        for suffix in ("-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        new_path.rename(path)
+        return moved
+    finally:
+        os.close(lock_fd)
+
+
+def _copy_tables(store: MasterStore, old: Any) -> None:
+    for table, cols in (("meta", "key, value"), ("counts", "state, node, n"), ("discards", "reason, n"),
+                        ("node_stats", "node, name, value")):
+        rows = old.execute(f"SELECT {cols} FROM {table}").fetchall()
+        store.db.executemany(f"INSERT INTO {table}({cols}) VALUES ({', '.join('?' * len(cols.split(',')))})"
+                            f" ON CONFLICT DO NOTHING", rows)
+    present = {r[1] for r in old.execute("PRAGMA table_info(audio)")}
+    cols = ", ".join(c for c in ("ukey", *AUDIO_COLUMNS) if c in present)
+    cur = old.execute(f"SELECT {cols} FROM audio ORDER BY id")
+    while batch := cur.fetchmany(5000):
+        store.db.executemany(f"INSERT INTO audio({cols}) VALUES ({', '.join('?' * len(cols.split(',')))})", batch)
+
+
+def _copy_v1(store: MasterStore, old: Any, chunk: int, progress: Callable[[int], None] | None) -> int:
+    store._begin()
+    _copy_tables(store, old)
+    moved = 0
+    cur = old.execute(f"SELECT {', '.join(_V1_URL_COLUMNS)} FROM urls ORDER BY id")
+    while rows := cur.fetchmany(chunk):
+        by_url = {r[0]: r for r in rows}
+        _, free = store._find(by_url, "url")
+        origin_of = store._origin_ids(split_url(u)[0] for u in by_url)
+        taken: set[int] = set()
+        states, pages = [], []
+        for (url, depth, priority, seq, slot, state, node, parent, attempts, *result) in by_url.values():
+            key = free[url]
+            while key in taken:
+                key = store._next_free(key + 1, taken)
+            taken.add(key)
+            origin, rest = split_url(url)
+            states.append((key, origin_of[origin], rest, state, store._node_id(node), depth, priority, seq, slot,
+                           parent, attempts))
+            if any(v is not None for v in result):
+                pages.append((key, *result))
+        store.db.executemany(
+            "INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent_url, attempts) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", states)
+        store._write_pages((*_FETCH_COLUMNS, "lastmod"), pages)
+        moved += len(states)
+        store.commit()
+        store._begin()
+        if progress is not None:
+            progress(moved)
+    # Parents by key now that every URL has one (a parent the table never held keeps its text).
+    last = None
+    while True:
+        op, start = _from(last)
+        rows = store.db.execute(f"SELECT id, parent_url FROM url_state WHERE id {op} ? AND parent_url IS NOT NULL "
+                               f"ORDER BY id LIMIT ?", (start, chunk)).fetchall()
+        if not rows:
+            break
+        last = rows[-1][0]
+        keys = {u: r[1] for u, r in store._lookup({p for _, p in rows}, "url, id").items()}
+        store.db.executemany("UPDATE url_state SET parent = ?, parent_url = NULL WHERE id = ?",
+                            [(keys[p], i) for i, p in rows if p in keys])
+        store.commit()
+        store._begin()
+    store._load_counts()
+    store._next_seq = int(store.get_meta("next_seq", 0))
+    store.commit()
+    return moved
+

@@ -22,7 +22,6 @@ import hmac
 import json
 import logging
 import sqlite3
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -44,11 +43,9 @@ MAX_QUERY = 200
 WEB_ADDR_FILE = "web.addr"
 
 
-def _search(db_path: Path, query: str, limit: int) -> list[dict[str, Any]]:
+def _search(db_path: Path | str, query: str, limit: int) -> list[dict[str, Any]]:
     store = MasterStore.open_readonly(db_path)
-    deadline = time.monotonic() + SEARCH_SECONDS
-    # Called every 10,000 SQLite instructions: a non-zero answer interrupts the query.
-    store.db.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    store.limit_time(SEARCH_SECONDS)
     try:
         return store.search_audio(query, limit)
     finally:
@@ -60,7 +57,7 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 
 
 class WebServer:
-    def __init__(self, observer: Observer, db_path: Path, token: str | None) -> None:
+    def __init__(self, observer: Observer, db_path: Path | str, token: str | None) -> None:
         self.obs = observer
         self.db_path = db_path
         self.token = token

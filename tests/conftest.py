@@ -1,0 +1,45 @@
+"""Fixtures shared by the store tests and the end-to-end tests: a throwaway PostgreSQL cluster for the session,
+and a fresh database in it per test, so every store test and durability test runs on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scripts.pgcluster import PgCluster
+
+_names = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[PgCluster]:
+    cluster = PgCluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+@pytest.fixture
+def pg_dsn(pg: PgCluster) -> str:
+    """An empty database of its own for this test."""
+    return pg.create_database(f"t{next(_names)}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_location(request, tmp_path: Path) -> Path | str:
+    """Where a master store lives: an SQLite file, or an empty PostgreSQL database."""
+    if request.param == "sqlite":
+        return tmp_path / "m.db"
+    return request.getfixturevalue("pg_dsn")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def master_store(request) -> dict:
+    """master_config overrides that put the master's store on SQLite (none) or in a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return {}
+    return {"store": request.getfixturevalue("pg_dsn")}

@@ -1,0 +1,91 @@
+"""A store written by the previous crawler (layout 1: URL text per row, a key index) is refused by the master
+with one line saying what to do, and `crawler-master upgrade-store` rewrites it with nothing lost."""
+
+import sqlite3
+import subprocess
+import sys
+
+from crawler.master.store import AUDIO_COLUMNS, Finished, MasterStore
+from scripts import cluster
+
+# The previous layout's tables, as that crawler created them.
+V1_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE urls (
+    id INTEGER PRIMARY KEY, key INTEGER NOT NULL, url TEXT NOT NULL, depth INTEGER NOT NULL,
+    priority INTEGER NOT NULL, seq INTEGER NOT NULL, slot INTEGER, state INTEGER NOT NULL, node TEXT, parent TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0, leased_at REAL, last_crawl REAL, http_status INTEGER, final_url TEXT,
+    content_type TEXT, size INTEGER, error TEXT, lastmod REAL);
+CREATE INDEX urls_key ON urls(key);
+CREATE TABLE counts (state INTEGER NOT NULL, node TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (state, node))
+    WITHOUT ROWID;
+CREATE TABLE discards (reason TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE node_stats (node TEXT NOT NULL, name TEXT NOT NULL, value INTEGER NOT NULL, PRIMARY KEY (node, name))
+    WITHOUT ROWID;
+"""
+
+
+def write_v1(path):
+    db = sqlite3.connect(path)
+    db.executescript(V1_SCHEMA)
+    db.execute("CREATE TABLE audio (id INTEGER PRIMARY KEY, ukey TEXT NOT NULL, "
+               + ", ".join(AUDIO_COLUMNS) + ", UNIQUE (ukey, page))")
+    rows = [
+        (1, 0, "http://s/", 0, 1, 1, None, 2, "w1", None, 0, None, 50.0, 200, None, "text/html", 10, None, None),
+        (2, 0, "http://s/a.html", 1, 1, 2, None, 0, "w1", "http://s/", 0, None, None, None, None, None, None, None,
+         None),
+        (3, 0, "http://s/b.html", 1, 0, 3, None, 3, "w1", "http://s/", 3, None, 60.0, 500, None, None, None,
+         "HTTP 500", None),
+        (4, 0, "http://s/c.html", 1, 0, 4, None, 1, "w1", "http://gone/", 1, 70.0, None, None, None, None, None,
+         None, None),
+    ]
+    db.executemany("INSERT INTO urls(id, key, url, depth, priority, seq, slot, state, node, parent, attempts, "
+                   "leased_at, last_crawl, http_status, final_url, content_type, size, error, lastmod) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    db.executemany("INSERT INTO counts VALUES (?, ?, ?)", [(0, "w1", 1), (1, "w1", 1), (2, "w1", 1), (3, "w1", 1)])
+    db.execute("INSERT INTO meta VALUES ('next_seq', '4')")
+    db.execute("INSERT INTO discards VALUES ('depth', 7)")
+    db.execute("INSERT INTO audio(ukey, url, page, status, title) VALUES ('http://s/x.mp3', 'http://s/x.mp3', "
+               "'http://s/a.html', 'ok', 'X')")
+    db.execute("PRAGMA application_id = 1094931031")
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "crawler.master", *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_an_old_store_is_refused_in_one_line_then_upgraded_with_nothing_lost(tmp_path):
+    config = cluster.master_config(tmp_path, ["http://s/"], ["w1"])
+    db = tmp_path / "master" / "master.db"
+    db.parent.mkdir()
+    write_v1(db)
+    before = db.read_bytes()
+
+    run = cli("--config", str(config))
+    assert run.returncode == 1
+    [line] = run.stderr.strip().splitlines()
+    assert "crawler-master upgrade-store" in line and "older crawler" in line, run.stderr
+    assert db.read_bytes() == before, "a refused store must be left as it was"
+
+    up = cli("upgrade-store", "--config", str(config))
+    assert up.returncode == 0, up.stderr
+    assert "4 URLs" in up.stdout and (db.parent / "master.db.layout1").exists()
+
+    with MasterStore(db) as s:
+        assert s.status()["states"] == {"queued": 1, "leased": 1, "done": 1, "error": 1}
+        assert s.status()["discards"] == {"depth": 7} and [r["title"] for r in s.catalogue()] == ["X"]
+        assert s.url_info("http://s/")["http_status"] == 200
+        info = s.url_info("http://s/b.html")
+        assert (info["state"], info["error"], info["attempts"], info["parent"]) == ("error", "HTTP 500", 3,
+                                                                                     "http://s/")
+        assert s.url_info("http://s/c.html")["parent"] == "http://gone/"      # a parent never in the table
+        assert s.pop("w1", 10, 1.0) == [("http://s/a.html", 1, "http://s/")]
+        assert s.requeue_leased(lambda urls: ["w1"] * len(urls)) == 2           # a.html and c.html
+        assert s.finish([Finished("http://s/c.html", "done", 200, None, None, 1, None, "w1", 80.0)]) == [True]
+        assert s.push([("http://s/a.html", 0, 0, "w1", None), ("http://s/new", 2, 0, "w1", "http://s/a.html")]) == 1
+        assert s._next_seq > 4
+    assert "nothing to upgrade" in cli("upgrade-store", "--config", str(config)).stderr
