@@ -1,8 +1,10 @@
 """Resumable audio downloads: one coroutine per file, resuming from the partial on disk after anything breaks.
 
-A crawl runs for days, so a download never starts over for a reason that does not force it to. Each download
-streams into ``audio/partial/<key>.part`` beside a sidecar holding the address, validators and expected size;
-the next attempt (in this process or after a restart) asks for ``Range: bytes=<part size>-`` guarded by
+A crawl runs for days, so a download never starts over for a reason that does not force it to. A file that
+arrives whole within one chunk (most songs at the default size) is hashed and written straight to the store from
+memory, with the other downloads that finished meanwhile in one job off the event loop. A larger one, or one
+whose connection is cut, streams into ``audio/partial/<key>.part`` beside a sidecar holding the address,
+validators and expected size; the next attempt (in this process or after a restart) asks for ``Range: bytes=<part size>-`` guarded by
 ``If-Range``, and decides from the answer whether the bytes it already has still belong to the file:
 
     206 at our offset, same validators and total   append
@@ -15,6 +17,11 @@ the next attempt (in this process or after a restart) asks for ``Range: bytes=<p
 
 The part file itself is the record of progress: bytes are only ever appended after the decision above, so
 whatever length it has is a valid prefix. The sidecar's ``written`` is a checkpoint for people, not the truth.
+Every byte received before a cut is written before the resume (the transport hands out what it had buffered
+before the error), so the resume asks for exactly the byte where the received data ends.
+
+Requests go straight to the client's transport, as page fetches do, and bodies are read in large pieces: per
+download there is one request object, a few header look-ups and, per piece, a length check and the hash.
 
 Pages are crawled again (refresh) and one song is linked from many pages, so the same audio comes back again
 and again. A finished download leaves a ``Finished`` record under its key (the site's id, else the address),
@@ -58,7 +65,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -68,7 +75,7 @@ from crawler.bodies import BodyError
 from crawler.items import FAILED, OK, AudioItem
 from crawler.resolvers import sniff
 from crawler.targets import TargetRefused
-from crawler.worker.audiostore import AudioStore, Finished, Sidecar, extension_for, partial_key
+from crawler.worker.audiostore import AudioStore, Finished, Sidecar, extension_for, partial_key, write_pieces
 from crawler.worker.faults import is_local
 
 KiB = 1024
@@ -80,6 +87,8 @@ _EXPIRED = frozenset({403, 410})
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
 _UNSATISFIED_RANGE = re.compile(r"bytes\s+\*/(\d+)", re.IGNORECASE)
 _CHECKPOINT = 16 * MiB
+# Body reads: aiohttp buffers twice this before it stops reading the socket.
+_READ_SIZE = 1 * MiB
 # Errors the transports raise for a broken connection. The worker's transport maps aiohttp's errors to httpx
 # ones; aiohttp's and the loop's own stay caught too, for any transport that lets one through.
 _NETWORK_ERRORS = (httpx.TransportError, aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
@@ -90,7 +99,8 @@ Reresolve = Callable[[AudioItem], Awaitable[AudioItem | None]]
 @dataclass(frozen=True)
 class DownloadConfig:
     max_size: int = 2 * GiB           # larger files are refused before their body is read
-    chunk_size: int = 256 * KiB       # buffered before one write + hash; at most this is lost in a crash
+    chunk_size: int = 1 * MiB         # buffered before one write + hash; a file up to this size is kept in
+                                      # memory and stored whole, with no partial file
     max_attempts: int = 5             # consecutive failed attempts (network, 5xx) that made no progress
     timeout: float = 30.0             # per read (and connect)
     max_redirects: int = 5
@@ -153,32 +163,55 @@ class _Fail(Exception):
 
 
 class _Partial:
-    """The open part file and its running hash. Appends only.
+    """The part file and its running hash. Appends only.
 
-    Writing and hashing run in a thread, one batch of ``chunk_size`` at a time, while the event loop receives
-    the next batch: both release the GIL, so a download uses a second core and never stalls page fetches on a
-    slow disk. At most two batches are in memory per download.
+    Nothing touches the disk until bytes must be kept there: a file that arrives whole within one chunk is
+    committed straight from memory (``Downloader._finish_from_memory``), with no part file and no sidecar. The
+    first batch handed over, or a flush after a cut, creates them (sidecar first, so a part file on disk always
+    has the validators of its bytes beside it).
+
+    Writing and hashing run in two threads, one batch of ``chunk_size`` at a time, while the event loop
+    receives the next batch: both release the GIL, so a large download keeps up with loopback on spare cores and
+    never stalls page fetches on a slow disk. At most two batches are in memory per download. A batch goes to the file as the pieces the
+    socket gave (one writev, hashed piece by piece), never joined into one more copy.
     """
 
-    def __init__(self, store: AudioStore, key: str, record: Sidecar, chunk_size: int) -> None:
+    def __init__(self, store: AudioStore, key: str, record: Sidecar, chunk_size: int, *, on_disk: bool) -> None:
         self.store, self.key, self.record = store, key, record
-        path = store.part_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: BinaryIO = open(path, "r+b" if path.exists() else "w+b", buffering=0)
-        self.offset = self._fh.seek(0, 2)      # bytes on disk; exact whenever no batch is in flight
+        self._fh: BinaryIO | None = None
+        self.offset = 0                        # bytes on disk; exact whenever no batch is in flight
+        if on_disk:                            # a sidecar vouches for the part file: continue it
+            self._fh = open(store.part_path(key), "r+b", buffering=0)
+            self.offset = self._fh.seek(0, 2)
         self.received = self.offset            # bytes taken in, including those not yet on disk
         self.hasher = hashlib.sha256()
         self._chunk_size = chunk_size
         self._pieces: list[bytes] = []
         self._pending = 0
-        self._writing: asyncio.Future[None] | None = None
+        self._writing: asyncio.Future[Any] | None = None
         self._next_checkpoint = self.offset + _CHECKPOINT
         self.deadline: asyncio.Timeout | None = None   # the download's, stretched as its size becomes known
         self.started = 0.0
 
+    @property
+    def on_disk(self) -> bool:
+        return self._fh is not None
+
     def head(self, size: int) -> bytes:
-        """The first bytes on disk (everything taken in must have been flushed)."""
-        return os.pread(self._fh.fileno(), size, 0)
+        """The file's first bytes: from disk, or from memory while nothing was written."""
+        if self._fh is not None:
+            return os.pread(self._fh.fileno(), size, 0)
+        head = b""
+        for piece in self._pieces:
+            head += piece[:size - len(head)]
+            if len(head) >= size:
+                break
+        return head
+
+    def in_memory(self) -> list[bytes]:
+        """The whole body, for a partial that never went to disk."""
+        assert self._fh is None and self._writing is None
+        return self._pieces
 
     async def rehash(self) -> None:
         """Hash the bytes already on disk once, off the event loop: a resumed partial can be a gigabyte."""
@@ -203,7 +236,8 @@ class _Partial:
         if not self._pieces:
             return
         batch, self._pieces, self._pending = self._pieces, [], 0
-        self._writing = asyncio.ensure_future(asyncio.to_thread(self._write, batch))
+        # Writing and hashing in two threads at once: a batch then costs the slower of the two, not both.
+        self._writing = asyncio.gather(asyncio.to_thread(self._write, batch), asyncio.to_thread(self._hash, batch))
 
     async def _drain(self) -> None:
         if self._writing is not None:
@@ -211,14 +245,22 @@ class _Partial:
             await writing
 
     def _write(self, batch: list[bytes]) -> None:
-        data = b"".join(batch) if len(batch) > 1 else batch[0]
-        view = memoryview(data)
-        while view:
-            view = view[self._fh.write(view) or 0:]
-        self.hasher.update(data)
-        self.offset += len(data)
+        if self._fh is None:
+            self.store.save_sidecar(self.key, self.record)
+            # "w+b": a part file left without its sidecar (a crash between the two) holds nothing we can vouch for.
+            self._fh = open(self.store.part_path(self.key), "w+b", buffering=0)
+        write_pieces(self._fh.fileno(), batch)
+        self.offset += sum(map(len, batch))
+
+    def _hash(self, batch: list[bytes]) -> None:
+        update = self.hasher.update
+        for piece in batch:
+            update(piece)
 
     def checkpoint(self) -> None:
+        """Record the validators and progress beside the part file (nothing to record before it exists)."""
+        if self._fh is None:
+            return
         self.record.written = self.offset
         self.store.save_sidecar(self.key, self.record)
         self._next_checkpoint = self.offset + _CHECKPOINT
@@ -226,13 +268,14 @@ class _Partial:
     async def reset(self, url: str) -> None:
         await self._drain()
         self._pieces, self._pending = [], 0
-        self._fh.truncate(0)
-        self._fh.seek(0)
         self.offset = self.received = 0
         self.hasher = hashlib.sha256()
         self.record = Sidecar(url=url)
         self._next_checkpoint = _CHECKPOINT
-        self.store.save_sidecar(self.key, self.record)
+        if self._fh is not None:
+            self._fh.truncate(0)
+            self._fh.seek(0)
+            self.store.save_sidecar(self.key, self.record)
 
     async def aclose(self) -> None:
         # Even when cancelled, let a batch in flight finish: closing the file under a writing thread would
@@ -246,7 +289,61 @@ class _Partial:
                 raise
             except Exception:  # noqa: S110 - the write's own error was already raised to the download
                 pass
-        self._fh.close()
+        if self._fh is not None:
+            self._fh.close()
+
+
+class _Batches:
+    """Small blocking jobs run in a worker thread, all those waiting at once in one hand-off.
+
+    Finishing a small download (hash a few KiB, write one file and its record) costs less than handing a job
+    to a thread and back; a batch pays that once for every download that finished meanwhile. The queue holds
+    at most one job per running download.
+    """
+
+    def __init__(self) -> None:
+        self._queue: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
+        self._running = False
+
+    def run(self, job: Callable[[], Any]) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((job, future))
+        if not self._running:
+            self._start(loop)
+        return future
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch, self._queue = self._queue, []
+        self._running = True
+        done = loop.run_in_executor(None, _run_jobs, [job for job, _ in batch])
+        done.add_done_callback(lambda f: self._finished(loop, batch, f))
+
+    def _finished(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[Callable[[], Any], asyncio.Future[Any]]],
+                  done: asyncio.Future[list[tuple[bool, Any]]]) -> None:
+        self._running = False
+        outcomes = done.result() if not done.cancelled() and done.exception() is None else None
+        for i, (_, future) in enumerate(batch):
+            if future.done():
+                continue      # its download was cancelled; the job ran anyway (a stored file, a record)
+            if outcomes is None:
+                future.set_exception(RuntimeError("the batch of store jobs did not run"))
+            elif outcomes[i][0]:
+                future.set_result(outcomes[i][1])
+            else:
+                future.set_exception(outcomes[i][1])
+        if self._queue:
+            self._start(loop)
+
+
+def _run_jobs(jobs: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
+    out: list[tuple[bool, Any]] = []
+    for job in jobs:
+        try:
+            out.append((True, job()))
+        except Exception as exc:   # each job's error is its own download's
+            out.append((False, exc))
+    return out
 
 
 class HostSlots:
@@ -326,6 +423,16 @@ class Downloader:
         self.client = client
         self.cfg = cfg
         self.store = AudioStore(data_dir)
+        # Requests go straight to the client's transport, as page fetches do (fetcher.PageFetcher): the client's
+        # per-request machinery (merging, auth flow, redirect loop, cookies, hooks) costs more than the request.
+        # The client's headers are the base; identity, Range and validators are added per request.
+        self._transport: httpx.AsyncBaseTransport = client._transport
+        self._headers = client.headers.copy()
+        self._headers["Accept-Encoding"] = "identity"
+        # Read in large pieces (one per socket read, not per 16 KiB) and bound by our own cap, not the pages'.
+        self._extensions = {"timeout": httpx.Timeout(cfg.timeout).as_dict(), "max_body": cfg.max_size + 1,
+                            "read_size": _READ_SIZE}
+        self._batches = _Batches()
         # Wall-clock time: a record's age must mean the same after a restart.
         self._clock = clock
         self._inflight: dict[str, asyncio.Future[AudioItem]] = {}
@@ -366,14 +473,8 @@ class Downloader:
         known, own = self._known(key, item.url)
         # A record from the future (the clock was set back) is not trusted: ask the server.
         if known is not None and 0 <= self._clock() - known.verified_at < self.cfg.revalidate_after:
-            try:
-                if not own:
-                    self._remember(key, known)    # next time this key finds it without the address map
-                self.store.record_place(known.sha256, known.path, item)
-            except OSError as exc:
-                if is_local(exc):
-                    raise     # the node's disk, not this item: the worker hands the task back
-                return item.replace(status=FAILED, reason=f"storage: {exc}")
+            if not own:
+                self._remember(key, known)    # next time this key finds it without the address map
             self.stats.reused += 1
             return _filled(item, known)
         future: asyncio.Future[AudioItem] = asyncio.get_running_loop().create_future()
@@ -411,11 +512,12 @@ class Downloader:
             return None, False
         return record, own
 
-    def _remember(self, key: str, record: Finished) -> None:
+    def _remember(self, key: str, record: Finished, *, save: bool = True) -> None:
         # The durable record is a cache of what the store holds: failing to write it costs a later
         # download, never this one's result.
-        with contextlib.suppress(OSError):
-            self.store.save_finished(key, record)
+        if save:
+            with contextlib.suppress(OSError):
+                self.store.save_finished(key, record)
         if self.cfg.remembered_urls:
             self._by_url[record.url] = record
             self._by_url.move_to_end(record.url)
@@ -425,7 +527,6 @@ class Downloader:
     def _share(self, item: AudioItem, done: AudioItem) -> AudioItem:
         if done.status != OK or done.sha256 is None or done.path is None:
             return item.replace(status=FAILED, reason=done.reason or "download failed")
-        self.store.record_place(done.sha256, done.path, item)
         return item.replace(status=OK, reason=None, sha256=done.sha256, size=done.size,
                             content_type=done.content_type, path=done.path)
 
@@ -433,10 +534,8 @@ class Downloader:
                      lease: _Lease) -> AudioItem:
         try:
             record = self.store.load_sidecar(key)
-            if record is None:
-                record = Sidecar(url=item.url)
-                self.store.save_sidecar(key, record)
-            partial = _Partial(self.store, key, record, self.cfg.chunk_size)
+            partial = _Partial(self.store, key, record or Sidecar(url=item.url), self.cfg.chunk_size,
+                               on_disk=record is not None)
         except OSError as exc:
             if is_local(exc):
                 raise
@@ -458,7 +557,8 @@ class Downloader:
         except _Fail as exc:
             await partial.aclose()
             if exc.discard:
-                self.store.discard(key)
+                if partial.on_disk:
+                    self.store.discard(key)
             else:
                 partial.checkpoint()
             return item.replace(status=FAILED, reason=str(exc))
@@ -490,7 +590,8 @@ class Downloader:
                 complete = await self._attempt(current, partial, new_address, known)
             except _Unchanged as exc:
                 await partial.aclose()
-                self.store.discard(partial.key)
+                if partial.on_disk:
+                    self.store.discard(partial.key)
                 assert known is not None
                 return self._confirmed(current, partial.key, known, exc)
             except _Retry as exc:
@@ -555,40 +656,44 @@ class Downloader:
             # After a re-resolve the old validator may mean nothing to the new host: judge the 206 ourselves.
             if validator and not new_address:
                 extra["If-Range"] = validator
-        url = httpx.URL(item.url) if _http_url(item.url) else None
-        if url is None:
+        if not _http_url(item.url):
             raise _Fail(f"not an http(s) address: {item.url[:200]!r}", discard=True)
-        origin_host = url.host
         try:
+            url = httpx.URL(item.url)
+            origin_host = url.host
             for _ in range(self.cfg.max_redirects + 1):
-                headers = _identity_headers(item, same_host=url.host == origin_host)
+                headers = self._headers.copy()
+                headers.update(_identity_headers(item, same_host=url.host == origin_host))
                 headers.update(extra)
-                request = self.client.build_request("GET", url, headers=headers,
-                                                    timeout=httpx.Timeout(self.cfg.timeout))
-                response = await self.client.send(request, stream=True, follow_redirects=False)
+                request = httpx.Request("GET", url, headers=headers, extensions=self._extensions)
+                response = await self._transport.handle_async_request(request)
                 try:
                     location = response.headers.get("location")
                     if response.status_code in _REDIRECTS and location:
-                        url = response.url.join(location)
+                        url = url.join(location)
                         if url.scheme not in ("http", "https"):
                             raise _Fail(f"redirect to a non-http address: {str(url)[:200]!r}")
                         continue
-                    return await self._consume(response, partial, new_address, conditional)
+                    return await self._consume(response, str(url), partial, new_address, conditional)
                 finally:
                     await response.aclose()
         except _NETWORK_ERRORS as exc:
             raise _Retry(f"{type(exc).__name__}: {exc}"[:300]) from None
         except (BodyError, TargetRefused) as exc:
-            raise _Fail(str(exc)[:300], discard=partial.offset == 0) from None
+            raise _Fail(str(exc)[:300], discard=partial.received == 0) from None
         except httpx.InvalidURL as exc:
             raise _Fail(f"bad address: {exc}") from None
         raise _Fail(f"more than {self.cfg.max_redirects} redirects")
 
-    async def _consume(self, response: httpx.Response, partial: _Partial, new_address: bool,
+    async def _consume(self, response: httpx.Response, url: str, partial: _Partial, new_address: bool,
                        conditional: bool) -> bool:
         status = response.status_code
         record = partial.record
+        # The worker's transport names the coding it took off; any other transport leaves the header.
         coding = response.extensions.get("content_encoding")
+        if coding is None:
+            coding = response.headers.get("content-encoding", "").strip().lower()
+            coding = "" if coding == "identity" else coding
         if coding:
             raise _Fail(f"body sent with Content-Encoding {coding} although identity was asked",
                         discard=partial.offset == 0)
@@ -611,7 +716,7 @@ class Downloader:
                 await partial.reset(record.url)
                 record = partial.record
             total = _int_header(response, "content-length")
-            self._adopt(response, partial, total)
+            self._adopt(response, url, partial, total)
         elif status == 206:
             m = _CONTENT_RANGE.fullmatch(response.headers.get("content-range", "").strip())
             if m is None:
@@ -626,7 +731,7 @@ class Downloader:
                 raise _Restart("Content-Length disagrees with Content-Range")
             if partial.offset > 0 and not _same_file(record, response, total, new_address):
                 raise _Restart("the file changed under its address")
-            self._adopt(response, partial, total)
+            self._adopt(response, url, partial, total)
         else:
             # Keep bytes already fetched: the address may come back, or be re-resolved on a later crawl.
             raise _Fail(f"http {status}", discard=partial.offset == 0)
@@ -636,32 +741,38 @@ class Downloader:
             raise _Fail(f"too large: {expected} bytes (max {self.cfg.max_size})", discard=True)
         partial.checkpoint()
         self._stretch(partial)
+        # A file that fits in one chunk stays in memory and is committed from there (_finish_from_memory).
+        whole = not partial.on_disk and expected is not None and expected <= self.cfg.chunk_size
         # A body from byte 0 is judged by its first bytes as soon as they are in: a 2 GiB page of junk served
-        # as audio is refused after 4 KiB, not after it was all downloaded. (_finish checks again from disk.)
-        head = b"" if partial.offset == 0 else None
+        # as audio is refused after 4 KiB, not after it was all downloaded. (_finish checks again.)
+        head = b"" if partial.received == 0 else None
+        max_size = self.cfg.max_size
         try:
-            async for piece in response.aiter_raw():
+            async for piece in response.stream:
                 if head is not None:
                     head += piece[:sniff.HEAD_BYTES - len(head)]
                     if len(head) >= sniff.HEAD_BYTES:
                         if not sniff.is_media(head):
                             raise _Fail("not audio", discard=True)
                         head = None
-                if partial.take(piece):
+                if partial.take(piece) and not whole:
                     self._stretch(partial)
                     await partial.hand_over()
                 received = partial.received
-                if received > self.cfg.max_size:
-                    raise _Fail(f"too large: more than {self.cfg.max_size} bytes", discard=True)
+                if received > max_size:
+                    raise _Fail(f"too large: more than {max_size} bytes", discard=True)
                 if expected is not None and received > expected:
                     raise _Restart(f"body longer than the {expected} bytes announced")
-        finally:
+        except BaseException:
             # Bytes that arrived before a connection broke are valid: keep them for the resume.
+            await partial.flush()
+            raise
+        if not (whole and partial.received == expected):
             await partial.flush()
         if expected is None:
             return True
         # False for a 206 that stopped short of the end, cleanly: ask for the rest.
-        return partial.offset >= expected
+        return partial.received >= expected
 
     def _stretch(self, partial: _Partial) -> None:
         """Move the download's deadline to base + size / min_rate, the size as announced or as received so far."""
@@ -669,7 +780,7 @@ class Downloader:
             size = max(partial.record.expected_size or 0, partial.received)
             partial.deadline.reschedule(partial.started + self.cfg.deadline_base + size / self.cfg.min_rate)
 
-    def _adopt(self, response: httpx.Response, partial: _Partial, total: int | None) -> None:
+    def _adopt(self, response: httpx.Response, url: str, partial: _Partial, total: int | None) -> None:
         """Take the validators and size of the response whose body we are about to keep.
 
         A 206 continuing our bytes that omits a validator keeps the one we had: it was judged the same file.
@@ -684,9 +795,11 @@ class Downloader:
         ctype = response.headers.get("content-type")
         if ctype:
             record.content_type = ctype.split(";", 1)[0].strip().lower()[:100] or None
-        record.final_url = str(response.url)
+        record.final_url = url
 
     async def _finish(self, item: AudioItem, partial: _Partial) -> AudioItem:
+        if not partial.on_disk:
+            return await self._finish_from_memory(item, partial)
         await partial.flush()
         record = partial.record
         size = partial.offset
@@ -699,13 +812,43 @@ class Downloader:
         ext = extension_for(urls, record.content_type)
         await partial.aclose()
         rel = self.store.commit(partial.key, sha, size, ext)
-        self.store.record_place(sha, rel, item)
-        self._remember(partial.key, Finished(
+        return self._finished(item, partial.key, Finished(
             url=item.url, sha256=sha, size=size, path=rel, etag=record.etag,
             last_modified=record.last_modified, content_type=record.content_type, verified_at=self._clock()))
+
+    async def _finish_from_memory(self, item: AudioItem, partial: _Partial) -> AudioItem:
+        """A file that came whole in one chunk: hashed, stored and recorded in one batched job, off the loop."""
+        record = partial.record
+        pieces = partial.in_memory()
+        size = partial.received
+        if record.expected_size is not None and size != record.expected_size:
+            raise _Fail(f"size {size} disagrees with the server's {record.expected_size}", discard=True)
+        if not sniff.is_media(partial.head(sniff.HEAD_BYTES)):
+            raise _Fail("not audio", discard=True)
+        urls = [item.url] + ([record.final_url] if record.final_url else [])
+        ext = extension_for(urls, record.content_type)
+        store, key = self.store, partial.key
+        template = Finished(url=item.url, sha256="", size=size, path="", etag=record.etag,
+                            last_modified=record.last_modified, content_type=record.content_type,
+                            verified_at=self._clock())
+
+        def job() -> Finished:
+            hasher = hashlib.sha256()
+            for piece in pieces:
+                hasher.update(piece)
+            sha = hasher.hexdigest()
+            done = dataclasses.replace(template, sha256=sha, path=store.put(sha, pieces, size, ext))
+            with contextlib.suppress(OSError):    # the record is a cache: losing it costs a download later
+                store.save_finished(key, done)
+            return done
+
+        done = await self._batches.run(job)
+        return self._finished(item, key, done, saved=True)
+
+    def _finished(self, item: AudioItem, key: str, record: Finished, *, saved: bool = False) -> AudioItem:
+        self._remember(key, record, save=not saved)
         self.stats.fetched += 1
-        return item.replace(status=OK, reason=None, sha256=sha, size=size, content_type=record.content_type,
-                            path=rel)
+        return _filled(item, record)
 
     def _confirmed(self, item: AudioItem, key: str, known: Finished, answer: _Unchanged) -> AudioItem:
         # A 304 may carry fresher validators (RFC 9110 15.4.5); the address is the one that answered.
@@ -713,7 +856,6 @@ class Downloader:
                                      last_modified=answer.last_modified or known.last_modified,
                                      verified_at=self._clock())
         self._remember(key, record)
-        self.store.record_place(record.sha256, record.path, item)
         self.stats.confirmed += 1
         return _filled(item, record)
 
