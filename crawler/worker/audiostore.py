@@ -2,7 +2,7 @@
 
     <data_dir>/audio/partial/<key>.part    bytes received so far, always a prefix of the file being fetched
     <data_dir>/audio/partial/<key>.json    sidecar: address, validators, expected size, bytes written
-    <data_dir>/audio/done/<key[:2]>/<key>.json        the last finished download of <key> (``Finished``)
+    <data_dir>/audio/finished.sqlite3                 the last finished download of each key (``Finished``)
     <data_dir>/audio/<sha[:2]>/<sha256><ext>          the finished file, stored once per content
 
 Where each file was found (address, page) is the master's catalogue, which every finished item is reported to;
@@ -18,9 +18,11 @@ or header reaches a path except through ``extension_for``, which only ever retur
 letters or digits; a finished record's stored path is accepted only in the exact shape ``commit`` produces, so
 a damaged or planted record cannot point outside the audio tree.
 
-Every record (sidecar, finished record) is written to a temporary file and renamed over the old one: a process killed at any instant
-leaves the old record or the new one. Records are not fsynced; they are caches of what the disk already holds,
-and one lost to a power cut costs a download, not data.
+A sidecar is written to a temporary file and renamed over the old one: a process killed at any instant leaves
+the old record or the new one. Finished records are rows of one SQLite table (WAL, one short transaction
+each): a file per record cost a file creation per download, as much CPU as the download itself. Records written
+as files by earlier versions (``audio/done/<key[:2]>/<key>.json``) are still read. Nothing is fsynced; records
+are caches of what the disk already holds, and one lost to a power cut costs a download, not data.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import sqlite3
+import threading
 import math
 import os
 import re
 import stat
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -93,7 +97,8 @@ class Sidecar:
     final_url: str | None = None      # where the bytes came from after redirects (for the extension only)
 
     def to_json(self) -> str:
-        return json.dumps({"version": 1, **asdict(self)}, sort_keys=True)
+        # vars(), not asdict(): the fields are flat, and asdict deep-copies each one.
+        return json.dumps({"version": 1, **vars(self)}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Sidecar:
@@ -121,7 +126,8 @@ class Finished:
     verified_at: float = 0.0          # wall-clock seconds when the server last served or confirmed it
 
     def to_json(self) -> str:
-        return json.dumps({"version": 1, **asdict(self)}, sort_keys=True)
+        # vars(), not asdict(): the fields are flat, and asdict deep-copies each one.
+        return json.dumps({"version": 1, **vars(self)}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Finished:
@@ -150,7 +156,12 @@ class AudioStore:
         self.audio_dir = self.root / "audio"
         self.partial_dir = self.audio_dir / "partial"
         self.done_dir = self.audio_dir / "done"
-        self._made: set[Path] = set()    # shard folders known to exist: at most 2 x 256 of them
+        self._partial_prefix = f"{self.partial_dir}{os.sep}"
+        # Records kept as files by earlier versions are looked for only where such a version left some.
+        self._legacy_records = self.done_dir.is_dir()
+        self._made: set[Path] = set()    # shard folders known to exist: at most 256 of them
+        self._db: sqlite3.Connection | None = None
+        self._db_lock = threading.Lock()  # records are read on the event loop and written from worker threads
 
     def part_path(self, key: str) -> Path:
         return self.partial_dir / f"{key}.part"
@@ -160,14 +171,19 @@ class AudioStore:
 
     def load_sidecar(self, key: str) -> Sidecar | None:
         """The sidecar if it and its partial file are both usable; otherwise both are cleared."""
-        side, part = self.sidecar_path(key), self.part_path(key)
         try:
-            record = Sidecar.from_json(side.read_text(encoding="utf-8"))
+            # The usual case is one failed open (nothing was left for this key), so no pathlib on the way there.
+            with open(f"{self._partial_prefix}{key}.json", encoding="utf-8") as fh:
+                text = fh.read()
         except FileNotFoundError:
-            return None    # the usual case, one failed open: nothing was left for this key
-        except (OSError, ValueError):
+            return None
+        except (OSError, ValueError):    # unreadable, or not UTF-8
+            text = ""
+        try:
+            record: Sidecar | None = Sidecar.from_json(text)
+        except ValueError:
             record = None
-        if record is None or not part.exists():
+        if record is None or not self.part_path(key).exists():
             self.discard(key)
             return None
         return record
@@ -182,8 +198,19 @@ class AudioStore:
             p.unlink(missing_ok=True)
 
     def finished_path(self, key: str) -> Path:
-        # Sharded: a long crawl finishes millions of keys, too many for one directory listing.
+        """Where earlier versions kept key's finished record as a file (still read, never written)."""
         return self.done_dir / key[:2] / f"{key}.json"
+
+    def _records(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.audio_dir.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.audio_dir / "finished.sqlite3", isolation_level=None,
+                                 check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE IF NOT EXISTS finished (key TEXT PRIMARY KEY, record TEXT NOT NULL)")
+            self._db = db
+        return self._db
 
     def load_finished(self, key: str) -> Finished | None:
         """The record of key's last finished download; None when there is none or it is unreadable.
@@ -191,14 +218,47 @@ class AudioStore:
         An unreadable record is left where it is: the next finished download of the key replaces it.
         """
         try:
-            return Finished.from_json(self.finished_path(key).read_text(encoding="utf-8"))
-        except (OSError, ValueError, ArithmeticError, RecursionError):   # bad UTF-8, JSON, numbers, nesting
-            return None
+            with self._db_lock:
+                row = self._records().execute("SELECT record FROM finished WHERE key = ?", (key,)).fetchone()
+            if row is None and not self._legacy_records:
+                return None
+            text = row[0] if row is not None else self.finished_path(key).read_text(encoding="utf-8")
+            return Finished.from_json(text)
+        except (OSError, ValueError, ArithmeticError, RecursionError, TypeError, sqlite3.DatabaseError):
+            return None    # gone, bad UTF-8, JSON, numbers, nesting, a damaged database
 
     def save_finished(self, key: str, record: Finished) -> None:
-        path = self.finished_path(key)
-        self._folder(path.parent)
-        _write_atomic(path, record.to_json())
+        """Raises OSError when the record cannot be kept (callers treat the record as a cache)."""
+        try:
+            with self._db_lock:
+                self._records().execute("INSERT OR REPLACE INTO finished (key, record) VALUES (?, ?)",
+                                        (key, record.to_json()))
+        except sqlite3.Error as exc:
+            raise OSError(f"finished records: {exc}") from None
+
+    def save_finished_many(self, records: list[tuple[str, Finished]]) -> None:
+        """Several records in one transaction (see save_finished)."""
+        if not records:
+            return
+        rows = [(key, record.to_json()) for key, record in records]
+        try:
+            with self._db_lock:
+                db = self._records()
+                db.execute("BEGIN")
+                try:
+                    db.executemany("INSERT OR REPLACE INTO finished (key, record) VALUES (?, ?)", rows)
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise OSError(f"finished records: {exc}") from None
+
+    def close(self) -> None:
+        with self._db_lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
 
     def holds(self, record: Finished) -> bool:
         """Whether the file a record names is still on disk at its size (an operator may have removed it).

@@ -293,56 +293,90 @@ class _Partial:
             self._fh.close()
 
 
-class _Batches:
-    """Small blocking jobs run in a worker thread, all those waiting at once in one hand-off.
+@dataclass
+class _Commit:
+    """A file that came whole in one chunk, waiting to be hashed, stored and recorded."""
 
-    Finishing a small download (hash a few KiB, write one file and its record) costs less than handing a job
-    to a thread and back; a batch pays that once for every download that finished meanwhile. The queue holds
-    at most one job per running download.
+    key: str
+    pieces: list[bytes]
+    size: int
+    ext: str
+    record: Finished      # all but sha256 and path, which the commit fills in
+
+
+class _Committer:
+    """Stores the files that came whole in one chunk, in batches, in a worker thread.
+
+    Finishing a small download (hash a few KiB, write one file, record it) costs less than one hand-off to a
+    thread and back, so the downloads finishing within ``gather`` seconds of each other (or ``full`` of them)
+    share one hand-off, and their records one transaction. Their slots are already released, so the wait costs
+    no throughput. The queue holds at most one entry per download in flight.
     """
 
-    def __init__(self) -> None:
-        self._queue: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
+    def __init__(self, store: AudioStore, *, gather: float = 0.01, full: int = 64) -> None:
+        self._store = store
+        self._queue: list[tuple[_Commit, asyncio.Future[Finished]]] = []
         self._running = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._gather, self._full = gather, full
 
-    def run(self, job: Callable[[], Any]) -> asyncio.Future[Any]:
+    def commit(self, entry: _Commit) -> asyncio.Future[Finished]:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append((job, future))
+        future: asyncio.Future[Finished] = loop.create_future()
+        self._queue.append((entry, future))
         if not self._running:
-            self._start(loop)
+            if len(self._queue) >= self._full:
+                self._start(loop)
+            elif self._timer is None:
+                self._timer = loop.call_later(self._gather, self._start, loop)
         return future
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        batch, self._queue = self._queue, []
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._queue = self._queue[:self._full], self._queue[self._full:]
         self._running = True
-        done = loop.run_in_executor(None, _run_jobs, [job for job, _ in batch])
+        done = loop.run_in_executor(None, _commit_all, self._store, [entry for entry, _ in batch])
         done.add_done_callback(lambda f: self._finished(loop, batch, f))
 
-    def _finished(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[Callable[[], Any], asyncio.Future[Any]]],
-                  done: asyncio.Future[list[tuple[bool, Any]]]) -> None:
+    def _finished(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Commit, asyncio.Future[Finished]]],
+                  done: asyncio.Future[list[Finished | Exception]]) -> None:
         self._running = False
         outcomes = done.result() if not done.cancelled() and done.exception() is None else None
         for i, (_, future) in enumerate(batch):
             if future.done():
-                continue      # its download was cancelled; the job ran anyway (a stored file, a record)
-            if outcomes is None:
-                future.set_exception(RuntimeError("the batch of store jobs did not run"))
-            elif outcomes[i][0]:
-                future.set_result(outcomes[i][1])
+                continue      # its download was cancelled; the file was stored anyway
+            outcome = outcomes[i] if outcomes is not None else RuntimeError("the store batch did not run")
+            if isinstance(outcome, Exception):
+                future.set_exception(outcome)
             else:
-                future.set_exception(outcomes[i][1])
+                future.set_result(outcome)
         if self._queue:
-            self._start(loop)
+            if len(self._queue) >= self._full:
+                self._start(loop)
+            elif self._timer is None:
+                self._timer = loop.call_later(self._gather, self._start, loop)
 
 
-def _run_jobs(jobs: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
-    out: list[tuple[bool, Any]] = []
-    for job in jobs:
+def _commit_all(store: AudioStore, entries: list[_Commit]) -> list[Finished | Exception]:
+    out: list[Finished | Exception] = []
+    records: list[tuple[str, Finished]] = []
+    for entry in entries:
         try:
-            out.append((True, job()))
-        except Exception as exc:   # each job's error is its own download's
-            out.append((False, exc))
+            hasher = hashlib.sha256()
+            for piece in entry.pieces:
+                hasher.update(piece)
+            sha = hasher.hexdigest()
+            done = dataclasses.replace(entry.record, sha256=sha, path=store.put(sha, entry.pieces, entry.size,
+                                                                                entry.ext))
+        except Exception as exc:    # each file's error is its own download's
+            out.append(exc)
+            continue
+        out.append(done)
+        records.append((entry.key, done))
+    with contextlib.suppress(OSError):     # records are a cache: losing them costs a download later
+        store.save_finished_many(records)
     return out
 
 
@@ -432,7 +466,7 @@ class Downloader:
         # Read in large pieces (one per socket read, not per 16 KiB) and bound by our own cap, not the pages'.
         self._extensions = {"timeout": httpx.Timeout(cfg.timeout).as_dict(), "max_body": cfg.max_size + 1,
                             "read_size": _READ_SIZE}
-        self._batches = _Batches()
+        self._committer = _Committer(self.store)
         # Wall-clock time: a record's age must mean the same after a restart.
         self._clock = clock
         self._inflight: dict[str, asyncio.Future[AudioItem]] = {}
@@ -584,7 +618,7 @@ class Downloader:
         while True:
             expected = partial.record.expected_size
             if expected is not None and partial.offset == expected:
-                return await self._finish(current, partial)
+                return await self._finish(current, partial, lease)
             before = partial.offset
             try:
                 complete = await self._attempt(current, partial, new_address, known)
@@ -622,7 +656,7 @@ class Downloader:
                 continue
             new_address = False
             if complete:
-                return await self._finish(current, partial)
+                return await self._finish(current, partial, lease)
             # A clean but short answer; one that brought nothing must not loop for ever.
             failures = 0 if partial.offset > before else failures + 1
             if failures >= self.cfg.max_attempts:
@@ -797,9 +831,9 @@ class Downloader:
             record.content_type = ctype.split(";", 1)[0].strip().lower()[:100] or None
         record.final_url = url
 
-    async def _finish(self, item: AudioItem, partial: _Partial) -> AudioItem:
+    async def _finish(self, item: AudioItem, partial: _Partial, lease: _Lease) -> AudioItem:
         if not partial.on_disk:
-            return await self._finish_from_memory(item, partial)
+            return await self._finish_from_memory(item, partial, lease)
         await partial.flush()
         record = partial.record
         size = partial.offset
@@ -816,34 +850,22 @@ class Downloader:
             url=item.url, sha256=sha, size=size, path=rel, etag=record.etag,
             last_modified=record.last_modified, content_type=record.content_type, verified_at=self._clock()))
 
-    async def _finish_from_memory(self, item: AudioItem, partial: _Partial) -> AudioItem:
-        """A file that came whole in one chunk: hashed, stored and recorded in one batched job, off the loop."""
+    async def _finish_from_memory(self, item: AudioItem, partial: _Partial, lease: _Lease) -> AudioItem:
+        """A file that came whole in one chunk: hashed, stored and recorded in a batch, off the loop."""
         record = partial.record
-        pieces = partial.in_memory()
         size = partial.received
         if record.expected_size is not None and size != record.expected_size:
             raise _Fail(f"size {size} disagrees with the server's {record.expected_size}", discard=True)
         if not sniff.is_media(partial.head(sniff.HEAD_BYTES)):
             raise _Fail("not audio", discard=True)
         urls = [item.url] + ([record.final_url] if record.final_url else [])
-        ext = extension_for(urls, record.content_type)
-        store, key = self.store, partial.key
-        template = Finished(url=item.url, sha256="", size=size, path="", etag=record.etag,
+        lease.release()    # the server is done with us: the slot is for the next download
+        done = await self._committer.commit(_Commit(
+            key=partial.key, pieces=partial.in_memory(), size=size, ext=extension_for(urls, record.content_type),
+            record=Finished(url=item.url, sha256="", size=size, path="", etag=record.etag,
                             last_modified=record.last_modified, content_type=record.content_type,
-                            verified_at=self._clock())
-
-        def job() -> Finished:
-            hasher = hashlib.sha256()
-            for piece in pieces:
-                hasher.update(piece)
-            sha = hasher.hexdigest()
-            done = dataclasses.replace(template, sha256=sha, path=store.put(sha, pieces, size, ext))
-            with contextlib.suppress(OSError):    # the record is a cache: losing it costs a download later
-                store.save_finished(key, done)
-            return done
-
-        done = await self._batches.run(job)
-        return self._finished(item, key, done, saved=True)
+                            verified_at=self._clock())))
+        return self._finished(item, partial.key, done, saved=True)
 
     def _finished(self, item: AudioItem, key: str, record: Finished, *, saved: bool = False) -> AudioItem:
         self._remember(key, record, save=not saved)
