@@ -652,7 +652,8 @@ def main(argv: list[str] | None = None) -> int:
         profiles: dict[str, Path] = {}
         if args.profile:
             c = levels[0]
-            r, profiles = run_ours(args, manifest, site, c, out / f"profile-{c}", profile=args.profile)
+            r, profiles = run_ours(args, manifest, site, c, out / f"profile-{c}", profile=args.profile,
+                                   download=args.download_audio)
             print(f"profiled run ({args.profile}; not one of the measured figures):")
             print_result(r)
             print()

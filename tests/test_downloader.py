@@ -961,3 +961,25 @@ async def test_a_large_body_that_is_not_audio_is_refused_from_its_first_bytes(se
     assert (got.status, got.reason) == (FAILED, "not audio")
     assert res.served < 16 * 1024 * 1024         # cut off early (what sits in socket buffers aside)
     assert leftovers(tmp_path) == []
+
+
+# -- the file's own tags ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["mp3", "ogg", "m4a"])
+@pytest.mark.parametrize("size", [CHUNK // 2, 3 * CHUNK], ids=["from-memory", "from-disk"])
+async def test_file_tags_come_back_with_the_item_whichever_way_it_was_stored(server, client, tmp_path, kind, size):
+    from tests.fakes import audiofiles
+
+    data = audiofiles.write(tmp_path / f"src.{kind}", kind, "Título", "Artíst", "Albüm", size=size).read_bytes()
+    server.add(f"/a.{kind}", data, content_type="application/octet-stream")
+    dl = Downloader(client, tmp_path / "data", CFG, file_tags=True)
+    item = AudioItem(url=server.url(f"/a.{kind}"), page="p", title="Título")
+
+    got = await dl.fetch(item)
+    assert got.status == OK, got.reason
+    assert (got.title, got.artist, got.album) == ("Título", "Artíst", "Albüm")
+    assert got.meta_source.get("artist") == "file" and got.codec
+    # Fetched again (a record answers, no request): the tags are read from the stored file.
+    again = await dl.fetch(item.replace(page="q"))
+    assert (again.artist, again.codec, len(server.log)) == ("Artíst", got.codec, 1)

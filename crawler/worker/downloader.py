@@ -77,6 +77,7 @@ from crawler.resolvers import sniff
 from crawler.targets import TargetRefused
 from crawler.worker.audiostore import AudioStore, Finished, Sidecar, extension_for, partial_key, write_pieces
 from crawler.worker.faults import is_local
+from crawler.worker.filetags import read_file_tags
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -302,6 +303,7 @@ class _Commit:
     size: int
     ext: str
     record: Finished      # all but sha256 and path, which the commit fills in
+    tags: bool            # read the file's own tags too, while its bytes are in memory
 
 
 class _Committer:
@@ -315,14 +317,14 @@ class _Committer:
 
     def __init__(self, store: AudioStore, *, gather: float = 0.01, full: int = 64) -> None:
         self._store = store
-        self._queue: list[tuple[_Commit, asyncio.Future[Finished]]] = []
+        self._queue: list[tuple[_Commit, asyncio.Future[_Committed]]] = []
         self._running = False
         self._timer: asyncio.TimerHandle | None = None
         self._gather, self._full = gather, full
 
-    def commit(self, entry: _Commit) -> asyncio.Future[Finished]:
+    def commit(self, entry: _Commit) -> asyncio.Future[_Committed]:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Finished] = loop.create_future()
+        future: asyncio.Future[_Committed] = loop.create_future()
         self._queue.append((entry, future))
         if not self._running:
             if len(self._queue) >= self._full:
@@ -340,8 +342,8 @@ class _Committer:
         done = loop.run_in_executor(None, _commit_all, self._store, [entry for entry, _ in batch])
         done.add_done_callback(lambda f: self._finished(loop, batch, f))
 
-    def _finished(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Commit, asyncio.Future[Finished]]],
-                  done: asyncio.Future[list[Finished | Exception]]) -> None:
+    def _finished(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Commit, asyncio.Future[_Committed]]],
+                  done: asyncio.Future[list[_Committed | Exception]]) -> None:
         self._running = False
         outcomes = done.result() if not done.cancelled() and done.exception() is None else None
         for i, (_, future) in enumerate(batch):
@@ -359,8 +361,11 @@ class _Committer:
                 self._timer = loop.call_later(self._gather, self._start, loop)
 
 
-def _commit_all(store: AudioStore, entries: list[_Commit]) -> list[Finished | Exception]:
-    out: list[Finished | Exception] = []
+_Committed = tuple[Finished, "dict[str, Any] | None"]   # the record, and the file's tags if they were read
+
+
+def _commit_all(store: AudioStore, entries: list[_Commit]) -> list[_Committed | Exception]:
+    out: list[_Committed | Exception] = []
     records: list[tuple[str, Finished]] = []
     for entry in entries:
         try:
@@ -373,7 +378,11 @@ def _commit_all(store: AudioStore, entries: list[_Commit]) -> list[Finished | Ex
         except Exception as exc:    # each file's error is its own download's
             out.append(exc)
             continue
-        out.append(done)
+        tags = None
+        if entry.tags:
+            data = entry.pieces[0] if len(entry.pieces) == 1 else b"".join(entry.pieces)
+            tags = read_file_tags(data, entry.ext)
+        out.append((done, tags))
         records.append((entry.key, done))
     with contextlib.suppress(OSError):     # records are a cache: losing them costs a download later
         store.save_finished_many(records)
@@ -453,7 +462,8 @@ class _Lease:
 
 class Downloader:
     def __init__(self, client: httpx.AsyncClient, data_dir: Path, cfg: DownloadConfig, *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, file_tags: bool = False) -> None:
+        """file_tags: every item fetched comes back with what its file says about itself (filetags.py)."""
         self.client = client
         self.cfg = cfg
         self.store = AudioStore(data_dir)
@@ -461,12 +471,18 @@ class Downloader:
         # per-request machinery (merging, auth flow, redirect loop, cookies, hooks) costs more than the request.
         # The client's headers are the base; identity, Range and validators are added per request.
         self._transport: httpx.AsyncBaseTransport = client._transport
-        self._headers = client.headers.copy()
-        self._headers["Accept-Encoding"] = "identity"
+        headers = client.headers.copy()
+        headers["Accept-Encoding"] = "identity"
+        self._headers: list[tuple[str, str]] = list(headers.items())
         # Read in large pieces (one per socket read, not per 16 KiB) and bound by our own cap, not the pages'.
         self._extensions = {"timeout": httpx.Timeout(cfg.timeout).as_dict(), "max_body": cfg.max_size + 1,
                             "read_size": _READ_SIZE}
         self._committer = _Committer(self.store)
+        self._file_tags = file_tags
+        # Tags read while a file's bytes were in memory, for its fetch to take at once (one entry a download).
+        self._fresh_tags: dict[str, dict[str, Any]] = {}
+        # Reading a stored file's tags blocks on disk: a few threads at most, the rest wait their turn here.
+        self._tag_slots = asyncio.Semaphore(2)
         # Wall-clock time: a record's age must mean the same after a restart.
         self._clock = clock
         self._inflight: dict[str, asyncio.Future[AudioItem]] = {}
@@ -485,7 +501,18 @@ class Downloader:
         Returns the item with sha256/size/content_type/path and status OK, or status FAILED with a reason.
         Network and server misbehaviour never raise; cancellation does, and leaves the partial for next time.
         Waits for a slot of the item's host (and a global one, if configured) before any request.
+        With ``file_tags``, an OK item also carries what its file says about itself.
         """
+        result = await self._fetch_item(item, reresolve)
+        if not self._file_tags or result.status != OK or not result.path:
+            return result
+        tags = self._fresh_tags.pop(result.path, None)
+        if tags is None:
+            async with self._tag_slots:
+                tags = await asyncio.to_thread(read_file_tags, self.store.root / result.path)
+        return result.with_file_tags(tags) if tags else result
+
+    async def _fetch_item(self, item: AudioItem, reresolve: Reresolve | None) -> AudioItem:
         if not item.url:
             return item.replace(status=FAILED, reason="no download address")
         key = partial_key(item)
@@ -696,10 +723,8 @@ class Downloader:
             url = httpx.URL(item.url)
             origin_host = url.host
             for _ in range(self.cfg.max_redirects + 1):
-                headers = self._headers.copy()
-                headers.update(_identity_headers(item, same_host=url.host == origin_host))
-                headers.update(extra)
-                request = httpx.Request("GET", url, headers=headers, extensions=self._extensions)
+                request = httpx.Request("GET", url, extensions=self._extensions, headers=_merged_headers(
+                    self._headers, {**_identity_headers(item, same_host=url.host == origin_host), **extra}))
                 response = await self._transport.handle_async_request(request)
                 try:
                     location = response.headers.get("location")
@@ -860,11 +885,16 @@ class Downloader:
             raise _Fail("not audio", discard=True)
         urls = [item.url] + ([record.final_url] if record.final_url else [])
         lease.release()    # the server is done with us: the slot is for the next download
-        done = await self._committer.commit(_Commit(
+        committed = await self._committer.commit(_Commit(
             key=partial.key, pieces=partial.in_memory(), size=size, ext=extension_for(urls, record.content_type),
             record=Finished(url=item.url, sha256="", size=size, path="", etag=record.etag,
                             last_modified=record.last_modified, content_type=record.content_type,
-                            verified_at=self._clock())))
+                            verified_at=self._clock()), tags=self._file_tags))
+        done, tags = committed
+        if tags is not None:
+            if len(self._fresh_tags) >= 4096:   # only a fetch cancelled at its very end leaves one behind
+                self._fresh_tags.clear()
+            self._fresh_tags[done.path] = tags
         return self._finished(item, partial.key, done, saved=True)
 
     def _finished(self, item: AudioItem, key: str, record: Finished, *, saved: bool = False) -> AudioItem:
@@ -932,6 +962,12 @@ def _identity_headers(item: AudioItem, *, same_host: bool) -> dict[str, str]:
     if same_host:
         return item.identity.request_headers()
     return {"User-Agent": item.identity.user_agent} if item.identity.user_agent else {}
+
+
+def _merged_headers(base: list[tuple[str, str]], overrides: dict[str, str]) -> list[tuple[str, str]]:
+    """The client's headers with these set over them: built once as a list, not as three Headers objects."""
+    names = {name.lower() for name in overrides}
+    return [(k, v) for k, v in base if k.lower() not in names] + list(overrides.items())
 
 
 def _http_url(url: str) -> bool:
