@@ -157,8 +157,12 @@ class AudioStore:
         self.partial_dir = self.audio_dir / "partial"
         self.done_dir = self.audio_dir / "done"
         self._partial_prefix = f"{self.partial_dir}{os.sep}"
-        # Records kept as files by earlier versions are looked for only where such a version left some.
+        # A worker owns its data dir: while it has made no partial folder, and found none, no key has a sidecar.
+        self._partials = self.partial_dir.is_dir()
+        # Records kept as files by earlier versions are looked for only where such a version left some, and
+        # content stored by them (not in the ``stored`` table) is looked for by listing its folder.
         self._legacy_records = self.done_dir.is_dir()
+        self._legacy_content = self.audio_dir.is_dir() and not (self.audio_dir / "finished.sqlite3").exists()
         self._made: set[Path] = set()    # shard folders known to exist: at most 256 of them
         self._db: sqlite3.Connection | None = None
         self._db_lock = threading.Lock()  # records are read on the event loop and written from worker threads
@@ -171,6 +175,8 @@ class AudioStore:
 
     def load_sidecar(self, key: str) -> Sidecar | None:
         """The sidecar if it and its partial file are both usable; otherwise both are cleared."""
+        if not self._partials:
+            return None
         try:
             # The usual case is one failed open (nothing was left for this key), so no pathlib on the way there.
             with open(f"{self._partial_prefix}{key}.json", encoding="utf-8") as fh:
@@ -191,6 +197,7 @@ class AudioStore:
     def save_sidecar(self, key: str, record: Sidecar) -> None:
         """Atomic: a crash leaves the old sidecar or the new one, never half of one."""
         self.partial_dir.mkdir(parents=True, exist_ok=True)
+        self._partials = True
         _write_atomic(self.sidecar_path(key), record.to_json())
 
     def discard(self, key: str) -> None:
@@ -209,6 +216,9 @@ class AudioStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("CREATE TABLE IF NOT EXISTS finished (key TEXT PRIMARY KEY, record TEXT NOT NULL)")
+            # Which name each content was stored under: finding it under another extension takes one look-up,
+            # not a listing of its shard folder (thousands of names in a long crawl).
+            db.execute("CREATE TABLE IF NOT EXISTS stored (sha256 TEXT PRIMARY KEY, path TEXT NOT NULL)")
             self._db = db
         return self._db
 
@@ -229,24 +239,21 @@ class AudioStore:
 
     def save_finished(self, key: str, record: Finished) -> None:
         """Raises OSError when the record cannot be kept (callers treat the record as a cache)."""
-        try:
-            with self._db_lock:
-                self._records().execute("INSERT OR REPLACE INTO finished (key, record) VALUES (?, ?)",
-                                        (key, record.to_json()))
-        except sqlite3.Error as exc:
-            raise OSError(f"finished records: {exc}") from None
+        self.save_finished_many([(key, record)])
 
     def save_finished_many(self, records: list[tuple[str, Finished]]) -> None:
-        """Several records in one transaction (see save_finished)."""
+        """Several records in one transaction (see save_finished), with the content each one names."""
         if not records:
             return
         rows = [(key, record.to_json()) for key, record in records]
+        contents = [(record.sha256, record.path) for _, record in records]
         try:
             with self._db_lock:
                 db = self._records()
                 db.execute("BEGIN")
                 try:
                     db.executemany("INSERT OR REPLACE INTO finished (key, record) VALUES (?, ?)", rows)
+                    db.executemany("INSERT OR REPLACE INTO stored (sha256, path) VALUES (?, ?)", contents)
                 except BaseException:
                     db.execute("ROLLBACK")
                     raise
@@ -326,6 +333,21 @@ class AudioStore:
             if exc.errno != errno.ENOENT:
                 raise
         # The same content under another extension (another site's name for it).
+        try:
+            with self._db_lock:
+                row = self._records().execute("SELECT path FROM stored WHERE sha256 = ?", (sha256,)).fetchone()
+        except sqlite3.Error:
+            row = None
+        if row is not None and isinstance(row[0], str) and re.fullmatch(
+                rf"audio/{sha256[:2]}/{sha256}(\.[a-z0-9]{{1,5}})?", row[0]):
+            try:
+                st = os.stat(self.root / row[0])
+                if stat.S_ISREG(st.st_mode) and st.st_size == size:
+                    return str(row[0])
+            except OSError:
+                pass
+        if not self._legacy_content:
+            return None
         with os.scandir(folder) as entries:
             for entry in entries:
                 name = entry.name
