@@ -131,7 +131,7 @@ async def test_cut_connections_cost_no_byte_twice(server, client, tmp_path, seed
     reached the client, nothing was in flight at the cut, so every byte received is kept and each resume asks
     for the byte where the data ends. In all the file is served exactly once, with no checkpoint rounding."""
     data = blob(size, seed)
-    res = server.add("/a.mp3", data)
+    server.add("/a.mp3", data)
     drops = server.drop_random("/a.mp3", 6, seed=seed)
 
     got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/a.mp3"), page="p"))

@@ -30,12 +30,12 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import sqlite3
-import threading
 import math
 import os
 import re
+import sqlite3
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit

@@ -1,11 +1,11 @@
 """Resumable audio downloads: one coroutine per file, resuming from the partial on disk after anything breaks.
 
 A crawl runs for days, so a download never starts over for a reason that does not force it to. A file that
-arrives whole within one chunk (most songs at the default size) is hashed and written straight to the store from
-memory, with the other downloads that finished meanwhile in one job off the event loop. A larger one, or one
-whose connection is cut, streams into ``audio/partial/<key>.part`` beside a sidecar holding the address,
-validators and expected size; the next attempt (in this process or after a restart) asks for ``Range: bytes=<part size>-`` guarded by
-``If-Range``, and decides from the answer whether the bytes it already has still belong to the file:
+arrives whole within one chunk (``chunk_size``, 1 MiB) is hashed and written straight to the store from memory,
+with the other downloads that finished meanwhile in one job off the event loop. A larger one, or one whose
+connection is cut, streams into ``audio/partial/<key>.part`` beside a sidecar holding the address, validators
+and expected size; the next attempt (in this process or after a restart) asks for ``Range: bytes=<part size>-``
+guarded by ``If-Range``, and decides from the answer whether the bytes it already has still belong to the file:
 
     206 at our offset, same validators and total   append
     200 (range ignored, or If-Range failed)        truncate and take this body from byte 0
@@ -172,9 +172,9 @@ class _Partial:
     has the validators of its bytes beside it).
 
     Writing and hashing run in two threads, one batch of ``chunk_size`` at a time, while the event loop
-    receives the next batch: both release the GIL, so a large download keeps up with loopback on spare cores and
-    never stalls page fetches on a slow disk. At most two batches are in memory per download. A batch goes to the file as the pieces the
-    socket gave (one writev, hashed piece by piece), never joined into one more copy.
+    receives the next batch: both release the GIL, so a large download keeps up with loopback on spare cores
+    and never stalls page fetches on a slow disk. At most two batches are in memory per download. A batch goes
+    to the file as the pieces the socket gave (one writev, hashed piece by piece), never joined into a copy.
     """
 
     def __init__(self, store: AudioStore, key: str, record: Sidecar, chunk_size: int, *, on_disk: bool) -> None:
