@@ -339,7 +339,14 @@ class _Committer:
             self._timer = None
         batch, self._queue = self._queue[:self._full], self._queue[self._full:]
         self._running = True
-        done = loop.run_in_executor(None, _commit_all, self._store, [entry for entry, _ in batch])
+        try:
+            done = loop.run_in_executor(None, _commit_all, self._store, [entry for entry, _ in batch])
+        except RuntimeError as exc:    # the loop is shutting its executor down: fail these, never leave them
+            self._running = False
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
         done.add_done_callback(lambda f: self._finished(loop, batch, f))
 
     def _finished(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Commit, asyncio.Future[_Committed]]],
