@@ -352,7 +352,8 @@ def run_ours(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site, p
     )
     worker_yaml = run_dir / "worker.yaml"
     worker_yaml.write_text(yaml.safe_dump({"concurrency": per_worker, "store_pages": True,
-                                           "download_audio": download}))
+                                           "download_audio": download,
+                                           **({"downloads": args.downloads} if args.downloads else {})}))
     data_dir = Path(yaml.safe_load(config.read_text())["data_dir"])
     addr_file = data_dir / "master.addr"
     profiles: dict[str, Path] = {}
@@ -587,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--download-audio", action="store_true",
                     help="both crawlers also download the audio (Scrapy with FilesPipeline), each after a crawl "
                          "without, so the CPU a file costs is measured")
+    ap.add_argument("--downloads", type=int, default=None,
+                    help="the workers' downloads in flight (their `downloads` key; default: the worker's default)")
     ap.add_argument("--profile", choices=["py-spy", "pyinstrument"], default=None)
     ap.add_argument("--top", type=int, default=15, help="hot spots printed per profile view")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-data")
