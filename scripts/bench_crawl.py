@@ -4,6 +4,7 @@
     .venv/bin/python scripts/bench_crawl.py --quick            # 2,000 songs, under a minute
     .venv/bin/python scripts/bench_crawl.py --profile py-spy   # also where the master's and a worker's CPU goes
     .venv/bin/python scripts/bench_crawl.py --repeat 3         # ours three times at each concurrency: median, range
+    .venv/bin/python scripts/bench_crawl.py --download-audio --songs 5000 --concurrency 64   # downloads too
 
 It generates the demo site (scripts/sitegen.py; kept under --out and reused while the song count is the same),
 serves it with nginx (`apt-get install -y nginx-light`; without nginx it says so and falls back to
@@ -29,6 +30,13 @@ run from the pages the workers stored (each worker reports a link once: its link
 
 Targets (issue 8): our pages/s at least 10x Scrapy's; at most 1.0 ms CPU per page over master and workers;
 pages/s at 256 connections per worker within 10% of that at 64; the master not the bottleneck.
+
+With --download-audio both crawlers also download the audio they find, at the same total concurrency: ours with
+download_audio true, Scrapy with its FilesPipeline (the item's file_urls). Each also crawls once without
+downloading, right before, so the CPU a file costs is the difference between the two crawls over the files
+stored; files/s and MB/s divide the files stored (and their bytes) by the elapsed time of the crawl that
+downloaded them. Targets (issue 20): our files/s at least 10x Scrapy's; at most 0.5 ms CPU per small file over
+master and workers.
 
 With --profile, one more crawl at the first concurrency runs under py-spy (sampling, not blocking the crawl) or
 pyinstrument, after the measured runs so they are not disturbed. py-spy's samples of the master and of one worker
@@ -271,6 +279,8 @@ class RunResult:
     audio_expected: int
     links: int | None = None             # reported to the master (ours only)
     server_cpu_s: float | None = None    # the site server's CPU during the run
+    files: int | None = None             # audio files stored (downloading runs only)
+    file_bytes: int = 0
     machine_busy: float | None = None    # share of all cores busy during the run, whoever used them
     notes: list[str] = field(default_factory=list)
 
@@ -285,6 +295,14 @@ class RunResult:
     @property
     def cpu_ms_per_page(self) -> float:
         return 1000 * self.cpu_s / self.pages if self.pages else float("nan")
+
+    @property
+    def files_per_s(self) -> float:
+        return (self.files or 0) / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.file_bytes / 1e6 / self.elapsed if self.elapsed > 0 else 0.0
 
     @property
     def peak_rss_mb(self) -> float:
@@ -306,8 +324,19 @@ def _summary_figures(text: str) -> dict[str, float]:
     return out
 
 
+def stored_files(folders: list[Path]) -> tuple[int, int]:
+    """Files and bytes stored under folders (every file below them)."""
+    files = size = 0
+    for folder in folders:
+        for path in folder.rglob("*"):
+            if path.is_file():
+                files += 1
+                size += path.stat().st_size
+    return files, size
+
+
 def run_ours(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site, per_worker: int, run_dir: Path,
-             *, profile: str | None = None) -> tuple[RunResult, dict[str, Path]]:
+             *, profile: str | None = None, download: bool = False) -> tuple[RunResult, dict[str, Path]]:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
@@ -323,7 +352,8 @@ def run_ours(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site, p
     )
     worker_yaml = run_dir / "worker.yaml"
     worker_yaml.write_text(yaml.safe_dump({"concurrency": per_worker, "store_pages": True,
-                                           "download_audio": args.download_audio}))
+                                           "download_audio": download,
+                                           **({"downloads": args.downloads} if args.downloads else {})}))
     data_dir = Path(yaml.safe_load(config.read_text())["data_dir"])
     addr_file = data_dir / "master.addr"
     profiles: dict[str, Path] = {}
@@ -381,10 +411,15 @@ def run_ours(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site, p
         if catalogue.exists() else []
     expected = expected_audio(manifest)
     result = RunResult(
-        label=f"ours {args.workers}x{per_worker}", concurrency=args.workers * per_worker,
+        label=f"ours {args.workers}x{per_worker}" + (" dl" if download else ""),
+        concurrency=args.workers * per_worker,
         pages=int(figures.get("pages fetched", 0)), elapsed=figures.get("elapsed", wall), wall=wall,
         procs=usages, audio_found=len(expected & found_audio(rows, site.url)), audio_expected=len(expected),
         server_cpu_s=server_cpu, machine_busy=busy)
+    if download:
+        # Finished files only: the content-addressed shards (two hex digits), not partial/ or done/ records.
+        result.files, result.file_bytes = stored_files(
+            [shard for n in nodes for shard in (run_dir / f"worker-{n}" / "audio").glob("[0-9a-f][0-9a-f]")])
     if "links reported" in figures:   # printed by the master itself, when it does
         result.links = int(figures["links reported"])
     else:
@@ -421,7 +456,7 @@ def recount_reported_links(worker_dirs: list[Path]) -> int | None:
 
 
 def run_scrapy(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site, total: int,
-               run_dir: Path) -> RunResult:
+               run_dir: Path, *, download: bool = False) -> RunResult:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
@@ -431,7 +466,8 @@ def run_scrapy(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site,
     t0 = time.monotonic()
     child = Child("scrapy", [PY, str(ROOT / "scripts" / "bench_scrapy_spider.py"), site.url + "/",
                              "--concurrency", str(total), "--items", str(items), "--stats", str(stats_path),
-                             "--log-level", "WARNING"], log=run_dir / "scrapy.log")
+                             "--log-level", "WARNING"]
+                  + (["--files-store", str(run_dir / "files")] if download else []), log=run_dir / "scrapy.log")
     usage = child.wait(args.timeout)
     wall = time.monotonic() - t0
     busy = machine.busy_share()
@@ -442,10 +478,15 @@ def run_scrapy(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site,
     pages = stats.get("downloader/response_count", 0) - stats.get("robotstxt/response_count", 0)
     rows = [json.loads(line) for line in items.read_text().splitlines() if line.strip()] if items.exists() else []
     expected = expected_audio(manifest)
-    return RunResult(label=f"Scrapy {total}", concurrency=total, pages=pages,
-                     elapsed=float(stats.get("elapsed_time_seconds", wall)), wall=wall, procs=[usage],
-                     audio_found=len(expected & found_audio(rows, site.url)), audio_expected=len(expected),
-                     server_cpu_s=server_cpu, machine_busy=busy)
+    if download:   # the FilesPipeline's requests are answered responses too, not pages
+        pages -= stats.get("file_status_count/downloaded", 0)
+    result = RunResult(label=f"Scrapy {total}" + (" files" if download else ""), concurrency=total, pages=pages,
+                       elapsed=float(stats.get("elapsed_time_seconds", wall)), wall=wall, procs=[usage],
+                       audio_found=len(expected & found_audio(rows, site.url)), audio_expected=len(expected),
+                       server_cpu_s=server_cpu, machine_busy=busy)
+    if download:
+        result.files, result.file_bytes = stored_files([run_dir / "files"])
+    return result
 
 
 # --- profiles --------------------------------------------------------------------------------------------------------
@@ -521,6 +562,9 @@ def print_result(r: RunResult) -> None:
         for u in r.procs:
             print(f"  {'':<14}   {u.name:<8} CPU {1000 * u.cpu_s / max(r.pages, 1):5.2f} ms/page "
                   f"({u.cpu_s:.1f} s, {100 * u.cpu_s / r.elapsed:3.0f}% of a core)   peak RSS {u.peak_rss_mb:5.0f} MB")
+    if r.files is not None:
+        print(f"  {'':<14}   {r.files} audio files stored, {r.file_bytes / 1e6:.1f} MB: {r.files_per_s:.0f} files/s, "
+              f"{r.mb_per_s:.1f} MB/s")
     if r.links is not None:
         master = r.procs[0].cpu_s
         print(f"  {'':<14}   master CPU per reported link {1e6 * master / max(r.links, 1):.1f} us "
@@ -542,7 +586,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scrapy", choices=["each", "first", "none"], default=None,
                     help="run Scrapy at each concurrency (default), the first only, or not at all")
     ap.add_argument("--download-audio", action="store_true",
-                    help="let the workers download the audio too (not comparable with Scrapy, which does not)")
+                    help="both crawlers also download the audio (Scrapy with FilesPipeline), each after a crawl "
+                         "without, so the CPU a file costs is measured")
+    ap.add_argument("--downloads", type=int, default=None,
+                    help="the workers' downloads in flight (their `downloads` key; default: the worker's default)")
     ap.add_argument("--profile", choices=["py-spy", "pyinstrument"], default=None)
     ap.add_argument("--top", type=int, default=15, help="hot spots printed per profile view")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-data")
@@ -573,10 +620,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} before the runs (other work "
           "on the machine lowers pages/s more than CPU per page)")
     print(f"ours: {args.workers} workers, download_audio "
-          f"{str(args.download_audio).lower()}, store_pages true; robots.txt obeyed by both\n")
+          f"{'false, then true' if args.download_audio else 'false'}, store_pages true; Scrapy "
+          f"{'without, then with FilesPipeline' if args.download_audio else 'without downloads'}; "
+          "robots.txt obeyed by both\n")
     ours: dict[int, RunResult] = {}
     spread: dict[int, list[RunResult]] = {}     # every run of ours at a concurrency, by CPU per page
     theirs: dict[int, RunResult] = {}
+    ours_dl: dict[int, RunResult] = {}
+    theirs_dl: dict[int, RunResult] = {}
     try:
         # Ours at every concurrency in turn, --repeat times, then Scrapy: the levels are compared on runs made
         # close together, not minutes apart while the machine's speed drifts.
@@ -584,6 +635,9 @@ def main(argv: list[str] | None = None) -> int:
             for c in levels:
                 spread.setdefault(c, []).append(run_ours(args, manifest, site, c, out / f"ours-{c}")[0])
                 print_result(spread[c][-1])
+                if args.download_audio:
+                    ours_dl[c] = run_ours(args, manifest, site, c, out / f"ours-dl-{c}", download=True)[0]
+                    print_result(ours_dl[c])
             print()
         for c, runs in spread.items():
             runs.sort(key=lambda r: r.cpu_ms_per_page)
@@ -593,11 +647,16 @@ def main(argv: list[str] | None = None) -> int:
                 s = run_scrapy(args, manifest, site, args.workers * c, out / f"scrapy-{args.workers * c}")
                 theirs[c] = s
                 print_result(s)
+                if args.download_audio:
+                    theirs_dl[c] = run_scrapy(args, manifest, site, args.workers * c,
+                                              out / f"scrapy-dl-{args.workers * c}", download=True)
+                    print_result(theirs_dl[c])
                 print()
         profiles: dict[str, Path] = {}
         if args.profile:
             c = levels[0]
-            r, profiles = run_ours(args, manifest, site, c, out / f"profile-{c}", profile=args.profile)
+            r, profiles = run_ours(args, manifest, site, c, out / f"profile-{c}", profile=args.profile,
+                                   download=args.download_audio)
             print(f"profiled run ({args.profile}; not one of the measured figures):")
             print_result(r)
             print()
@@ -643,6 +702,35 @@ def main(argv: list[str] | None = None) -> int:
         a, b = ours[64].pages_per_s, ours[256].pages_per_s
         print(f"  {verdict(b >= 0.9 * a):>7}  pages/s at 256 per worker within 10% of that at 64: "
               f"{b:.0f} vs {a:.0f} ({100 * (b / a - 1):+.1f}%)")
+    if args.download_audio:
+        print()
+        print("downloads (CPU per file: the crawl's CPU with downloads minus that without, over the files stored):")
+        print(f"  {'':<18} {'pages/s':>8} {'files/s':>8} {'MB/s':>7} {'files':>6} {'CPU ms/file':>12} "
+              f"{'total CPU ms/file':>18}")
+        for c in levels:
+            pairs = [(ours_dl.get(c), ours.get(c))]
+            if c in theirs_dl:
+                pairs.append((theirs_dl[c], theirs.get(c)))
+            for with_dl, without in pairs:
+                if with_dl is None or not with_dl.files:
+                    continue
+                marginal = (with_dl.cpu_s - without.cpu_s) * 1000 / with_dl.files if without else float("nan")
+                print(f"  {with_dl.label:<18} {with_dl.pages_per_s:8.0f} {with_dl.files_per_s:8.0f} "
+                      f"{with_dl.mb_per_s:7.1f} {with_dl.files:6d} {marginal:12.2f} "
+                      f"{with_dl.cpu_s * 1000 / with_dl.files:18.2f}")
+        print("targets (issue 20):")
+        for c in levels:
+            r, s, base = ours_dl.get(c), theirs_dl.get(c), ours.get(c)
+            if r is None or not r.files:
+                print(f"  NOT met  ours stored no audio at {c} per worker")
+                continue
+            if s and s.files:
+                print(f"  {verdict(r.files_per_s >= 10 * s.files_per_s):>7}  files/s at least 10x Scrapy's "
+                      f"(FilesPipeline) at {r.concurrency} in flight: {r.files_per_s / s.files_per_s:.1f}x")
+            if base is not None:
+                per_file = (r.cpu_s - base.cpu_s) * 1000 / r.files
+                print(f"  {verdict(per_file <= 0.5):>7}  at most 0.5 ms CPU per small file over master and "
+                      f"workers at {c} per worker: {per_file:.2f} ms")
     for name, path in profiles.items():
         print()
         if args.profile == "py-spy":

@@ -5,7 +5,7 @@
 The file is served by tests/fakes/rangeserver.py in its own process (sendfile: the server costs little
 CPU); curl and the Downloader each run in a process of their own and write to the same disk, so the figures
 compare like with like. The Downloader's peak RSS is that whole process's high-water mark (interpreter and
-imports included). Targets: at least half of curl's throughput; peak RSS under 100 MB whatever the size.
+imports included). Targets: at least 80% of curl's throughput; peak RSS under 100 MB whatever the size.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from crawler.worker.downloader import Downloader, DownloadConfig
 url, data_dir, transport = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 
 async def main():
-    client = httpx.AsyncClient(transport=build_transport(max_connections=16, dns_ttl=60) if transport == "aiohttp" else None)
+    client = httpx.AsyncClient(transport=build_transport(max_connections=16, dns_ttl=60, max_body=1 << 40) if transport == "aiohttp" else None)
     async with client:
         dl = Downloader(client, data_dir, DownloadConfig(max_size=1 << 40))
         t0 = time.perf_counter()
@@ -57,7 +57,9 @@ def make_file(path: Path, size: int) -> None:
         i = 0
         while left > 0:
             n = min(left, len(block))
-            fh.write(i.to_bytes(8, "little") + block[8:n] if n >= 8 else block[:n])
+            # The first block starts with an MPEG audio frame header: the downloader keeps only audio.
+            head = b"\xff\xfb\x90\x64" if i == 0 else b""
+            fh.write(head + i.to_bytes(8, "little") + block[8 + len(head):n] if n >= 8 + len(head) else block[:n])
             left -= n
             i += 1
 
@@ -117,7 +119,7 @@ def main() -> None:
           + ", ".join(f"{mib / s:.0f}" for s in curl_s))
     print(f"downloader : {mib / best_dl:8.1f} MiB/s  ({best_dl:.2f} s)   runs: "
           + ", ".join(f"{mib / r['seconds']:.0f}" for r in dl))
-    print(f"ratio      : {best_curl / best_dl:8.2f} of curl (target >= 0.50)")
+    print(f"ratio      : {best_curl / best_dl:8.2f} of curl (target >= 0.80)")
     print(f"peak RSS   : {peak:8.1f} MB for the downloader process (target < 100)")
 
 

@@ -5,7 +5,9 @@
 It follows every in-site link (a, area, iframe, frame, link rel=next/prev) from URL and notes every audio
 reference (links, <audio>/<source>/<embed>/<object>, data-* attributes and quoted URLs inside inline scripts,
 responses whose Content-Type is audio, and the entries of .m3u/.pls playlists, which it fetches as our workers do)
-as an item, without downloading the audio. It obeys robots.txt like
+as an item. With --files-store it also downloads every item's audio with Scrapy's own FilesPipeline (the item's
+``file_urls``), the peer a Scrapy user would choose, storing each file once under its URL's hash as Scrapy does;
+without it the audio is not downloaded. It obeys robots.txt like
 our master does in the benchmark. Everything else is Scrapy's defaults, apart from the concurrency: all requests
 go to one host, so the per-domain limit is raised to the total, which is what our crawl gets too.
 
@@ -57,17 +59,23 @@ def playlist_entries(text: str) -> list[str]:
 class AudioSpider(scrapy.Spider):
     name = "audio"
 
-    def __init__(self, start: str, **kwargs) -> None:
+    def __init__(self, start: str, download: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         self.start_urls = [start]
         self.allowed_domains = [urlsplit(start).hostname]
         self.pages = 0
+        self.download = download    # --files-store: the FilesPipeline fetches each item's file_urls
+
+    def item(self, found: dict) -> dict:
+        if self.download:
+            found["file_urls"] = [found["url"]]
+        return found
 
     def parse(self, response):
         ctype = response.headers.get(b"Content-Type", b"").decode("latin-1").lower()
         if ctype.startswith("audio/"):
-            yield {"url": response.url, "page": response.request.headers.get(b"Referer", b"").decode(),
-                   "how": "content-type"}
+            yield self.item({"url": response.url, "page": response.request.headers.get(b"Referer", b"").decode(),
+                             "how": "content-type"})
             return
         if not isinstance(response, scrapy.http.TextResponse):
             return
@@ -86,14 +94,14 @@ class AudioSpider(scrapy.Spider):
             if is_playlist_url(url):
                 yield scrapy.Request(url, callback=self.parse_playlist, cb_kwargs={"page": response.url})
             elif is_audio_url(url):
-                yield {"url": url, "page": response.url, "how": "reference"}
+                yield self.item({"url": url, "page": response.url, "how": "reference"})
 
     def parse_playlist(self, response, page: str):
         for entry in playlist_entries(response.text if isinstance(response, scrapy.http.TextResponse)
                                       else response.body.decode("utf-8", "replace")):
             url = response.urljoin(entry)
             if is_audio_url(url) and not is_playlist_url(url):
-                yield {"url": url, "page": page, "how": "playlist"}
+                yield self.item({"url": url, "page": page, "how": "playlist"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,9 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=128, help="requests in flight (all to the one host)")
     ap.add_argument("--items", type=Path, required=True, help="where the audio references go (JSON lines)")
     ap.add_argument("--stats", type=Path, help="where Scrapy's counters go (JSON)")
+    ap.add_argument("--files-store", type=Path, help="download the audio with FilesPipeline into this folder")
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
+    files = {"ITEM_PIPELINES": {"scrapy.pipelines.files.FilesPipeline": 1}, "FILES_STORE": str(a.files_store),
+             "MEDIA_ALLOW_REDIRECTS": True} if a.files_store else {}
     process = CrawlerProcess(settings={
+        **files,
         "CONCURRENT_REQUESTS": a.concurrency,
         "CONCURRENT_REQUESTS_PER_DOMAIN": a.concurrency,
         "ROBOTSTXT_OBEY": True,
@@ -113,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         "FEEDS": {str(a.items): {"format": "jsonlines", "overwrite": True}},
     })
     crawler = process.create_crawler(AudioSpider)
-    process.crawl(crawler, start=a.url)
+    process.crawl(crawler, start=a.url, download=a.files_store is not None)
     process.start()
     stats = dict(crawler.stats.get_stats())
     stats["pages_parsed"] = crawler.spider.pages

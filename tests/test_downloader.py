@@ -2,9 +2,9 @@
 
 Most tests run with both transports: httpx's own (httpcore) and the worker's aiohttp
 transport (crawler/worker/transport.py), which is what production uses.
-Where a test bounds the bytes served, the server is rate limited so that, as on the internet, the link and not
-the disk is the slow side; the aiohttp transport discards what it had buffered when a connection breaks, so a
-disk-bound loopback transfer would measure the transport's buffer rather than the downloader.
+Where a test bounds the bytes served by a chunk per cut, the server is rate limited so that, as on the internet,
+the link and not the disk is the slow side. test_cut_connections_cost_no_byte_twice is not: at full loopback speed
+every byte received before a cut must be kept, so the file is served exactly once in all.
 """
 
 from __future__ import annotations
@@ -122,6 +122,38 @@ async def test_dropped_connections_resume_losing_at_most_one_chunk_each(server, 
     ranges = [r.headers.get("range") for r in requests_to(server, "/a.mp3")]
     assert ranges[0] is None and all(r and r.startswith("bytes=") for r in ranges[1:])
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("size", [3_000_000, CHUNK - 1000], ids=["streamed", "one-chunk"])
+@pytest.mark.parametrize("seed", [11, 12, 13])
+async def test_cut_connections_cost_no_byte_twice(server, client, tmp_path, seed, size):
+    """The server hangs up (FIN) after exactly N body bytes at random points, as fast as loopback goes: all N
+    reached the client, nothing was in flight at the cut, so every byte received is kept and each resume asks
+    for the byte where the data ends. In all the file is served exactly once, with no checkpoint rounding."""
+    data = blob(size, seed)
+    server.add("/a.mp3", data)
+    drops = server.drop_random("/a.mp3", 6, seed=seed)
+
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/a.mp3"), page="p"))
+
+    assert got.status == OK, got.reason
+    assert got.sha256 == sha(data) and (tmp_path / got.path).read_bytes() == data
+    assert [r.headers.get("range") for r in requests_to(server, "/a.mp3")] == [None] + [
+        f"bytes={d}-" for d in drops]
+    assert server.served("/a.mp3") == len(data)
+    assert leftovers(tmp_path) == []
+
+
+async def test_a_file_that_fits_in_one_chunk_goes_straight_to_the_store(server, client, tmp_path):
+    data = blob(CHUNK, 15)
+    server.add("/a.mp3", data)
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=server.url("/a.mp3"), page="p"))
+    assert got.status == OK and (tmp_path / got.path).read_bytes() == data
+    # No part file and no sidecar were ever made: their folder would still be there.
+    assert not (tmp_path / "audio" / "partial").exists()
+    # Its finished record was written all the same: the next fetch of it is answered from there.
+    key = partial_key(AudioItem(url=server.url("/a.mp3"), page="p"))
+    assert AudioStore(tmp_path).load_finished(key).sha256 == sha(data)
 
 
 async def test_connection_reset_mid_body_resumes(server, client, tmp_path):
@@ -454,7 +486,7 @@ async def test_file_over_the_size_limit_is_refused_and_nothing_is_kept(server, c
     assert leftovers(tmp_path) == [] and got.path is None
 
 
-async def test_same_content_is_stored_once_with_every_place_recorded(server, client, tmp_path):
+async def test_same_content_is_stored_once_and_each_item_keeps_its_place(server, client, tmp_path):
     data = blob(150_000, 29)
     server.add("/one.mp3", data)
     server.add("/two", data, content_type="audio/ogg")
@@ -466,8 +498,10 @@ async def test_same_content_is_stored_once_with_every_place_recorded(server, cli
     stored = [p for p in (tmp_path / "audio").rglob("*") if p.is_file() and STORED.fullmatch(
         p.relative_to(tmp_path).as_posix())]
     assert len(stored) == 1
-    places = AudioStore(tmp_path).places(sha(data))
-    assert {(p["url"], p["page"]) for p in places} == {(a.url, "http://a/page"), (b.url, "http://b/page")}
+    # Where it was found travels with each item to the master's catalogue; the worker keeps no index of it.
+    assert (a.url, a.page, b.url, b.page) == (server.url("/one.mp3"), "http://a/page", server.url("/two"),
+                                              "http://b/page")
+    assert not [p for p in (tmp_path / "audio").rglob("*.places.json")]
 
 
 async def test_concurrent_fetches_of_one_song_share_one_download(server, client, tmp_path):
@@ -479,7 +513,6 @@ async def test_concurrent_fetches_of_one_song_share_one_download(server, client,
     assert [g.status for g in got] == [OK] * 3 and {g.sha256 for g in got} == {sha(data)}
     assert [g.page for g in got] == [i.page for i in items]
     assert server.served("/a.mp3") == len(data)
-    assert len(AudioStore(tmp_path).places(sha(data))) == 3
 
 
 async def test_hostile_url_cannot_choose_where_the_file_lands(server, client, tmp_path):
@@ -522,7 +555,7 @@ def test_partial_key_follows_the_song_not_the_address():
 def test_config_rejects_nonsense():
     with pytest.raises(ValueError):
         DownloadConfig(chunk_size=0)
-    assert DownloadConfig().max_size == 2 * 1024**3 and DownloadConfig().chunk_size == 256 * KiB
+    assert DownloadConfig().max_size == 2 * 1024**3 and DownloadConfig().chunk_size == 1024 * KiB
 
 
 # -- finished downloads are not repeated -----------------------------------------------------------
@@ -561,7 +594,6 @@ async def test_second_fetch_within_revalidate_after_makes_no_request(server, cli
     assert len(server.log) == 1 and server.served("/a.mp3") == len(data)
     assert (got.status, got.sha256, got.size, got.path) == (OK, sha(data), len(data), first.path)
     assert got.content_type == "audio/mpeg" and got.page == "http://site/2"
-    assert {p["page"] for p in AudioStore(tmp_path).places(sha(data))} == {"http://site/1", "http://site/2"}
 
 
 @pytest.mark.parametrize("later", [DAY + 1, -3600.0], ids=["stale", "clock-set-back"])
@@ -712,7 +744,6 @@ async def test_one_address_under_two_keys_is_downloaded_once(server, client, tmp
     assert dl.stats.reused == 1
     # ... and c's key now has a durable record of its own, for after a restart.
     assert AudioStore(tmp_path).load_finished(partial_key(c)) is not None
-    assert len(AudioStore(tmp_path).places(sha(data))) == 3
 
 
 async def test_addresses_remembered_in_memory_are_bounded(server, client, tmp_path):
@@ -930,3 +961,25 @@ async def test_a_large_body_that_is_not_audio_is_refused_from_its_first_bytes(se
     assert (got.status, got.reason) == (FAILED, "not audio")
     assert res.served < 16 * 1024 * 1024         # cut off early (what sits in socket buffers aside)
     assert leftovers(tmp_path) == []
+
+
+# -- the file's own tags ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["mp3", "ogg", "m4a"])
+@pytest.mark.parametrize("size", [CHUNK // 2, 3 * CHUNK], ids=["from-memory", "from-disk"])
+async def test_file_tags_come_back_with_the_item_whichever_way_it_was_stored(server, client, tmp_path, kind, size):
+    from tests.fakes import audiofiles
+
+    data = audiofiles.write(tmp_path / f"src.{kind}", kind, "Título", "Artíst", "Albüm", size=size).read_bytes()
+    server.add(f"/a.{kind}", data, content_type="application/octet-stream")
+    dl = Downloader(client, tmp_path / "data", CFG, file_tags=True)
+    item = AudioItem(url=server.url(f"/a.{kind}"), page="p", title="Título")
+
+    got = await dl.fetch(item)
+    assert got.status == OK, got.reason
+    assert (got.title, got.artist, got.album) == ("Título", "Artíst", "Albüm")
+    assert got.meta_source.get("artist") == "file" and got.codec
+    # Fetched again (a record answers, no request): the tags are read from the stored file.
+    again = await dl.fetch(item.replace(page="q"))
+    assert (again.artist, again.codec, len(server.log)) == ("Artíst", got.codec, 1)

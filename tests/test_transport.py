@@ -125,3 +125,40 @@ async def test_only_http_and_https():
     async with client() as c:
         with pytest.raises(httpx.UnsupportedProtocol):
             await c.get("ftp://127.0.0.1/x")
+
+
+@pytest.mark.parametrize("read_size", [None, 1024 * 1024], ids=["page-reads", "download-reads"])
+async def test_a_cut_body_hands_out_every_byte_received_before_the_error(read_size):
+    """aiohttp raises a cut connection's error before returning what it had buffered; those bytes are valid
+    data (a download resumes after them), so the transport yields all of them first."""
+    # 99,840 bytes of a promised 1,000,000: less than aiohttp buffers before it stops reading, so it sees the cut
+    sent = bytes(range(256)) * 390
+    arrived = asyncio.Event()
+
+    async def cut(server, reader, writer):
+        await read_request(server, reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n" + sent)
+        await writer.drain()
+        writer.close()          # FIN after the bytes: all of them reach the client
+        arrived.set()
+
+    async with RawServer(cut) as srv:
+        transport = build_transport(max_connections=4, dns_ttl=60)
+        ext = {"read_size": read_size} if read_size else {}
+        response = await transport.handle_async_request(httpx.Request("GET", srv.url + "/", extensions=ext))
+        await arrived.wait()
+        # Read only once aiohttp has taken in the bytes and seen the cut (its buffer's error is set): the case
+        # where it used to drop them.
+        content = response.stream._response.content
+        for _ in range(1000):
+            if content.exception() is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert content.exception() is not None
+        got = bytearray()
+        with pytest.raises(httpx.TransportError):
+            async for piece in response.stream:
+                got += piece
+        await response.aclose()
+        await transport.aclose()
+    assert bytes(got) == sent

@@ -2,9 +2,15 @@
 
     <data_dir>/audio/partial/<key>.part    bytes received so far, always a prefix of the file being fetched
     <data_dir>/audio/partial/<key>.json    sidecar: address, validators, expected size, bytes written
-    <data_dir>/audio/done/<key[:2]>/<key>.json        the last finished download of <key> (``Finished``)
+    <data_dir>/audio/finished.sqlite3                 the last finished download of each key (``Finished``)
     <data_dir>/audio/<sha[:2]>/<sha256><ext>          the finished file, stored once per content
-    <data_dir>/audio/<sha[:2]>/<sha256>.places.json   every (url, page) the content was found at
+
+Where each file was found (address, page) is the master's catalogue, which every finished item is reported to;
+the worker keeps no second copy of it.
+
+A file that arrived whole in one chunk has no partial and no sidecar: it is written straight to its
+content-addressed name (``put``). A crash mid-write leaves a file shorter than its record and its name says,
+which ``holds`` and the duplicate check both refuse by its size, and the next download writes it again.
 
 The key is derived from the site's own id when there is one, so a link that is re-resolved to a new
 address keeps writing to the same partial file and finds the same finished record. Nothing derived from a URL
@@ -12,20 +18,25 @@ or header reaches a path except through ``extension_for``, which only ever retur
 letters or digits; a finished record's stored path is accepted only in the exact shape ``commit`` produces, so
 a damaged or planted record cannot point outside the audio tree.
 
-Every record is written to a temporary file and renamed over the old one: a process killed at any instant
-leaves the old record or the new one. Records are not fsynced; they are caches of what the disk already holds,
-and one lost to a power cut costs a download, not data.
+A sidecar is written to a temporary file and renamed over the old one: a process killed at any instant leaves
+the old record or the new one. Finished records are rows of one SQLite table (WAL, one short transaction
+each): a file per record cost a file creation per download, as much CPU as the download itself. Records written
+as files by earlier versions (``audio/done/<key[:2]>/<key>.json``) are still read. Nothing is fsynced; records
+are caches of what the disk already holds, and one lost to a power cut costs a download, not data.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
 import re
+import sqlite3
 import stat
-from dataclasses import asdict, dataclass
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -49,6 +60,7 @@ _BY_CONTENT_TYPE = {
 }
 
 _SAFE_EXT = re.compile(r"\.[a-z0-9]{1,5}")
+_IOV_MAX = 512        # pieces per writev (Linux allows 1024)
 
 
 def extension_for(urls: list[str], content_type: str | None) -> str:
@@ -85,7 +97,8 @@ class Sidecar:
     final_url: str | None = None      # where the bytes came from after redirects (for the extension only)
 
     def to_json(self) -> str:
-        return json.dumps({"version": 1, **asdict(self)}, sort_keys=True)
+        # vars(), not asdict(): the fields are flat, and asdict deep-copies each one.
+        return json.dumps({"version": 1, **vars(self)}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Sidecar:
@@ -113,7 +126,8 @@ class Finished:
     verified_at: float = 0.0          # wall-clock seconds when the server last served or confirmed it
 
     def to_json(self) -> str:
-        return json.dumps({"version": 1, **asdict(self)}, sort_keys=True)
+        # vars(), not asdict(): the fields are flat, and asdict deep-copies each one.
+        return json.dumps({"version": 1, **vars(self)}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Finished:
@@ -142,6 +156,16 @@ class AudioStore:
         self.audio_dir = self.root / "audio"
         self.partial_dir = self.audio_dir / "partial"
         self.done_dir = self.audio_dir / "done"
+        self._partial_prefix = f"{self.partial_dir}{os.sep}"
+        # A worker owns its data dir: while it has made no partial folder, and found none, no key has a sidecar.
+        self._partials = self.partial_dir.is_dir()
+        # Records kept as files by earlier versions are looked for only where such a version left some, and
+        # content stored by them (not in the ``stored`` table) is looked for by listing its folder.
+        self._legacy_records = self.done_dir.is_dir()
+        self._legacy_content = self.audio_dir.is_dir() and not (self.audio_dir / "finished.sqlite3").exists()
+        self._made: set[Path] = set()    # shard folders known to exist: at most 256 of them
+        self._db: sqlite3.Connection | None = None
+        self._db_lock = threading.Lock()  # records are read on the event loop and written from worker threads
 
     def part_path(self, key: str) -> Path:
         return self.partial_dir / f"{key}.part"
@@ -151,12 +175,21 @@ class AudioStore:
 
     def load_sidecar(self, key: str) -> Sidecar | None:
         """The sidecar if it and its partial file are both usable; otherwise both are cleared."""
-        side, part = self.sidecar_path(key), self.part_path(key)
+        if not self._partials:
+            return None
         try:
-            record = Sidecar.from_json(side.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            # The usual case is one failed open (nothing was left for this key), so no pathlib on the way there.
+            with open(f"{self._partial_prefix}{key}.json", encoding="utf-8") as fh:
+                text = fh.read()
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):    # unreadable, or not UTF-8
+            text = ""
+        try:
+            record: Sidecar | None = Sidecar.from_json(text)
+        except ValueError:
             record = None
-        if record is None or not part.exists():
+        if record is None or not self.part_path(key).exists():
             self.discard(key)
             return None
         return record
@@ -164,6 +197,7 @@ class AudioStore:
     def save_sidecar(self, key: str, record: Sidecar) -> None:
         """Atomic: a crash leaves the old sidecar or the new one, never half of one."""
         self.partial_dir.mkdir(parents=True, exist_ok=True)
+        self._partials = True
         _write_atomic(self.sidecar_path(key), record.to_json())
 
     def discard(self, key: str) -> None:
@@ -171,8 +205,22 @@ class AudioStore:
             p.unlink(missing_ok=True)
 
     def finished_path(self, key: str) -> Path:
-        # Sharded: a long crawl finishes millions of keys, too many for one directory listing.
+        """Where earlier versions kept key's finished record as a file (still read, never written)."""
         return self.done_dir / key[:2] / f"{key}.json"
+
+    def _records(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.audio_dir.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.audio_dir / "finished.sqlite3", isolation_level=None,
+                                 check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE IF NOT EXISTS finished (key TEXT PRIMARY KEY, record TEXT NOT NULL)")
+            # Which name each content was stored under: finding it under another extension takes one look-up,
+            # not a listing of its shard folder (thousands of names in a long crawl).
+            db.execute("CREATE TABLE IF NOT EXISTS stored (sha256 TEXT PRIMARY KEY, path TEXT NOT NULL)")
+            self._db = db
+        return self._db
 
     def load_finished(self, key: str) -> Finished | None:
         """The record of key's last finished download; None when there is none or it is unreadable.
@@ -180,14 +228,44 @@ class AudioStore:
         An unreadable record is left where it is: the next finished download of the key replaces it.
         """
         try:
-            return Finished.from_json(self.finished_path(key).read_text(encoding="utf-8"))
-        except (OSError, ValueError, ArithmeticError, RecursionError):   # bad UTF-8, JSON, numbers, nesting
-            return None
+            with self._db_lock:
+                row = self._records().execute("SELECT record FROM finished WHERE key = ?", (key,)).fetchone()
+            if row is None and not self._legacy_records:
+                return None
+            text = row[0] if row is not None else self.finished_path(key).read_text(encoding="utf-8")
+            return Finished.from_json(text)
+        except (OSError, ValueError, ArithmeticError, RecursionError, TypeError, sqlite3.DatabaseError):
+            return None    # gone, bad UTF-8, JSON, numbers, nesting, a damaged database
 
     def save_finished(self, key: str, record: Finished) -> None:
-        path = self.finished_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, record.to_json())
+        """Raises OSError when the record cannot be kept (callers treat the record as a cache)."""
+        self.save_finished_many([(key, record)])
+
+    def save_finished_many(self, records: list[tuple[str, Finished]]) -> None:
+        """Several records in one transaction (see save_finished), with the content each one names."""
+        if not records:
+            return
+        rows = [(key, record.to_json()) for key, record in records]
+        contents = [(record.sha256, record.path) for _, record in records]
+        try:
+            with self._db_lock:
+                db = self._records()
+                db.execute("BEGIN")
+                try:
+                    db.executemany("INSERT OR REPLACE INTO finished (key, record) VALUES (?, ?)", rows)
+                    db.executemany("INSERT OR REPLACE INTO stored (sha256, path) VALUES (?, ?)", contents)
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise OSError(f"finished records: {exc}") from None
+
+    def close(self) -> None:
+        with self._db_lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
 
     def holds(self, record: Finished) -> bool:
         """Whether the file a record names is still on disk at its size (an operator may have removed it).
@@ -208,9 +286,8 @@ class AudioStore:
         """
         if not re.fullmatch(r"[0-9a-f]{64}", sha256) or (ext and not _SAFE_EXT.fullmatch(ext)):
             raise ValueError(f"refusing to store under {sha256!r}{ext!r}")
-        folder = self.audio_dir / sha256[:2]
-        folder.mkdir(parents=True, exist_ok=True)
-        existing = self._existing(folder, sha256, size)
+        folder = self._folder(self.audio_dir / sha256[:2])
+        existing = self._existing(folder, sha256, size, ext)
         if existing is not None:
             self.part_path(key).unlink(missing_ok=True)
             rel = existing
@@ -221,34 +298,76 @@ class AudioStore:
         self.sidecar_path(key).unlink(missing_ok=True)
         return rel
 
-    def record_place(self, sha256: str, rel_path: str, item: AudioItem) -> None:
-        """Remember that this content was also found at item.url on item.page (once per pair)."""
-        places_file = self.audio_dir / sha256[:2] / f"{sha256}.places.json"
-        try:
-            doc = json.loads(places_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            doc = {"sha256": sha256, "path": rel_path, "places": []}
-        place = {"url": item.url, "page": item.page, "resolver": item.resolver, "source_id": item.source_id}
-        if place in doc["places"]:
-            return
-        doc["places"].append(place)
-        _write_atomic(places_file, json.dumps(doc, ensure_ascii=False, sort_keys=True))
+    def put(self, sha256: str, pieces: list[bytes], size: int, ext: str) -> str:
+        """Store a whole file held in memory under its content's name; returns the path relative to the data dir.
 
-    def places(self, sha256: str) -> list[dict]:
+        Blocking (call it off the event loop). Content already stored at its full size is not written again.
+        """
+        if not re.fullmatch(r"[0-9a-f]{64}", sha256) or (ext and not _SAFE_EXT.fullmatch(ext)):
+            raise ValueError(f"refusing to store under {sha256!r}{ext!r}")
+        folder = self._folder(self.audio_dir / sha256[:2])
+        existing = self._existing(folder, sha256, size, ext)
+        if existing is not None:
+            return existing
+        target = folder / f"{sha256}{ext}"
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
-            places_file = self.audio_dir / sha256[:2] / f"{sha256}.places.json"
-            doc = json.loads(places_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return []
-        return list(doc.get("places", []))
+            write_pieces(fd, pieces)
+        finally:
+            os.close(fd)
+        return target.relative_to(self.root).as_posix()
 
-    def _existing(self, folder: Path, sha256: str, size: int) -> str | None:
-        for candidate in folder.glob(f"{sha256}*"):
-            if candidate.name.endswith(".places.json") or candidate.name.endswith(".tmp"):
-                continue
-            if candidate.is_file() and candidate.stat().st_size == size:
-                return candidate.relative_to(self.root).as_posix()
+    def _folder(self, folder: Path) -> Path:
+        if folder not in self._made:
+            folder.mkdir(parents=True, exist_ok=True)
+            self._made.add(folder)
+        return folder
+
+    def _existing(self, folder: Path, sha256: str, size: int, ext: str) -> str | None:
+        # The name this download would take first: one stat, the usual answer for content seen before.
+        try:
+            st = os.stat(folder / f"{sha256}{ext}")
+            if stat.S_ISREG(st.st_mode) and st.st_size == size:
+                return f"audio/{sha256[:2]}/{sha256}{ext}"
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+        # The same content under another extension (another site's name for it).
+        try:
+            with self._db_lock:
+                row = self._records().execute("SELECT path FROM stored WHERE sha256 = ?", (sha256,)).fetchone()
+        except sqlite3.Error:
+            row = None
+        if row is not None and isinstance(row[0], str) and re.fullmatch(
+                rf"audio/{sha256[:2]}/{sha256}(\.[a-z0-9]{{1,5}})?", row[0]):
+            try:
+                st = os.stat(self.root / row[0])
+                if stat.S_ISREG(st.st_mode) and st.st_size == size:
+                    return str(row[0])
+            except OSError:
+                pass
+        if not self._legacy_content:
+            return None
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                name = entry.name
+                if not name.startswith(sha256) or name == f"{sha256}{ext}" or name.endswith((".tmp", ".json")):
+                    continue
+                if entry.is_file(follow_symlinks=False) and entry.stat().st_size == size:
+                    return f"audio/{sha256[:2]}/{name}"
         return None
+
+
+def write_pieces(fd: int, pieces: list[bytes]) -> None:
+    """Write pieces in order with as few system calls as the kernel allows, without joining them first."""
+    for i in range(0, len(pieces), _IOV_MAX):
+        group = pieces[i:i + _IOV_MAX]
+        want = sum(map(len, group))
+        done = os.writev(fd, group) if len(group) > 1 else os.write(fd, group[0])
+        if done < want:   # a short write (a full disk, a signal): finish it the slow way, or raise
+            view = memoryview(b"".join(group))[done:]
+            while view:
+                view = view[os.write(fd, view):]
 
 
 def _write_atomic(path: Path, text: str) -> None:

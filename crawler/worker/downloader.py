@@ -1,9 +1,11 @@
 """Resumable audio downloads: one coroutine per file, resuming from the partial on disk after anything breaks.
 
-A crawl runs for days, so a download never starts over for a reason that does not force it to. Each download
-streams into ``audio/partial/<key>.part`` beside a sidecar holding the address, validators and expected size;
-the next attempt (in this process or after a restart) asks for ``Range: bytes=<part size>-`` guarded by
-``If-Range``, and decides from the answer whether the bytes it already has still belong to the file:
+A crawl runs for days, so a download never starts over for a reason that does not force it to. A file that
+arrives whole within one chunk (``chunk_size``, 1 MiB) is hashed and written straight to the store from memory,
+with the other downloads that finished meanwhile in one job off the event loop. A larger one, or one whose
+connection is cut, streams into ``audio/partial/<key>.part`` beside a sidecar holding the address, validators
+and expected size; the next attempt (in this process or after a restart) asks for ``Range: bytes=<part size>-``
+guarded by ``If-Range``, and decides from the answer whether the bytes it already has still belong to the file:
 
     206 at our offset, same validators and total   append
     200 (range ignored, or If-Range failed)        truncate and take this body from byte 0
@@ -15,6 +17,11 @@ the next attempt (in this process or after a restart) asks for ``Range: bytes=<p
 
 The part file itself is the record of progress: bytes are only ever appended after the decision above, so
 whatever length it has is a valid prefix. The sidecar's ``written`` is a checkpoint for people, not the truth.
+Every byte received before a cut is written before the resume (the transport hands out what it had buffered
+before the error), so the resume asks for exactly the byte where the received data ends.
+
+Requests go straight to the client's transport, as page fetches do, and bodies are read in large pieces: per
+download there is one request object, a few header look-ups and, per piece, a length check and the hash.
 
 Pages are crawled again (refresh) and one song is linked from many pages, so the same audio comes back again
 and again. A finished download leaves a ``Finished`` record under its key (the site's id, else the address),
@@ -58,7 +65,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -68,8 +75,9 @@ from crawler.bodies import BodyError
 from crawler.items import FAILED, OK, AudioItem
 from crawler.resolvers import sniff
 from crawler.targets import TargetRefused
-from crawler.worker.audiostore import AudioStore, Finished, Sidecar, extension_for, partial_key
+from crawler.worker.audiostore import AudioStore, Finished, Sidecar, extension_for, partial_key, write_pieces
 from crawler.worker.faults import is_local
+from crawler.worker.filetags import read_file_tags
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -80,6 +88,8 @@ _EXPIRED = frozenset({403, 410})
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
 _UNSATISFIED_RANGE = re.compile(r"bytes\s+\*/(\d+)", re.IGNORECASE)
 _CHECKPOINT = 16 * MiB
+# Body reads: aiohttp buffers twice this before it stops reading the socket.
+_READ_SIZE = 1 * MiB
 # Errors the transports raise for a broken connection. The worker's transport maps aiohttp's errors to httpx
 # ones; aiohttp's and the loop's own stay caught too, for any transport that lets one through.
 _NETWORK_ERRORS = (httpx.TransportError, aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
@@ -90,7 +100,8 @@ Reresolve = Callable[[AudioItem], Awaitable[AudioItem | None]]
 @dataclass(frozen=True)
 class DownloadConfig:
     max_size: int = 2 * GiB           # larger files are refused before their body is read
-    chunk_size: int = 256 * KiB       # buffered before one write + hash; at most this is lost in a crash
+    chunk_size: int = 1 * MiB         # buffered before one write + hash; a file up to this size is kept in
+                                      # memory and stored whole, with no partial file
     max_attempts: int = 5             # consecutive failed attempts (network, 5xx) that made no progress
     timeout: float = 30.0             # per read (and connect)
     max_redirects: int = 5
@@ -153,32 +164,55 @@ class _Fail(Exception):
 
 
 class _Partial:
-    """The open part file and its running hash. Appends only.
+    """The part file and its running hash. Appends only.
 
-    Writing and hashing run in a thread, one batch of ``chunk_size`` at a time, while the event loop receives
-    the next batch: both release the GIL, so a download uses a second core and never stalls page fetches on a
-    slow disk. At most two batches are in memory per download.
+    Nothing touches the disk until bytes must be kept there: a file that arrives whole within one chunk is
+    committed straight from memory (``Downloader._finish_from_memory``), with no part file and no sidecar. The
+    first batch handed over, or a flush after a cut, creates them (sidecar first, so a part file on disk always
+    has the validators of its bytes beside it).
+
+    Writing and hashing run in two threads, one batch of ``chunk_size`` at a time, while the event loop
+    receives the next batch: both release the GIL, so a large download keeps up with loopback on spare cores
+    and never stalls page fetches on a slow disk. At most two batches are in memory per download. A batch goes
+    to the file as the pieces the socket gave (one writev, hashed piece by piece), never joined into a copy.
     """
 
-    def __init__(self, store: AudioStore, key: str, record: Sidecar, chunk_size: int) -> None:
+    def __init__(self, store: AudioStore, key: str, record: Sidecar, chunk_size: int, *, on_disk: bool) -> None:
         self.store, self.key, self.record = store, key, record
-        path = store.part_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: BinaryIO = open(path, "r+b" if path.exists() else "w+b", buffering=0)
-        self.offset = self._fh.seek(0, 2)      # bytes on disk; exact whenever no batch is in flight
+        self._fh: BinaryIO | None = None
+        self.offset = 0                        # bytes on disk; exact whenever no batch is in flight
+        if on_disk:                            # a sidecar vouches for the part file: continue it
+            self._fh = open(store.part_path(key), "r+b", buffering=0)
+            self.offset = self._fh.seek(0, 2)
         self.received = self.offset            # bytes taken in, including those not yet on disk
         self.hasher = hashlib.sha256()
         self._chunk_size = chunk_size
         self._pieces: list[bytes] = []
         self._pending = 0
-        self._writing: asyncio.Future[None] | None = None
+        self._writing: asyncio.Future[Any] | None = None
         self._next_checkpoint = self.offset + _CHECKPOINT
         self.deadline: asyncio.Timeout | None = None   # the download's, stretched as its size becomes known
         self.started = 0.0
 
+    @property
+    def on_disk(self) -> bool:
+        return self._fh is not None
+
     def head(self, size: int) -> bytes:
-        """The first bytes on disk (everything taken in must have been flushed)."""
-        return os.pread(self._fh.fileno(), size, 0)
+        """The file's first bytes: from disk, or from memory while nothing was written."""
+        if self._fh is not None:
+            return os.pread(self._fh.fileno(), size, 0)
+        head = b""
+        for piece in self._pieces:
+            head += piece[:size - len(head)]
+            if len(head) >= size:
+                break
+        return head
+
+    def in_memory(self) -> list[bytes]:
+        """The whole body, for a partial that never went to disk."""
+        assert self._fh is None and self._writing is None
+        return self._pieces
 
     async def rehash(self) -> None:
         """Hash the bytes already on disk once, off the event loop: a resumed partial can be a gigabyte."""
@@ -203,7 +237,8 @@ class _Partial:
         if not self._pieces:
             return
         batch, self._pieces, self._pending = self._pieces, [], 0
-        self._writing = asyncio.ensure_future(asyncio.to_thread(self._write, batch))
+        # Writing and hashing in two threads at once: a batch then costs the slower of the two, not both.
+        self._writing = asyncio.gather(asyncio.to_thread(self._write, batch), asyncio.to_thread(self._hash, batch))
 
     async def _drain(self) -> None:
         if self._writing is not None:
@@ -211,14 +246,22 @@ class _Partial:
             await writing
 
     def _write(self, batch: list[bytes]) -> None:
-        data = b"".join(batch) if len(batch) > 1 else batch[0]
-        view = memoryview(data)
-        while view:
-            view = view[self._fh.write(view) or 0:]
-        self.hasher.update(data)
-        self.offset += len(data)
+        if self._fh is None:
+            self.store.save_sidecar(self.key, self.record)
+            # "w+b": a part file left without its sidecar (a crash between the two) holds nothing we can vouch for.
+            self._fh = open(self.store.part_path(self.key), "w+b", buffering=0)
+        write_pieces(self._fh.fileno(), batch)
+        self.offset += sum(map(len, batch))
+
+    def _hash(self, batch: list[bytes]) -> None:
+        update = self.hasher.update
+        for piece in batch:
+            update(piece)
 
     def checkpoint(self) -> None:
+        """Record the validators and progress beside the part file (nothing to record before it exists)."""
+        if self._fh is None:
+            return
         self.record.written = self.offset
         self.store.save_sidecar(self.key, self.record)
         self._next_checkpoint = self.offset + _CHECKPOINT
@@ -226,13 +269,14 @@ class _Partial:
     async def reset(self, url: str) -> None:
         await self._drain()
         self._pieces, self._pending = [], 0
-        self._fh.truncate(0)
-        self._fh.seek(0)
         self.offset = self.received = 0
         self.hasher = hashlib.sha256()
         self.record = Sidecar(url=url)
         self._next_checkpoint = _CHECKPOINT
-        self.store.save_sidecar(self.key, self.record)
+        if self._fh is not None:
+            self._fh.truncate(0)
+            self._fh.seek(0)
+            self.store.save_sidecar(self.key, self.record)
 
     async def aclose(self) -> None:
         # Even when cancelled, let a batch in flight finish: closing the file under a writing thread would
@@ -246,7 +290,110 @@ class _Partial:
                 raise
             except Exception:  # noqa: S110 - the write's own error was already raised to the download
                 pass
-        self._fh.close()
+        if self._fh is not None:
+            self._fh.close()
+
+
+@dataclass
+class _Commit:
+    """A file that came whole in one chunk, waiting to be hashed, stored and recorded."""
+
+    key: str
+    pieces: list[bytes]
+    size: int
+    ext: str
+    record: Finished      # all but sha256 and path, which the commit fills in
+    tags: bool            # read the file's own tags too, while its bytes are in memory
+
+
+class _Committer:
+    """Stores the files that came whole in one chunk, in batches, in a worker thread.
+
+    Finishing a small download (hash a few KiB, write one file, record it) costs less than one hand-off to a
+    thread and back, so the downloads finishing within ``gather`` seconds of each other (or ``full`` of them)
+    share one hand-off, and their records one transaction. Their slots are already released, so the wait costs
+    no throughput. The queue holds at most one entry per download in flight.
+    """
+
+    def __init__(self, store: AudioStore, *, gather: float = 0.01, full: int = 64) -> None:
+        self._store = store
+        self._queue: list[tuple[_Commit, asyncio.Future[_Committed]]] = []
+        self._running = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._gather, self._full = gather, full
+
+    def commit(self, entry: _Commit) -> asyncio.Future[_Committed]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_Committed] = loop.create_future()
+        self._queue.append((entry, future))
+        if not self._running:
+            if len(self._queue) >= self._full:
+                self._start(loop)
+            elif self._timer is None:
+                self._timer = loop.call_later(self._gather, self._start, loop)
+        return future
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._queue = self._queue[:self._full], self._queue[self._full:]
+        self._running = True
+        try:
+            done = loop.run_in_executor(None, _commit_all, self._store, [entry for entry, _ in batch])
+        except RuntimeError as exc:    # the loop is shutting its executor down: fail these, never leave them
+            self._running = False
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        done.add_done_callback(lambda f: self._finished(loop, batch, f))
+
+    def _finished(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Commit, asyncio.Future[_Committed]]],
+                  done: asyncio.Future[list[_Committed | Exception]]) -> None:
+        self._running = False
+        outcomes = done.result() if not done.cancelled() and done.exception() is None else None
+        for i, (_, future) in enumerate(batch):
+            if future.done():
+                continue      # its download was cancelled; the file was stored anyway
+            outcome = outcomes[i] if outcomes is not None else RuntimeError("the store batch did not run")
+            if isinstance(outcome, Exception):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+        if self._queue:
+            if len(self._queue) >= self._full:
+                self._start(loop)
+            elif self._timer is None:
+                self._timer = loop.call_later(self._gather, self._start, loop)
+
+
+_Committed = tuple[Finished, "dict[str, Any] | None"]   # the record, and the file's tags if they were read
+
+
+def _commit_all(store: AudioStore, entries: list[_Commit]) -> list[_Committed | Exception]:
+    out: list[_Committed | Exception] = []
+    records: list[tuple[str, Finished]] = []
+    for entry in entries:
+        try:
+            hasher = hashlib.sha256()
+            for piece in entry.pieces:
+                hasher.update(piece)
+            sha = hasher.hexdigest()
+            done = dataclasses.replace(entry.record, sha256=sha, path=store.put(sha, entry.pieces, entry.size,
+                                                                                entry.ext))
+        except Exception as exc:    # each file's error is its own download's
+            out.append(exc)
+            continue
+        tags = None
+        if entry.tags:
+            data = entry.pieces[0] if len(entry.pieces) == 1 else b"".join(entry.pieces)
+            tags = read_file_tags(data, entry.ext)
+        out.append((done, tags))
+        records.append((entry.key, done))
+    with contextlib.suppress(OSError):     # records are a cache: losing them costs a download later
+        store.save_finished_many(records)
+    return out
 
 
 class HostSlots:
@@ -322,10 +469,27 @@ class _Lease:
 
 class Downloader:
     def __init__(self, client: httpx.AsyncClient, data_dir: Path, cfg: DownloadConfig, *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, file_tags: bool = False) -> None:
+        """file_tags: every item fetched comes back with what its file says about itself (filetags.py)."""
         self.client = client
         self.cfg = cfg
         self.store = AudioStore(data_dir)
+        # Requests go straight to the client's transport, as page fetches do (fetcher.PageFetcher): the client's
+        # per-request machinery (merging, auth flow, redirect loop, cookies, hooks) costs more than the request.
+        # The client's headers are the base; identity, Range and validators are added per request.
+        self._transport: httpx.AsyncBaseTransport = client._transport
+        headers = client.headers.copy()
+        headers["Accept-Encoding"] = "identity"
+        self._headers: list[tuple[str, str]] = list(headers.items())
+        # Read in large pieces (one per socket read, not per 16 KiB) and bound by our own cap, not the pages'.
+        self._extensions = {"timeout": httpx.Timeout(cfg.timeout).as_dict(), "max_body": cfg.max_size + 1,
+                            "read_size": _READ_SIZE}
+        self._committer = _Committer(self.store)
+        self._file_tags = file_tags
+        # Tags read while a file's bytes were in memory, for its fetch to take at once (one entry a download).
+        self._fresh_tags: dict[str, dict[str, Any]] = {}
+        # Reading a stored file's tags blocks on disk: a few threads at most, the rest wait their turn here.
+        self._tag_slots = asyncio.Semaphore(2)
         # Wall-clock time: a record's age must mean the same after a restart.
         self._clock = clock
         self._inflight: dict[str, asyncio.Future[AudioItem]] = {}
@@ -344,7 +508,18 @@ class Downloader:
         Returns the item with sha256/size/content_type/path and status OK, or status FAILED with a reason.
         Network and server misbehaviour never raise; cancellation does, and leaves the partial for next time.
         Waits for a slot of the item's host (and a global one, if configured) before any request.
+        With ``file_tags``, an OK item also carries what its file says about itself.
         """
+        result = await self._fetch_item(item, reresolve)
+        if not self._file_tags or result.status != OK or not result.path:
+            return result
+        tags = self._fresh_tags.pop(result.path, None)
+        if tags is None:
+            async with self._tag_slots:
+                tags = await asyncio.to_thread(read_file_tags, self.store.root / result.path)
+        return result.with_file_tags(tags) if tags else result
+
+    async def _fetch_item(self, item: AudioItem, reresolve: Reresolve | None) -> AudioItem:
         if not item.url:
             return item.replace(status=FAILED, reason="no download address")
         key = partial_key(item)
@@ -366,14 +541,8 @@ class Downloader:
         known, own = self._known(key, item.url)
         # A record from the future (the clock was set back) is not trusted: ask the server.
         if known is not None and 0 <= self._clock() - known.verified_at < self.cfg.revalidate_after:
-            try:
-                if not own:
-                    self._remember(key, known)    # next time this key finds it without the address map
-                self.store.record_place(known.sha256, known.path, item)
-            except OSError as exc:
-                if is_local(exc):
-                    raise     # the node's disk, not this item: the worker hands the task back
-                return item.replace(status=FAILED, reason=f"storage: {exc}")
+            if not own:
+                self._remember(key, known)    # next time this key finds it without the address map
             self.stats.reused += 1
             return _filled(item, known)
         future: asyncio.Future[AudioItem] = asyncio.get_running_loop().create_future()
@@ -411,11 +580,12 @@ class Downloader:
             return None, False
         return record, own
 
-    def _remember(self, key: str, record: Finished) -> None:
+    def _remember(self, key: str, record: Finished, *, save: bool = True) -> None:
         # The durable record is a cache of what the store holds: failing to write it costs a later
         # download, never this one's result.
-        with contextlib.suppress(OSError):
-            self.store.save_finished(key, record)
+        if save:
+            with contextlib.suppress(OSError):
+                self.store.save_finished(key, record)
         if self.cfg.remembered_urls:
             self._by_url[record.url] = record
             self._by_url.move_to_end(record.url)
@@ -425,7 +595,6 @@ class Downloader:
     def _share(self, item: AudioItem, done: AudioItem) -> AudioItem:
         if done.status != OK or done.sha256 is None or done.path is None:
             return item.replace(status=FAILED, reason=done.reason or "download failed")
-        self.store.record_place(done.sha256, done.path, item)
         return item.replace(status=OK, reason=None, sha256=done.sha256, size=done.size,
                             content_type=done.content_type, path=done.path)
 
@@ -433,10 +602,8 @@ class Downloader:
                      lease: _Lease) -> AudioItem:
         try:
             record = self.store.load_sidecar(key)
-            if record is None:
-                record = Sidecar(url=item.url)
-                self.store.save_sidecar(key, record)
-            partial = _Partial(self.store, key, record, self.cfg.chunk_size)
+            partial = _Partial(self.store, key, record or Sidecar(url=item.url), self.cfg.chunk_size,
+                               on_disk=record is not None)
         except OSError as exc:
             if is_local(exc):
                 raise
@@ -458,7 +625,8 @@ class Downloader:
         except _Fail as exc:
             await partial.aclose()
             if exc.discard:
-                self.store.discard(key)
+                if partial.on_disk:
+                    self.store.discard(key)
             else:
                 partial.checkpoint()
             return item.replace(status=FAILED, reason=str(exc))
@@ -484,13 +652,14 @@ class Downloader:
         while True:
             expected = partial.record.expected_size
             if expected is not None and partial.offset == expected:
-                return await self._finish(current, partial)
+                return await self._finish(current, partial, lease)
             before = partial.offset
             try:
                 complete = await self._attempt(current, partial, new_address, known)
             except _Unchanged as exc:
                 await partial.aclose()
-                self.store.discard(partial.key)
+                if partial.on_disk:
+                    self.store.discard(partial.key)
                 assert known is not None
                 return self._confirmed(current, partial.key, known, exc)
             except _Retry as exc:
@@ -521,7 +690,7 @@ class Downloader:
                 continue
             new_address = False
             if complete:
-                return await self._finish(current, partial)
+                return await self._finish(current, partial, lease)
             # A clean but short answer; one that brought nothing must not loop for ever.
             failures = 0 if partial.offset > before else failures + 1
             if failures >= self.cfg.max_attempts:
@@ -555,40 +724,42 @@ class Downloader:
             # After a re-resolve the old validator may mean nothing to the new host: judge the 206 ourselves.
             if validator and not new_address:
                 extra["If-Range"] = validator
-        url = httpx.URL(item.url) if _http_url(item.url) else None
-        if url is None:
+        if not _http_url(item.url):
             raise _Fail(f"not an http(s) address: {item.url[:200]!r}", discard=True)
-        origin_host = url.host
         try:
+            url = httpx.URL(item.url)
+            origin_host = url.host
             for _ in range(self.cfg.max_redirects + 1):
-                headers = _identity_headers(item, same_host=url.host == origin_host)
-                headers.update(extra)
-                request = self.client.build_request("GET", url, headers=headers,
-                                                    timeout=httpx.Timeout(self.cfg.timeout))
-                response = await self.client.send(request, stream=True, follow_redirects=False)
+                request = httpx.Request("GET", url, extensions=self._extensions, headers=_merged_headers(
+                    self._headers, {**_identity_headers(item, same_host=url.host == origin_host), **extra}))
+                response = await self._transport.handle_async_request(request)
                 try:
                     location = response.headers.get("location")
                     if response.status_code in _REDIRECTS and location:
-                        url = response.url.join(location)
+                        url = url.join(location)
                         if url.scheme not in ("http", "https"):
                             raise _Fail(f"redirect to a non-http address: {str(url)[:200]!r}")
                         continue
-                    return await self._consume(response, partial, new_address, conditional)
+                    return await self._consume(response, str(url), partial, new_address, conditional)
                 finally:
                     await response.aclose()
         except _NETWORK_ERRORS as exc:
             raise _Retry(f"{type(exc).__name__}: {exc}"[:300]) from None
         except (BodyError, TargetRefused) as exc:
-            raise _Fail(str(exc)[:300], discard=partial.offset == 0) from None
+            raise _Fail(str(exc)[:300], discard=partial.received == 0) from None
         except httpx.InvalidURL as exc:
             raise _Fail(f"bad address: {exc}") from None
         raise _Fail(f"more than {self.cfg.max_redirects} redirects")
 
-    async def _consume(self, response: httpx.Response, partial: _Partial, new_address: bool,
+    async def _consume(self, response: httpx.Response, url: str, partial: _Partial, new_address: bool,
                        conditional: bool) -> bool:
         status = response.status_code
         record = partial.record
+        # The worker's transport names the coding it took off; any other transport leaves the header.
         coding = response.extensions.get("content_encoding")
+        if coding is None:
+            coding = response.headers.get("content-encoding", "").strip().lower()
+            coding = "" if coding == "identity" else coding
         if coding:
             raise _Fail(f"body sent with Content-Encoding {coding} although identity was asked",
                         discard=partial.offset == 0)
@@ -611,7 +782,7 @@ class Downloader:
                 await partial.reset(record.url)
                 record = partial.record
             total = _int_header(response, "content-length")
-            self._adopt(response, partial, total)
+            self._adopt(response, url, partial, total)
         elif status == 206:
             m = _CONTENT_RANGE.fullmatch(response.headers.get("content-range", "").strip())
             if m is None:
@@ -626,7 +797,7 @@ class Downloader:
                 raise _Restart("Content-Length disagrees with Content-Range")
             if partial.offset > 0 and not _same_file(record, response, total, new_address):
                 raise _Restart("the file changed under its address")
-            self._adopt(response, partial, total)
+            self._adopt(response, url, partial, total)
         else:
             # Keep bytes already fetched: the address may come back, or be re-resolved on a later crawl.
             raise _Fail(f"http {status}", discard=partial.offset == 0)
@@ -636,32 +807,38 @@ class Downloader:
             raise _Fail(f"too large: {expected} bytes (max {self.cfg.max_size})", discard=True)
         partial.checkpoint()
         self._stretch(partial)
+        # A file that fits in one chunk stays in memory and is committed from there (_finish_from_memory).
+        whole = not partial.on_disk and expected is not None and expected <= self.cfg.chunk_size
         # A body from byte 0 is judged by its first bytes as soon as they are in: a 2 GiB page of junk served
-        # as audio is refused after 4 KiB, not after it was all downloaded. (_finish checks again from disk.)
-        head = b"" if partial.offset == 0 else None
+        # as audio is refused after 4 KiB, not after it was all downloaded. (_finish checks again.)
+        head = b"" if partial.received == 0 else None
+        max_size = self.cfg.max_size
         try:
-            async for piece in response.aiter_raw():
+            async for piece in response.stream:
                 if head is not None:
                     head += piece[:sniff.HEAD_BYTES - len(head)]
                     if len(head) >= sniff.HEAD_BYTES:
                         if not sniff.is_media(head):
                             raise _Fail("not audio", discard=True)
                         head = None
-                if partial.take(piece):
+                if partial.take(piece) and not whole:
                     self._stretch(partial)
                     await partial.hand_over()
                 received = partial.received
-                if received > self.cfg.max_size:
-                    raise _Fail(f"too large: more than {self.cfg.max_size} bytes", discard=True)
+                if received > max_size:
+                    raise _Fail(f"too large: more than {max_size} bytes", discard=True)
                 if expected is not None and received > expected:
                     raise _Restart(f"body longer than the {expected} bytes announced")
-        finally:
+        except BaseException:
             # Bytes that arrived before a connection broke are valid: keep them for the resume.
+            await partial.flush()
+            raise
+        if not (whole and partial.received == expected):
             await partial.flush()
         if expected is None:
             return True
         # False for a 206 that stopped short of the end, cleanly: ask for the rest.
-        return partial.offset >= expected
+        return partial.received >= expected
 
     def _stretch(self, partial: _Partial) -> None:
         """Move the download's deadline to base + size / min_rate, the size as announced or as received so far."""
@@ -669,7 +846,7 @@ class Downloader:
             size = max(partial.record.expected_size or 0, partial.received)
             partial.deadline.reschedule(partial.started + self.cfg.deadline_base + size / self.cfg.min_rate)
 
-    def _adopt(self, response: httpx.Response, partial: _Partial, total: int | None) -> None:
+    def _adopt(self, response: httpx.Response, url: str, partial: _Partial, total: int | None) -> None:
         """Take the validators and size of the response whose body we are about to keep.
 
         A 206 continuing our bytes that omits a validator keeps the one we had: it was judged the same file.
@@ -684,9 +861,11 @@ class Downloader:
         ctype = response.headers.get("content-type")
         if ctype:
             record.content_type = ctype.split(";", 1)[0].strip().lower()[:100] or None
-        record.final_url = str(response.url)
+        record.final_url = url
 
-    async def _finish(self, item: AudioItem, partial: _Partial) -> AudioItem:
+    async def _finish(self, item: AudioItem, partial: _Partial, lease: _Lease) -> AudioItem:
+        if not partial.on_disk:
+            return await self._finish_from_memory(item, partial, lease)
         await partial.flush()
         record = partial.record
         size = partial.offset
@@ -699,13 +878,36 @@ class Downloader:
         ext = extension_for(urls, record.content_type)
         await partial.aclose()
         rel = self.store.commit(partial.key, sha, size, ext)
-        self.store.record_place(sha, rel, item)
-        self._remember(partial.key, Finished(
+        return self._finished(item, partial.key, Finished(
             url=item.url, sha256=sha, size=size, path=rel, etag=record.etag,
             last_modified=record.last_modified, content_type=record.content_type, verified_at=self._clock()))
+
+    async def _finish_from_memory(self, item: AudioItem, partial: _Partial, lease: _Lease) -> AudioItem:
+        """A file that came whole in one chunk: hashed, stored and recorded in a batch, off the loop."""
+        record = partial.record
+        size = partial.received
+        if record.expected_size is not None and size != record.expected_size:
+            raise _Fail(f"size {size} disagrees with the server's {record.expected_size}", discard=True)
+        if not sniff.is_media(partial.head(sniff.HEAD_BYTES)):
+            raise _Fail("not audio", discard=True)
+        urls = [item.url] + ([record.final_url] if record.final_url else [])
+        lease.release()    # the server is done with us: the slot is for the next download
+        committed = await self._committer.commit(_Commit(
+            key=partial.key, pieces=partial.in_memory(), size=size, ext=extension_for(urls, record.content_type),
+            record=Finished(url=item.url, sha256="", size=size, path="", etag=record.etag,
+                            last_modified=record.last_modified, content_type=record.content_type,
+                            verified_at=self._clock()), tags=self._file_tags))
+        done, tags = committed
+        if tags is not None:
+            if len(self._fresh_tags) >= 4096:   # only a fetch cancelled at its very end leaves one behind
+                self._fresh_tags.clear()
+            self._fresh_tags[done.path] = tags
+        return self._finished(item, partial.key, done, saved=True)
+
+    def _finished(self, item: AudioItem, key: str, record: Finished, *, saved: bool = False) -> AudioItem:
+        self._remember(key, record, save=not saved)
         self.stats.fetched += 1
-        return item.replace(status=OK, reason=None, sha256=sha, size=size, content_type=record.content_type,
-                            path=rel)
+        return _filled(item, record)
 
     def _confirmed(self, item: AudioItem, key: str, known: Finished, answer: _Unchanged) -> AudioItem:
         # A 304 may carry fresher validators (RFC 9110 15.4.5); the address is the one that answered.
@@ -713,7 +915,6 @@ class Downloader:
                                      last_modified=answer.last_modified or known.last_modified,
                                      verified_at=self._clock())
         self._remember(key, record)
-        self.store.record_place(record.sha256, record.path, item)
         self.stats.confirmed += 1
         return _filled(item, record)
 
@@ -768,6 +969,12 @@ def _identity_headers(item: AudioItem, *, same_host: bool) -> dict[str, str]:
     if same_host:
         return item.identity.request_headers()
     return {"User-Agent": item.identity.user_agent} if item.identity.user_agent else {}
+
+
+def _merged_headers(base: list[tuple[str, str]], overrides: dict[str, str]) -> list[tuple[str, str]]:
+    """The client's headers with these set over them: built once as a list, not as three Headers objects."""
+    names = {name.lower() for name in overrides}
+    return [(k, v) for k, v in base if k.lower() not in names] + list(overrides.items())
 
 
 def _http_url(url: str) -> bool:

@@ -7,11 +7,23 @@ not understand, or that lies about itself, yields nothing rather than an error.
 
 from __future__ import annotations
 
+import io
 import logging
 from pathlib import Path
 from typing import Any
 
 import mutagen
+from mutagen.aac import AAC
+from mutagen.aiff import AIFF
+from mutagen.asf import ASF
+from mutagen.easymp4 import EasyMP4
+from mutagen.flac import FLAC
+from mutagen.monkeysaudio import MonkeysAudio
+from mutagen.mp3 import EasyMP3
+from mutagen.oggflac import OggFLAC
+from mutagen.oggopus import OggOpus
+from mutagen.oggvorbis import OggVorbis
+from mutagen.wave import WAVE
 
 from crawler.resolvers.pagemeta import normalise
 
@@ -31,6 +43,16 @@ _MP4_CODECS = {"mp4a.40.2": "aac", "mp4a.40.5": "aac", "mp4a.40.29": "aac", "mp4
                "ac-3": "ac3", "ec-3": "eac3", "mp4a.6b": "mp3", "mp4a.69": "mp3"}
 
 
+# The formats a stored file's extension names (crawler/worker/audiostore.py picks it from the address or the
+# media type). Asking those first spares scoring all of mutagen's two dozen formats on every file, which cost as
+# much as reading the tags; a file that is none of them is asked about every format after all.
+_BY_EXTENSION: dict[str, list[Any]] = {
+    ".mp3": [EasyMP3], ".m4a": [EasyMP4], ".m4b": [EasyMP4], ".mp4": [EasyMP4], ".aac": [AAC],
+    ".flac": [FLAC], ".ogg": [OggVorbis, OggOpus, OggFLAC], ".oga": [OggVorbis, OggOpus, OggFLAC],
+    ".opus": [OggOpus], ".wav": [WAVE], ".wma": [ASF], ".ape": [MonkeysAudio], ".aif": [AIFF], ".aiff": [AIFF],
+}
+
+
 def _first_text(tags: Any, keys: tuple[str, ...]) -> str | None:
     for key in keys:
         try:
@@ -46,12 +68,21 @@ def _first_text(tags: Any, keys: tuple[str, ...]) -> str | None:
     return None
 
 
-def read_file_tags(path: Path) -> dict[str, Any]:
-    """title, artist, album, duration (s), bitrate (kbit/s) and codec of an audio file; {} when unreadable."""
+def read_file_tags(path: Path | bytes, ext: str = "") -> dict[str, Any]:
+    """title, artist, album, duration (s), bitrate (kbit/s) and codec of an audio file; {} when unreadable.
+
+    path is the stored file, or the whole file's bytes when they are still in memory (ext then gives the hint
+    the file's name would)."""
+    source: Path | io.BytesIO = io.BytesIO(path) if isinstance(path, bytes) else path
     try:
-        audio = mutagen.File(path, easy=True)
+        hint = _BY_EXTENSION.get(ext or (path.suffix.lower() if isinstance(path, Path) else ""))
+        audio = mutagen.File(source, easy=True, options=hint) if hint else None
+        if audio is None:
+            if isinstance(source, io.BytesIO):
+                source.seek(0)
+            audio = mutagen.File(source, easy=True)
     except Exception as exc:   # mutagen raises many types on hostile input; none of them is ours to crash on
-        log.debug("tags of %s not read: %s", path, exc)
+        log.debug("tags of %s not read: %s", "a file in memory" if isinstance(path, bytes) else path, exc)
         return {}
     if audio is None:
         return {}

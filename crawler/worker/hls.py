@@ -404,7 +404,6 @@ class HlsDownloader:
             return item.replace(status=FAILED, reason=f"storage: {exc}")
 
     def _done(self, item: AudioItem, record: Finished, media: MediaPlaylist) -> AudioItem:
-        self.store.record_place(record.sha256, record.path, item)
         extra = {**item.extra, "segments": len(media.segments), "playlist": media.url}
         return item.replace(status=OK, reason=None, sha256=record.sha256, size=record.size,
                             content_type=record.content_type, path=record.path,

@@ -34,7 +34,6 @@ from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader
 from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, describe, is_local
 from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
-from crawler.worker.filetags import read_file_tags
 from crawler.worker.linkcache import LinkCache
 from crawler.worker.links import audio_candidates, count_links, extract_links
 from crawler.worker.pagestore import open_page_store
@@ -193,17 +192,15 @@ class Worker:
                                     user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
                                     read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
         self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent, fetch_page=self._fetch_other_page)
-        # Reading a finished file's tags blocks on disk: a few threads at most, so downloads cannot pile
-        # up threads; the rest wait their turn here.
-        self.tag_sem = asyncio.Semaphore(2)
         # The downloader holds the download limits itself (overall and per host), so a queue for one busy CDN
-        # never blocks downloads from other hosts.
+        # never blocks downloads from other hosts. It reads each file's own tags too, from memory when it can.
         self.downloader = Downloader(self.dl_http, cfg.data_dir,
                                      DownloadConfig(max_size=cfg.max_audio_bytes, timeout=cfg.read_timeout,
                                                     max_downloads=cfg.downloads,
                                                     deadline_base=cfg.download_timeout,
                                                     min_rate=cfg.download_min_rate,
-                                                    revalidate_after=cfg.revalidate_after))
+                                                    revalidate_after=cfg.revalidate_after),
+                                     file_tags=True)
         self.page_sem = asyncio.Semaphore(cfg.concurrency)
         metrics_runner = None
         if cfg.metrics_listen is not None:
@@ -687,13 +684,6 @@ class Worker:
             page, _ = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes)
         return page
 
-    async def _with_file_tags(self, item: it.AudioItem) -> it.AudioItem:
-        if not item.path:
-            return item
-        async with self.tag_sem:
-            tags = await asyncio.to_thread(read_file_tags, self.cfg.data_dir / item.path)
-        return item.with_file_tags(tags) if tags else item
-
     def _links_to_report(self, links: list[str], items: list[it.AudioItem], depth: int) -> list[str]:
         # The link cache goes first, on the links as found: the site's navigation, the bulk of every page,
         # then costs one dict lookup a link instead of normalisation and the audio check. It lets a link
@@ -764,7 +754,7 @@ class Worker:
                         item.replace(url=backup, extra={**item.extra, "primary_url": item.url}), reresolve)
             finally:
                 self._download_ended(ticket, done)
-            return await self._with_file_tags(done)
+            return done
 
         # Every download ends before an error is raised: none is left running after its task was handed back.
         done = await asyncio.gather(*(one(i) for i in items), return_exceptions=True)

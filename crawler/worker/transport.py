@@ -9,6 +9,10 @@ this one keeps only what a crawler needs:
 - the URL handed over already encoded (httpx has done that), so aiohttp does not quote it again;
 - header names sent as written (User-Agent, not user-agent), as browsers and httpx's own transport do;
 - the body read in chunks of at most 16 KiB, with aiohttp's errors mapped to httpx's only when one happens;
+  a request's ``read_size`` extension sets both that and aiohttp's buffer (downloads read large chunks, so a
+  gigabyte costs a few thousand iterations, not sixty thousand);
+- when a connection breaks mid-body, the bytes aiohttp had already received are handed out before the error
+  (an undecoded body only): a download keeps every byte it got and resumes where they end;
 - every body bounded after decoding (crawler/bodies.py): the transport decodes the one Content-Encoding it
   accepts itself, refuses stacks of them, and hands httpx the decoded body without the Content-Encoding and
   Content-Length headers (they described the wire, not these bytes; the original coding is in the response's
@@ -64,18 +68,39 @@ _FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 class _Body(httpx.AsyncByteStream):
-    __slots__ = ("_decoder", "_response")
+    __slots__ = ("_chunk", "_decoder", "_response")
     CHUNK = 16 * 1024
 
-    def __init__(self, response: aiohttp.ClientResponse, decoder: BoundedDecoder) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, decoder: BoundedDecoder, chunk: int = CHUNK) -> None:
         self._response = response
         self._decoder = decoder
+        self._chunk = chunk
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        read = self._response.content.read
+        content = self._response.content
         feed = self._decoder.feed
-        chunk_size = self.CHUNK
+        chunk_size = self._chunk
         try:
+            if chunk_size > self.CHUNK:
+                # Large reads: each piece as one socket read gave it, never joined with the next into a copy,
+                # and socket reads of that size too (asyncio's default is 256 KiB): a quarter of the wake-ups.
+                connection = self._response.connection
+                transport = connection.transport if connection is not None else None
+                if transport is not None and getattr(transport, "max_size", chunk_size) < chunk_size:
+                    transport.max_size = chunk_size
+                readchunk = content.readchunk
+                while True:
+                    chunk, _ = await readchunk()
+                    if not chunk:
+                        if content.at_eof():
+                            return
+                        continue     # the end of an HTTP chunk, not of the body
+                    out = feed(chunk)
+                    if out:
+                        yield out
+                    if self._decoder.full:
+                        return
+            read = content.read
             while chunk := await read(chunk_size):
                 out = feed(chunk)
                 if out:
@@ -83,11 +108,30 @@ class _Body(httpx.AsyncByteStream):
                 if self._decoder.full:
                     return
         except _FAILURES as e:
+            # aiohttp raises a cut connection's error before handing out what it had already received; those
+            # bytes are valid data (a download resumes after them), so an undecoded body yields them first.
+            rest = b"" if self._decoder.coding else _salvage(self._response.content)
+            if rest and (out := feed(rest)):
+                yield out
             raise map_error(e) from e
 
     async def aclose(self) -> None:
         # Back to the pool when the body was read to the end; closed when it was not (a capped page).
         self._response.release()
+
+
+def _salvage(content: aiohttp.StreamReader) -> bytes:
+    """The bytes a failed StreamReader still buffers. aiohttp offers no public call for them once its
+    exception is set, so this reads its buffer (a deque of bytes, the first consumed up to an offset)."""
+    buffer = getattr(content, "_buffer", None)
+    if not buffer:
+        return b""
+    offset = getattr(content, "_buffer_offset", 0)
+    data = b"".join(buffer)[offset:]
+    buffer.clear()
+    content._buffer_offset = 0
+    content._size = 0
+    return data
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
@@ -128,6 +172,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         if session is None:
             session = self._session = self._make_session()
         body = await request.aread()
+        ext = request.extensions
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
         try:
             response = await session.request(
@@ -150,9 +195,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             extensions["content_encoding"] = coding
             if coding:
                 raw_headers = tuple((k, v) for k, v in raw_headers if k.lower() not in _WIRE_HEADERS)
-        ext = request.extensions
         decoder = BoundedDecoder(coding, ext.get("max_body", self.max_body), cut=ext.get("cut_body", False))
-        return httpx.Response(response.status, headers=raw_headers, stream=_Body(response, decoder),
+        stream = _Body(response, decoder, ext.get("read_size") or _Body.CHUNK)
+        return httpx.Response(response.status, headers=raw_headers, stream=stream,
                               request=request, extensions=extensions)
 
     async def aclose(self) -> None:
