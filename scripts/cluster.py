@@ -7,12 +7,21 @@ import base64
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+
+def free_port() -> int:
+    """A loopback port free now, for a daemon whose address must be known before it starts (a master restarted
+    on the same address, a worker started before its master)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def write_secret(path: Path, secret: str | None = None) -> Path:

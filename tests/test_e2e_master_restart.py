@@ -2,7 +2,6 @@
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -15,11 +14,6 @@ from scripts import cluster, sitegen, siteserver
 
 pytestmark = pytest.mark.timeout(300)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -39,7 +33,7 @@ async def test_master_sigkill_mid_crawl_then_restart_completes_with_bounded_dupl
     concurrency, downloads = 4, 4
     async with await siteserver.start(site_dir, behaviour=slow) as server:
         config = cluster.master_config(tmp_path, [server.url + "/"], ["w1", "w2"],
-                                       listen=f"127.0.0.1:{free_port()}",
+                                       listen=f"127.0.0.1:{cluster.free_port()}",
                                        crawl={"max_depth": manifest.max_depth + 3}, **master_store)
         master = await cluster.start_master(config, tmp_path)
         addr = cluster.master_addr(config)

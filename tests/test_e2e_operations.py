@@ -241,17 +241,11 @@ async def test_commands_on_a_stopped_crawl_apply_at_once_and_pause_survives_a_re
 
 
 # ------------------------------------------------------------------------------------------- --master alone
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_worker_runs_with_only_master_given_and_waits_for_a_master_not_up_yet(tmp_path):
     site_dir = tmp_path / "site"
     sitegen.generate(site_dir, songs=5)
     async with await siteserver.start(site_dir) as server:
-        port = free_port()
+        port = cluster.free_port()
         config = cluster.master_config(tmp_path, [server.url + "/"], [socket.gethostname()],
                                        listen=f"127.0.0.1:{port}")
         # Its id (the host name), data dir ($STATE_DIRECTORY, as systemd sets it) and secret come from defaults

@@ -3,7 +3,6 @@ master, with a data dir of its own (another machine), carries the crawl on from 
 two PostgreSQL servers, the master, the workers, a local site."""
 
 import json
-import socket
 from collections import Counter
 from pathlib import Path
 
@@ -14,11 +13,6 @@ from scripts.pgcluster import PgCluster
 
 pytestmark = pytest.mark.timeout(420)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_standby_promoted_after_the_primary_and_master_die_and_a_new_master_finishes_the_crawl(tmp_path):
@@ -31,7 +25,7 @@ async def test_standby_promoted_after_the_primary_and_master_die_and_a_new_maste
         standby = primary.start_standby()
         try:
             async with await siteserver.start(site_dir, behaviour=slow) as server:
-                listen = f"127.0.0.1:{free_port()}"     # the address the workers know, moved with the service
+                listen = f"127.0.0.1:{cluster.free_port()}"     # the address the workers know, moved with the service
                 config = cluster.master_config(tmp_path, [server.url + "/"], ["w1", "w2"], listen=listen,
                                                crawl={"max_depth": manifest.max_depth + 3}, store=dsn)
                 master = await cluster.start_master(config, tmp_path)
