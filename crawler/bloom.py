@@ -33,9 +33,9 @@ import struct
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
+from io import BufferedIOBase
 from itertools import compress
 from pathlib import Path
-from typing import BinaryIO
 
 import mmh3
 from bitarray import bitarray
@@ -186,7 +186,7 @@ class BloomFilter:
                 self._masks[n] = masks
         return masks
 
-    def _chunk_indices(self, keys: Sequence[str | bytes]) -> list[memoryview | array]:
+    def _chunk_indices(self, keys: Sequence[str | bytes]) -> list[memoryview | array[int]]:
         """The k index sequences of a chunk: element j of sequence i is index i of ``keys[j]``."""
         n = len(keys)
         low, ones = self._lane_masks(n)
@@ -204,7 +204,7 @@ class BloomFilter:
         m = self.m
         nbytes = n * half // 4
         code = "I" if half == 32 else "Q"
-        out = []
+        out: list[memoryview | array[int]] = []
         for i in range(self.k):
             if i:
                 g = (g + h2) & low
@@ -214,10 +214,11 @@ class BloomFilter:
                 seq.byteswap()
                 out.append(seq[::2])
             else:
-                out.append(memoryview(raw).cast(code)[::2])
+                view = memoryview(raw)
+                out.append((view.cast("I") if half == 32 else view.cast("Q"))[::2])
         return out
 
-    def _present(self, indices: list[memoryview | array]) -> bitarray:
+    def _present(self, indices: list[memoryview | array[int]]) -> bitarray:
         bits = self._bits
         found = bits[indices[0]]
         for idx in indices[1:]:
@@ -320,7 +321,7 @@ class BloomFilter:
             raise BloomFileError(path, "missing", "no such file") from None
 
     @classmethod
-    def _read(cls, f: BinaryIO, path: Path, expect_m: int | None, expect_k: int | None) -> BloomFilter:
+    def _read(cls, f: BufferedIOBase, path: Path, expect_m: int | None, expect_k: int | None) -> BloomFilter:
         header = f.read(_HEADER_LEN)
         if len(header) < _HEADER_LEN:
             raise BloomFileError(path, "corrupt", f"truncated header ({len(header)} bytes)")

@@ -24,26 +24,30 @@ the master's robots.txt fetch.
 
 from __future__ import annotations
 
+import importlib
 import zlib
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
-try:
-    import brotli
-    # Before 1.2 the output of one call cannot be capped: a bomb would inflate whole.
-    if "output_buffer_limit" not in (brotli.Decompressor.process.__doc__ or ""):
-        brotli = None     # type: ignore[assignment]
-except ImportError:       # pragma: no cover - a dependency, but the crawler works without it
-    brotli = None         # type: ignore[assignment]
-try:
-    from compression import zstd  # type: ignore[import-not-found]  # Python 3.14
-except ImportError:
-    try:
-        from backports import zstd  # type: ignore[import-not-found,no-redef]
-    except ImportError:   # pragma: no cover
-        zstd = None
+
+def _optional(*names: str) -> Any:
+    """The first of these modules that imports, or None: optional decoders, looked up by name so the type
+    checker's view does not depend on which of them this machine has."""
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
+
+
+brotli: Any = _optional("brotli")
+# Before 1.2 the output of one call cannot be capped: a bomb would inflate whole.
+if brotli is not None and "output_buffer_limit" not in (brotli.Decompressor.process.__doc__ or ""):
+    brotli = None
+zstd: Any = _optional("compression.zstd", "backports.zstd")     # the standard library's from Python 3.14
 
 # The codings we decode, by name (RFC 9110 18.6; x-gzip is gzip's old alias).
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
@@ -54,9 +58,12 @@ def _brotli() -> Callable[[bytes, int], bytes]:
     d = brotli.Decompressor()
 
     def step(data: bytes, room: int) -> bytes:
+        out: bytes
         if not d.can_accept_more_data():
-            return b"" if not data else d.process(b"", output_buffer_limit=room)
-        return d.process(data, output_buffer_limit=room)
+            out = b"" if not data else d.process(b"", output_buffer_limit=room)
+        else:
+            out = d.process(data, output_buffer_limit=room)
+        return out
     return step
 
 
@@ -66,7 +73,8 @@ def _zstd() -> Callable[[bytes, int], bytes]:
     def step(data: bytes, room: int) -> bytes:
         if d.eof:
             return b""    # what follows the frame is not part of the body
-        return d.decompress(data, max_length=room)
+        out: bytes = d.decompress(data, max_length=room)
+        return out
     return step
 
 
@@ -142,6 +150,7 @@ class BoundedDecoder:
     def _inflate(self, data: bytes, room: int) -> bytes:
         d = self._zlib
         assert d is not None
+        out: bytes
         try:
             out = d.decompress(data, room)
         except zlib.error as e:

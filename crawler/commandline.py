@@ -6,12 +6,14 @@ import asyncio
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from crawler import __version__
 from crawler.logs import reopen_logs
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class OneLineGroup(click.Group):
@@ -32,7 +34,7 @@ class OneLineGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-def version_option(prog: str) -> Callable:
+def version_option(prog: str) -> Callable[[_F], _F]:
     return click.version_option(__version__, "--version", prog_name=prog, message="%(prog)s %(version)s")
 
 

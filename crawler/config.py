@@ -52,7 +52,7 @@ def _type_name(v: Any) -> str:
     return "nothing" if v is None else type(v).__name__
 
 
-def _p_int(name, v, base, key):
+def _p_int(name: str, v: Any, base: Path, key: Key) -> Any:
     if isinstance(v, bool) or not isinstance(v, int):
         if key.default is None and v is None:
             return None
@@ -60,7 +60,7 @@ def _p_int(name, v, base, key):
     return v
 
 
-def _p_float(name, v, base, key):
+def _p_float(name: str, v: Any, base: Path, key: Key) -> Any:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         if key.default is None and v is None:
             return None
@@ -68,13 +68,13 @@ def _p_float(name, v, base, key):
     return float(v)
 
 
-def _p_bool(name, v, base, key):
+def _p_bool(name: str, v: Any, base: Path, key: Key) -> Any:
     if not isinstance(v, bool):
         raise ConfigError(name, f"expected true or false, got {_type_name(v)} {v!r}")
     return v
 
 
-def _p_str(name, v, base, key):
+def _p_str(name: str, v: Any, base: Path, key: Key) -> Any:
     if not isinstance(v, str) or not v:
         if key.default is None and v is None:
             return None
@@ -82,7 +82,7 @@ def _p_str(name, v, base, key):
     return v
 
 
-def _p_path(name, v, base, key):
+def _p_path(name: str, v: Any, base: Path, key: Key) -> Any:
     s = _p_str(name, v, base, key)
     if s is None:
         return None
@@ -90,12 +90,12 @@ def _p_path(name, v, base, key):
     return p if p.is_absolute() else (base / p)
 
 
-def _p_hostport(name, v, base, key):
+def _p_hostport(name: str, v: Any, base: Path, key: Key) -> Any:
     s = _p_str(name, v, base, key)
     return parse_hostport(s, name)
 
 
-def _p_hostport_or_off(name, v, base, key):
+def _p_hostport_or_off(name: str, v: Any, base: Path, key: Key) -> Any:
     # YAML reads a bare `off` as false; null, false and "off" all switch the listener off.
     if v is None or v is False or (isinstance(v, str) and v.lower() == "off"):
         return None
@@ -104,7 +104,7 @@ def _p_hostport_or_off(name, v, base, key):
     return parse_hostport(v, name)
 
 
-def _p_strlist(name, v, base, key):
+def _p_strlist(name: str, v: Any, base: Path, key: Key) -> Any:
     if v is None:
         return ()
     if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
@@ -112,7 +112,7 @@ def _p_strlist(name, v, base, key):
     return tuple(v)
 
 
-def _p_map(name, v, base, key):
+def _p_map(name: str, v: Any, base: Path, key: Key) -> Any:
     if v is None:
         return {}
     if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
@@ -120,7 +120,7 @@ def _p_map(name, v, base, key):
     return dict(v)
 
 
-def _p_section(name, v, base, key):
+def _p_section(name: str, v: Any, base: Path, key: Key) -> Any:
     if v is None:
         v = {}
     if not isinstance(v, dict):
@@ -128,7 +128,7 @@ def _p_section(name, v, base, key):
     return parse_section(v, key.section or {}, base, prefix=name + ".")
 
 
-_PARSERS: dict[str, Callable[..., Any]] = {
+_PARSERS: dict[str, Callable[[str, Any, Path, Key], Any]] = {
     "int": _p_int, "float": _p_float, "bool": _p_bool, "str": _p_str, "path": _p_path,
     "hostport": _p_hostport, "hostport|off": _p_hostport_or_off, "list[str]": _p_strlist, "map": _p_map, "section": _p_section,
 }

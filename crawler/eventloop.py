@@ -13,7 +13,7 @@ from typing import Any
 try:
     import uvloop
 except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]
 
 
 def run(main: Coroutine[Any, Any, int]) -> int:

@@ -9,10 +9,12 @@ copied out, so nested queries are safe. Not thread-safe; the worker runs its pag
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from selectolax.lexbor import LexborCSSSelector, LexborHTMLParser, LexborNode
 
-_ENGINE = LexborCSSSelector()
+# selectolax ships no annotations for the selector engine: typed here, at the one place it is used.
+_ENGINE: Any = LexborCSSSelector()  # type: ignore[no-untyped-call]
 
 
 def _scope(where: LexborHTMLParser | LexborNode) -> LexborNode | None:

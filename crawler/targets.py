@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import aiohttp.tracing
 import httpx
+from aiohttp.abc import ResolveResult
 
 from crawler.urls import InvalidURL, normalize
 
@@ -101,11 +104,12 @@ class TargetConnector(aiohttp.TCPConnector):
     answer or not, and on IP literals, which skip DNS.
     """
 
-    def __init__(self, *, policy: TargetPolicy | None, **kw) -> None:
+    def __init__(self, *, policy: TargetPolicy | None, **kw: Any) -> None:
         super().__init__(**kw)
         self._policy = policy
 
-    async def _resolve_host(self, host: str, port: int, traces=None) -> list:   # type: ignore[override]
+    async def _resolve_host(self, host: str, port: int,
+                            traces: Sequence[aiohttp.tracing.Trace] | None = None) -> list[ResolveResult]:
         hosts = await super()._resolve_host(host, port, traces=traces)
         policy = self._policy
         if policy is None:

@@ -11,7 +11,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from crawler.logs import iso_utc
 from crawler.master.store import AUDIO_TIMES
@@ -29,10 +29,10 @@ def export_row(row: dict[str, Any]) -> dict[str, Any]:
 class CatalogueFile:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._pending: list[dict] = []
-        self._fh = None
+        self._pending: list[dict[str, Any]] = []
+        self._fh: TextIO | None = None
 
-    def rewrite(self, rows: Iterable[dict]) -> int:
+    def rewrite(self, rows: Iterable[dict[str, Any]]) -> int:
         tmp = self.path.with_suffix(".jsonl.tmp")
         n = 0
         with open(tmp, "w", encoding="utf-8") as fh:
@@ -45,7 +45,7 @@ class CatalogueFile:
         self._fh = open(self.path, "a", encoding="utf-8")
         return n
 
-    def add(self, rows: list[dict]) -> None:
+    def add(self, rows: list[dict[str, Any]]) -> None:
         self._pending.extend(rows)
 
     def flush(self) -> None:

@@ -9,8 +9,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 
@@ -19,6 +20,9 @@ from crawler.commandline import OneLineGroup, daemon_signals, version_option
 from crawler.config import ConfigError
 from crawler.logs import setup_logging
 from crawler.master.config import MasterConfig
+
+if TYPE_CHECKING:
+    from crawler.master.store import MasterStore
 
 PROG = "crawler-master"
 CONFIG_ENV = "CRAWLER_MASTER_CONFIG"
@@ -81,7 +85,7 @@ def main(ctx: click.Context, config_path: Path | None, log_level: str, log_file:
         sys.exit(1)
 
 
-def _open_store(cfg: MasterConfig):
+def _open_store(cfg: MasterConfig) -> MasterStore:
     from crawler.master.store import MasterStore, StoreError
 
     _need_state(cfg)
@@ -178,6 +182,7 @@ def export(config_path: Path, fmt: str, output: Path | None, failed: bool, since
         from crawler.logs import iso_utc
         from crawler.master.catalogue import export_row
 
+        rows: Iterator[dict[str, Any]]
         if failed:
             rows = ({**r, "last_crawl": iso_utc(r["last_crawl"])} for r in store.failed())
         elif since_t is not None:
@@ -202,7 +207,7 @@ def export(config_path: Path, fmt: str, output: Path | None, failed: bool, since
 
 
 # ---------------------------------------------------------------------------------------------- steering
-def _steer(config_path: Path, command: dict) -> dict:
+def _steer(config_path: Path, command: dict[str, Any]) -> dict[str, Any]:
     """Queue a command; apply it here when no master runs, else wait for the running master's answer."""
     from crawler.master import steering
     from crawler.master.server import Master

@@ -259,7 +259,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _web(v: dict) -> WebSettings:
+def _web(v: dict[str, Any]) -> WebSettings:
     token = None
     if v["token_file"] is not None:
         token = read_secret(v["token_file"], "web.token_file").decode("utf-8", "replace")
@@ -293,7 +293,7 @@ class MasterConfig:
         return self.store if self.store else self.data_dir / "master.db"
 
     @classmethod
-    def from_mapping(cls, raw: dict, base: Path) -> MasterConfig:
+    def from_mapping(cls, raw: dict[str, Any], base: Path) -> MasterConfig:
         if isinstance(raw, dict) and "seeds" in raw:
             raw = {**raw, "seeds": expand_seeds(raw["seeds"])}
         v = parse_section(raw, SPEC, base)

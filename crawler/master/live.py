@@ -84,13 +84,13 @@ class LiveStats:
     audio: Buckets = field(default_factory=lambda: Buckets(RATE_BUCKET, RATE_BUCKETS))
     errors: Buckets = field(default_factory=lambda: Buckets(RATE_BUCKET, RATE_BUCKETS))
     chart: Buckets = field(default_factory=lambda: Buckets(CHART_BUCKET, CHART_BUCKETS))
-    http_status: Counter = field(default_factory=Counter)      # cumulative over the crawl
-    error_reasons: Counter = field(default_factory=Counter)    # cumulative over the crawl
-    interval_errors: Counter = field(default_factory=Counter)  # since the last progress line
+    http_status: Counter[str] = field(default_factory=Counter)      # cumulative over the crawl
+    error_reasons: Counter[str] = field(default_factory=Counter)    # cumulative over the crawl
+    interval_errors: Counter[str] = field(default_factory=Counter)  # since the last progress line
     interval_pages: int = 0
     interval_audio: int = 0
-    recent_errors: deque = field(default_factory=lambda: deque(maxlen=RECENT))
-    recent_audio: deque = field(default_factory=lambda: deque(maxlen=RECENT))
+    recent_errors: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT))
+    recent_audio: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT))
     nodes: dict[str, NodeLive] = field(default_factory=dict)
     dirty: bool = False           # figures changed since they were last saved
 
@@ -112,9 +112,9 @@ class LiveStats:
         if node in self.nodes:
             self.nodes[node].connected = False
 
-    def report(self, node: str, results: Iterable[p.Result], new_rows: list[dict], now: float) -> Counter:
+    def report(self, node: str, results: Iterable[p.Result], new_rows: list[dict[str, Any]], now: float) -> Counter[str]:
         """One report's results and the catalogue rows it added. Returns the outcome counts (for metrics)."""
-        outcomes: Counter = Counter()
+        outcomes: Counter[str] = Counter()
         for r in results:
             outcomes[r.status] += 1
             if r.http_status is not None:
@@ -152,7 +152,7 @@ class LiveStats:
                 out[f"{name}_per_min_{minutes}m"] = round(b.per_second(now, 60.0 * minutes, self.started) * 60, 1)
         return out
 
-    def take_interval(self) -> tuple[int, int, Counter]:
+    def take_interval(self) -> tuple[int, int, Counter[str]]:
         out = (self.interval_pages, self.interval_audio, self.interval_errors)
         self.interval_pages = self.interval_audio = 0
         self.interval_errors = Counter()
@@ -279,7 +279,7 @@ def human_duration(seconds: float) -> str:
     return f"{seconds // 86400} d {seconds % 86400 // 3600} h"
 
 
-def progress_line(interval: float, pages: int, audio: int, errors: Counter, *, queued: int, held: int,
+def progress_line(interval: float, pages: int, audio: int, errors: Counter[str], *, queued: int, held: int,
                   at_workers: int, connected: int, nodes: int, shrink: float | None) -> str:
     """The master's periodic log line. shrink: how fast the waiting work went down (URLs/s), if it did."""
     per_min = 60.0 / interval if interval > 0 else 0.0

@@ -48,7 +48,7 @@ class Observer:
         self.live.load_figures(self.master.store.get_meta(FIGURES_META))
 
     # ------------------------------------------------------------------ hooks from the server
-    def report(self, node: str, results: tuple[p.Result, ...], new_rows: list[dict], now: float) -> None:
+    def report(self, node: str, results: tuple[p.Result, ...], new_rows: list[dict[str, Any]], now: float) -> None:
         outcomes = self.live.report(node, results, new_rows, now)
         m = self.metrics
         for outcome, n in outcomes.items():

@@ -15,7 +15,7 @@ from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -64,7 +64,7 @@ class Session:
     credit: int = 0
     last_seen: float = 0.0
     resend: list[p.Task] = field(default_factory=list)
-    tasks: asyncio.Task | None = None
+    tasks: asyncio.Task[None] | None = None
     fault: str | None = None     # the worker cannot store anything (its disk): it gets no work until its Credit
 
 
@@ -76,7 +76,7 @@ class Summary:
     audio: int = 0
     elapsed: float = 0.0
     frontier: int = 0
-    discards: dict = field(default_factory=dict)
+    discards: dict[str, int] = field(default_factory=dict)
     stale_results: int = 0
     links: int = 0
     new_urls: int = 0
@@ -247,7 +247,7 @@ class Master:
                 self._unanswered.add(path.name)
                 log.warning("operator command %s applied but not answered (remove it by hand): %s", path.name, e)
 
-    def _command(self, cmd: dict) -> Generator[None, None, dict]:
+    def _command(self, cmd: dict[str, Any]) -> Generator[None, None, dict[str, Any]]:
         kind = cmd["command"]
         if kind in ("pause", "resume"):
             self.paused = kind == "pause"

@@ -81,7 +81,7 @@ def take_answer(path: Path) -> dict[str, Any] | None:
     """The answer to a command, once it was applied (the answer file is removed), else None."""
     done = path.with_suffix(_DONE)
     try:
-        result = json.loads(done.read_text(encoding="utf-8"))
+        result: dict[str, Any] = json.loads(done.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
     done.unlink(missing_ok=True)

@@ -59,9 +59,9 @@ class FetchedPage:
         if m:
             return m.group(1)
         if self.content_type in HTML_TYPES or not self.content_type:
-            m = _META_CHARSET.search(self.body[:_META_SCAN_BYTES])
-            if m:
-                return m.group(1).decode("ascii", "replace")
+            mb = _META_CHARSET.search(self.body[:_META_SCAN_BYTES])
+            if mb:
+                return mb.group(1).decode("ascii", "replace")
         return None
 
     def text(self) -> str:

@@ -366,8 +366,8 @@ def _candidates(tree: LexborHTMLParser, body: bytes) -> list[LexborNode]:
 # Every way an element can name audio without an audio or playlist extension in the page says one of these.
 _FORCING_MARKERS = (b"<audio", b"audio/", b"og:audio")
 # Any ".<extension>" of audio or a playlist, as a substring: one scan for the dots, not one scan an extension.
-_DOTTED_EXTENSION_B = re.compile(rb"\.(?:" + b"|".join(
-    sorted((e[1:].encode() for e in _DOTTED_EXTENSIONS), key=len, reverse=True)) + rb")")
+_EXTENSION_WORDS: list[bytes] = sorted([e[1:].encode() for e in _DOTTED_EXTENSIONS], key=len, reverse=True)
+_DOTTED_EXTENSION_B = re.compile(rb"\.(?:" + b"|".join(_EXTENSION_WORDS) + rb")")
 
 
 def _page_may_hold_audio(body: bytes) -> bool:
@@ -425,7 +425,7 @@ def _collect_json(out: _Collector, value: Any, found_in: str) -> None:
 
 def _type_is_audio(attrs: Mapping[str, str | None]) -> bool:
     kind = attrs.get("type")
-    return bool(kind) and sniff.is_audio_type(kind.split(";", 1)[0].strip())
+    return bool(kind) and sniff.is_audio_type(kind.split(";", 1)[0].strip())  # type: ignore[union-attr]
 
 
 def _inside(node: LexborNode, tag: str) -> bool:
@@ -440,18 +440,18 @@ def _element(out: _Collector, node: LexborNode, tag: str) -> None:
     # (reference, the element itself says it is audio, where it was found)
     refs: list[tuple[str, bool, str]] = []
     if tag in ("a", "area"):
-        if attrs.get("href"):
-            refs.append((attrs["href"], _type_is_audio(attrs), tag))
+        if href := attrs.get("href"):
+            refs.append((href, _type_is_audio(attrs), tag))
     elif tag in ("audio", "source"):
-        if attrs.get("src"):
-            refs.append((attrs["src"], tag == "audio" or _inside(node, "audio") or _type_is_audio(attrs), tag))
+        if src := attrs.get("src"):
+            refs.append((src, tag == "audio" or _inside(node, "audio") or _type_is_audio(attrs), tag))
     elif tag == "embed":
-        if attrs.get("src"):
-            refs.append((attrs["src"], _type_is_audio(attrs), tag))
+        if src := attrs.get("src"):
+            refs.append((src, _type_is_audio(attrs), tag))
         refs.extend((v, False, "flashvars") for v in _flashvars(attrs.get("flashvars")))
     elif tag == "object":
-        if attrs.get("data"):
-            refs.append((attrs["data"], _type_is_audio(attrs), tag))
+        if data := attrs.get("data"):
+            refs.append((data, _type_is_audio(attrs), tag))
     elif tag == "param":
         name = (attrs.get("name") or "").lower()
         value = attrs.get("value") or ""
@@ -460,8 +460,8 @@ def _element(out: _Collector, node: LexborNode, tag: str) -> None:
         elif name in _PARAM_NAMES and value:
             refs.append((value, False, tag))
     elif tag == "link":
-        if attrs.get("href") and (_type_is_audio(attrs) or _audio_string(attrs["href"])):
-            refs.append((attrs["href"], _type_is_audio(attrs), tag))
+        if (href := attrs.get("href")) and (_type_is_audio(attrs) or _audio_string(href)):
+            refs.append((href, _type_is_audio(attrs), tag))
     elif tag == "meta":
         prop = (attrs.get("property") or attrs.get("itemprop") or "").lower()
         content = attrs.get("content") or ""
@@ -469,9 +469,9 @@ def _element(out: _Collector, node: LexborNode, tag: str) -> None:
             refs.append((content, True, prop))
         elif prop == "contenturl" and content:
             refs.append((content, False, prop))
-    for name, value in attrs.items():
-        if name.startswith("data-") and value and name not in _META_DATA_ATTRS:
-            refs.extend(_data_attribute_refs(name, value, node, out))
+    for name, attr in attrs.items():
+        if name.startswith("data-") and attr and name not in _META_DATA_ATTRS:
+            refs.extend(_data_attribute_refs(name, attr, node, out))
     # Most elements are plain links: settle them on the raw string before any joining or metadata work.
     refs = [r for r in refs if r[1] or sniff.url_extension(r[0].strip()) in _NAMED_EXTENSIONS]
     if not refs:

@@ -41,8 +41,9 @@ PROG = "crawler-worker"
               help="Log here instead of stderr; reopened on SIGHUP (for logrotate) [$CRAWLER_LOG_FILE].")
 @version_option(PROG)
 @click.pass_context
-def main(ctx, master, node_id, data_dir, secret_file, config_path, concurrency, metrics_listen, log_level,
-         log_file) -> None:
+def main(ctx: click.Context, master: str | None, node_id: str | None, data_dir: Path | None,
+         secret_file: Path | None, config_path: Path | None, concurrency: int | None, metrics_listen: str | None,
+         log_level: str, log_file: Path | None) -> None:
     """Run a crawl worker (--master is all it needs), or one of the commands below.
 
     Flags win over their environment variables, which win over the config file."""

@@ -16,6 +16,7 @@ redirects up to the limit.
 from __future__ import annotations
 
 import re
+from typing import Any, cast
 
 import aiohttp
 import aiohttp.abc
@@ -100,9 +101,9 @@ class PageFetcher:
         self._transport = transport
         self._headers = client.headers.copy()
         self._timeout = client.timeout.as_dict()
-        self._extensions: dict[int, dict] = {}
+        self._extensions: dict[int, dict[str, Any]] = {}
 
-    def _request_extensions(self, max_bytes: int) -> dict:
+    def _request_extensions(self, max_bytes: int) -> dict[str, Any]:
         # A page is cut at its cap, not refused: one byte past it tells the fetch it was cut.
         ext = self._extensions.get(max_bytes)
         if ext is None:
@@ -143,7 +144,7 @@ class PageFetcher:
                 truncated = False
                 # Read straight from the transport's stream, which has decoded it within the cap: httpx's
                 # decoder and chunker layers would only copy it.
-                async for chunk in r.stream:
+                async for chunk in cast(httpx.AsyncByteStream, r.stream):   # the transport is async
                     chunks.append(chunk)
                     size += len(chunk)
                     if size >= limit:
