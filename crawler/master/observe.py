@@ -63,6 +63,13 @@ class Observer:
             for status, n in Counter(row.get("status") or "ok" for row in new_rows).items():
                 m.audio.labels(node, status).inc(n)
 
+    def downloads_settled(self, node: str, rows: list[dict]) -> None:
+        """Downloads reported apart from their pages ended: the audio bytes they brought (a copy brings none)."""
+        audio_bytes = sum(r.get("size") or 0 for r in rows
+                          if r.get("sha256") and not (r.get("extra") or {}).get("stored_on"))
+        if audio_bytes:
+            self.metrics.download_bytes.labels(node, "audio").inc(audio_bytes)
+
     def joined(self, node: str, now: float) -> None:
         self.live.seen(node, now, connected=True)
 
