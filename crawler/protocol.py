@@ -604,8 +604,8 @@ class PageFetch:
 
 @dataclass(frozen=True, slots=True)
 class Fetched(Message):
-    """Sent by a worker the moment page requests end, ahead of their results (which wait for parsing,
-    resolving and downloads, and are batched): the master frees the host's politeness slot at once, and a
+    """Sent by a worker the moment page requests end, ahead of their results (which wait for parsing and
+    resolving, and are batched): the master frees the host's politeness slot at once, and a
     429/503 slows the host for every worker before anyone else is sent there."""
 
     TYPE: ClassVar[int] = 20

@@ -597,6 +597,8 @@ class Worker:
             m.page_bytes.inc(result.size)
             self.stats.bytes += result.size
         for a in result.audio:
+            if a.status == it.PENDING:
+                continue   # counted when its download ends (_ended_download)
             m.audio.labels(self.cfg.id, a.status).inc()
             if a.sha256 and a.size and "stored_on" not in a.extra:
                 m.audio_bytes.inc(a.size)
