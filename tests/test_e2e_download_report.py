@@ -119,3 +119,36 @@ async def test_the_pending_downloads_of_a_killed_worker_are_finished_by_another(
     assert all(n <= 2 for n in gets.values()), gets
     st = _status(config)
     assert st["downloads_pending"] == 0 and st["audio"] == {"ok": SONGS}
+
+
+async def test_a_worker_with_its_downloads_pending_takes_no_new_pages(tmp_path):
+    """pending_downloads bounds what a worker holds: at the bound it grants no credit, so the pages it fetched
+    never run ahead of the downloads it finished by more than the bound and its credit."""
+    rng = random.Random(5)
+    site = tmp_path / "site"
+    (site / "media").mkdir(parents=True)
+    songs = 8
+    for i in range(songs):
+        (site / "media" / f"{i}.mp3").write_bytes(sitegen._mp3(rng, 10_000, f"Song {i}", "Artist", "Album"))
+        (site / f"s{i}.html").write_text(f'<html><body><audio src="/media/{i}.mp3"></audio></body></html>')
+    (site / "index.html").write_text("<html><body>" + "".join(f'<a href="/s{i}.html">{i}</a>' for i in range(songs))
+                                     + "</body></html>")
+    behaviour = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/": 1.0})
+    worker_cfg = tmp_path / "worker.yaml"
+    worker_cfg.write_text("downloads: 1\npending_downloads: 2\nmax_tasks: 2\n")
+    async with await siteserver.start(site, behaviour=behaviour) as server:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"])
+        master = await cluster.start_master(config, tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=worker_cfg)
+        assert await master.wait(120) == 0, master.log()[-3000:]
+        assert await worker.wait(30) == 0, worker.log()[-2000:]
+        log = list(server.log)
+    events = sorted([(e.time, 1) for e in log if e.path.startswith("/s")]
+                    + [(e.ended, -1) for e in log if e.path.startswith("/media/")])
+    ahead = most = 0
+    for _, step in events:
+        ahead += step
+        most = max(most, ahead)
+    assert most <= 2 + 2, most          # the bound plus the credit already granted when it was reached
+    rows = cluster.catalogue(tmp_path)
+    assert len(rows) == songs and all(r["status"] == "ok" for r in rows)
