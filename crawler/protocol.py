@@ -553,7 +553,8 @@ class Report(Message):
 @dataclass(frozen=True, slots=True)
 class Heartbeat(Message):
     """Both ways, every heartbeat interval. A worker's names the leases it still works on (a page being parsed,
-    a long download): the master renews them, so only a dead or silent worker loses its leases."""
+    a long playlist resolved; never a download, which its page does not wait for): the master renews them, so
+    only a dead or silent worker loses its leases."""
 
     TYPE: ClassVar[int] = 8
     sent_at: float

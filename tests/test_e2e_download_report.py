@@ -152,3 +152,43 @@ async def test_a_worker_with_its_downloads_pending_takes_no_new_pages(tmp_path):
     assert most <= 2 + 2, most          # the bound plus the credit already granted when it was reached
     rows = cluster.catalogue(tmp_path)
     assert len(rows) == songs and all(r["status"] == "ok" for r in rows)
+
+
+async def test_pending_downloads_outlive_a_master_restart_and_go_on_when_their_node_is_gone(tmp_path):
+    """Master and worker killed together while the worker holds pending downloads; the master starts again and
+    only another worker comes: after the grace period the dead node's downloads are that worker's."""
+    rng = random.Random(13)
+    site = tmp_path / "site"
+    (site / "media").mkdir(parents=True)
+    songs = 8
+    for i in range(songs):
+        (site / "media" / f"{i}.mp3").write_bytes(sitegen._mp3(rng, 10_000, f"Song {i}", "Artist", "Album"))
+        (site / f"s{i}.html").write_text(f'<html><body><audio src="/media/{i}.mp3"></audio></body></html>')
+    (site / "index.html").write_text("<html><body>" + "".join(f'<a href="/s{i}.html">{i}</a>' for i in range(songs))
+                                     + "</body></html>")
+    behaviour = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/": 2.0})
+    worker_cfg = tmp_path / "worker.yaml"
+    worker_cfg.write_text("downloads: 1\nreconnect_max_delay: 1.0\n")
+    async with await siteserver.start(site, behaviour=behaviour) as server:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1", "w2"],
+                                       listen=f"127.0.0.1:{cluster.free_port()}")
+        master = await cluster.start_master(config, tmp_path)
+        w1 = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=worker_cfg)
+        await cluster.until(lambda: _pending_of(config, "w1") >= songs - 2, 60, "w1 to hold pending downloads")
+        for proc in (w1, master):
+            proc.kill()
+            await proc.wait(10)
+        held = _pending_of(config, "w1")
+        master = await cluster.start_master(config, tmp_path, log_name="master2.log")
+        w2 = await cluster.start_worker(cluster.master_addr(config), "w2", tmp_path, config=worker_cfg)
+        assert await master.wait(120) == 0, master.log()[-3000:]
+        assert await w2.wait(30) == 0, w2.log()[-2000:]
+    text = master.log()
+    assert f"{held} downloads were pending when the master stopped" in text, text[-3000:]
+    assert "node w1 did not come back" in text
+    rows = cluster.catalogue(tmp_path)
+    assert sorted(r["url"].rsplit("/", 1)[1] for r in rows) == sorted(f"{i}.mp3" for i in range(songs))
+    assert all(r["status"] == "ok" and r["sha256"] for r in rows)
+    assert sum(1 for r in rows if r["node"] == "w2") >= held
+    st = _status(config)
+    assert st["downloads_pending"] == 0 and st["audio"] == {"ok": songs}

@@ -403,6 +403,7 @@ class Worker:
                 while len(batch) < REPORT_BATCH and size < REPORT_BYTES and not results.empty():
                     batch.append(results.get_nowait())
                     size += _wire_size(batch[-1])
+                pending = _pending_keys(r for r in batch if isinstance(r, p.Result))
                 try:
                     self.pages.flush()   # the index lines of these pages reach the disk before the master hears
                 except OSError as e:
@@ -411,7 +412,6 @@ class Worker:
                     self._enter_fault(describe(e))
                     # Their pages may not be indexed: the whole batch is fetched again elsewhere.
                     batch = [r.lease if isinstance(r, p.Result) else r for r in batch]
-                pending = _pending_keys(r for r in batch if isinstance(r, p.Result))
                 done = [r for r in batch if isinstance(r, p.Result)]
                 back = [r for r in batch if isinstance(r, int)]
                 frames = _report_frames(done, conn.max_frame) if done else b""
@@ -448,7 +448,7 @@ class Worker:
                 await asyncio.sleep(welcome.heartbeat_interval)
                 if time.monotonic() - last_heard > timeout:
                     raise ConnectionClosed(f"master silent for {time.monotonic() - last_heard:.1f} s")
-                # The leases still worked on, so the master renews them: a long download keeps its page's.
+                # The leases still worked on, so the master renews them: a slow resolve keeps its page's.
                 await conn.send(p.Heartbeat(time.time(), tuple(self._running)))
 
         async def stopper() -> None:
