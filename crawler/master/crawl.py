@@ -203,6 +203,7 @@ class Crawl:
         mine = [r for r in own if r[2] == node]
         if mine:
             self.download_work.setdefault(node, []).extend(_pending_item(r[3]) for r in mine)
+            log.info("node %s joined: %d of its pending downloads sent to it again", node, len(mine))
         if len(mine) < len(own):
             self._hand_over([r for r in own if r[2] != node])
         return [p.Task(i, self.leases[i].url, self.leases[i].depth, self.leases[i].parent, self.leases[i].after,

@@ -218,6 +218,7 @@ class Worker:
                                                     revalidate_after=cfg.revalidate_after),
                                      file_tags=True)
         self.page_sem = asyncio.Semaphore(cfg.concurrency)
+        self.dl_slots = asyncio.Semaphore(2 * cfg.downloads)   # asks and downloads under way here (_download)
         metrics_runner = None
         if cfg.metrics_listen is not None:
             metrics_runner, self.metrics_addr = await serve_metrics(self.metrics, *cfg.metrics_listen)
@@ -894,25 +895,29 @@ class Worker:
         async def reresolve(item: it.AudioItem) -> it.AudioItem | None:
             return await resolver.reresolve(item, self.ctx)
 
-        # The master paces downloads per audio host over all workers, and knows which addresses a node
-        # already has: then only the place is recorded.
-        ticket, grant = await self._grant(item.url)
-        if grant.verdict == p.GRANT_COPY:
-            return item.replace(sha256=grant.sha256, size=grant.size, path=grant.path,
-                                extra={**item.extra, "stored_on": grant.node})
-        done: it.AudioItem | None = None
-        try:
-            done = await self.downloader.fetch(item, reresolve)
-            backup = item.extra.get("backup_url")
-            if done.status == it.FAILED and isinstance(backup, str) \
-                    and backup.startswith(("http://", "https://")) and backup != item.url:
-                # The site named a second address for the same file: try it before giving the item up.
-                log.info("download of %s failed (%s); trying its backup address", item.url, done.reason)
-                done = await self.downloader.fetch(
-                    item.replace(url=backup, extra={**item.extra, "primary_url": item.url}), reresolve)
-        finally:
-            self._download_ended(ticket, done)
-        return done
+        # A job asks the master only once it holds one of this worker's ask slots (twice its downloads): a grant
+        # is a slot of the audio host for the whole cluster, and a worker holding many it cannot use yet would
+        # starve the others; a few more asks than downloads keep one slow host's line from idling the worker.
+        async with self.dl_slots:
+            # The master paces downloads per audio host over all workers, and knows which addresses a node
+            # already has: then only the place is recorded.
+            ticket, grant = await self._grant(item.url)
+            if grant.verdict == p.GRANT_COPY:
+                return item.replace(sha256=grant.sha256, size=grant.size, path=grant.path,
+                                    extra={**item.extra, "stored_on": grant.node})
+            done: it.AudioItem | None = None
+            try:
+                done = await self.downloader.fetch(item, reresolve)
+                backup = item.extra.get("backup_url")
+                if done.status == it.FAILED and isinstance(backup, str) \
+                        and backup.startswith(("http://", "https://")) and backup != item.url:
+                    # The site named a second address for the same file: try it before giving the item up.
+                    log.info("download of %s failed (%s); trying its backup address", item.url, done.reason)
+                    done = await self.downloader.fetch(
+                        item.replace(url=backup, extra={**item.extra, "primary_url": item.url}), reresolve)
+            finally:
+                self._download_ended(ticket, done)
+            return done
 
 
 def _pending_keys(results: Iterable[p.Result]) -> set[tuple[str, str]]:
