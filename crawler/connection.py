@@ -66,6 +66,10 @@ class FramedConnection:
         self._write(frames)
         await self.drain()
 
+    def send_bytes_nowait(self, frames: bytes) -> None:
+        """send_bytes() without waiting for the peer."""
+        self._write(frames)
+
     def send_nowait(self, *msgs: p.Message) -> None:
         """Queue bytes without waiting for the peer; callers bound what they queue (credit, batches)."""
         self._write(b"".join(p.encode(m, self.max_frame) for m in msgs))

@@ -14,6 +14,9 @@ from typing import Any
 OK = "ok"                     # real address known (and, once downloaded, stored)
 UNAVAILABLE = "unavailable"   # the site lists it but will not serve it (paid, region-blocked)
 FAILED = "failed"             # resolving or downloading failed; `reason` says why
+# Found, and its download is under way at a node: the page reported without waiting for it, and the download's
+# own outcome (protocol.DownloadReport) turns the item into ok or failed.
+PENDING = "pending"
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 
 import msgpack
 
-from crawler.items import AUDIO_FIELD_KINDS, AudioItem
+from crawler.items import AUDIO_FIELD_KINDS, FAILED, OK, AudioItem
 
 # 2: Welcome carries max_depth; 3: Result carries the links cut at the depth limit, Welcome the private
 # addresses the crawl may reach; Fetched, Task.after; 4: the worker proves the secret first, the master in its
@@ -57,8 +57,10 @@ from crawler.items import AUDIO_FIELD_KINDS, AudioItem
 # worker's local fault), Refused carries a code; 7: Result may end with the page's validators, a worker's
 # Heartbeat names the leases it still works on (they are renewed), Result may end with the page's audio
 # references (followed past the depth limit); DownloadAsk, DownloadGrant, DownloadDone: audio downloads under
-# the master's politeness, one per address in the cluster
-PROTOCOL_VERSION = 7
+# the master's politeness, one per address in the cluster; 8: a page reports before its downloads end (its items
+# "pending"), each download's outcome comes in a DownloadReport, and the master hands the pending downloads of a
+# node that died to another in a DownloadWork
+PROTOCOL_VERSION = 8
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
 PRE_AUTH_MAX_FRAME = 640
@@ -551,7 +553,8 @@ class Report(Message):
 @dataclass(frozen=True, slots=True)
 class Heartbeat(Message):
     """Both ways, every heartbeat interval. A worker's names the leases it still works on (a page being parsed,
-    a long download): the master renews them, so only a dead or silent worker loses its leases."""
+    a long playlist resolved; never a download, which its page does not wait for): the master renews them, so
+    only a dead or silent worker loses its leases."""
 
     TYPE: ClassVar[int] = 8
     sent_at: float
@@ -602,8 +605,8 @@ class PageFetch:
 
 @dataclass(frozen=True, slots=True)
 class Fetched(Message):
-    """Sent by a worker the moment page requests end, ahead of their results (which wait for parsing,
-    resolving and downloads, and are batched): the master frees the host's politeness slot at once, and a
+    """Sent by a worker the moment page requests end, ahead of their results (which wait for parsing and
+    resolving, and are batched): the master frees the host's politeness slot at once, and a
     429/503 slows the host for every worker before anyone else is sent there."""
 
     TYPE: ClassVar[int] = 20
@@ -737,9 +740,65 @@ class DownloadDone(Message):
         return cls(tuple(out))
 
 
+def _audio_items(v: Any, name: str) -> tuple[AudioItem, ...]:
+    return tuple(AudioItem.from_wire(_check_audio(a)) for a in _list(v, name))
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadReport(Message):
+    """Downloads a worker's pages reported as pending (or the master handed it in a DownloadWork) ended: each
+    the item as reported (its page and the address it was reported under, `url`, which name the pending
+    download) and the item as it ended (status ok or failed; sha256, size, path, the file's tags, the reason).
+    Sent by the worker as its downloads end, apart from the page reports, which never wait for them."""
+
+    TYPE: ClassVar[int] = 24
+    outcomes: tuple[tuple[str, AudioItem], ...]    # (the address the item was pending under, the item as it ended)
+
+    def fields(self):
+        return [[[u, a.to_wire()] for u, a in self.outcomes]]
+
+    @classmethod
+    def from_fields(cls, f):
+        _arity(f, 1, cls)
+        out = []
+        for raw in _list(f[0], "outcomes"):
+            x = _list(raw, "outcome")
+            if len(x) != 2:
+                raise ProtocolError("outcome: expected [url, item]")
+            url = _str(x[0], "outcome.url", MAX_URL)
+            item = AudioItem.from_wire(_check_audio(x[1]))
+            if item.status not in (OK, FAILED):
+                raise ProtocolError(f"outcome.status: {item.status!r} is not an outcome")
+            out.append((url, item))
+        return cls(tuple(out))
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadWork(Message):
+    """The master hands a worker pending downloads as download-only work: those of a node that died (or did
+    not come back after the master restarted), or the worker's own again after it rejoined (it ignores those it
+    still runs). Each is the item as its page reported it (status pending); its outcome is a DownloadReport."""
+
+    TYPE: ClassVar[int] = 25
+    items: tuple[AudioItem, ...]
+
+    def fields(self):
+        return [[a.to_wire() for a in self.items]]
+
+    @classmethod
+    def from_fields(cls, f):
+        _arity(f, 1, cls)
+        items = _audio_items(f[0], "items")
+        for a in items:
+            if not a.url:
+                raise ProtocolError("items: a download without an address")
+        return cls(items)
+
+
 MESSAGE_TYPES: dict[int, type[Message]] = {
     cls.TYPE: cls for cls in (Hello, Challenge, Auth, Welcome, Refused, Assign, Report, Heartbeat, Credit, Shutdown,
-                               Fetched, Fault, DownloadAsk, DownloadGrant, DownloadDone)
+                               Fetched, Fault, DownloadAsk, DownloadGrant, DownloadDone, DownloadReport,
+                               DownloadWork)
 }
 
 
@@ -865,14 +924,14 @@ MASTER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {
     State.AWAIT_HELLO: (Hello,),
     State.AWAIT_AUTH: (Auth,),
     State.AUTHENTICATED: (),               # the worker waits for the Welcome
-    State.OPEN: (Report, Credit, Heartbeat, Fetched, Fault, DownloadAsk, DownloadDone),
+    State.OPEN: (Report, Credit, Heartbeat, Fetched, Fault, DownloadAsk, DownloadDone, DownloadReport),
     State.CLOSED: (),
 }
 WORKER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {
     State.SEND_HELLO: (),
     State.AWAIT_CHALLENGE: (Challenge, Refused),
     State.AWAIT_WELCOME: (Welcome, Refused),
-    State.OPEN: (Assign, Heartbeat, Shutdown, DownloadGrant),
+    State.OPEN: (Assign, Heartbeat, Shutdown, DownloadGrant, DownloadWork),
     State.CLOSED: (),
 }
 

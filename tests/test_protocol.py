@@ -38,6 +38,9 @@ MESSAGES = [
     p.DownloadAsk(((1, "http://cdn.a/1.mp3"), (2, "http://cdn.a/2.mp3"))),
     p.DownloadGrant((p.Grant(1, p.GRANT_GO), p.Grant(2, p.GRANT_COPY, "w2", "ab" * 32, 123, "audio/ab/x.mp3"))),
     p.DownloadDone((p.DownloadEnd(1, "ab" * 32, 123, "audio/ab/x.mp3"), p.DownloadEnd(2))),
+    p.DownloadReport((("http://a/1.mp3", ITEM.replace(sha256="ab" * 32, size=123, path="audio/ab/x.mp3")),
+                      ("http://a/2.mp3", ITEM.replace(status="failed", reason="HTTP 404")))),
+    p.DownloadWork((ITEM.replace(status="pending"),)),
     p.Shutdown("crawl finished"),
     p.Fetched((p.PageFetch(1, 200, None, 0.05), p.PageFetch(2, 429, 2.0, 0.001), p.PageFetch(3))),
     p.Fault("No space left on device", (3, 4, 5)),
@@ -50,6 +53,21 @@ def test_a_refusal_without_a_code_keeps_the_version_2_frame_so_any_worker_can_re
         p.encode(p.Refused("protocol version 9 not supported", ""))
     frame = p.encode(p.Refused("x"))
     assert msgpack.unpackb(frame[4:]) == [p.Refused.TYPE, "x"]
+
+
+def test_a_download_outcome_is_ok_or_failed_and_download_work_names_an_address():
+    item = ITEM.to_wire()
+    for status in ("ok", "failed"):
+        p.decode_payload(msgpack.packb([p.DownloadReport.TYPE, [["http://a/1.mp3", {**item, "status": status}]]]))
+    for bad in ([["http://a/1.mp3", {**item, "status": "pending"}]],    # not an outcome
+                [["http://a/1.mp3"]], [[7, item]], [["http://a/1.mp3", {**item, "duration": float("nan")}]]):
+        with pytest.raises(p.ProtocolError):
+            p.decode_payload(msgpack.packb([p.DownloadReport.TYPE, bad]))
+    with pytest.raises(p.ProtocolError):
+        p.decode_payload(msgpack.packb([p.DownloadWork.TYPE, [{**item, "url": ""}]]))
+    # Each side receives only its own: a worker does not hand the master work, nor the master report outcomes.
+    assert p.DownloadReport in p.MASTER_RECEIVES[p.State.OPEN] and p.DownloadReport not in p.WORKER_RECEIVES[p.State.OPEN]
+    assert p.DownloadWork in p.WORKER_RECEIVES[p.State.OPEN] and p.DownloadWork not in p.MASTER_RECEIVES[p.State.OPEN]
 
 
 def test_a_fault_with_bad_leases_is_a_protocol_error():
@@ -272,7 +290,7 @@ def test_session_messages_follow_the_table_of_legal_messages():
                                    (p.WORKER_RECEIVES, worker, p.Challenge(NONCE))):
         for legal in state_table[p.State.OPEN]:
             assert legal in (p.Report, p.Credit, p.Heartbeat, p.Fetched, p.Fault, p.Assign, p.Shutdown,
-                             p.DownloadAsk, p.DownloadGrant, p.DownloadDone)
+                             p.DownloadAsk, p.DownloadGrant, p.DownloadDone, p.DownloadReport, p.DownloadWork)
         with pytest.raises(p.ProtocolError):
             side.receive(bad)                # a second handshake inside the session
         assert side.state is p.State.CLOSED

@@ -7,6 +7,7 @@ double-hash node table, and global politeness. Every batch of links goes through
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from crawler import protocol as p
+from crawler.items import PENDING, AudioItem
 from crawler.master.config import MasterConfig
 from crawler.master.dedup import Dedup
 from crawler.master.revisit import revisit_policy
@@ -132,6 +134,7 @@ class Totals:
     stale_results: int = 0
     links_seen: int = 0
     links_new: int = 0
+    stale_downloads: int = 0   # download outcomes from a node that no longer held them (handed to another)
 
 
 class Crawl:
@@ -173,6 +176,9 @@ class Crawl:
         # shortest depth (the depth it keeps). Entries queued below the level later (a seed added, a refresh)
         # are served at once: the bound is "at most", not "exactly".
         self.level = 0
+        # Pending downloads handed to nodes (download-only work), for the server to send: node -> items.
+        # Bounded by the pending downloads in the store, which the workers' own bounds keep small.
+        self.download_work: dict[str, list[AudioItem]] = {}
 
     # ------------------------------------------------------------------ routing
     def route(self, urls) -> list[str | None]:
@@ -191,6 +197,15 @@ class Crawl:
         moved += self._rehome_held(node)
         if moved:
             log.info("node %s joined: %d frontier entries routed to it", node, moved)
+        # Its own pending downloads go to it again (it ignores those it still runs: a restarted worker has none
+        # and starts them over, resuming their files), and those no live node held are routed now.
+        own = self.store.pending_of([node], unheld=True)
+        mine = [r for r in own if r[2] == node]
+        if mine:
+            self.download_work.setdefault(node, []).extend(_pending_item(r[3]) for r in mine)
+            log.info("node %s joined: %d of its pending downloads sent to it again", node, len(mine))
+        if len(mine) < len(own):
+            self._hand_over([r for r in own if r[2] != node])
         return [p.Task(i, self.leases[i].url, self.leases[i].depth, self.leases[i].parent, self.leases[i].after,
                        self.leases[i].validators)
                 for i in sorted(self.leases_by_node[node])]
@@ -222,7 +237,7 @@ class Crawl:
         if held:   # never sent: back in line without counting an attempt
             self.store.unlease([h.url for h in held], self.route)
         self.store.reroute([node], self.route)
-        if self.leases_by_node.get(node):
+        if self.leases_by_node.get(node) or node in self.store.pending_nodes():
             self.away[node] = now + grace
         else:
             self.leases_by_node.pop(node, None)
@@ -269,8 +284,62 @@ class Crawl:
         if held:   # never sent: back in line without counting an attempt
             back += self.store.unlease([h.url for h in held], self.route)
         moved = self.store.reroute([node], self.route)
-        log.info("node %s left: %d leases returned, %d frontier entries rerouted", node, back, moved)
+        pending = self.store.pending_of([node])
+        if pending:
+            self._hand_over(pending)
+        log.info("node %s left: %d leases returned, %d frontier entries rerouted, %d pending downloads handed on",
+                 node, back, moved, len(pending))
         return back
+
+    def _hand_over(self, rows: list[tuple[str, str, str | None, str]]) -> None:
+        """Pending downloads (page, url, node, item) whose node is gone: each to a live node by the double hash of
+        its address, as pages are routed; with none live they wait, held by no node, for one to join."""
+        targets = self.route([r[1] for r in rows])
+        for (_, _, _, item), target in zip(rows, targets, strict=True):
+            if target is not None:
+                self.download_work.setdefault(target, []).append(_pending_item(item))
+        self.store.move_pending([(target, page, url) for (page, url, _, _), target in zip(rows, targets, strict=True)])
+
+    def recover_pending(self, now: float, grace: float) -> int:
+        """At start-up: the nodes holding pending downloads have `grace` seconds to come back for them, as for
+        leases; past it their downloads go to the live nodes (expire_away). Returns how many are pending."""
+        for node in self.store.pending_nodes():
+            self.away.setdefault(node, now + grace)
+        return self.store.pending_count()
+
+    def take_download_work(self) -> dict[str, list[AudioItem]]:
+        work, self.download_work = self.download_work, {}
+        return work
+
+    def settle(self, node: str, outcomes: tuple[tuple[str, AudioItem], ...], now: float) -> list[dict]:
+        """Downloads the node held ended (protocol.DownloadReport): their catalogue rows take the outcome and
+        they are no longer pending. Returns the rows now settled, for the catalogue file. An outcome from a node
+        that no longer holds the download (it was handed on when the node was given up) is dropped: the node
+        that holds it now reports it."""
+        keys = [(item.page, url) for url, item in outcomes]
+        holders = self.store.pending_holders(keys)
+        settled: list[tuple[dict, dict]] = []
+        ended: list[tuple[str, str]] = []
+        for (_, item), key in zip(outcomes, keys, strict=True):
+            held = holders.get(key)
+            if held is None or held[0] != node:
+                self.totals.stale_downloads += 1
+                continue
+            row = item.catalogue_row()
+            holder = item.extra.get("stored_on")
+            row["node"] = holder if isinstance(holder, str) and holder else node
+            row["found_at"] = now
+            settled.append((_pending_item(held[1]).catalogue_row(), row))
+            ended.append(key)
+        if not settled:
+            return []
+        try:
+            with self.store.atomic():
+                rows = self.store.settle_audio(settled)
+                self.store.drop_pending(ended)
+        except _BAD_VALUES as e:
+            raise ReportRejected(f"download outcomes refused by the store ({type(e).__name__}: {e})") from None
+        return [r for r in rows if r is not None]
 
     # ------------------------------------------------------------------ input
     def seed(self, urls: tuple[str, ...]) -> int:
@@ -566,6 +635,7 @@ class Crawl:
         ref_batches = []
         lastmod: list[tuple[str, float]] = []
         audio_rows: list[dict] = []
+        pending: list[tuple[str, str, str | None, str, float]] = []
         cut = 0
         mine = self.leases_by_node.get(node, set())
         for r in results:
@@ -593,6 +663,8 @@ class Crawl:
                 row["node"] = holder if isinstance(holder, str) and holder else node
                 row["found_at"] = now
                 audio_rows.append(row)
+                if a.status == PENDING:
+                    pending.append((a.page, a.url, node, json.dumps(a.to_wire(), ensure_ascii=False), now))
             if self.revisit is not None and state == p.DONE:
                 etag, last_modified, digest = r.validators or (None, None, None)
                 # A visit whose resolver reported an error may have missed items: it removes none.
@@ -617,6 +689,7 @@ class Crawl:
             with self.store.atomic():
                 firsts = self.store.finish(finished, self.revisit)
                 fresh = self.store.add_audio(audio_rows) if audio_rows else []
+                self.store.add_pending(pending)
                 # Per-worker figures for the status command, one row update per report.
                 self.store.note_node(node, bytes=sum(f.size or 0 for f in finished),
                                      links=sum(len(b[2]) for b in link_batches), audio=len(audio_rows))
@@ -698,8 +771,14 @@ class Crawl:
         return not self.leases and not any(self.held.values()) and not self.robots_wanted and not self.away
 
     def done(self) -> bool:
-        if self.leases or self.robots_wanted or self.away:
+        """Nothing left anywhere: no lease, no node waited for, no download pending, an empty frontier."""
+        if self.leases or self.robots_wanted or self.away or self.store.pending_count():
             return False
         if self.cfg.crawl.max_pages is not None and self._scheduled >= self.cfg.crawl.max_pages:
             return True   # what is held stays leased in the store and is handed out again on the next start
         return not any(self.held.values()) and self.store.frontier_empty()
+
+
+def _pending_item(wire: str) -> AudioItem:
+    """A pending download's item as the store keeps it (its wire form as JSON, checked when it came in)."""
+    return AudioItem.from_wire(json.loads(wire))

@@ -246,6 +246,8 @@ def build_status(db: Mapping[str, Any], live: Mapping[str, Any] | None, nodes: I
         "http_status": dict(sorted(http_status.items())),
         "discards": dict(sorted(db.get("discards", {}).items())),
         "audio": dict(sorted(db.get("audio", {}).items())),
+        # Downloads found on pages already reported, still under way at the workers (items "pending").
+        "downloads_pending": db.get("downloads_pending", 0),
         "changes": _changes(db.get("changes")),
     }
 
@@ -353,6 +355,9 @@ def status_text(st: Mapping[str, Any]) -> str:
                      for n in st["nodes"]], right={3, 4, 5, 6, 7, 8})
     lines.append("")
     lines += _counts("audio items by status", st["audio"])
+    if st.get("downloads_pending"):
+        lines.append(f"downloads pending at the workers: {st['downloads_pending']} (the crawl ends once they do)")
+        lines.append("")
     changes = st.get("changes") or {}
     if changes:
         lines.append("catalogue changes (refresh cycles):")

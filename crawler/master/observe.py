@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from crawler import protocol as p
+from crawler.items import PENDING
 from crawler.master.live import LIVE_FILE, LiveStats, build_status, progress_line
 from crawler.metrics import MasterMetrics
 
@@ -60,8 +61,21 @@ class Observer:
         if audio_bytes:
             m.download_bytes.labels(node, "audio").inc(audio_bytes)
         if new_rows:
+            # A pending item is counted once its download ended, under the status it ended with.
             for status, n in Counter(row.get("status") or "ok" for row in new_rows).items():
-                m.audio.labels(node, status).inc(n)
+                if status != PENDING:
+                    m.audio.labels(node, status).inc(n)
+
+    def downloads_settled(self, node: str, rows: list[dict]) -> None:
+        """Downloads reported apart from their pages ended (rows no longer pending): their items by status, and the
+        audio bytes they brought (a copy brings none)."""
+        m = self.metrics
+        for status, n in Counter(r.get("status") or "ok" for r in rows).items():
+            m.audio.labels(node, status).inc(n)
+        audio_bytes = sum(r.get("size") or 0 for r in rows
+                          if r.get("sha256") and not (r.get("extra") or {}).get("stored_on"))
+        if audio_bytes:
+            m.download_bytes.labels(node, "audio").inc(audio_bytes)
 
     def joined(self, node: str, now: float) -> None:
         self.live.seen(node, now, connected=True)

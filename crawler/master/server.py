@@ -24,6 +24,7 @@ from crawler import sdnotify
 from crawler.bloom import BloomFileError, BloomFilter
 from crawler.bodies import ACCEPT_ENCODING
 from crawler.connection import ConnectionClosed, FramedConnection
+from crawler.items import PENDING
 from crawler.master import steering
 from crawler.master.catalogue import CatalogueFile
 from crawler.master.config import MasterConfig
@@ -175,6 +176,10 @@ class Master:
         back = self.store.requeue_leased(self.crawl.route)
         if back:
             log.info("recovered %d leases that were in flight when the master stopped", back)
+        pending = self.crawl.recover_pending(self.clock(), cfg.scheduling.heartbeat_timeout)
+        if pending:
+            log.info("%d downloads were pending when the master stopped: their nodes have %.0f s to come back "
+                     "for them before they go to the others", pending, cfg.scheduling.heartbeat_timeout)
         added = self.crawl.seed(cfg.seeds)
         if added:
             log.info("seeded %d URLs", added)
@@ -184,7 +189,7 @@ class Master:
         if self.paused:
             log.warning("the crawl is paused: no work is handed out until `crawler-master resume`")
         self.catalogue = CatalogueFile(cfg.data_dir / "catalog.jsonl")
-        self.catalogue.rewrite(self.store.catalogue())
+        self.catalogue.rewrite(self.store.catalogue(settled=True))
         self.observer.opened()
         self.store.commit()
 
@@ -446,6 +451,7 @@ class Master:
             self.crawl.expire(now)
             self.crawl.expire_away(now)
             self._check_heartbeats(now)
+            self._send_download_work()
             if self.crawl.revisit is not None:
                 for _ in self._refresh(now):
                     await asyncio.sleep(0)   # a big site's backlog goes in batches, the workers served between
@@ -591,13 +597,23 @@ class Master:
                 if isinstance(msg, p.DownloadDone):
                     self._send_grants(self.downloads.done(s.node, msg.ends, s.last_seen))
                     continue
+                if isinstance(msg, p.DownloadReport):
+                    try:
+                        settled = self.crawl.settle(s.node, msg.outcomes, s.last_seen)
+                    except ReportRejected as e:
+                        raise p.ProtocolError(str(e)) from None
+                    if settled:
+                        self.catalogue.add(settled)
+                        self.observer.downloads_settled(s.node, settled)
+                    continue
                 if isinstance(msg, p.Report):
                     try:
                         rows = self.crawl.complete(s.node, msg.results, s.last_seen)
                     except ReportRejected as e:
                         raise p.ProtocolError(str(e)) from None
                     if rows:
-                        self.catalogue.add(rows)
+                        # The file takes a row once its download ended (a DownloadReport for pending ones).
+                        self.catalogue.add([r for r in rows if r.get("status") != PENDING])
                     self.observer.report(s.node, msg.results, rows, s.last_seen)
                 elif isinstance(msg, p.Credit):
                     at_worker = self.crawl.in_flight(s.node) - len(s.resend)
@@ -608,6 +624,7 @@ class Master:
                         s.fault = None
                         log.info("worker %s can store again: it takes work again", s.node)
                         self.crawl.node_up(s.node)   # its own slot's URLs come back to it
+                        self._send_download_work()
                 elif isinstance(msg, p.Fault):
                     self._fault(s, msg)
                     msg = p.Report(())      # its work may now route to any node
@@ -683,6 +700,7 @@ class Master:
         s.resend = self.crawl.node_up(s.node)
         log.info("worker %s joined from %s (capacity %d%s)", s.node, s.conn.peer, s.capacity,
                  f", {len(s.resend)} of its leases sent again" if s.resend else "")
+        self._send_download_work()
         self._wake.set()
 
     def _detach(self, s: Session, dead: bool = False) -> None:
@@ -695,7 +713,22 @@ class Master:
             self.crawl.node_down(s.node, self.clock())
         else:
             self.crawl.node_away(s.node, self.clock(), self.cfg.scheduling.heartbeat_timeout)
+        self._send_download_work()
         self._dispatch_all()
+
+    def _send_download_work(self) -> None:
+        """Pending downloads the crawl handed to nodes (a dead node's, or a node's own after it rejoined), as
+        download-only work. A node that is not connected (or cannot store now) gets its share when it is back:
+        the store still names it as the holder, and node_up() hands them over again."""
+        for node, items in self.crawl.take_download_work().items():
+            s = self.sessions.get(node)
+            if s is None or s.fault is not None:
+                continue
+            step = 32   # items carry up to a few hundred KiB of text each: frames stay far below the limit
+            try:
+                s.conn.send_nowait(*(p.DownloadWork(tuple(items[i:i + step])) for i in range(0, len(items), step)))
+            except ConnectionClosed:
+                pass
 
     def _send_grants(self, grants: list[tuple[str, p.Grant]]) -> None:
         """One DownloadGrant frame per node. A grant to a node that is gone is given back at once."""

@@ -125,6 +125,21 @@ _UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c
                  "ELSE status END, last_seen = ?, removed_at = NULL "
                  "WHERE id = ?")
 
+# Downloads a page reported as pending (its catalogue row's status is "pending" until the outcome comes), with
+# the node that holds each: when that node dies they are handed to another, and the crawl is not over while
+# any is left. One row per (page, address as reported); the item is its wire form as JSON, client identity
+# included (a download may need the cookies that asked for its link): the row goes when the download ends.
+_PENDING_TABLE = """CREATE TABLE pending_downloads (
+    page  TEXT NOT NULL,
+    url   TEXT NOT NULL,
+    node  TEXT,                 -- NULL: no live node to hold it; handed out when one joins
+    item  TEXT NOT NULL,
+    since {REAL} NOT NULL,
+    PRIMARY KEY (page, url)
+);
+CREATE INDEX pending_node ON pending_downloads(node)"""
+PENDING = "pending"   # crawler.items.PENDING: the catalogue status of an item whose download is under way
+
 # The parent's text: its own when it is not in the table, else the text of the row its key names.
 _PARENT = ("coalesce(u.parent_url, (SELECT po.origin || p.path FROM url_state p JOIN origins po ON po.id = p.origin "
            "WHERE p.id = u.parent))")
@@ -234,7 +249,8 @@ CREATE TABLE audio_history (
 );
 CREATE INDEX audio_history_item ON audio_history(audio_id);
 CREATE INDEX audio_page ON audio(page);
-CREATE INDEX audio_changes ON audio((coalesce(removed_at, changed_at, found_at)), id)
+CREATE INDEX audio_changes ON audio((coalesce(removed_at, changed_at, found_at)), id);
+{_PENDING_TABLE}
 """
 
 
@@ -315,6 +331,26 @@ def page_keys(page: str, rows: Iterable[Mapping[str, Any]]) -> frozenset[str]:
     return frozenset(_audio_ukey(r) for r in rows if r.get("page") == page)
 
 
+def _audio_values(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A catalogue row's column values as stored: maps as JSON text, fields not in the table kept in extra."""
+    values = {c: row.get(c) for c in AUDIO_COLUMNS}
+    extra = dict(row.get("extra") or {})
+    extra.update({k: v for k, v in row.items() if k not in _KNOWN_AUDIO and k != "identity"})
+    values["extra"] = extra
+    for c in _JSON_COLUMNS:
+        values[c] = json.dumps(values[c], sort_keys=True, ensure_ascii=False) if values[c] else None
+    values["url"] = values["url"] or ""
+    values["status"] = values["status"] or "ok"
+    for c, v in values.items():
+        # Page text may hold NUL; PostgreSQL's text cannot, and no reader wants it: dropped on both stores.
+        if isinstance(v, str) and "\x00" in v:
+            values[c] = v.replace("\x00", "")
+    return values
+
+
+_KNOWN_AUDIO = frozenset(AUDIO_COLUMNS)
+
+
 def _audio_ukey(row: Mapping[str, Any]) -> str:
     # A site's own id outlives its download links (they expire and carry per-client tokens), so it
     # identifies the item better than the URL when the resolver knows it.
@@ -391,6 +427,7 @@ class MasterStore:
 
     def _open_schema(self) -> None:
         self._audio_select = ", ".join(AUDIO_COLUMNS)
+        self._has_pending = True
         where = describe(self.location)
         version = self.db.schema_version()
         if version is None:
@@ -406,6 +443,14 @@ class MasterStore:
             # in place would hold the master for hours, so say so rather than start on a state it cannot read.
             raise StoreError(f"{where}: crawl state from an older crawler (layout {version}, this one reads "
                              f"{SCHEMA_VERSION}): run `crawler-master upgrade-store` with this config once")
+        self._has_pending = bool(self.db.columns("pending_downloads"))
+        if not self._has_pending and not self.readonly:
+            # A store from before downloads reported apart from their pages: the table starts empty.
+            self.db.begin()
+            for statement in self.db.ddl(_PENDING_TABLE).split(";"):
+                self.db.execute(statement)
+            self.db.execute("COMMIT")
+            self._has_pending = True
         present = self.db.columns("audio")
         missing = [c for c in AUDIO_COLUMNS if c not in present]
         if missing and not self.readonly:
@@ -1156,20 +1201,8 @@ class MasterStore:
         """
         self._begin()
         out = []
-        known = set(AUDIO_COLUMNS)
         for row in rows:
-            values = {c: row.get(c) for c in AUDIO_COLUMNS}
-            extra = dict(row.get("extra") or {})
-            extra.update({k: v for k, v in row.items() if k not in known and k != "identity"})
-            values["extra"] = extra
-            for c in _JSON_COLUMNS:
-                values[c] = json.dumps(values[c], sort_keys=True, ensure_ascii=False) if values[c] else None
-            values["url"] = values["url"] or ""
-            values["status"] = values["status"] or "ok"
-            for c, v in values.items():
-                # Page text may hold NUL; PostgreSQL's text cannot, and no reader wants it: dropped on both stores.
-                if isinstance(v, str) and "\x00" in v:
-                    values[c] = v.replace("\x00", "")
+            values = _audio_values(row)
             at = values["found_at"]
             values["last_seen"] = at
             values["changed_at"] = values["removed_at"] = None
@@ -1206,6 +1239,84 @@ class MasterStore:
             self.db.execute(_UPDATE_AUDIO, (*(values[c] for c in _COALESCED), values["url"], status,
                                             status, status, at, old_id))
         return out
+
+    def settle_audio(self, settled: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict | None]:
+        """Downloads ended: (the catalogue row as its page reported it, pending; the row as the download ended).
+        A row still pending takes the outcome whole (status, reason, sha256, size, path, the file's tags), its
+        times kept; the row as it now is comes back, for the catalogue file. A row no longer pending (its page
+        was visited again meanwhile) takes the outcome as a repeat report would (add_audio): None for it."""
+        self._begin()
+        out: list[dict | None] = []
+        for reported, final in settled:
+            ukey = _audio_ukey(reported).replace("\x00", "")
+            page = str(reported.get("page") or "").replace("\x00", "")
+            found = self.db.execute("SELECT id, status FROM audio WHERE ukey = ? AND page = ?",
+                                    (ukey, page)).fetchone()
+            if found is None or found[1] != PENDING:
+                self.add_audio([{**final, "page": page}])
+                out.append(None)
+                continue
+            row_id, _ = found
+            values = _audio_values({**final, "page": page})
+            cols = [c for c in AUDIO_COLUMNS if c not in AUDIO_TIMES and c != "page"]
+            self.db.execute(f"UPDATE audio SET {', '.join(f'{c} = ?' for c in cols)} WHERE id = ?",
+                            (*(values[c] for c in cols), row_id))
+            self._count_audio(PENDING, values["status"])
+            out.append(next(self._audio_rows("id = ?", (row_id,))))
+        return out
+
+    # -- pending downloads ---------------------------------------------------------------------------
+
+    def add_pending(self, rows: Sequence[tuple[str, str, str | None, str, float]]) -> None:
+        """(page, url, node, item as JSON, since): downloads reported pending. A download already pending for
+        the same page and address is the newer report's (its page was fetched again)."""
+        if not rows:
+            return
+        self._begin()
+        self.db.executemany("INSERT INTO pending_downloads(page, url, node, item, since) VALUES (?, ?, ?, ?, ?) "
+                            "ON CONFLICT(page, url) DO UPDATE SET node = excluded.node, item = excluded.item, "
+                            "since = excluded.since",
+                            [(pg.replace("\x00", ""), u.replace("\x00", ""), n, item, t)
+                             for pg, u, n, item, t in rows])
+
+    def pending_holders(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[str | None, str]]:
+        """(page, url) -> (node, item JSON) of those of keys still pending."""
+        out = {}
+        for page, url in keys:
+            row = self.db.execute("SELECT node, item FROM pending_downloads WHERE page = ? AND url = ?",
+                                  (page, url)).fetchone()
+            if row is not None:
+                out[(page, url)] = (row[0], row[1])
+        return out
+
+    def drop_pending(self, keys: Sequence[tuple[str, str]]) -> None:
+        if keys:
+            self._begin()
+            self.db.executemany("DELETE FROM pending_downloads WHERE page = ? AND url = ?", keys)
+
+    def pending_of(self, nodes: Collection[str], unheld: bool = False) -> list[tuple[str, str, str | None, str]]:
+        """(page, url, node, item JSON) of the downloads the nodes hold, and with unheld those no node holds."""
+        out: list[tuple[str, str, str | None, str]] = []
+        if nodes:
+            out += self.db.execute(f"SELECT page, url, node, item FROM pending_downloads WHERE {self.db.in_list('node')} "
+                                   "ORDER BY since", (self.db.list_arg(list(nodes)),)).fetchall()
+        if unheld:
+            out += self.db.execute("SELECT page, url, node, item FROM pending_downloads WHERE node IS NULL "
+                                   "ORDER BY since").fetchall()
+        return [tuple(r) for r in out]   # type: ignore[misc]
+
+    def move_pending(self, moves: Sequence[tuple[str | None, str, str]]) -> None:
+        """(new node, page, url): the downloads change hands (None: no node holds them for now)."""
+        if moves:
+            self._begin()
+            self.db.executemany("UPDATE pending_downloads SET node = ? WHERE page = ? AND url = ?", moves)
+
+    def pending_count(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM pending_downloads").fetchone()[0])
+
+    def pending_nodes(self) -> list[str]:
+        """The nodes that hold pending downloads."""
+        return [r[0] for r in self.db.execute("SELECT DISTINCT node FROM pending_downloads WHERE node IS NOT NULL")]
 
     def _count_audio(self, old: str | None, new: str) -> None:
         if old == new:
@@ -1290,9 +1401,10 @@ class MasterStore:
             for row in rows:
                 yield self._audio_dict(row)
 
-    def catalogue(self) -> Iterator[dict[str, Any]]:
-        """Every catalogue row in the order found, for export (streams; does not load the table)."""
-        return self._audio_rows()
+    def catalogue(self, settled: bool = False) -> Iterator[dict[str, Any]]:
+        """Every catalogue row in the order found, for export (streams; does not load the table). settled: only
+        the rows whose download is not pending (the catalogue file takes a row once its download ended)."""
+        return self._audio_rows(f"status != '{PENDING}'") if settled else self._audio_rows()
 
     def audio_by_sha(self, sha256: str) -> list[dict[str, Any]]:
         """Every place one content was found."""
@@ -1339,7 +1451,8 @@ class MasterStore:
 
         states: URLs by state; frontier: queued URLs; frontier_by_node: queued URLs by routed node ("None":
         not routed); nodes: per node, its URLs by state plus the note_node() counters; discards: by reason;
-        audio: catalogue rows by status; figures: what the master saved under the meta key "figures" (HTTP
+        audio: catalogue rows by status ("pending": the download is under way at a node); downloads_pending:
+        the downloads the master waits for (pending_downloads rows); figures: what the master saved under the meta key "figures" (HTTP
         status and error reason counts). Cheap in the master: counts come from memory, the rest are small tables.
         """
         snapshot = self.readonly and not self.db.in_transaction
@@ -1366,6 +1479,7 @@ class MasterStore:
             else:
                 audio = {k: v for k, v in self._audio_counts.items() if v}
             figures = self.get_meta("figures", {})
+            pending = self.pending_count() if self._has_pending else 0
             cycle = self.get_meta("cycle", {}) if self.readonly else self._cycle
             changes = {"this_cycle": {"start": cycle.get("start"), **{k: cycle.get(k, 0) for k in _CHANGE_KINDS}},
                        "last_cycle": self.get_meta("last_cycle")}
@@ -1379,6 +1493,7 @@ class MasterStore:
             "nodes": nodes,
             "discards": discards,
             "audio": audio,
+            "downloads_pending": pending,
             "figures": figures,
             "changes": changes,
         }

@@ -40,6 +40,8 @@ SPEC = {
     "secret_file": Key("path", None),
     "concurrency": Key("int", 64, positive),          # page fetches in flight
     "downloads": Key("int", 4, positive),             # audio downloads in flight, apart from page fetches
+    # Downloads a worker holds, running or waiting for their turn: past it, it takes no new pages until some end.
+    "pending_downloads": Key("int", 256, positive),
     "max_tasks": Key("int", None, positive),          # credit announced to the master
     "user_agent": Key("str", DEFAULT_USER_AGENT),
     "max_page_bytes": Key("int", 5 * 1024 * 1024, positive),
@@ -78,6 +80,7 @@ class WorkerConfig:
     secret: bytes
     concurrency: int
     downloads: int
+    pending_downloads: int
     max_tasks: int
     user_agent: str
     max_page_bytes: int
@@ -129,6 +132,7 @@ class WorkerConfig:
         return cls(
             master=parse_hostport(v["master"], "master"), id=v["id"], data_dir=v["data_dir"],
             secret=read_secret(v["secret_file"]), concurrency=v["concurrency"], downloads=v["downloads"],
+            pending_downloads=v["pending_downloads"],
             max_tasks=v["max_tasks"] or 2 * v["concurrency"] + 2 * v["downloads"], user_agent=v["user_agent"],
             max_page_bytes=v["max_page_bytes"], max_audio_bytes=v["max_audio_bytes"],
             connect_timeout=v["connect_timeout"], read_timeout=v["read_timeout"],

@@ -14,7 +14,7 @@ import logging
 import random
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 import mmh3
@@ -156,9 +156,25 @@ class Worker:
         self._tickets = itertools.count(1)
         self._asks: list[tuple[int, str]] = []
         self._ends: list[p.DownloadEnd] = []
-        self._grants: dict[int, asyncio.Future[p.Grant]] = {}
+        self._grants: dict[int, asyncio.Future[p.Grant | None]] = {}   # None: its session ended, ask again
         self._send_downloads: Callable[[], None] | None = None   # set while a session is up
         self._send_fetched: Callable[[], None] | None = None   # set while a session is up
+        # Downloads run as this worker's own jobs, apart from the page that found them (whose report says
+        # "pending" and does not wait): (page, address as reported) -> the job. At most cfg.pending_downloads
+        # (about: a page's items start together); while that many are pending the worker grants no credit, so
+        # it takes no new pages. They outlive a session: a short absence of the master costs none of them.
+        self._jobs: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._outcomes: list[tuple[str, it.AudioItem]] = []   # ended, not yet sent (kept across a reconnect)
+        # Recent outcomes, for a download the master hands back after a reconnect: sent again, not fetched.
+        self._settled: OrderedDict[tuple[str, str], it.AudioItem] = OrderedDict()
+        # An outcome goes to the master only after the page that reported its item pending (else it would find
+        # nothing pending): the downloads whose page's report is not sent yet, and the outcomes held for them.
+        self._unreported: set[tuple[str, str]] = set()
+        self._held: dict[tuple[str, str], it.AudioItem] = {}
+        self._send_outcomes: Callable[[], None] | None = None   # set while a session is up
+        self._room: Callable[[], None] | None = None            # the session's: a pending download ended
+        self._session_up = asyncio.Event()
+        self._tg: asyncio.TaskGroup   # serve()'s, which the download jobs belong to
         # Chained tasks (protocol.Task.after): how recent page requests ended (lease -> the next may start),
         # and the tasks waiting for a request still out.
         self._ended: OrderedDict[int, bool] = OrderedDict()
@@ -202,6 +218,7 @@ class Worker:
                                                     revalidate_after=cfg.revalidate_after),
                                      file_tags=True)
         self.page_sem = asyncio.Semaphore(cfg.concurrency)
+        self.dl_slots = asyncio.Semaphore(2 * cfg.downloads)   # asks and downloads under way here (_download)
         metrics_runner = None
         if cfg.metrics_listen is not None:
             metrics_runner, self.metrics_addr = await serve_metrics(self.metrics, *cfg.metrics_listen)
@@ -210,6 +227,7 @@ class Worker:
         sdnotify.ready(f"worker {cfg.id} started")
         try:
             async with asyncio.TaskGroup() as tg:
+                self._tg = tg
                 background = [tg.create_task(self.metrics.lag.run()), tg.create_task(self._progress()),
                               tg.create_task(self._keepalive())]
                 try:
@@ -217,6 +235,10 @@ class Worker:
                 finally:
                     for t in background:
                         t.cancel()
+                    # Downloads still pending stop here; their partial files resume when the master hands
+                    # them to this node again, or another node takes them over.
+                    for job in list(self._jobs.values()):
+                        job.cancel()
         finally:
             if metrics_runner is not None:
                 await metrics_runner.cleanup()
@@ -309,13 +331,38 @@ class Worker:
         conn.max_frame = min(conn.max_frame, welcome.max_frame)
         # A Result to report, or the lease id of a task handed back unfinished after a local fault.
         results: asyncio.Queue[p.Result | int] = asyncio.Queue()
-        # Credit this worker owes the master but holds back while it cannot store anything.
+        # Credit this worker owes the master but holds back while it cannot store anything, or while as many
+        # downloads as it may hold are pending.
         withheld = 0
-        if self.fault is None:
+        if self.fault is None and not self._downloads_full():
             await conn.send(p.Credit(self.cfg.max_tasks))
         else:
             withheld = self.cfg.max_tasks
-            await conn.send(p.Fault(self.fault))
+            if self.fault is not None:
+                await conn.send(p.Fault(self.fault))
+
+        def room() -> None:
+            # A pending download ended: the credit held back for them goes out once there is room again.
+            nonlocal withheld
+            if withheld and self.fault is None and not self._downloads_full() and not conn.writer.is_closing():
+                n, withheld = withheld, 0
+                try:
+                    conn.send_nowait(p.Credit(n))
+                except (OSError, ConnectionError):
+                    pass
+
+        def send_outcomes() -> None:
+            # The downloads that ended in this turn of the event loop share a frame (or a few).
+            batch, self._outcomes = self._outcomes, []
+            if not batch:
+                return
+            if conn.writer.is_closing():
+                self._outcomes = batch + self._outcomes   # for the next session
+                return
+            try:
+                conn.send_bytes_nowait(_outcome_frames(batch, conn.max_frame))
+            except (OSError, ConnectionError):
+                self._outcomes = batch + self._outcomes
 
         def send_fetched() -> None:
             # Every page request that ended in this turn of the event loop shares one frame.
@@ -336,6 +383,9 @@ class Worker:
                 if isinstance(msg, p.Assign):
                     for task in msg.tasks:
                         tg.create_task(self._run_task(task, results))
+                elif isinstance(msg, p.DownloadWork):
+                    for item in msg.items:
+                        self._take_download(item)
                 elif isinstance(msg, p.DownloadGrant):
                     for g in msg.grants:
                         waiter = self._grants.pop(g.ticket, None)
@@ -354,6 +404,7 @@ class Worker:
                 while len(batch) < REPORT_BATCH and size < REPORT_BYTES and not results.empty():
                     batch.append(results.get_nowait())
                     size += _wire_size(batch[-1])
+                pending = _pending_keys(r for r in batch if isinstance(r, p.Result))
                 try:
                     self.pages.flush()   # the index lines of these pages reach the disk before the master hears
                 except OSError as e:
@@ -368,12 +419,14 @@ class Worker:
                 if back:
                     self.stats.handed_back += len(back)
                     frames += p.encode(p.Fault(self.fault or "local fault", tuple(back)), conn.max_frame)
-                if self.fault is None:
+                if self.fault is None and not self._downloads_full():
                     frames += p.encode(p.Credit(len(batch) + withheld))
                     withheld = 0
                 else:
                     withheld += len(batch)
                 await conn.send_bytes(frames)
+                if pending:   # their outcomes may follow now
+                    self._page_reported(pending)
 
         async def disk_watch() -> None:
             nonlocal withheld
@@ -386,8 +439,9 @@ class Worker:
                 elif reason is None and self.fault is not None:
                     log.info("worker %s can store again: taking tasks", self.cfg.id)
                     self.fault = None
-                    credit, withheld = withheld, 0
-                    await conn.send(p.Credit(credit))
+                    if not self._downloads_full():
+                        credit, withheld = withheld, 0
+                        await conn.send(p.Credit(credit))
                 await asyncio.sleep(DISK_CHECK_INTERVAL)
 
         async def heartbeat() -> None:
@@ -395,7 +449,7 @@ class Worker:
                 await asyncio.sleep(welcome.heartbeat_interval)
                 if time.monotonic() - last_heard > timeout:
                     raise ConnectionClosed(f"master silent for {time.monotonic() - last_heard:.1f} s")
-                # The leases still worked on, so the master renews them: a long download keeps its page's.
+                # The leases still worked on, so the master renews them: a slow resolve keeps its page's.
                 await conn.send(p.Heartbeat(time.time(), tuple(self._running)))
 
         async def stopper() -> None:
@@ -418,8 +472,13 @@ class Worker:
         ended = False
         self._fetched = []
         self._send_fetched = send_fetched
-        self._asks, self._ends, self._grants = [], [], {}
+        self._asks, self._ends = [], []
         self._send_downloads = send_downloads
+        self._send_outcomes = send_outcomes
+        self._room = room
+        self._session_up.set()
+        if self._outcomes:   # downloads that ended while the master was away
+            asyncio.get_running_loop().call_soon(send_outcomes)
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(reader(tg))
@@ -434,6 +493,16 @@ class Worker:
         finally:
             self._send_fetched = None
             self._send_downloads = None
+            self._send_outcomes = None
+            self._room = None
+            self._session_up.clear()
+            # Reports this session did not send are lost with it (their pages are fetched again): the outcomes
+            # held for them go to the next session, where the master takes those it still waits for.
+            self._page_reported(list(self._unreported))
+            # Asks this session will never answer: their downloads ask the next one.
+            for waiter in self._grants.values():
+                if not waiter.done():
+                    waiter.set_result(None)
         return ended
 
     def _allow_targets(self, welcome: p.Welcome) -> None:
@@ -507,7 +576,11 @@ class Worker:
             self.stats.in_flight -= 1
             self._running.discard(task.lease)
             self._request_ended(task.lease, True)   # no page request (a resolver's own), or it failed early
-        result = _within_limits(result)
+        fitted = _within_limits(result)
+        if fitted is not result and result.audio:
+            # Items dropped to fit the wire are not pending at the master: their outcomes need not wait.
+            self._page_reported(_pending_keys([result]) - _pending_keys([fitted]))
+        result = fitted
         if result.status == p.DONE:
             self.stats.pages += 1
         else:
@@ -525,6 +598,8 @@ class Worker:
             m.page_bytes.inc(result.size)
             self.stats.bytes += result.size
         for a in result.audio:
+            if a.status == it.PENDING:
+                continue   # counted when its download ends (_ended_download)
             m.audio.labels(self.cfg.id, a.status).inc()
             if a.sha256 and a.size and "stored_on" not in a.extra:
                 m.audio_bytes.inc(a.size)
@@ -639,12 +714,8 @@ class Worker:
             refs = self._links_to_report(refs, items, task.depth + 1)
         lastmod = self._lastmod_of(resolution.lastmod) if follow and resolution and resolution.lastmod else ()
         if items and self.cfg.download_audio:
-            try:
-                items = await self._download_all(items, resolver)
-            except OSError as e:
-                if is_local(e):
-                    raise LocalFault(describe(e)) from None
-                raise
+            # Reported now as pending; each download reports its own outcome (see _download_job).
+            items = [self._start_download(i, resolver) if i.status == it.OK and i.url else i for i in items]
         self.stats.audio += len(items)
         return p.Result(task.lease, url, p.DONE, page.status if page else None, page.final_url if page else None,
                         page.content_type if page else None, len(page.body) if page else None, error,
@@ -707,18 +778,25 @@ class Worker:
 
     async def _grant(self, url: str) -> tuple[int | None, p.Grant]:
         """The master's leave to download url (its host has a free slot), or the place of the copy another node
-        already has. The asks of one loop turn share a frame. Without a master (a task run on its own) the
-        answer is yes at once."""
-        if self._send_downloads is None:
-            return None, p.Grant(0, p.GRANT_GO)
-        ticket = next(self._tickets)
-        waiter = self._grants[ticket] = asyncio.get_running_loop().create_future()
-        self._flush_downloads()
-        self._asks.append((ticket, url))
-        try:
-            return ticket, await waiter
-        finally:
-            self._grants.pop(ticket, None)
+        already has. The asks of one loop turn share a frame. While the master is away the ask waits for it
+        (and is made again: the session that did not answer is gone). Without a master (a task run on its own)
+        the answer is yes at once."""
+        while True:
+            if self._send_downloads is None:
+                if not self._was_connected:
+                    return None, p.Grant(0, p.GRANT_GO)
+                await self._session_up.wait()
+                continue
+            ticket = next(self._tickets)
+            waiter = self._grants[ticket] = asyncio.get_running_loop().create_future()
+            self._flush_downloads()
+            self._asks.append((ticket, url))
+            try:
+                grant = await waiter
+            finally:
+                self._grants.pop(ticket, None)
+            if grant is not None:
+                return ticket, grant
 
     def _download_ended(self, ticket: int | None, done: it.AudioItem | None) -> None:
         if ticket is None or self._send_downloads is None:
@@ -729,13 +807,98 @@ class Worker:
         else:
             self._ends.append(p.DownloadEnd(ticket))
 
-    async def _download_all(self, items: list[it.AudioItem], resolver: Resolver) -> list[it.AudioItem]:
+    # ------------------------------------------------------------------ downloads, apart from their pages
+    def _downloads_full(self) -> bool:
+        return len(self._jobs) >= self.cfg.pending_downloads
+
+    def _start_download(self, item: it.AudioItem, resolver: Resolver) -> it.AudioItem:
+        """Start item's download as a job of this worker's own; returns the item as its page reports it."""
+        reported = item.replace(status=it.PENDING)
+        key = (item.page, item.url)
+        self._unreported.add(key)
+        if key not in self._jobs:
+            self._jobs[key] = self._tg.create_task(self._download_job(key, item, resolver))
+        return reported
+
+    def _take_download(self, item: it.AudioItem) -> None:
+        """Download-only work from the master (protocol.DownloadWork): another node's pending download, or one
+        of this node's own sent again after it rejoined (a job still running, or ended already, is not
+        started twice)."""
+        key = (item.page, item.url)
+        if key in self._jobs:
+            return
+        done = self._settled.get(key)
+        if done is not None:
+            self._queue_outcome(key[1], done)
+            return
+        resolver = next((r for r in self.resolvers if r.name == item.resolver), self.resolvers[-1])
+        self._jobs[key] = self._tg.create_task(self._download_job(key, item.replace(status=it.OK), resolver))
+
+    async def _download_job(self, key: tuple[str, str], item: it.AudioItem, resolver: Resolver) -> None:
+        done: it.AudioItem | None = None
+        try:
+            while done is None:
+                try:
+                    done = await self._download(item, resolver)
+                except OSError as e:
+                    if not is_local(e):
+                        raise
+                    # This node's disk, not the file: the download waits for the disk (no credit is granted
+                    # meanwhile) and resumes from its partial file.
+                    self._enter_fault(describe(e))
+                    while self.fault is not None:
+                        await asyncio.sleep(DISK_CHECK_INTERVAL)
+        except Exception as e:   # a bug must cost one download, not the worker
+            log.exception("download of %s failed unexpectedly", item.url)
+            done = item.replace(status=it.FAILED, reason=f"worker error: {type(e).__name__}: {e}"[:500])
+        finally:
+            self._jobs.pop(key, None)
+        self._ended_download(key, done)
+
+    def _ended_download(self, key: tuple[str, str], done: it.AudioItem) -> None:
+        if done.status not in (it.OK, it.FAILED):
+            done = done.replace(status=it.FAILED, reason=done.reason or f"download ended {done.status}")
+        done = _outcome_within_limits(key[1], done)
+        self._settled[key] = done
+        self._settled.move_to_end(key)
+        while len(self._settled) > ENDED_KEPT:
+            self._settled.popitem(last=False)
+        self.metrics.audio.labels(self.cfg.id, done.status).inc()
+        if done.sha256 and done.size and "stored_on" not in done.extra:
+            self.metrics.audio_bytes.inc(done.size)
+            self.stats.bytes += done.size
+        if key in self._unreported:
+            self._held[key] = done
+        else:
+            self._queue_outcome(key[1], done)
+        if self._room is not None:
+            self._room()
+
+    def _queue_outcome(self, url: str, done: it.AudioItem) -> None:
+        if not self._outcomes and self._send_outcomes is not None:
+            asyncio.get_running_loop().call_soon(self._flush_outcomes)
+        self._outcomes.append((url, done))
+
+    def _page_reported(self, keys: Collection[tuple[str, str]]) -> None:
+        """The reports naming these downloads as pending were sent: their outcomes may follow."""
+        for key in keys:
+            self._unreported.discard(key)
+            done = self._held.pop(key, None)
+            if done is not None:
+                self._queue_outcome(key[1], done)
+
+    def _flush_outcomes(self) -> None:
+        if self._send_outcomes is not None:
+            self._send_outcomes()
+
+    async def _download(self, item: it.AudioItem, resolver: Resolver) -> it.AudioItem:
         async def reresolve(item: it.AudioItem) -> it.AudioItem | None:
             return await resolver.reresolve(item, self.ctx)
 
-        async def one(item: it.AudioItem) -> it.AudioItem:
-            if item.status != it.OK or not item.url:
-                return item
+        # A job asks the master only once it holds one of this worker's ask slots (twice its downloads): a grant
+        # is a slot of the audio host for the whole cluster, and a worker holding many it cannot use yet would
+        # starve the others; a few more asks than downloads keep one slow host's line from idling the worker.
+        async with self.dl_slots:
             # The master paces downloads per audio host over all workers, and knows which addresses a node
             # already has: then only the place is recorded.
             ticket, grant = await self._grant(item.url)
@@ -756,12 +919,34 @@ class Worker:
                 self._download_ended(ticket, done)
             return done
 
-        # Every download ends before an error is raised: none is left running after its task was handed back.
-        done = await asyncio.gather(*(one(i) for i in items), return_exceptions=True)
-        for d in done:
-            if isinstance(d, BaseException):
-                raise d
-        return done  # type: ignore[return-value]
+
+def _pending_keys(results: Iterable[p.Result]) -> set[tuple[str, str]]:
+    return {(a.page, a.url) for r in results for a in r.audio if a.status == it.PENDING}
+
+
+def _outcome_frames(batch: list[tuple[str, it.AudioItem]], max_frame: int) -> bytes:
+    """DownloadReport frames for a batch of outcomes: one frame when it fits, else one an outcome."""
+    try:
+        return p.encode(p.DownloadReport(tuple(batch)), max_frame)
+    except ValueError:
+        return b"".join(p.encode(p.DownloadReport((o,)), max_frame) for o in batch)
+
+
+def _outcome_within_limits(url: str, done: it.AudioItem) -> it.AudioItem:
+    """The outcome as the master will take it: what a file's tags add past the wire's limits is dropped (the
+    item as its page reported it passed them already), so a hostile file cannot cost the connection."""
+    try:
+        p.check_result(p.Result(0, url, p.DONE, audio=(done,)))
+        return done
+    except p.ProtocolError:
+        pass
+    trimmed = done.replace(file_tags={}, lyrics=None, description=None, meta_source={})
+    try:
+        p.check_result(p.Result(0, url, p.DONE, audio=(trimmed,)))
+        return trimmed
+    except p.ProtocolError as e:
+        return it.AudioItem(url=done.url, page=done.page, status=it.FAILED, resolver=done.resolver,
+                            reason=f"outcome out of the wire's limits: {str(e)[:200]}")
 
 
 def _validators(page: FetchedPage | None) -> tuple[str | None, str | None, int | None] | None:
