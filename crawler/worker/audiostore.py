@@ -157,13 +157,14 @@ class AudioStore:
         self.partial_dir = self.audio_dir / "partial"
         self.done_dir = self.audio_dir / "done"
         self._partial_prefix = f"{self.partial_dir}{os.sep}"
+        self._audio_prefix = f"{self.audio_dir}{os.sep}"    # paths as strings: pathlib cost more than the write
         # A worker owns its data dir: while it has made no partial folder, and found none, no key has a sidecar.
         self._partials = self.partial_dir.is_dir()
         # Records kept as files by earlier versions are looked for only where such a version left some, and
         # content stored by them (not in the ``stored`` table) is looked for by listing its folder.
         self._legacy_records = self.done_dir.is_dir()
         self._legacy_content = self.audio_dir.is_dir() and not (self.audio_dir / "finished.sqlite3").exists()
-        self._made: set[Path] = set()    # shard folders known to exist: at most 256 of them
+        self._made: set[str] = set()     # shard folders known to exist: at most 256 of them
         self._db: sqlite3.Connection | None = None
         self._db_lock = threading.Lock()  # records are read on the event loop and written from worker threads
 
@@ -215,10 +216,15 @@ class AudioStore:
                                  check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("CREATE TABLE IF NOT EXISTS finished (key TEXT PRIMARY KEY, record TEXT NOT NULL)")
+            # WITHOUT ROWID: a row lives in its key's b-tree alone, so a record written touches one page of
+            # each table instead of two (a table and its key's index); keys are hashes, so each is a random page.
+            # A database made before keeps its tables as they are: the statements below work on both.
+            db.execute("CREATE TABLE IF NOT EXISTS finished (key TEXT PRIMARY KEY, record TEXT NOT NULL) "
+                       "WITHOUT ROWID")
             # Which name each content was stored under: finding it under another extension takes one look-up,
             # not a listing of its shard folder (thousands of names in a long crawl).
-            db.execute("CREATE TABLE IF NOT EXISTS stored (sha256 TEXT PRIMARY KEY, path TEXT NOT NULL)")
+            db.execute("CREATE TABLE IF NOT EXISTS stored (sha256 TEXT PRIMARY KEY, path TEXT NOT NULL) "
+                       "WITHOUT ROWID")
             self._db = db
         return self._db
 
@@ -286,15 +292,14 @@ class AudioStore:
         """
         if not re.fullmatch(r"[0-9a-f]{64}", sha256) or (ext and not _SAFE_EXT.fullmatch(ext)):
             raise ValueError(f"refusing to store under {sha256!r}{ext!r}")
-        folder = self._folder(self.audio_dir / sha256[:2])
+        folder = self._folder(sha256[:2])
         existing = self._existing(folder, sha256, size, ext)
         if existing is not None:
             self.part_path(key).unlink(missing_ok=True)
             rel = existing
         else:
-            target = folder / f"{sha256}{ext}"
-            os.replace(self.part_path(key), target)
-            rel = target.relative_to(self.root).as_posix()
+            os.replace(self.part_path(key), f"{folder}{sha256}{ext}")
+            rel = f"audio/{sha256[:2]}/{sha256}{ext}"
         self.sidecar_path(key).unlink(missing_ok=True)
         return rel
 
@@ -305,28 +310,30 @@ class AudioStore:
         """
         if not re.fullmatch(r"[0-9a-f]{64}", sha256) or (ext and not _SAFE_EXT.fullmatch(ext)):
             raise ValueError(f"refusing to store under {sha256!r}{ext!r}")
-        folder = self._folder(self.audio_dir / sha256[:2])
+        folder = self._folder(sha256[:2])
         existing = self._existing(folder, sha256, size, ext)
         if existing is not None:
             return existing
-        target = folder / f"{sha256}{ext}"
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = os.open(f"{folder}{sha256}{ext}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
+                     0o644)
         try:
             write_pieces(fd, pieces)
         finally:
             os.close(fd)
-        return target.relative_to(self.root).as_posix()
+        return f"audio/{sha256[:2]}/{sha256}{ext}"
 
-    def _folder(self, folder: Path) -> Path:
+    def _folder(self, shard: str) -> str:
+        """The shard's folder, made if need be, as a string ending in the separator."""
+        folder = f"{self._audio_prefix}{shard}{os.sep}"
         if folder not in self._made:
-            folder.mkdir(parents=True, exist_ok=True)
+            os.makedirs(folder, exist_ok=True)
             self._made.add(folder)
         return folder
 
-    def _existing(self, folder: Path, sha256: str, size: int, ext: str) -> str | None:
+    def _existing(self, folder: str, sha256: str, size: int, ext: str) -> str | None:
         # The name this download would take first: one stat, the usual answer for content seen before.
         try:
-            st = os.stat(folder / f"{sha256}{ext}")
+            st = os.stat(f"{folder}{sha256}{ext}")
             if stat.S_ISREG(st.st_mode) and st.st_size == size:
                 return f"audio/{sha256[:2]}/{sha256}{ext}"
         except OSError as exc:
