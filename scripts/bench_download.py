@@ -76,7 +76,9 @@ async def main():
     async with client:
         dl = Downloader(client, data_dir, DownloadConfig(max_downloads=in_flight, max_per_host=in_flight),
                         file_tags=True)
-        sem = asyncio.Semaphore(in_flight)
+        # The downloader's own slots bound the downloads in flight, and free them before a file is stored,
+        # as in a worker; tasks are started a few at a time beyond them.
+        sem = asyncio.Semaphore(4 * in_flight)
         async def one(url):
             async with sem:
                 return await dl.fetch(AudioItem(url=url, page=url))
