@@ -374,19 +374,20 @@ _Committed = tuple[Finished, "dict[str, Any] | None"]   # the record, and the fi
 
 
 def _commit_all(store: AudioStore, entries: list[_Commit]) -> list[_Committed | Exception]:
+    shas = []
+    for entry in entries:
+        hasher = hashlib.sha256()
+        for piece in entry.pieces:
+            hasher.update(piece)
+        shas.append(hasher.hexdigest())
+    paths = store.put_many([(sha, entry.pieces, entry.size, entry.ext) for sha, entry in zip(shas, entries)])
     out: list[_Committed | Exception] = []
     records: list[tuple[str, Finished]] = []
-    for entry in entries:
-        try:
-            hasher = hashlib.sha256()
-            for piece in entry.pieces:
-                hasher.update(piece)
-            sha = hasher.hexdigest()
-            done = dataclasses.replace(entry.record, sha256=sha, path=store.put(sha, entry.pieces, entry.size,
-                                                                                entry.ext))
-        except Exception as exc:    # each file's error is its own download's
-            out.append(exc)
+    for entry, sha, path in zip(entries, shas, paths):
+        if isinstance(path, Exception):    # each file's error is its own download's
+            out.append(path)
             continue
+        done = dataclasses.replace(entry.record, sha256=sha, path=path)
         tags = None
         if entry.tags:
             data = entry.pieces[0] if len(entry.pieces) == 1 else b"".join(entry.pieces)
