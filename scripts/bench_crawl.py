@@ -758,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if s and s.files:
                 print(f"  {verdict(r.files_per_s >= 10 * s.files_per_s):>7}  files/s at least 10x Scrapy's "
-                      f"(FilesPipeline) at {r.concurrency} in flight: {r.files_per_s / s.files_per_s:.1f}x")
+                      f"(FilesPipeline) at {s.concurrency} in flight: {r.files_per_s / s.files_per_s:.1f}x")
             if base is not None:
                 per_file = marginal_ms(base, r)
                 print(f"  {verdict(per_file <= 0.5):>7}  at most 0.5 ms CPU per small file over master and "
