@@ -21,7 +21,8 @@ Every byte received before a cut is written before the resume (the transport han
 before the error), so the resume asks for exactly the byte where the received data ends.
 
 Requests go straight to the client's transport, as page fetches do, and bodies are read in large pieces: per
-download there is one request object, a few header look-ups and, per piece, a length check and the hash.
+download there is one aiohttp request (on the worker's own transport no httpx request or response object at
+all: ``AiohttpTransport.get``), a few header look-ups and, per piece, a length check and the hash.
 
 Pages are crawled again (refresh) and one song is linked from many pages, so the same audio comes back again
 and again. A finished download leaves a ``Finished`` record under its key (the site's id, else the address),
