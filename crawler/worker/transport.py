@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import aiohttp
 import httpx
@@ -135,14 +136,19 @@ def _salvage(content: aiohttp.StreamReader) -> bytes:
     return data
 
 
+# (connect, read, pool, total) in seconds, each None for no limit.
+Timeouts = tuple[float | None, float | None, float | None, float | None]
+RawHeaders = tuple[tuple[bytes, bytes], ...]
+
+
 class Answer:
     """An answer as a download reads it: status, headers (case-insensitive ``get``), extensions, body stream.
     httpx.Response offers the same names, so the downloader reads either."""
 
     __slots__ = ("extensions", "headers", "raw_headers", "status_code", "stream")
 
-    def __init__(self, status_code: int, headers: CIMultiDictProxy[str], raw_headers: tuple,
-                 extensions: dict, stream: _Body) -> None:
+    def __init__(self, status_code: int, headers: CIMultiDictProxy[str], raw_headers: RawHeaders,
+                 extensions: dict[str, Any], stream: _Body) -> None:
         self.status_code = status_code
         self.headers = headers
         self.raw_headers = raw_headers
@@ -163,11 +169,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         """
         self._make_session = session
         self._session: aiohttp.ClientSession | None = None
-        self._timeouts: dict[tuple, aiohttp.ClientTimeout] = {}
+        self._timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
         self.max_body = max_body
         self.total_timeout = total_timeout
 
-    def _timeout(self, key: tuple) -> aiohttp.ClientTimeout:
+    def _timeout(self, key: Timeouts) -> aiohttp.ClientTimeout:
         """key: (connect, read, pool, total) in seconds, each None for no limit."""
         timeout = self._timeouts.get(key)
         if timeout is None:
@@ -197,7 +203,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return httpx.Response(answer.status_code, headers=answer.raw_headers, stream=answer.stream,
                               request=request, extensions=answer.extensions)
 
-    async def get(self, url: yarl.URL, headers: list[tuple[str, str]], *, timeout: tuple,
+    async def get(self, url: yarl.URL, headers: list[tuple[str, str]], *, timeout: Timeouts,
                   max_body: int, read_size: int) -> Answer:
         """A GET without httpx's models: what a download reads of the answer, nothing more.
 
@@ -209,7 +215,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return await self._send("GET", url, headers, None, timeout, max_body, False, read_size)
 
     async def _send(self, method: str, url: yarl.URL, headers: list[tuple[str, str]], body: bytes | None,
-                    timeout: tuple, max_body: int, cut: bool, read_size: int) -> Answer:
+                    timeout: Timeouts, max_body: int, cut: bool, read_size: int) -> Answer:
         session = self._session
         if session is None:
             session = self._session = self._make_session()
@@ -221,7 +227,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             raise map_error(e) from e
         raw_headers = response.raw_headers
         headers_in = response.headers
-        extensions = {"http_version": b"HTTP/1.1"}
+        extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
         if response.reason:
             extensions["reason_phrase"] = response.reason.encode("latin-1", "replace")
         coding = ""
