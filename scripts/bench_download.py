@@ -1,11 +1,19 @@
 """Download one large file over loopback with the Downloader and with curl; print throughput and peak RSS.
 
     .venv/bin/python scripts/bench_download.py [--size-mib 1024] [--runs 3] [--transport aiohttp|httpcore]
+    .venv/bin/python scripts/bench_download.py --small 5000 [--songs 5000] [--in-flight 8] [--runs 3] [--profile F]
 
 The file is served by tests/fakes/rangeserver.py in its own process (sendfile: the server costs little
 CPU); curl and the Downloader each run in a process of their own and write to the same disk, so the figures
 compare like with like. The Downloader's peak RSS is that whole process's high-water mark (interpreter and
 imports included). Targets: at least 80% of curl's throughput; peak RSS under 100 MB whatever the size.
+
+With --small N it measures the other end instead: the CPU one small audio file costs the Downloader, as a worker
+runs it (file tags read, records kept), without the crawl around it. The crawl benchmark's site (the same
+generator and song count, kept under bench-data/) is served by nginx, and one process downloads the first N of
+its audio files, --in-flight at a time, in a fresh data dir each run. CPU is the process's user + system time
+over the downloads alone (its threads included, start-up and imports excluded), so before/after comparisons
+are steadier than the whole crawl's on a loaded machine. --profile writes a cProfile of the last run there.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,6 +56,85 @@ async def main():
 
 asyncio.run(main())
 """
+
+
+_SMALL_CHILD = r"""
+import asyncio, cProfile, json, os, sys, time
+from pathlib import Path
+import httpx
+from crawler.worker.fetcher import build_client, build_transport
+from crawler.items import AudioItem
+from crawler.worker.downloader import Downloader, DownloadConfig
+
+from crawler.eventloop import run
+
+urls, data_dir, in_flight, profile = json.loads(sys.stdin.read()), Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+
+async def main():
+    client = build_client(build_transport(max_connections=2 * in_flight, dns_ttl=60, max_body=1 << 30),
+                          user_agent="bench", connect_timeout=10, read_timeout=30, max_redirects=5)
+    async with client:
+        dl = Downloader(client, data_dir, DownloadConfig(max_downloads=in_flight, max_per_host=in_flight),
+                        file_tags=True)
+        # The downloader's own slots bound the downloads in flight, and free them before a file is stored,
+        # as in a worker; tasks are started a few at a time beyond them.
+        sem = asyncio.Semaphore(4 * in_flight)
+        async def one(url):
+            async with sem:
+                return await dl.fetch(AudioItem(url=url, page=url))
+        prof = cProfile.Profile() if profile else None
+        t0, c0 = time.perf_counter(), os.times()
+        if prof:
+            prof.enable()
+        items = await asyncio.gather(*(one(u) for u in urls))
+        if prof:
+            prof.disable()
+            prof.dump_stats(profile)
+        c1, elapsed = os.times(), time.perf_counter() - t0
+        dl.store.close()
+    bad = [i for i in items if i.status != "ok"]
+    print(json.dumps({"ok": len(items) - len(bad), "failed": [i.reason for i in bad[:3]], "seconds": elapsed,
+                      "cpu": (c1.user - c0.user) + (c1.system - c0.system), "sys": c1.system - c0.system,
+                      "tags": sum(1 for i in items if i.codec)}))
+
+run(main())
+"""
+
+
+def bench_small(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(REPO))
+    from scripts import bench_crawl
+
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = bench_crawl.prepare_site(out, args.songs)
+    site = bench_crawl.serve_site(out / f"site-{args.songs}", out / "server-small", "auto")
+    urls = [site.url + a.url for a in manifest.audio[:args.small]]
+    runs = []
+    try:
+        for i in range(args.runs):
+            data_dir = out / f"small-data-{os.getpid()}-{i}"
+            shutil.rmtree(data_dir, ignore_errors=True)
+            profile = str(args.profile) if args.profile and i == args.runs - 1 else ""
+            r = subprocess.run([PY, "-c", _SMALL_CHILD, str(data_dir), str(args.in_flight), profile],
+                               input=json.dumps(urls), check=True, capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": str(args.code or REPO)}, cwd=args.code or REPO)
+            result = json.loads(r.stdout.strip().splitlines()[-1])
+            shutil.rmtree(data_dir, ignore_errors=True)
+            if result["failed"]:
+                raise SystemExit(f"downloads failed: {result}")
+            runs.append(result)
+            n, cpu, system = result["ok"], 1000 * result["cpu"], 1000 * result["sys"]
+            print(f"run {i + 1}: {n} files in {result['seconds']:.2f} s = {n / result['seconds']:.0f} files/s; "
+                  f"CPU {cpu / n:.3f} ms/file (user {(cpu - system) / n:.3f}, system {system / n:.3f}); "
+                  f"tags read for {result['tags']}" + ("  [profiled]" if profile else ""))
+    finally:
+        site.child.stop(signal.SIGQUIT if site.kind == "nginx" else signal.SIGTERM)
+    per_file = sorted(1000 * r["cpu"] / r["ok"] for r in runs if not (args.profile and r is runs[-1]))
+    if per_file:
+        print(f"CPU per small file: median {per_file[(len(per_file) - 1) // 2]:.3f} ms, range "
+              f"{per_file[0]:.3f}-{per_file[-1]:.3f} ms over {len(per_file)} unprofiled runs; "
+              f"{args.in_flight} in flight")
 
 
 def make_file(path: Path, size: int) -> None:
@@ -87,7 +175,17 @@ def main() -> None:
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--transport", choices=["aiohttp", "httpcore"], default="aiohttp")
+    ap.add_argument("--small", type=int, default=0, help="instead: N small audio files of the crawl site")
+    ap.add_argument("--songs", type=int, default=5000, help="with --small: the crawl site's song count")
+    ap.add_argument("--in-flight", type=int, default=8, help="with --small: downloads at once")
+    ap.add_argument("--profile", type=Path, help="with --small: a cProfile of the last run, written here")
+    ap.add_argument("--out", type=Path, default=REPO / "bench-data", help="with --small: where the site is kept")
+    ap.add_argument("--code", type=Path, help="with --small: the source tree to measure (another checkout: before "
+                                               "and after on the same site)")
     args = ap.parse_args()
+    if args.small:
+        bench_small(args)
+        return
     size = args.size_mib * 1024 * 1024
 
     with tempfile.TemporaryDirectory(prefix="bench-download-") as tmp:

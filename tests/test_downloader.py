@@ -29,7 +29,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from crawler.items import FAILED, OK, AudioItem, RequestIdentity
-from crawler.worker.audiostore import AudioStore, extension_for, partial_key
+from crawler.worker.audiostore import AudioStore, Finished, extension_for, partial_key
 from crawler.worker.downloader import DownloadConfig, Downloader, HostSlots
 from crawler.worker.fetcher import build_transport
 from tests.fakes.rangeserver import RangeServer, ThreadedRangeServer
@@ -502,6 +502,29 @@ async def test_same_content_is_stored_once_and_each_item_keeps_its_place(server,
     assert (a.url, a.page, b.url, b.page) == (server.url("/one.mp3"), "http://a/page", server.url("/two"),
                                               "http://b/page")
     assert not [p for p in (tmp_path / "audio").rglob("*.places.json")]
+
+
+def test_a_batch_of_small_files_stores_each_content_once_and_fails_only_its_bad_entry(tmp_path):
+    store = AudioStore(tmp_path)
+    old, new, twice = blob(3000, 40), blob(4000, 41), blob(5000, 42)
+    first = store.put(sha(old), [old], len(old), ".ogg")
+    store.save_finished_many([("k", Finished(url="http://h/a.ogg", sha256=sha(old), size=len(old), path=first))])
+    out = store.put_many([
+        (sha(old), [old], len(old), ".mp3"),              # stored before under another name: found, not rewritten
+        (sha(twice), [twice[:10], twice[10:]], len(twice), ".mp3"),
+        ("not a hash", [new], len(new), ".mp3"),          # refused: its own error, nobody else's
+        (sha(twice), [twice], len(twice), ".m4a"),        # the same content again in the batch: written once
+        (sha(new), [new], len(new), "/../x"),
+        (sha(new), [new], len(new), ""),
+    ])
+    assert out[0] == first
+    assert out[1] == out[3] == f"audio/{sha(twice)[:2]}/{sha(twice)}.mp3"
+    assert isinstance(out[2], ValueError) and isinstance(out[4], ValueError)
+    assert out[5] == f"audio/{sha(new)[:2]}/{sha(new)}"
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "audio").rglob("*")
+                   if p.is_file() and STORED.fullmatch(p.relative_to(tmp_path).as_posix()))
+    assert files == sorted({first, out[1], out[5]})
+    assert (tmp_path / out[1]).read_bytes() == twice
 
 
 async def test_concurrent_fetches_of_one_song_share_one_download(server, client, tmp_path):

@@ -157,13 +157,14 @@ class AudioStore:
         self.partial_dir = self.audio_dir / "partial"
         self.done_dir = self.audio_dir / "done"
         self._partial_prefix = f"{self.partial_dir}{os.sep}"
+        self._audio_prefix = f"{self.audio_dir}{os.sep}"    # paths as strings: pathlib cost more than the write
         # A worker owns its data dir: while it has made no partial folder, and found none, no key has a sidecar.
         self._partials = self.partial_dir.is_dir()
         # Records kept as files by earlier versions are looked for only where such a version left some, and
         # content stored by them (not in the ``stored`` table) is looked for by listing its folder.
         self._legacy_records = self.done_dir.is_dir()
         self._legacy_content = self.audio_dir.is_dir() and not (self.audio_dir / "finished.sqlite3").exists()
-        self._made: set[Path] = set()    # shard folders known to exist: at most 256 of them
+        self._made: set[str] = set()     # shard folders known to exist: at most 256 of them
         self._db: sqlite3.Connection | None = None
         self._db_lock = threading.Lock()  # records are read on the event loop and written from worker threads
 
@@ -215,10 +216,15 @@ class AudioStore:
                                  check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("CREATE TABLE IF NOT EXISTS finished (key TEXT PRIMARY KEY, record TEXT NOT NULL)")
+            # WITHOUT ROWID: a row lives in its key's b-tree alone, so a record written touches one page of
+            # each table instead of two (a table and its key's index); keys are hashes, so each is a random page.
+            # A database made before keeps its tables as they are: the statements below work on both.
+            db.execute("CREATE TABLE IF NOT EXISTS finished (key TEXT PRIMARY KEY, record TEXT NOT NULL) "
+                       "WITHOUT ROWID")
             # Which name each content was stored under: finding it under another extension takes one look-up,
             # not a listing of its shard folder (thousands of names in a long crawl).
-            db.execute("CREATE TABLE IF NOT EXISTS stored (sha256 TEXT PRIMARY KEY, path TEXT NOT NULL)")
+            db.execute("CREATE TABLE IF NOT EXISTS stored (sha256 TEXT PRIMARY KEY, path TEXT NOT NULL) "
+                       "WITHOUT ROWID")
             self._db = db
         return self._db
 
@@ -286,15 +292,14 @@ class AudioStore:
         """
         if not re.fullmatch(r"[0-9a-f]{64}", sha256) or (ext and not _SAFE_EXT.fullmatch(ext)):
             raise ValueError(f"refusing to store under {sha256!r}{ext!r}")
-        folder = self._folder(self.audio_dir / sha256[:2])
+        folder = self._folder(sha256[:2])
         existing = self._existing(folder, sha256, size, ext)
         if existing is not None:
             self.part_path(key).unlink(missing_ok=True)
             rel = existing
         else:
-            target = folder / f"{sha256}{ext}"
-            os.replace(self.part_path(key), target)
-            rel = target.relative_to(self.root).as_posix()
+            os.replace(self.part_path(key), f"{folder}{sha256}{ext}")
+            rel = f"audio/{sha256[:2]}/{sha256}{ext}"
         self.sidecar_path(key).unlink(missing_ok=True)
         return rel
 
@@ -303,47 +308,97 @@ class AudioStore:
 
         Blocking (call it off the event loop). Content already stored at its full size is not written again.
         """
-        if not re.fullmatch(r"[0-9a-f]{64}", sha256) or (ext and not _SAFE_EXT.fullmatch(ext)):
-            raise ValueError(f"refusing to store under {sha256!r}{ext!r}")
-        folder = self._folder(self.audio_dir / sha256[:2])
-        existing = self._existing(folder, sha256, size, ext)
-        if existing is not None:
-            return existing
-        target = folder / f"{sha256}{ext}"
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-        try:
-            write_pieces(fd, pieces)
-        finally:
-            os.close(fd)
-        return target.relative_to(self.root).as_posix()
+        out = self.put_many([(sha256, pieces, size, ext)])[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
 
-    def _folder(self, folder: Path) -> Path:
+    def put_many(self, files: list[tuple[str, list[bytes], int, str]]) -> list[str | Exception]:
+        """put() for several files (sha256, pieces, size, ext): each one's path, or the error that was its own.
+
+        Content stored under another extension is looked up for all of them in one query, not one each."""
+        out: list[str | Exception] = []
+        missing: dict[int, str] = {}     # index -> folder, for files not found under their own name
+        for i, (sha256, _, size, ext) in enumerate(files):
+            try:
+                if not re.fullmatch(r"[0-9a-f]{64}", sha256) or (ext and not _SAFE_EXT.fullmatch(ext)):
+                    raise ValueError(f"refusing to store under {sha256!r}{ext!r}")
+                folder = self._folder(sha256[:2])
+                rel = self._at_own_name(folder, sha256, size, ext)
+            except Exception as exc:
+                out.append(exc)
+                continue
+            out.append(rel or "")
+            if rel is None:
+                missing[i] = folder
+        if not missing:
+            return out
+        stored = self._stored_names([files[i][0] for i in missing])
+        for i, folder in missing.items():
+            sha256, pieces, size, ext = files[i]
+            try:
+                # The same content twice in one batch is written once (the second finds the first's name).
+                rel = self._under_other_name(folder, sha256, size, ext, stored.get(sha256))
+                if rel is None:
+                    fd = os.open(f"{folder}{sha256}{ext}",
+                                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+                    try:
+                        write_pieces(fd, pieces)
+                    finally:
+                        os.close(fd)
+                    rel = f"audio/{sha256[:2]}/{sha256}{ext}"
+                    stored[sha256] = rel
+                out[i] = rel
+            except Exception as exc:
+                out[i] = exc
+        return out
+
+    def _folder(self, shard: str) -> str:
+        """The shard's folder, made if need be, as a string ending in the separator."""
+        folder = f"{self._audio_prefix}{shard}{os.sep}"
         if folder not in self._made:
-            folder.mkdir(parents=True, exist_ok=True)
+            os.makedirs(folder, exist_ok=True)
             self._made.add(folder)
         return folder
 
-    def _existing(self, folder: Path, sha256: str, size: int, ext: str) -> str | None:
+    def _existing(self, folder: str, sha256: str, size: int, ext: str) -> str | None:
+        rel = self._at_own_name(folder, sha256, size, ext)
+        if rel is not None:
+            return rel
+        return self._under_other_name(folder, sha256, size, ext, self._stored_names([sha256]).get(sha256))
+
+    def _at_own_name(self, folder: str, sha256: str, size: int, ext: str) -> str | None:
         # The name this download would take first: one stat, the usual answer for content seen before.
         try:
-            st = os.stat(folder / f"{sha256}{ext}")
+            st = os.stat(f"{folder}{sha256}{ext}")
             if stat.S_ISREG(st.st_mode) and st.st_size == size:
                 return f"audio/{sha256[:2]}/{sha256}{ext}"
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 raise
-        # The same content under another extension (another site's name for it).
+        return None
+
+    def _stored_names(self, shas: list[str]) -> dict[str, str]:
+        """The names these contents were stored under, as the ``stored`` table says (one query per 500)."""
+        found: dict[str, str] = {}
         try:
             with self._db_lock:
-                row = self._records().execute("SELECT path FROM stored WHERE sha256 = ?", (sha256,)).fetchone()
+                db = self._records()
+                for i in range(0, len(shas), 500):
+                    group = shas[i:i + 500]
+                    found.update(db.execute(f"SELECT sha256, path FROM stored WHERE sha256 IN "
+                                            f"({','.join('?' * len(group))})", group).fetchall())
         except sqlite3.Error:
-            row = None
-        if row is not None and isinstance(row[0], str) and re.fullmatch(
-                rf"audio/{sha256[:2]}/{sha256}(\.[a-z0-9]{{1,5}})?", row[0]):
+            pass
+        return found
+
+    def _under_other_name(self, folder: str, sha256: str, size: int, ext: str, stored: str | None) -> str | None:
+        """The same content under another extension (another site's name for it)."""
+        if isinstance(stored, str) and re.fullmatch(rf"audio/{sha256[:2]}/{sha256}(\.[a-z0-9]{{1,5}})?", stored):
             try:
-                st = os.stat(self.root / row[0])
+                st = os.stat(self.root / stored)
                 if stat.S_ISREG(st.st_mode) and st.st_size == size:
-                    return str(row[0])
+                    return stored
             except OSError:
                 pass
         if not self._legacy_content:

@@ -21,7 +21,8 @@ Every byte received before a cut is written before the resume (the transport han
 before the error), so the resume asks for exactly the byte where the received data ends.
 
 Requests go straight to the client's transport, as page fetches do, and bodies are read in large pieces: per
-download there is one request object, a few header look-ups and, per piece, a length check and the hash.
+download there is one aiohttp request (on the worker's own transport no httpx request or response object at
+all: ``AiohttpTransport.get``), a few header look-ups and, per piece, a length check and the hash.
 
 Pages are crawled again (refresh) and one song is linked from many pages, so the same audio comes back again
 and again. A finished download leaves a ``Finished`` record under its key (the site's id, else the address),
@@ -70,6 +71,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
+import yarl
 
 from crawler.bodies import BodyError
 from crawler.items import FAILED, OK, AudioItem
@@ -78,6 +80,7 @@ from crawler.targets import TargetRefused
 from crawler.worker.audiostore import AudioStore, Finished, Sidecar, extension_for, partial_key, write_pieces
 from crawler.worker.faults import is_local
 from crawler.worker.filetags import read_file_tags
+from crawler.worker.transport import AiohttpTransport, Answer
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -149,7 +152,7 @@ class _Expired(Exception):
 class _Unchanged(Exception):
     """304 to our conditional request: the finished file is still what the address serves."""
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: Answer | httpx.Response) -> None:
         super().__init__("not modified")
         self.etag = response.headers.get("etag") or None
         self.last_modified = response.headers.get("last-modified") or None
@@ -372,19 +375,20 @@ _Committed = tuple[Finished, "dict[str, Any] | None"]   # the record, and the fi
 
 
 def _commit_all(store: AudioStore, entries: list[_Commit]) -> list[_Committed | Exception]:
+    shas = []
+    for entry in entries:
+        hasher = hashlib.sha256()
+        for piece in entry.pieces:
+            hasher.update(piece)
+        shas.append(hasher.hexdigest())
+    paths = store.put_many([(sha, entry.pieces, entry.size, entry.ext) for sha, entry in zip(shas, entries)])
     out: list[_Committed | Exception] = []
     records: list[tuple[str, Finished]] = []
-    for entry in entries:
-        try:
-            hasher = hashlib.sha256()
-            for piece in entry.pieces:
-                hasher.update(piece)
-            sha = hasher.hexdigest()
-            done = dataclasses.replace(entry.record, sha256=sha, path=store.put(sha, entry.pieces, entry.size,
-                                                                                entry.ext))
-        except Exception as exc:    # each file's error is its own download's
-            out.append(exc)
+    for entry, sha, path in zip(entries, shas, paths):
+        if isinstance(path, Exception):    # each file's error is its own download's
+            out.append(path)
             continue
+        done = dataclasses.replace(entry.record, sha256=sha, path=path)
         tags = None
         if entry.tags:
             data = entry.pieces[0] if len(entry.pieces) == 1 else b"".join(entry.pieces)
@@ -484,6 +488,11 @@ class Downloader:
         # Read in large pieces (one per socket read, not per 16 KiB) and bound by our own cap, not the pages'.
         self._extensions = {"timeout": httpx.Timeout(cfg.timeout).as_dict(), "max_body": cfg.max_size + 1,
                             "read_size": _READ_SIZE}
+        # The worker's own transport also answers without httpx's request and response objects, which cost as
+        # much CPU as the rest of a small file's download (see AiohttpTransport.get); any other goes through httpx.
+        transport = self._transport
+        self._get = transport.get if isinstance(transport, AiohttpTransport) else None
+        self._timeouts = (cfg.timeout, cfg.timeout, cfg.timeout, getattr(transport, "total_timeout", None))
         self._committer = _Committer(self.store)
         self._file_tags = file_tags
         # Tags read while a file's bytes were in memory, for its fetch to take at once (one entry a download).
@@ -727,16 +736,16 @@ class Downloader:
         if not _http_url(item.url):
             raise _Fail(f"not an http(s) address: {item.url[:200]!r}", discard=True)
         try:
-            url = httpx.URL(item.url)
+            url = _parse_url(item.url)
             origin_host = url.host
             for _ in range(self.cfg.max_redirects + 1):
-                request = httpx.Request("GET", url, extensions=self._extensions, headers=_merged_headers(
-                    self._headers, {**_identity_headers(item, same_host=url.host == origin_host), **extra}))
-                response = await self._transport.handle_async_request(request)
+                headers = _merged_headers(self._headers, {
+                    **_identity_headers(item, same_host=url.host == origin_host), **extra})
+                response = await self._send(url, headers)
                 try:
                     location = response.headers.get("location")
                     if response.status_code in _REDIRECTS and location:
-                        url = url.join(location)
+                        url = url.join(_parse_url(location))
                         if url.scheme not in ("http", "https"):
                             raise _Fail(f"redirect to a non-http address: {str(url)[:200]!r}")
                         continue
@@ -751,7 +760,14 @@ class Downloader:
             raise _Fail(f"bad address: {exc}") from None
         raise _Fail(f"more than {self.cfg.max_redirects} redirects")
 
-    async def _consume(self, response: httpx.Response, url: str, partial: _Partial, new_address: bool,
+    async def _send(self, url: yarl.URL, headers: list[tuple[str, str]]) -> Answer | httpx.Response:
+        if self._get is not None:
+            return await self._get(url, headers, timeout=self._timeouts, max_body=self.cfg.max_size + 1,
+                                   read_size=_READ_SIZE)
+        request = httpx.Request("GET", str(url), extensions=self._extensions, headers=headers)
+        return await self._transport.handle_async_request(request)
+
+    async def _consume(self, response: Answer | httpx.Response, url: str, partial: _Partial, new_address: bool,
                        conditional: bool) -> bool:
         status = response.status_code
         record = partial.record
@@ -846,7 +862,7 @@ class Downloader:
             size = max(partial.record.expected_size or 0, partial.received)
             partial.deadline.reschedule(partial.started + self.cfg.deadline_base + size / self.cfg.min_rate)
 
-    def _adopt(self, response: httpx.Response, url: str, partial: _Partial, total: int | None) -> None:
+    def _adopt(self, response: Answer | httpx.Response, url: str, partial: _Partial, total: int | None) -> None:
         """Take the validators and size of the response whose body we are about to keep.
 
         A 206 continuing our bytes that omits a validator keeps the one we had: it was judged the same file.
@@ -919,7 +935,7 @@ class Downloader:
         return _filled(item, record)
 
 
-def _same_file(record: Sidecar, response: httpx.Response, total: int | None, new_address: bool) -> bool:
+def _same_file(record: Sidecar, response: Answer | httpx.Response, total: int | None, new_address: bool) -> bool:
     etag = response.headers.get("etag") or None
     last_modified = response.headers.get("last-modified") or None
     if record.expected_size is not None and total is not None and total != record.expected_size:
@@ -977,11 +993,18 @@ def _merged_headers(base: list[tuple[str, str]], overrides: dict[str, str]) -> l
     return [(k, v) for k, v in base if k.lower() not in names] + list(overrides.items())
 
 
+def _parse_url(url: str) -> yarl.URL:
+    try:
+        return yarl.URL(url)
+    except (ValueError, TypeError) as exc:
+        raise httpx.InvalidURL(str(exc)[:200]) from None
+
+
 def _http_url(url: str) -> bool:
     return url.lower().startswith(("http://", "https://"))
 
 
-def _int_header(response: httpx.Response, name: str) -> int | None:
+def _int_header(response: Answer | httpx.Response, name: str) -> int | None:
     value = response.headers.get(name)
     if value is None or not value.strip().isdigit():
         return None

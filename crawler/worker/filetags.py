@@ -26,6 +26,7 @@ from mutagen.oggvorbis import OggVorbis
 from mutagen.wave import WAVE
 
 from crawler.resolvers.pagemeta import normalise
+from crawler.resolvers.sniff import HEAD_BYTES, sniff_audio
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,9 @@ def read_file_tags(path: Path | bytes, ext: str = "") -> dict[str, Any]:
     source: Path | io.BytesIO = io.BytesIO(path) if isinstance(path, bytes) else path
     try:
         hint = _BY_EXTENSION.get(ext or (path.suffix.lower() if isinstance(path, Path) else ""))
+        if hint is None and isinstance(path, bytes):
+            # No extension to go by (a stream's address): the first bytes name the format just as well.
+            hint = _BY_EXTENSION.get(f".{sniff_audio(path[:HEAD_BYTES])}")
         audio = mutagen.File(source, easy=True, options=hint) if hint else None
         if audio is None:
             if isinstance(source, io.BytesIO):

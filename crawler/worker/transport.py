@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import aiohttp
 import httpx
 import yarl
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from crawler.bodies import BodyError, BoundedDecoder, content_coding
 
@@ -134,6 +136,29 @@ def _salvage(content: aiohttp.StreamReader) -> bytes:
     return data
 
 
+# (connect, read, pool, total) in seconds, each None for no limit.
+Timeouts = tuple[float | None, float | None, float | None, float | None]
+RawHeaders = tuple[tuple[bytes, bytes], ...]
+
+
+class Answer:
+    """An answer as a download reads it: status, headers (case-insensitive ``get``), extensions, body stream.
+    httpx.Response offers the same names, so the downloader reads either."""
+
+    __slots__ = ("extensions", "headers", "raw_headers", "status_code", "stream")
+
+    def __init__(self, status_code: int, headers: CIMultiDictProxy[str], raw_headers: RawHeaders,
+                 extensions: dict[str, Any], stream: _Body) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self.raw_headers = raw_headers
+        self.extensions = extensions
+        self.stream = stream
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
 class AiohttpTransport(httpx.AsyncBaseTransport):
     def __init__(self, session: Callable[[], aiohttp.ClientSession], *, max_body: int,
                  total_timeout: float | None = None) -> None:
@@ -144,14 +169,12 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         """
         self._make_session = session
         self._session: aiohttp.ClientSession | None = None
-        self._timeouts: dict[tuple, aiohttp.ClientTimeout] = {}
+        self._timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
         self.max_body = max_body
         self.total_timeout = total_timeout
 
-    def _timeout(self, request: httpx.Request) -> aiohttp.ClientTimeout:
-        t = request.extensions.get("timeout") or {}
-        key = (t.get("connect"), t.get("read"), t.get("pool"),
-               request.extensions.get("total_timeout", self.total_timeout))
+    def _timeout(self, key: Timeouts) -> aiohttp.ClientTimeout:
+        """key: (connect, read, pool, total) in seconds, each None for no limit."""
         timeout = self._timeouts.get(key)
         if timeout is None:
             if len(self._timeouts) > 64:   # callers use a handful of settings; stay bounded anyway
@@ -168,37 +191,60 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         url = request.url
         if url.scheme not in _SCHEMES:
             raise httpx.UnsupportedProtocol(f"the URL's scheme is {url.scheme!r}, not http or https")
-        session = self._session
-        if session is None:
-            session = self._session = self._make_session()
         body = await request.aread()
         ext = request.extensions
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+        t = ext.get("timeout") or {}
+        answer = await self._send(request.method, yarl.URL(str(url), encoded=True), headers, body or None,
+                                  (t.get("connect"), t.get("read"), t.get("pool"),
+                                   ext.get("total_timeout", self.total_timeout)),
+                                  ext.get("max_body", self.max_body), ext.get("cut_body", False),
+                                  ext.get("read_size") or _Body.CHUNK)
+        return httpx.Response(answer.status_code, headers=answer.raw_headers, stream=answer.stream,
+                              request=request, extensions=answer.extensions)
+
+    async def get(self, url: yarl.URL, headers: list[tuple[str, str]], *, timeout: Timeouts,
+                  max_body: int, read_size: int) -> Answer:
+        """A GET without httpx's models: what a download reads of the answer, nothing more.
+
+        A small audio file costs about as much to fetch as httpx spends building its request and response
+        objects (URL parsing, header lists and look-ups): downloads use this, pages and API calls the httpx
+        path. timeout is (connect, read, pool, total); the rest as the extensions of the same names."""
+        if url.scheme not in _SCHEMES:
+            raise httpx.UnsupportedProtocol(f"the URL's scheme is {url.scheme!r}, not http or https")
+        return await self._send("GET", url, headers, None, timeout, max_body, False, read_size)
+
+    async def _send(self, method: str, url: yarl.URL, headers: list[tuple[str, str]], body: bytes | None,
+                    timeout: Timeouts, max_body: int, cut: bool, read_size: int) -> Answer:
+        session = self._session
+        if session is None:
+            session = self._session = self._make_session()
         try:
             response = await session.request(
-                request.method, yarl.URL(str(url), encoded=True), headers=headers, data=body or None,
-                allow_redirects=False, auto_decompress=False, timeout=self._timeout(request))
+                method, url, headers=headers, data=body, allow_redirects=False, auto_decompress=False,
+                timeout=self._timeout(timeout))
         except _FAILURES as e:
             raise map_error(e) from e
         raw_headers = response.raw_headers
-        extensions = {"http_version": b"HTTP/1.1"}
+        headers_in = response.headers
+        extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
         if response.reason:
             extensions["reason_phrase"] = response.reason.encode("latin-1", "replace")
         coding = ""
-        if "Content-Encoding" in response.headers:
+        if "Content-Encoding" in headers_in:
             try:
                 # Every Content-Encoding line counts: "gzip" twice is the same stack as "gzip, gzip".
-                coding = content_coding(",".join(response.headers.getall("Content-Encoding")))
+                coding = content_coding(",".join(headers_in.getall("Content-Encoding")))
             except BodyError:
                 response.close()
                 raise
             extensions["content_encoding"] = coding
             if coding:
                 raw_headers = tuple((k, v) for k, v in raw_headers if k.lower() not in _WIRE_HEADERS)
-        decoder = BoundedDecoder(coding, ext.get("max_body", self.max_body), cut=ext.get("cut_body", False))
-        stream = _Body(response, decoder, ext.get("read_size") or _Body.CHUNK)
-        return httpx.Response(response.status, headers=raw_headers, stream=stream,
-                              request=request, extensions=extensions)
+                headers_in = CIMultiDictProxy(CIMultiDict(
+                    (k, v) for k, v in headers_in.items() if k.lower() not in ("content-encoding", "content-length")))
+        decoder = BoundedDecoder(coding, max_body, cut=cut)
+        return Answer(response.status, headers_in, raw_headers, extensions, _Body(response, decoder, read_size))
 
     async def aclose(self) -> None:
         if self._session is not None:
