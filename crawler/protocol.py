@@ -45,7 +45,7 @@ import os
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import msgpack
 
@@ -174,7 +174,7 @@ def _bytes(v: Any, name: str, size: int) -> bytes:
     return v
 
 
-def _list(v: Any, name: str) -> list:
+def _list(v: Any, name: str) -> list[Any]:
     if not isinstance(v, list):
         raise ProtocolError(f"{name}: expected a list, got {type(v).__name__}")
     return v
@@ -220,7 +220,7 @@ class Message:
         raise NotImplementedError
 
     @classmethod
-    def from_fields(cls, f: list[Any]) -> Message:  # pragma: no cover
+    def from_fields(cls, f: list[Any]) -> Self:  # pragma: no cover
         raise NotImplementedError
 
 
@@ -237,11 +237,11 @@ class Hello(Message):
     capacity: int
     nonce: bytes
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [self.worker_id, self.version, self.capacity, self.nonce]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 4, cls)
         wid = _str(f[0], "worker_id", MAX_WORKER_ID)
         if not wid:
@@ -257,11 +257,11 @@ class Challenge(Message):
     TYPE: ClassVar[int] = 2
     nonce: bytes
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [self.nonce]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 1, cls)
         return cls(_bytes(f[0], "nonce", NONCE_SIZE))
 
@@ -271,11 +271,11 @@ class Auth(Message):
     TYPE: ClassVar[int] = 3
     mac: bytes
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [self.mac]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 1, cls)
         return cls(_bytes(f[0], "mac", MAC_SIZE))
 
@@ -298,12 +298,12 @@ class Welcome(Message):
     allowed_origins: tuple[str, ...] = ()
     allowed_networks: tuple[str, ...] = ()
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [self.proof, self.heartbeat_interval, list(self.keep_fragment), self.max_frame, self.max_depth,
                 list(self.allowed_origins), list(self.allowed_networks)]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 7, cls)
         max_frame = _int(f[3], "max_frame", 0, 0xFFFFFFFF)
         if max_frame < 1024:
@@ -320,11 +320,11 @@ class _Reason(Message):
 
     reason: str
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [self.reason]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 1, cls)
         return cls(_str(f[0], "reason", MAX_NAME))
 
@@ -341,13 +341,13 @@ class Refused(Message):
     reason: str
     code: str = ""
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         # Without a code the frame keeps its version-2 shape, so a worker of another protocol version can
         # still read why it was refused.
         return [self.reason, self.code] if self.code else [self.reason]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         if len(f) not in (1, 2):
             raise ProtocolError(f"Refused: expected 1 or 2 fields, got {len(f)}")
         return cls(_str(f[0], "reason", MAX_NAME), _str(f[1], "code", MAX_NAME) if len(f) == 2 else "")
@@ -373,14 +373,14 @@ class Assign(Message):
     TYPE: ClassVar[int] = 6
     tasks: tuple[Task, ...]
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         # Validators are an optional trailing pair: a task without them encodes as before.
         return [[[t.lease, t.url, t.depth, t.parent, t.after] if t.validators is None else
                  [t.lease, t.url, t.depth, t.parent, t.after, t.validators[0], t.validators[1]]
                  for t in self.tasks]]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 1, cls)
         tasks = []
         for raw in _list(f[0], "tasks"):
@@ -541,11 +541,11 @@ class Report(Message):
     TYPE: ClassVar[int] = 7
     results: tuple[Result, ...]
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [[r.to_wire() for r in self.results]]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 1, cls)
         return cls(tuple(Result.from_wire(r) for r in _list(f[0], "results")))
 
@@ -560,11 +560,11 @@ class Heartbeat(Message):
     sent_at: float
     leases: tuple[int, ...] = ()
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [self.sent_at, list(self.leases)]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 2, cls)
         return cls(_float(f[0], "sent_at"), tuple(_nonneg(x, "lease") for x in _list(f[1], "leases")))
 
@@ -576,11 +576,11 @@ class Credit(Message):
     TYPE: ClassVar[int] = 9
     n: int
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [self.n]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 1, cls)
         n = _int(f[0], "n")
         if not 0 <= n <= MAX_CAPACITY:
@@ -612,11 +612,11 @@ class Fetched(Message):
     TYPE: ClassVar[int] = 20
     fetches: tuple[PageFetch, ...]
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [[[f.lease, f.http_status, f.retry_after, f.latency] for f in self.fetches]]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 1, cls)
         out = []
         for raw in _list(f[0], "fetches"):
@@ -638,11 +638,11 @@ class Fault(Message):
     reason: str
     leases: tuple[int, ...] = ()
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [self.reason, list(self.leases)]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 2, cls)
         return cls(_str(f[0], "reason", MAX_NAME), tuple(_nonneg(x, "lease") for x in _list(f[1], "leases")))
 
@@ -655,11 +655,11 @@ class DownloadAsk(Message):
     TYPE: ClassVar[int] = 21
     asks: tuple[tuple[int, str], ...]
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [[[t, u] for t, u in self.asks]]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 1, cls)
         out = []
         for raw in _list(f[0], "asks"):
@@ -689,11 +689,11 @@ class DownloadGrant(Message):
     TYPE: ClassVar[int] = 22
     grants: tuple[Grant, ...]
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [[[g.ticket, g.verdict, g.node, g.sha256, g.size, g.path] for g in self.grants]]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 1, cls)
         out = []
         for raw in _list(f[0], "grants"):
@@ -724,11 +724,11 @@ class DownloadDone(Message):
     TYPE: ClassVar[int] = 23
     ends: tuple[DownloadEnd, ...]
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [[[e.ticket, e.sha256, e.size, e.path] for e in self.ends]]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 1, cls)
         out = []
         for raw in _list(f[0], "ends"):
@@ -754,11 +754,11 @@ class DownloadReport(Message):
     TYPE: ClassVar[int] = 24
     outcomes: tuple[tuple[str, AudioItem], ...]    # (the address the item was pending under, the item as it ended)
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [[[u, a.to_wire()] for u, a in self.outcomes]]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 1, cls)
         out = []
         for raw in _list(f[0], "outcomes"):
@@ -782,11 +782,11 @@ class DownloadWork(Message):
     TYPE: ClassVar[int] = 25
     items: tuple[AudioItem, ...]
 
-    def fields(self):
+    def fields(self) -> list[Any]:
         return [[a.to_wire() for a in self.items]]
 
     @classmethod
-    def from_fields(cls, f):
+    def from_fields(cls, f: list[Any]) -> Self:
         _arity(f, 1, cls)
         items = _audio_items(f[0], "items")
         for a in items:
@@ -805,7 +805,7 @@ MESSAGE_TYPES: dict[int, type[Message]] = {
 # --------------------------------------------------------------------------------------------- framing
 def encode(msg: Message, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
     """One message as one frame. LocalProtocolError (a ValueError) past max_frame: split the batch instead."""
-    payload = msgpack.packb([msg.TYPE, *msg.fields()], use_bin_type=True)
+    payload: bytes = msgpack.packb([msg.TYPE, *msg.fields()], use_bin_type=True)
     if len(payload) > max_frame:
         raise LocalProtocolError(f"{type(msg).__name__} frame of {len(payload)} bytes exceeds the limit of {max_frame}")
     return _HEADER.pack(len(payload)) + payload

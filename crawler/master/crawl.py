@@ -13,8 +13,9 @@ import math
 import re
 import sqlite3
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from crawler import protocol as p
 from crawler.items import PENDING, AudioItem
@@ -164,7 +165,7 @@ class Crawl:
         self._heads: dict[tuple[str, str], dict[int, None]] = {}
         self.away: dict[str, float] = {}          # node -> when its leases are given up
         self.robots_wanted: set[str] = set()     # origins whose robots.txt the server should fetch
-        self.discards: Counter = Counter()
+        self.discards: Counter[str] = Counter()
         self.totals = Totals()
         self._next_lease = first_lease
         self._scheduled = 0                      # pages handed out this run (for max_pages)
@@ -181,7 +182,7 @@ class Crawl:
         self.download_work: dict[str, list[AudioItem]] = {}
 
     # ------------------------------------------------------------------ routing
-    def route(self, urls) -> list[str | None]:
+    def route(self, urls: Sequence[str]) -> list[str | None]:
         return self.table.assign_many(list(urls))
 
     def node_up(self, node: str) -> list[p.Task]:
@@ -311,14 +312,14 @@ class Crawl:
         work, self.download_work = self.download_work, {}
         return work
 
-    def settle(self, node: str, outcomes: tuple[tuple[str, AudioItem], ...], now: float) -> list[dict]:
+    def settle(self, node: str, outcomes: tuple[tuple[str, AudioItem], ...], now: float) -> list[dict[str, Any]]:
         """Downloads the node held ended (protocol.DownloadReport): their catalogue rows take the outcome and
         they are no longer pending. Returns the rows now settled, for the catalogue file. An outcome from a node
         that no longer holds the download (it was handed on when the node was given up) is dropped: the node
         that holds it now reports it."""
         keys = [(item.page, url) for url, item in outcomes]
         holders = self.store.pending_holders(keys)
-        settled: list[tuple[dict, dict]] = []
+        settled: list[tuple[dict[str, Any], dict[str, Any]]] = []
         ended: list[tuple[str, str]] = []
         for (_, item), key in zip(outcomes, keys, strict=True):
             held = holders.get(key)
@@ -347,13 +348,13 @@ class Crawl:
         new = self.dedup.filter_new(normed)
         return self.store.push([(u, 0, 1, n, None) for u, n in zip(new, self.route(new))])
 
-    def seed_more(self, urls: list[str]) -> dict:
+    def seed_more(self, urls: list[str]) -> dict[str, Any]:
         """URLs an operator adds to a crawl: through normalisation, dedup and the URL policy like any link, at
         depth 0 and ahead of their depth's other pages. Returns what became of them."""
         normed = normalize_many(urls, self.norm)
         valid = list(dict.fromkeys(u for u in normed if u))
         new = self.dedup.filter_new(valid)
-        discarded: Counter = Counter()
+        discarded: Counter[str] = Counter()
         rows = []
         for u in new:
             reason = self.policy.check(u, 0)
@@ -623,7 +624,7 @@ class Crawl:
                 log.info("robots.txt of %s: %d sitemaps queued", origin, added)
 
     # ------------------------------------------------------------------ results
-    def complete(self, node: str, results: tuple[p.Result, ...], now: float) -> list[dict]:
+    def complete(self, node: str, results: tuple[p.Result, ...], now: float) -> list[dict[str, Any]]:
         """Records a report as one unit; returns the catalogue rows that are new.
 
         If the store refuses any of its values, the whole report is undone in the store (and only it: the rest
@@ -634,7 +635,7 @@ class Crawl:
         link_batches = []
         ref_batches = []
         lastmod: list[tuple[str, float]] = []
-        audio_rows: list[dict] = []
+        audio_rows: list[dict[str, Any]] = []
         pending: list[tuple[str, str, str | None, str, float]] = []
         cut = 0
         mine = self.leases_by_node.get(node, set())

@@ -66,7 +66,7 @@ class Observer:
                 if status != PENDING:
                     m.audio.labels(node, status).inc(n)
 
-    def downloads_settled(self, node: str, rows: list[dict]) -> None:
+    def downloads_settled(self, node: str, rows: list[dict[str, Any]]) -> None:
         """Downloads reported apart from their pages ended (rows no longer pending): their items by status, and the
         audio bytes they brought (a copy brings none)."""
         m = self.metrics

@@ -39,10 +39,14 @@ class RevisitPolicy:
 
 
 class RefreshSettings(Protocol):
-    refresh_interval: float | None
-    refresh_min: float | None
-    refresh_max: float | None
-    refresh_hub_interval: float | None
+    @property
+    def refresh_interval(self) -> float | None: ...
+    @property
+    def refresh_min(self) -> float | None: ...
+    @property
+    def refresh_max(self) -> float | None: ...
+    @property
+    def refresh_hub_interval(self) -> float | None: ...
 
 
 def revisit_policy(c: RefreshSettings) -> RevisitPolicy | None:

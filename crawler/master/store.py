@@ -612,21 +612,21 @@ class MasterStore:
 
     # -- URL table and frontier ----------------------------------------------------------------------
 
-    def _lookup(self, urls: Iterable[str], columns: str) -> dict[str, tuple]:
+    def _lookup(self, urls: Iterable[str], columns: str) -> dict[str, tuple[Any, ...]]:
         """Rows of the given URLs that exist, keyed by URL; `columns` (of the urls view) must start with url."""
         out, _ = self._find(urls, columns)
         return out
 
-    def _find(self, urls: Iterable[str], columns: str) -> tuple[dict[str, tuple], dict[str, int]]:
+    def _find(self, urls: Iterable[str], columns: str) -> tuple[dict[str, tuple[Any, ...]], dict[str, int]]:
         """(rows found keyed by URL, the free key each URL not found would take)."""
         wanted = {u: url_key(u) for u in dict.fromkeys(urls)}
-        by_key: dict[int, tuple] = {}
+        by_key: dict[int, tuple[Any, ...]] = {}
         sql = f"SELECT {columns}, id FROM urls WHERE {self.db.in_list('id')}"
         keys = sorted(set(wanted.values()))
         for chunk in _chunks(keys):
             for row in self.db.execute(sql, (self.db.list_arg(chunk),)):
                 by_key[row[-1]] = row[:-1]
-        out: dict[str, tuple] = {}        # in the order asked
+        out: dict[str, tuple[Any, ...]] = {}        # in the order asked
         free: dict[str, int] = {}
         for u, k in wanted.items():
             row = by_key.get(k)
@@ -638,7 +638,7 @@ class MasterStore:
                 self._probe(u, k, columns, out, free)
         return out, free
 
-    def _probe(self, url: str, key: int, columns: str, out: dict[str, tuple], free: dict[str, int]) -> None:
+    def _probe(self, url: str, key: int, columns: str, out: dict[str, tuple[Any, ...]], free: dict[str, int]) -> None:
         # Another URL holds this key: walk the run of taken keys after it until the URL or a free key.
         expect = key
         while True:
@@ -732,7 +732,7 @@ class MasterStore:
         return changed
 
     def pop(self, node: str | None, n: int, now: float, max_depth: int | None = None, *,
-            validators: bool = False) -> list[tuple]:
+            validators: bool = False) -> list[tuple[Any, ...]]:
         """Lease up to n of this node's frontier entries: lowest depth, then highest priority, then oldest;
         with max_depth, none deeper (the crawl's level barrier).
 
@@ -744,7 +744,7 @@ class MasterStore:
         if node is not None and node_id is None:
             return []
         where = "node IS NULL" if node is None else "node = ?"
-        args: tuple = () if node is None else (node_id,)
+        args: tuple[Any, ...] = () if node is None else (node_id,)
         if max_depth is not None:
             where += " AND depth <= ?"
             args += (max_depth,)
@@ -894,7 +894,7 @@ class MasterStore:
                 return total
             total += self._requeue_rows(rows, route, attempt=False)
 
-    def _requeue_rows(self, rows: Sequence[tuple], route: Route, *, attempt: bool) -> int:
+    def _requeue_rows(self, rows: Sequence[tuple[Any, ...]], route: Route, *, attempt: bool) -> int:
         if not rows:
             return 0
         targets = route([r[0] for r in rows])
@@ -921,7 +921,7 @@ class MasterStore:
                                 "url, id, state, node, attempts, http_status, last_crawl").values()}
         visits: list[tuple[Finished, int, int | None, float | None]] = []
         out: list[bool] = []
-        fetched: list[tuple] = []
+        fetched: list[tuple[Any, ...]] = []
         for res in results:
             row = current.get(res.url)
             if row is None or row[1] in (DONE, ERROR):
@@ -968,7 +968,7 @@ class MasterStore:
         from crawler.master.revisit import changed as page_changed
         from crawler.master.revisit import gone as page_gone
 
-        prev: dict[int, tuple] = {}
+        prev: dict[int, tuple[Any, ...]] = {}
         ids = [v[1] for v in visits]
         for chunk in _chunks(ids):
             for row in self.db.execute(
@@ -1240,13 +1240,13 @@ class MasterStore:
                                             status, status, at, old_id))
         return out
 
-    def settle_audio(self, settled: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict | None]:
+    def settle_audio(self, settled: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict[str, Any] | None]:
         """Downloads ended: (the catalogue row as its page reported it, pending; the row as the download ended).
         A row still pending takes the outcome whole (status, reason, sha256, size, path, the file's tags), its
         times kept; the row as it now is comes back, for the catalogue file. A row no longer pending (its page
         was visited again meanwhile) takes the outcome as a repeat report would (add_audio): None for it."""
         self._begin()
-        out: list[dict | None] = []
+        out: list[dict[str, Any] | None] = []
         for reported, final in settled:
             ukey = _audio_ukey(reported).replace("\x00", "")
             page = str(reported.get("page") or "").replace("\x00", "")
@@ -1353,9 +1353,10 @@ class MasterStore:
         page of rows at a time)."""
         when = "coalesce(removed_at, changed_at, found_at)"
         last: tuple[float, int] | None = None
+        args: tuple[Any, ...]
         while True:
             if last is None:
-                cond, args = f"{when} >= ?", (since,)   # type: str, tuple
+                cond, args = f"{when} >= ?", (since,)
             else:
                 cond, args = f"({when}, id) > (?, ?)", last
             rows = self.db.execute(f"SELECT {self._audio_select}, {when}, id FROM audio WHERE {cond} "
@@ -1388,7 +1389,7 @@ class MasterStore:
             d[c] = json.loads(d[c]) if d[c] else {}
         return d
 
-    def _audio_rows(self, where: str = "", args: tuple = ()) -> Iterator[dict[str, Any]]:
+    def _audio_rows(self, where: str = "", args: tuple[Any, ...] = ()) -> Iterator[dict[str, Any]]:
         # Pages of rows by id: streams on either database without holding a cursor open across yields.
         last = 0
         cond = f"({where}) AND " if where else ""
@@ -1415,6 +1416,7 @@ class MasterStore:
         ASCII), newest first; an empty query gives the newest rows. Bounded by `limit`; a query that matches
         little may read the whole table, so callers run it off the event loop (see master/web.py)."""
         cols = "url, page, title, artist, album, status, node, found_at"
+        args: tuple[Any, ...]
         if not query:
             sql, args = f"SELECT {cols} FROM audio ORDER BY id DESC LIMIT ?", (limit,)
         else:

@@ -63,10 +63,10 @@ import os
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -830,7 +830,7 @@ class Downloader:
         head = b"" if partial.received == 0 else None
         max_size = self.cfg.max_size
         try:
-            async for piece in response.stream:
+            async for piece in cast(AsyncIterable[bytes], response.stream):
                 if head is not None:
                     head += piece[:sniff.HEAD_BYTES - len(head)]
                     if len(head) >= sniff.HEAD_BYTES:

@@ -124,7 +124,7 @@ class WorkerStats:
     bytes: int = 0
     in_flight: int = 0
     # Pages refused for what the site sent, by reason: "page too complex", "body refused", "address refused".
-    refused: Counter = field(default_factory=Counter)
+    refused: Counter[str] = field(default_factory=Counter)
     handed_back: int = 0      # tasks given back unfinished after a local fault (disk full ...)
 
 
@@ -560,7 +560,7 @@ class Worker:
             log.error("worker %s stops taking tasks and hands them back: %s (data dir %s)", self.cfg.id, reason,
                       self.cfg.data_dir)
 
-    async def _run_task(self, task: p.Task, results: asyncio.Queue) -> None:
+    async def _run_task(self, task: p.Task, results: asyncio.Queue[p.Result | int]) -> None:
         self._running.add(task.lease)
         self.stats.in_flight += 1
         try:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import httpx
@@ -89,7 +89,7 @@ class _Body(httpx.AsyncByteStream):
                 connection = self._response.connection
                 transport = connection.transport if connection is not None else None
                 if transport is not None and getattr(transport, "max_size", chunk_size) < chunk_size:
-                    transport.max_size = chunk_size
+                    cast(Any, transport).max_size = chunk_size   # asyncio's selector transports read it
                 readchunk = content.readchunk
                 while True:
                     chunk, _ = await readchunk()
