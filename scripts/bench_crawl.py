@@ -291,6 +291,7 @@ class RunResult:
     files: int | None = None             # audio files stored (downloading runs only)
     file_bytes: int = 0
     machine_busy: float | None = None    # share of all cores busy during the run, whoever used them
+    loop_lag_ms: float | None = None     # the master's worst event-loop lag (ours only)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -429,6 +430,7 @@ def run_ours(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site, p
         # Finished files only: the content-addressed shards (two hex digits), not partial/ or done/ records.
         result.files, result.file_bytes = stored_files(
             [shard for n in nodes for shard in (run_dir / f"worker-{n}" / "audio").glob("[0-9a-f][0-9a-f]")])
+    result.loop_lag_ms = figures.get("loop lag worst")
     if "links reported" in figures:   # printed by the master itself, when it does
         result.links = int(figures["links reported"])
     else:
@@ -565,6 +567,8 @@ def print_result(r: RunResult) -> None:
         extras.append(f"machine {100 * r.machine_busy:.0f}% busy during the run (all processes)")
     if r.server_cpu_s is not None:
         extras.append(f"site server {1000 * r.server_cpu_s / max(r.pages, 1):.2f} ms/page (not counted above)")
+    if r.loop_lag_ms is not None:
+        extras.append(f"master event loop held at most {r.loop_lag_ms:.0f} ms")
     if extras:
         print(f"  {'':<14}   " + "; ".join(extras))
     if len(r.procs) > 1:

@@ -38,3 +38,22 @@ def test_the_grafana_dashboard_reads_only_metrics_that_exist():
     names = exposed(MasterMetrics().render()) | exposed(WorkerMetrics("w1").render())
     used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"crawler_\w+", t["expr"])}
     assert used and used <= names, used - names
+
+
+async def test_the_lag_probe_sees_a_blocked_loop_and_keeps_the_worst():
+    """A callback that holds the loop 200 ms shows as a worst lag of at least 150 ms (the probe wakes every 50 ms),
+    and the worst stays after the loop is free again."""
+    import asyncio
+    import time
+
+    lag = MasterMetrics().lag
+    probe = asyncio.create_task(lag.run())
+    try:
+        await asyncio.sleep(0.2)
+        quiet = lag.worst
+        time.sleep(0.2)   # noqa: ASYNC251 -- the loop held on purpose, as a synchronous disk write would hold it
+        await asyncio.sleep(0.2)
+    finally:
+        probe.cancel()
+    assert lag.worst >= 0.15 > quiet
+    assert lag.last < lag.worst

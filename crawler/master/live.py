@@ -159,7 +159,7 @@ class LiveStats:
         return out
 
     def view(self, now: float, *, held: int, at_workers: int, in_flight: Mapping[str, int],
-             web: str | None, lag: float, run_pages: int) -> dict[str, Any]:
+             web: str | None, lag: float, run_pages: int, lag_worst: float = 0.0) -> dict[str, Any]:
         """The live half of the status object (JSON-able); build_status joins it with the store's figures."""
         elapsed = max(now - self.started, 1e-9)
         return {
@@ -169,6 +169,7 @@ class LiveStats:
             "started": iso_utc(self.started),
             "web": web,
             "event_loop_lag_s": round(lag, 4),
+            "event_loop_lag_worst_s": round(lag_worst, 4),   # since the start: the longest the loop was held
             "held_at_master": held,
             "at_workers": at_workers,
             "this_run": {"pages": run_pages, "elapsed_s": round(elapsed, 1),
@@ -236,7 +237,8 @@ def build_status(db: Mapping[str, Any], live: Mapping[str, Any] | None, nodes: I
         "time": iso_utc(now),
         "master": {"running": running, "pid": live.get("pid") if running else None,
                    "started": live.get("started"), "web": live.get("web") if running else None,
-                   "event_loop_lag_s": live.get("event_loop_lag_s") if running else None},
+                   "event_loop_lag_s": live.get("event_loop_lag_s") if running else None,
+                   "event_loop_lag_worst_s": live.get("event_loop_lag_worst_s") if running else None},
         "urls": urls,
         "nodes": table,
         "nodes_connected": sum(1 for n in table if n["connected"]),

@@ -101,7 +101,7 @@ class Observer:
             self.live.seen(node, s.last_seen, connected=True)
         in_flight = {n: len(ids) for n, ids in m.crawl.leases_by_node.items()}
         return self.live.view(now, held=self._held(), at_workers=m.crawl.in_flight(), in_flight=in_flight,
-                              web=self.web_addr, lag=self.metrics.lag.last, run_pages=m.crawl.totals.pages)
+                              web=self.web_addr, lag=self.metrics.lag.last, lag_worst=self.metrics.lag.worst, run_pages=m.crawl.totals.pages)
 
     def status(self, now: float | None = None) -> dict[str, Any]:
         """The status object, as /api/status serves it and `status --json` prints it."""

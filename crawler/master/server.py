@@ -82,6 +82,8 @@ class Summary:
     links: int = 0
     new_urls: int = 0
     data_dir: str = ""
+    loop_lag_worst: float = 0.0   # the longest the event loop was held, as its lag probe saw it
+
 
     @property
     def pages_per_s(self) -> float:
@@ -100,6 +102,7 @@ class Summary:
             f"  left in queue   {self.frontier}",
             f"  links reported  {self.links} ({self.new_urls} new URLs)",
             f"  discarded URLs  {disc}",
+            f"  loop lag worst  {1000 * self.loop_lag_worst:.0f} ms",
             f"  catalogue       {Path(self.data_dir) / 'catalog.jsonl'}",
         ])
 
@@ -412,6 +415,7 @@ class Master:
         self.summary.links = self.crawl.totals.links_seen
         self.summary.new_urls = self.crawl.totals.links_new
         self.summary.elapsed = elapsed
+        self.summary.loop_lag_worst = self.observer.metrics.lag.worst
 
     async def _dispatcher(self) -> None:
         """Hands work out when something may be sendable: on an event (_wake), or when the earliest politeness
