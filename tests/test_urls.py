@@ -155,7 +155,8 @@ _PIECE = st.lists(_CHARS, max_size=20).map("".join)
 @st.composite
 def raw_urls(draw: st.DrawFn) -> str:
     scheme = draw(st.sampled_from(["http", "https", "HTTP", "hTtPs", "ftp", "foo"]))
-    port = draw(st.sampled_from(["", ":80", ":443", ":8080", ":", ":0080"]))
+    port = draw(st.sampled_from(["", ":80", ":443", ":8080", ":", ":0080", ":0", ":7", ":65535", ":65536", ":99999",
+                                 ":080", ":4430", ":8O"]))
     return f"{scheme}://{draw(_HOSTS)}{port}{draw(_PIECE)}"
 
 
