@@ -55,6 +55,10 @@ MAX_UNAUTHENTICATED = 64          # connections still in their handshake; more a
 READER_LIMIT = 128 * 1024         # asyncio buffers at most twice this per connection before it stops reading
 REFRESH_BATCH = 5000      # due pages requeued per statement; the scan goes on batch after batch
 COMMIT_INTERVAL = 0.2     # the housekeeping cadence: commit, expiry, heartbeats, "is the crawl done"
+# A report is recorded this many results at a time, the event loop served between the parts: one part of a
+# worker's report (up to 64 results, megabytes of links) costs the loop about 10 ms, a whole one could hold it
+# past 50 ms on a busy machine. Each part is one unit in the store: a part refused is undone alone.
+REPORT_PART = 16
 
 
 @dataclass
@@ -463,6 +467,7 @@ class Master:
                 await asyncio.sleep(0)
             self._wake.set()   # whatever the checks freed or requeued is handed out by the dispatcher
             self._fetch_robots()
+            await asyncio.sleep(0)   # the checks above and the commit below each take the loop for a while
             self._commit()
             sdnotify.watchdog()
             if time.monotonic() - last_snapshot >= self.cfg.dedup.snapshot_interval:
@@ -611,14 +616,7 @@ class Master:
                         self.observer.downloads_settled(s.node, settled)
                     continue
                 if isinstance(msg, p.Report):
-                    try:
-                        rows = self.crawl.complete(s.node, msg.results, s.last_seen)
-                    except ReportRejected as e:
-                        raise p.ProtocolError(str(e)) from None
-                    if rows:
-                        # The file takes a row once its download ended (a DownloadReport for pending ones).
-                        self.catalogue.add([r for r in rows if r.get("status") != PENDING])
-                    self.observer.report(s.node, msg.results, rows, s.last_seen)
+                    await self._record(s, msg.results)
                 elif isinstance(msg, p.Credit):
                     at_worker = self.crawl.in_flight(s.node) - len(s.resend)
                     if s.credit + msg.n + at_worker > s.capacity:
@@ -638,6 +636,9 @@ class Master:
                     continue
                 if isinstance(msg, p.Report):
                     self._dispatch_all()     # its links may route to any node
+                    # A frame already in the buffer is read without a pause: the other connections, the
+                    # dispatcher and the timers get their turn between reports.
+                    await asyncio.sleep(0)
                 else:
                     self._dispatch(s)
         except p.ProtocolError as e:
@@ -649,6 +650,22 @@ class Master:
         finally:
             self._detach(s)
             await conn.close()
+
+    async def _record(self, s: Session, results: tuple[p.Result, ...]) -> None:
+        """A worker's report, REPORT_PART results at a time with the loop served between the parts."""
+        for i in range(0, len(results), REPORT_PART):
+            if i:
+                await asyncio.sleep(0)
+                s.last_seen = self.clock()
+            part = results[i:i + REPORT_PART]
+            try:
+                rows = self.crawl.complete(s.node, part, s.last_seen)
+            except ReportRejected as e:
+                raise p.ProtocolError(str(e)) from None
+            if rows:
+                # The file takes a row once its download ended (a DownloadReport for pending ones).
+                self.catalogue.add([r for r in rows if r.get("status") != PENDING])
+            self.observer.report(s.node, part, rows, s.last_seen)
 
     async def _handshake(self, conn: FramedConnection, hs: p.MasterHandshake) -> p.Hello | None:
         """The worker proves the secret first (see protocol.py); only then does this master prove its own."""
