@@ -1,7 +1,8 @@
 """The master daemon: accepts workers, streams assignments, takes reports, keeps the state durable.
 
 `Master(cfg).serve()` runs until the crawl is done (with exit_when_done) or `stop()` is called (SIGTERM in the
-CLI), and returns the summary. All background tasks live in one TaskGroup owned by serve().
+CLI), and returns the summary. All background tasks and every connection live in one TaskGroup owned by serve(),
+so a stop cancels and awaits each of them.
 """
 
 from __future__ import annotations
@@ -132,6 +133,11 @@ class Master:
         self._done = False
         self._robots_inflight: set[str] = set()
         self._unauthenticated = 0
+        self._tg: asyncio.TaskGroup | None = None
+        # Every connection is a task of the master's TaskGroup (a stop cancels and awaits them all); one accepted
+        # before the group runs (while the web server starts) waits here for it.
+        self._connections: set[asyncio.Task[None]] = set()
+        self._early: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self._excess_refused = 0
         self._excess_logged_at = -math.inf
         self.summary = Summary(data_dir=str(cfg.data_dir))
@@ -330,7 +336,7 @@ class Master:
         host, port = self.cfg.listen
         # The port first: a taken port must fail before anything is seeded or written.
         try:
-            server = await asyncio.start_server(self._handle, host, port, limit=READER_LIMIT)
+            server = await asyncio.start_server(self._accept, host, port, limit=READER_LIMIT)
         except OSError as e:
             raise StartupError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         try:
@@ -369,6 +375,9 @@ class Master:
                 background = [tg.create_task(self._dispatcher()), tg.create_task(self._housekeeping()),
                               tg.create_task(self._heartbeats()), tg.create_task(self.observer.run()),
                               tg.create_task(self.observer.metrics.lag.run())]
+                early, self._early = self._early, []
+                for reader, writer in early:
+                    self._accept(reader, writer)
                 await self._stop.wait()
                 for task in background:
                     task.cancel()
@@ -379,10 +388,8 @@ class Master:
                             await asyncio.wait_for(s.conn.send(p.Shutdown("crawl finished")), 2)
                         except (TimeoutError, ConnectionClosed):
                             pass
-                for s in list(self.sessions.values()):
-                    if s.tasks:
-                        s.tasks.cancel()
-                    await s.conn.close()
+                for task in list(self._connections):   # each closes its connection as it ends
+                    task.cancel()
         finally:
             server.close()
             if web is not None:
@@ -524,6 +531,7 @@ class Master:
             if origin in self._robots_inflight:
                 continue
             self._robots_inflight.add(origin)
+            assert self._tg is not None, "called only while serve() runs its TaskGroup"
             self._tg.create_task(self._robots_one(origin))
 
     async def _robots_one(self, origin: str) -> None:
@@ -552,6 +560,27 @@ class Master:
         self._wake.set()
 
     # ------------------------------------------------------------------ workers
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._stop.is_set() or len(self._early) >= MAX_UNAUTHENTICATED:
+            writer.transport.abort()
+        elif self._tg is None:
+            self._early.append((reader, writer))
+        else:
+            task = self._tg.create_task(self._connection(reader, writer))
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._handle(reader, writer)
+        except Exception:
+            # A fault of ours while serving one peer ends that connection, said loudly, and not the crawl.
+            log.exception("connection from %s: unexpected error; closing it",
+                          _hostport(writer.get_extra_info("peername")))
+        finally:
+            if not writer.is_closing():   # cancelled mid-handshake by a stop, or the error above
+                writer.transport.abort()
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._unauthenticated >= MAX_UNAUTHENTICATED:
             # A flood of idle or slow peers must not hold memory or starve the workers: the excess goes at once.
@@ -645,8 +674,6 @@ class Master:
             log.warning("worker %s (%s) broke the protocol: %s; closing its connection", s.node, conn.peer, e)
         except ConnectionClosed as e:
             log.info("worker %s disconnected: %s", s.node, e)
-        except asyncio.CancelledError:
-            pass
         finally:
             self._detach(s)
             await conn.close()
