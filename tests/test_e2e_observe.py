@@ -48,14 +48,16 @@ def site(tmp_path_factory):
 
 
 async def wait_until_idle(client: httpx.AsyncClient, timeout: float) -> dict:
-    """The crawl is over when nothing is queued, held or at a worker, three looks in a row."""
+    """The crawl is over when nothing is queued, held or at a worker and no download is pending, three looks in a
+    row."""
     seen: list[int] = []
     deadline = time.monotonic() + timeout
     st: dict = {}
     while time.monotonic() < deadline:
         st = (await client.get("/api/status")).json()
         u = st["urls"]
-        if u["done"] > 0 and u["queued"] == 0 and u["held_at_master"] == 0 and u["at_workers"] == 0:
+        if u["done"] > 0 and u["queued"] == 0 and u["held_at_master"] == 0 and u["at_workers"] == 0 \
+                and st["downloads_pending"] == 0:
             seen.append(u["done"])
             if len(seen) >= 3 and seen[-1] == seen[-3]:
                 return st

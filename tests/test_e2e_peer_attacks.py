@@ -74,8 +74,11 @@ def crawl_state(tmp: Path) -> dict:
 
 
 def finished(tmp: Path, pages: int) -> bool:
-    states = crawl_state(tmp)["states"]
-    return states.get("queued", 0) == 0 and states.get("leased", 0) == 0 and states.get("done", 0) >= pages
+    """Every page done and every download they started reported (a page reports before its downloads end)."""
+    st = crawl_state(tmp)
+    states = st["states"]
+    return (states.get("queued", 0) == 0 and states.get("leased", 0) == 0 and states.get("done", 0) >= pages
+            and st.get("downloads_pending", 0) == 0)
 
 
 Attack = Callable[[str, Path], Awaitable[None]]
