@@ -265,12 +265,16 @@ def test_robots_sitemap_lines_enter_the_frontier_through_the_url_policy_and_site
     c.robots = RobotsRules(PolitenessConfig(obey_robots=True))
     c.node_up("a")
     assert c.take("a", 10, now=0.0) == []            # waits for robots.txt
+    assert c.take("a", 10, now=0.5) == []
+    # The fetch to start comes out once, however often the host's URLs are looked at while it runs.
+    assert c.robots_to_fetch() == [SITE] and c.robots_to_fetch() == [] and c.robots_wanted == {SITE}
     robots = (f"User-agent: *\nDisallow: /private/\nSitemap: {SITE}/sitemap-index.xml\n"
               "Sitemap: http://elsewhere.example/sitemap.xml\n").encode()
     c.robots_fetched(SITE, 200, robots, now=1.0)
+    assert not c.robots_wanted
     urls = sorted(t.url for t in c.take("a", 10, now=2.0))
     assert urls == [SITE + "/", SITE + "/sitemap-index.xml"]
-    assert c.discards["out_of_scope"] == 1
+    assert c.take_discards() == {"out_of_scope": 1} and not c.take_discards()
     task = next(t for t in c.leases.values() if t.url.endswith("sitemap-index.xml"))
     result = p.Result(task.id, task.url, p.DONE, 200, task.url, "application/xml", 100, None,
                       (SITE + "/song/1.html",), (), lastmod=((SITE + "/song/1.html", 2.0),))

@@ -164,7 +164,10 @@ class Crawl:
         # (node, host) -> leases holding a slot of host with nothing chained after them yet, in order
         self._heads: dict[tuple[str, str], dict[int, None]] = {}
         self.away: dict[str, float] = {}          # node -> when its leases are given up
-        self.robots_wanted: set[str] = set()     # origins whose robots.txt the server should fetch
+        # The core's outbox, drained by the daemon's shell: robots.txt fetches to start (robots_to_fetch) and the
+        # URLs discarded by reason (take_discards). robots_wanted is every origin still waited on.
+        self.robots_wanted: set[str] = set()
+        self._robots_new: list[str] = []
         self.discards: Counter[str] = Counter()
         self.totals = Totals()
         self._next_lease = first_lease
@@ -523,6 +526,7 @@ class Crawl:
                 if state == "unknown":
                     self.robots.mark_pending(h.host, now)
                     self.robots_wanted.add(h.host)
+                    self._robots_new.append(h.host)
                 return math.inf
             if not self.robots.allowed(h.url):
                 self.discards[DISCARD_ROBOTS] += 1
@@ -607,6 +611,16 @@ class Crawl:
             elif f.http_status is not None:
                 gate.responded(lease.host, lease.start, now, f.latency, ok=f.http_status < 400)
         return freed and gate is not None and gate.cfg.max_per_host is not None
+
+    def robots_to_fetch(self) -> list[str]:
+        """The robots.txt fetches to start now: each origin once, until robots_fetched() says how it went."""
+        out, self._robots_new = self._robots_new, []
+        return out
+
+    def take_discards(self) -> Counter[str]:
+        """The URLs discarded since the last call, by reason."""
+        out, self.discards = self.discards, Counter()
+        return out
 
     def robots_fetched(self, origin: str, status: int | None, body: bytes | None, now: float,
                        parsed: ParsedRobots | None = None) -> None:

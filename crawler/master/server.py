@@ -131,7 +131,6 @@ class Master:
         self._sleep_until = math.inf        # when the dispatcher wakes by itself (a politeness gate opens)
         self._turn = 0                      # which session dispatch starts from: rotates, see _dispatch_all
         self._done = False
-        self._robots_inflight: set[str] = set()
         self._unauthenticated = 0
         self._tg: asyncio.TaskGroup | None = None
         # Every connection is a task of the master's TaskGroup (a stop cancels and awaits them all); one accepted
@@ -318,9 +317,9 @@ class Master:
         self.store.commit()
 
     def _commit_state(self) -> None:
-        self.observer.committing(self.crawl.discards)
-        self.store.count_discards(self.crawl.discards)
-        self.crawl.discards.clear()
+        discards = self.crawl.take_discards()
+        self.observer.committing(discards)
+        self.store.count_discards(discards)
         self.store.commit()
 
     def _commit(self) -> None:
@@ -527,10 +526,7 @@ class Master:
 
     # ------------------------------------------------------------------ robots.txt
     def _fetch_robots(self) -> None:
-        for origin in list(self.crawl.robots_wanted):
-            if origin in self._robots_inflight:
-                continue
-            self._robots_inflight.add(origin)
+        for origin in self.crawl.robots_to_fetch():
             assert self._tg is not None, "called only while serve() runs its TaskGroup"
             self._tg.create_task(self._robots_one(origin))
 
@@ -554,8 +550,6 @@ class Master:
         except (httpx.HTTPError, TimeoutError) as e:
             status = body = parsed = None
             log.info("robots.txt of %s not fetched: %s", origin, str(e) or type(e).__name__)
-        finally:
-            self._robots_inflight.discard(origin)
         self.crawl.robots_fetched(origin, status, body, self.clock(), parsed)
         self._wake.set()
 
