@@ -141,6 +141,18 @@ def master_addr(config: Path) -> str:
     return (Path(yaml.safe_load(config.read_text())["data_dir"]) / "master.addr").read_text().strip()
 
 
+def operator(command: str, config: Path, *args: str) -> str:
+    """An operator command (`crawler-master pause --config ...`) against a running or stopped master; its output.
+    Blocking: call it through asyncio.to_thread from a test's event loop."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "crawler.master", command, "--config", str(config), *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"crawler-master {command} exited with {done.returncode}: {done.stderr.strip()}")
+    return done.stdout
+
+
 def web_url(config: Path) -> str:
     """The running master's status page (its web server listens on port 0 in tests and demos)."""
     addr = (Path(yaml.safe_load(config.read_text())["data_dir"]) / "web.addr").read_text().strip()

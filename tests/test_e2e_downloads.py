@@ -3,8 +3,6 @@ a site whose pages all name the same audio address besides their own."""
 
 import asyncio
 import random
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -78,12 +76,6 @@ async def test_three_workers_download_each_address_once_within_the_audio_hosts_l
     assert 0 < sum(1 for r in rows if r["extra"].get("stored_on")) < PAGES
 
 
-def _operator(command: str, config) -> None:
-    done = subprocess.run([sys.executable, "-m", "crawler.master", command, "--config", str(config)],
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-
-
 async def _timed_crawl(tmp, base, nodes, worker_cfg, cdns):
     """How long the crawl's downloads took, first request to last answer at the audio hosts (not the processes'
     start, which a loaded machine stretches, three of them more than one)."""
@@ -95,11 +87,11 @@ async def _timed_crawl(tmp, base, nodes, worker_cfg, cdns):
     # joined first would otherwise find (and hold the downloads of) every page before a slower-starting one
     # joined, and the comparison would measure the machine's process start-up, not the cluster.
     master = await cluster.start_master(config, tmp)
-    await asyncio.to_thread(_operator, "pause", config)    # before any worker joined: nothing fetched yet
+    await asyncio.to_thread(cluster.operator, "pause", config)    # before any worker joined: nothing fetched yet
     addr = cluster.master_addr(config)
     workers = [await cluster.start_worker(addr, n, tmp, config=worker_cfg) for n in nodes]
     await cluster.until(lambda: all(f"worker {n} joined" in master.log() for n in nodes), 60, "the workers")
-    await asyncio.to_thread(_operator, "resume", config)
+    await asyncio.to_thread(cluster.operator, "resume", config)
     assert await master.wait(240) == 0, master.log()[-3000:]
     for w in workers:
         assert await w.wait(30) == 0, w.log()[-2000:]

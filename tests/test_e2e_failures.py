@@ -39,11 +39,15 @@ async def test_worker_killed_and_worker_joining_mid_crawl(site, tmp_path, master
         workers = {n: await cluster.start_worker(addr, n, tmp_path, extra=opts) for n in ("w1", "w2", "w3")}
         total = sum(1 for p in manifest.pages if p.endswith(".html"))
         await cluster.until(lambda: len(cluster.pages_of(tmp_path, "w2")) >= 5, 60, "w2 to fetch some pages")
+        # The crawl waits while w4 starts, so it joins mid-crawl however long a loaded machine takes to start a
+        # process; the tasks already out (w2's among them) go on meanwhile.
+        await asyncio.to_thread(cluster.operator, "pause", config)
         workers["w4"] = await cluster.start_worker(addr, "w4", tmp_path, extra=opts)
         workers["w2"].kill()                      # SIGKILL: no goodbye, leases in flight
-        await cluster.until(lambda: "worker w4 joined" in master.log(), 30, "w4 to join")
+        await cluster.until(lambda: "worker w4 joined" in master.log(), 60, "w4 to join")
         left_at_join = total - len({e.path for e in server.log if e.path.endswith(".html")})
         assert left_at_join > total / 3, "the crawl was nearly over when w4 joined: slow the site down"
+        await asyncio.to_thread(cluster.operator, "resume", config)
         assert await master.wait(240) == 0, master.log()[-3000:]
         for n in ("w1", "w3", "w4"):
             assert await workers[n].wait(30) == 0
