@@ -71,10 +71,16 @@ def test_a_download_outcome_is_ok_or_failed_and_download_work_names_an_address()
 
 
 def test_a_fault_with_bad_leases_is_a_protocol_error():
-    with pytest.raises(p.ProtocolError):
+    with pytest.raises(p.ProtocolError, match=r"Fault.leases\[0\]: outside 0\.\."):
         p.decode_payload(msgpack.packb([p.Fault.TYPE, "full", [-1]]))
-    with pytest.raises(p.ProtocolError):
-        p.decode_payload(msgpack.packb([p.Fault.TYPE, "full"]))
+    with pytest.raises(p.ProtocolError, match="Fault.leases"):
+        p.decode_payload(msgpack.packb([p.Fault.TYPE, "full", 3]))
+    with pytest.raises(p.ProtocolError, match="Fault: expected 1 to 2 fields, got 3"):
+        p.decode_payload(msgpack.packb([p.Fault.TYPE, "full", [], []]))
+    with pytest.raises(p.ProtocolError, match="Fault: expected 1 to 2 fields, got 0"):
+        p.decode_payload(msgpack.packb([p.Fault.TYPE]))
+    # Version 9 leaves out trailing fields at their defaults: a Fault without leases hands none back.
+    assert p.decode_payload(msgpack.packb([p.Fault.TYPE, "full"])) == p.Fault("full")
 
 
 @pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
@@ -133,7 +139,8 @@ def _frame(obj) -> bytes:
 
 @pytest.mark.parametrize("obj", [
     [], {}, "hello", [99], [True], [1, "w"], [1, "w", 1, 1, b"short"], [1, 5, 1, 1, NONCE],
-    [6, [[1, "u"]]], [6, [[-1, "u", 0, None, None]]], [6, [[1, "u", 0, None]]], [6, [[1, "u", 0, None, -2]]],
+    [6, [[1, "u"]]], [6, [[-1, "u", 0, None, None]]], [6, [[1, "u", 0, None, None, None, None]]],
+    [6, [[1, "u", 0, None, -2]]],
     [6, [[1, "u", 0, None, "2"]]], [7, [[1, "u", "bogus", None, None, None, None, None, [], [], 0]]],
     [7, [[1, "u", "done", None, None, None, None, None, [1], [], 0]]],
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": 1}], 0]]],
@@ -142,7 +149,7 @@ def _frame(obj) -> bytes:
     [9, -1], [9, 10**9], [8, "now"], [4, b"\x01" * 32, 1.0, [3], 1 << 20, None, [], []],
     [4, b"\x01" * 32, 1.0, [], 10, None, [], []], [4, b"\x01" * 32, 1.0, [], 1 << 20, None, [1], []],
     [2, NONCE, b"\x01" * 32],
-    [20, [[1, 200, None]]], [20, [[-1, 200, None, None]]], [20, [[1, 42, None, None]]],
+    [20, [[1, 200, None, None, None]]], [20, [[]]], [20, [[-1, 200, None, None]]], [20, [[1, 42, None, None]]],
     [20, [[1, 200, -1.0, None]]], [20, [[1, 200, None, float("nan")]]], [20, [[1, 200, float("inf"), None]]],
     [20, [[1, "200", None, None]]], [20, [[1, 200, None, "fast"]]], [20, {}],
 ], ids=repr)
@@ -352,9 +359,9 @@ def test_integers_past_signed_64_bits_are_refused(value):
     (_result(content_type="t" * (p.MAX_NAME + 1)), "content_type"),
     ([8, float("nan"), []], "sent_at"), ([8, float("inf"), []], "sent_at"), ([8, 1.0, [-1]], "lease"),
     ([8, 1.0, ["x"]], "lease"), ([8, 1.0, 5], "leases"),
-    ([21, [[-1, "http://a/1.mp3"]]], "ticket"), ([21, [[1, 2]]], "ask.url"), ([21, [[1]]], "ask"),
+    ([21, [[-1, "http://a/1.mp3"]]], "ticket"), ([21, [[1, 2]]], r"asks\[0\]\.url"), ([21, [[1]]], "ask"),
     ([22, [[1, "steal", None, None, None, None]]], "verdict"), ([22, [[1, "copy", None, None, -5, None]]], "size"),
-    ([23, [[1, None, None, "x" * (p.MAX_NAME + 1)]]], "end.path"),
+    ([23, [[1, None, None, "x" * (p.MAX_NAME + 1)]]], r"ends\[0\]\.path"),
     (_result_refs(["http://a/" + "x" * p.MAX_URL]), "refs"), (_result_refs([3]), "refs"),
     ([4, b"\1" * 32, float("nan"), [], 4096, None, [], []], "heartbeat_interval"),
     ([1, "w" * (p.MAX_WORKER_ID + 1), p.PROTOCOL_VERSION, 1, NONCE], "worker_id"),
@@ -398,12 +405,15 @@ def test_pre_auth_limit_fits_the_largest_hello_and_refuses_more_from_the_header(
 
 def test_a_result_without_sitemap_dates_encodes_as_before_and_bad_dates_are_refused():
     plain = p.Result(1, "http://a/", p.DONE, 200, None, None, None, None, ("http://a/1",))
-    assert len(plain.to_wire()) == 11
-    wire = plain.to_wire() + [[["http://a/1", "yesterday"]]]
-    with pytest.raises(p.ProtocolError, match="lastmod.time"):
+    assert plain.to_wire() == [1, "http://a/", "done", 200, None, None, None, None, ["http://a/1"], [], 0,
+                               [], None, []]
+    # A version-8 result (its trailing fields left out) reads as before.
+    assert p.Result.from_wire(plain.to_wire()[:11]) == plain
+    wire = plain.to_wire()[:11] + [[["http://a/1", "yesterday"]]]
+    with pytest.raises(p.ProtocolError, match=r"lastmod\[0\]\.time"):
         p.Result.from_wire(wire)
-    with pytest.raises(p.ProtocolError, match="11 to 14"):
-        p.Result.from_wire(plain.to_wire() + [[], None, [], []])
+    with pytest.raises(p.ProtocolError, match="3 to 14"):
+        p.Result.from_wire(plain.to_wire() + [[]])
     # Audio references without sitemap dates: the dates go as an empty list, so the fields keep their places.
     with_refs = p.Result(1, "http://a/", p.DONE, refs=("http://a/1.m3u",))
     assert with_refs.to_wire()[11:] == [[], None, ["http://a/1.m3u"]]
@@ -414,16 +424,18 @@ def test_validators_travel_both_ways_and_are_checked():
     task = p.Task(7, "http://a/", 1, None, None, ('"v1"', "Wed, 02 Dec 2026 10:00:00 GMT"))
     assert p.decode_payload(p.encode(p.Assign((task, p.Task(8, "http://a/2", 1))))[4:]) == p.Assign(
         (task, p.Task(8, "http://a/2", 1)))
-    assert len(p.Assign((p.Task(8, "http://a/2", 1),)).fields()[0][0]) == 5    # without them, as before
-    with pytest.raises(p.ProtocolError, match="etag"):
-        p.Assign.from_fields([[[1, "http://a/", 0, None, None, 5, None]]])
+    assert p.Assign((p.Task(8, "http://a/2", 1),)).fields() == [[[8, "http://a/2", 1, None, None, None]]]
+    with pytest.raises(p.ProtocolError, match=r"tasks\[0\]\.validators\.etag"):
+        p.Assign.from_fields([[[1, "http://a/", 0, None, None, [5, None]]]])
     r = p.Result(1, "http://a/", p.DONE, 200, validators=('"v1"', None, -(1 << 63)))
     assert p.Result.from_wire(r.to_wire()) == r
     assert p.Result.from_wire(p.Result(1, "http://a/", p.DONE, 304, validators=(None, None, None)).to_wire()
                               ).validators == (None, None, None)
     for bad in (["x", None], [None, None, 1 << 63], [None, None, "1"]):
-        with pytest.raises(p.ProtocolError):
-            p.Result.from_wire(p.Result(1, "http://a/", p.DONE).to_wire() + [[], bad])
+        wire = p.Result(1, "http://a/", p.DONE).to_wire()
+        wire[12] = bad
+        with pytest.raises(p.ProtocolError, match="validators"):
+            p.Result.from_wire(wire)
 
 
 @pytest.mark.parametrize("key, value", [("meta_source", "class"), ("file_tags", [1]), ("codec", 3),
@@ -431,5 +443,6 @@ def test_validators_travel_both_ways_and_are_checked():
 def test_new_audio_fields_are_type_checked(key, value):
     wire = ITEM.to_wire()
     wire[key] = value
-    with pytest.raises(p.ProtocolError, match=f"audio.{key}"):
+    with pytest.raises(p.ProtocolError, match=rf"audio\[0\]\.{key}"):
         p.Result.from_wire([1, "http://a/", p.DONE, None, None, None, None, None, [], [wire], 0])
+
