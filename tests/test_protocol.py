@@ -1,7 +1,10 @@
+import math
+import re
 import struct
 import tracemalloc
 
 import msgpack
+import msgspec.inspect as mi
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -446,3 +449,133 @@ def test_new_audio_fields_are_type_checked(key, value):
     with pytest.raises(p.ProtocolError, match=rf"audio\[0\]\.{key}"):
         p.Result.from_wire([1, "http://a/", p.DONE, None, None, None, None, None, [], [wire], 0])
 
+
+# --------------------------------------------------------------------------------------------- every declared limit
+# Each limit a message type declares (msgspec.Meta on its fields and on the audio item's), found by walking the
+# types themselves, so a limit added later is tested too: a value at the limit is accepted, one past it is
+# refused with a ProtocolError naming the field. Payloads are built with msgpack, independently of our encoder.
+_PATTERN_VALUES = {r"^(done|error|retry)\Z": ("done", "finished"), r"^(go|copy)\Z": ("go", "steal")}
+_LIST_PAST_CAP = "\0list past its cap\0"      # replaced by an array header announcing one entry too many
+
+
+def _unwrap(info):
+    return info.type if isinstance(info, mi.Metadata) else info
+
+
+def _valid(info):
+    """The smallest value of this type that is valid, as plain msgpack data."""
+    info = _unwrap(info)
+    if isinstance(info, mi.UnionType):
+        return None if mi.NoneType() in info.types else _valid(info.types[0])
+    if isinstance(info, (mi.IntType, mi.FloatType)):
+        zero = 0 if isinstance(info, mi.IntType) else 0.0
+        return zero if (info.ge is None or info.ge <= zero) and (info.le is None or zero <= info.le) else info.ge
+    if isinstance(info, mi.StrType):
+        return _PATTERN_VALUES[info.pattern][0] if info.pattern else "w" * (info.min_length or 0)
+    if isinstance(info, mi.BytesType):
+        return b"\0" * (info.min_length or 0)
+    if isinstance(info, (mi.VarTupleType, mi.ListType)):
+        return []
+    if isinstance(info, mi.TupleType):
+        return [_valid(t) for t in info.item_types]
+    if isinstance(info, mi.DictType):
+        return {}
+    if isinstance(info, mi.StructType):
+        return ([info.tag] if info.tag is not None else []) + [_valid(f.type) for f in info.fields]
+    if isinstance(info, mi.DataclassType):
+        # An audio item with an address: a download must have one (DownloadWork).
+        return {f.name: "u" if f.name == "url" else _valid(f.type) for f in info.fields if f.required}
+    assert isinstance(info, (mi.AnyType, mi.NoneType)), info
+    return None
+
+
+def _limits(info, label, wrap):
+    """(field label, the message with the field at its limit or None, the message with it one past the limit)."""
+    info = _unwrap(info)
+    if isinstance(info, mi.UnionType):
+        for t in info.types:
+            yield from _limits(t, label, wrap)
+    elif isinstance(info, (mi.IntType, mi.FloatType)):
+        step = (lambda v, d: v + d) if isinstance(info, mi.IntType) else \
+            (lambda v, d: math.nextafter(v, math.copysign(math.inf, d)))
+        if info.le is not None:
+            yield label, wrap(info.le), wrap(step(info.le, 1))
+        if info.ge is not None and step(info.ge, -1) >= p.INT64_MIN:    # msgpack cannot carry less than -2**63
+            yield label, wrap(info.ge), wrap(step(info.ge, -1))
+        if isinstance(info, mi.FloatType):
+            yield label, None, wrap(math.nan)
+    elif isinstance(info, (mi.StrType, mi.BytesType)):
+        unit = "語" if isinstance(info, mi.StrType) else b"\1"       # characters, not bytes, for strings
+        if info.max_length is not None:
+            yield label, wrap(unit * info.max_length), wrap(unit * (info.max_length + 1))
+        if info.min_length:
+            yield label, wrap(unit * info.min_length), wrap(unit * (info.min_length - 1))
+        if getattr(info, "pattern", None):
+            good, bad = _PATTERN_VALUES[info.pattern]
+            yield label, wrap(good), wrap(bad)
+    elif isinstance(info, (mi.VarTupleType, mi.ListType)):
+        assert info.max_length is not None, f"{label}: a list without a cap"
+        yield label, None, wrap(_LIST_PAST_CAP)
+        yield from _limits(info.item_type, f"{label}[0]", lambda x: wrap([x]))
+    elif isinstance(info, mi.TupleType):
+        for i, t in enumerate(info.item_types):
+            title = t.extra_json_schema.get("title") if isinstance(t, mi.Metadata) and t.extra_json_schema else None
+            if title is None and isinstance(_unwrap(t), mi.UnionType):
+                title = next((u.extra_json_schema.get("title") for u in _unwrap(t).types
+                              if isinstance(u, mi.Metadata) and u.extra_json_schema), None)
+            base = _valid(info)
+            yield from _limits(t, f"{label}.{title}" if title else f"{label}[{i}]",
+                               lambda x, i=i, base=base: wrap([*base[:i], x, *base[i + 1:]]))
+    elif isinstance(info, mi.DictType):
+        assert info.max_length is not None, f"{label}: a map without a cap"
+        value = _valid(info.value_type) if not isinstance(info.value_type, mi.AnyType) else 1
+        yield label, wrap({f"k{i}": value for i in range(info.max_length)}), \
+            wrap({f"k{i}": value for i in range(info.max_length + 1)})
+    elif isinstance(info, mi.StructType):
+        base = _valid(info)
+        first = 1 if info.tag is not None else 0
+        for i, f in enumerate(info.fields, first):
+            yield from _limits(f.type, f"{label}.{f.name}",
+                               lambda x, i=i, base=base: wrap([*base[:i], x, *base[i + 1:]]))
+    elif isinstance(info, mi.DataclassType):
+        base = _valid(info)
+        for f in info.fields:
+            yield from _limits(f.type, f"{label}.{f.name}", lambda x, f=f, base=base: wrap({**base, f.name: x}))
+
+
+def _every_limit():
+    for cls in p.MESSAGE_TYPES.values():
+        yield from _limits(mi.type_info(cls), cls.__name__, lambda x: x)
+
+
+LIMITS = list(_every_limit())
+
+
+def _payload(obj) -> bytes:
+    payload = msgpack.packb(obj, use_bin_type=True)
+    marker = msgpack.packb(_LIST_PAST_CAP)
+    if marker in payload:     # the decoder refuses from the array's header alone: nothing after it is needed
+        payload = payload[:payload.index(marker)] + b"\xdd" + struct.pack(">I", p.MAX_ITEMS + 1)
+    return payload
+
+
+def test_the_walk_finds_the_limits_of_every_message():
+    labels = {label for label, _, _ in LIMITS}
+    # A sample of what must be there: each kind of limit, at each level of nesting.
+    assert {"Hello.worker_id", "Hello.capacity", "Hello.nonce", "Welcome.heartbeat_interval", "Welcome.max_frame",
+            "Report.results", "Report.results[0].http_status", "Report.results[0].lastmod[0].time",
+            "Report.results[0].validators.digest", "Report.results[0].audio[0].duration",
+            "Report.results[0].audio[0].identity.headers[0][1]", "Report.results[0].audio[0].extra",
+            "Assign.tasks[0].validators.etag", "DownloadAsk.asks[0].url", "DownloadGrant.grants[0].verdict",
+            "DownloadReport.outcomes[0].url", "DownloadWork.items[0].cover", "Fetched.fetches[0].retry_after",
+            "Credit.n", "Fault.leases[0]", "Refused.code"} <= labels
+    assert len(LIMITS) > 150
+
+
+@pytest.mark.parametrize("label, at, past", LIMITS, ids=[f"{label}-{i}" for i, (label, _, _) in enumerate(LIMITS)])
+def test_a_value_one_past_each_declared_limit_is_refused_naming_the_field(label, at, past):
+    # A download outcome's status must be ok or failed besides being a short name: no other value is accepted.
+    if at is not None and label != "DownloadReport.outcomes[0][1].status":
+        p.decode_payload(_payload(at))                  # at the limit: accepted
+    with pytest.raises(p.ProtocolError, match=re.escape(label)):
+        p.decode_payload(_payload(past))
