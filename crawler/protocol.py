@@ -454,7 +454,7 @@ class DownloadReport(Message, tag=24, frozen=True):
         for i, (_, item) in enumerate(self.outcomes):
             where = f"DownloadReport.outcomes[{i}]"
             if item.status not in (OK, FAILED):
-                raise ProtocolError(f"{where}.status: {item.status!r} is not an outcome (ok or failed)")
+                raise ProtocolError(f"{where}.status: {item.status[:40]!r} is not an outcome (ok or failed)")
             _check_item(item, where)
 
 
@@ -587,8 +587,6 @@ def _refusal(e: Exception, root: type[Any] | None) -> ProtocolError:
     label, info = _locate(root, path.rstrip("`") or "$")
     if m := _MISSING.match(what):
         return ProtocolError(f"undecodable payload: {label}.{m.group(1)}: missing")
-    if not path and root is not None and (m := _LENGTH.match(what)):
-        info = mi.type_info(root)
     return ProtocolError(f"undecodable payload: {label}: {_problem(what, info)}")
 
 
