@@ -1,14 +1,39 @@
 """The records that cross module and process boundaries: audio items and client identities.
 
-They are plain frozen dataclasses with a ``to_wire``/``from_wire`` pair, so protocol.py can carry them
-as msgpack maps without knowing their fields, and the catalogue can write them as JSON lines.
+They are plain frozen dataclasses whose field types carry the limits every copy of them must keep (string
+lengths, number ranges, map sizes, as msgspec.Meta): this is their one definition. protocol.py decodes them
+from the wire with those limits checked by msgspec, the master's store makes its columns from the same fields
+(AUDIO_FIELD_KINDS), and ``to_wire``/``from_wire`` turn them into plain dicts for the catalogue's JSON lines.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from msgspec import Meta
+
+# Caps on what a record may carry, enforced when it is decoded from a peer (protocol.py): strict JSON and
+# SQLite take every value that passes.
+INT64_MAX = (1 << 63) - 1
+MAX_URL = 16 * 1024            # characters in any URL field (task, result, link, audio address)
+MAX_TEXT = 64 * 1024           # characters in free text (titles, descriptions, error messages)
+MAX_NAME = 1024                # characters in short names (status, content type, resolver, header names)
+MAX_MAP = 1024                 # entries in a map (an audio item's extra, file_tags, meta_source)
+MAX_ITEMS = 1_000_000          # entries in a list (links, headers, leases ...); the frame size binds first
+
+Url = Annotated[str, Meta(max_length=MAX_URL)]
+Text = Annotated[str, Meta(max_length=MAX_TEXT)]
+Name = Annotated[str, Meta(max_length=MAX_NAME)]
+# An audio item's numbers: an integer or a float, finite and in 0..2**63-1 (a page may say "128.0" kbit/s).
+Amount = Annotated[int, Meta(ge=0, le=INT64_MAX)] | Annotated[float, Meta(ge=0.0, le=float(INT64_MAX))]
+Seconds = Annotated[float, Meta(ge=0.0, le=float(INT64_MAX))]
+# Free-form maps: their nested values are checked after decoding (protocol.check_json_value).
+JsonMap = Annotated[dict[Text, Any], Meta(max_length=MAX_MAP)]
+Pairs = Annotated[tuple[tuple[Name, Text], ...], Meta(max_length=MAX_MAP)]
 
 # Status of an audio item.
 OK = "ok"                     # real address known (and, once downloaded, stored)
@@ -23,9 +48,9 @@ PENDING = "pending"
 class RequestIdentity:
     """The client identity a download must reuse: some sites bind a link to the User-Agent and cookies."""
 
-    user_agent: str | None = None
-    headers: tuple[tuple[str, str], ...] = ()
-    cookies: tuple[tuple[str, str], ...] = ()
+    user_agent: Name | None = None
+    headers: Pairs = ()
+    cookies: Pairs = ()
 
     def request_headers(self) -> dict[str, str]:
         out = dict(self.headers)
@@ -50,33 +75,33 @@ class RequestIdentity:
 class AudioItem:
     """One piece of audio found on the web: where it really is, where it was seen, and what it is."""
 
-    url: str                          # the real audio address ("" when unavailable)
-    page: str                         # the page it was found on
-    title: str | None = None
-    artist: str | None = None
-    album: str | None = None
-    duration: float | None = None     # seconds
-    bitrate: int | None = None        # kbit/s
-    description: str | None = None
-    cover: str | None = None
-    status: str = OK
-    reason: str | None = None         # why unavailable / failed
-    resolver: str = "generic"
-    source_id: str | None = None      # the site's own id (Kugou hash, ...) for re-resolving
+    url: Url                          # the real audio address ("" when unavailable)
+    page: Url                         # the page it was found on
+    title: Text | None = None
+    artist: Text | None = None
+    album: Text | None = None
+    duration: Seconds | None = None   # seconds
+    bitrate: Amount | None = None     # kbit/s
+    description: Text | None = None
+    cover: Url | None = None
+    status: Name = OK
+    reason: Text | None = None        # why unavailable / failed
+    resolver: Name = "generic"
+    source_id: Name | None = None     # the site's own id (Kugou hash, ...) for re-resolving
     identity: RequestIdentity | None = None
     # Filled in by the downloader once the bytes are on disk.
-    sha256: str | None = None
-    size: int | None = None
-    content_type: str | None = None
-    path: str | None = None           # relative to the worker's data dir
-    codec: str | None = None          # from the downloaded file (mp3, vorbis, opus, flac, aac ...)
-    published: str | None = None      # ISO 8601, when the source dates it (a feed's pubDate)
-    lyrics: str | None = None         # when the site publishes them (Kugou's play data)
+    sha256: Name | None = None
+    size: Annotated[int, Meta(ge=0, le=INT64_MAX)] | None = None     # bytes
+    content_type: Name | None = None
+    path: Name | None = None          # relative to the worker's data dir
+    codec: Name | None = None         # from the downloaded file (mp3, vorbis, opus, flac, aac ...)
+    published: Name | None = None     # ISO 8601, when the source dates it (a feed's pubDate)
+    lyrics: Text | None = None        # when the site publishes them (Kugou's play data)
     # Where each metadata field came from ({"title": "jsonld", "artist": "class", "album": "file"}).
-    meta_source: dict[str, str] = field(default_factory=dict)
+    meta_source: Annotated[dict[Name, Name], Meta(max_length=MAX_MAP)] = field(default_factory=dict)
     # What the downloaded file's own tags say where they disagree with the page (the page's value is kept).
-    file_tags: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    file_tags: JsonMap = field(default_factory=dict)
+    extra: JsonMap = field(default_factory=dict)
 
     def replace(self, **changes: Any) -> AudioItem:
         return dataclasses.replace(self, **changes)
@@ -129,20 +154,24 @@ def _same(page_value: Any, file_value: Any) -> bool:
     return " ".join(str(page_value).split()).casefold() == " ".join(str(file_value).split()).casefold()
 
 
-# The one definition of what an audio item carries on the wire and in the catalogue: protocol.py validates,
-# and the master's store makes its columns, from these kinds. "text" and "number" are scalars or null, "map"
-# a msgpack map (a JSON object in the store), "identity" the client identity (never stored).
-def _kind(hint: str) -> str:
-    if hint.startswith("RequestIdentity"):
+# What an audio item carries on the wire and in the catalogue, from its field types: protocol.py checks the
+# free-form maps, and the master's store makes its columns, from these kinds. "text" and "number" are scalars or
+# null, "map" a msgpack map (a JSON object in the store), "identity" the client identity (never stored).
+def _kind(hint: Any) -> str:
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+        else (hint,)
+    kinds = {a if isinstance(a, type) else typing.get_origin(a) for a in args} - {type(None)}
+    if kinds == {RequestIdentity}:
         return "identity"
-    if hint.startswith("dict"):
+    if kinds == {dict}:
         return "map"
-    if hint.startswith(("float", "int")):
+    if kinds <= {int, float}:
         return "number"
+    assert kinds == {str}, f"an AudioItem field of type {hint} has no kind"
     return "text"
 
 
-AUDIO_FIELD_KINDS: dict[str, str] = {f.name: _kind(str(f.type)) for f in dataclasses.fields(AudioItem)}
+AUDIO_FIELD_KINDS: dict[str, str] = {name: _kind(hint) for name, hint in typing.get_type_hints(AudioItem).items()}
 # The descriptive fields page, feed and file metadata fill, and meta_source speaks about.
 META_FIELDS = frozenset({"title", "artist", "album", "duration", "bitrate", "description", "cover", "codec",
                          "published", "lyrics"})

@@ -4,16 +4,22 @@ A frame is a 4-byte unsigned big-endian length followed by that many bytes of ms
 element is the message type code and the rest the message's fields in order. No sockets, no asyncio here: the
 daemons own a thin stream shell (crawler/connection.py) around `FrameDecoder`, `encode` and a handshake object.
 
+Each message is defined once, as a msgspec Struct (array_like, tagged with its type code) whose field types
+carry every limit a peer's value must keep (msgspec.Meta: string lengths, integer and float ranges, byte sizes,
+list and map sizes); audio items come from crawler/items.py, defined the same way. One msgspec decoder over the
+union of all messages turns a payload into a checked message in one pass; the few checks a type cannot say
+(a download outcome is ok or failed, the nested values of an item's free-form maps) run right after it.
+
 Errors, split as h11 splits them: anything the peer sends that breaks the protocol raises `ProtocolError` (the
-connection shell closes that one connection). Misusing this module from our own code (encoding a message past
-the frame limit, a handshake step out of order) raises `LocalProtocolError`, never a ProtocolError, so a bug of
-ours is never blamed on the peer.
+connection shell closes that one connection), with a one-line message naming the field. Misusing this module
+from our own code (encoding a message past the frame limit, a handshake step out of order) raises
+`LocalProtocolError`, never a ProtocolError, so a bug of ours is never blamed on the peer.
 
 Every peer is hostile until it has proved the secret. The master's decoder takes frames of at most
-PRE_AUTH_MAX_FRAME bytes until then (refused from the 4-byte header alone), and msgpack decoding is bounded in
-string, byte string, array and map lengths (DECODE_LIMITS); ext types are refused. Every field is then checked
-for its type and range: integers within signed 64 bits and their field's range, floats finite, strings capped
-(MAX_URL, MAX_TEXT, MAX_NAME), so no value reaches the store or the catalogue that SQLite or strict JSON refuse.
+PRE_AUTH_MAX_FRAME bytes until then (refused from the 4-byte header alone), and every field is checked for its
+type and range while it is decoded: integers within signed 64 bits and their field's range, floats finite,
+strings capped (MAX_URL, MAX_TEXT, MAX_NAME), nonces and MACs exactly 32 bytes, ext types refused, so no value
+reaches the store or the catalogue that SQLite or strict JSON refuse.
 
 Handshake (version 4: the worker proves the secret first; the secret never crosses the wire):
     worker -> Hello(worker_id, version, capacity, nonce_w)
@@ -42,14 +48,31 @@ import hashlib
 import hmac
 import math
 import os
+import re
 import struct
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self, TypeVar
 
-import msgpack
+import msgspec
+import msgspec.inspect as mi
+from msgspec import Meta
 
-from crawler.items import AUDIO_FIELD_KINDS, FAILED, OK, AudioItem
+# The caps on strings and containers are the records' own, the same on the wire (p.MAX_URL ... are these).
+from crawler.items import (
+    FAILED,
+    INT64_MAX,
+    MAX_ITEMS,
+    MAX_MAP,
+    MAX_NAME,
+    MAX_TEXT,
+    MAX_URL,
+    OK,
+    AudioItem,
+    Name,
+    Text,
+    Url,
+)
 
 # 2: Welcome carries max_depth; 3: Result carries the links cut at the depth limit, Welcome the private
 # addresses the crawl may reach; Fetched, Task.after; 4: the worker proves the secret first, the master in its
@@ -59,8 +82,9 @@ from crawler.items import AUDIO_FIELD_KINDS, FAILED, OK, AudioItem
 # references (followed past the depth limit); DownloadAsk, DownloadGrant, DownloadDone: audio downloads under
 # the master's politeness, one per address in the cluster; 8: a page reports before its downloads end (its items
 # "pending"), each download's outcome comes in a DownloadReport, and the master hands the pending downloads of a
-# node that died to another in a DownloadWork
-PROTOCOL_VERSION = 8
+# node that died to another in a DownloadWork; 9: messages are msgspec Structs: every field is sent (a Task's
+# validators as one [etag, last_modified] field), trailing fields with defaults may be left out
+PROTOCOL_VERSION = 9
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
 PRE_AUTH_MAX_FRAME = 640
@@ -71,24 +95,16 @@ MAC_SIZE = 32
 _HEADER = struct.Struct(">I")
 HEADER_SIZE = _HEADER.size
 
-# Range checks for values on the wire.
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+# Range checks for values on the wire (the string caps MAX_URL, MAX_TEXT, MAX_NAME and the container caps
+# MAX_ITEMS, MAX_MAP live with the records in crawler/items.py).
+INT64_MIN = -(1 << 63)
 MAX_WORKER_ID = 128            # characters
-MAX_URL = 16 * 1024            # characters in any URL field (task, result, link, audio address)
-MAX_TEXT = 64 * 1024           # characters in free text (titles, descriptions, error messages)
-MAX_NAME = 1024                # characters in short names (status, content type, resolver, header names)
 MAX_CAPACITY = 1_000_000       # tasks a worker may hold, and credit it may grant at once
 MAX_DEPTH = (1 << 31) - 1
 MAX_COUNT = (1 << 31) - 1      # counts the worker reports (links cut at the depth limit)
 MAX_EXTRA_DEPTH = 16           # nesting inside an audio item's free-form `extra` map
-# msgpack decoding limits: no single container or string may be larger, whatever the frame size.
-DECODE_LIMITS: Mapping[str, int] = {
-    "max_str_len": MAX_TEXT,
-    "max_bin_len": 1024,        # only nonces and MACs are bytes
-    "max_array_len": 1_000_000,
-    "max_map_len": 1024,
-    "max_ext_len": 0,           # no ext types at all (msgpack's timestamps included)
-}
+_FLOAT_MAX = sys.float_info.max
+
 
 
 class ProtocolError(Exception):
@@ -121,212 +137,121 @@ class LocalProtocolError(ValueError):
     """Our own code misused this module: a frame past the limit, a handshake step out of order."""
 
 
-# --------------------------------------------------------------------------------------------- field checks
-def _str(v: Any, name: str, cap: int = MAX_TEXT) -> str:
-    if not isinstance(v, str):
-        raise ProtocolError(f"{name}: expected a string, got {type(v).__name__}")
-    if len(v) > cap:
-        raise ProtocolError(f"{name}: {len(v)} characters, more than {cap}")
-    return v
+# --------------------------------------------------------------------------------------------- field types
+# Each limit once, as a type; msgspec checks it while decoding (and names the field when it does not hold).
+_T = TypeVar("_T")
+Many = Annotated[tuple[_T, ...], Meta(max_length=MAX_ITEMS)]
+NonNeg = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
+Finite = Annotated[float, Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX)]     # NaN and the infinities are refused
+Seconds = Annotated[float, Meta(ge=0.0, le=1e12)]
+Depth = Annotated[int, Meta(ge=0, le=MAX_DEPTH)]
+Capacity = Annotated[int, Meta(ge=0, le=MAX_CAPACITY)]
+Nonce = Annotated[bytes, Meta(min_length=NONCE_SIZE, max_length=NONCE_SIZE)]
+Mac = Annotated[bytes, Meta(min_length=MAC_SIZE, max_length=MAC_SIZE)]
+WorkerId = Annotated[str, Meta(min_length=1, max_length=MAX_WORKER_ID)]
+# The two validators of a page's answer, named for the error messages (tuple places have no names of their own).
+ETag = Annotated[str, Meta(max_length=MAX_NAME, title="etag")]
+LastModified = Annotated[str, Meta(max_length=MAX_NAME, title="last_modified")]
 
 
-def _opt_str(v: Any, name: str, cap: int = MAX_TEXT) -> str | None:
-    return None if v is None else _str(v, name, cap)
-
-
-def _int(v: Any, name: str, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int:
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise ProtocolError(f"{name}: expected an integer, got {type(v).__name__}")
-    if not lo <= v <= hi:
-        raise ProtocolError(f"{name}: {v} is outside {lo}..{hi}")
-    return v
-
-
-def _opt_int(v: Any, name: str, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int | None:
-    return None if v is None else _int(v, name, lo, hi)
-
-
-def _nonneg(v: Any, name: str, hi: int = INT64_MAX) -> int:
-    return _int(v, name, 0, hi)
-
-
-def _float(v: Any, name: str, lo: float = -math.inf, hi: float = math.inf) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ProtocolError(f"{name}: expected a number, got {type(v).__name__}")
-    if isinstance(v, int):
-        _int(v, name)
-    f = float(v)
-    # NaN fails every comparison, so it is caught here with the infinities: none may reach strict JSON.
-    if not (math.isfinite(f) and lo <= f <= hi):
-        raise ProtocolError(f"{name}: {f!r} is not a finite number in {lo}..{hi}")
-    return f
-
-
-def _opt_seconds(v: Any, name: str) -> float | None:
-    return None if v is None else _float(v, name, 0.0, 1e12)
-
-
-def _bytes(v: Any, name: str, size: int) -> bytes:
-    if not isinstance(v, bytes):
-        raise ProtocolError(f"{name}: expected bytes, got {type(v).__name__}")
-    if len(v) != size:
-        raise ProtocolError(f"{name}: expected {size} bytes, got {len(v)}")
-    return v
-
-
-def _list(v: Any, name: str) -> list[Any]:
-    if not isinstance(v, list):
-        raise ProtocolError(f"{name}: expected a list, got {type(v).__name__}")
-    return v
-
-
-def _str_tuple(v: Any, name: str, cap: int) -> tuple[str, ...]:
-    items = _list(v, name)
-    for s in items:
-        if not isinstance(s, str):
-            raise ProtocolError(f"{name}: expected a list of strings")
-        if len(s) > cap:
-            raise ProtocolError(f"{name}: an entry of {len(s)} characters, more than {cap}")
-    return tuple(items)
-
-
-def _json_value(v: Any, name: str, depth: int = 0) -> None:
-    """Free-form data (an audio item's `extra`) must be what strict JSON and SQLite can hold."""
-    if v is None or isinstance(v, (bool, str)):
+def check_json_value(v: Any, name: str, depth: int = 0) -> None:
+    """Free-form data (an audio item's `extra`, `file_tags`) must be what strict JSON and SQLite can hold, within
+    the limits every typed field keeps. msgspec decodes it as any value, so it is checked here, after decoding."""
+    t = type(v)
+    if v is None or t is bool:
         return
-    if isinstance(v, int):
-        _int(v, name)
-    elif isinstance(v, float):
-        _float(v, name)
+    if t is int:
+        if not INT64_MIN <= v <= INT64_MAX:
+            raise ProtocolError(f"{name}: {v} is outside {INT64_MIN}..{INT64_MAX}")
+    elif t is float:
+        if not math.isfinite(v):
+            raise ProtocolError(f"{name}: {v!r} is not a finite number")
+    elif t is str:
+        if len(v) > MAX_TEXT:
+            raise ProtocolError(f"{name}: {len(v)} characters, more than {MAX_TEXT}")
     elif depth >= MAX_EXTRA_DEPTH:
         raise ProtocolError(f"{name}: nested deeper than {MAX_EXTRA_DEPTH}")
-    elif isinstance(v, list):
+    elif t is list:
+        if len(v) > MAX_ITEMS:
+            raise ProtocolError(f"{name}: {len(v)} entries, more than {MAX_ITEMS}")
         for x in v:
-            _json_value(x, name, depth + 1)
-    elif isinstance(v, dict):
+            check_json_value(x, name, depth + 1)
+    elif t is dict:
+        if len(v) > MAX_MAP:
+            raise ProtocolError(f"{name}: {len(v)} entries, more than {MAX_MAP}")
         for k, x in v.items():
-            if not isinstance(k, str):
+            if type(k) is not str:
                 raise ProtocolError(f"{name}: map keys must be strings")
-            _json_value(x, name, depth + 1)
+            check_json_value(k, name, depth + 1)
+            check_json_value(x, name, depth + 1)
     else:
-        raise ProtocolError(f"{name}: {type(v).__name__} is not allowed here")
+        raise ProtocolError(f"{name}: {t.__name__} is not allowed here")
+
+
+def _check_item(a: AudioItem, where: str) -> None:
+    """What the item's types cannot say: its free-form maps hold only JSON values."""
+    if a.extra:
+        check_json_value(a.extra, f"{where}.extra")
+    if a.file_tags:
+        check_json_value(a.file_tags, f"{where}.file_tags")
 
 
 # --------------------------------------------------------------------------------------------- messages
-class Message:
+class Message(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    """A message: encoded as [TYPE, field, ...]. TYPE is the Struct's tag (set below for each message)."""
+
     TYPE: ClassVar[int]
 
-    def fields(self) -> list[Any]:  # pragma: no cover - every message overrides
-        raise NotImplementedError
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:  # pragma: no cover
-        raise NotImplementedError
-
-
-def _arity(f: list[Any], n: int, cls: type) -> None:
-    if len(f) != n:
-        raise ProtocolError(f"{cls.__name__}: expected {n} fields, got {len(f)}")
-
-
-@dataclass(frozen=True, slots=True)
-class Hello(Message):
-    TYPE: ClassVar[int] = 1
-    worker_id: str
-    version: int
-    capacity: int
-    nonce: bytes
+    def _after_decode(self) -> None:
+        """The checks a field type cannot say, run on a decoded message: ProtocolError naming the field."""
 
     def fields(self) -> list[Any]:
-        return [self.worker_id, self.version, self.capacity, self.nonce]
+        """The message's fields as plain msgpack values, in wire order."""
+        out: list[Any] = msgspec.msgpack.decode(_ENCODER.encode(self))
+        return out[1:]
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 4, cls)
-        wid = _str(f[0], "worker_id", MAX_WORKER_ID)
-        if not wid:
-            raise ProtocolError(f"worker_id: must be 1 to {MAX_WORKER_ID} characters")
-        return cls(wid, _nonneg(f[1], "version", 1 << 31), _nonneg(f[2], "capacity", MAX_CAPACITY),
-                   _bytes(f[3], "nonce", NONCE_SIZE))
+        """A message of this type from its fields, checked as if it came from a peer."""
+        msg = decode_payload(_ENCODER.encode([cls.TYPE, *f]))
+        assert isinstance(msg, cls)
+        return msg
 
 
-@dataclass(frozen=True, slots=True)
-class Challenge(Message):
+class Hello(Message, tag=1, frozen=True):
+    worker_id: WorkerId
+    version: Annotated[int, Meta(ge=0, le=1 << 31)]
+    capacity: Capacity
+    nonce: Nonce
+
+
+class Challenge(Message, tag=2, frozen=True):
     """The master's fresh nonce. It carries no proof: the master proves the secret only in its Welcome."""
 
-    TYPE: ClassVar[int] = 2
-    nonce: bytes
-
-    def fields(self) -> list[Any]:
-        return [self.nonce]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 1, cls)
-        return cls(_bytes(f[0], "nonce", NONCE_SIZE))
+    nonce: Nonce
 
 
-@dataclass(frozen=True, slots=True)
-class Auth(Message):
-    TYPE: ClassVar[int] = 3
-    mac: bytes
-
-    def fields(self) -> list[Any]:
-        return [self.mac]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 1, cls)
-        return cls(_bytes(f[0], "mac", MAC_SIZE))
+class Auth(Message, tag=3, frozen=True):
+    mac: Mac
 
 
-@dataclass(frozen=True, slots=True)
-class Welcome(Message):
+class Welcome(Message, tag=4, frozen=True):
     """The master accepts the worker, proves it knows the secret, and tells it the settings the crawl shares."""
 
-    TYPE: ClassVar[int] = 4
-    proof: bytes                          # HMAC(secret, "crawler-master" | transcript): see master_proof()
-    heartbeat_interval: float
-    keep_fragment: tuple[str, ...] = ()   # URL patterns whose fragment is meaningful (normalise alike)
-    max_frame: int = DEFAULT_MAX_FRAME    # the master refuses larger frames: the worker splits its reports
+    proof: Mac                                # HMAC(secret, "crawler-master" | transcript): see master_proof()
+    heartbeat_interval: Annotated[float, Meta(ge=0.001, le=86400.0)]
+    keep_fragment: Many[Url] = ()             # URL patterns whose fragment is meaningful (normalise alike)
+    # The master refuses larger frames: the worker splits its reports. Below 1024 bytes no report fits.
+    max_frame: Annotated[int, Meta(ge=1024, le=0xFFFFFFFF)] = DEFAULT_MAX_FRAME
     # Links of a page at this depth would be too deep: the worker neither extracts nor reports them. (Reported
     # anyway, the master would drop them, and the worker's link cache would then hold back the same links found
     # later on a shallower page.) None: no limit.
-    max_depth: int | None = None
+    max_depth: Depth | None = None
     # Addresses outside the public internet the crawl may reach (crawler/targets.py): the seeds' "host:port"
     # and the configured networks ("10.0.0.0/8"). Everything else private is refused after DNS.
-    allowed_origins: tuple[str, ...] = ()
-    allowed_networks: tuple[str, ...] = ()
-
-    def fields(self) -> list[Any]:
-        return [self.proof, self.heartbeat_interval, list(self.keep_fragment), self.max_frame, self.max_depth,
-                list(self.allowed_origins), list(self.allowed_networks)]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 7, cls)
-        max_frame = _int(f[3], "max_frame", 0, 0xFFFFFFFF)
-        if max_frame < 1024:
-            raise ProtocolError("max_frame: too small to carry a report")
-        max_depth = None if f[4] is None else _nonneg(f[4], "max_depth", MAX_DEPTH)
-        return cls(_bytes(f[0], "proof", MAC_SIZE), _float(f[1], "heartbeat_interval", 0.001, 86400.0),
-                   _str_tuple(f[2], "keep_fragment", MAX_URL), max_frame, max_depth,
-                   _str_tuple(f[5], "allowed_origins", MAX_NAME), _str_tuple(f[6], "allowed_networks", MAX_NAME))
-
-
-@dataclass(frozen=True, slots=True)
-class _Reason(Message):
-    """A message that only says why (Refused, Shutdown)."""
-
-    reason: str
-
-    def fields(self) -> list[Any]:
-        return [self.reason]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 1, cls)
-        return cls(_str(f[0], "reason", MAX_NAME))
+    allowed_origins: Many[Name] = ()
+    allowed_networks: Many[Name] = ()
 
 
 # Refused.code values: why, in a form the worker can act on (the reason is for people).
@@ -335,65 +260,29 @@ UNKNOWN_ID = "unknown_id"
 DUPLICATE_ID = "duplicate_id"
 
 
-@dataclass(frozen=True, slots=True)
-class Refused(Message):
-    TYPE: ClassVar[int] = 5
-    reason: str
-    code: str = ""
-
-    def fields(self) -> list[Any]:
-        # Without a code the frame keeps its version-2 shape, so a worker of another protocol version can
-        # still read why it was refused.
-        return [self.reason, self.code] if self.code else [self.reason]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        if len(f) not in (1, 2):
-            raise ProtocolError(f"Refused: expected 1 or 2 fields, got {len(f)}")
-        return cls(_str(f[0], "reason", MAX_NAME), _str(f[1], "code", MAX_NAME) if len(f) == 2 else "")
+class Refused(Message, tag=5, frozen=True):
+    # Without a code the frame keeps its version-2 shape [5, reason] (see encode), so a worker of any other
+    # protocol version can still read why it was refused.
+    reason: Name
+    code: Name = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Task:
-    lease: int
-    url: str
-    depth: int
-    parent: str | None = None
+class Task(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    lease: NonNeg
+    url: Url
+    depth: Depth
+    parent: Url | None = None
     # Start only when the page request of this earlier lease (sent to the same worker) ends, and not at all if
     # it was answered 429/503: the master hands out a host's next request ahead of the slot freeing, so the
     # host's concurrency limit is used to the full without a round trip to the master between requests.
-    after: int | None = None
+    after: NonNeg | None = None
     # The page's validators from its last full answer, (ETag, Last-Modified), for a conditional fetch: a 304
     # then costs no body and no parse.
-    validators: tuple[str | None, str | None] | None = None
+    validators: tuple[ETag | None, LastModified | None] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Assign(Message):
-    TYPE: ClassVar[int] = 6
-    tasks: tuple[Task, ...]
-
-    def fields(self) -> list[Any]:
-        # Validators are an optional trailing pair: a task without them encodes as before.
-        return [[[t.lease, t.url, t.depth, t.parent, t.after] if t.validators is None else
-                 [t.lease, t.url, t.depth, t.parent, t.after, t.validators[0], t.validators[1]]
-                 for t in self.tasks]]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 1, cls)
-        tasks = []
-        for raw in _list(f[0], "tasks"):
-            t = _list(raw, "task")
-            if len(t) not in (5, 7):
-                raise ProtocolError("task: expected 5 or 7 fields")
-            after = None if t[4] is None else _nonneg(t[4], "after")
-            validators = None
-            if len(t) == 7:
-                validators = (_opt_str(t[5], "etag", MAX_NAME), _opt_str(t[6], "last_modified", MAX_NAME))
-            tasks.append(Task(_nonneg(t[0], "lease"), _str(t[1], "url", MAX_URL), _nonneg(t[2], "depth", MAX_DEPTH),
-                              _opt_str(t[3], "parent", MAX_URL), after, validators))
-        return cls(tuple(tasks))
+class Assign(Message, tag=6, frozen=True):
+    tasks: Many[Task]
 
 
 # Result.status values
@@ -405,423 +294,325 @@ RETRY = "retry"        # transient failure (timeout, connection reset, 5xx): the
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
-    lease: int
-    url: str
-    status: str
-    http_status: int | None = None
-    final_url: str | None = None
-    content_type: str | None = None
-    size: int | None = None
-    error: str | None = None
-    links: tuple[str, ...] = ()
-    audio: tuple[AudioItem, ...] = ()
+class Result(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    lease: NonNeg
+    url: Url
+    status: Annotated[str, Meta(pattern=r"^(done|error|retry)\Z")]        # DONE, ERROR, RETRY
+    http_status: Annotated[int, Meta(ge=0, le=999)] | None = None
+    final_url: Url | None = None
+    content_type: Name | None = None
+    size: NonNeg | None = None
+    error: Text | None = None
+    links: Many[Url] = ()
+    audio: Many[AudioItem] = ()
     # Links the page has but the worker did not follow because the page is at the crawl's depth limit: the
     # master counts them as discarded for depth without receiving them.
-    cut: int = 0
+    cut: Annotated[int, Meta(ge=0, le=MAX_COUNT)] = 0
     # When some of the links' pages last changed, as a sitemap says: (link, epoch seconds).
-    lastmod: tuple[tuple[str, float], ...] = ()
+    lastmod: Many[tuple[Annotated[str, Meta(max_length=MAX_URL, title="url")],
+                        Annotated[float, Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX, title="time")]]] = ()
     # What the page's answer says for its next visit: (ETag, Last-Modified, 64-bit digest of a 2xx body).
-    validators: tuple[str | None, str | None, int | None] | None = None
+    validators: tuple[ETag | None, LastModified | None,
+                      Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX, title="digest")] | None] | None = None
     # Addresses that resolve this page's audio (a playlist, a stream, an API answer): part of the page, so the
     # master queues them even past the depth limit (see crawler/urls.py AUDIO_REF_HOPS). Normalised, like links.
-    refs: tuple[str, ...] = ()
+    refs: Many[Url] = ()
 
     def to_wire(self) -> list[Any]:
-        out = [self.lease, self.url, self.status, self.http_status, self.final_url, self.content_type,
-               self.size, self.error, list(self.links), [a.to_wire() for a in self.audio], self.cut]
-        # Optional trailing fields, each present when a later one is: without them, as before.
-        if self.lastmod or self.validators is not None or self.refs:
-            out.append([[u, t] for u, t in self.lastmod])
-        if self.validators is not None or self.refs:
-            out.append(list(self.validators) if self.validators is not None else None)
-        if self.refs:
-            out.append(list(self.refs))
+        """The result as plain msgpack values, in wire order."""
+        out: list[Any] = msgspec.msgpack.decode(_ENCODER.encode(self))
         return out
 
     @classmethod
     def from_wire(cls, raw: Any) -> Result:
-        f = _check_result(raw)
-        return cls(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8],
-                   tuple(AudioItem.from_wire(a) for a in f[9]), f[10], f[11], f[12], f[13])
+        """A result from plain values, checked as the master checks one from a peer."""
+        return _decode_result(_ENCODER.encode(raw))
+
+
+def _check_result_items(r: Result, where: str) -> None:
+    for j, a in enumerate(r.audio):
+        _check_item(a, f"{where}.audio[{j}]")
+
+
+def _decode_result(payload: bytes) -> Result:
+    try:
+        r = _RESULT_DECODER.decode(payload)
+    except _DECODE_ERRORS as e:
+        raise _refusal(e, Result) from None
+    _check_result_items(r, "Result")
+    return r
 
 
 def check_result(r: Result) -> None:
     """The master's checks on one result, for the worker to run before sending it: a value the master would
     refuse (a hostile page's 100 KiB title, a NaN duration) must not cost the connection, and with it every
     result in flight, each time the page is crawled again."""
-    _check_result(r.to_wire())
+    _decode_result(_ENCODER.encode(r))
 
 
-def _check_result(raw: Any) -> list[Any]:
-    r = _list(raw, "result")
-    if len(r) not in (11, 12, 13, 14):
-        raise ProtocolError("result: expected 11 to 14 fields")
-    validators = None
-    if len(r) >= 13 and r[12] is not None:
-        v = _list(r[12], "validators")
-        if len(v) != 3:
-            raise ProtocolError("validators: expected [etag, last_modified, digest]")
-        validators = (_opt_str(v[0], "etag", MAX_NAME), _opt_str(v[1], "last_modified", MAX_NAME),
-                      _opt_int(v[2], "digest", -(1 << 63), (1 << 63) - 1))
-    lastmod = []
-    for pair in _list(r[11], "lastmod") if len(r) >= 12 else ():
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise ProtocolError("lastmod: expected [url, time] pairs")
-        lastmod.append((_str(pair[0], "lastmod.url", MAX_URL), _float(pair[1], "lastmod.time")))
-    status = _str(r[2], "status", MAX_NAME)
-    if status not in (DONE, ERROR, RETRY):
-        raise ProtocolError(f"status: unknown value {status!r}")
-    return [_nonneg(r[0], "lease"), _str(r[1], "url", MAX_URL), status, _opt_int(r[3], "http_status", 0, 999),
-            _opt_str(r[4], "final_url", MAX_URL), _opt_str(r[5], "content_type", MAX_NAME),
-            _opt_int(r[6], "size", 0), _opt_str(r[7], "error"), _str_tuple(r[8], "links", MAX_URL),
-            [_check_audio(a) for a in _list(r[9], "audio")], _nonneg(r[10], "cut", MAX_COUNT), tuple(lastmod),
-            validators, _str_tuple(r[13], "refs", MAX_URL) if len(r) == 14 else ()]
+class Report(Message, tag=7, frozen=True):
+    results: Many[Result]
+
+    def _after_decode(self) -> None:
+        for i, r in enumerate(self.results):
+            if r.audio:
+                _check_result_items(r, f"Report.results[{i}]")
 
 
-# How each field of an audio map is checked. Numbers and maps follow the item's own field list; every text
-# field must be in one of the three text classes below, which the assertion after them holds to, so a field
-# added to AudioItem cannot reach the wire unchecked.
-_AUDIO_URL = ("cover",)
-_AUDIO_TEXT = ("title", "artist", "album", "description", "reason", "lyrics")
-_AUDIO_NAME = ("source_id", "sha256", "content_type", "path", "codec", "published")
-_AUDIO_NUM = tuple(k for k, kind in AUDIO_FIELD_KINDS.items() if kind == "number")
-_AUDIO_MAP = tuple(k for k, kind in AUDIO_FIELD_KINDS.items() if kind == "map")
-_AUDIO_OTHER = ("url", "page", "status", "resolver", "identity")
-assert set(AUDIO_FIELD_KINDS) == {*_AUDIO_URL, *_AUDIO_TEXT, *_AUDIO_NAME, *_AUDIO_NUM, *_AUDIO_MAP,
-                                   *_AUDIO_OTHER}, "an AudioItem field has no wire check"
-
-
-# (key, label, cap) of every optional text field, labels built once: the checks run for every item reported.
-_AUDIO_OPT_STR = tuple((k, f"audio.{k}", cap) for keys, cap in ((_AUDIO_URL, MAX_URL), (_AUDIO_TEXT, MAX_TEXT),
-                                                                 (_AUDIO_NAME, MAX_NAME)) for k in keys)
-_AUDIO_NUM_LABELS = tuple((k, f"audio.{k}") for k in _AUDIO_NUM)
-_INT64_MAX_F = float(INT64_MAX)
-
-
-def _check_audio(a: Any) -> dict[str, Any]:
-    # Unknown keys are ignored (a newer worker may send more); known ones must have their type and range.
-    if not isinstance(a, dict):
-        raise ProtocolError("audio: expected a map")
-    _str(a.get("url"), "audio.url", MAX_URL)
-    _str(a.get("page"), "audio.page", MAX_URL)
-    for k, label, cap in _AUDIO_OPT_STR:
-        v = a.get(k)
-        if v is not None and (type(v) is not str or len(v) > cap):
-            _str(v, label, cap)     # raises, saying what is wrong
-    for k, label in _AUDIO_NUM_LABELS:
-        v = a.get(k)
-        if v is not None and (type(v) is not float or not 0.0 <= v <= _INT64_MAX_F):
-            _float(v, label, 0.0, _INT64_MAX_F)
-    for k in ("status", "resolver"):
-        if k in a:
-            _str(a[k], f"audio.{k}", MAX_NAME)
-    for k in _AUDIO_MAP:   # extra, meta_source, file_tags
-        if a.get(k) is not None:
-            if not isinstance(a[k], dict):
-                raise ProtocolError(f"audio.{k}: expected a map")
-            _json_value(a[k], f"audio.{k}")
-    ident = a.get("identity")
-    if ident is not None:
-        if not isinstance(ident, dict):
-            raise ProtocolError("audio.identity: expected a map")
-        _opt_str(ident.get("user_agent"), "audio.identity.user_agent", MAX_NAME)
-        for k in ("headers", "cookies"):
-            for pair in _list(ident.get(k) or [], f"audio.identity.{k}"):
-                if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(x, str) for x in pair):
-                    raise ProtocolError(f"audio.identity.{k}: expected pairs of strings")
-                _str(pair[0], f"audio.identity.{k}", MAX_NAME)
-                _str(pair[1], f"audio.identity.{k}", MAX_TEXT)
-    return a
-
-
-@dataclass(frozen=True, slots=True)
-class Report(Message):
-    TYPE: ClassVar[int] = 7
-    results: tuple[Result, ...]
-
-    def fields(self) -> list[Any]:
-        return [[r.to_wire() for r in self.results]]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 1, cls)
-        return cls(tuple(Result.from_wire(r) for r in _list(f[0], "results")))
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat(Message):
+class Heartbeat(Message, tag=8, frozen=True):
     """Both ways, every heartbeat interval. A worker's names the leases it still works on (a page being parsed,
     a long playlist resolved; never a download, which its page does not wait for): the master renews them, so
     only a dead or silent worker loses its leases."""
 
-    TYPE: ClassVar[int] = 8
-    sent_at: float
-    leases: tuple[int, ...] = ()
-
-    def fields(self) -> list[Any]:
-        return [self.sent_at, list(self.leases)]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 2, cls)
-        return cls(_float(f[0], "sent_at"), tuple(_nonneg(x, "lease") for x in _list(f[1], "leases")))
+    sent_at: Finite
+    leases: Many[NonNeg] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Credit(Message):
+class Credit(Message, tag=9, frozen=True):
     """The worker may take `n` more tasks (flow control: the master never exceeds the credit granted)."""
 
-    TYPE: ClassVar[int] = 9
-    n: int
-
-    def fields(self) -> list[Any]:
-        return [self.n]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 1, cls)
-        n = _int(f[0], "n")
-        if not 0 <= n <= MAX_CAPACITY:
-            raise ProtocolError("n: credit out of range")
-        return cls(n)
+    n: Capacity
 
 
-@dataclass(frozen=True, slots=True)
-class Shutdown(_Reason):
-    TYPE: ClassVar[int] = 10
+class Shutdown(Message, tag=10, frozen=True):
+    reason: Name
 
 
-@dataclass(frozen=True, slots=True)
-class PageFetch:
+class PageFetch(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
     """One page request ended (its answer read, or failed): what the host said and how fast."""
 
-    lease: int
-    http_status: int | None = None     # None: no answer (network error, timeout)
-    retry_after: float | None = None   # seconds, from a Retry-After header (a date already turned into seconds)
-    latency: float | None = None       # seconds from sending the request to having the page
+    lease: NonNeg
+    http_status: Annotated[int, Meta(ge=100, le=999)] | None = None    # None: no answer (network error, timeout)
+    retry_after: Seconds | None = None   # seconds, from a Retry-After header (a date already turned into seconds)
+    latency: Seconds | None = None       # seconds from sending the request to having the page
 
 
-@dataclass(frozen=True, slots=True)
-class Fetched(Message):
+class Fetched(Message, tag=20, frozen=True):
     """Sent by a worker the moment page requests end, ahead of their results (which wait for parsing and
     resolving, and are batched): the master frees the host's politeness slot at once, and a
     429/503 slows the host for every worker before anyone else is sent there."""
 
-    TYPE: ClassVar[int] = 20
-    fetches: tuple[PageFetch, ...]
-
-    def fields(self) -> list[Any]:
-        return [[[f.lease, f.http_status, f.retry_after, f.latency] for f in self.fetches]]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 1, cls)
-        out = []
-        for raw in _list(f[0], "fetches"):
-            x = _list(raw, "fetch")
-            if len(x) != 4:
-                raise ProtocolError("fetch: expected 4 fields")
-            status = _opt_int(x[1], "http_status", 100, 999)
-            out.append(PageFetch(_nonneg(x[0], "lease"), status, _opt_seconds(x[2], "retry_after"),
-                                 _opt_seconds(x[3], "latency")))
-        return cls(tuple(out))
+    fetches: Many[PageFetch]
 
 
-@dataclass(frozen=True, slots=True)
-class Fault(Message):
+class Fault(Message, tag=11, frozen=True):
     """The worker cannot store what it fetches (disk full, read-only, no permission): it hands back these
     leases, unfinished, and takes no work until its next Credit. Not the URLs' fault: no attempt is counted."""
 
-    TYPE: ClassVar[int] = 11
-    reason: str
-    leases: tuple[int, ...] = ()
-
-    def fields(self) -> list[Any]:
-        return [self.reason, list(self.leases)]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 2, cls)
-        return cls(_str(f[0], "reason", MAX_NAME), tuple(_nonneg(x, "lease") for x in _list(f[1], "leases")))
+    reason: Name
+    leases: Many[NonNeg] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class DownloadAsk(Message):
+class DownloadAsk(Message, tag=21, frozen=True):
     """The worker wants to download these audio addresses: (ticket, url), the ticket its own number for the
     download. The master answers each with a Grant, when the address's host may take one more download."""
 
-    TYPE: ClassVar[int] = 21
-    asks: tuple[tuple[int, str], ...]
-
-    def fields(self) -> list[Any]:
-        return [[[t, u] for t, u in self.asks]]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 1, cls)
-        out = []
-        for raw in _list(f[0], "asks"):
-            x = _list(raw, "ask")
-            if len(x) != 2:
-                raise ProtocolError("ask: expected 2 fields")
-            out.append((_nonneg(x[0], "ticket"), _str(x[1], "ask.url", MAX_URL)))
-        return cls(tuple(out))
+    asks: Many[tuple[Annotated[int, Meta(ge=0, le=INT64_MAX, title="ticket")],
+                     Annotated[str, Meta(max_length=MAX_URL, title="url")]]]
 
 
 GRANT_GO = "go"        # download it now (a slot of its host is the worker's until its DownloadDone)
 GRANT_COPY = "copy"    # already downloaded by `node`: record that place, fetch nothing
 
 
-@dataclass(frozen=True, slots=True)
-class Grant:
-    ticket: int
-    verdict: str
-    node: str | None = None       # copy: the node that holds the file
-    sha256: str | None = None
-    size: int | None = None
-    path: str | None = None       # copy: where the file is in that node's data dir
+class Grant(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    ticket: NonNeg
+    verdict: Annotated[str, Meta(pattern=r"^(go|copy)\Z")]               # GRANT_GO, GRANT_COPY
+    node: Annotated[str, Meta(max_length=MAX_WORKER_ID)] | None = None     # copy: the node that holds the file
+    sha256: Name | None = None
+    size: NonNeg | None = None
+    path: Name | None = None       # copy: where the file is in that node's data dir
 
 
-@dataclass(frozen=True, slots=True)
-class DownloadGrant(Message):
-    TYPE: ClassVar[int] = 22
-    grants: tuple[Grant, ...]
-
-    def fields(self) -> list[Any]:
-        return [[[g.ticket, g.verdict, g.node, g.sha256, g.size, g.path] for g in self.grants]]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 1, cls)
-        out = []
-        for raw in _list(f[0], "grants"):
-            x = _list(raw, "grant")
-            if len(x) != 6:
-                raise ProtocolError("grant: expected 6 fields")
-            verdict = _str(x[1], "verdict", MAX_NAME)
-            if verdict not in (GRANT_GO, GRANT_COPY):
-                raise ProtocolError(f"verdict: unknown value {verdict!r}")
-            out.append(Grant(_nonneg(x[0], "ticket"), verdict, _opt_str(x[2], "grant.node", MAX_WORKER_ID),
-                             _opt_str(x[3], "grant.sha256", MAX_NAME), _opt_int(x[4], "grant.size", 0),
-                             _opt_str(x[5], "grant.path", MAX_NAME)))
-        return cls(tuple(out))
+class DownloadGrant(Message, tag=22, frozen=True):
+    grants: Many[Grant]
 
 
-@dataclass(frozen=True, slots=True)
-class DownloadEnd:
-    ticket: int
-    sha256: str | None = None     # set: the file is stored (then size and path too); None: it failed
-    size: int | None = None
-    path: str | None = None
+class DownloadEnd(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    ticket: NonNeg
+    sha256: Name | None = None     # set: the file is stored (then size and path too); None: it failed
+    size: NonNeg | None = None
+    path: Name | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class DownloadDone(Message):
+class DownloadDone(Message, tag=23, frozen=True):
     """Downloads the master granted ended: their hosts' slots are free, and the stored ones can be copied."""
 
-    TYPE: ClassVar[int] = 23
-    ends: tuple[DownloadEnd, ...]
-
-    def fields(self) -> list[Any]:
-        return [[[e.ticket, e.sha256, e.size, e.path] for e in self.ends]]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 1, cls)
-        out = []
-        for raw in _list(f[0], "ends"):
-            x = _list(raw, "end")
-            if len(x) != 4:
-                raise ProtocolError("end: expected 4 fields")
-            out.append(DownloadEnd(_nonneg(x[0], "ticket"), _opt_str(x[1], "end.sha256", MAX_NAME),
-                                   _opt_int(x[2], "end.size", 0), _opt_str(x[3], "end.path", MAX_NAME)))
-        return cls(tuple(out))
+    ends: Many[DownloadEnd]
 
 
-def _audio_items(v: Any, name: str) -> tuple[AudioItem, ...]:
-    return tuple(AudioItem.from_wire(_check_audio(a)) for a in _list(v, name))
-
-
-@dataclass(frozen=True, slots=True)
-class DownloadReport(Message):
+class DownloadReport(Message, tag=24, frozen=True):
     """Downloads a worker's pages reported as pending (or the master handed it in a DownloadWork) ended: each
     the item as reported (its page and the address it was reported under, `url`, which name the pending
     download) and the item as it ended (status ok or failed; sha256, size, path, the file's tags, the reason).
     Sent by the worker as its downloads end, apart from the page reports, which never wait for them."""
 
-    TYPE: ClassVar[int] = 24
-    outcomes: tuple[tuple[str, AudioItem], ...]    # (the address the item was pending under, the item as it ended)
+    # (the address the item was pending under, the item as it ended)
+    outcomes: Many[tuple[Annotated[str, Meta(max_length=MAX_URL, title="url")], AudioItem]]
 
-    def fields(self) -> list[Any]:
-        return [[[u, a.to_wire()] for u, a in self.outcomes]]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 1, cls)
-        out = []
-        for raw in _list(f[0], "outcomes"):
-            x = _list(raw, "outcome")
-            if len(x) != 2:
-                raise ProtocolError("outcome: expected [url, item]")
-            url = _str(x[0], "outcome.url", MAX_URL)
-            item = AudioItem.from_wire(_check_audio(x[1]))
+    def _after_decode(self) -> None:
+        for i, (_, item) in enumerate(self.outcomes):
+            where = f"DownloadReport.outcomes[{i}]"
             if item.status not in (OK, FAILED):
-                raise ProtocolError(f"outcome.status: {item.status!r} is not an outcome")
-            out.append((url, item))
-        return cls(tuple(out))
+                raise ProtocolError(f"{where}.status: {item.status[:40]!r} is not an outcome (ok or failed)")
+            _check_item(item, where)
 
 
-@dataclass(frozen=True, slots=True)
-class DownloadWork(Message):
+class DownloadWork(Message, tag=25, frozen=True):
     """The master hands a worker pending downloads as download-only work: those of a node that died (or did
     not come back after the master restarted), or the worker's own again after it rejoined (it ignores those it
     still runs). Each is the item as its page reported it (status pending); its outcome is a DownloadReport."""
 
-    TYPE: ClassVar[int] = 25
-    items: tuple[AudioItem, ...]
+    items: Many[AudioItem]
 
-    def fields(self) -> list[Any]:
-        return [[a.to_wire() for a in self.items]]
-
-    @classmethod
-    def from_fields(cls, f: list[Any]) -> Self:
-        _arity(f, 1, cls)
-        items = _audio_items(f[0], "items")
-        for a in items:
+    def _after_decode(self) -> None:
+        for i, a in enumerate(self.items):
             if not a.url:
-                raise ProtocolError("items: a download without an address")
-        return cls(items)
+                raise ProtocolError(f"DownloadWork.items[{i}].url: a download without an address")
+            _check_item(a, f"DownloadWork.items[{i}]")
 
 
-MESSAGE_TYPES: dict[int, type[Message]] = {
-    cls.TYPE: cls for cls in (Hello, Challenge, Auth, Welcome, Refused, Assign, Report, Heartbeat, Credit, Shutdown,
-                               Fetched, Fault, DownloadAsk, DownloadGrant, DownloadDone, DownloadReport,
-                               DownloadWork)
-}
+AnyMessage = (Hello | Challenge | Auth | Welcome | Refused | Assign | Report | Heartbeat | Credit | Shutdown
+              | Fetched | Fault | DownloadAsk | DownloadGrant | DownloadDone | DownloadReport | DownloadWork)
+MESSAGE_TYPES: dict[int, type[Message]] = {}
+for _cls in AnyMessage.__args__:
+    _cls.TYPE = _cls.__struct_config__.tag
+    MESSAGE_TYPES[_cls.TYPE] = _cls
+
+_ENCODER = msgspec.msgpack.Encoder()
+# What msgspec's decoder raises for a peer's bytes: its own errors, UnicodeDecodeError for a string that is not
+# UTF-8, RecursionError for containers nested past the interpreter's limit (inside an item's free-form maps).
+_DECODE_ERRORS = (msgspec.MsgspecError, UnicodeDecodeError, RecursionError)
+_DECODER: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(AnyMessage)
+_RESULT_DECODER = msgspec.msgpack.Decoder(Result)
+
+
+# --------------------------------------------------------------------------------------------- refusals
+# msgspec says what is wrong and where by position ("Expected `int` <= 999 - at `$[1][0][3]`"); the peer's
+# operator needs the field's name. The path is walked over the message's own type information.
+_STEP = re.compile(r"\[(\d+)\]|\.(\w+)")
+_LENGTH = re.compile(r"Expected `array` of (?:at most |at least )?length \d+, got (\d+)")
+_MISSING = re.compile(r"Object missing required field `(\w+)`")
+
+
+def _peek_type(payload: bytes) -> type[Message] | None:
+    """The message class a payload names, read from its first bytes (an array header, then a small integer)."""
+    if not payload:
+        return None
+    first = payload[0]
+    i = 1 if 0x90 <= first <= 0x9F else 3 if first == 0xDC else 5 if first == 0xDD else None
+    if i is None or len(payload) <= i:
+        return None
+    tag = payload[i] if payload[i] < 0x80 else payload[i + 1] if payload[i] == 0xCC and len(payload) > i + 1 else -1
+    return MESSAGE_TYPES.get(tag)
+
+
+def _unwrap(info: mi.Type) -> tuple[mi.Type, str | None]:
+    """The type inside an Optional or an Annotated, and the title given to it, if any."""
+    title = None
+    while True:
+        if isinstance(info, mi.Metadata):
+            title = (info.extra_json_schema or {}).get("title", title)
+            info = info.type
+        elif isinstance(info, mi.UnionType) and len(info.types) == 2 and mi.NoneType() in info.types:
+            info = next(t for t in info.types if not isinstance(t, mi.NoneType))
+        else:
+            return info, title
+
+
+def _locate(root: type[Any] | None, path: str) -> tuple[str, mi.Type | None]:
+    """The field a msgspec error path points at, by name ("Report.results[0].audio[1].duration"), and its type."""
+    if root is None:
+        return ("message type" if path == "$[0]" else "message"), None
+    label, info = root.__name__, mi.type_info(root)
+    tagged = issubclass(root, Message)
+    for m in _STEP.finditer(path, 1):
+        info, _ = _unwrap(info)
+        index, name = m.groups()
+        if isinstance(info, mi.StructType) and index is not None:
+            i = int(index) - (1 if tagged else 0)
+            tagged = False
+            if i < 0:
+                return f"{label} type", None
+            if i >= len(info.fields):
+                break
+            label, info = f"{label}.{info.fields[i].name}", info.fields[i].type
+        elif isinstance(info, mi.DataclassType) and name is not None:
+            field = next((f for f in info.fields if f.name == name), None)
+            if field is None:
+                break
+            label, info = f"{label}.{name}", field.type
+        elif isinstance(info, (mi.VarTupleType, mi.ListType)) and index is not None:
+            label, info = f"{label}[{index}]", info.item_type
+        elif isinstance(info, mi.TupleType) and index is not None and int(index) < len(info.item_types):
+            _, title = _unwrap(info.item_types[int(index)])
+            label, info = (f"{label}.{title}" if title else f"{label}[{index}]"), info.item_types[int(index)]
+        else:
+            break
+        tagged = False
+    else:
+        return label, info
+    return f"{label} (at {path})", None
+
+
+def _problem(what: str, info: mi.Type | None) -> str:
+    """msgspec's words for what is wrong, in terms of the field's declared limits where it has them."""
+    inner = _unwrap(info)[0] if info is not None else None
+    numbers = [t for t in (inner.types if isinstance(inner, mi.UnionType) else (inner,))
+               if isinstance(t, (mi.IntType, mi.FloatType))]
+    if what.startswith("Expected `int` ") and numbers and "got" not in what:
+        n = numbers[0]
+        return f"outside {n.ge}..{n.le}"
+    if what.startswith("Expected `float` ") and numbers and "got" not in what:
+        n = numbers[-1]
+        bounds = "" if n.le == _FLOAT_MAX else f" in {n.ge}..{n.le}"
+        return f"not a finite number{bounds}"
+    if isinstance(inner, mi.StructType) and (m := _LENGTH.match(what)):
+        required = sum(f.required for f in inner.fields)
+        # msgspec counts a message's type among the elements when there are too few, not when too many.
+        got = int(m.group(1)) - (inner.tag is not None and "at least" in what)
+        return f"expected {required} to {len(inner.fields)} fields, got {got}"
+    return what[:1].lower() + what[1:]
+
+
+def _refusal(e: Exception, root: type[Any] | None) -> ProtocolError:
+    """A msgspec error as a one-line ProtocolError naming the field."""
+    if isinstance(e, RecursionError):
+        return ProtocolError("undecodable payload: nested too deeply")
+    if isinstance(e, UnicodeDecodeError):
+        return ProtocolError("undecodable payload: a string is not UTF-8")
+    if not isinstance(e, msgspec.ValidationError):
+        return ProtocolError(f"undecodable payload: {e}")
+    what, _, path = str(e).partition(" - at `")
+    label, info = _locate(root, path.rstrip("`") or "$")
+    if m := _MISSING.match(what):
+        return ProtocolError(f"undecodable payload: {label}.{m.group(1)}: missing")
+    return ProtocolError(f"undecodable payload: {label}: {_problem(what, info)}")
 
 
 # --------------------------------------------------------------------------------------------- framing
 def encode(msg: Message, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
     """One message as one frame. LocalProtocolError (a ValueError) past max_frame: split the batch instead."""
-    payload: bytes = msgpack.packb([msg.TYPE, *msg.fields()], use_bin_type=True)
-    if len(payload) > max_frame:
-        raise LocalProtocolError(f"{type(msg).__name__} frame of {len(payload)} bytes exceeds the limit of {max_frame}")
-    return _HEADER.pack(len(payload)) + payload
+    buf = bytearray(HEADER_SIZE)
+    if type(msg) is Refused and not msg.code:
+        _ENCODER.encode_into((Refused.TYPE, msg.reason), buf, HEADER_SIZE)     # the version-2 shape
+    else:
+        _ENCODER.encode_into(msg, buf, HEADER_SIZE)
+    n = len(buf) - HEADER_SIZE
+    if n > max_frame:
+        raise LocalProtocolError(f"{type(msg).__name__} frame of {n} bytes exceeds the limit of {max_frame}")
+    _HEADER.pack_into(buf, 0, n)
+    return bytes(buf)
 
 
 def decode_payload(payload: bytes) -> Message:
+    """One frame's payload as a checked message; ProtocolError naming the field if it is not one."""
     try:
-        obj = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True, **DECODE_LIMITS)
-    except Exception as e:  # msgpack raises several unrelated types for garbage and for limits
-        raise ProtocolError(f"undecodable payload: {type(e).__name__}") from None
-    if not isinstance(obj, list) or not obj or not isinstance(obj[0], int) or isinstance(obj[0], bool):
-        raise ProtocolError("payload is not a message array")
-    cls = MESSAGE_TYPES.get(obj[0])
-    if cls is None:
-        raise ProtocolError(f"unknown message type {obj[0]}")
-    return cls.from_fields(obj[1:])
+        msg = _DECODER.decode(payload)
+    except _DECODE_ERRORS as e:
+        raise _refusal(e, _peek_type(payload)) from None
+    msg._after_decode()
+    return msg
 
 
 class FrameDecoder:

@@ -1,7 +1,10 @@
+import math
+import re
 import struct
 import tracemalloc
 
 import msgpack
+import msgspec.inspect as mi
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -71,10 +74,16 @@ def test_a_download_outcome_is_ok_or_failed_and_download_work_names_an_address()
 
 
 def test_a_fault_with_bad_leases_is_a_protocol_error():
-    with pytest.raises(p.ProtocolError):
+    with pytest.raises(p.ProtocolError, match=r"Fault.leases\[0\]: outside 0\.\."):
         p.decode_payload(msgpack.packb([p.Fault.TYPE, "full", [-1]]))
-    with pytest.raises(p.ProtocolError):
-        p.decode_payload(msgpack.packb([p.Fault.TYPE, "full"]))
+    with pytest.raises(p.ProtocolError, match="Fault.leases"):
+        p.decode_payload(msgpack.packb([p.Fault.TYPE, "full", 3]))
+    with pytest.raises(p.ProtocolError, match="Fault: expected 1 to 2 fields, got 3"):
+        p.decode_payload(msgpack.packb([p.Fault.TYPE, "full", [], []]))
+    with pytest.raises(p.ProtocolError, match="Fault: expected 1 to 2 fields, got 0"):
+        p.decode_payload(msgpack.packb([p.Fault.TYPE]))
+    # Version 9 leaves out trailing fields at their defaults: a Fault without leases hands none back.
+    assert p.decode_payload(msgpack.packb([p.Fault.TYPE, "full"])) == p.Fault("full")
 
 
 @pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
@@ -133,7 +142,8 @@ def _frame(obj) -> bytes:
 
 @pytest.mark.parametrize("obj", [
     [], {}, "hello", [99], [True], [1, "w"], [1, "w", 1, 1, b"short"], [1, 5, 1, 1, NONCE],
-    [6, [[1, "u"]]], [6, [[-1, "u", 0, None, None]]], [6, [[1, "u", 0, None]]], [6, [[1, "u", 0, None, -2]]],
+    [6, [[1, "u"]]], [6, [[-1, "u", 0, None, None]]], [6, [[1, "u", 0, None, None, None, None]]],
+    [6, [[1, "u", 0, None, -2]]],
     [6, [[1, "u", 0, None, "2"]]], [7, [[1, "u", "bogus", None, None, None, None, None, [], [], 0]]],
     [7, [[1, "u", "done", None, None, None, None, None, [1], [], 0]]],
     [7, [[1, "u", "done", None, None, None, None, None, [], [{"url": 1}], 0]]],
@@ -142,7 +152,7 @@ def _frame(obj) -> bytes:
     [9, -1], [9, 10**9], [8, "now"], [4, b"\x01" * 32, 1.0, [3], 1 << 20, None, [], []],
     [4, b"\x01" * 32, 1.0, [], 10, None, [], []], [4, b"\x01" * 32, 1.0, [], 1 << 20, None, [1], []],
     [2, NONCE, b"\x01" * 32],
-    [20, [[1, 200, None]]], [20, [[-1, 200, None, None]]], [20, [[1, 42, None, None]]],
+    [20, [[1, 200, None, None, None]]], [20, [[]]], [20, [[-1, 200, None, None]]], [20, [[1, 42, None, None]]],
     [20, [[1, 200, -1.0, None]]], [20, [[1, 200, None, float("nan")]]], [20, [[1, 200, float("inf"), None]]],
     [20, [[1, "200", None, None]]], [20, [[1, 200, None, "fast"]]], [20, {}],
 ], ids=repr)
@@ -352,9 +362,9 @@ def test_integers_past_signed_64_bits_are_refused(value):
     (_result(content_type="t" * (p.MAX_NAME + 1)), "content_type"),
     ([8, float("nan"), []], "sent_at"), ([8, float("inf"), []], "sent_at"), ([8, 1.0, [-1]], "lease"),
     ([8, 1.0, ["x"]], "lease"), ([8, 1.0, 5], "leases"),
-    ([21, [[-1, "http://a/1.mp3"]]], "ticket"), ([21, [[1, 2]]], "ask.url"), ([21, [[1]]], "ask"),
+    ([21, [[-1, "http://a/1.mp3"]]], "ticket"), ([21, [[1, 2]]], r"asks\[0\]\.url"), ([21, [[1]]], "ask"),
     ([22, [[1, "steal", None, None, None, None]]], "verdict"), ([22, [[1, "copy", None, None, -5, None]]], "size"),
-    ([23, [[1, None, None, "x" * (p.MAX_NAME + 1)]]], "end.path"),
+    ([23, [[1, None, None, "x" * (p.MAX_NAME + 1)]]], r"ends\[0\]\.path"),
     (_result_refs(["http://a/" + "x" * p.MAX_URL]), "refs"), (_result_refs([3]), "refs"),
     ([4, b"\1" * 32, float("nan"), [], 4096, None, [], []], "heartbeat_interval"),
     ([1, "w" * (p.MAX_WORKER_ID + 1), p.PROTOCOL_VERSION, 1, NONCE], "worker_id"),
@@ -398,12 +408,15 @@ def test_pre_auth_limit_fits_the_largest_hello_and_refuses_more_from_the_header(
 
 def test_a_result_without_sitemap_dates_encodes_as_before_and_bad_dates_are_refused():
     plain = p.Result(1, "http://a/", p.DONE, 200, None, None, None, None, ("http://a/1",))
-    assert len(plain.to_wire()) == 11
-    wire = plain.to_wire() + [[["http://a/1", "yesterday"]]]
-    with pytest.raises(p.ProtocolError, match="lastmod.time"):
+    assert plain.to_wire() == [1, "http://a/", "done", 200, None, None, None, None, ["http://a/1"], [], 0,
+                               [], None, []]
+    # A version-8 result (its trailing fields left out) reads as before.
+    assert p.Result.from_wire(plain.to_wire()[:11]) == plain
+    wire = plain.to_wire()[:11] + [[["http://a/1", "yesterday"]]]
+    with pytest.raises(p.ProtocolError, match=r"lastmod\[0\]\.time"):
         p.Result.from_wire(wire)
-    with pytest.raises(p.ProtocolError, match="11 to 14"):
-        p.Result.from_wire(plain.to_wire() + [[], None, [], []])
+    with pytest.raises(p.ProtocolError, match="3 to 14"):
+        p.Result.from_wire(plain.to_wire() + [[]])
     # Audio references without sitemap dates: the dates go as an empty list, so the fields keep their places.
     with_refs = p.Result(1, "http://a/", p.DONE, refs=("http://a/1.m3u",))
     assert with_refs.to_wire()[11:] == [[], None, ["http://a/1.m3u"]]
@@ -414,16 +427,18 @@ def test_validators_travel_both_ways_and_are_checked():
     task = p.Task(7, "http://a/", 1, None, None, ('"v1"', "Wed, 02 Dec 2026 10:00:00 GMT"))
     assert p.decode_payload(p.encode(p.Assign((task, p.Task(8, "http://a/2", 1))))[4:]) == p.Assign(
         (task, p.Task(8, "http://a/2", 1)))
-    assert len(p.Assign((p.Task(8, "http://a/2", 1),)).fields()[0][0]) == 5    # without them, as before
-    with pytest.raises(p.ProtocolError, match="etag"):
-        p.Assign.from_fields([[[1, "http://a/", 0, None, None, 5, None]]])
+    assert p.Assign((p.Task(8, "http://a/2", 1),)).fields() == [[[8, "http://a/2", 1, None, None, None]]]
+    with pytest.raises(p.ProtocolError, match=r"tasks\[0\]\.validators\.etag"):
+        p.Assign.from_fields([[[1, "http://a/", 0, None, None, [5, None]]]])
     r = p.Result(1, "http://a/", p.DONE, 200, validators=('"v1"', None, -(1 << 63)))
     assert p.Result.from_wire(r.to_wire()) == r
     assert p.Result.from_wire(p.Result(1, "http://a/", p.DONE, 304, validators=(None, None, None)).to_wire()
                               ).validators == (None, None, None)
     for bad in (["x", None], [None, None, 1 << 63], [None, None, "1"]):
-        with pytest.raises(p.ProtocolError):
-            p.Result.from_wire(p.Result(1, "http://a/", p.DONE).to_wire() + [[], bad])
+        wire = p.Result(1, "http://a/", p.DONE).to_wire()
+        wire[12] = bad
+        with pytest.raises(p.ProtocolError, match="validators"):
+            p.Result.from_wire(wire)
 
 
 @pytest.mark.parametrize("key, value", [("meta_source", "class"), ("file_tags", [1]), ("codec", 3),
@@ -431,5 +446,136 @@ def test_validators_travel_both_ways_and_are_checked():
 def test_new_audio_fields_are_type_checked(key, value):
     wire = ITEM.to_wire()
     wire[key] = value
-    with pytest.raises(p.ProtocolError, match=f"audio.{key}"):
+    with pytest.raises(p.ProtocolError, match=rf"audio\[0\]\.{key}"):
         p.Result.from_wire([1, "http://a/", p.DONE, None, None, None, None, None, [], [wire], 0])
+
+
+# --------------------------------------------------------------------------------------------- every declared limit
+# Each limit a message type declares (msgspec.Meta on its fields and on the audio item's), found by walking the
+# types themselves, so a limit added later is tested too: a value at the limit is accepted, one past it is
+# refused with a ProtocolError naming the field. Payloads are built with msgpack, independently of our encoder.
+_PATTERN_VALUES = {r"^(done|error|retry)\Z": ("done", "finished"), r"^(go|copy)\Z": ("go", "steal")}
+_LIST_PAST_CAP = "\0list past its cap\0"      # replaced by an array header announcing one entry too many
+
+
+def _unwrap(info):
+    return info.type if isinstance(info, mi.Metadata) else info
+
+
+def _valid(info):
+    """The smallest value of this type that is valid, as plain msgpack data."""
+    info = _unwrap(info)
+    if isinstance(info, mi.UnionType):
+        return None if mi.NoneType() in info.types else _valid(info.types[0])
+    if isinstance(info, (mi.IntType, mi.FloatType)):
+        zero = 0 if isinstance(info, mi.IntType) else 0.0
+        return zero if (info.ge is None or info.ge <= zero) and (info.le is None or zero <= info.le) else info.ge
+    if isinstance(info, mi.StrType):
+        return _PATTERN_VALUES[info.pattern][0] if info.pattern else "w" * (info.min_length or 0)
+    if isinstance(info, mi.BytesType):
+        return b"\0" * (info.min_length or 0)
+    if isinstance(info, (mi.VarTupleType, mi.ListType)):
+        return []
+    if isinstance(info, mi.TupleType):
+        return [_valid(t) for t in info.item_types]
+    if isinstance(info, mi.DictType):
+        return {}
+    if isinstance(info, mi.StructType):
+        return ([info.tag] if info.tag is not None else []) + [_valid(f.type) for f in info.fields]
+    if isinstance(info, mi.DataclassType):
+        # An audio item with an address: a download must have one (DownloadWork).
+        return {f.name: "u" if f.name == "url" else _valid(f.type) for f in info.fields if f.required}
+    assert isinstance(info, (mi.AnyType, mi.NoneType)), info
+    return None
+
+
+def _limits(info, label, wrap):
+    """(field label, the message with the field at its limit or None, the message with it one past the limit)."""
+    info = _unwrap(info)
+    if isinstance(info, mi.UnionType):
+        for t in info.types:
+            yield from _limits(t, label, wrap)
+    elif isinstance(info, (mi.IntType, mi.FloatType)):
+        step = (lambda v, d: v + d) if isinstance(info, mi.IntType) else \
+            (lambda v, d: math.nextafter(v, math.copysign(math.inf, d)))
+        if info.le is not None:
+            yield label, wrap(info.le), wrap(step(info.le, 1))
+        if info.ge is not None and step(info.ge, -1) >= p.INT64_MIN:    # msgpack cannot carry less than -2**63
+            yield label, wrap(info.ge), wrap(step(info.ge, -1))
+        if isinstance(info, mi.FloatType):
+            yield label, None, wrap(math.nan)
+    elif isinstance(info, (mi.StrType, mi.BytesType)):
+        unit = "語" if isinstance(info, mi.StrType) else b"\1"       # characters, not bytes, for strings
+        if info.max_length is not None:
+            yield label, wrap(unit * info.max_length), wrap(unit * (info.max_length + 1))
+        if info.min_length:
+            yield label, wrap(unit * info.min_length), wrap(unit * (info.min_length - 1))
+        if getattr(info, "pattern", None):
+            good, bad = _PATTERN_VALUES[info.pattern]
+            yield label, wrap(good), wrap(bad)
+    elif isinstance(info, (mi.VarTupleType, mi.ListType)):
+        assert info.max_length is not None, f"{label}: a list without a cap"
+        yield label, None, wrap(_LIST_PAST_CAP)
+        yield from _limits(info.item_type, f"{label}[0]", lambda x: wrap([x]))
+    elif isinstance(info, mi.TupleType):
+        for i, t in enumerate(info.item_types):
+            title = t.extra_json_schema.get("title") if isinstance(t, mi.Metadata) and t.extra_json_schema else None
+            if title is None and isinstance(_unwrap(t), mi.UnionType):
+                title = next((u.extra_json_schema.get("title") for u in _unwrap(t).types
+                              if isinstance(u, mi.Metadata) and u.extra_json_schema), None)
+            base = _valid(info)
+            yield from _limits(t, f"{label}.{title}" if title else f"{label}[{i}]",
+                               lambda x, i=i, base=base: wrap([*base[:i], x, *base[i + 1:]]))
+    elif isinstance(info, mi.DictType):
+        assert info.max_length is not None, f"{label}: a map without a cap"
+        value = _valid(info.value_type) if not isinstance(info.value_type, mi.AnyType) else 1
+        yield label, wrap({f"k{i}": value for i in range(info.max_length)}), \
+            wrap({f"k{i}": value for i in range(info.max_length + 1)})
+    elif isinstance(info, mi.StructType):
+        base = _valid(info)
+        first = 1 if info.tag is not None else 0
+        for i, f in enumerate(info.fields, first):
+            yield from _limits(f.type, f"{label}.{f.name}",
+                               lambda x, i=i, base=base: wrap([*base[:i], x, *base[i + 1:]]))
+    elif isinstance(info, mi.DataclassType):
+        base = _valid(info)
+        for f in info.fields:
+            yield from _limits(f.type, f"{label}.{f.name}", lambda x, f=f, base=base: wrap({**base, f.name: x}))
+
+
+def _every_limit():
+    for cls in p.MESSAGE_TYPES.values():
+        yield from _limits(mi.type_info(cls), cls.__name__, lambda x: x)
+
+
+LIMITS = list(_every_limit())
+
+
+def _payload(obj) -> bytes:
+    payload = msgpack.packb(obj, use_bin_type=True)
+    marker = msgpack.packb(_LIST_PAST_CAP)
+    if marker in payload:     # the decoder refuses from the array's header alone: nothing after it is needed
+        payload = payload[:payload.index(marker)] + b"\xdd" + struct.pack(">I", p.MAX_ITEMS + 1)
+    return payload
+
+
+def test_the_walk_finds_the_limits_of_every_message():
+    labels = {label for label, _, _ in LIMITS}
+    # A sample of what must be there: each kind of limit, at each level of nesting.
+    assert {"Hello.worker_id", "Hello.capacity", "Hello.nonce", "Welcome.heartbeat_interval", "Welcome.max_frame",
+            "Report.results", "Report.results[0].http_status", "Report.results[0].lastmod[0].time",
+            "Report.results[0].validators.digest", "Report.results[0].audio[0].duration",
+            "Report.results[0].audio[0].identity.headers[0][1]", "Report.results[0].audio[0].extra",
+            "Assign.tasks[0].validators.etag", "DownloadAsk.asks[0].url", "DownloadGrant.grants[0].verdict",
+            "DownloadReport.outcomes[0].url", "DownloadWork.items[0].cover", "Fetched.fetches[0].retry_after",
+            "Credit.n", "Fault.leases[0]", "Refused.code"} <= labels
+    assert len(LIMITS) > 150
+
+
+@pytest.mark.parametrize("label, at, past", LIMITS, ids=[f"{label}-{i}" for i, (label, _, _) in enumerate(LIMITS)])
+def test_a_value_one_past_each_declared_limit_is_refused_naming_the_field(label, at, past):
+    # A download outcome's status must be ok or failed besides being a short name: no other value is accepted.
+    if at is not None and label != "DownloadReport.outcomes[0][1].status":
+        p.decode_payload(_payload(at))                  # at the limit: accepted
+    with pytest.raises(p.ProtocolError, match=re.escape(label)):
+        p.decode_payload(_payload(past))

@@ -8,7 +8,6 @@ was unfinished. The worker reconnects by itself, with backoff, until the master 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import random
@@ -18,6 +17,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 import mmh3
+import msgspec
 
 from crawler import html, sdnotify
 from crawler import items as it
@@ -93,7 +93,7 @@ def _within_limits(r: p.Result) -> p.Result:
             audio.append(a)
         except p.ProtocolError:
             pass
-    fitted = dataclasses.replace(r, audio=tuple(audio))
+    fitted = msgspec.structs.replace(r, audio=tuple(audio))
     try:
         p.check_result(fitted)
         log.warning("result for %s: %d audio items out of the wire's limits dropped (%s)", r.url,
