@@ -25,7 +25,7 @@ import aiohttp.tracing
 import httpx
 from aiohttp.abc import ResolveResult
 
-from crawler.urls import InvalidURL, normalize
+from crawler.web.urls import InvalidURL, normalize
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _DEFAULT_PORTS = {"http": 80, "https": 443}

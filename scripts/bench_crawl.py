@@ -446,8 +446,8 @@ def recount_reported_links(worker_dirs: list[Path]) -> int | None:
     from selectolax.lexbor import LexborHTMLParser
 
     from crawler.resolvers.sniff import is_audio_url
-    from crawler.urls import NormalizeOptions, normalize_many
-    from crawler.worker.links import extract_links
+    from crawler.web.links import extract_links
+    from crawler.web.urls import NormalizeOptions, normalize_many
     from crawler.worker.pagestore import read_page
 
     opts = NormalizeOptions()

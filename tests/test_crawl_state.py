@@ -414,7 +414,7 @@ def test_the_barrier_waits_for_a_retried_page_of_its_level(tmp_path):
 
 
 def test_audio_references_pass_the_depth_limit_by_a_bounded_number_of_hops(tmp_path):
-    from crawler.urls import AUDIO_REF_HOPS
+    from crawler.web.urls import AUDIO_REF_HOPS
     c = make(tmp_path, nodes=("a",), max_depth=0)
     c.node_up("a")
     (home,) = c.take("a", 10, 0.0)

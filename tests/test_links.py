@@ -7,8 +7,8 @@ import time
 import pytest
 from selectolax.lexbor import LexborHTMLParser
 
+from crawler.web.links import audio_candidates, document_base, extract_links, join_url
 from crawler.worker.linkcache import LinkCache
-from crawler.worker.links import audio_candidates, document_base, extract_links, join_url
 
 PAGE = "http://site.example.com/dir/page.html?q=1"
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crawler import urls
-from crawler.urls import (
+from crawler.web import urls
+from crawler.web.urls import (
     DISCARD_DENIED,
     DISCARD_GENERATED,
     DISCARD_QUERY,

@@ -25,7 +25,7 @@ from crawler.master.revisit import revisit_policy
 from crawler.master.store import Finished, MasterStore, page_keys
 from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, host_url_of, robots_url
 from crawler.scheduler import NodeTable
-from crawler.urls import AUDIO_REF_HOPS, DISCARD_TOO_DEEP, NormalizeOptions, UrlPolicy, normalize_many
+from crawler.web.urls import AUDIO_REF_HOPS, DISCARD_TOO_DEEP, NormalizeOptions, UrlPolicy, normalize_many
 
 log = logging.getLogger("crawler.master")
 

@@ -63,7 +63,7 @@ from crawler.resolvers.chromium import (
     find_executable,
     sweep_stale_profiles,
 )
-from crawler.worker.links import extract_links, join_url
+from crawler.web.links import extract_links, join_url
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring
 
 from crawler.resolvers import pagemeta, sniff
-from crawler.worker.links import join_url
+from crawler.web.links import join_url
 
 RSS, ATOM, SITEMAP, SITEMAP_INDEX = "rss", "atom", "sitemap", "sitemapindex"
 # The sitemaps protocol's own limit per file.

@@ -34,8 +34,8 @@ from crawler.resolvers.base import (
 )
 from crawler.resolvers.pagemeta import Meta
 from crawler.resolvers.tags import read_tags
-from crawler.urls import NormalizeOptions, normalize_many
-from crawler.worker.links import document_base, join_url
+from crawler.web.links import document_base, join_url
+from crawler.web.urls import NormalizeOptions, normalize_many
 
 log = logging.getLogger(__name__)
 

@@ -299,7 +299,7 @@ class KugouResolver(Resolver):
         self.settings = parse_section(KugouConfig, self.name, config)
         self.mid = self.settings.mid or uuid.uuid4().hex
         hosts = "|".join(re.escape(h) for h in self.settings.www_hosts)
-        # Searched in the normalised URL without its fragment (crawler.urls): song pages keep theirs.
+        # Searched in the normalised URL without its fragment (crawler.web.urls): song pages keep theirs.
         self.keep_fragment = (rf"^https?://(?:{hosts})/song/",) if hosts else ()
 
     # Which URLs are ours.

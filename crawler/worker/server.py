@@ -29,13 +29,13 @@ from crawler.resolvers.base import FetchedPage, Resolution, ResolveContext, Reso
 from crawler.resolvers.registry import followers, load_resolvers, pick
 from crawler.resolvers.sniff import is_audio_url, is_playlist_url
 from crawler.targets import TargetPolicy, parse_network
-from crawler.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
+from crawler.web.links import audio_candidates, count_links, extract_links
+from crawler.web.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
 from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader
 from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, describe, is_local
 from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
 from crawler.worker.linkcache import LinkCache
-from crawler.worker.links import audio_candidates, count_links, extract_links
 from crawler.worker.pagestore import open_page_store
 
 log = logging.getLogger("crawler.worker")
