@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from crawler import html
-from crawler.resolvers.base import FetchedPage
 from crawler.resolvers.generic import GenericResolver
 from crawler.web import links as links_module
 from crawler.web.links import extract_links
+from crawler.web.page import FetchedPage
 from crawler.web.urls import NormalizeOptions, normalize_many
 from crawler.worker.linkcache import LinkCache
 from crawler.worker.pagestore import open_page_store

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from crawler.resolvers import feeds
-from crawler.resolvers.base import FetchedPage
 from crawler.resolvers.generic import GenericResolver
+from crawler.web.page import FetchedPage
 
 FEED = "http://pod.example.com/feed.xml"
 

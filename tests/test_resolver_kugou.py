@@ -14,9 +14,10 @@ import pytest
 import yaml
 
 from crawler.items import FAILED, OK, UNAVAILABLE
-from crawler.resolvers import FetchedPage, ResolveContext, ResolverConfigError, load_resolvers, pick
+from crawler.resolvers import ResolveContext, ResolverConfigError, load_resolvers, pick
 from crawler.resolvers.kugou import DESKTOP_USER_AGENT, KugouResolver, search_url, unwrap_jsonp
-from crawler.resolvers.tags import read_tags
+from crawler.web.media import read_tags
+from crawler.web.page import FetchedPage
 from crawler.web.urls import NormalizeOptions, normalize
 from tests.fakes.kugou import KugouController, make_kugou_app, serve
 

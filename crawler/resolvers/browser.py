@@ -13,7 +13,7 @@ address, scripts run until the network is quiet, then the obvious play controls 
 element is played, and buttons and links whose name, class, id, title or label says "play" (not links that lead
 elsewhere) are clicked; then it waits for the network to be quiet again and plays what the clicks set up.
 
-What is recorded: every request whose address has an audio extension (the one set in resolvers/sniff.py),
+What is recorded: every request whose address has an audio extension (the one set in crawler/web/media.py),
 every response whose Content-Type is audio, every HLS or DASH manifest, and media requests of no known kind
 after a small ranged probe of their first bytes. The audio requests themselves are not let through (the
 downloader fetches the file later), and neither are images, fonts or video: the browser fetches documents,
@@ -47,9 +47,8 @@ from selectolax.lexbor import LexborHTMLParser
 
 from crawler.html import css
 from crawler.items import AudioItem, RequestIdentity
-from crawler.resolvers import pagemeta, sniff
+from crawler.resolvers import pagemeta
 from crawler.resolvers.base import (
-    FetchedPage,
     Resolution,
     ResolveContext,
     Resolver,
@@ -63,7 +62,9 @@ from crawler.resolvers.chromium import (
     find_executable,
     sweep_stale_profiles,
 )
+from crawler.web import media
 from crawler.web.links import extract_links, join_url
+from crawler.web.page import FetchedPage
 
 log = logging.getLogger(__name__)
 
@@ -157,15 +158,15 @@ class BrowserConfig:
 # ------------------------------------------------------------------------------------------ pure decisions
 def classify(url: str, content_type: str | None = None) -> str | None:
     """What a request or response is to us: 'audio', 'hls', 'dash', 'playlist' (m3u/pls of songs), or None."""
-    ext = sniff.url_extension(url)
-    ct = (content_type or "").split(";", 1)[0].strip().lower()
+    ext = media.url_extension(url)
+    ct = media.media_type(content_type)
     if ext == "m3u8" or ct in HLS_TYPES:
         return "hls"
     if ext == "mpd" or ct in DASH_TYPES:
         return "dash"
-    if ext in sniff.PLAYLIST_EXTENSIONS or ct in sniff.PLAYLIST_TYPES:
+    if ext in media.PLAYLIST_EXTENSIONS or ct in media.PLAYLIST_TYPES:
         return "playlist"
-    if ext in sniff.AUDIO_EXTENSIONS or sniff.is_audio_type(ct):
+    if ext in media.AUDIO_EXTENSIONS or media.is_audio_type(ct):
         return "audio"
     return None
 
@@ -547,7 +548,7 @@ class BrowserResolver(Resolver):
                 rec.add(url, kind or "probe", headers.get("user-agent"), headers.get("referer"), rtype)
                 await route.abort("blockedbyclient")
                 return
-            if rtype in BLOCKED_TYPES or sniff.url_extension(url) in VIDEO_EXTENSIONS:
+            if rtype in BLOCKED_TYPES or media.url_extension(url) in VIDEO_EXTENSIONS:
                 await route.abort("blockedbyclient")
                 return
             if kind in ("hls", "dash"):
@@ -566,8 +567,8 @@ class BrowserResolver(Resolver):
             kind = classify(url, ctype)
             request_headers = response.request.headers
             if kind is None:
-                mt = ctype.split(";", 1)[0].strip().lower()
-                if mt in ("application/octet-stream", "binary/octet-stream", "") or sniff.maybe_audio_type(mt):
+                mt = media.media_type(ctype)
+                if mt in ("application/octet-stream", "binary/octet-stream", "") or media.maybe_audio_type(mt):
                     kind = "probe"
                 else:
                     return
@@ -632,7 +633,7 @@ class BrowserResolver(Resolver):
         except Exception as exc:   # any network trouble: the candidate is simply not audio we can show
             log.debug("browser: probe %s: %s", f.url[:200], exc)
             return None
-        return "audio" if sniff.sniff_audio(head[:8192]) else None
+        return "audio" if media.sniff_audio(head[:8192]) else None
 
     def _rendered(self, html: str, page_url: str) -> tuple[pagemeta.Meta, dict[str, pagemeta.Meta], list[str]]:
         """From the page as its scripts left it: its metadata, per media address the metadata around its

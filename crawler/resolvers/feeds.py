@@ -24,7 +24,8 @@ from xml.etree.ElementTree import Element, ParseError
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring
 
-from crawler.resolvers import pagemeta, sniff
+from crawler.resolvers import pagemeta
+from crawler.web import media
 from crawler.web.links import join_url
 
 RSS, ATOM, SITEMAP, SITEMAP_INDEX = "rss", "atom", "sitemap", "sitemapindex"
@@ -209,8 +210,8 @@ def _feed(kind: str, root: Element, base_url: str) -> XmlResult:
 
 
 def _audio_typed(el: Element) -> bool:
-    kind = (el.get("type") or "").split(";", 1)[0].strip().lower()
-    return sniff.is_audio_type(kind) if kind else False
+    kind = media.media_type(el.get("type"))
+    return media.is_audio_type(kind) if kind else False
 
 
 def _item_links(kind: str, item: Element, base_url: str) -> tuple[str | None, list[str]]:
@@ -227,25 +228,25 @@ def _item_links(kind: str, item: Element, base_url: str) -> tuple[str | None, li
         name = _local(el.tag)
         if name == "enclosure" and kind == RSS:
             ref = el.get("url")
-            if ref and (_audio_typed(el) or sniff.is_audio_url(ref) or not el.get("type")):
+            if ref and (_audio_typed(el) or media.is_audio_url(ref) or not el.get("type")):
                 add(ref)
         elif name == "content" and el.get("url") is not None:   # media:content
             ref = el.get("url")
-            if ref and (_audio_typed(el) or (el.get("medium") == "audio") or sniff.is_audio_url(ref)):
+            if ref and (_audio_typed(el) or (el.get("medium") == "audio") or media.is_audio_url(ref)):
                 add(ref)
         elif name == "link":
             if kind == ATOM:
                 ref, rel = el.get("href"), (el.get("rel") or "alternate")
-                if rel == "enclosure" and ref and (_audio_typed(el) or sniff.is_audio_url(ref)):
+                if rel == "enclosure" and ref and (_audio_typed(el) or media.is_audio_url(ref)):
                     add(ref)
                 elif rel == "alternate" and ref:
-                    if sniff.is_audio_url(ref) or _audio_typed(el):
+                    if media.is_audio_url(ref) or _audio_typed(el):
                         add(ref)
                     elif page is None:
                         page = join_url(base_url, ref)
             else:
                 ref = _text(el)
-                if ref and sniff.is_audio_url(ref):
+                if ref and media.is_audio_url(ref):
                     add(ref)
                 elif ref and page is None:
                     page = join_url(base_url, ref)

@@ -26,7 +26,6 @@ import httpx
 
 from crawler.items import FAILED, OK, UNAVAILABLE, AudioItem, RequestIdentity
 from crawler.resolvers.base import (
-    FetchedPage,
     Resolution,
     ResolveContext,
     Resolver,
@@ -34,6 +33,7 @@ from crawler.resolvers.base import (
     parse_section,
 )
 from crawler.resolvers.jsdata import LiteralError, find_literal, parse_literal
+from crawler.web.page import FetchedPage
 
 log = logging.getLogger(__name__)
 

@@ -75,8 +75,8 @@ import yarl
 
 from crawler.bodies import BodyError
 from crawler.items import FAILED, OK, AudioItem
-from crawler.resolvers import sniff
 from crawler.targets import TargetRefused
+from crawler.web import media as sniff
 from crawler.worker.audiostore import AudioStore, Finished, Sidecar, extension_for, partial_key, write_pieces
 from crawler.worker.faults import is_local
 from crawler.worker.filetags import read_file_tags

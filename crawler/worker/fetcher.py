@@ -23,8 +23,9 @@ import aiohttp.abc
 import httpx
 
 from crawler.bodies import ACCEPT_ENCODING, BodyError
-from crawler.resolvers.base import FetchedPage
 from crawler.targets import TargetConnector, TargetPolicy, TargetRefused
+from crawler.web.media import media_type
+from crawler.web.page import FetchedPage
 from crawler.worker.transport import AiohttpTransport
 
 SNIFF_BYTES = 64 * 1024
@@ -78,10 +79,6 @@ def build_client(transport: AiohttpTransport, *, user_agent: str, connect_timeou
                                headers={"User-Agent": user_agent, "Accept-Encoding": ACCEPT_ENCODING})
     client._cookies = _NoCookies()   # httpx has no public switch for this
     return client
-
-
-def media_type(content_type: str | None) -> str:
-    return (content_type or "").split(";", 1)[0].strip().lower()
 
 
 def is_document(mt: str) -> bool:

@@ -55,7 +55,7 @@ import httpx
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from crawler.items import FAILED, OK, AudioItem
-from crawler.resolvers import sniff
+from crawler.web import media
 from crawler.worker.audiostore import AudioStore, Finished
 from crawler.worker.downloader import _NETWORK_ERRORS, DownloadConfig, _hash_prefix, _identity_headers
 
@@ -331,7 +331,7 @@ def container(first: bytes, has_init: bool) -> tuple[str, str]:
         return ".m4a", "audio/mp4"
     if first[:1] == b"\x47":
         return ".ts", "video/mp2t"
-    fmt = sniff.sniff_audio(first) if len(first) >= 4 else None
+    fmt = media.sniff_audio(first) if len(first) >= 4 else None
     if fmt == "aac":
         return ".aac", "audio/aac"
     if fmt in ("mp3", "mp2"):
@@ -376,7 +376,7 @@ class HlsDownloader:
     def claims(self, item: AudioItem) -> bool:
         """Items the downloader hands to this module: HLS playlists (and DASH manifests, recorded only)."""
         fmt = item.extra.get("format") if isinstance(item.extra, dict) else None
-        return fmt in (HLS, DASH) or sniff.url_extension(item.url) == "m3u8"
+        return fmt in (HLS, DASH) or media.url_extension(item.url) == "m3u8"
 
     def progress_path(self, key: str) -> Path:
         return self.store.partial_dir / f"{key}.hls.json"

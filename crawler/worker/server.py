@@ -25,11 +25,12 @@ from crawler import protocol as p
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.metrics import WorkerMetrics, serve_metrics
 from crawler.politeness import THROTTLE_STATUSES, parse_retry_after
-from crawler.resolvers.base import FetchedPage, Resolution, ResolveContext, Resolver, ResolverUnavailable
+from crawler.resolvers.base import Resolution, ResolveContext, Resolver, ResolverUnavailable
 from crawler.resolvers.registry import followers, load_resolvers, pick
-from crawler.resolvers.sniff import is_audio_url, is_playlist_url
 from crawler.targets import TargetPolicy, parse_network
 from crawler.web.links import audio_candidates, count_links, extract_links
+from crawler.web.media import is_audio_url, is_playlist_url
+from crawler.web.page import FetchedPage
 from crawler.web.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
 from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader
