@@ -41,7 +41,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urldefrag, urljoin, urlsplit
+from urllib.parse import urldefrag, urlsplit
 
 from selectolax.lexbor import LexborHTMLParser
 
@@ -63,8 +63,9 @@ from crawler.resolvers.chromium import (
     sweep_stale_profiles,
 )
 from crawler.web import media
-from crawler.web.links import extract_links, join_url
+from crawler.web.links import extract_links
 from crawler.web.page import FetchedPage
+from crawler.web.urls import resolve, resolve_link
 
 log = logging.getLogger(__name__)
 
@@ -221,11 +222,11 @@ def manifest_uris(text: str, base: str) -> set[str]:
             continue
         if line.startswith("#"):
             for m in re.finditer(r'URI="([^"]+)"', line):
-                out.add(urldefrag(urljoin(base, m.group(1))).url)
+                out.add(resolve(base, m.group(1), strict=False).partition("#")[0])
         else:
-            out.add(urldefrag(urljoin(base, line)).url)
+            out.add(resolve(base, line, strict=False).partition("#")[0])
     for m in re.finditer(r"<(?:BaseURL|SegmentURL[^>]*media=\")([^<\"]+)", text):
-        out.add(urldefrag(urljoin(base, m.group(1))).url)
+        out.add(resolve(base, m.group(1), strict=False).partition("#")[0])
     return out
 
 
@@ -647,7 +648,7 @@ class BrowserResolver(Resolver):
             for name in ("src", "data-src", "data-audio", "data-url"):
                 value = attrs.get(name)
                 if value:
-                    absolute = join_url(page_url, value.strip())
+                    absolute = resolve_link(page_url, value.strip())
                     if absolute is not None:
                         by_url.setdefault(urldefrag(absolute).url, pagemeta.element_meta(node))
         return pagemeta.page_meta(tree), by_url, extract_links(tree, page_url)

@@ -26,7 +26,7 @@ from defusedxml.ElementTree import fromstring
 
 from crawler.resolvers import pagemeta
 from crawler.web import media
-from crawler.web.links import join_url
+from crawler.web.urls import resolve_link
 
 RSS, ATOM, SITEMAP, SITEMAP_INDEX = "rss", "atom", "sitemap", "sitemapindex"
 # The sitemaps protocol's own limit per file.
@@ -155,7 +155,7 @@ def _sitemap(kind: str, root: Element, base_url: str) -> XmlResult:
         if _local(entry.tag) != wanted:
             continue
         loc = _child_text(entry, "loc")
-        url = join_url(base_url, loc) if loc else None
+        url = resolve_link(base_url, loc) if loc else None
         if url is None:
             continue
         out.links.append(url)
@@ -220,7 +220,7 @@ def _item_links(kind: str, item: Element, base_url: str) -> tuple[str | None, li
     audio: list[str] = []
 
     def add(ref: str | None) -> None:
-        url = join_url(base_url, ref.strip()) if ref else None
+        url = resolve_link(base_url, ref.strip()) if ref else None
         if url and url not in audio:
             audio.append(url)
 
@@ -243,11 +243,11 @@ def _item_links(kind: str, item: Element, base_url: str) -> tuple[str | None, li
                     if media.is_audio_url(ref) or _audio_typed(el):
                         add(ref)
                     elif page is None:
-                        page = join_url(base_url, ref)
+                        page = resolve_link(base_url, ref)
             else:
                 ref = _text(el)
                 if ref and media.is_audio_url(ref):
                     add(ref)
                 elif ref and page is None:
-                    page = join_url(base_url, ref)
+                    page = resolve_link(base_url, ref)
     return page, audio

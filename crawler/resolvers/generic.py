@@ -33,10 +33,10 @@ from crawler.resolvers.base import (
 )
 from crawler.resolvers.pagemeta import Meta
 from crawler.web import media
-from crawler.web.links import document_base, join_url
+from crawler.web.links import document_base
 from crawler.web.media import read_tags
 from crawler.web.page import FetchedPage
-from crawler.web.urls import NormalizeOptions, normalize_many
+from crawler.web.urls import NormalizeOptions, normalize_many, resolve_link
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class _Collector:
 
     def add(self, raw: str, meta: Meta | pagemeta.Found, found_in: str, force_audio: bool = False,
             link: LexborNode | None = None) -> None:
-        url = join_url(self.base, raw.strip())
+        url = resolve_link(self.base, raw.strip())
         if url is None:
             return
         url = urldefrag(url).url
@@ -292,7 +292,7 @@ class GenericResolver(Resolver):
             if any(c in entry.target for c in '<>"'):
                 continue  # markup, not an entry: an error page served under a playlist's name
             meta = pagemeta.normalise({"title": entry.title, "artist": entry.artist, "duration": entry.duration})
-            absolute = join_url(page.final_url, entry.target)
+            absolute = resolve_link(page.final_url, entry.target)
             if absolute is None:
                 continue
             if media.is_audio_url(absolute) or media.is_playlist_url(absolute):
@@ -536,7 +536,7 @@ def _link_metadata(page: FetchedPage) -> dict[str, pagemeta.Found]:
         return {}
     base = document_base(tree, page.final_url)
     nodes = css(tree, "a[href], area[href]")[:_MAX_REFERRER_LINKS]
-    joined = [join_url(base, n.attributes.get("href") or "") for n in nodes]
+    joined = [resolve_link(base, n.attributes.get("href") or "") for n in nodes]
     keys = normalize_many([u for u in joined if u is not None], NormalizeOptions())
     context = pagemeta.PageContext(tree, page.body)
     out: dict[str, pagemeta.Found] = {}

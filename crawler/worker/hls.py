@@ -49,13 +49,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 import httpx
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from crawler.items import FAILED, OK, AudioItem
 from crawler.web import media
+from crawler.web.urls import resolve
 from crawler.worker.audiostore import AudioStore, Finished
 from crawler.worker.downloader import _NETWORK_ERRORS, DownloadConfig, _hash_prefix, _identity_headers
 
@@ -220,7 +221,7 @@ def _parse_media(text: str, url: str) -> MediaPlaylist:
             elif tag == "#EXT-X-MAP":
                 a = attributes(value)
                 if a.get("URI"):
-                    init = InitSection(urljoin(url, a["URI"]),
+                    init = InitSection(resolve(url, a["URI"]),
                                        _byterange(a["BYTERANGE"], 0) if a.get("BYTERANGE") else None)
             elif tag == "#EXT-X-BYTERANGE":
                 byterange = _byterange(value, range_end)
@@ -231,7 +232,7 @@ def _parse_media(text: str, url: str) -> MediaPlaylist:
             continue    # a URI line not preceded by EXTINF is not a segment
         if len(segments) >= MAX_SEGMENTS:
             raise HlsError(f"more than {MAX_SEGMENTS} segments")
-        segments.append(Segment(urljoin(url, line), duration, media_sequence + len(segments), key, init,
+        segments.append(Segment(resolve(url, line), duration, media_sequence + len(segments), key, init,
                                 byterange))
         if byterange is not None:
             range_end = byterange.offset + byterange.length
@@ -253,7 +254,7 @@ def _key(a: dict[str, str], base: str) -> Key | None:
             raise HlsError(f"bad IV {raw_iv[:40]!r}") from None
         if len(iv) != 16:
             raise HlsError(f"bad IV {raw_iv[:40]!r}")
-    return Key(method, urljoin(base, a["URI"]) if a.get("URI") else None, iv)
+    return Key(method, resolve(base, a["URI"]) if a.get("URI") else None, iv)
 
 
 def _parse_master(text: str, url: str) -> MasterPlaylist:
@@ -271,12 +272,12 @@ def _parse_master(text: str, url: str) -> MasterPlaylist:
             elif tag == "#EXT-X-MEDIA" and len(renditions) < MAX_VARIANTS:
                 a = attributes(value)
                 renditions.append(Rendition(a.get("TYPE", "").upper(), a.get("GROUP-ID", ""),
-                                            urljoin(url, a["URI"]) if a.get("URI") else None, a.get("NAME"),
+                                            resolve(url, a["URI"]) if a.get("URI") else None, a.get("NAME"),
                                             a.get("DEFAULT", "").upper() == "YES"))
             continue
         if pending is not None and len(variants) < MAX_VARIANTS:
             codecs = tuple(c.strip().lower() for c in pending.get("CODECS", "").split(",") if c.strip())
-            variants.append(Variant(urljoin(url, line), _int(pending.get("BANDWIDTH")), codecs,
+            variants.append(Variant(resolve(url, line), _int(pending.get("BANDWIDTH")), codecs,
                                     pending.get("RESOLUTION"), pending.get("AUDIO")))
         pending = None
     return MasterPlaylist(url, tuple(variants), tuple(renditions))
