@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from protego import Protego
 
+from crawler.web.urls import host_url_of
+
 # States of a host's robots.txt, as RobotsRules.state() reports them.
 UNKNOWN = "unknown"   # never fetched, or stale: the master should fetch it
 PENDING = "pending"   # a fetch is out
@@ -322,19 +324,6 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     if when.tzinfo is None:   # RFC 9110 dates are GMT; a zone-less one is read as such
         when = when.replace(tzinfo=datetime.UTC)
     return max(0.0, when.timestamp() - now)
-
-
-def host_url_of(url: str) -> str:
-    """scheme://host[:port] of an absolute URL: the key robots.txt rules are stored under."""
-    start = url.find("://")
-    if start < 0:
-        raise ValueError(f"not an absolute URL: {url!r}")
-    end = len(url)
-    for sep in "/?#":
-        i = url.find(sep, start + 3)
-        if 0 <= i < end:
-            end = i
-    return url[:end]
 
 
 def robots_url(host_url: str) -> str:

@@ -23,9 +23,16 @@ from crawler.master.config import MasterConfig
 from crawler.master.dedup import Dedup
 from crawler.master.revisit import revisit_policy
 from crawler.master.store import Finished, MasterStore, page_keys
-from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, host_url_of, robots_url
+from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, robots_url
 from crawler.scheduler import NodeTable
-from crawler.web.urls import AUDIO_REF_HOPS, DISCARD_TOO_DEEP, NormalizeOptions, UrlPolicy, normalize_many
+from crawler.web.urls import (
+    AUDIO_REF_HOPS,
+    DISCARD_TOO_DEEP,
+    NormalizeOptions,
+    UrlPolicy,
+    host_url_of,
+    normalize_many,
+)
 
 log = logging.getLogger("crawler.master")
 

@@ -41,7 +41,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urldefrag, urlsplit
+from urllib.parse import urldefrag
 
 from selectolax.lexbor import LexborHTMLParser
 
@@ -65,7 +65,7 @@ from crawler.resolvers.chromium import (
 from crawler.web import media
 from crawler.web.links import extract_links
 from crawler.web.page import FetchedPage
-from crawler.web.urls import resolve, resolve_link
+from crawler.web.urls import host_of, resolve, resolve_link
 
 log = logging.getLogger(__name__)
 
@@ -197,12 +197,8 @@ def request_allowed(page_url: str, url: str, *, document: bool) -> bool:
     Documents (the page itself, frames, navigations) stay on the page's host. Any request to a literal private,
     loopback, link-local or reserved address is refused unless the page itself is on such an address.
     """
-    try:
-        target, page = urlsplit(url), urlsplit(page_url)
-        host, page_host = (target.hostname or ""), (page.hostname or "")
-    except ValueError:
-        return False
-    if target.scheme not in ("http", "https") or not host:
+    host, page_host = host_of(url), host_of(page_url)
+    if not host or not url[:8].lower().startswith(("http://", "https://")):
         return False
     if document and host != page_host:
         return False
@@ -346,10 +342,7 @@ class BrowserResolver(Resolver):
     def runs_after(self, url: str, page: FetchedPage | None, found: Resolution | None) -> bool:
         if page is None or page.status >= 400 or not page.is_html():
             return False
-        try:
-            host = urlsplit(page.final_url).hostname or ""
-        except ValueError:
-            return False
+        host = host_of(page.final_url).strip("[]")
         if host_matches(host, self.settings.hosts):
             return True
         if not self.settings.on_player_signs or (found is not None and found.items):

@@ -27,7 +27,7 @@ import idna
 __all__ = [
     "AUDIO_REF_HOPS", "DEFAULT", "DISCARD_DENIED", "DISCARD_GENERATED", "DISCARD_QUERY", "DISCARD_SCHEME",
     "DISCARD_SCOPE", "DISCARD_TOO_DEEP", "DISCARD_TOO_LONG", "InvalidURL", "NormalizeOptions", "UrlPolicy",
-    "host_of", "normalize", "normalize_many", "remove_dot_segments", "resolve", "resolve_link",
+    "host_of", "host_port", "host_url_of", "normalize", "normalize_many", "remove_dot_segments", "resolve", "resolve_link",
 ]
 
 
@@ -398,15 +398,47 @@ def normalize_many(urls: Iterable[str], opts: NormalizeOptions = DEFAULT) -> lis
     return out
 
 
-_HOST_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://(?:[^@/?#]*@)?(\[[^\]/?#]*\]|[^:/?#]*)")
+# -- hosts and origins --------------------------------------------------------------------------------------
+
+# The authority's grammar, written once for every parser here: user info skipped, the host (an IP literal with
+# its brackets) in one group, the port in the next, anything else up to the path ignored.
+_AUTHORITY = r"//(?:[^@/?#]*@)?(\[[^\]/?#]*\]|[^:/?#]*)(?::(\d*))?[^/?#]*"
+_SCHEME_AUTHORITY = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):" + _AUTHORITY)
+_DEFAULT_PORT_NUMBERS = {"http": 80, "https": 443}
 
 
 def host_of(url: str) -> str:
-    """The lower-case host of a normalised URL (IP literals keep their brackets)."""
-    m = _HOST_RE.match(url)
+    """The lower-case host of a URL (IP literals keep their brackets); '' when it has none."""
+    m = _SCHEME_AUTHORITY.match(url)
+    return m.group(2).lower() if m is not None else ""
+
+
+def host_port(url: str) -> tuple[str, int] | None:
+    """(host, port) an http(s) URL connects to: the host lower case, without an IP literal's brackets or a
+    trailing dot, the port made explicit; None for anything else."""
+    m = _SCHEME_AUTHORITY.match(url)
     if m is None:
-        raise InvalidURL(f"no host in {url!r}")
-    return m.group(1).lower()
+        return None
+    default = _DEFAULT_PORT_NUMBERS.get(m.group(1).lower())
+    host = m.group(2).lower().strip("[]").rstrip(".")
+    port = int(m.group(3)) if m.group(3) else default
+    if default is None or not host or port is None or port > 65535:
+        return None
+    return host, port
+
+
+def host_url_of(url: str) -> str:
+    """The origin of an absolute URL as it is written, scheme://host[:port]: the key politeness and robots.txt
+    rules are kept under. String searches only: it runs for every URL the master queues."""
+    start = url.find("://")
+    if start < 0:
+        raise InvalidURL(f"not an absolute URL: {url!r}")
+    end = len(url)
+    for sep in "/?#":
+        i = url.find(sep, start + 3)
+        if 0 <= i < end:
+            end = i
+    return url[:end]
 
 
 # -- discard rules (paper, section 3.2) --------------------------------------------------------------------
@@ -422,9 +454,8 @@ DISCARD_SCHEME = "scheme"
 DISCARD_SCOPE = "out_of_scope"
 DISCARD_DENIED = "denied"
 
-# scheme, host (when there is an authority), path, query
-_PARTS_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):(?://(?:[^@/?#]*@)?(\[[^\]/?#]*\]|[^:/?#]*)(?::(\d*))?"
-                       r"[^/?#]*)?([^?#]*)(?:\?([^#]*))?")
+# scheme, host and port (when there is an authority), path, query
+_PARTS_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):(?:" + _AUTHORITY + r")?([^?#]*)(?:\?([^#]*))?")
 
 
 @dataclass(frozen=True)

@@ -49,14 +49,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import urlsplit
 
 import httpx
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from crawler.items import FAILED, OK, AudioItem
 from crawler.web import media
-from crawler.web.urls import resolve
+from crawler.web.urls import host_of, resolve
 from crawler.worker.audiostore import AudioStore, Finished
 from crawler.worker.downloader import _NETWORK_ERRORS, DownloadConfig, _hash_prefix, _identity_headers
 
@@ -415,7 +414,7 @@ class HlsDownloader:
         """A bounded GET with the item's identity, retried on network errors and 429/5xx."""
         if not url.lower().startswith(("http://", "https://")):
             raise HlsError(f"not an http(s) address: {url[:200]!r}")
-        same_host = urlsplit(url).hostname == urlsplit(item.url).hostname
+        same_host = host_of(url) == host_of(item.url)
         headers = _identity_headers(item, same_host=same_host)
         headers["Accept-Encoding"] = "identity"
         if byterange is not None:
