@@ -55,11 +55,11 @@ class PolitenessConfig:
     rules, crawl_delay_cap 0 the Crawl-delay.
     """
 
-    max_per_host: int | None = 2        # requests in flight to one host, over all workers
+    max_per_host: int | None = None     # requests in flight to one host, over all workers
     min_delay: float = 0.0              # seconds between request starts to one host, over all workers
     obey_robots: bool = True
     crawl_delay_cap: float = 10.0       # a robots.txt Crawl-delay is honoured up to this many seconds
-    user_agent: str = "audio-crawler"   # the product token robots.txt groups are matched against
+    user_agent: str = "audio-crawler/0.1"  # the name robots.txt groups are matched against
     robots_ttl: float = 86400.0         # how long fetched rules stay in force
     robots_retry_after: float = 600.0   # after a 5xx or network error: disallow all, then refetch this soon
     robots_fetch_timeout: float = 300.0  # a fetch marked pending that never reports is given up after this

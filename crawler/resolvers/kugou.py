@@ -46,6 +46,14 @@ SEARCH_API_BASE = f"https://{SEARCH_HOST}"
 SEARCH_PAGE_SIZE = 30
 
 
+def song_fragment_rule(www_hosts: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``keep_fragment`` rule of Kugou's song pages on these hosts: their fragment names the song
+    (``/song/#hash=<hash>&album_id=<id>``), so the URL normaliser must keep it. Searched in the normalised URL
+    without its fragment (crawler.web.urls)."""
+    hosts = "|".join(re.escape(h) for h in www_hosts)
+    return (rf"^https?://(?:{hosts})/song/",) if hosts else ()
+
+
 @dataclass(frozen=True)
 class KugouConfig:
     api_base: str = "https://wwwapi.kugou.com"        # play data: <api_base>/yy/index.php?r=play/getdata
@@ -298,9 +306,7 @@ class KugouResolver(Resolver):
         super().__init__(config)
         self.settings = parse_section(KugouConfig, self.name, config)
         self.mid = self.settings.mid or uuid.uuid4().hex
-        hosts = "|".join(re.escape(h) for h in self.settings.www_hosts)
-        # Searched in the normalised URL without its fragment (crawler.web.urls): song pages keep theirs.
-        self.keep_fragment = (rf"^https?://(?:{hosts})/song/",) if hosts else ()
+        self.keep_fragment = song_fragment_rule(self.settings.www_hosts)
 
     # Which URLs are ours.
     def _kind(self, url: str) -> str | None:
@@ -398,7 +404,7 @@ class KugouResolver(Resolver):
 
     def song_url(self, song: ListedSong) -> str:
         """The web player's address of one song: what a search result or a list entry points at."""
-        host = self.settings.www_hosts[0] if self.settings.www_hosts else "www.kugou.com"
+        host = self.settings.www_hosts[0] if self.settings.www_hosts else KugouConfig.www_hosts[0]
         scheme = urlsplit(self.settings.referer).scheme or "https"
         album = f"&album_id={song.album_id}" if song.album_id else ""
         return f"{scheme}://{host}/song/#hash={song.hash}{album}"
