@@ -788,10 +788,6 @@ class Crawl:
             return len(self.leases)
         return len(self.leases_by_node.get(node, ()))
 
-    def idle(self) -> bool:
-        """Nothing leased, nothing held, nothing waiting on robots.txt: only the frontier can hold work."""
-        return not self.leases and not any(self.held.values()) and not self.robots_wanted and not self.away
-
     def done(self) -> bool:
         """Nothing left anywhere: no lease, no node waited for, no download pending, an empty frontier."""
         if self.leases or self.robots_wanted or self.away or self.store.pending_count():
