@@ -97,7 +97,7 @@ class PolitenessConfig:
             raise ValueError("user_agent must not be empty")
 
 
-class _Host:
+class _HostState:
     __slots__ = ("adaptive_delay", "crawl_delay", "in_flight", "last_start", "paused_until", "throttled_at",
                  "throttles", "touched")
 
@@ -123,8 +123,8 @@ class HostGate:
 
     def __init__(self, cfg: PolitenessConfig) -> None:
         self.cfg = cfg
-        self._hosts: OrderedDict[str, _Host] = OrderedDict()
-        self._delayed: OrderedDict[str, _Host] = OrderedDict()   # idle hosts kept for their Crawl-delay
+        self._hosts: OrderedDict[str, _HostState] = OrderedDict()
+        self._delayed: OrderedDict[str, _HostState] = OrderedDict()   # idle hosts kept for their Crawl-delay
         self._clock = -math.inf   # the latest `now` seen, for set_crawl_delay, which is not given one
 
     def __len__(self) -> int:
@@ -234,10 +234,10 @@ class HostGate:
         if st is None:
             if delay is None:
                 return
-            st = self._hosts[host] = _Host(self._clock)
+            st = self._hosts[host] = _HostState(self._clock)
         st.crawl_delay = None if delay is None else min(delay, self.cfg.crawl_delay_cap)
 
-    def _delay_of(self, st: _Host) -> float:
+    def _delay_of(self, st: _HostState) -> float:
         d = self.cfg.min_delay
         if st.crawl_delay is not None and st.crawl_delay > d:
             d = st.crawl_delay
@@ -245,14 +245,14 @@ class HostGate:
             d = st.adaptive_delay
         return d
 
-    def _peek(self, host: str) -> _Host | None:
+    def _peek(self, host: str) -> _HostState | None:
         st = self._hosts.get(host)
         return st if st is not None else self._delayed.get(host)
 
-    def _touch(self, host: str, now: float) -> _Host:
+    def _touch(self, host: str, now: float) -> _HostState:
         st = self._hosts.get(host)
         if st is None:
-            st = self._delayed.pop(host, None) or _Host(now)
+            st = self._delayed.pop(host, None) or _HostState(now)
             self._hosts[host] = st
         else:
             self._hosts.move_to_end(host)

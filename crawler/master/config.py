@@ -13,7 +13,7 @@ from crawler.config import (
     Key,
     load_yaml,
     non_negative,
-    parse_section,
+    parse_keys,
     positive,
     probability,
     read_secret,
@@ -290,7 +290,7 @@ class MasterConfig:
     def from_mapping(cls, raw: dict[str, Any], base: Path) -> MasterConfig:
         if isinstance(raw, dict) and "seeds" in raw:
             raw = {**raw, "seeds": expand_seeds(raw["seeds"])}
-        v = parse_section(raw, SPEC, base)
+        v = parse_keys(raw, SPEC, base)
         crawl = v["crawl"]
         if not crawl["allowed_hosts"]:
             hosts = [_seed_scope(s) for s in v["seeds"]]

@@ -105,7 +105,7 @@ def _within_limits(r: p.Result) -> p.Result:
         return p.Result(r.lease, r.url, p.ERROR, error=f"result out of the wire's limits: {why}")
 
 
-class Refused(Exception):
+class MasterRefused(Exception):
     """The master refused this worker (bad secret, unknown id, id in use): retrying will not help without a fix."""
 
     def __init__(self, reason: str, code: str = "") -> None:
@@ -182,7 +182,7 @@ class Worker:
         self._waiting: dict[int, asyncio.Future[bool]] = {}
         self._running: set[int] = set()
         self.fault: str | None = None       # why this node's storage cannot take work now (see faults.py)
-        self.refusal: Refused | None = None  # the master's final answer, for the CLI's exit status
+        self.refusal: MasterRefused | None = None  # the master's final answer, for the CLI's exit status
         self._was_connected = False
 
     def stop(self) -> None:
@@ -288,7 +288,7 @@ class Worker:
                 log.info("worker %s connected to master %s:%d", self.cfg.id, host, port)
                 if await self._session(conn, hs, welcome):
                     return 0
-            except Refused as e:
+            except MasterRefused as e:
                 if e.code == p.DUPLICATE_ID and self._was_connected:
                     # Our own previous connection, not yet noticed gone by the master: it will be soon.
                     log.info("master still holds this worker's previous connection; trying again")
@@ -320,7 +320,7 @@ class Worker:
             await conn.send(hs.receive_challenge(await conn.recv()))
             return hs.receive_welcome(await conn.recv())
         except p.PeerRefused as e:
-            raise Refused(e.reason, e.code) from None
+            raise MasterRefused(e.reason, e.code) from None
 
     async def _session(self, conn: FramedConnection, hs: p.WorkerHandshake, welcome: p.Welcome) -> bool:
         """Serve one connection. True when the master ended the crawl."""
