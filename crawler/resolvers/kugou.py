@@ -2,9 +2,30 @@
 
 The pages never contain an audio address. They list songs (hash + album id) in inline scripts; the
 play-data API turns one song into a signed, expiring address that works only for the User-Agent and
-kg_mid cookie that asked for it, so every item carries that identity for its download. See
-kugou-api.md for the shapes. Kugou changes them now and then: anything unexpected becomes a failed item
-with a reason, never a crash and never an item built from garbage.
+kg_mid cookie that asked for it, so every item carries that identity for its download. Kugou changes its
+shapes now and then: anything unexpected becomes a failed item with a reason, never a crash and never an item
+built from garbage.
+
+The shapes, as public open-source clients (listen1, Meting, musicdl, lx-music, KuGouMusicApi) read them:
+
+- playlist pages ``/yy/special/single/<id>.html``: ``global.data = [{hash, album_id ...}, ...];`` in a script;
+  share pages ``/share/<chain>.html``: ``var dataFromSmarty = [{author_name, song_name, hash, album_id,
+  mixsongid}, ...],``; rank pages ``/yy/rank/home/<n>-<id>.html``: ``global.features = [{Hash, FileName
+  ("Artist - Title"), timeLen, size, album_id, encrypt_id}, ...];``. A song page is
+  ``/song/#hash=<HASH>&album_id=<ALBUM>``: the song is named in the fragment, which no server sees. The JSON
+  twin of a playlist is ``<mobile>/plist/list/<specialid>?json=true`` -> ``list.list.info[].{hash, album_id}``.
+- play data: ``<api_base>/yy/index.php?r=play/getdata&hash=&album_id=`` (with ``mid``, ``platid=4``, ``_``,
+  optionally ``callback`` for JSONP), sent with a desktop User-Agent, ``Referer: https://www.kugou.com/`` and a
+  ``kg_mid`` cookie. Success is ``{"status": 1, "err_code": 0, "data": {hash, timelength (ms), filesize,
+  audio_name, song_name, author_name, authors, album_name, album_id, img, lyrics, bitrate (kbps), privilege,
+  play_url, play_backup_url}}``; ``err_code`` 20010 means a missing cookie or a verification; a paid or
+  region-blocked song has an empty ``play_url`` (found but unavailable). ``play_url`` carries a time and a
+  signature: it expires, so a resumed download may need a fresh address first.
+- the mobile variant, ``<mobile>/app/i/getSongInfo.php?cmd=playInfo&hash=``: a flat camelCase body (``url``,
+  ``fileName``, ``songName``, ``singerName``, ``fileSize``, ``bitRate``, ``timeLength`` (s), ``extName``,
+  ``imgUrl``, ``errcode``, ``status``, ``error``).
+- search: ``songsearch.kugou.com/song_search_v2?keyword=&page=&pagesize=30`` -> ``{"error_code": 0, "data":
+  {"total", "lists": [{SongName, SingerName, AlbumID, AlbumName, FileHash, Duration, FileSize ...}]}}``.
 """
 
 from __future__ import annotations
@@ -475,7 +496,7 @@ class KugouResolver(Resolver):
 
     async def _song_info(self, song: ListedSong, listed: AudioItem, identity: RequestIdentity,
                          ctx: ResolveContext) -> AudioItem:
-        """The mobile API's flat camelCase answer (kugou-api.md, "Mobile variant")."""
+        """The mobile API's flat camelCase answer (getSongInfo.php: the module's notes list its keys)."""
         endpoint = f"{self.settings.mobile_api_base.rstrip('/')}/app/i/getSongInfo.php"
         try:
             data = await self._get_json(endpoint, {"cmd": "playInfo", "hash": song.hash}, ctx)
