@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from crawler import html
 from crawler.resolvers.generic import GenericResolver
+from crawler.web import html
 from crawler.web import urls as urls_module
 from crawler.web.links import extract_links
 from crawler.web.page import FetchedPage

@@ -45,7 +45,6 @@ from urllib.parse import urldefrag
 
 from selectolax.lexbor import LexborHTMLParser
 
-from crawler.html import css
 from crawler.items import AudioItem, RequestIdentity
 from crawler.resolvers import pagemeta
 from crawler.resolvers.base import (
@@ -63,6 +62,7 @@ from crawler.resolvers.chromium import (
     sweep_stale_profiles,
 )
 from crawler.web import media
+from crawler.web.html import css
 from crawler.web.links import extract_links
 from crawler.web.page import FetchedPage
 from crawler.web.urls import host_of, resolve, resolve_link

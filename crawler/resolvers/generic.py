@@ -21,7 +21,6 @@ from urllib.parse import parse_qsl, urldefrag
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
-from crawler.html import css
 from crawler.items import AudioItem
 from crawler.resolvers import feeds, jsdata, pagemeta
 from crawler.resolvers.base import (
@@ -33,6 +32,7 @@ from crawler.resolvers.base import (
 )
 from crawler.resolvers.pagemeta import Meta
 from crawler.web import media
+from crawler.web.html import css
 from crawler.web.links import document_base
 from crawler.web.media import read_tags
 from crawler.web.page import FetchedPage

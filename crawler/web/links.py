@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from selectolax.lexbor import LexborHTMLParser
 
-from crawler.html import css, css_first
+from crawler.web.html import css, css_first
 from crawler.web.urls import resolve_link
 
 # "5; url=/next", "0;URL='/next'", "3, /next": the delay, a separator, an optional "url=", the target.

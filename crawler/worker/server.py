@@ -19,15 +19,16 @@ from dataclasses import dataclass, field
 
 import mmh3
 
-from crawler import html, sdnotify
 from crawler import items as it
 from crawler import protocol as p
+from crawler import sdnotify
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.metrics import WorkerMetrics, serve_metrics
 from crawler.politeness import THROTTLE_STATUSES, parse_retry_after
 from crawler.resolvers.base import Resolution, ResolveContext, Resolver, ResolverUnavailable
 from crawler.resolvers.registry import followers, load_resolvers, pick
 from crawler.targets import TargetPolicy, parse_network
+from crawler.web import html
 from crawler.web.links import audio_candidates, count_links, extract_links
 from crawler.web.media import is_audio_url, is_playlist_url
 from crawler.web.page import FetchedPage
