@@ -22,6 +22,7 @@ from crawler.config import (
 from crawler.politeness import PolitenessConfig
 from crawler.resolvers.kugou import SEARCH_HOST, KugouConfig, search_url, song_fragment_rule
 from crawler.targets import parse_network
+from crawler.web.urls import host_port
 
 # Kugou song pages name the song in the fragment; it must survive normalisation even before a worker with the
 # Kugou resolver has joined.
@@ -60,8 +61,7 @@ def _seeds_check(seeds: tuple[str, ...]) -> str | None:
     if not seeds:
         return "needs at least one URL"
     for s in seeds:
-        parts = urlsplit(s)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if host_port(s) is None:
             return f"{s!r} is not an http(s) URL"
     return None
 
