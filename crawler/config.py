@@ -125,7 +125,7 @@ def _p_section(name: str, v: Any, base: Path, key: Key) -> Any:
         v = {}
     if not isinstance(v, dict):
         raise ConfigError(name, f"expected a mapping, got {_type_name(v)}")
-    return parse_section(v, key.section or {}, base, prefix=name + ".")
+    return parse_keys(v, key.section or {}, base, prefix=name + ".")
 
 
 _PARSERS: dict[str, Callable[[str, Any, Path, Key], Any]] = {
@@ -141,7 +141,9 @@ def parse_hostport(s: str, name: str = "address") -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def parse_section(raw: Mapping[str, Any], spec: Mapping[str, Key], base: Path, prefix: str = "") -> dict[str, Any]:
+def parse_keys(raw: Mapping[str, Any], spec: Mapping[str, Key], base: Path, prefix: str = "") -> dict[str, Any]:
+    """A daemon's YAML mapping checked against its table of keys: each value parsed, defaults filled in, an
+    unknown key refused. (A resolver's own section is read by crawler.resolvers.base.parse_section.)"""
     for k in raw:
         if k not in spec:
             known = ", ".join(sorted(spec))

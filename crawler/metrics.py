@@ -5,6 +5,8 @@ The names are a contract (configs/grafana-dashboard.json reads them):
 master  crawler_pages_total{node,outcome}      results reported by workers: done, error, retry
         crawler_audio_items_total{node,status}  catalogue rows added: ok, unavailable, failed
         crawler_discarded_urls_total{reason}    URLs dropped by policy (depth, out_of_scope, robots ...)
+        crawler_dedup_urls_total{result}        discovered URLs through the Bloom filter: offered, batch_repeats,
+                                                new, seen, whitelist_checked, rescued (false positives caught)
         crawler_download_bytes_total{node,kind} bytes fetched by the workers: page bodies and audio files
         crawler_frontier_urls                   URLs queued in the frontier
         crawler_in_flight_urls{where}           held at the master (politeness gate, robots.txt) or at workers
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 
 from aiohttp import web
 from prometheus_client import (
@@ -81,7 +84,18 @@ class MasterMetrics:
         self.in_flight = Gauge("crawler_in_flight_urls", "URLs handed out of the frontier and not yet reported",
                                ["where"], registry=r)
         self.nodes_connected = Gauge("crawler_nodes_connected", "Workers connected to the master", registry=r)
+        self.dedup = Counter("crawler_dedup_urls", "Discovered URLs through the Bloom filter, by result", ["result"],
+                             registry=r)
+        self._dedup_counted: dict[str, int] = {}
         self.lag = LoopLag(_lag_histogram(r))
+
+    def count_dedup(self, totals: Mapping[str, int]) -> None:
+        """Bring the dedup counters up to the filter's running totals (read when /metrics is)."""
+        for result, total in totals.items():
+            counted = self._dedup_counted.get(result, 0)
+            if total > counted:
+                self.dedup.labels(result).inc(total - counted)
+                self._dedup_counted[result] = total
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

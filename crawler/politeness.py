@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from protego import Protego
 
+from crawler.web.urls import host_url_of
+
 # States of a host's robots.txt, as RobotsRules.state() reports them.
 UNKNOWN = "unknown"   # never fetched, or stale: the master should fetch it
 PENDING = "pending"   # a fetch is out
@@ -53,11 +55,11 @@ class PolitenessConfig:
     rules, crawl_delay_cap 0 the Crawl-delay.
     """
 
-    max_per_host: int | None = 2        # requests in flight to one host, over all workers
+    max_per_host: int | None = None     # requests in flight to one host, over all workers
     min_delay: float = 0.0              # seconds between request starts to one host, over all workers
     obey_robots: bool = True
     crawl_delay_cap: float = 10.0       # a robots.txt Crawl-delay is honoured up to this many seconds
-    user_agent: str = "audio-crawler"   # the product token robots.txt groups are matched against
+    user_agent: str = "audio-crawler/0.1"  # the name robots.txt groups are matched against
     robots_ttl: float = 86400.0         # how long fetched rules stay in force
     robots_retry_after: float = 600.0   # after a 5xx or network error: disallow all, then refetch this soon
     robots_fetch_timeout: float = 300.0  # a fetch marked pending that never reports is given up after this
@@ -95,7 +97,7 @@ class PolitenessConfig:
             raise ValueError("user_agent must not be empty")
 
 
-class _Host:
+class _HostState:
     __slots__ = ("adaptive_delay", "crawl_delay", "in_flight", "last_start", "paused_until", "throttled_at",
                  "throttles", "touched")
 
@@ -121,8 +123,8 @@ class HostGate:
 
     def __init__(self, cfg: PolitenessConfig) -> None:
         self.cfg = cfg
-        self._hosts: OrderedDict[str, _Host] = OrderedDict()
-        self._delayed: OrderedDict[str, _Host] = OrderedDict()   # idle hosts kept for their Crawl-delay
+        self._hosts: OrderedDict[str, _HostState] = OrderedDict()
+        self._delayed: OrderedDict[str, _HostState] = OrderedDict()   # idle hosts kept for their Crawl-delay
         self._clock = -math.inf   # the latest `now` seen, for set_crawl_delay, which is not given one
 
     def __len__(self) -> int:
@@ -232,10 +234,10 @@ class HostGate:
         if st is None:
             if delay is None:
                 return
-            st = self._hosts[host] = _Host(self._clock)
+            st = self._hosts[host] = _HostState(self._clock)
         st.crawl_delay = None if delay is None else min(delay, self.cfg.crawl_delay_cap)
 
-    def _delay_of(self, st: _Host) -> float:
+    def _delay_of(self, st: _HostState) -> float:
         d = self.cfg.min_delay
         if st.crawl_delay is not None and st.crawl_delay > d:
             d = st.crawl_delay
@@ -243,14 +245,14 @@ class HostGate:
             d = st.adaptive_delay
         return d
 
-    def _peek(self, host: str) -> _Host | None:
+    def _peek(self, host: str) -> _HostState | None:
         st = self._hosts.get(host)
         return st if st is not None else self._delayed.get(host)
 
-    def _touch(self, host: str, now: float) -> _Host:
+    def _touch(self, host: str, now: float) -> _HostState:
         st = self._hosts.get(host)
         if st is None:
-            st = self._delayed.pop(host, None) or _Host(now)
+            st = self._delayed.pop(host, None) or _HostState(now)
             self._hosts[host] = st
         else:
             self._hosts.move_to_end(host)
@@ -322,19 +324,6 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     if when.tzinfo is None:   # RFC 9110 dates are GMT; a zone-less one is read as such
         when = when.replace(tzinfo=datetime.UTC)
     return max(0.0, when.timestamp() - now)
-
-
-def host_url_of(url: str) -> str:
-    """scheme://host[:port] of an absolute URL: the key robots.txt rules are stored under."""
-    start = url.find("://")
-    if start < 0:
-        raise ValueError(f"not an absolute URL: {url!r}")
-    end = len(url)
-    for sep in "/?#":
-        i = url.find(sep, start + 3)
-        if 0 <= i < end:
-            end = i
-    return url[:end]
 
 
 def robots_url(host_url: str) -> str:

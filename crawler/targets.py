@@ -18,17 +18,15 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import aiohttp.tracing
 import httpx
 from aiohttp.abc import ResolveResult
 
-from crawler.urls import InvalidURL, normalize
+from crawler.web.urls import InvalidURL, host_port, normalize
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class TargetRefused(httpx.RequestError):
@@ -38,18 +36,6 @@ class TargetRefused(httpx.RequestError):
 def parse_network(text: str) -> Network:
     """'10.0.0.0/8', '127.0.0.1' (one address) or an IPv6 network; ValueError says what is wrong."""
     return ipaddress.ip_network(text.strip(), strict=False)
-
-
-def origin_of(url: str) -> tuple[str, int] | None:
-    """(host, port) of an http(s) URL, the port made explicit; None for anything else."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
-    except ValueError:
-        return None
-    if not parts.hostname or port is None:
-        return None
-    return parts.hostname.lower().rstrip("."), port
 
 
 def is_public(address: str) -> bool:
@@ -78,7 +64,7 @@ class TargetPolicy:
                 seed = normalize(seed)     # the host as the connector sees it: IDNA, lower case
             except InvalidURL:
                 continue
-            origin = origin_of(seed)
+            origin = host_port(seed)
             if origin is not None:
                 origins.append(origin)
         return cls(origins, [parse_network(n) for n in networks])

@@ -445,9 +445,9 @@ def recount_reported_links(worker_dirs: list[Path]) -> int | None:
     followable links of its own pages. Redirect targets (a handful on this site) are not in the stored pages."""
     from selectolax.lexbor import LexborHTMLParser
 
-    from crawler.resolvers.sniff import is_audio_url
-    from crawler.urls import NormalizeOptions, normalize_many
-    from crawler.worker.links import extract_links
+    from crawler.web.links import extract_links
+    from crawler.web.media import is_audio_url
+    from crawler.web.urls import NormalizeOptions, normalize_many
     from crawler.worker.pagestore import read_page
 
     opts = NormalizeOptions()

@@ -24,17 +24,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from crawler import html
-from crawler.resolvers.base import FetchedPage
 from crawler.resolvers.generic import GenericResolver
-from crawler.urls import NormalizeOptions, normalize_many
-from crawler.worker import links as links_module
+from crawler.web import html
+from crawler.web import urls as urls_module
+from crawler.web.links import extract_links
+from crawler.web.page import FetchedPage
+from crawler.web.urls import NormalizeOptions, normalize_many
 from crawler.worker.linkcache import LinkCache
-from crawler.worker.links import extract_links
 from crawler.worker.pagestore import open_page_store
 from scripts import sitegen
 
-_CACHES = [links_module._join_cached]
+_CACHES = [urls_module._resolve_link_cached]
 HEADERS = [(b"Server", b"nginx/1.22.1"), (b"Date", b"Wed, 02 Dec 2026 13:00:00 GMT"),
            (b"Content-Type", b"text/html"), (b"Content-Length", b"4400"),
            (b"Last-Modified", b"Wed, 02 Dec 2026 12:00:00 GMT"), (b"Connection", b"keep-alive"),

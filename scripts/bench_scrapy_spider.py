@@ -27,14 +27,15 @@ from urllib.parse import urlsplit
 import scrapy
 from scrapy.crawler import CrawlerProcess
 
+from crawler.web import media
+
 # The same extensions the generic resolver treats as audio or playlists.
-AUDIO_EXTENSIONS = ("mp3", "mp2", "mpga", "wma", "wav", "m4a", "m4b", "flac", "ogg", "oga", "opus", "aac", "ape",
-                    "aif", "aiff", "amr", "mka", "wv", "ra", "weba", "mpc", "ac3", "m3u", "m3u8", "pls")
-_AUDIO_PATH = re.compile(r"\.(?:" + "|".join(AUDIO_EXTENSIONS) + r")$", re.IGNORECASE)
+FOUND_EXTENSIONS = sorted(media.AUDIO_EXTENSIONS | media.PLAYLIST_EXTENSIONS)
+_AUDIO_PATH = re.compile(r"\.(?:" + "|".join(FOUND_EXTENSIONS) + r")$", re.IGNORECASE)
 _PLAYLIST_PATH = re.compile(r"\.(?:m3u|m3u8|pls)$", re.IGNORECASE)
 _PLS_ENTRY = re.compile(r"^\s*File\d+\s*=\s*(\S+)", re.IGNORECASE | re.MULTILINE)
 # Quoted relative or absolute URLs ending in an audio extension, inside scripts and JSON blocks.
-_QUOTED_AUDIO = re.compile(r"""["']([^"'\s<>]+?\.(?:""" + "|".join(AUDIO_EXTENSIONS) + r"""))(?:\?[^"'\s<>]*)?["']""",
+_QUOTED_AUDIO = re.compile(r"""["']([^"'\s<>]+?\.(?:""" + "|".join(FOUND_EXTENSIONS) + r"""))(?:\?[^"'\s<>]*)?["']""",
                            re.IGNORECASE)
 _FOLLOW = ("a:not([rel~=nofollow])::attr(href), area::attr(href), iframe::attr(src), frame::attr(src), "
            "link[rel~=next]::attr(href), link[rel~=prev]::attr(href)")

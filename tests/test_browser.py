@@ -15,7 +15,6 @@ import pytest
 
 from crawler.items import AudioItem
 from crawler.resolvers.base import (
-    FetchedPage,
     Resolution,
     ResolveContext,
     ResolverConfigError,
@@ -32,6 +31,7 @@ from crawler.resolvers.browser import (
 )
 from crawler.resolvers.chromium import LOOPBACK_ONLY_ARGS, PROFILE_PREFIX, sweep_stale_profiles, tree_pids
 from crawler.resolvers.registry import followers, load_resolvers, pick
+from crawler.web.page import FetchedPage
 from crawler.worker.fetcher import PageFetcher, build_client, build_transport
 from tests.fakes import playersite
 

@@ -247,3 +247,25 @@ def test_kugou_search_seeds_become_search_urls_and_bring_the_song_host_into_scop
 def test_bad_kugou_search_seeds_name_the_entry(tmp_path, entry, words):
     with pytest.raises(ConfigError, match=rf"^seeds\[1\]: .*{words}"):
         MasterConfig.from_mapping(dict(base(tmp_path), seeds=["http://a/", entry]), tmp_path)
+
+
+def test_politeness_defaults_are_the_gates_own(tmp_path):
+    from dataclasses import fields
+
+    from crawler.politeness import PolitenessConfig
+    from crawler.resolvers.kugou import KugouResolver
+
+    cfg = MasterConfig.from_mapping(base(tmp_path), tmp_path)
+    assert isinstance(cfg.politeness, PolitenessConfig)
+    defaults = PolitenessConfig()
+    for f in fields(PolitenessConfig):
+        assert getattr(cfg.politeness, f.name) == getattr(defaults, f.name), f.name
+    # The fragment rule a master keeps before any worker joins is the Kugou resolver's own.
+    assert cfg.crawl.keep_fragment == KugouResolver({}).keep_fragment
+
+
+def test_politeness_values_the_gate_refuses_are_one_line_config_errors(tmp_path):
+    raw = base(tmp_path)
+    raw["politeness"] = {"user_agent": "  "}
+    with pytest.raises(ConfigError, match="^politeness: user_agent must not be empty"):
+        MasterConfig.from_mapping(raw, tmp_path)

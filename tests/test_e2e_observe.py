@@ -129,6 +129,10 @@ async def test_metrics_and_status_agree_with_the_catalogue_and_the_sites_log(sit
     for reason, n in st["discards"].items():
         assert total(m, "crawler_discarded_urls_total", reason=reason) == n
     assert st["discards"].get("depth", 0) > 0 or manifest.max_depth + 2 >= max(manifest.depth.values())
+    # Every page fetched was a new URL to the Bloom filter once; a site's navigation is offered again and again.
+    dedup = {r: total(m, "crawler_dedup_urls_total", result=r) for r in ("offered", "batch_repeats", "new", "seen")}
+    assert dedup["offered"] == dedup["batch_repeats"] + dedup["new"] + dedup["seen"]
+    assert dedup["new"] >= len(page_gets) and dedup["seen"] > 0
     assert total(m, "crawler_frontier_urls") == 0
     assert total(m, "crawler_in_flight_urls", where="workers") == 0
     assert total(m, "crawler_nodes_connected") == 1

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from crawler.resolvers import feeds
-from crawler.resolvers.base import FetchedPage
 from crawler.resolvers.generic import GenericResolver
+from crawler.web.page import FetchedPage
 
 FEED = "http://pod.example.com/feed.xml"
 
@@ -132,7 +132,7 @@ async def test_a_big_feed_is_parsed_off_the_event_loop() -> None:
 def test_links_follow_feeds_announced_by_link_alternate() -> None:
     from selectolax.lexbor import LexborHTMLParser
 
-    from crawler.worker.links import extract_links
+    from crawler.web.links import extract_links
     tree = LexborHTMLParser('<head><link rel="alternate" type="application/rss+xml" href="/feed.xml">'
                             '<link rel="alternate" hreflang="de" href="/de/"><link rel="stylesheet" href="/s.css">'
                             "</head>")

@@ -7,8 +7,9 @@ import time
 import pytest
 from selectolax.lexbor import LexborHTMLParser
 
+from crawler.web.links import audio_candidates, document_base, extract_links
+from crawler.web.urls import resolve_link
 from crawler.worker.linkcache import LinkCache
-from crawler.worker.links import audio_candidates, document_base, extract_links, join_url
 
 PAGE = "http://site.example.com/dir/page.html?q=1"
 
@@ -91,10 +92,21 @@ def test_whitespace_inside_and_around_references() -> None:
     assert links('<a href="  /a\n/b\t ">x</a>') == ["http://site.example.com/a/b"]
 
 
-def test_join_url_keeps_fragments_and_query() -> None:
-    assert join_url(PAGE, "../song/#hash=AB&album_id=1") == "http://site.example.com/song/#hash=AB&album_id=1"
-    assert join_url(PAGE, "?page=2") == "http://site.example.com/dir/page.html?page=2"
-    assert join_url(PAGE, "HTTPS://Upper.example.com/") is not None   # case is the normaliser's business
+def test_resolve_link_keeps_fragments_and_query() -> None:
+    assert resolve_link(PAGE, "../song/#hash=AB&album_id=1") == "http://site.example.com/song/#hash=AB&album_id=1"
+    assert resolve_link(PAGE, "?page=2") == "http://site.example.com/dir/page.html?page=2"
+    assert resolve_link(PAGE, "HTTPS://Upper.example.com/") is not None   # case is the normaliser's business
+
+
+@pytest.mark.parametrize("ref, expected", [
+    ("http:g", "http://site.example.com/dir/g"),          # the base's own scheme: relative, as browsers read it
+    ("https:g", None),                                     # another scheme and no host: nothing to fetch
+    ("//cdn.example.com", "http://cdn.example.com"),
+    ("http://[::1]:8080/x", "http://[::1]:8080/x"),
+    ("http://[::1/x", None), ("http:///x", None), ("http://u@/x", None),
+])
+def test_resolve_link_follows_only_http_urls_with_a_host(ref: str, expected: str | None) -> None:
+    assert resolve_link(PAGE, ref) == expected
 
 
 def test_page_without_links() -> None:

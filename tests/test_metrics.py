@@ -57,3 +57,13 @@ async def test_the_lag_probe_sees_a_blocked_loop_and_keeps_the_worst():
         probe.cancel()
     assert lag.worst >= 0.15 > quiet
     assert lag.last < lag.worst
+
+
+def test_the_dedup_totals_become_counters_that_only_grow():
+    master = MasterMetrics()
+    master.count_dedup({"offered": 10, "new": 7, "seen": 3, "rescued": 0})
+    master.count_dedup({"offered": 25, "new": 9, "seen": 16, "rescued": 1})
+    text = master.render().decode()
+    assert 'crawler_dedup_urls_total{result="offered"} 25.0' in text
+    assert 'crawler_dedup_urls_total{result="new"} 9.0' in text
+    assert 'crawler_dedup_urls_total{result="rescued"} 1.0' in text

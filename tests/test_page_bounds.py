@@ -5,7 +5,7 @@ import time
 import pytest
 from selectolax.lexbor import LexborHTMLParser
 
-from crawler import html
+from crawler.web import html
 
 DEPTH = 512
 

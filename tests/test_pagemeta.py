@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from crawler.items import AudioItem
-from crawler.resolvers.base import FetchedPage, ResolveContext
+from crawler.resolvers.base import ResolveContext
 from crawler.resolvers.generic import GenericResolver
+from crawler.web.page import FetchedPage
 from tests.test_resolvers_generic import PAGE, html_page, only, resolve, response
 
 

@@ -14,10 +14,10 @@ from crawler.politeness import (
     HostGate,
     PolitenessConfig,
     RobotsRules,
-    host_url_of,
     parse_retry_after,
     robots_url,
 )
+from crawler.web.urls import host_url_of
 
 HOSTS = ("a.example", "b.example", "c.example")
 

@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 from crawler.items import FAILED, OK, UNAVAILABLE
-from crawler.resolvers import FetchedPage, ResolveContext, ResolverConfigError, load_resolvers, pick
+from crawler.resolvers import ResolveContext, ResolverConfigError, load_resolvers, pick
 from crawler.resolvers.kugou import DESKTOP_USER_AGENT, KugouResolver, search_url, unwrap_jsonp
-from crawler.resolvers.tags import read_tags
-from crawler.urls import NormalizeOptions, normalize
+from crawler.web.media import read_tags
+from crawler.web.page import FetchedPage
+from crawler.web.urls import NormalizeOptions, normalize
 from tests.fakes.kugou import KugouController, make_kugou_app, serve
 
 WORKER_UA = "AudioCrawler/0.1 (+https://example.org/bot)"
@@ -499,7 +500,7 @@ async def test_backup_address_is_the_address_when_play_url_is_empty(env: Env) ->
 
 def test_the_master_settings_suggested_in_kugou_yaml_admit_every_page_kind_the_resolver_claims(tmp_path) -> None:
     from crawler.master.config import MasterConfig
-    from crawler.urls import UrlPolicy
+    from crawler.web.urls import UrlPolicy
     from scripts.cluster import write_secret
 
     text = (pathlib.Path(__file__).resolve().parent.parent / "configs" / "kugou.yaml").read_text("utf-8")

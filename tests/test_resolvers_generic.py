@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from crawler.items import AudioItem, RequestIdentity
 from crawler.resolvers import (
-    FetchedPage,
     Resolution,
     ResolveContext,
     Resolver,
@@ -27,8 +26,8 @@ from crawler.resolvers import (
 )
 from crawler.resolvers.generic import GenericResolver
 from crawler.resolvers.jsdata import LiteralError, parse_literal, strings_with_context
-from crawler.resolvers.sniff import sniff_audio, url_extension
-from crawler.resolvers.tags import read_tags
+from crawler.web.media import read_tags, sniff_audio, url_extension
+from crawler.web.page import FetchedPage
 
 PAGE = "http://music.example.com/artists/page.html"
 
@@ -612,5 +611,5 @@ def test_pls_titles_split_artist_like_extinf() -> None:
     (b"#EXTM3U\n#EXT-X-VERSION:3\n", False), (b"", False),
 ])
 def test_is_media_tells_a_download_worth_keeping(head, media):
-    from crawler.resolvers.sniff import is_media
+    from crawler.web.media import is_media
     assert is_media(head) is media

@@ -4,7 +4,8 @@ import httpx
 import pytest
 from aiohttp import web
 
-from crawler.targets import TargetPolicy, TargetRefused, is_public, origin_of, parse_network
+from crawler.targets import TargetPolicy, TargetRefused, is_public, parse_network
+from crawler.web.urls import host_port
 from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
 
 
@@ -29,7 +30,7 @@ def test_policy_allows_named_origins_and_networks_only():
     assert policy.permits("anything.example", 80, "10.9.9.9")             # a configured network
     assert not policy.permits("anything.example", 80, "169.254.169.254")
     assert policy.permits("anything.example", 80, "93.184.215.14")        # the public internet
-    assert origin_of("http://[::1]:81/x") == ("::1", 81) and origin_of("mailto:x@y") is None
+    assert host_port("http://[::1]:81/x") == ("::1", 81) and host_port("mailto:x@y") is None
     # A seed's host as the connector will see it: IDNA-encoded.
     assert ("xn--mnchen-3ya.example", 80) in TargetPolicy.for_crawl(["http://München.example/"], []).origins
     with pytest.raises(ValueError):

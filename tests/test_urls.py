@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crawler import urls
-from crawler.urls import (
+from crawler.web import urls
+from crawler.web.urls import (
     DISCARD_DENIED,
     DISCARD_GENERATED,
     DISCARD_QUERY,
@@ -19,6 +19,8 @@ from crawler.urls import (
     NormalizeOptions,
     UrlPolicy,
     host_of,
+    host_port,
+    host_url_of,
     normalize,
     normalize_many,
     resolve,
@@ -139,8 +141,20 @@ def test_host_of() -> None:
     assert host_of("http://u:p@example.com:8080/a") == "example.com"
     assert host_of("https://[2001:db8::1]/") == "[2001:db8::1]"
     assert host_of("http://Example.com/") == "example.com"
+    assert host_of("mailto:x@y") == "" and host_of("/relative") == ""
+
+
+def test_host_port_is_what_a_connection_goes_to() -> None:
+    assert host_port("https://u@Example.COM./a") == ("example.com", 443)
+    assert host_port("http://[::1]:8080/") == ("::1", 8080) and host_port("http://h:/") == ("h", 80)
+    assert host_port("ftp://h/") is None and host_port("http://h:99999/") is None and host_port("http:///x") is None
+
+
+def test_host_url_of_is_the_origin_as_written() -> None:
+    assert host_url_of("https://u@h.example:8443/a?b#c") == "https://u@h.example:8443"
+    assert host_url_of("http://h.example?x") == "http://h.example"
     with pytest.raises(InvalidURL):
-        host_of("mailto:x@y")
+        host_url_of("/relative")
 
 
 # -- properties ----------------------------------------------------------------------------------------

@@ -266,9 +266,8 @@ def resume(config_path: Path) -> None:
 @click.argument("urls", nargs=-1)
 def seed(config_path: Path, urls: tuple[str, ...], kugou_search: tuple[str, ...]) -> None:
     """Add start URLs to the crawl, through the URL policy and dedup like any discovered link."""
-    from urllib.parse import urlsplit
-
     from crawler.master.config import KUGOU_SEARCH, expand_seeds
+    from crawler.web.urls import host_port
 
     if not urls and not kugou_search:
         click.echo(f"{PROG}: seed: give at least one URL or --kugou-search WORDS", err=True)
@@ -280,8 +279,7 @@ def seed(config_path: Path, urls: tuple[str, ...], kugou_search: tuple[str, ...]
     # The same expansion as a `kugou-search:` entry under seeds in the config.
     urls = (*urls, *expand_seeds([{KUGOU_SEARCH: words} for words in kugou_search]))
     for u in urls:
-        parts = urlsplit(u)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if host_port(u) is None:
             click.echo(f"{PROG}: seed: {u!r} is not an http(s) URL", err=True)
             sys.exit(2)
     r = _steer(config_path, {"command": "seed", "urls": list(urls)})

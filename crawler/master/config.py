@@ -13,21 +13,24 @@ from crawler.config import (
     Key,
     load_yaml,
     non_negative,
-    parse_section,
+    parse_keys,
     positive,
     probability,
     read_secret,
     regexes,
 )
-from crawler.resolvers.kugou import SEARCH_HOST, search_url
+from crawler.politeness import PolitenessConfig
+from crawler.resolvers.kugou import SEARCH_HOST, KugouConfig, search_url, song_fragment_rule
 from crawler.targets import parse_network
+from crawler.web.urls import host_port
 
-# Kugou song pages name the song in the fragment (see resolvers/kugou.py); it must survive normalisation.
-DEFAULT_KEEP_FRAGMENT = (r"^https?://(www\.)?kugou\.com/song/",)
+# Kugou song pages name the song in the fragment; it must survive normalisation even before a worker with the
+# Kugou resolver has joined.
+DEFAULT_KEEP_FRAGMENT = song_fragment_rule(KugouConfig.www_hosts)
 
 
 KUGOU_SEARCH = "kugou-search"
-KUGOU_SONG_HOST = "www.kugou.com"
+KUGOU_SONG_HOST = KugouConfig.www_hosts[0]
 
 
 def expand_seeds(seeds: Any) -> Any:
@@ -58,8 +61,7 @@ def _seeds_check(seeds: tuple[str, ...]) -> str | None:
     if not seeds:
         return "needs at least one URL"
     for s in seeds:
-        parts = urlsplit(s)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if host_port(s) is None:
             return f"{s!r} is not an http(s) URL"
     return None
 
@@ -116,6 +118,17 @@ def _check_refresh(crawl: dict[str, Any]) -> None:
         raise ConfigError("crawl.refresh_max", "must not be below crawl.refresh_interval")
 
 
+@dataclass(frozen=True)
+class Politeness(PolitenessConfig):
+    """The politeness section: the page gate's and robots.txt's settings (PolitenessConfig, which holds their
+    defaults) and the master's own, below. The YAML keys take their defaults from these classes."""
+
+    robots_timeout: float = 30.0              # a robots.txt fetch in all, redirects and body
+    # Audio downloads, apart from pages: over all workers, per audio host (None: no limit, as for pages).
+    audio_max_per_host: int | None = None
+    audio_min_delay: float = 0.0
+
+
 SPEC = {
     "listen": Key("hostport"),
     "data_dir": Key("path"),
@@ -157,21 +170,20 @@ SPEC = {
         "heartbeat_timeout": Key("float", 20.0, positive),
     }),
     "politeness": Key("section", section={
-        "max_per_host": Key("int", None, positive),
-        "min_delay": Key("float", 0.0, non_negative),
-        "obey_robots": Key("bool", True),
-        "crawl_delay_cap": Key("float", 10.0, non_negative),
-        "user_agent": Key("str", "audio-crawler/0.1"),
-        "robots_timeout": Key("float", 30.0, positive),   # a robots.txt fetch in all, redirects and body
-        "adaptive": Key("bool", False),
-        "max_delay": Key("float", 60.0, non_negative),
-        "target_concurrency": Key("float", 1.0, positive),
-        "backoff_base": Key("float", 1.0, non_negative),
-        "backoff_max": Key("float", 300.0, non_negative),
-        "retry_after_cap": Key("float", 3600.0, non_negative),
-        # Audio downloads, apart from pages: over all workers, per audio host (None: no limit, as for pages).
-        "audio_max_per_host": Key("int", None, positive),
-        "audio_min_delay": Key("float", 0.0, non_negative),
+        "max_per_host": Key("int", Politeness.max_per_host, positive),
+        "min_delay": Key("float", Politeness.min_delay, non_negative),
+        "obey_robots": Key("bool", Politeness.obey_robots),
+        "crawl_delay_cap": Key("float", Politeness.crawl_delay_cap, non_negative),
+        "user_agent": Key("str", Politeness.user_agent),
+        "robots_timeout": Key("float", Politeness.robots_timeout, positive),
+        "adaptive": Key("bool", Politeness.adaptive),
+        "max_delay": Key("float", Politeness.max_delay, non_negative),
+        "target_concurrency": Key("float", Politeness.target_concurrency, positive),
+        "backoff_base": Key("float", Politeness.backoff_base, non_negative),
+        "backoff_max": Key("float", Politeness.backoff_max, non_negative),
+        "retry_after_cap": Key("float", Politeness.retry_after_cap, non_negative),
+        "audio_max_per_host": Key("int", Politeness.audio_max_per_host, positive),
+        "audio_min_delay": Key("float", Politeness.audio_min_delay, non_negative),
     }),
     "dedup": Key("section", section={
         "expected_urls": Key("int", 10_000_000, positive),
@@ -216,24 +228,6 @@ class Scheduling:
     lease_timeout: float
     heartbeat_interval: float
     heartbeat_timeout: float
-
-
-@dataclass(frozen=True)
-class Politeness:
-    max_per_host: int | None
-    min_delay: float
-    obey_robots: bool
-    crawl_delay_cap: float
-    user_agent: str
-    robots_timeout: float
-    adaptive: bool
-    max_delay: float
-    target_concurrency: float
-    backoff_base: float
-    backoff_max: float
-    retry_after_cap: float
-    audio_max_per_host: int | None
-    audio_min_delay: float
 
 
 @dataclass(frozen=True)
@@ -296,7 +290,7 @@ class MasterConfig:
     def from_mapping(cls, raw: dict[str, Any], base: Path) -> MasterConfig:
         if isinstance(raw, dict) and "seeds" in raw:
             raw = {**raw, "seeds": expand_seeds(raw["seeds"])}
-        v = parse_section(raw, SPEC, base)
+        v = parse_keys(raw, SPEC, base)
         crawl = v["crawl"]
         if not crawl["allowed_hosts"]:
             hosts = [_seed_scope(s) for s in v["seeds"]]
@@ -310,11 +304,15 @@ class MasterConfig:
         if sched.lease_timeout <= sched.heartbeat_interval:
             # A worker's heartbeat renews the leases it works on: one must come before a lease can expire.
             raise ConfigError("scheduling.lease_timeout", "must be longer than scheduling.heartbeat_interval")
-        pol = Politeness(**v["politeness"])
-        if pol.max_delay < pol.min_delay:
+        p = v["politeness"]
+        if p["max_delay"] < p["min_delay"]:
             raise ConfigError("politeness.max_delay", "must not be below politeness.min_delay")
-        if pol.backoff_max < pol.backoff_base:
+        if p["backoff_max"] < p["backoff_base"]:
             raise ConfigError("politeness.backoff_max", "must not be below politeness.backoff_base")
+        try:
+            pol = Politeness(**p)
+        except ValueError as e:   # PolitenessConfig's own checks (an empty user_agent, say)
+            raise ConfigError("politeness", str(e)) from None
         return cls(
             listen=v["listen"], data_dir=v["data_dir"], secret=read_secret(v["secret_file"]),
             nodes=v["nodes"], seeds=v["seeds"], exit_when_done=v["exit_when_done"],

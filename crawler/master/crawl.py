@@ -23,9 +23,16 @@ from crawler.master.config import MasterConfig
 from crawler.master.dedup import Dedup
 from crawler.master.revisit import revisit_policy
 from crawler.master.store import Finished, MasterStore, page_keys
-from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, host_url_of, robots_url
+from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, robots_url
 from crawler.scheduler import NodeTable
-from crawler.urls import AUDIO_REF_HOPS, DISCARD_TOO_DEEP, NormalizeOptions, UrlPolicy, normalize_many
+from crawler.web.urls import (
+    AUDIO_REF_HOPS,
+    DISCARD_TOO_DEEP,
+    NormalizeOptions,
+    UrlPolicy,
+    host_url_of,
+    normalize_many,
+)
 
 log = logging.getLogger("crawler.master")
 
@@ -780,10 +787,6 @@ class Crawl:
         if node is None:
             return len(self.leases)
         return len(self.leases_by_node.get(node, ()))
-
-    def idle(self) -> bool:
-        """Nothing leased, nothing held, nothing waiting on robots.txt: only the frontier can hold work."""
-        return not self.leases and not any(self.held.values()) and not self.robots_wanted and not self.away
 
     def done(self) -> bool:
         """Nothing left anywhere: no lease, no node waited for, no download pending, an empty frontier."""

@@ -24,7 +24,7 @@ __all__ = ["Dedup", "DedupStats"]
 
 @dataclass
 class DedupStats:
-    """Running counters, for the master's statistics."""
+    """Running totals since the master started, exported as crawler_dedup_urls_total{result}."""
 
     offered: int = 0             # URLs passed to filter_new, repeats included
     batch_repeats: int = 0       # repeats of a URL within one batch

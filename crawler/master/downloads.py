@@ -20,7 +20,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from crawler import protocol as p
-from crawler.politeness import HostGate, host_url_of
+from crawler.politeness import HostGate
+from crawler.web.urls import host_url_of
 
 
 @dataclass(slots=True)

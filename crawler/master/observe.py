@@ -123,6 +123,7 @@ class Observer:
         met.in_flight.labels("master").set(self._held())
         met.in_flight.labels("workers").set(m.crawl.in_flight())
         met.nodes_connected.set(len(m.sessions))
+        met.count_dedup(m.dedup.stats.as_dict())
         return met.render()
 
     # ------------------------------------------------------------------ background tasks

@@ -160,14 +160,9 @@ class Master:
         self.bloom = self._load_bloom()
         self.dedup = Dedup(self.bloom, cfg.dedup.whitelist, self.store.known)
         pol = cfg.politeness
-        pcfg = PolitenessConfig(max_per_host=pol.max_per_host, min_delay=pol.min_delay, obey_robots=pol.obey_robots,
-                                crawl_delay_cap=pol.crawl_delay_cap, user_agent=pol.user_agent,
-                                adaptive=pol.adaptive, max_delay=pol.max_delay,
-                                target_concurrency=pol.target_concurrency, backoff_base=pol.backoff_base,
-                                backoff_max=pol.backoff_max, retry_after_cap=pol.retry_after_cap)
         # The gate also carries the 429/503 backoff, so it is always on; with no limits set it only counts.
-        gate = HostGate(pcfg)
-        robots = RobotsRules(pcfg) if pol.obey_robots else None
+        gate = HostGate(pol)
+        robots = RobotsRules(pol) if pol.obey_robots else None
         # Downloads have their own gate: audio hosts (CDNs) are not the pages' hosts, nor paced like them.
         self.downloads = DownloadBoard(HostGate(PolitenessConfig(
             max_per_host=pol.audio_max_per_host, min_delay=pol.audio_min_delay, obey_robots=False)),

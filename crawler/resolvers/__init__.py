@@ -4,7 +4,6 @@ Enable them by name in the worker config, each with its own section; the generic
 """
 
 from crawler.resolvers.base import (
-    FetchedPage,
     Resolution,
     ResolveContext,
     Resolver,
@@ -13,5 +12,5 @@ from crawler.resolvers.base import (
 )
 from crawler.resolvers.registry import load_resolvers, pick
 
-__all__ = ["FetchedPage", "Resolution", "ResolveContext", "Resolver", "ResolverConfigError",
+__all__ = ["Resolution", "ResolveContext", "Resolver", "ResolverConfigError",
            "load_resolvers", "parse_section", "pick"]

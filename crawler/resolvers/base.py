@@ -8,25 +8,17 @@ bad input becomes a failed item or nothing, so one odd page cannot take a worker
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 import types
 import typing
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 import httpx
-from selectolax.lexbor import LexborHTMLParser
 
 from crawler.items import AudioItem
-
-HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
-
-_CHARSET_PARAM = re.compile(r"charset\s*=\s*[\"']?([\w.:-]+)", re.IGNORECASE)
-_META_CHARSET = re.compile(rb"<meta[^>]+charset\s*=\s*[\"']?([\w.:-]+)", re.IGNORECASE)
-# A <meta charset> after the first few KiB is not honoured by browsers either.
-_META_SCAN_BYTES = 4096
+from crawler.web.page import FetchedPage
 
 
 class ResolverConfigError(ValueError):
@@ -36,60 +28,6 @@ class ResolverConfigError(ValueError):
 class ResolverUnavailable(Exception):
     """A part of this node the resolver needs (a browser, say) failed: the task goes back to be retried, and the
     page is not blamed."""
-
-
-@dataclass
-class FetchedPage:
-    """One response as the worker fetched it."""
-
-    url: str
-    final_url: str
-    status: int
-    content_type: str
-    headers: Mapping[str, str]
-    body: bytes
-    referrer: str | None = None
-    raw_headers: Sequence[tuple[bytes, bytes]] = ()   # as received, for the page archive
-    _text: str | None = field(default=None, init=False, repr=False, compare=False)
-    _tree: LexborHTMLParser | None = field(default=None, init=False, repr=False, compare=False)
-    _parsed: bool = field(default=False, init=False, repr=False, compare=False)
-
-    def charset(self) -> str | None:
-        m = _CHARSET_PARAM.search(self.headers.get("content-type", ""))
-        if m:
-            return m.group(1)
-        if self.content_type in HTML_TYPES or not self.content_type:
-            mb = _META_CHARSET.search(self.body[:_META_SCAN_BYTES])
-            if mb:
-                return mb.group(1).decode("ascii", "replace")
-        return None
-
-    def text(self) -> str:
-        if self._text is None:
-            charset = self.charset()
-            text = None
-            if charset:
-                try:
-                    text = self.body.decode(charset, errors="replace")
-                except (LookupError, UnicodeError, ValueError):  # unknown, or not a text codec
-                    text = None
-            self._text = text if text is not None else self.body.decode("utf-8", errors="replace")
-        return self._text
-
-    def is_html(self) -> bool:
-        if self.content_type in HTML_TYPES:
-            return True
-        if self.content_type:
-            return False
-        head = self.body[:512].lstrip().lower()
-        return head.startswith((b"<!doctype html", b"<html")) or b"<head" in head or b"<body" in head
-
-    def tree(self) -> LexborHTMLParser | None:
-        if not self._parsed:
-            self._parsed = True
-            if self.is_html():
-                self._tree = LexborHTMLParser(self.text())
-        return self._tree
 
 
 @dataclass(frozen=True)

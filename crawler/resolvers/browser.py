@@ -13,7 +13,7 @@ address, scripts run until the network is quiet, then the obvious play controls 
 element is played, and buttons and links whose name, class, id, title or label says "play" (not links that lead
 elsewhere) are clicked; then it waits for the network to be quiet again and plays what the clicks set up.
 
-What is recorded: every request whose address has an audio extension (the one set in resolvers/sniff.py),
+What is recorded: every request whose address has an audio extension (the one set in crawler/web/media.py),
 every response whose Content-Type is audio, every HLS or DASH manifest, and media requests of no known kind
 after a small ranged probe of their first bytes. The audio requests themselves are not let through (the
 downloader fetches the file later), and neither are images, fonts or video: the browser fetches documents,
@@ -41,15 +41,13 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urldefrag, urljoin, urlsplit
+from urllib.parse import urldefrag
 
 from selectolax.lexbor import LexborHTMLParser
 
-from crawler.html import css
 from crawler.items import AudioItem, RequestIdentity
-from crawler.resolvers import pagemeta, sniff
+from crawler.resolvers import pagemeta
 from crawler.resolvers.base import (
-    FetchedPage,
     Resolution,
     ResolveContext,
     Resolver,
@@ -63,7 +61,11 @@ from crawler.resolvers.chromium import (
     find_executable,
     sweep_stale_profiles,
 )
-from crawler.worker.links import extract_links, join_url
+from crawler.web import media
+from crawler.web.html import css
+from crawler.web.links import extract_links
+from crawler.web.page import FetchedPage
+from crawler.web.urls import host_of, resolve, resolve_link
 
 log = logging.getLogger(__name__)
 
@@ -157,15 +159,15 @@ class BrowserConfig:
 # ------------------------------------------------------------------------------------------ pure decisions
 def classify(url: str, content_type: str | None = None) -> str | None:
     """What a request or response is to us: 'audio', 'hls', 'dash', 'playlist' (m3u/pls of songs), or None."""
-    ext = sniff.url_extension(url)
-    ct = (content_type or "").split(";", 1)[0].strip().lower()
+    ext = media.url_extension(url)
+    ct = media.media_type(content_type)
     if ext == "m3u8" or ct in HLS_TYPES:
         return "hls"
     if ext == "mpd" or ct in DASH_TYPES:
         return "dash"
-    if ext in sniff.PLAYLIST_EXTENSIONS or ct in sniff.PLAYLIST_TYPES:
+    if ext in media.PLAYLIST_EXTENSIONS or ct in media.PLAYLIST_TYPES:
         return "playlist"
-    if ext in sniff.AUDIO_EXTENSIONS or sniff.is_audio_type(ct):
+    if ext in media.AUDIO_EXTENSIONS or media.is_audio_type(ct):
         return "audio"
     return None
 
@@ -195,12 +197,8 @@ def request_allowed(page_url: str, url: str, *, document: bool) -> bool:
     Documents (the page itself, frames, navigations) stay on the page's host. Any request to a literal private,
     loopback, link-local or reserved address is refused unless the page itself is on such an address.
     """
-    try:
-        target, page = urlsplit(url), urlsplit(page_url)
-        host, page_host = (target.hostname or ""), (page.hostname or "")
-    except ValueError:
-        return False
-    if target.scheme not in ("http", "https") or not host:
+    host, page_host = host_of(url), host_of(page_url)
+    if not host or not url[:8].lower().startswith(("http://", "https://")):
         return False
     if document and host != page_host:
         return False
@@ -220,11 +218,11 @@ def manifest_uris(text: str, base: str) -> set[str]:
             continue
         if line.startswith("#"):
             for m in re.finditer(r'URI="([^"]+)"', line):
-                out.add(urldefrag(urljoin(base, m.group(1))).url)
+                out.add(resolve(base, m.group(1), strict=False).partition("#")[0])
         else:
-            out.add(urldefrag(urljoin(base, line)).url)
+            out.add(resolve(base, line, strict=False).partition("#")[0])
     for m in re.finditer(r"<(?:BaseURL|SegmentURL[^>]*media=\")([^<\"]+)", text):
-        out.add(urldefrag(urljoin(base, m.group(1))).url)
+        out.add(resolve(base, m.group(1), strict=False).partition("#")[0])
     return out
 
 
@@ -344,10 +342,7 @@ class BrowserResolver(Resolver):
     def runs_after(self, url: str, page: FetchedPage | None, found: Resolution | None) -> bool:
         if page is None or page.status >= 400 or not page.is_html():
             return False
-        try:
-            host = urlsplit(page.final_url).hostname or ""
-        except ValueError:
-            return False
+        host = host_of(page.final_url).strip("[]")
         if host_matches(host, self.settings.hosts):
             return True
         if not self.settings.on_player_signs or (found is not None and found.items):
@@ -547,7 +542,7 @@ class BrowserResolver(Resolver):
                 rec.add(url, kind or "probe", headers.get("user-agent"), headers.get("referer"), rtype)
                 await route.abort("blockedbyclient")
                 return
-            if rtype in BLOCKED_TYPES or sniff.url_extension(url) in VIDEO_EXTENSIONS:
+            if rtype in BLOCKED_TYPES or media.url_extension(url) in VIDEO_EXTENSIONS:
                 await route.abort("blockedbyclient")
                 return
             if kind in ("hls", "dash"):
@@ -566,8 +561,8 @@ class BrowserResolver(Resolver):
             kind = classify(url, ctype)
             request_headers = response.request.headers
             if kind is None:
-                mt = ctype.split(";", 1)[0].strip().lower()
-                if mt in ("application/octet-stream", "binary/octet-stream", "") or sniff.maybe_audio_type(mt):
+                mt = media.media_type(ctype)
+                if mt in ("application/octet-stream", "binary/octet-stream", "") or media.maybe_audio_type(mt):
                     kind = "probe"
                 else:
                     return
@@ -632,7 +627,7 @@ class BrowserResolver(Resolver):
         except Exception as exc:   # any network trouble: the candidate is simply not audio we can show
             log.debug("browser: probe %s: %s", f.url[:200], exc)
             return None
-        return "audio" if sniff.sniff_audio(head[:8192]) else None
+        return "audio" if media.sniff_audio(head[:8192]) else None
 
     def _rendered(self, html: str, page_url: str) -> tuple[pagemeta.Meta, dict[str, pagemeta.Meta], list[str]]:
         """From the page as its scripts left it: its metadata, per media address the metadata around its
@@ -646,7 +641,7 @@ class BrowserResolver(Resolver):
             for name in ("src", "data-src", "data-audio", "data-url"):
                 value = attrs.get(name)
                 if value:
-                    absolute = join_url(page_url, value.strip())
+                    absolute = resolve_link(page_url, value.strip())
                     if absolute is not None:
                         by_url.setdefault(urldefrag(absolute).url, pagemeta.element_meta(node))
         return pagemeta.page_meta(tree), by_url, extract_links(tree, page_url)

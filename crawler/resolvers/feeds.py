@@ -24,8 +24,9 @@ from xml.etree.ElementTree import Element, ParseError
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring
 
-from crawler.resolvers import pagemeta, sniff
-from crawler.worker.links import join_url
+from crawler.resolvers import pagemeta
+from crawler.web import media
+from crawler.web.urls import resolve_link
 
 RSS, ATOM, SITEMAP, SITEMAP_INDEX = "rss", "atom", "sitemap", "sitemapindex"
 # The sitemaps protocol's own limit per file.
@@ -154,7 +155,7 @@ def _sitemap(kind: str, root: Element, base_url: str) -> XmlResult:
         if _local(entry.tag) != wanted:
             continue
         loc = _child_text(entry, "loc")
-        url = join_url(base_url, loc) if loc else None
+        url = resolve_link(base_url, loc) if loc else None
         if url is None:
             continue
         out.links.append(url)
@@ -209,8 +210,8 @@ def _feed(kind: str, root: Element, base_url: str) -> XmlResult:
 
 
 def _audio_typed(el: Element) -> bool:
-    kind = (el.get("type") or "").split(";", 1)[0].strip().lower()
-    return sniff.is_audio_type(kind) if kind else False
+    kind = media.media_type(el.get("type"))
+    return media.is_audio_type(kind) if kind else False
 
 
 def _item_links(kind: str, item: Element, base_url: str) -> tuple[str | None, list[str]]:
@@ -219,7 +220,7 @@ def _item_links(kind: str, item: Element, base_url: str) -> tuple[str | None, li
     audio: list[str] = []
 
     def add(ref: str | None) -> None:
-        url = join_url(base_url, ref.strip()) if ref else None
+        url = resolve_link(base_url, ref.strip()) if ref else None
         if url and url not in audio:
             audio.append(url)
 
@@ -227,26 +228,26 @@ def _item_links(kind: str, item: Element, base_url: str) -> tuple[str | None, li
         name = _local(el.tag)
         if name == "enclosure" and kind == RSS:
             ref = el.get("url")
-            if ref and (_audio_typed(el) or sniff.is_audio_url(ref) or not el.get("type")):
+            if ref and (_audio_typed(el) or media.is_audio_url(ref) or not el.get("type")):
                 add(ref)
         elif name == "content" and el.get("url") is not None:   # media:content
             ref = el.get("url")
-            if ref and (_audio_typed(el) or (el.get("medium") == "audio") or sniff.is_audio_url(ref)):
+            if ref and (_audio_typed(el) or (el.get("medium") == "audio") or media.is_audio_url(ref)):
                 add(ref)
         elif name == "link":
             if kind == ATOM:
                 ref, rel = el.get("href"), (el.get("rel") or "alternate")
-                if rel == "enclosure" and ref and (_audio_typed(el) or sniff.is_audio_url(ref)):
+                if rel == "enclosure" and ref and (_audio_typed(el) or media.is_audio_url(ref)):
                     add(ref)
                 elif rel == "alternate" and ref:
-                    if sniff.is_audio_url(ref) or _audio_typed(el):
+                    if media.is_audio_url(ref) or _audio_typed(el):
                         add(ref)
                     elif page is None:
-                        page = join_url(base_url, ref)
+                        page = resolve_link(base_url, ref)
             else:
                 ref = _text(el)
-                if ref and sniff.is_audio_url(ref):
+                if ref and media.is_audio_url(ref):
                     add(ref)
                 elif ref and page is None:
-                    page = join_url(base_url, ref)
+                    page = resolve_link(base_url, ref)
     return page, audio

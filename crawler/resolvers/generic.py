@@ -21,11 +21,9 @@ from urllib.parse import parse_qsl, urldefrag
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
-from crawler.html import css
 from crawler.items import AudioItem
-from crawler.resolvers import feeds, jsdata, pagemeta, playlists, sniff
+from crawler.resolvers import feeds, jsdata, pagemeta
 from crawler.resolvers.base import (
-    FetchedPage,
     Resolution,
     ResolveContext,
     Resolver,
@@ -33,9 +31,12 @@ from crawler.resolvers.base import (
     parse_section,
 )
 from crawler.resolvers.pagemeta import Meta
-from crawler.resolvers.tags import read_tags
-from crawler.urls import NormalizeOptions, normalize_many
-from crawler.worker.links import document_base, join_url
+from crawler.web import media
+from crawler.web.html import css
+from crawler.web.links import document_base
+from crawler.web.media import read_tags
+from crawler.web.page import FetchedPage
+from crawler.web.urls import NormalizeOptions, normalize_many, resolve_link
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def _url_like(value: str, *, bare_ok: bool) -> bool:
 
 def _audio_string(value: str, bare_ok: bool = True) -> bool:
     value = value.strip()
-    return _url_like(value, bare_ok=bare_ok) and (sniff.is_audio_url(value) or sniff.is_playlist_url(value))
+    return _url_like(value, bare_ok=bare_ok) and (media.is_audio_url(value) or media.is_playlist_url(value))
 
 
 def _found(meta: Meta | pagemeta.Found, source: str) -> pagemeta.Found:
@@ -110,15 +111,15 @@ class _Collector:
 
     def add(self, raw: str, meta: Meta | pagemeta.Found, found_in: str, force_audio: bool = False,
             link: LexborNode | None = None) -> None:
-        url = join_url(self.base, raw.strip())
+        url = resolve_link(self.base, raw.strip())
         if url is None:
             return
         url = urldefrag(url).url
-        if sniff.is_playlist_url(url):
+        if media.is_playlist_url(url):
             if url not in self.links:
                 self.links.append(url)
             return
-        if not (force_audio or sniff.is_audio_url(url)):
+        if not (force_audio or media.is_audio_url(url)):
             return
         found = _found(meta, found_in)
         if url in self.items:
@@ -156,7 +157,7 @@ class GenericResolver(Resolver):
         return url.lower().startswith(("http://", "https://"))
 
     def audio_link(self, url: str) -> bool:
-        return sniff.is_audio_url(url)
+        return media.is_audio_url(url)
 
     async def resolve(self, url: str, page: FetchedPage | None, ctx: ResolveContext) -> Resolution:
         if page is None or page.status >= 400:
@@ -213,11 +214,11 @@ class GenericResolver(Resolver):
     def resolve_page(self, page: FetchedPage) -> Resolution:
         """The synchronous core: no I/O is needed once the page is fetched."""
         ct = page.content_type
-        named_playlist = sniff.is_playlist_url(page.final_url) or sniff.is_playlist_url(page.url)
-        if ct in sniff.PLAYLIST_TYPES or (named_playlist and not page.is_html()):
+        named_playlist = media.is_playlist_url(page.final_url) or media.is_playlist_url(page.url)
+        if ct in media.PLAYLIST_TYPES or (named_playlist and not page.is_html()):
             return self._playlist(page)
-        if sniff.is_audio_type(ct):
-            return Resolution(items=[self._audio_response(page, sniff.sniff_audio(page.body) or ct)])
+        if media.is_audio_type(ct):
+            return Resolution(items=[self._audio_response(page, media.sniff_audio(page.body) or ct)])
         if not page.is_html():
             xml = self._xml_document(page)
             if xml is not None:
@@ -226,10 +227,10 @@ class GenericResolver(Resolver):
             tree = page.tree()
             return self._html(page, tree) if tree is not None else Resolution()
         if self.settings.sniff_bytes:
-            fmt = sniff.sniff_audio(page.body)
+            fmt = media.sniff_audio(page.body)
             if fmt:
                 return Resolution(items=[self._audio_response(page, fmt)])
-        if playlists.looks_like_playlist(page.text()[:256] if ct.startswith("text/") or not ct else ""):
+        if media.looks_like_playlist(page.text()[:256] if ct.startswith("text/") or not ct else ""):
             return self._playlist(page)
         if ct in _JSON_TYPES or ct.endswith("+json"):
             return self._json_document(page)
@@ -278,12 +279,12 @@ class GenericResolver(Resolver):
 
     def _playlist(self, page: FetchedPage) -> Resolution:
         text = page.text()
-        if playlists.is_hls_media(text):
+        if media.is_hls_media(text):
             return Resolution()
-        kind = playlists.looks_like_playlist(text)
+        kind = media.looks_like_playlist(text)
         if kind is None:
-            kind = "pls" if sniff.url_extension(page.final_url) == "pls" or "scpls" in page.content_type else "m3u"
-        entries = playlists.parse_pls(text) if kind == "pls" else playlists.parse_m3u(text)
+            kind = "pls" if media.url_extension(page.final_url) == "pls" or "scpls" in page.content_type else "m3u"
+        entries = media.parse_pls(text) if kind == "pls" else media.parse_m3u(text)
         # The entries were published on the page that links the playlist, when the crawl knows it.
         out = _Collector(page.referrer or page.url, page.final_url, self.settings.max_items)
         out.extra["playlist"] = page.url
@@ -291,12 +292,12 @@ class GenericResolver(Resolver):
             if any(c in entry.target for c in '<>"'):
                 continue  # markup, not an entry: an error page served under a playlist's name
             meta = pagemeta.normalise({"title": entry.title, "artist": entry.artist, "duration": entry.duration})
-            absolute = join_url(page.final_url, entry.target)
+            absolute = resolve_link(page.final_url, entry.target)
             if absolute is None:
                 continue
-            if sniff.is_audio_url(absolute) or sniff.is_playlist_url(absolute):
+            if media.is_audio_url(absolute) or media.is_playlist_url(absolute):
                 out.add(absolute, meta, "playlist")
-            elif sniff.url_extension(absolute) not in _NOT_PLAYLIST_SONGS and absolute not in out.links:
+            elif media.url_extension(absolute) not in _NOT_PLAYLIST_SONGS and absolute not in out.links:
                 # Not named as audio (a stream, a download script): a fetch of its first bytes decides.
                 out.links.append(absolute)
         return out.result()
@@ -342,7 +343,7 @@ class GenericResolver(Resolver):
                     out.add(url, {}, "script")
 
 
-_NAMED_EXTENSIONS = sniff.AUDIO_EXTENSIONS | sniff.PLAYLIST_EXTENSIONS
+_NAMED_EXTENSIONS = media.AUDIO_EXTENSIONS | media.PLAYLIST_EXTENSIONS
 _DOTTED_EXTENSIONS = tuple(f".{ext}" for ext in sorted(_NAMED_EXTENSIONS))
 
 
@@ -424,8 +425,8 @@ def _collect_json(out: _Collector, value: Any, found_in: str) -> None:
 
 
 def _type_is_audio(attrs: Mapping[str, str | None]) -> bool:
-    kind = attrs.get("type")
-    return bool(kind) and sniff.is_audio_type(kind.split(";", 1)[0].strip())  # type: ignore[union-attr]
+    kind = media.media_type(attrs.get("type"))
+    return bool(kind) and media.is_audio_type(kind)
 
 
 def _inside(node: LexborNode, tag: str) -> bool:
@@ -473,7 +474,7 @@ def _element(out: _Collector, node: LexborNode, tag: str) -> None:
         if name.startswith("data-") and attr and name not in _META_DATA_ATTRS:
             refs.extend(_data_attribute_refs(name, attr, node, out))
     # Most elements are plain links: settle them on the raw string before any joining or metadata work.
-    refs = [r for r in refs if r[1] or sniff.url_extension(r[0].strip()) in _NAMED_EXTENSIONS]
+    refs = [r for r in refs if r[1] or media.url_extension(r[0].strip()) in _NAMED_EXTENSIONS]
     if not refs:
         return
     meta = pagemeta.element_found(node, out.page)
@@ -535,7 +536,7 @@ def _link_metadata(page: FetchedPage) -> dict[str, pagemeta.Found]:
         return {}
     base = document_base(tree, page.final_url)
     nodes = css(tree, "a[href], area[href]")[:_MAX_REFERRER_LINKS]
-    joined = [join_url(base, n.attributes.get("href") or "") for n in nodes]
+    joined = [resolve_link(base, n.attributes.get("href") or "") for n in nodes]
     keys = normalize_many([u for u in joined if u is not None], NormalizeOptions())
     context = pagemeta.PageContext(tree, page.body)
     out: dict[str, pagemeta.Found] = {}

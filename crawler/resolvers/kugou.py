@@ -2,9 +2,30 @@
 
 The pages never contain an audio address. They list songs (hash + album id) in inline scripts; the
 play-data API turns one song into a signed, expiring address that works only for the User-Agent and
-kg_mid cookie that asked for it, so every item carries that identity for its download. See
-kugou-api.md for the shapes. Kugou changes them now and then: anything unexpected becomes a failed item
-with a reason, never a crash and never an item built from garbage.
+kg_mid cookie that asked for it, so every item carries that identity for its download. Kugou changes its
+shapes now and then: anything unexpected becomes a failed item with a reason, never a crash and never an item
+built from garbage.
+
+The shapes, as public open-source clients (listen1, Meting, musicdl, lx-music, KuGouMusicApi) read them:
+
+- playlist pages ``/yy/special/single/<id>.html``: ``global.data = [{hash, album_id ...}, ...];`` in a script;
+  share pages ``/share/<chain>.html``: ``var dataFromSmarty = [{author_name, song_name, hash, album_id,
+  mixsongid}, ...],``; rank pages ``/yy/rank/home/<n>-<id>.html``: ``global.features = [{Hash, FileName
+  ("Artist - Title"), timeLen, size, album_id, encrypt_id}, ...];``. A song page is
+  ``/song/#hash=<HASH>&album_id=<ALBUM>``: the song is named in the fragment, which no server sees. The JSON
+  twin of a playlist is ``<mobile>/plist/list/<specialid>?json=true`` -> ``list.list.info[].{hash, album_id}``.
+- play data: ``<api_base>/yy/index.php?r=play/getdata&hash=&album_id=`` (with ``mid``, ``platid=4``, ``_``,
+  optionally ``callback`` for JSONP), sent with a desktop User-Agent, ``Referer: https://www.kugou.com/`` and a
+  ``kg_mid`` cookie. Success is ``{"status": 1, "err_code": 0, "data": {hash, timelength (ms), filesize,
+  audio_name, song_name, author_name, authors, album_name, album_id, img, lyrics, bitrate (kbps), privilege,
+  play_url, play_backup_url}}``; ``err_code`` 20010 means a missing cookie or a verification; a paid or
+  region-blocked song has an empty ``play_url`` (found but unavailable). ``play_url`` carries a time and a
+  signature: it expires, so a resumed download may need a fresh address first.
+- the mobile variant, ``<mobile>/app/i/getSongInfo.php?cmd=playInfo&hash=``: a flat camelCase body (``url``,
+  ``fileName``, ``songName``, ``singerName``, ``fileSize``, ``bitRate``, ``timeLength`` (s), ``extName``,
+  ``imgUrl``, ``errcode``, ``status``, ``error``).
+- search: ``songsearch.kugou.com/song_search_v2?keyword=&page=&pagesize=30`` -> ``{"error_code": 0, "data":
+  {"total", "lists": [{SongName, SingerName, AlbumID, AlbumName, FileHash, Duration, FileSize ...}]}}``.
 """
 
 from __future__ import annotations
@@ -26,7 +47,6 @@ import httpx
 
 from crawler.items import FAILED, OK, UNAVAILABLE, AudioItem, RequestIdentity
 from crawler.resolvers.base import (
-    FetchedPage,
     Resolution,
     ResolveContext,
     Resolver,
@@ -34,6 +54,7 @@ from crawler.resolvers.base import (
     parse_section,
 )
 from crawler.resolvers.jsdata import LiteralError, find_literal, parse_literal
+from crawler.web.page import FetchedPage
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +65,14 @@ ERR_VERIFY = 20010  # missing kg_mid cookie, or the API wants a verification
 SEARCH_HOST = "songsearch.kugou.com"
 SEARCH_API_BASE = f"https://{SEARCH_HOST}"
 SEARCH_PAGE_SIZE = 30
+
+
+def song_fragment_rule(www_hosts: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``keep_fragment`` rule of Kugou's song pages on these hosts: their fragment names the song
+    (``/song/#hash=<hash>&album_id=<id>``), so the URL normaliser must keep it. Searched in the normalised URL
+    without its fragment (crawler.web.urls)."""
+    hosts = "|".join(re.escape(h) for h in www_hosts)
+    return (rf"^https?://(?:{hosts})/song/",) if hosts else ()
 
 
 @dataclass(frozen=True)
@@ -298,9 +327,7 @@ class KugouResolver(Resolver):
         super().__init__(config)
         self.settings = parse_section(KugouConfig, self.name, config)
         self.mid = self.settings.mid or uuid.uuid4().hex
-        hosts = "|".join(re.escape(h) for h in self.settings.www_hosts)
-        # Searched in the normalised URL without its fragment (crawler.urls): song pages keep theirs.
-        self.keep_fragment = (rf"^https?://(?:{hosts})/song/",) if hosts else ()
+        self.keep_fragment = song_fragment_rule(self.settings.www_hosts)
 
     # Which URLs are ours.
     def _kind(self, url: str) -> str | None:
@@ -398,7 +425,7 @@ class KugouResolver(Resolver):
 
     def song_url(self, song: ListedSong) -> str:
         """The web player's address of one song: what a search result or a list entry points at."""
-        host = self.settings.www_hosts[0] if self.settings.www_hosts else "www.kugou.com"
+        host = self.settings.www_hosts[0] if self.settings.www_hosts else KugouConfig.www_hosts[0]
         scheme = urlsplit(self.settings.referer).scheme or "https"
         album = f"&album_id={song.album_id}" if song.album_id else ""
         return f"{scheme}://{host}/song/#hash={song.hash}{album}"
@@ -469,7 +496,7 @@ class KugouResolver(Resolver):
 
     async def _song_info(self, song: ListedSong, listed: AudioItem, identity: RequestIdentity,
                          ctx: ResolveContext) -> AudioItem:
-        """The mobile API's flat camelCase answer (kugou-api.md, "Mobile variant")."""
+        """The mobile API's flat camelCase answer (getSongInfo.php: the module's notes list its keys)."""
         endpoint = f"{self.settings.mobile_api_base.rstrip('/')}/app/i/getSongInfo.php"
         try:
             data = await self._get_json(endpoint, {"cmd": "playInfo", "hash": song.hash}, ctx)

@@ -23,7 +23,7 @@ from typing import Any
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
-from crawler.html import css, css_first
+from crawler.web.html import css, css_first
 
 FIELDS = ("title", "artist", "album", "description", "cover", "duration", "bitrate")
 Meta = dict[str, Any]

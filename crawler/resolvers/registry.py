@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
-from crawler.resolvers.base import FetchedPage, Resolution, Resolver, ResolverConfigError
+from crawler.resolvers.base import Resolution, Resolver, ResolverConfigError
+from crawler.web.page import FetchedPage
 
 log = logging.getLogger(__name__)
 

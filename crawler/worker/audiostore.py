@@ -38,26 +38,9 @@ import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
 from crawler.items import AudioItem
-
-AUDIO_EXTENSIONS = frozenset({
-    ".mp3", ".m4a", ".m4b", ".aac", ".wav", ".wma", ".flac", ".ogg", ".oga", ".opus", ".ape", ".amr",
-    ".aif", ".aiff", ".mid", ".midi", ".mka", ".weba", ".webm", ".mp4", ".3gp", ".ra", ".au", ".caf",
-})
-
-_BY_CONTENT_TYPE = {
-    "audio/mpeg": ".mp3", "audio/mp3": ".mp3", "audio/mpeg3": ".mp3", "audio/x-mpeg": ".mp3",
-    "audio/mp4": ".m4a", "audio/x-m4a": ".m4a", "audio/m4a": ".m4a", "audio/aac": ".aac",
-    "audio/aacp": ".aac", "audio/x-aac": ".aac", "audio/wav": ".wav", "audio/x-wav": ".wav",
-    "audio/wave": ".wav", "audio/vnd.wave": ".wav",
-    "audio/x-ms-wma": ".wma", "audio/flac": ".flac", "audio/x-flac": ".flac", "audio/ogg": ".ogg",
-    "application/ogg": ".ogg", "audio/opus": ".opus", "audio/ape": ".ape", "audio/x-ape": ".ape",
-    "audio/amr": ".amr", "audio/aiff": ".aiff", "audio/x-aiff": ".aiff", "audio/midi": ".mid",
-    "audio/x-matroska": ".mka", "audio/webm": ".weba", "video/webm": ".webm", "video/mp4": ".mp4",
-    "audio/3gpp": ".3gp", "audio/basic": ".au", "audio/x-caf": ".caf",
-}
+from crawler.web import media
 
 _SAFE_EXT = re.compile(r"\.[a-z0-9]{1,5}")
 _IOV_MAX = 512        # pieces per writev (Linux allows 1024)
@@ -66,14 +49,11 @@ _IOV_MAX = 512        # pieces per writev (Linux allows 1024)
 def extension_for(urls: list[str], content_type: str | None) -> str:
     """An extension that is safe in a path: a known audio one from a URL, else one from the media type."""
     for url in urls:
-        name = unquote(urlsplit(url).path).rsplit("/", 1)[-1]
-        dot = name.rfind(".")
-        if dot > 0:
-            ext = name[dot:].lower()
-            if ext in AUDIO_EXTENSIONS:
-                return ext
-    media = (content_type or "").split(";", 1)[0].strip().lower()
-    ext = _BY_CONTENT_TYPE.get(media, "")
+        ext = media.url_extension(url)
+        if ext in media.STORED_EXTENSIONS:
+            return "." + ext
+    ext = media.EXTENSION_BY_TYPE.get(media.media_type(content_type), "")
+    ext = "." + ext if ext else ""
     assert ext == "" or _SAFE_EXT.fullmatch(ext)
     return ext
 

@@ -16,7 +16,7 @@ from crawler.config import (
     non_negative,
     one_of,
     parse_hostport,
-    parse_section,
+    parse_keys,
     positive,
     read_secret,
 )
@@ -118,7 +118,7 @@ class WorkerConfig:
             if k in given:
                 given[k] = str(Path(given[k]).expanduser().absolute())
         raw.update(given)
-        v = parse_section(raw, SPEC, base)
+        v = parse_keys(raw, SPEC, base)
         if v["master"] is None:
             raise ConfigError("master", "required: give --master host:port, set $CRAWLER_MASTER or set master "
                                         "in the config file")

@@ -75,8 +75,9 @@ import yarl
 
 from crawler.bodies import BodyError
 from crawler.items import FAILED, OK, AudioItem
-from crawler.resolvers import sniff
 from crawler.targets import TargetRefused
+from crawler.web import media as sniff
+from crawler.web.urls import resolve
 from crawler.worker.audiostore import AudioStore, Finished, Sidecar, extension_for, partial_key, write_pieces
 from crawler.worker.faults import is_local
 from crawler.worker.filetags import read_file_tags
@@ -745,7 +746,7 @@ class Downloader:
                 try:
                     location = response.headers.get("location")
                     if response.status_code in _REDIRECTS and location:
-                        url = url.join(_parse_url(location))
+                        url = _parse_url(resolve(str(url), location))
                         if url.scheme not in ("http", "https"):
                             raise _Fail(f"redirect to a non-http address: {str(url)[:200]!r}")
                         continue

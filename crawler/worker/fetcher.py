@@ -1,7 +1,7 @@
 """Fetching one page with the bounds a hostile site cannot push past.
 
 The client is httpx over an aiohttp transport (transport.py): the httpx API, with cost that stays flat at
-hundreds of connections (plain httpx does not; see the design notes). aiohttp's connector caches DNS answers
+hundreds of connections (plain httpx does not: httpx issue #3215, and transport.py). aiohttp's connector caches DNS answers
 for `dns_ttl` seconds, so a host is resolved once per TTL, not once per request.
 
 Bounds: a body cap counted on the *decoded* bytes, a stack of encodings refused (crawler/bodies.py, applied in
@@ -15,6 +15,7 @@ redirects up to the limit.
 
 from __future__ import annotations
 
+import http.cookiejar
 import re
 from typing import Any, cast
 
@@ -23,8 +24,9 @@ import aiohttp.abc
 import httpx
 
 from crawler.bodies import ACCEPT_ENCODING, BodyError
-from crawler.resolvers.base import FetchedPage
 from crawler.targets import TargetConnector, TargetPolicy, TargetRefused
+from crawler.web.media import media_type
+from crawler.web.page import FetchedPage
 from crawler.worker.transport import AiohttpTransport
 
 SNIFF_BYTES = 64 * 1024
@@ -44,11 +46,18 @@ class FetchError(Exception):
         self.reason = reason
 
 
-class _NoCookies(httpx.Cookies):
-    """A crawler keeps no cookie jar: it would grow with every site visited, and httpx's per-response cookie
-    extraction costs more than parsing some pages. Resolvers that need cookies send them per request."""
+class _NoCookieJar(http.cookiejar.CookieJar):
+    """A crawler keeps no cookie jar: it would grow with every site visited, and parsing every response's
+    Set-Cookie costs more than parsing some pages. Resolvers that need cookies send them per request.
 
-    def extract_cookies(self, response: httpx.Response) -> None:
+    httpx takes a CookieJar as its jar (``cookies=``) and asks it to extract and to store; this one does
+    neither, so nothing is parsed and the jar stays empty (an empty jar adds no Cookie header).
+    """
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        pass
+
+    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
         pass
 
 
@@ -73,15 +82,9 @@ def build_client(transport: AiohttpTransport, *, user_agent: str, connect_timeou
     """The client for resolvers' API calls and downloads: redirects followed up to the limit."""
     timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=None)
     # Accept-Encoding names exactly the codings the transport decodes within its bounds (crawler/bodies.py).
-    client = httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=True,
-                               max_redirects=max_redirects,
-                               headers={"User-Agent": user_agent, "Accept-Encoding": ACCEPT_ENCODING})
-    client._cookies = _NoCookies()   # httpx has no public switch for this
-    return client
-
-
-def media_type(content_type: str | None) -> str:
-    return (content_type or "").split(";", 1)[0].strip().lower()
+    return httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=True,
+                             max_redirects=max_redirects, cookies=_NoCookieJar(),
+                             headers={"User-Agent": user_agent, "Accept-Encoding": ACCEPT_ENCODING})
 
 
 def is_document(mt: str) -> bool:

@@ -26,7 +26,7 @@ from mutagen.oggvorbis import OggVorbis
 from mutagen.wave import WAVE
 
 from crawler.resolvers.pagemeta import normalise
-from crawler.resolvers.sniff import HEAD_BYTES, sniff_audio
+from crawler.web.media import HEAD_BYTES, sniff_audio
 
 log = logging.getLogger(__name__)
 

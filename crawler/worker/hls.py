@@ -49,13 +49,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import urljoin, urlsplit
 
 import httpx
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from crawler.items import FAILED, OK, AudioItem
-from crawler.resolvers import sniff
+from crawler.web import media
+from crawler.web.urls import host_of, resolve
 from crawler.worker.audiostore import AudioStore, Finished
 from crawler.worker.downloader import _NETWORK_ERRORS, DownloadConfig, _hash_prefix, _identity_headers
 
@@ -220,7 +220,7 @@ def _parse_media(text: str, url: str) -> MediaPlaylist:
             elif tag == "#EXT-X-MAP":
                 a = attributes(value)
                 if a.get("URI"):
-                    init = InitSection(urljoin(url, a["URI"]),
+                    init = InitSection(resolve(url, a["URI"]),
                                        _byterange(a["BYTERANGE"], 0) if a.get("BYTERANGE") else None)
             elif tag == "#EXT-X-BYTERANGE":
                 byterange = _byterange(value, range_end)
@@ -231,7 +231,7 @@ def _parse_media(text: str, url: str) -> MediaPlaylist:
             continue    # a URI line not preceded by EXTINF is not a segment
         if len(segments) >= MAX_SEGMENTS:
             raise HlsError(f"more than {MAX_SEGMENTS} segments")
-        segments.append(Segment(urljoin(url, line), duration, media_sequence + len(segments), key, init,
+        segments.append(Segment(resolve(url, line), duration, media_sequence + len(segments), key, init,
                                 byterange))
         if byterange is not None:
             range_end = byterange.offset + byterange.length
@@ -253,7 +253,7 @@ def _key(a: dict[str, str], base: str) -> Key | None:
             raise HlsError(f"bad IV {raw_iv[:40]!r}") from None
         if len(iv) != 16:
             raise HlsError(f"bad IV {raw_iv[:40]!r}")
-    return Key(method, urljoin(base, a["URI"]) if a.get("URI") else None, iv)
+    return Key(method, resolve(base, a["URI"]) if a.get("URI") else None, iv)
 
 
 def _parse_master(text: str, url: str) -> MasterPlaylist:
@@ -271,12 +271,12 @@ def _parse_master(text: str, url: str) -> MasterPlaylist:
             elif tag == "#EXT-X-MEDIA" and len(renditions) < MAX_VARIANTS:
                 a = attributes(value)
                 renditions.append(Rendition(a.get("TYPE", "").upper(), a.get("GROUP-ID", ""),
-                                            urljoin(url, a["URI"]) if a.get("URI") else None, a.get("NAME"),
+                                            resolve(url, a["URI"]) if a.get("URI") else None, a.get("NAME"),
                                             a.get("DEFAULT", "").upper() == "YES"))
             continue
         if pending is not None and len(variants) < MAX_VARIANTS:
             codecs = tuple(c.strip().lower() for c in pending.get("CODECS", "").split(",") if c.strip())
-            variants.append(Variant(urljoin(url, line), _int(pending.get("BANDWIDTH")), codecs,
+            variants.append(Variant(resolve(url, line), _int(pending.get("BANDWIDTH")), codecs,
                                     pending.get("RESOLUTION"), pending.get("AUDIO")))
         pending = None
     return MasterPlaylist(url, tuple(variants), tuple(renditions))
@@ -331,7 +331,7 @@ def container(first: bytes, has_init: bool) -> tuple[str, str]:
         return ".m4a", "audio/mp4"
     if first[:1] == b"\x47":
         return ".ts", "video/mp2t"
-    fmt = sniff.sniff_audio(first) if len(first) >= 4 else None
+    fmt = media.sniff_audio(first) if len(first) >= 4 else None
     if fmt == "aac":
         return ".aac", "audio/aac"
     if fmt in ("mp3", "mp2"):
@@ -376,7 +376,7 @@ class HlsDownloader:
     def claims(self, item: AudioItem) -> bool:
         """Items the downloader hands to this module: HLS playlists (and DASH manifests, recorded only)."""
         fmt = item.extra.get("format") if isinstance(item.extra, dict) else None
-        return fmt in (HLS, DASH) or sniff.url_extension(item.url) == "m3u8"
+        return fmt in (HLS, DASH) or media.url_extension(item.url) == "m3u8"
 
     def progress_path(self, key: str) -> Path:
         return self.store.partial_dir / f"{key}.hls.json"
@@ -414,7 +414,7 @@ class HlsDownloader:
         """A bounded GET with the item's identity, retried on network errors and 429/5xx."""
         if not url.lower().startswith(("http://", "https://")):
             raise HlsError(f"not an http(s) address: {url[:200]!r}")
-        same_host = urlsplit(url).hostname == urlsplit(item.url).hostname
+        same_host = host_of(url) == host_of(item.url)
         headers = _identity_headers(item, same_host=same_host)
         headers["Accept-Encoding"] = "identity"
         if byterange is not None:

@@ -19,23 +19,25 @@ from dataclasses import dataclass, field
 import mmh3
 import msgspec
 
-from crawler import html, sdnotify
 from crawler import items as it
 from crawler import protocol as p
+from crawler import sdnotify
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.metrics import WorkerMetrics, serve_metrics
 from crawler.politeness import THROTTLE_STATUSES, parse_retry_after
-from crawler.resolvers.base import FetchedPage, Resolution, ResolveContext, Resolver, ResolverUnavailable
+from crawler.resolvers.base import Resolution, ResolveContext, Resolver, ResolverUnavailable
 from crawler.resolvers.registry import followers, load_resolvers, pick
-from crawler.resolvers.sniff import is_audio_url, is_playlist_url
 from crawler.targets import TargetPolicy, parse_network
-from crawler.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
+from crawler.web import html
+from crawler.web.links import audio_candidates, count_links, extract_links
+from crawler.web.media import is_audio_url, is_playlist_url
+from crawler.web.page import FetchedPage
+from crawler.web.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
 from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader
 from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, describe, is_local
 from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
 from crawler.worker.linkcache import LinkCache
-from crawler.worker.links import audio_candidates, count_links, extract_links
 from crawler.worker.pagestore import open_page_store
 
 log = logging.getLogger("crawler.worker")
@@ -104,7 +106,7 @@ def _within_limits(r: p.Result) -> p.Result:
         return p.Result(r.lease, r.url, p.ERROR, error=f"result out of the wire's limits: {why}")
 
 
-class Refused(Exception):
+class MasterRefused(Exception):
     """The master refused this worker (bad secret, unknown id, id in use): retrying will not help without a fix."""
 
     def __init__(self, reason: str, code: str = "") -> None:
@@ -181,7 +183,7 @@ class Worker:
         self._waiting: dict[int, asyncio.Future[bool]] = {}
         self._running: set[int] = set()
         self.fault: str | None = None       # why this node's storage cannot take work now (see faults.py)
-        self.refusal: Refused | None = None  # the master's final answer, for the CLI's exit status
+        self.refusal: MasterRefused | None = None  # the master's final answer, for the CLI's exit status
         self._was_connected = False
 
     def stop(self) -> None:
@@ -287,7 +289,7 @@ class Worker:
                 log.info("worker %s connected to master %s:%d", self.cfg.id, host, port)
                 if await self._session(conn, hs, welcome):
                     return 0
-            except Refused as e:
+            except MasterRefused as e:
                 if e.code == p.DUPLICATE_ID and self._was_connected:
                     # Our own previous connection, not yet noticed gone by the master: it will be soon.
                     log.info("master still holds this worker's previous connection; trying again")
@@ -319,7 +321,7 @@ class Worker:
             await conn.send(hs.receive_challenge(await conn.recv()))
             return hs.receive_welcome(await conn.recv())
         except p.PeerRefused as e:
-            raise Refused(e.reason, e.code) from None
+            raise MasterRefused(e.reason, e.code) from None
 
     async def _session(self, conn: FramedConnection, hs: p.WorkerHandshake, welcome: p.Welcome) -> bool:
         """Serve one connection. True when the master ended the crawl."""

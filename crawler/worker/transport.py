@@ -1,6 +1,7 @@
 """An httpx transport over one aiohttp session: the httpx API, aiohttp's connection handling.
 
-Plain httpx gets slower as connections grow (see the design notes); aiohttp stays flat. httpx-aiohttp does the
+Plain httpx gets slower as connections grow (measured on one local site: 676 pages/s at 8 connections, 299 at 64,
+206 at 256; httpx issue #3215); aiohttp stays flat. httpx-aiohttp does the
 same job, but builds a timeout object, re-parses the URL and enters an exception-mapping context manager for
 every request and every body chunk. On the worker's page path that glue cost a tenth of the CPU of a page, so
 this one keeps only what a crawler needs:

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from crawler.politeness import ROBOTS_MAX_BYTES
+
 LEGIT = 12
 MiB = 1024 * 1024
 
@@ -214,9 +216,9 @@ def stacked_bomb() -> bytes:
     return gzip.compress(gzip_zeros(256 * MiB))
 
 
-# 500 KiB of robots.txt: one real rule for us, then noise rules for other paths.
+# As much robots.txt as the crawler reads: one real rule for us, then noise rules for other paths.
 _HUGE_ROBOTS = (b"User-agent: *\nDisallow: /private/\n"
-                + b"".join(b"Disallow: /noise/%d/*.php$\n" % i for i in range(20_000)))[:500 * 1024]
+                + b"".join(b"Disallow: /noise/%d/*.php$\n" % i for i in range(20_000)))[:ROBOTS_MAX_BYTES]
 
 
 def _html(text: str) -> web.Response:

@@ -1,4 +1,4 @@
-"""A fake Kugou on loopback, serving the real shapes of kugou-api.md.
+"""A fake Kugou on loopback, serving the real shapes (listed in crawler/resolvers/kugou.py's notes).
 
 One aiohttp app plays every Kugou host: www (playlist, share, rank, album, singer and song pages), wwwapi
 (play data), m (the JSON playlist twin and getSongInfo), songsearch (song_search_v2) and webfs (signed

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import re
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 from selectolax.lexbor import LexborHTMLParser
 
-from crawler.html import css, css_first
+from crawler.web.html import css, css_first
+from crawler.web.urls import resolve_link
 
-_SKIPPED_SCHEMES = ("javascript:", "mailto:", "tel:", "data:", "about:", "blob:")
 # "5; url=/next", "0;URL='/next'", "3, /next": the delay, a separator, an optional "url=", the target.
 _REFRESH_URL = re.compile(r"""^\s*[\d.]*\s*[;,]\s*(?:url\s*=\s*)?(['"]?)(.*?)\1\s*$""", re.IGNORECASE | re.DOTALL)
 _MAX_REFRESH = 4096
@@ -20,51 +19,6 @@ _COUNTED_SELECTOR = "a[href], area[href], iframe[src], frame[src]"
 _FOLLOWED_RELS = frozenset({"next", "prev", "previous"})
 # <link rel="alternate"> of these types announces the site's feeds: podcasts are a source of audio.
 _FEED_TYPES = frozenset({"application/rss+xml", "application/atom+xml", "application/rdf+xml"})
-# HTML strips these from URL attributes before parsing them.
-_STRIPPED_INSIDE = re.compile(r"[\t\n\r]")
-
-
-def join_url(base: str, ref: str) -> str | None:
-    """``ref`` made absolute against ``base``; None when it is not an http(s) URL worth following.
-
-    The single place where the crawler resolves references. A site's navigation repeats on every page, so
-    results are cached by the base's directory (all a reference other than "?query" depends on).
-    """
-    if "\t" in ref or "\n" in ref or "\r" in ref:
-        ref = _STRIPPED_INSIDE.sub("", ref)
-    ref = ref.strip(" \f\x00")
-    if not ref or ref[0] == "#":
-        return None
-    if ref[0] == "?":
-        return _join(base, ref)
-    if ref[0] == "/" and ref[1:2] != "/" and "/." not in ref and "\\" not in ref:
-        # Root-relative, nothing to resolve: the base's origin plus the reference (most links of a site).
-        start = base.find("//") + 2
-        end = base.find("/", start)
-        origin = base if end < 0 else base[:end]
-        if start > 2 and base.startswith(("http://", "https://")) and "?" not in origin and "#" not in origin:
-            return origin + ref
-    path_base = base.split("#", 1)[0].split("?", 1)[0]
-    cut = path_base.rfind("/")
-    if cut < path_base.find("//") + 2:          # no path at all: "http://host"
-        return _join_cached(path_base + "/", ref)
-    return _join_cached(path_base[:cut + 1], ref)
-
-
-def _join(base: str, ref: str) -> str | None:
-    if ref[:11].lower().startswith(_SKIPPED_SCHEMES):
-        return None
-    try:
-        url = urljoin(base, ref)
-        parts = urlsplit(url)
-    except ValueError:  # e.g. an invalid IPv6 literal
-        return None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return None
-    return url
-
-
-_join_cached = functools.lru_cache(maxsize=50_000)(_join)
 
 
 def document_base(tree: LexborHTMLParser, page_url: str) -> str:
@@ -72,7 +26,7 @@ def document_base(tree: LexborHTMLParser, page_url: str) -> str:
     base = css_first(tree, "base[href]")
     if base is not None:
         href = base.attributes.get("href") or ""
-        joined = join_url(page_url, href)
+        joined = resolve_link(page_url, href)
         if joined:
             return joined
     return page_url
@@ -124,7 +78,7 @@ def extract_links(tree: LexborHTMLParser, base_url: str, max_elements: int | Non
             ref = _refresh_target(attrs.get("content") or "")
         if not ref:
             continue
-        url = join_url(base, ref)
+        url = resolve_link(base, ref)
         if url is not None and url not in seen:
             seen.add(url)
             out.append(url)
@@ -153,7 +107,7 @@ def audio_candidates(tree: LexborHTMLParser, base_url: str, max_elements: int | 
         # Most links are the site's navigation: settled on the raw attribute, before any joining.
         if not href or not (any(a in attrs for a in _SONG_ATTRS) or _STREAM_PATH.search(href)):
             continue
-        url = join_url(base, href)
+        url = resolve_link(base, href)
         if url is None:
             continue
         path = urlsplit(url).path

@@ -27,7 +27,7 @@ import idna
 __all__ = [
     "AUDIO_REF_HOPS", "DEFAULT", "DISCARD_DENIED", "DISCARD_GENERATED", "DISCARD_QUERY", "DISCARD_SCHEME",
     "DISCARD_SCOPE", "DISCARD_TOO_DEEP", "DISCARD_TOO_LONG", "InvalidURL", "NormalizeOptions", "UrlPolicy",
-    "host_of", "normalize", "normalize_many", "remove_dot_segments", "resolve",
+    "host_of", "host_port", "host_url_of", "normalize", "normalize_many", "remove_dot_segments", "resolve", "resolve_link",
 ]
 
 
@@ -121,15 +121,19 @@ def _remove_dot_segments_rfc(path: str) -> str:
     return "".join(out)
 
 
-def resolve(base: str, ref: str) -> str:
-    """Resolve ``ref`` against the absolute URI ``base`` (RFC 3986 5.2, strict); no normalisation.
+def resolve(base: str, ref: str, *, strict: bool = True) -> str:
+    """Resolve ``ref`` against the absolute URI ``base`` (RFC 3986 5.2); no normalisation. The crawler's one join.
 
-    Only whitespace around ``ref`` is removed, as HTML does for URL attributes.
+    Only whitespace around ``ref`` is removed, as HTML does for URL attributes. ``strict=False`` is the RFC's
+    backward-compatible reading (5.2.2): a reference with the base's own scheme and no authority, ``http:g``,
+    is relative, as browsers read it in a page.
     """
     b_scheme, b_auth, b_path, b_query, _ = _split(base.strip(_STRIP))
     if b_scheme is None:
         raise InvalidURL(f"base is not an absolute URI: {base!r}")
     r_scheme, r_auth, r_path, r_query, r_frag = _split(ref.strip(_STRIP))
+    if not strict and r_scheme is not None and r_scheme.lower() == b_scheme.lower():
+        r_scheme = None
     if r_scheme is not None:
         return _join(r_scheme, r_auth, remove_dot_segments(r_path), r_query, r_frag)
     if r_auth is not None:
@@ -149,6 +153,55 @@ def resolve(base: str, ref: str) -> str:
             path = remove_dot_segments(merged)
         query = r_query
     return _join(b_scheme, b_auth, path, query, r_frag)
+
+
+_SKIPPED_SCHEMES = ("javascript:", "mailto:", "tel:", "data:", "about:", "blob:")
+# HTML strips these from URL attributes before parsing them.
+_STRIPPED_INSIDE = re.compile(r"[\t\n\r]")
+# What a followed link must resolve to: http(s) with a host (an IP literal closed), then a port at most.
+_FOLLOWABLE = re.compile(r"https?://(?:[^@/?#]*@)?(?:\[[^\]/?#]+\]|[^:/?#@\[\]]+)(?::\d*)?(?:[/?#]|\Z)",
+                         re.IGNORECASE)
+
+
+def resolve_link(base: str, ref: str) -> str | None:
+    """A reference as a page writes it, made absolute against the page's ``base``; None when it is not an
+    http(s) URL worth following (a script, a mail address, a fragment of this page, no host).
+
+    ``resolve`` (not strict, as browsers read pages) with HTML's whitespace rules. A site's navigation repeats on
+    every page, so results are cached by the base's directory (all a reference other than "?query" depends on).
+    """
+    if "\t" in ref or "\n" in ref or "\r" in ref:
+        ref = _STRIPPED_INSIDE.sub("", ref)
+    ref = ref.strip(" \f\x00")
+    if not ref or ref[0] == "#":
+        return None
+    if ref[0] == "?":
+        return _resolve_link(base, ref)
+    if ref[0] == "/" and ref[1:2] != "/" and "/." not in ref and "\\" not in ref:
+        # Root-relative, nothing to resolve: the base's origin plus the reference (most links of a site).
+        start = base.find("//") + 2
+        end = base.find("/", start)
+        origin = base if end < 0 else base[:end]
+        if start > 2 and base.startswith(("http://", "https://")) and "?" not in origin and "#" not in origin:
+            return origin + ref
+    path_base = base.split("#", 1)[0].split("?", 1)[0]
+    cut = path_base.rfind("/")
+    if cut < path_base.find("//") + 2:          # no path at all: "http://host"
+        return _resolve_link_cached(path_base + "/", ref)
+    return _resolve_link_cached(path_base[:cut + 1], ref)
+
+
+def _resolve_link(base: str, ref: str) -> str | None:
+    if ref[:11].lower().startswith(_SKIPPED_SCHEMES):
+        return None
+    try:
+        url = resolve(base, ref, strict=False)
+    except InvalidURL:
+        return None
+    return url if _FOLLOWABLE.match(url) else None
+
+
+_resolve_link_cached = functools.lru_cache(maxsize=50_000)(_resolve_link)
 
 
 # -- normalisation (RFC 3986 6.2.2 and 6.2.3) --------------------------------------------------------------
@@ -345,15 +398,47 @@ def normalize_many(urls: Iterable[str], opts: NormalizeOptions = DEFAULT) -> lis
     return out
 
 
-_HOST_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://(?:[^@/?#]*@)?(\[[^\]/?#]*\]|[^:/?#]*)")
+# -- hosts and origins --------------------------------------------------------------------------------------
+
+# The authority's grammar, written once for every parser here: user info skipped, the host (an IP literal with
+# its brackets) in one group, the port in the next, anything else up to the path ignored.
+_AUTHORITY = r"//(?:[^@/?#]*@)?(\[[^\]/?#]*\]|[^:/?#]*)(?::(\d*))?[^/?#]*"
+_SCHEME_AUTHORITY = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):" + _AUTHORITY)
+_DEFAULT_PORT_NUMBERS = {"http": 80, "https": 443}
 
 
 def host_of(url: str) -> str:
-    """The lower-case host of a normalised URL (IP literals keep their brackets)."""
-    m = _HOST_RE.match(url)
+    """The lower-case host of a URL (IP literals keep their brackets); '' when it has none."""
+    m = _SCHEME_AUTHORITY.match(url)
+    return m.group(2).lower() if m is not None else ""
+
+
+def host_port(url: str) -> tuple[str, int] | None:
+    """(host, port) an http(s) URL connects to: the host lower case, without an IP literal's brackets or a
+    trailing dot, the port made explicit; None for anything else."""
+    m = _SCHEME_AUTHORITY.match(url)
     if m is None:
-        raise InvalidURL(f"no host in {url!r}")
-    return m.group(1).lower()
+        return None
+    default = _DEFAULT_PORT_NUMBERS.get(m.group(1).lower())
+    host = m.group(2).lower().strip("[]").rstrip(".")
+    port = int(m.group(3)) if m.group(3) else default
+    if default is None or not host or port is None or port > 65535:
+        return None
+    return host, port
+
+
+def host_url_of(url: str) -> str:
+    """The origin of an absolute URL as it is written, scheme://host[:port]: the key politeness and robots.txt
+    rules are kept under. String searches only: it runs for every URL the master queues."""
+    start = url.find("://")
+    if start < 0:
+        raise InvalidURL(f"not an absolute URL: {url!r}")
+    end = len(url)
+    for sep in "/?#":
+        i = url.find(sep, start + 3)
+        if 0 <= i < end:
+            end = i
+    return url[:end]
 
 
 # -- discard rules (paper, section 3.2) --------------------------------------------------------------------
@@ -369,9 +454,8 @@ DISCARD_SCHEME = "scheme"
 DISCARD_SCOPE = "out_of_scope"
 DISCARD_DENIED = "denied"
 
-# scheme, host (when there is an authority), path, query
-_PARTS_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):(?://(?:[^@/?#]*@)?(\[[^\]/?#]*\]|[^:/?#]*)(?::(\d*))?"
-                       r"[^/?#]*)?([^?#]*)(?:\?([^#]*))?")
+# scheme, host and port (when there is an authority), path, query
+_PARTS_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):(?:" + _AUTHORITY + r")?([^?#]*)(?:\?([^#]*))?")
 
 
 @dataclass(frozen=True)

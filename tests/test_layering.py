@@ -1,0 +1,33 @@
+"""The package's layers: the web layer sits below the resolvers, and both below the daemons."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "crawler"
+
+
+def imported(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+@pytest.mark.parametrize("package, forbidden", [
+    ("web", ("crawler.worker", "crawler.master", "crawler.resolvers")),
+    ("resolvers", ("crawler.worker", "crawler.master")),
+])
+def test_a_layer_imports_nothing_from_the_layers_above(package: str, forbidden: tuple[str, ...]) -> None:
+    files = sorted((ROOT / package).glob("*.py"))
+    assert files
+    wrong = {f"{f.name}: {name}" for f in files for name in imported(f)
+             if name.startswith(forbidden)}
+    assert not wrong, sorted(wrong)
