@@ -315,7 +315,7 @@ class Result(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields
     validators: tuple[ETag | None, LastModified | None,
                       Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX, title="digest")] | None] | None = None
     # Addresses that resolve this page's audio (a playlist, a stream, an API answer): part of the page, so the
-    # master queues them even past the depth limit (see crawler/urls.py AUDIO_REF_HOPS). Normalised, like links.
+    # master queues them even past the depth limit (see crawler/web/urls.py AUDIO_REF_HOPS). Normalised, like links.
     refs: Many[Url] = ()
 
     def to_wire(self) -> list[Any]:
