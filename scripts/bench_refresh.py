@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from crawler.master.revisit import RevisitPolicy
 from crawler.master.server import COMMIT_INTERVAL, REFRESH_BATCH
-from crawler.master.store import Finished, MasterStore
+from crawler.master.store import MasterStore, PageOutcome
 
 
 def route(urls):
@@ -75,7 +75,7 @@ def main() -> int:
         digest = {u: rnd.getrandbits(63) for u in urls}
         while rows := store.pop("w1", 10_000, 0.0):
             base = len(digest) - store.frontier_size() - len(rows)
-            store.finish([Finished(u, "done", 200, u, "text/html", 1000, None, "w1",
+            store.finish([PageOutcome(u, "done", 200, u, "text/html", 1000, None, "w1",
                                    -args.interval + args.interval * (base + k) / args.pages,
                                    f'"{digest[u]:x}"', None, digest[u], frozenset())
                           for k, (u, *_rest) in enumerate(rows)], policy)
@@ -106,11 +106,11 @@ def main() -> int:
                 for u, _depth, _parent, validators in part:
                     if rnd.random() < args.change:
                         digest[u] = rnd.getrandbits(63)
-                        results.append(Finished(u, "done", 200, u, "text/html", 1000, None, "w1", now,
+                        results.append(PageOutcome(u, "done", 200, u, "text/html", 1000, None, "w1", now,
                                                 f'"{digest[u]:x}"', None, digest[u], frozenset()))
                     else:
                         assert validators is not None   # the conditional fetch has what it needs
-                        results.append(Finished(u, "done", 304, u, None, 0, None, "w1", now, None, None, None,
+                        results.append(PageOutcome(u, "done", 304, u, None, 0, None, "w1", now, None, None, None,
                                                 frozenset()))
                 store.finish(results, policy)
             store.commit()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from crawler.master.store import Finished, MasterStore, StoreError
+from crawler.master.store import MasterStore, PageOutcome, StoreError
 
 
 def route_to(node):
@@ -23,7 +23,7 @@ def store(store_location):
 
 
 def fin(url, state="done", node="a", at=100.0):
-    return Finished(url, state, 200 if state == "done" else None, url, "text/html", 10, None, node, at)
+    return PageOutcome(url, state, 200 if state == "done" else None, url, "text/html", 10, None, node, at)
 
 
 def test_pop_serves_one_node_breadth_first_then_priority_then_insertion(store):
@@ -129,7 +129,7 @@ def test_readonly_reader_sees_committed_state_while_writer_is_open(store_locatio
 
 CRASHER = textwrap.dedent("""
     import sys, random
-    from crawler.master.store import MasterStore, Finished
+    from crawler.master.store import MasterStore, PageOutcome
     s = MasterStore(sys.argv[1])
     rnd = random.Random(int(sys.argv[2]))
     route = lambda urls: ["a"] * len(urls)
@@ -138,7 +138,7 @@ CRASHER = textwrap.dedent("""
     while True:
         s.push([(f"u{i}-{j}", 1, 0, "a", None) for j in range(50)])
         got = s.pop("a", 30, 1.0)
-        s.finish([Finished(u, "done", 200, u, None, 1, None, "a", 1.0) for u, _, _ in got[:20]])
+        s.finish([PageOutcome(u, "done", 200, u, None, 1, None, "a", 1.0) for u, _, _ in got[:20]])
         s.release([u for u, _, _ in got[20:25]], route)
         i += 1
         if rnd.random() < 0.5:

@@ -11,7 +11,7 @@ import pytest
 from crawler.config import ConfigError
 from crawler.master.config import MasterConfig
 from crawler.master.revisit import RevisitPolicy, changed, gone, revisit_policy
-from crawler.master.store import Finished, MasterStore, page_keys
+from crawler.master.store import MasterStore, PageOutcome, page_keys
 from scripts.cluster import write_secret
 
 POLICY = RevisitPolicy(base=100.0, min=30.0, max=400.0)
@@ -23,7 +23,7 @@ def to(node):
 
 
 def visit(url=PAGE, status=200, at=1000.0, digest=1, etag=None, last_modified=None, keys=frozenset()):
-    return Finished(url, "done", status, url, "text/html", 10, None, "a", at, etag, last_modified, digest, keys)
+    return PageOutcome(url, "done", status, url, "text/html", 10, None, "a", at, etag, last_modified, digest, keys)
 
 
 def item(name, page=PAGE, at=1000.0, sha="aa", **kw):

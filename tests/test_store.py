@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from crawler.master.store import Finished, MasterStore, ReadOnlyStoreError, StoreError, url_key
+from crawler.master.store import MasterStore, PageOutcome, ReadOnlyStoreError, StoreError, url_key
 
 
 def to(node):
@@ -21,7 +21,7 @@ def to(node):
 
 
 def fin(url, state="done", node="a", at=100.0, error=None):
-    return Finished(url, state, 200 if state == "done" else 500, None, "text/html", 10, error, node, at)
+    return PageOutcome(url, state, 200 if state == "done" else 500, None, "text/html", 10, error, node, at)
 
 
 @pytest.fixture
@@ -394,7 +394,7 @@ def test_a_reader_in_this_process_sees_consistent_commits_of_a_writer_in_another
 
 CRASH_WRITER = textwrap.dedent("""
     import json, random, sys
-    from crawler.master.store import Finished, MasterStore
+    from crawler.master.store import PageOutcome, MasterStore
     path, seed = sys.argv[1], int(sys.argv[2])
     rnd = random.Random(seed)
     nodes = ["a", "b", "c", None]
@@ -416,7 +416,7 @@ CRASH_WRITER = textwrap.dedent("""
             leased.update(u for u, _, _ in s.pop(node, rnd.randrange(1, 80), 1.0))
         elif op < 0.75 and leased:
             pick = rnd.sample(sorted(leased), min(len(leased), rnd.randrange(1, 40)))
-            res = [Finished(u, rnd.choice(["done", "done", "error", "retry"]), 200, None, None, 1, None,
+            res = [PageOutcome(u, rnd.choice(["done", "done", "error", "retry"]), 200, None, None, 1, None,
                             s.url_info(u)["node"] or "a", 50.0) for u in pick]
             for r, ok in zip(res, s.finish(res + res[:3])):
                 leased.discard(r.url)

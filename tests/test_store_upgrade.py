@@ -5,7 +5,7 @@ import sqlite3
 import subprocess
 import sys
 
-from crawler.master.store import AUDIO_COLUMNS, Finished, MasterStore
+from crawler.master.store import AUDIO_COLUMNS, MasterStore, PageOutcome
 from scripts import cluster
 
 # The previous layout's tables, as that crawler created them.
@@ -85,7 +85,7 @@ def test_an_old_store_is_refused_in_one_line_then_upgraded_with_nothing_lost(tmp
         assert s.url_info("http://s/c.html")["parent"] == "http://gone/"      # a parent never in the table
         assert s.pop("w1", 10, 1.0) == [("http://s/a.html", 1, "http://s/")]
         assert s.requeue_leased(lambda urls: ["w1"] * len(urls)) == 2           # a.html and c.html
-        assert s.finish([Finished("http://s/c.html", "done", 200, None, None, 1, None, "w1", 80.0)]) == [True]
+        assert s.finish([PageOutcome("http://s/c.html", "done", 200, None, None, 1, None, "w1", 80.0)]) == [True]
         assert s.push([("http://s/a.html", 0, 0, "w1", None), ("http://s/new", 2, 0, "w1", "http://s/a.html")]) == 1
         assert s._next_seq > 4
     assert "nothing to upgrade" in cli("upgrade-store", "--config", str(config)).stderr

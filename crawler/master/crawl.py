@@ -22,7 +22,7 @@ from crawler.items import PENDING, AudioItem
 from crawler.master.config import MasterConfig
 from crawler.master.dedup import Dedup
 from crawler.master.revisit import revisit_policy
-from crawler.master.store import Finished, MasterStore, page_keys
+from crawler.master.store import MasterStore, PageOutcome, page_keys
 from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, robots_url
 from crawler.scheduler import NodeTable
 from crawler.web.urls import (
@@ -537,7 +537,7 @@ class Crawl:
                 return math.inf
             if not self.robots.allowed(h.url):
                 self.discards[DISCARD_ROBOTS] += 1
-                self.store.finish([Finished(h.url, "error", None, None, None, None, "disallowed by robots.txt",
+                self.store.finish([PageOutcome(h.url, "error", None, None, None, None, "disallowed by robots.txt",
                                             node, now)])
                 return None   # consumed: nothing to send
         gate = self.gate
@@ -652,7 +652,7 @@ class Crawl:
         of the commit window stays), its URLs go back to the frontier with an attempt counted, and
         ReportRejected is raised.
         """
-        finished: list[Finished] = []
+        finished: list[PageOutcome] = []
         link_batches = []
         ref_batches = []
         lastmod: list[tuple[str, float]] = []
@@ -691,10 +691,10 @@ class Crawl:
                 etag, last_modified, digest = r.validators or (None, None, None)
                 # A visit whose resolver reported an error may have missed items: it removes none.
                 listed = page_keys(lease.url, audio_rows[first_row:]) if r.error is None else None
-                finished.append(Finished(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
+                finished.append(PageOutcome(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
                                          r.error, node, now, etag, last_modified, digest, listed))
             else:
-                finished.append(Finished(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
+                finished.append(PageOutcome(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
                                          r.error, node, now))
             depth = self._depth_of_links(lease, r)
             if r.status == p.DONE and r.links:

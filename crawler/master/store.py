@@ -64,8 +64,8 @@ from crawler.master.backend import (
 
 __all__ = [
     "STATE_NAMES",
-    "Finished",
     "MasterStore",
+    "PageOutcome",
     "ReadOnlyStoreError",
     "StoreBusy",
     "StoreError",
@@ -255,7 +255,7 @@ CREATE INDEX audio_changes ON audio((coalesce(removed_at, changed_at, found_at))
 
 
 @dataclass(frozen=True)
-class Finished:
+class PageOutcome:
     """A node's verdict on one leased URL."""
 
     url: str
@@ -906,7 +906,7 @@ class MasterStore:
             self._move(LEASED, r[2], QUEUED, t)
         return len(rows)
 
-    def finish(self, results: Sequence[Finished], revisit: RevisitPolicy | None = None) -> list[bool]:
+    def finish(self, results: Sequence[PageOutcome], revisit: RevisitPolicy | None = None) -> list[bool]:
         """Record the nodes' results. True where the result was taken: the URL was leased (or back in line
         after its lease was given up); False for a repeat or late result of a URL already settled, or of
         a URL the store does not know. "retry" requeues on the same node until max_attempts, then "error";
@@ -919,7 +919,7 @@ class MasterStore:
         current = {u: [i, st, node, att, status, last] for u, i, st, node, att, status, last in
                    self._lookup([r.url for r in results],
                                 "url, id, state, node, attempts, http_status, last_crawl").values()}
-        visits: list[tuple[Finished, int, int | None, float | None]] = []
+        visits: list[tuple[PageOutcome, int, int | None, float | None]] = []
         out: list[bool] = []
         fetched: list[tuple[Any, ...]] = []
         for res in results:
@@ -960,7 +960,7 @@ class MasterStore:
             self._visited(visits, revisit)
         return out
 
-    def _visited(self, visits: Sequence[tuple[Finished, int, int | None, float | None]],
+    def _visited(self, visits: Sequence[tuple[PageOutcome, int, int | None, float | None]],
                  policy: RevisitPolicy) -> None:
         """Done pages (result, url id, last HTTP status, last crawl): their next visit and page_visits row; on a
         revisit the catalogue follows the page: a 304 confirms its items, a gone page removes them, a full
