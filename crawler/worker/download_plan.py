@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from crawler.web import media as sniff
+from crawler.web import media
 
 if TYPE_CHECKING:
     from crawler.worker.audiostore import Finished
@@ -47,7 +47,7 @@ _EXPIRED = frozenset({403, 410})
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
 _UNSATISFIED_RANGE = re.compile(r"bytes\s+\*/(\d+)", re.IGNORECASE)
 _MAX_BACKOFF = 30.0
-FIRST_BYTES = sniff.HEAD_BYTES           # how much of a body's start is judged (``check_start``)
+FIRST_BYTES = media.HEAD_BYTES           # how much of a body's start is judged (``check_start``)
 
 
 # ---- inputs ----
@@ -298,9 +298,9 @@ def _body(held: Held, head: Head, limits: Limits, total: int | None, *, append: 
 
 
 def check_start(first_bytes: bytes) -> Fail | None:
-    """A body from byte 0 is judged by its first ``sniff.HEAD_BYTES``: a 2 GiB page of junk served as audio is
+    """A body from byte 0 is judged by its first ``media.HEAD_BYTES``: a 2 GiB page of junk served as audio is
     refused after 4 KiB, not after all of it was downloaded."""
-    return None if sniff.is_media(first_bytes) else Fail("not audio", discard=True)
+    return None if media.is_media(first_bytes) else Fail("not audio", discard=True)
 
 
 def overrun(received: int, body: Body, limits: Limits) -> Fail | Restart:

@@ -56,8 +56,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from crawler.items import FAILED, OK, AudioItem
 from crawler.web import media
 from crawler.web.urls import host_of, resolve
-from crawler.worker.audiostore import AudioStore, Finished
-from crawler.worker.downloader import _NETWORK_ERRORS, DownloadConfig, _hash_prefix, _identity_headers
+from crawler.worker.audiostore import AudioStore, Finished, hash_prefix
+from crawler.worker.downloader import _NETWORK_ERRORS, DownloadConfig, _identity_headers
 
 MAX_PLAYLIST_BYTES = 4 * 1024 * 1024
 MAX_SEGMENTS = 50_000
@@ -476,7 +476,7 @@ class HlsDownloader:
             progress = Progress(media.url, media.fingerprint())
             part.write_bytes(b"")
             self._save(key, progress)
-        hasher = await asyncio.to_thread(_hash_prefix, part, progress.size)
+        hasher = await asyncio.to_thread(hash_prefix, part, progress.size)
         keys: dict[str, bytes] = {}
         fh, first = await asyncio.to_thread(_open_at, part, progress.size)
         with fh:
