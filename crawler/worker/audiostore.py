@@ -8,6 +8,10 @@
 Where each file was found (address, page) is the master's catalogue, which every finished item is reported to;
 the worker keeps no second copy of it.
 
+A download in progress is a ``Partial`` (``open_partial``): the one left on disk by an earlier attempt, or a new
+one. The downloader appends to it, describes what its bytes belong to, and ends it with ``commit`` or
+``discard``; it decides nothing (download_plan.py does) and calls nothing back.
+
 A file that arrived whole in one chunk has no partial and no sidecar: it is written straight to its
 content-addressed name (``put``). A crash mid-write leaves a file shorter than its record and its name says,
 which ``holds`` and the duplicate check both refuse by its size, and the next download writes it again.
@@ -413,9 +417,8 @@ class Partial:
 
     Nothing touches the disk until bytes must be kept there: a file that arrives whole within one chunk is
     committed straight from memory (the downloader stores ``in_memory()`` itself), with no part file and no
-    sidecar. The
-    first batch handed over, or a flush after a cut, creates them (sidecar first, so a part file on disk always
-    has the validators of its bytes beside it).
+    sidecar. The first batch handed over, or a flush after a cut, creates them (sidecar first, so a part file on
+    disk always has the validators of its bytes beside it).
 
     Writing and hashing run in two threads, one batch of ``chunk_size`` at a time, while the event loop
     receives the next batch: both release the GIL, so a large download keeps up with loopback on spare cores
