@@ -37,8 +37,10 @@ from crawler.worker.download_plan import (
     check_finished,
     check_start,
     decide,
+    overgrown,
     overrun,
     same_file,
+    whole,
 )
 
 URL = "http://cdn.test/song.mp3"
@@ -231,6 +233,18 @@ def test_what_to_ask(held: Held, url: str, known: Finished | None, expected: Ask
 
 AUDIO = b"ID3\x04\x00\x00\x00\x00\x00\x00" + b"\xff\xfb\x90\x00" * 1500
 HTML = b"<!doctype html><html><body>not found</body></html>" + b" " * FIRST_BYTES
+
+
+@pytest.mark.parametrize(("offset", "expected_size", "is_overgrown", "is_whole"), [
+    (0, None, False, False),
+    (4000, None, False, False),       # no size known: ask for the rest
+    (4000, 6000, False, False),
+    (6000, 6000, False, True),        # all there (the process died before the commit): no request
+    (6001, 6000, True, False),        # longer than the file: start over
+])
+def test_before_asking(offset: int, expected_size: int | None, is_overgrown: bool, is_whole: bool) -> None:
+    assert overgrown(offset, expected_size) is is_overgrown
+    assert whole(offset, expected_size) is is_whole
 
 
 def test_first_bytes_judge_a_body_from_byte_zero() -> None:

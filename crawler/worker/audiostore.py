@@ -520,6 +520,14 @@ class Partial:
         record.etag, record.last_modified, record.expected_size = etag, last_modified, expected_size
         record.content_type, record.final_url = content_type, final_url
 
+    def readdress(self, url: str) -> None:
+        """The bytes held are now asked of url (the link was re-resolved)."""
+        self.record.url = url
+
+    def expect(self, size: int) -> None:
+        """The file's whole size, as the server told it."""
+        self.record.expected_size = size
+
     async def commit(self, sha256: str, ext: str) -> str:
         """Store the part file under its content's name (``AudioStore.commit``); returns the relative path."""
         await self.aclose()

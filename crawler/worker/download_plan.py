@@ -27,6 +27,9 @@ While a ``Body`` is read: a body from byte 0 whose first bytes are not audio fai
 (``check_start``); one longer than announced restarts, one beyond ``max_size`` fails (``overrun``). A finished
 file must have the announced size and start like audio (``check_finished``).
 
+Before asking (``overgrown``, ``whole``): a part file longer than its file starts over, one as long as it is
+stored without a request.
+
 Across attempts (``after``): a retry, or an answer that brought nothing, counts towards ``max_attempts`` in a row
 without progress; a restart towards ``max_restarts``; a link is re-resolved once per download.
 """
@@ -196,6 +199,16 @@ class Tries:
 
 
 # ---- the decisions ----
+
+def overgrown(offset: int, expected_size: int | None) -> bool:
+    """A part file longer than the file it is a prefix of: nothing in it can be trusted, start over."""
+    return expected_size is not None and offset > expected_size
+
+
+def whole(offset: int, expected_size: int | None) -> bool:
+    """Every byte of the file is held: nothing to ask for (a crash between the last byte and the commit)."""
+    return expected_size is not None and offset == expected_size
+
 
 def ask(held: Held, url: str, known: Finished | None) -> Ask | Fail:
     """What to ask ``url`` for, given the bytes held and the finished download known for this key."""

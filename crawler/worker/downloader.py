@@ -482,15 +482,13 @@ class Downloader:
         current = item
         # A sidecar written for another address (the link was re-resolved since) is judged like a re-resolve.
         new_address = partial.record.url != current.url and partial.offset > 0
-        expected = partial.record.expected_size
-        if expected is not None and partial.offset > expected:
+        if plan.overgrown(partial.offset, partial.record.expected_size):
             await partial.restart(current.url)
         if partial.offset > 0:
             await partial.rehash()
         tries = plan.Tries()
         while True:
-            expected = partial.record.expected_size
-            if expected is not None and partial.offset == expected:
+            if plan.whole(partial.offset, partial.record.expected_size):
                 return await self._finish(current, partial, lease)
             before = partial.offset
             outcome = await self._attempt(current, partial, new_address, known, deadline)
@@ -517,7 +515,7 @@ class Downloader:
                     return fresh
                 current = fresh
                 await lease.take(_host_of(current.url))
-                partial.record.url = current.url
+                partial.readdress(current.url)
                 new_address = partial.offset > 0
             elif isinstance(step, plan.Confirmed):
                 await partial.discard()
@@ -564,7 +562,7 @@ class Downloader:
                     if isinstance(answer, plan.Body):
                         return await self._read(response, partial, answer, deadline)
                     if isinstance(answer, plan.Complete):
-                        partial.record.expected_size = answer.size
+                        partial.expect(answer.size)
                     return answer
                 finally:
                     await response.aclose()
