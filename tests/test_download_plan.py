@@ -33,6 +33,7 @@ from crawler.worker.download_plan import (
     Tries,
     after,
     ask,
+    backoff,
     body_ended,
     check_finished,
     check_start,
@@ -40,6 +41,7 @@ from crawler.worker.download_plan import (
     overgrown,
     overrun,
     same_file,
+    transient,
     whole,
 )
 
@@ -325,6 +327,12 @@ def test_backoff_is_capped_and_can_be_off() -> None:
     assert step == Retry("x", delay=30.0)
     _, step = after(Tries(), Retry("x"), progressed=False, can_reresolve=True, limits=replace(LIMITS, retry_backoff=0))
     assert step == Retry("x", delay=0.0)
+
+
+def test_transient_statuses_and_backoff_shared_with_hls() -> None:
+    assert [s for s in (200, 304, 403, 404, 416, 429, 500, 502, 599) if transient(s)] == [429, 500, 502, 599]
+    assert [backoff(n, 1.0) for n in range(8)] == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert backoff(3, 0.0) == 0.0
 
 
 def test_same_file_is_the_rule_for_a_continuing_206() -> None:

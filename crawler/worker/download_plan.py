@@ -247,7 +247,7 @@ def decide(held: Held, head: Head, limits: Limits) -> Answer:
         return Confirmed(head.etag, head.last_modified)
     if status in _EXPIRED:
         return Reresolve(f"http {status}")
-    if status == 429 or status >= 500:
+    if transient(status):
         return Retry(f"http {status}")
     if status == 416:
         m = _UNSATISFIED_RANGE.fullmatch((head.content_range or "").strip())
@@ -342,9 +342,8 @@ def after(tries: Tries, outcome: Outcome, *, progressed: bool, can_reresolve: bo
         failures = 0 if progressed else tries.failures + 1
         if failures >= limits.max_attempts:
             return tries, Fail(f"gave up after {failures} attempts without progress: {outcome.reason}")
-        delay = min(_MAX_BACKOFF, limits.retry_backoff * 2 ** (failures - 1)) if (
-            limits.retry_backoff > 0 and failures) else 0.0
-        return Tries(failures, tries.restarts, tries.reresolved), Retry(outcome.reason, delay)
+        return Tries(failures, tries.restarts, tries.reresolved), Retry(outcome.reason,
+                                                                         backoff(failures, limits.retry_backoff))
     if isinstance(outcome, Restart):
         restarts = tries.restarts + 1
         if restarts > limits.max_restarts:
@@ -363,6 +362,16 @@ def after(tries: Tries, outcome: Outcome, *, progressed: bool, can_reresolve: bo
             return tries, Fail(f"gave up after {failures} answers without progress")
         return Tries(failures, tries.restarts, tries.reresolved), Retry("short answer")
     return tries, outcome
+
+
+def transient(status: int) -> bool:
+    """A status worth asking again for after a pause: the server is busy (429) or failing (5xx) for now."""
+    return status == 429 or status >= 500
+
+
+def backoff(failures: int, base: float) -> float:
+    """Seconds to wait after ``failures`` failed attempts in a row: base, doubling, capped at 30; 0 for none."""
+    return min(_MAX_BACKOFF, base * 2 ** (failures - 1)) if base > 0 and failures else 0.0
 
 
 def _length(value: str | None) -> int | None:
