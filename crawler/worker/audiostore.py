@@ -8,6 +8,10 @@
 Where each file was found (address, page) is the master's catalogue, which every finished item is reported to;
 the worker keeps no second copy of it.
 
+A download in progress is a ``Partial`` (``open_partial``): the one left on disk by an earlier attempt, or a new
+one. The downloader appends to it, describes what its bytes belong to, and ends it with ``commit`` or
+``discard``; it decides nothing (download_plan.py does) and calls nothing back.
+
 A file that arrived whole in one chunk has no partial and no sidecar: it is written straight to its
 content-addressed name (``put``). A crash mid-write leaves a file shorter than its record and its name says,
 which ``holds`` and the duplicate check both refuse by its size, and the next download writes it again.
@@ -27,6 +31,7 @@ are caches of what the disk already holds, and one lost to a power cut costs a d
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hashlib
 import json
@@ -38,12 +43,15 @@ import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from crawler.items import AudioItem
 from crawler.web import media
 
 _SAFE_EXT = re.compile(r"\.[a-z0-9]{1,5}")
 _IOV_MAX = 512        # pieces per writev (Linux allows 1024)
+_MiB = 1024 * 1024
+_CHECKPOINT = 16 * _MiB   # bytes between two sidecar updates during a download
 
 
 def extension_for(urls: list[str], content_type: str | None) -> str:
@@ -153,6 +161,13 @@ class AudioStore:
 
     def sidecar_path(self, key: str) -> Path:
         return self.partial_dir / f"{key}.json"
+
+    def open_partial(self, key: str, url: str, chunk_size: int) -> Partial:
+        """The partial download of key: the one left on disk (sidecar and part file), else a new one in memory.
+
+        Raises OSError when what is on disk cannot be opened."""
+        record = self.load_sidecar(key)
+        return Partial(self, key, record or Sidecar(url=url), chunk_size, on_disk=record is not None)
 
     def load_sidecar(self, key: str) -> Sidecar | None:
         """The sidecar if it and its partial file are both usable; otherwise both are cleared."""
@@ -391,6 +406,180 @@ class AudioStore:
                 if entry.is_file(follow_symlinks=False) and entry.stat().st_size == size:
                     return f"audio/{sha256[:2]}/{name}"
         return None
+
+
+class Partial:
+    """One download's partial file and its running hash, as ``AudioStore.open_partial`` gives it. Appends only.
+
+    The downloader calls it, never the other way round: ``take``/``hand_over``/``flush`` append, ``describe``
+    and ``checkpoint`` keep the sidecar, ``restart`` truncates, and ``commit`` or ``discard`` ends it (``aclose``
+    keeps it for a later attempt).
+
+    Nothing touches the disk until bytes must be kept there: a file that arrives whole within one chunk is
+    committed straight from memory (the downloader stores ``in_memory()`` itself), with no part file and no
+    sidecar. The first batch handed over, or a flush after a cut, creates them (sidecar first, so a part file on
+    disk always has the validators of its bytes beside it).
+
+    Writing and hashing run in two threads, one batch of ``chunk_size`` at a time, while the event loop
+    receives the next batch: both release the GIL, so a large download keeps up with loopback on spare cores
+    and never stalls page fetches on a slow disk. At most two batches are in memory per download. A batch goes
+    to the file as the pieces the socket gave (one writev, hashed piece by piece), never joined into a copy.
+    """
+
+    def __init__(self, store: AudioStore, key: str, record: Sidecar, chunk_size: int, *, on_disk: bool) -> None:
+        self.store, self.key, self.record = store, key, record
+        self._fh: BinaryIO | None = None
+        self.offset = 0                        # bytes on disk; exact whenever no batch is in flight
+        if on_disk:                            # a sidecar vouches for the part file: continue it
+            self._fh = open(store.part_path(key), "r+b", buffering=0)
+            self.offset = self._fh.seek(0, 2)
+        self.received = self.offset            # bytes taken in, including those not yet on disk
+        self.hasher = hashlib.sha256()
+        self._chunk_size = chunk_size
+        self._pieces: list[bytes] = []
+        self._pending = 0
+        self._writing: asyncio.Future[Any] | None = None
+        self._next_checkpoint = self.offset + _CHECKPOINT
+
+    @property
+    def on_disk(self) -> bool:
+        return self._fh is not None
+
+    def head(self, size: int) -> bytes:
+        """The file's first bytes: from disk, or from memory while nothing was written."""
+        if self._fh is not None:
+            return os.pread(self._fh.fileno(), size, 0)
+        head = b""
+        for piece in self._pieces:
+            head += piece[:size - len(head)]
+            if len(head) >= size:
+                break
+        return head
+
+    def in_memory(self) -> list[bytes]:
+        """The whole body, for a partial that never went to disk."""
+        assert self._fh is None and self._writing is None
+        return self._pieces
+
+    async def rehash(self) -> None:
+        """Hash the bytes already on disk once, off the event loop: a resumed partial can be a gigabyte."""
+        self.hasher = await asyncio.to_thread(hash_prefix, self.store.part_path(self.key), self.offset)
+
+    def take(self, piece: bytes) -> bool:
+        """Queue a piece; True when a batch is full and ``hand_over`` should be awaited."""
+        self._pieces.append(piece)
+        self._pending += len(piece)
+        self.received += len(piece)
+        return self._pending >= self._chunk_size
+
+    async def flush(self) -> None:
+        """Everything taken in is on disk and hashed when this returns."""
+        await self.hand_over()
+        await self._drain()
+        if self.offset >= self._next_checkpoint:
+            self.checkpoint()
+
+    async def hand_over(self) -> None:
+        await self._drain()
+        if not self._pieces:
+            return
+        batch, self._pieces, self._pending = self._pieces, [], 0
+        # Writing and hashing in two threads at once: a batch then costs the slower of the two, not both.
+        self._writing = asyncio.gather(asyncio.to_thread(self._write, batch), asyncio.to_thread(self._hash, batch))
+
+    async def _drain(self) -> None:
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            await writing
+
+    def _write(self, batch: list[bytes]) -> None:
+        if self._fh is None:
+            self.store.save_sidecar(self.key, self.record)
+            # "w+b": a part file left without its sidecar (a crash between the two) holds nothing we can vouch for.
+            self._fh = open(self.store.part_path(self.key), "w+b", buffering=0)
+        write_pieces(self._fh.fileno(), batch)
+        self.offset += sum(map(len, batch))
+
+    def _hash(self, batch: list[bytes]) -> None:
+        update = self.hasher.update
+        for piece in batch:
+            update(piece)
+
+    def checkpoint(self) -> None:
+        """Record the validators and progress beside the part file (nothing to record before it exists)."""
+        if self._fh is None:
+            return
+        self.record.written = self.offset
+        self.store.save_sidecar(self.key, self.record)
+        self._next_checkpoint = self.offset + _CHECKPOINT
+
+    def describe(self, *, etag: str | None, last_modified: str | None, expected_size: int | None,
+                 content_type: str | None, final_url: str | None) -> None:
+        """What the bytes held belong to (written to the sidecar at the next checkpoint)."""
+        record = self.record
+        record.etag, record.last_modified, record.expected_size = etag, last_modified, expected_size
+        record.content_type, record.final_url = content_type, final_url
+
+    def readdress(self, url: str) -> None:
+        """The bytes held are now asked of url (the link was re-resolved)."""
+        self.record.url = url
+
+    def expect(self, size: int) -> None:
+        """The file's whole size, as the server told it."""
+        self.record.expected_size = size
+
+    async def commit(self, sha256: str, ext: str) -> str:
+        """Store the part file under its content's name (``AudioStore.commit``); returns the relative path."""
+        await self.aclose()
+        return self.store.commit(self.key, sha256, self.offset, ext)
+
+    async def discard(self) -> None:
+        """Throw the bytes held and their sidecar away."""
+        await self.aclose()
+        if self.on_disk:
+            self.store.discard(self.key)
+
+    async def restart(self, url: str) -> None:
+        """Nothing held any more: truncate the part file and start a new record for url."""
+        await self._drain()
+        self._pieces, self._pending = [], 0
+        self.offset = self.received = 0
+        self.hasher = hashlib.sha256()
+        self.record = Sidecar(url=url)
+        self._next_checkpoint = _CHECKPOINT
+        if self._fh is not None:
+            self._fh.truncate(0)
+            self._fh.seek(0)
+            self.store.save_sidecar(self.key, self.record)
+
+    async def aclose(self) -> None:
+        # Even when cancelled, let a batch in flight finish: closing the file under a writing thread would
+        # let the descriptor number be reused and the write land in some other file.
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            try:
+                await asyncio.shield(writing)
+            except asyncio.CancelledError:
+                await asyncio.wait({writing})
+                raise
+            except Exception:  # noqa: S110 - the write's own error was already raised to the download
+                pass
+        if self._fh is not None:
+            self._fh.close()
+
+
+def hash_prefix(path: Path, length: int) -> hashlib._Hash:
+    """The sha256 of a file's first length bytes (blocking)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        left = length
+        while left > 0:
+            block = fh.read(min(_MiB, left))
+            if not block:
+                break
+            h.update(block)
+            left -= len(block)
+    return h
 
 
 def write_pieces(fd: int, pieces: list[bytes]) -> None:

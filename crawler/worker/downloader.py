@@ -6,14 +6,11 @@ with the other downloads that finished meanwhile in one job off the event loop. 
 connection is cut, streams into ``audio/partial/<key>.part`` beside a sidecar holding the address, validators
 and expected size; the next attempt (in this process or after a restart) asks for ``Range: bytes=<part size>-``
 guarded by ``If-Range``, and decides from the answer whether the bytes it already has still belong to the file:
-
-    206 at our offset, same validators and total   append
-    200 (range ignored, or If-Range failed)        truncate and take this body from byte 0
-    416 with a total equal to what we hold         already complete
-    416 otherwise, or any length that disagrees    truncate and ask again from byte 0
-    403 / 410 (the link expired)                   re-resolve once; resume if the new address serves the
-                                                   same file (same validator or same size), else start over
-    network error, 429, 5xx                        resume again, up to ``max_attempts`` without progress
+append, take the body from byte 0 instead, call the file complete, ask again from byte 0, re-resolve an expired
+link once, retry after a pause, or give up keeping or discarding the bytes. That decision is pure code, with its
+table, in download_plan.py; this module gathers its inputs (the partial on disk, the response's head, the limits)
+and carries out what it returns. The partial is an ``audiostore.Partial``: this module calls it, it calls
+nothing back.
 
 The part file itself is the record of progress: bytes are only ever appended after the decision above, so
 whatever length it has is a valid prefix. The sidecar's ``written`` is a checkpoint for people, not the truth.
@@ -59,14 +56,12 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
-import os
-import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -76,9 +71,9 @@ import yarl
 from crawler.bodies import BodyError
 from crawler.items import FAILED, OK, AudioItem
 from crawler.targets import TargetRefused
-from crawler.web import media as sniff
 from crawler.web.urls import resolve
-from crawler.worker.audiostore import AudioStore, Finished, Sidecar, extension_for, partial_key, write_pieces
+from crawler.worker import download_plan as plan
+from crawler.worker.audiostore import AudioStore, Finished, Partial, extension_for, partial_key
 from crawler.worker.faults import is_local
 from crawler.worker.filetags import read_file_tags
 from crawler.worker.transport import AiohttpTransport, Answer
@@ -87,11 +82,6 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_EXPIRED = frozenset({403, 410})
-_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
-_UNSATISFIED_RANGE = re.compile(r"bytes\s+\*/(\d+)", re.IGNORECASE)
-_CHECKPOINT = 16 * MiB
 # Body reads: aiohttp buffers twice this before it stops reading the socket.
 _READ_SIZE = 1 * MiB
 # Errors the transports raise for a broken connection. The worker's transport maps aiohttp's errors to httpx
@@ -136,166 +126,6 @@ class DownloadStats:
     confirmed: int = 0    # a 304 said the stored file is still current
     fetched: int = 0      # downloaded (or resumed) to the end
     shared: int = 0       # another fetch of the same key or address did the work
-
-
-class _Retry(Exception):
-    """A transient failure: resume from the partial after a pause."""
-
-
-class _Restart(Exception):
-    """The partial does not belong to what the server now serves: truncate and fetch from byte 0."""
-
-
-class _Expired(Exception):
-    """The address no longer serves us (403/410): it needs re-resolving."""
-
-
-class _Unchanged(Exception):
-    """304 to our conditional request: the finished file is still what the address serves."""
-
-    def __init__(self, response: Answer | httpx.Response) -> None:
-        super().__init__("not modified")
-        self.etag = response.headers.get("etag") or None
-        self.last_modified = response.headers.get("last-modified") or None
-
-
-class _Fail(Exception):
-    """Give up on this item; the message becomes its reason. ``discard`` when the partial is worthless."""
-
-    def __init__(self, reason: str, *, discard: bool = False) -> None:
-        super().__init__(reason)
-        self.discard = discard
-
-
-class _Partial:
-    """The part file and its running hash. Appends only.
-
-    Nothing touches the disk until bytes must be kept there: a file that arrives whole within one chunk is
-    committed straight from memory (``Downloader._finish_from_memory``), with no part file and no sidecar. The
-    first batch handed over, or a flush after a cut, creates them (sidecar first, so a part file on disk always
-    has the validators of its bytes beside it).
-
-    Writing and hashing run in two threads, one batch of ``chunk_size`` at a time, while the event loop
-    receives the next batch: both release the GIL, so a large download keeps up with loopback on spare cores
-    and never stalls page fetches on a slow disk. At most two batches are in memory per download. A batch goes
-    to the file as the pieces the socket gave (one writev, hashed piece by piece), never joined into a copy.
-    """
-
-    def __init__(self, store: AudioStore, key: str, record: Sidecar, chunk_size: int, *, on_disk: bool) -> None:
-        self.store, self.key, self.record = store, key, record
-        self._fh: BinaryIO | None = None
-        self.offset = 0                        # bytes on disk; exact whenever no batch is in flight
-        if on_disk:                            # a sidecar vouches for the part file: continue it
-            self._fh = open(store.part_path(key), "r+b", buffering=0)
-            self.offset = self._fh.seek(0, 2)
-        self.received = self.offset            # bytes taken in, including those not yet on disk
-        self.hasher = hashlib.sha256()
-        self._chunk_size = chunk_size
-        self._pieces: list[bytes] = []
-        self._pending = 0
-        self._writing: asyncio.Future[Any] | None = None
-        self._next_checkpoint = self.offset + _CHECKPOINT
-        self.deadline: asyncio.Timeout | None = None   # the download's, stretched as its size becomes known
-        self.started = 0.0
-
-    @property
-    def on_disk(self) -> bool:
-        return self._fh is not None
-
-    def head(self, size: int) -> bytes:
-        """The file's first bytes: from disk, or from memory while nothing was written."""
-        if self._fh is not None:
-            return os.pread(self._fh.fileno(), size, 0)
-        head = b""
-        for piece in self._pieces:
-            head += piece[:size - len(head)]
-            if len(head) >= size:
-                break
-        return head
-
-    def in_memory(self) -> list[bytes]:
-        """The whole body, for a partial that never went to disk."""
-        assert self._fh is None and self._writing is None
-        return self._pieces
-
-    async def rehash(self) -> None:
-        """Hash the bytes already on disk once, off the event loop: a resumed partial can be a gigabyte."""
-        self.hasher = await asyncio.to_thread(_hash_prefix, self.store.part_path(self.key), self.offset)
-
-    def take(self, piece: bytes) -> bool:
-        """Queue a piece; True when a batch is full and ``hand_over`` should be awaited."""
-        self._pieces.append(piece)
-        self._pending += len(piece)
-        self.received += len(piece)
-        return self._pending >= self._chunk_size
-
-    async def flush(self) -> None:
-        """Everything taken in is on disk and hashed when this returns."""
-        await self.hand_over()
-        await self._drain()
-        if self.offset >= self._next_checkpoint:
-            self.checkpoint()
-
-    async def hand_over(self) -> None:
-        await self._drain()
-        if not self._pieces:
-            return
-        batch, self._pieces, self._pending = self._pieces, [], 0
-        # Writing and hashing in two threads at once: a batch then costs the slower of the two, not both.
-        self._writing = asyncio.gather(asyncio.to_thread(self._write, batch), asyncio.to_thread(self._hash, batch))
-
-    async def _drain(self) -> None:
-        if self._writing is not None:
-            writing, self._writing = self._writing, None
-            await writing
-
-    def _write(self, batch: list[bytes]) -> None:
-        if self._fh is None:
-            self.store.save_sidecar(self.key, self.record)
-            # "w+b": a part file left without its sidecar (a crash between the two) holds nothing we can vouch for.
-            self._fh = open(self.store.part_path(self.key), "w+b", buffering=0)
-        write_pieces(self._fh.fileno(), batch)
-        self.offset += sum(map(len, batch))
-
-    def _hash(self, batch: list[bytes]) -> None:
-        update = self.hasher.update
-        for piece in batch:
-            update(piece)
-
-    def checkpoint(self) -> None:
-        """Record the validators and progress beside the part file (nothing to record before it exists)."""
-        if self._fh is None:
-            return
-        self.record.written = self.offset
-        self.store.save_sidecar(self.key, self.record)
-        self._next_checkpoint = self.offset + _CHECKPOINT
-
-    async def reset(self, url: str) -> None:
-        await self._drain()
-        self._pieces, self._pending = [], 0
-        self.offset = self.received = 0
-        self.hasher = hashlib.sha256()
-        self.record = Sidecar(url=url)
-        self._next_checkpoint = _CHECKPOINT
-        if self._fh is not None:
-            self._fh.truncate(0)
-            self._fh.seek(0)
-            self.store.save_sidecar(self.key, self.record)
-
-    async def aclose(self) -> None:
-        # Even when cancelled, let a batch in flight finish: closing the file under a writing thread would
-        # let the descriptor number be reused and the write land in some other file.
-        if self._writing is not None:
-            writing, self._writing = self._writing, None
-            try:
-                await asyncio.shield(writing)
-            except asyncio.CancelledError:
-                await asyncio.wait({writing})
-                raise
-            except Exception:  # noqa: S110 - the write's own error was already raised to the download
-                pass
-        if self._fh is not None:
-            self._fh.close()
 
 
 @dataclass
@@ -478,6 +308,8 @@ class Downloader:
         """file_tags: every item fetched comes back with what its file says about itself (filetags.py)."""
         self.client = client
         self.cfg = cfg
+        self._limits = plan.Limits(max_size=cfg.max_size, chunk_size=cfg.chunk_size, max_attempts=cfg.max_attempts,
+                                   max_restarts=cfg.max_restarts, retry_backoff=cfg.retry_backoff)
         self.store = AudioStore(data_dir)
         # Requests go straight to the client's transport, as page fetches do (fetcher.PageFetcher): the client's
         # per-request machinery (merging, auth flow, redirect loop, cookies, hooks) costs more than the request.
@@ -611,35 +443,32 @@ class Downloader:
     async def _fetch(self, item: AudioItem, key: str, reresolve: Reresolve | None, known: Finished | None,
                      lease: _Lease) -> AudioItem:
         try:
-            record = self.store.load_sidecar(key)
-            partial = _Partial(self.store, key, record or Sidecar(url=item.url), self.cfg.chunk_size,
-                               on_disk=record is not None)
+            partial = self.store.open_partial(key, item.url, self.cfg.chunk_size)
         except OSError as exc:
             if is_local(exc):
                 raise
             return item.replace(status=FAILED, reason=f"storage: {exc}")
         loop = asyncio.get_running_loop()
-        partial.started = loop.time()
-        deadline = partial.deadline = asyncio.timeout_at(partial.started + self.cfg.deadline_base)
+        deadline = _Deadline(loop.time(), self.cfg)
         try:
-            async with deadline:
-                return await self._run(item, partial, reresolve, known, lease)
+            async with deadline.timeout:
+                result = await self._run(item, partial, reresolve, known, lease, deadline)
+            if isinstance(result, plan.Fail):
+                if result.discard:
+                    await partial.discard()
+                else:
+                    await partial.aclose()
+                    partial.checkpoint()
+                return item.replace(status=FAILED, reason=result.reason)
+            return result
         except TimeoutError:
-            if not deadline.expired():
+            if not deadline.timeout.expired():
                 raise
             await partial.aclose()
             partial.checkpoint()
             return item.replace(status=FAILED, reason=(
-                f"download too slow: {partial.received} bytes in {loop.time() - partial.started:.0f} s "
+                f"download too slow: {partial.received} bytes in {loop.time() - deadline.started:.0f} s "
                 f"(deadline {self.cfg.deadline_base:.0f} s + size at {self.cfg.min_rate:.0f} B/s)"))
-        except _Fail as exc:
-            await partial.aclose()
-            if exc.discard:
-                if partial.on_disk:
-                    self.store.discard(key)
-            else:
-                partial.checkpoint()
-            return item.replace(status=FAILED, reason=str(exc))
         except OSError as exc:
             if is_local(exc):
                 raise
@@ -647,119 +476,103 @@ class Downloader:
         finally:
             await partial.aclose()
 
-    async def _run(self, item: AudioItem, partial: _Partial, reresolve: Reresolve | None,
-                   known: Finished | None, lease: _Lease) -> AudioItem:
+    async def _run(self, item: AudioItem, partial: Partial, reresolve: Reresolve | None,
+                   known: Finished | None, lease: _Lease, deadline: _Deadline) -> AudioItem | plan.Fail:
+        """Attempts until the file is whole or the plan gives up: the loop of ``download_plan.after``."""
         current = item
         # A sidecar written for another address (the link was re-resolved since) is judged like a re-resolve.
         new_address = partial.record.url != current.url and partial.offset > 0
-        expected = partial.record.expected_size
-        if expected is not None and partial.offset > expected:
-            await partial.reset(current.url)
+        if plan.overgrown(partial.offset, partial.record.expected_size):
+            await partial.restart(current.url)
         if partial.offset > 0:
             await partial.rehash()
-        failures = restarts = 0
-        reresolved = False
+        tries = plan.Tries()
         while True:
-            expected = partial.record.expected_size
-            if expected is not None and partial.offset == expected:
+            if plan.whole(partial.offset, partial.record.expected_size):
                 return await self._finish(current, partial, lease)
             before = partial.offset
-            try:
-                complete = await self._attempt(current, partial, new_address, known)
-            except _Unchanged as exc:
-                await partial.aclose()
-                if partial.on_disk:
-                    self.store.discard(partial.key)
-                assert known is not None
-                return self._confirmed(current, partial.key, known, exc)
-            except _Retry as exc:
+            outcome = await self._attempt(current, partial, new_address, known, deadline)
+            if isinstance(outcome, plan.Retry):
+                # Bytes that arrived before the break are kept, and count as progress.
                 await partial.flush()
                 partial.checkpoint()
-                failures = 0 if partial.offset > before else failures + 1
-                if failures >= self.cfg.max_attempts:
-                    raise _Fail(f"gave up after {failures} attempts without progress: {exc}") from None
-                if self.cfg.retry_backoff > 0 and failures:
-                    await asyncio.sleep(min(30.0, self.cfg.retry_backoff * 2 ** (failures - 1)))
-                continue
-            except _Restart as exc:
-                restarts += 1
-                if restarts > self.cfg.max_restarts:
-                    raise _Fail(f"gave up after {restarts} restarts: {exc}", discard=True) from None
-                await partial.reset(current.url)
-                new_address = False
-                continue
-            except _Expired as exc:
-                if reresolve is None or reresolved:
-                    raise _Fail(f"link expired ({exc})") from None
-                reresolved = True
-                lease.release()    # resolving asks the site, not the file's host: let others use the slot
-                current = await self._reresolve(current, reresolve)
-                await lease.take(_host_of(current.url))
-                partial.record.url = current.url
-                new_address = partial.offset > 0
-                continue
-            new_address = False
-            if complete:
+            tries, step = plan.after(tries, outcome, progressed=partial.offset > before,
+                                     can_reresolve=reresolve is not None, limits=self._limits)
+            if not isinstance(outcome, (plan.Retry, plan.Reresolve)):
+                new_address = False     # an answer was judged: the bytes held are this address's now
+            if isinstance(step, plan.Finish):
                 return await self._finish(current, partial, lease)
-            # A clean but short answer; one that brought nothing must not loop for ever.
-            failures = 0 if partial.offset > before else failures + 1
-            if failures >= self.cfg.max_attempts:
-                raise _Fail(f"gave up after {failures} answers without progress")
+            if isinstance(step, plan.Retry):
+                if step.delay:
+                    await asyncio.sleep(step.delay)
+            elif isinstance(step, plan.Restart):
+                await partial.restart(current.url)
+            elif isinstance(step, plan.Reresolve):
+                assert reresolve is not None
+                lease.release()    # resolving asks the site, not the file's host: let others use the slot
+                fresh = await self._reresolve(current, reresolve)
+                if isinstance(fresh, plan.Fail):
+                    return fresh
+                current = fresh
+                await lease.take(_host_of(current.url))
+                partial.readdress(current.url)
+                new_address = partial.offset > 0
+            elif isinstance(step, plan.Confirmed):
+                await partial.discard()
+                assert known is not None
+                return self._confirmed(current, partial.key, known, step)
+            else:
+                return step
 
-    async def _reresolve(self, current: AudioItem, reresolve: Reresolve) -> AudioItem:
+    async def _reresolve(self, current: AudioItem, reresolve: Reresolve) -> AudioItem | plan.Fail:
         try:
             fresh = await reresolve(current)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise _Fail(f"link expired and re-resolving failed: {exc!r}") from None
+            return plan.Fail(f"link expired and re-resolving failed: {exc!r}")
         if fresh is None or fresh.status != OK or not fresh.url:
-            raise _Fail("link expired and re-resolving found no address")
+            return plan.Fail("link expired and re-resolving found no address")
         return fresh
 
-    async def _attempt(self, item: AudioItem, partial: _Partial, new_address: bool,
-                       known: Finished | None) -> bool:
-        """One request and its body. True when the file is complete, False when more is to come.
-
-        Raises _Unchanged when a conditional request was answered 304.
-        """
+    async def _attempt(self, item: AudioItem, partial: Partial, new_address: bool, known: Finished | None,
+                       deadline: _Deadline) -> plan.Outcome:
+        """One request, judged by ``download_plan.decide``, and its body if the plan keeps it."""
         record = partial.record
-        extra = {"Accept-Encoding": "identity"}
-        if partial.offset == 0 and known is not None:
-            extra.update(_conditional_headers(known, same_address=known.url == item.url))
-        conditional = "If-None-Match" in extra or "If-Modified-Since" in extra
-        if partial.offset > 0:
-            extra["Range"] = f"bytes={partial.offset}-"
-            validator = _if_range_validator(record)
-            # After a re-resolve the old validator may mean nothing to the new host: judge the 206 ourselves.
-            if validator and not new_address:
-                extra["If-Range"] = validator
-        if not _http_url(item.url):
-            raise _Fail(f"not an http(s) address: {item.url[:200]!r}", discard=True)
+        held = plan.Held(offset=partial.offset, etag=record.etag, last_modified=record.last_modified,
+                         expected_size=record.expected_size, content_type=record.content_type,
+                         on_disk=partial.on_disk, new_address=new_address)
+        asked = plan.ask(held, item.url, known)
+        if isinstance(asked, plan.Fail):
+            return asked
         try:
             url = _parse_url(item.url)
             origin_host = url.host
             for _ in range(self.cfg.max_redirects + 1):
                 headers = _merged_headers(self._headers, {
-                    **_identity_headers(item, same_host=url.host == origin_host), **extra})
+                    **_identity_headers(item, same_host=url.host == origin_host), **asked.headers})
                 response = await self._send(url, headers)
                 try:
-                    location = response.headers.get("location")
-                    if response.status_code in _REDIRECTS and location:
-                        url = _parse_url(resolve(str(url), location))
+                    answer = plan.decide(held, _head(response, str(url), asked.conditional), self._limits)
+                    if isinstance(answer, plan.Redirect):
+                        url = _parse_url(resolve(str(url), answer.location))
                         if url.scheme not in ("http", "https"):
-                            raise _Fail(f"redirect to a non-http address: {str(url)[:200]!r}")
+                            return plan.Fail(f"redirect to a non-http address: {str(url)[:200]!r}")
                         continue
-                    return await self._consume(response, str(url), partial, new_address, conditional)
+                    if isinstance(answer, plan.Body):
+                        return await self._read(response, partial, answer, deadline)
+                    if isinstance(answer, plan.Complete):
+                        partial.expect(answer.size)
+                    return answer
                 finally:
                     await response.aclose()
         except _NETWORK_ERRORS as exc:
-            raise _Retry(f"{type(exc).__name__}: {exc}"[:300]) from None
+            return plan.Retry(f"{type(exc).__name__}: {exc}"[:300])
         except (BodyError, TargetRefused) as exc:
-            raise _Fail(str(exc)[:300], discard=partial.received == 0) from None
+            return plan.Fail(str(exc)[:300], discard=partial.received == 0)
         except httpx.InvalidURL as exc:
-            raise _Fail(f"bad address: {exc}") from None
-        raise _Fail(f"more than {self.cfg.max_redirects} redirects")
+            return plan.Fail(f"bad address: {exc}")
+        return plan.Fail(f"more than {self.cfg.max_redirects} redirects")
 
     async def _send(self, url: yarl.URL, headers: list[tuple[str, str]]) -> Answer | httpx.Response:
         if self._get is not None:
@@ -768,145 +581,64 @@ class Downloader:
         request = httpx.Request("GET", str(url), extensions=self._extensions, headers=headers)
         return await self._transport.handle_async_request(request)
 
-    async def _consume(self, response: Answer | httpx.Response, url: str, partial: _Partial, new_address: bool,
-                       conditional: bool) -> bool:
-        status = response.status_code
-        record = partial.record
-        # The worker's transport names the coding it took off; any other transport leaves the header.
-        coding = response.extensions.get("content_encoding")
-        if coding is None:
-            coding = response.headers.get("content-encoding", "").strip().lower()
-            coding = "" if coding == "identity" else coding
-        if coding:
-            raise _Fail(f"body sent with Content-Encoding {coding} although identity was asked",
-                        discard=partial.offset == 0)
-        if status == 304 and conditional:
-            raise _Unchanged(response)
-        if status in _EXPIRED:
-            raise _Expired(f"http {status}")
-        if status == 429 or status >= 500:
-            raise _Retry(f"http {status}")
-        if status == 416:
-            m = _UNSATISFIED_RANGE.fullmatch(response.headers.get("content-range", "").strip())
-            total = int(m.group(1)) if m else None
-            if partial.offset > 0 and total == partial.offset and record.expected_size in (None, total):
-                record.expected_size = total
-                return True
-            raise _Restart(f"http 416: holding {partial.offset} bytes of a {total}-byte file")
-        if status == 200:
-            if partial.offset > 0:
-                # The range was ignored, or If-Range said the file changed: this body is the whole file.
-                await partial.reset(record.url)
-                record = partial.record
-            total = _int_header(response, "content-length")
-            self._adopt(response, url, partial, total)
-        elif status == 206:
-            m = _CONTENT_RANGE.fullmatch(response.headers.get("content-range", "").strip())
-            if m is None:
-                raise _Restart("206 without a usable Content-Range")
-            first, last = int(m.group(1)), int(m.group(2))
-            total = None if m.group(3) == "*" else int(m.group(3))
-            if first != partial.offset:
-                raise _Restart(f"asked for byte {partial.offset}, got a range from {first}")
-            length = _int_header(response, "content-length")
-            if last < first or (length is not None and length != last - first + 1) or (
-                    total is not None and last >= total):
-                raise _Restart("Content-Length disagrees with Content-Range")
-            if partial.offset > 0 and not _same_file(record, response, total, new_address):
-                raise _Restart("the file changed under its address")
-            self._adopt(response, url, partial, total)
-        else:
-            # Keep bytes already fetched: the address may come back, or be re-resolved on a later crawl.
-            raise _Fail(f"http {status}", discard=partial.offset == 0)
-
-        expected = partial.record.expected_size
-        if expected is not None and expected > self.cfg.max_size:
-            raise _Fail(f"too large: {expected} bytes (max {self.cfg.max_size})", discard=True)
+    async def _read(self, response: Answer | httpx.Response, partial: Partial, body: plan.Body,
+                    deadline: _Deadline) -> plan.Outcome:
+        """Take the body into the partial, as the plan said: appended, or from byte 0 in place of what was held."""
+        if not body.append and partial.offset > 0:
+            await partial.restart(partial.record.url)
+        partial.describe(etag=body.etag, last_modified=body.last_modified, expected_size=body.expected_size,
+                         content_type=body.content_type, final_url=body.final_url)
         partial.checkpoint()
-        self._stretch(partial)
+        expected = body.expected_size
+        deadline.stretch(expected, partial.received)
         # A file that fits in one chunk stays in memory and is committed from there (_finish_from_memory).
-        whole = not partial.on_disk and expected is not None and expected <= self.cfg.chunk_size
-        # A body from byte 0 is judged by its first bytes as soon as they are in: a 2 GiB page of junk served
-        # as audio is refused after 4 KiB, not after it was all downloaded. (_finish checks again.)
-        head = b"" if partial.received == 0 else None
-        max_size = self.cfg.max_size
+        in_memory, bound = body.in_memory, body.bound
+        first: bytes | None = b"" if body.sniff else None
         try:
             async for piece in cast(AsyncIterable[bytes], response.stream):
-                if head is not None:
-                    head += piece[:sniff.HEAD_BYTES - len(head)]
-                    if len(head) >= sniff.HEAD_BYTES:
-                        if not sniff.is_media(head):
-                            raise _Fail("not audio", discard=True)
-                        head = None
-                if partial.take(piece) and not whole:
-                    self._stretch(partial)
+                if first is not None:
+                    first += piece[:plan.FIRST_BYTES - len(first)]
+                    if len(first) >= plan.FIRST_BYTES:
+                        refused = plan.check_start(first)
+                        if refused is not None:
+                            return refused
+                        first = None
+                if partial.take(piece) and not in_memory:
+                    deadline.stretch(expected, partial.received)
                     await partial.hand_over()
-                received = partial.received
-                if received > max_size:
-                    raise _Fail(f"too large: more than {max_size} bytes", discard=True)
-                if expected is not None and received > expected:
-                    raise _Restart(f"body longer than the {expected} bytes announced")
+                if partial.received > bound:
+                    return plan.overrun(partial.received, body, self._limits)
         except BaseException:
             # Bytes that arrived before a connection broke are valid: keep them for the resume.
             await partial.flush()
             raise
-        if not (whole and partial.received == expected):
+        if not (in_memory and partial.received == expected):
             await partial.flush()
-        if expected is None:
-            return True
-        # False for a 206 that stopped short of the end, cleanly: ask for the rest.
-        return partial.received >= expected
+        return plan.body_ended(partial.received, expected)
 
-    def _stretch(self, partial: _Partial) -> None:
-        """Move the download's deadline to base + size / min_rate, the size as announced or as received so far."""
-        if partial.deadline is not None:
-            size = max(partial.record.expected_size or 0, partial.received)
-            partial.deadline.reschedule(partial.started + self.cfg.deadline_base + size / self.cfg.min_rate)
-
-    def _adopt(self, response: Answer | httpx.Response, url: str, partial: _Partial, total: int | None) -> None:
-        """Take the validators and size of the response whose body we are about to keep.
-
-        A 206 continuing our bytes that omits a validator keeps the one we had: it was judged the same file.
-        """
-        record = partial.record
-        keep = partial.offset > 0
-        record.etag = response.headers.get("etag") or (record.etag if keep else None)
-        last_modified = response.headers.get("last-modified")
-        record.last_modified = last_modified or (record.last_modified if keep else None)
-        if total is not None:
-            record.expected_size = total
-        ctype = response.headers.get("content-type")
-        if ctype:
-            record.content_type = ctype.split(";", 1)[0].strip().lower()[:100] or None
-        record.final_url = url
-
-    async def _finish(self, item: AudioItem, partial: _Partial, lease: _Lease) -> AudioItem:
+    async def _finish(self, item: AudioItem, partial: Partial, lease: _Lease) -> AudioItem | plan.Fail:
         if not partial.on_disk:
             return await self._finish_from_memory(item, partial, lease)
         await partial.flush()
         record = partial.record
         size = partial.offset
-        if record.expected_size is not None and size != record.expected_size:
-            raise _Fail(f"size {size} disagrees with the server's {record.expected_size}", discard=True)
-        if not sniff.is_media(partial.head(sniff.HEAD_BYTES)):
-            raise _Fail("not audio", discard=True)
+        refused = plan.check_finished(size, record.expected_size, partial.head(plan.FIRST_BYTES))
+        if refused is not None:
+            return refused
         sha = partial.hasher.hexdigest()
         urls = [item.url] + ([record.final_url] if record.final_url else [])
-        ext = extension_for(urls, record.content_type)
-        await partial.aclose()
-        rel = self.store.commit(partial.key, sha, size, ext)
+        rel = await partial.commit(sha, extension_for(urls, record.content_type))
         return self._finished(item, partial.key, Finished(
             url=item.url, sha256=sha, size=size, path=rel, etag=record.etag,
             last_modified=record.last_modified, content_type=record.content_type, verified_at=self._clock()))
 
-    async def _finish_from_memory(self, item: AudioItem, partial: _Partial, lease: _Lease) -> AudioItem:
+    async def _finish_from_memory(self, item: AudioItem, partial: Partial, lease: _Lease) -> AudioItem | plan.Fail:
         """A file that came whole in one chunk: hashed, stored and recorded in a batch, off the loop."""
         record = partial.record
         size = partial.received
-        if record.expected_size is not None and size != record.expected_size:
-            raise _Fail(f"size {size} disagrees with the server's {record.expected_size}", discard=True)
-        if not sniff.is_media(partial.head(sniff.HEAD_BYTES)):
-            raise _Fail("not audio", discard=True)
+        refused = plan.check_finished(size, record.expected_size, partial.head(plan.FIRST_BYTES))
+        if refused is not None:
+            return refused
         urls = [item.url] + ([record.final_url] if record.final_url else [])
         lease.release()    # the server is done with us: the slot is for the next download
         committed = await self._committer.commit(_Commit(
@@ -926,7 +658,7 @@ class Downloader:
         self.stats.fetched += 1
         return _filled(item, record)
 
-    def _confirmed(self, item: AudioItem, key: str, known: Finished, answer: _Unchanged) -> AudioItem:
+    def _confirmed(self, item: AudioItem, key: str, known: Finished, answer: plan.Confirmed) -> AudioItem:
         # A 304 may carry fresher validators (RFC 9110 15.4.5); the address is the one that answered.
         record = dataclasses.replace(known, url=item.url, etag=answer.etag or known.etag,
                                      last_modified=answer.last_modified or known.last_modified,
@@ -936,40 +668,36 @@ class Downloader:
         return _filled(item, record)
 
 
-def _same_file(record: Sidecar, response: Answer | httpx.Response, total: int | None, new_address: bool) -> bool:
-    etag = response.headers.get("etag") or None
-    last_modified = response.headers.get("last-modified") or None
-    if record.expected_size is not None and total is not None and total != record.expected_size:
-        return False
-    if new_address:
-        # Another host's validators need not match for the same file; the size is what both can agree on.
-        return (record.etag is not None and etag == record.etag) or (
-            record.expected_size is not None and total == record.expected_size)
-    if record.etag and etag and etag != record.etag:
-        return False
-    return not (record.last_modified and last_modified and last_modified != record.last_modified
-                and not (record.etag and etag))
+class _Deadline:
+    """A download's deadline: ``deadline_base`` plus its size at ``min_rate``, moved as the size becomes known."""
+
+    def __init__(self, started: float, cfg: DownloadConfig) -> None:
+        self.started = started
+        self._base, self._rate = started + cfg.deadline_base, cfg.min_rate
+        self.timeout = asyncio.timeout_at(self._base)
+
+    def stretch(self, expected: int | None, received: int) -> None:
+        """The size as announced, or as received so far."""
+        self.timeout.reschedule(self._base + max(expected or 0, received) / self._rate)
 
 
-def _if_range_validator(record: Sidecar) -> str | None:
-    # RFC 9110 13.1.5: If-Range takes a strong entity tag; a weak one could approve a different file.
-    if record.etag and not record.etag.startswith("W/"):
-        return record.etag
-    return record.last_modified
+def _head(response: Answer | httpx.Response, url: str, conditional: bool) -> plan.Head:
+    """What the plan reads of a response: a few header look-ups, no body."""
+    headers = response.headers
+    # The worker's transport names the coding it took off; any other transport leaves the header.
+    coding = response.extensions.get("content_encoding")
+    if coding is None:
+        coding = headers.get("content-encoding", "").strip().lower()
+        coding = "" if coding == "identity" else coding
+    return plan.Head(status=response.status_code, url=url, content_range=headers.get("content-range"),
+                     content_length=headers.get("content-length"), etag=headers.get("etag") or None,
+                     last_modified=headers.get("last-modified") or None, content_type=headers.get("content-type"),
+                     content_encoding=coding, location=headers.get("location"), conditional=conditional)
 
 
 def _filled(item: AudioItem, record: Finished) -> AudioItem:
     return item.replace(status=OK, reason=None, sha256=record.sha256, size=record.size,
                         content_type=record.content_type, path=record.path)
-
-
-def _conditional_headers(known: Finished, *, same_address: bool) -> dict[str, str]:
-    # Only a strong ETag: a weak one promises an equivalent file, and evidence must be the same bytes.
-    if known.etag and not known.etag.startswith("W/"):
-        return {"If-None-Match": known.etag}
-    if known.last_modified and same_address:
-        return {"If-Modified-Since": known.last_modified}
-    return {}
 
 
 def _host_of(url: str) -> str:
@@ -999,27 +727,3 @@ def _parse_url(url: str) -> yarl.URL:
         return yarl.URL(url)
     except (ValueError, TypeError) as exc:
         raise httpx.InvalidURL(str(exc)[:200]) from None
-
-
-def _http_url(url: str) -> bool:
-    return url.lower().startswith(("http://", "https://"))
-
-
-def _int_header(response: Answer | httpx.Response, name: str) -> int | None:
-    value = response.headers.get(name)
-    if value is None or not value.strip().isdigit():
-        return None
-    return int(value)
-
-
-def _hash_prefix(path: Path, length: int) -> hashlib._Hash:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        left = length
-        while left > 0:
-            block = fh.read(min(MiB, left))
-            if not block:
-                break
-            h.update(block)
-            left -= len(block)
-    return h

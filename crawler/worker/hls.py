@@ -56,8 +56,9 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from crawler.items import FAILED, OK, AudioItem
 from crawler.web import media
 from crawler.web.urls import host_of, resolve
-from crawler.worker.audiostore import AudioStore, Finished
-from crawler.worker.downloader import _NETWORK_ERRORS, DownloadConfig, _hash_prefix, _identity_headers
+from crawler.worker.audiostore import AudioStore, Finished, hash_prefix
+from crawler.worker.download_plan import backoff, transient
+from crawler.worker.downloader import _NETWORK_ERRORS, DownloadConfig, _identity_headers
 
 MAX_PLAYLIST_BYTES = 4 * 1024 * 1024
 MAX_SEGMENTS = 50_000
@@ -427,8 +428,8 @@ class HlsDownloader:
                 failures += 1
                 if failures >= self.cfg.max_attempts:
                     raise HlsError(f"{url[:200]}: gave up after {failures} attempts: {exc}") from None
-                if self.cfg.retry_backoff > 0:
-                    await asyncio.sleep(min(30.0, self.cfg.retry_backoff * 2 ** (failures - 1)))
+                if delay := backoff(failures, self.cfg.retry_backoff):
+                    await asyncio.sleep(delay)
 
     async def _get_once(self, url: str, headers: dict[str, str], limit: int,
                         byterange: ByteRange | None) -> bytes:
@@ -436,7 +437,7 @@ class HlsDownloader:
             async with self.client.stream("GET", url, headers=headers,
                                           timeout=httpx.Timeout(self.cfg.timeout)) as response:
                 status = response.status_code
-                if status == 429 or status >= 500:
+                if transient(status):
                     raise _Transient(f"http {status}")
                 if status not in (200, 206):
                     raise HlsError(f"{url[:200]}: http {status}")
@@ -476,7 +477,7 @@ class HlsDownloader:
             progress = Progress(media.url, media.fingerprint())
             part.write_bytes(b"")
             self._save(key, progress)
-        hasher = await asyncio.to_thread(_hash_prefix, part, progress.size)
+        hasher = await asyncio.to_thread(hash_prefix, part, progress.size)
         keys: dict[str, bytes] = {}
         fh, first = await asyncio.to_thread(_open_at, part, progress.size)
         with fh:
