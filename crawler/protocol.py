@@ -252,6 +252,10 @@ class Welcome(Message, tag=4, frozen=True):
     # and the configured networks ("10.0.0.0/8"). Everything else private is refused after DNS.
     allowed_origins: Many[Name] = ()
     allowed_networks: Many[Name] = ()
+    # The rest of the crawl's URL normalisation (crawl.sort_query, crawl.drop_params), so that the worker keys its
+    # links exactly as the master does.
+    sort_query: bool = False
+    drop_params: Many[Name] = ()
 
 
 # Refused.code values: why, in a form the worker can act on (the reason is for people).
@@ -793,12 +797,13 @@ class MasterHandshake(_Handshake):
 
     def welcome(self, heartbeat_interval: float, keep_fragment: tuple[str, ...] = (),
                 max_frame: int = DEFAULT_MAX_FRAME, max_depth: int | None = None,
-                allowed_origins: tuple[str, ...] = (), allowed_networks: tuple[str, ...] = ()) -> Welcome:
+                allowed_origins: tuple[str, ...] = (), allowed_networks: tuple[str, ...] = (),
+                sort_query: bool = False, drop_params: tuple[str, ...] = ()) -> Welcome:
         self._step(State.AUTHENTICATED, "welcome")
         assert self.hello is not None
         self.state = State.OPEN
         return Welcome(master_proof(self.secret, self.hello, self.nonce), heartbeat_interval, keep_fragment,
-                       max_frame, max_depth, allowed_origins, allowed_networks)
+                       max_frame, max_depth, allowed_origins, allowed_networks, sort_query, drop_params)
 
     def refuse(self, reason: str, code: str = "") -> Refused:
         """Refuse an authenticated worker (unknown id, duplicate ...). Unauthenticated peers learn nothing more

@@ -223,9 +223,11 @@ def test_handshake_worker_proves_first_and_both_sides_open():
     assert challenge == p.Challenge(master.nonce)           # a nonce only: nothing computed from the secret
     hello = master.receive_auth(_wire(worker.receive_challenge(challenge)))
     assert hello.worker_id == "w1" and hello.capacity == 8 and master.state is p.State.AUTHENTICATED
-    welcome = worker.receive_welcome(_wire(master.welcome(2.0, ("x",), 4096, 3)))
+    welcome = worker.receive_welcome(_wire(master.welcome(2.0, ("x",), 4096, 3, sort_query=True,
+                                                          drop_params=("utm_source", "ref"))))
     assert (welcome.heartbeat_interval, welcome.keep_fragment, welcome.max_frame, welcome.max_depth) == \
         (2.0, ("x",), 4096, 3)
+    assert (welcome.sort_query, welcome.drop_params) == (True, ("utm_source", "ref"))
     assert master.state is worker.state is p.State.OPEN
     assert master.recv_limit is None and worker.recv_limit is None
     assert master.receive(p.Heartbeat(1.0)) == p.Heartbeat(1.0)
@@ -480,6 +482,8 @@ def _valid(info):
         return [_valid(t) for t in info.item_types]
     if isinstance(info, mi.DictType):
         return {}
+    if isinstance(info, mi.BoolType):
+        return False
     if isinstance(info, mi.StructType):
         return ([info.tag] if info.tag is not None else []) + [_valid(f.type) for f in info.fields]
     if isinstance(info, mi.DataclassType):

@@ -703,7 +703,8 @@ class Master:
         await conn.send(hs.welcome(self.cfg.scheduling.heartbeat_interval, self.cfg.crawl.keep_fragment,
                                    self.cfg.max_frame, self.cfg.crawl.max_depth,
                                    tuple(f"{h}:{port}" for h, port in sorted(self.targets.origins)),
-                                   self.cfg.crawl.allowed_networks))
+                                   self.cfg.crawl.allowed_networks, self.cfg.crawl.sort_query,
+                                   tuple(self.cfg.crawl.drop_params)))
         return hello
 
     def _fault(self, s: Session, msg: p.Fault) -> None:

@@ -149,7 +149,9 @@ class Worker:
         self._stop = asyncio.Event()
         self.resolvers: list[Resolver] = load_resolvers(cfg.resolvers)
         self.links = LinkCache(cfg.link_cache)
-        self.norm = NormalizeOptions(keep_fragment=tuple(pat for r in self.resolvers for pat in r.keep_fragment))
+        # Until a master says how the crawl keys URLs (Welcome), the defaults; see _session.
+        self.norm = NormalizeOptions()
+        self._fragment_rules = tuple(dict.fromkeys(pat for r in self.resolvers for pat in r.keep_fragment))
         self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
         self._fetched: list[p.PageFetch] = []
@@ -325,8 +327,7 @@ class Worker:
 
     async def _session(self, conn: FramedConnection, hs: p.WorkerHandshake, welcome: p.Welcome) -> bool:
         """Serve one connection. True when the master ended the crawl."""
-        patterns = tuple(dict.fromkeys(welcome.keep_fragment + self.norm.keep_fragment))
-        self.norm = NormalizeOptions(keep_fragment=patterns)
+        self._normalise_as(welcome)
         self.links.forget()
         self.max_depth = welcome.max_depth
         self._allow_targets(welcome)
@@ -757,6 +758,18 @@ class Worker:
             page, _ = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes)
         return page
 
+    def _normalise_as(self, welcome: p.Welcome) -> None:
+        """Links are normalised once, on the worker, with the crawl's own options (the master sends them): the
+        keys the master deduplicates by, so a report holds one spelling of each URL (its utm_* variants too)."""
+        self.norm = NormalizeOptions(sort_query=welcome.sort_query, drop_params=frozenset(welcome.drop_params),
+                                     keep_fragment=welcome.keep_fragment)
+        lacking = [rule for rule in self._fragment_rules if rule not in welcome.keep_fragment]
+        if lacking:
+            # The rules cannot reach the master before it proved the secret (a Hello is 640 bytes at most), and
+            # the master's keys decide: say it where the operator looks.
+            log.warning("the crawl's crawl.keep_fragment lacks fragment rules of this worker's resolvers (%s): "
+                        "their URLs lose the fragment; add them to the master's config", ", ".join(lacking))
+
     def _links_to_report(self, links: list[str], items: list[it.AudioItem], depth: int) -> list[str]:
         # The link cache goes first, on the links as found: the site's navigation, the bulk of every page,
         # then costs one dict lookup a link instead of normalisation and the audio check. It lets a link
@@ -766,9 +779,9 @@ class Worker:
             return []
         audio = {i.url for i in items}
         generic = self.resolvers[-1]
-        normed = [u for u in normalize_many([u for u in fresh if len(u) <= MAX_LINK_LENGTH], self.norm)
-                  if u and u not in audio and not generic.audio_link(u)]
-        return normed[: self.cfg.max_links_per_page]
+        normed = dict.fromkeys(u for u in normalize_many([u for u in fresh if len(u) <= MAX_LINK_LENGTH], self.norm)
+                               if u and u not in audio and not generic.audio_link(u))
+        return list(normed)[: self.cfg.max_links_per_page]
 
     def _flush_downloads(self) -> None:
         if self._send_downloads is not None and not (self._asks or self._ends):
