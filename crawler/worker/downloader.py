@@ -276,7 +276,7 @@ class _Host:
     holders: int = 0
 
 
-class _Lease:
+class _DownloadSlots:
     """One download's slots: its host's, then a global one. Released and taken again around a re-resolve."""
 
     def __init__(self, hosts: HostSlots, total: asyncio.Semaphore | None) -> None:
@@ -390,18 +390,18 @@ class Downloader:
         future: asyncio.Future[AudioItem] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         self._inflight_urls[item.url] = future
-        lease = _Lease(self.hosts, self._total)
+        slots = _DownloadSlots(self.hosts, self._total)
         try:
-            await lease.take(_host_of(item.url))
+            await slots.take(_host_of(item.url))
             if self.hls.claims(item):     # a playlist of segments, made one file by crawler/worker/hls.py
                 result = await self.hls.fetch(item, key, known)
             else:
-                result = await self._fetch(item, key, reresolve, known, lease)
+                result = await self._fetch(item, key, reresolve, known, slots)
         except BaseException:
             future.cancel()
             raise
         finally:
-            lease.release()
+            slots.release()
             del self._inflight[key]
             if self._inflight_urls.get(item.url) is future:
                 del self._inflight_urls[item.url]
@@ -441,7 +441,7 @@ class Downloader:
                             content_type=done.content_type, path=done.path)
 
     async def _fetch(self, item: AudioItem, key: str, reresolve: Reresolve | None, known: Finished | None,
-                     lease: _Lease) -> AudioItem:
+                     slots: _DownloadSlots) -> AudioItem:
         try:
             partial = self.store.open_partial(key, item.url, self.cfg.chunk_size)
         except OSError as exc:
@@ -452,7 +452,7 @@ class Downloader:
         deadline = _Deadline(loop.time(), self.cfg)
         try:
             async with deadline.timeout:
-                result = await self._run(item, partial, reresolve, known, lease, deadline)
+                result = await self._run(item, partial, reresolve, known, slots, deadline)
             if isinstance(result, plan.Fail):
                 if result.discard:
                     await partial.discard()
@@ -477,7 +477,7 @@ class Downloader:
             await partial.aclose()
 
     async def _run(self, item: AudioItem, partial: Partial, reresolve: Reresolve | None,
-                   known: Finished | None, lease: _Lease, deadline: _Deadline) -> AudioItem | plan.Fail:
+                   known: Finished | None, slots: _DownloadSlots, deadline: _Deadline) -> AudioItem | plan.Fail:
         """Attempts until the file is whole or the plan gives up: the loop of ``download_plan.after``."""
         current = item
         # A sidecar written for another address (the link was re-resolved since) is judged like a re-resolve.
@@ -489,7 +489,7 @@ class Downloader:
         tries = plan.Tries()
         while True:
             if plan.whole(partial.offset, partial.record.expected_size):
-                return await self._finish(current, partial, lease)
+                return await self._finish(current, partial, slots)
             before = partial.offset
             outcome = await self._attempt(current, partial, new_address, known, deadline)
             if isinstance(outcome, plan.Retry):
@@ -501,7 +501,7 @@ class Downloader:
             if not isinstance(outcome, (plan.Retry, plan.Reresolve)):
                 new_address = False     # an answer was judged: the bytes held are this address's now
             if isinstance(step, plan.Finish):
-                return await self._finish(current, partial, lease)
+                return await self._finish(current, partial, slots)
             if isinstance(step, plan.Retry):
                 if step.delay:
                     await asyncio.sleep(step.delay)
@@ -509,12 +509,12 @@ class Downloader:
                 await partial.restart(current.url)
             elif isinstance(step, plan.Reresolve):
                 assert reresolve is not None
-                lease.release()    # resolving asks the site, not the file's host: let others use the slot
+                slots.release()    # resolving asks the site, not the file's host: let others use the slot
                 fresh = await self._reresolve(current, reresolve)
                 if isinstance(fresh, plan.Fail):
                     return fresh
                 current = fresh
-                await lease.take(_host_of(current.url))
+                await slots.take(_host_of(current.url))
                 partial.readdress(current.url)
                 new_address = partial.offset > 0
             elif isinstance(step, plan.Confirmed):
@@ -616,9 +616,9 @@ class Downloader:
             await partial.flush()
         return plan.body_ended(partial.received, expected)
 
-    async def _finish(self, item: AudioItem, partial: Partial, lease: _Lease) -> AudioItem | plan.Fail:
+    async def _finish(self, item: AudioItem, partial: Partial, slots: _DownloadSlots) -> AudioItem | plan.Fail:
         if not partial.on_disk:
-            return await self._finish_from_memory(item, partial, lease)
+            return await self._finish_from_memory(item, partial, slots)
         await partial.flush()
         record = partial.record
         size = partial.offset
@@ -632,7 +632,7 @@ class Downloader:
             url=item.url, sha256=sha, size=size, path=rel, etag=record.etag,
             last_modified=record.last_modified, content_type=record.content_type, verified_at=self._clock()))
 
-    async def _finish_from_memory(self, item: AudioItem, partial: Partial, lease: _Lease) -> AudioItem | plan.Fail:
+    async def _finish_from_memory(self, item: AudioItem, partial: Partial, slots: _DownloadSlots) -> AudioItem | plan.Fail:
         """A file that came whole in one chunk: hashed, stored and recorded in a batch, off the loop."""
         record = partial.record
         size = partial.received
@@ -640,7 +640,7 @@ class Downloader:
         if refused is not None:
             return refused
         urls = [item.url] + ([record.final_url] if record.final_url else [])
-        lease.release()    # the server is done with us: the slot is for the next download
+        slots.release()    # the server is done with us: the slot is for the next download
         committed = await self._committer.commit(_Commit(
             key=partial.key, pieces=partial.in_memory(), size=size, ext=extension_for(urls, record.content_type),
             record=Finished(url=item.url, sha256="", size=size, path="", etag=record.etag,
