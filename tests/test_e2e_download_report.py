@@ -24,6 +24,20 @@ def _pending_of(config, node: str) -> int:
         return len(store.pending_of([node]))
 
 
+def _song_site(tmp_path, seed: int, songs: int, size: int, *, heading: bool = False):
+    """A home page linking `songs` song pages, each with one audio element: the sites of the tests below."""
+    rng = random.Random(seed)
+    site = tmp_path / "site"
+    (site / "media").mkdir(parents=True)
+    for i in range(songs):
+        (site / "media" / f"{i}.mp3").write_bytes(sitegen._mp3(rng, size, f"Song {i}", "Artist", "Album"))
+        title = f"<h1>Song {i}</h1>" if heading else ""
+        (site / f"s{i}.html").write_text(f'<html><body>{title}<audio src="/media/{i}.mp3"></audio></body></html>')
+    (site / "index.html").write_text("<html><body>" + "".join(f'<a href="/s{i}.html">{i}</a>' for i in range(songs))
+                                     + "</body></html>")
+    return site
+
+
 async def test_a_page_reports_its_links_while_its_download_is_still_running(tmp_path):
     rng = random.Random(3)
     site = tmp_path / "site"
@@ -71,15 +85,7 @@ SONGS = 12
 
 
 async def test_the_pending_downloads_of_a_killed_worker_are_finished_by_another(tmp_path, master_store):
-    rng = random.Random(11)
-    site = tmp_path / "site"
-    (site / "media").mkdir(parents=True)
-    for i in range(SONGS):
-        (site / "media" / f"{i}.mp3").write_bytes(sitegen._mp3(rng, 20_000, f"Song {i}", "Artist", "Album"))
-        (site / f"s{i}.html").write_text(f'<html><body><h1>Song {i}</h1><audio src="/media/{i}.mp3"></audio>'
-                                         "</body></html>")
-    (site / "index.html").write_text("<html><body>" + "".join(f'<a href="/s{i}.html">{i}</a>' for i in range(SONGS))
-                                     + "</body></html>")
+    site = _song_site(tmp_path, 11, SONGS, 20_000, heading=True)
     # Two downloads at a time per worker, 2 s each: the pages are all reported long before their downloads end.
     behaviour = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/": 2.0})
     worker_cfg = tmp_path / "worker.yaml"
@@ -124,15 +130,8 @@ async def test_the_pending_downloads_of_a_killed_worker_are_finished_by_another(
 async def test_a_worker_with_its_downloads_pending_takes_no_new_pages(tmp_path):
     """pending_downloads bounds what a worker holds: at the bound it grants no credit, so the pages it fetched
     never run ahead of the downloads it finished by more than the bound and its credit."""
-    rng = random.Random(5)
-    site = tmp_path / "site"
-    (site / "media").mkdir(parents=True)
     songs = 8
-    for i in range(songs):
-        (site / "media" / f"{i}.mp3").write_bytes(sitegen._mp3(rng, 10_000, f"Song {i}", "Artist", "Album"))
-        (site / f"s{i}.html").write_text(f'<html><body><audio src="/media/{i}.mp3"></audio></body></html>')
-    (site / "index.html").write_text("<html><body>" + "".join(f'<a href="/s{i}.html">{i}</a>' for i in range(songs))
-                                     + "</body></html>")
+    site = _song_site(tmp_path, 5, songs, 10_000)
     behaviour = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/": 1.0})
     worker_cfg = tmp_path / "worker.yaml"
     worker_cfg.write_text("downloads: 1\npending_downloads: 2\nmax_tasks: 2\n")
@@ -157,15 +156,8 @@ async def test_a_worker_with_its_downloads_pending_takes_no_new_pages(tmp_path):
 async def test_pending_downloads_outlive_a_master_restart_and_go_on_when_their_node_is_gone(tmp_path):
     """Master and worker killed together while the worker holds pending downloads; the master starts again and
     only another worker comes: after the grace period the dead node's downloads are that worker's."""
-    rng = random.Random(13)
-    site = tmp_path / "site"
-    (site / "media").mkdir(parents=True)
     songs = 8
-    for i in range(songs):
-        (site / "media" / f"{i}.mp3").write_bytes(sitegen._mp3(rng, 10_000, f"Song {i}", "Artist", "Album"))
-        (site / f"s{i}.html").write_text(f'<html><body><audio src="/media/{i}.mp3"></audio></body></html>')
-    (site / "index.html").write_text("<html><body>" + "".join(f'<a href="/s{i}.html">{i}</a>' for i in range(songs))
-                                     + "</body></html>")
+    site = _song_site(tmp_path, 13, songs, 10_000)
     behaviour = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/": 2.0})
     worker_cfg = tmp_path / "worker.yaml"
     worker_cfg.write_text("downloads: 1\nreconnect_max_delay: 1.0\n")
