@@ -149,9 +149,10 @@ class Worker:
         self._stop = asyncio.Event()
         self.resolvers: list[Resolver] = load_resolvers(cfg.resolvers)
         self.links = LinkCache(cfg.link_cache)
-        # Until a master says how the crawl keys URLs (Welcome), the defaults; see _session.
-        self.norm = NormalizeOptions()
+        # Until a master says how the crawl keys URLs (its Welcome, see _session), the resolvers' fragment rules:
+        # a task run on its own keeps the fragments its resolvers need.
         self._fragment_rules = tuple(dict.fromkeys(pat for r in self.resolvers for pat in r.keep_fragment))
+        self.norm = NormalizeOptions(keep_fragment=self._fragment_rules)
         self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
         self._fetched: list[p.PageFetch] = []
