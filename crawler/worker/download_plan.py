@@ -303,7 +303,7 @@ def _body(held: Held, head: Head, limits: Limits, total: int | None, *, append: 
     if expected is not None and expected > limits.max_size:
         return Fail(f"too large: {expected} bytes (max {limits.max_size})", discard=True)
     if head.content_type:
-        content_type = head.content_type.split(";", 1)[0].strip().lower()[:100] or None
+        content_type = media.media_type(head.content_type)[:100] or None
     return Body(append=append, etag=etag, last_modified=last_modified, expected_size=expected,
                 content_type=content_type, final_url=head.url,
                 bound=expected if expected is not None else limits.max_size,

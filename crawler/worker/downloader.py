@@ -62,7 +62,6 @@ from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
@@ -71,7 +70,7 @@ import yarl
 from crawler.bodies import BodyError
 from crawler.items import FAILED, OK, AudioItem
 from crawler.targets import TargetRefused
-from crawler.web.urls import resolve
+from crawler.web.urls import host_of, resolve
 from crawler.worker import download_plan as plan
 from crawler.worker.audiostore import AudioStore, Finished, Partial, extension_for, partial_key
 from crawler.worker.faults import is_local
@@ -392,7 +391,7 @@ class Downloader:
         self._inflight_urls[item.url] = future
         slots = _DownloadSlots(self.hosts, self._total)
         try:
-            await slots.take(_host_of(item.url))
+            await slots.take(host_of(item.url))
             if self.hls.claims(item):     # a playlist of segments, made one file by crawler/worker/hls.py
                 result = await self.hls.fetch(item, key, known)
             else:
@@ -514,7 +513,7 @@ class Downloader:
                 if isinstance(fresh, plan.Fail):
                     return fresh
                 current = fresh
-                await slots.take(_host_of(current.url))
+                await slots.take(host_of(current.url))
                 partial.readdress(current.url)
                 new_address = partial.offset > 0
             elif isinstance(step, plan.Confirmed):
@@ -698,13 +697,6 @@ def _head(response: Answer | httpx.Response, url: str, conditional: bool) -> pla
 def _filled(item: AudioItem, record: Finished) -> AudioItem:
     return item.replace(status=OK, reason=None, sha256=record.sha256, size=record.size,
                         content_type=record.content_type, path=record.path)
-
-
-def _host_of(url: str) -> str:
-    try:
-        return (urlsplit(url).hostname or "").lower()
-    except ValueError:
-        return ""
 
 
 def _identity_headers(item: AudioItem, *, same_host: bool) -> dict[str, str]:
