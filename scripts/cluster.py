@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -144,8 +145,6 @@ def master_addr(config: Path) -> str:
 def operator(command: str, config: Path, *args: str) -> str:
     """An operator command (`crawler-master pause --config ...`) against a running or stopped master; its output.
     Blocking: call it through asyncio.to_thread from a test's event loop."""
-    import subprocess
-
     done = subprocess.run([sys.executable, "-m", "crawler.master", command, "--config", str(config), *args],
                           capture_output=True, text=True, timeout=60, check=False)
     if done.returncode != 0:
