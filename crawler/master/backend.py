@@ -156,7 +156,9 @@ class SqliteBackend(Backend):
             path.parent.mkdir(parents=True, exist_ok=True)
             self._check_header()
             self._take_lock()
-            self.db = sqlite3.connect(path, isolation_level=None)
+            # The master ends its transactions on a thread of its own (MasterStore.end_transaction), so the
+            # connection is used from two threads, one at a time; SQLite serialises them anyway.
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
             self.db.execute("PRAGMA busy_timeout = 5000")
             self.db.execute(f"PRAGMA cache_size = {-cache_mb * 1024}")

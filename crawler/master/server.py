@@ -13,7 +13,8 @@ import logging
 import math
 import time
 from collections.abc import Callable, Generator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,6 +148,14 @@ class Master:
         self._unanswered: set[str] = set()   # commands applied whose file could not be removed
         # Writes Bloom snapshots off the event loop; one thread, so snapshots are written one at a time.
         self._bloom_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bloom-snapshot")
+        # The store's transactions end on this thread (a COMMIT, and on SQLite the WAL checkpoint it runs every
+        # few thousand pages, 80-100 ms on a big crawl), so the event loop keeps serving the workers meanwhile.
+        # While one runs the gate is closed: every task that uses the store waits for it after each await, so
+        # the store is used by one thread at a time (see store_ready).
+        self._store_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-commit")
+        self._store_free = asyncio.Event()
+        self._store_free.set()
+        self._ending: Future[None] | None = None
 
     # ------------------------------------------------------------------ state
     def _open_core(self) -> None:
@@ -305,11 +314,11 @@ class Master:
         event loop is not held while the bits are hashed and written (0.16 s for the default filter). The count
         recorded is the copy's: a crash before it is committed leaves the older count, and the next start
         rebuilds the filter from the URL table instead of trusting a snapshot it cannot match."""
-        self.store.commit()
+        await self._commit_off_loop()
         frozen, count = self.bloom.copy(), self.store.url_count()
         await asyncio.wrap_future(self._bloom_writer.submit(frozen.save, self.bloom_path))
         self.store.set_meta("bloom_url_count", str(count))
-        self.store.commit()
+        await self._commit_off_loop()
 
     def _commit_state(self) -> None:
         discards = self.crawl.take_discards()
@@ -318,8 +327,32 @@ class Master:
         self.store.commit()
 
     def _commit(self) -> None:
+        """A commit on the calling thread: at start-up and shutdown, when nothing else runs."""
+        if self._ending is not None:
+            futures.wait([self._ending])   # one still running on the store thread ends first
         self._commit_state()
         self.catalogue.flush()
+
+    async def _commit_off_loop(self) -> None:
+        """The running master's commit. The counters go into the transaction here; the COMMIT itself runs on the
+        store thread with the gate closed, and the gate opens when it has ended, even if this task is cancelled
+        meanwhile (a stop): the thread's use of the store is never overlapped."""
+        discards = self.crawl.take_discards()
+        self.observer.committing(discards)
+        self.store.count_discards(discards)
+        if self.store.prepare_commit():
+            self._store_free.clear()
+            self._ending = self._store_thread.submit(self.store.end_transaction)
+            ending = asyncio.wrap_future(self._ending)
+            ending.add_done_callback(lambda _: self._store_free.set())
+            await asyncio.shield(ending)
+        self.catalogue.flush()
+
+    async def store_ready(self) -> None:
+        """Returns once no commit is running on the store thread: called after each await by every task that
+        uses the store (a check of a flag while the gate is open, which is nearly always)."""
+        if not self._store_free.is_set():
+            await self._store_free.wait()
 
     # ------------------------------------------------------------------ serve
     def stop(self) -> None:
@@ -428,6 +461,7 @@ class Master:
         credit are dispatched at once by their handlers; this covers the gates that open with time."""
         loop = asyncio.get_running_loop()
         while True:
+            await self.store_ready()
             self._wake.clear()
             self._sleep_until = -math.inf   # this pass looks at every gate itself
             self._dispatch_all()
@@ -456,6 +490,7 @@ class Master:
         last_snapshot = time.monotonic()
         while True:
             await asyncio.sleep(COMMIT_INTERVAL)
+            await self.store_ready()   # a stop cancelled the last commit's wait, not the commit
             now = self.clock()
             self.crawl.expire(now)
             self.crawl.expire_away(now)
@@ -469,7 +504,7 @@ class Master:
             self._wake.set()   # whatever the checks freed or requeued is handed out by the dispatcher
             self._fetch_robots()
             await asyncio.sleep(0)   # the checks above and the commit below each take the loop for a while
-            self._commit()
+            await self._commit_off_loop()
             sdnotify.watchdog()
             if time.monotonic() - last_snapshot >= self.cfg.dedup.snapshot_interval:
                 last_snapshot = time.monotonic()
@@ -545,6 +580,7 @@ class Master:
         except (httpx.HTTPError, TimeoutError) as e:
             status = body = parsed = None
             log.info("robots.txt of %s not fetched: %s", origin, str(e) or type(e).__name__)
+        await self.store_ready()
         self.crawl.robots_fetched(origin, status, body, self.clock(), parsed)
         self._wake.set()
 
@@ -609,11 +645,13 @@ class Master:
         conn.recv_limit = hs.recv_limit
         s = Session(hello.worker_id, conn, hello.capacity, last_seen=self.clock())
         s.tasks = asyncio.current_task()
+        await self.store_ready()
         self._attach(s)
         try:
             while True:
                 msg = hs.receive(await conn.recv())
                 s.last_seen = self.clock()
+                await self.store_ready()
                 if isinstance(msg, p.Fetched):
                     if self.crawl.fetched(s.node, msg.fetches, s.last_seen):
                         self._dispatch_all()     # the host slots it freed may be waited on by any node
@@ -664,8 +702,11 @@ class Master:
         except ConnectionClosed as e:
             log.info("worker %s disconnected: %s", s.node, e)
         finally:
-            self._detach(s)
-            await conn.close()
+            try:
+                await self.store_ready()
+                self._detach(s)
+            finally:
+                await conn.close()
 
     async def _record(self, s: Session, results: tuple[p.Result, ...]) -> None:
         """A worker's report, REPORT_PART results at a time with the loop served between the parts."""
@@ -673,6 +714,7 @@ class Master:
             if i:
                 await asyncio.sleep(0)
                 s.last_seen = self.clock()
+                await self.store_ready()
             part = results[i:i + REPORT_PART]
             try:
                 rows = self.crawl.complete(s.node, part, s.last_seen)

@@ -487,8 +487,14 @@ class MasterStore:
 
     def commit(self) -> None:
         """End the open transaction: everything written since the last commit becomes durable at once."""
+        if self.prepare_commit():
+            self.end_transaction()
+
+    def prepare_commit(self) -> bool:
+        """commit()'s first half, on the store's own thread: the counters this store keeps in memory are written
+        into the open transaction. True when there is a transaction for end_transaction() to end."""
         if self.readonly or not self.db.in_transaction:
-            return
+            return False
         if self._dirty_counts:
             self.db.executemany(
                 "INSERT INTO counts(state, node, n) VALUES (?, ?, ?) "
@@ -501,6 +507,13 @@ class MasterStore:
         if self._cycle_dirty:
             self._write_meta("cycle", self._cycle)
             self._cycle_dirty = False
+        return True
+
+    def end_transaction(self) -> None:
+        """commit()'s second half: COMMIT, the part that waits on the disk (on SQLite the WAL is written, and
+        every few thousand pages checkpointed into the database file, with fsyncs). It touches no state of this
+        object, so it may run on another thread, provided nothing uses the store until it returns (the master
+        closes its store gate for that time)."""
         self.db.execute("COMMIT")
 
     def rollback(self) -> None:

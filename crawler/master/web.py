@@ -104,6 +104,7 @@ class WebServer:
     async def _auth(self, request: web.Request,
                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         if request.path == "/login" or self._authorised(request):
+            await self.obs.master.store_ready()   # the status reads the master's store: not mid-commit
             resp = await handler(request)
             resp.headers.setdefault("Cache-Control", "no-store")
             return resp
