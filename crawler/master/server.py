@@ -310,13 +310,14 @@ class Master:
         self.store.commit()
 
     async def _snapshot_bloom_off_loop(self) -> None:
-        """The periodic snapshot, written by the writer thread from a copy of the filter taken at a commit, so the
-        event loop is not held while the bits are hashed and written (0.16 s for the default filter). The count
-        recorded is the copy's: a crash before it is committed leaves the older count, and the next start
-        rebuilds the filter from the URL table instead of trusting a snapshot it cannot match."""
+        """The periodic snapshot, written by the writer thread from the live filter while the loop goes on adding
+        to it (BloomFilter.save), so the event loop is not held while the bits are copied, hashed and written
+        (0.16 s for the default filter). The file holds every URL of the count taken here, at a commit, and
+        maybe more. That count is what is recorded: a crash before it is committed leaves the older count, and
+        the next start rebuilds the filter from the URL table instead of trusting a snapshot it cannot match."""
         await self._commit_off_loop()
-        frozen, count = self.bloom.copy(), self.store.url_count()
-        await asyncio.wrap_future(self._bloom_writer.submit(frozen.save, self.bloom_path))
+        count = self.store.url_count()
+        await asyncio.wrap_future(self._bloom_writer.submit(self.bloom.save, self.bloom_path))
         self.store.set_meta("bloom_url_count", str(count))
         await self._commit_off_loop()
 
