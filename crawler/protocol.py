@@ -15,8 +15,9 @@ connection shell closes that one connection), with a one-line message naming the
 from our own code (encoding a message past the frame limit, a handshake step out of order) raises
 `LocalProtocolError`, never a ProtocolError, so a bug of ours is never blamed on the peer.
 
-Every peer is hostile until it has proved the secret. The master's decoder takes frames of at most
-PRE_AUTH_MAX_FRAME bytes until then (refused from the 4-byte header alone), and every field is checked for its
+Every peer is hostile until it has proved the secret. The master's decoder takes a Hello of at most
+PRE_AUTH_MAX_FRAME bytes and then an Auth of at most AUTH_MAX_FRAME (refused from the 4-byte header alone), and
+every field is checked for its
 type and range while it is decoded: integers within signed 64 bits and their field's range, floats finite,
 strings capped (MAX_URL, MAX_TEXT, MAX_NAME), nonces and MACs exactly 32 bytes, ext types refused, so no value
 reaches the store or the catalogue that SQLite or strict JSON refuse.
@@ -24,9 +25,10 @@ reaches the store or the catalogue that SQLite or strict JSON refuse.
 Handshake (version 4: the worker proves the secret first; the secret never crosses the wire):
     worker -> Hello(worker_id, version, capacity, nonce_w)
     master -> Challenge(nonce_m)                              (or Refused: protocol version not supported)
-    worker -> Auth(mac = HMAC(secret, "crawler-worker" | T))
+    worker -> Auth(mac = HMAC(secret, "crawler-worker" | T), fragment rules)
     master -> Welcome(proof = HMAC(secret, "crawler-master" | T), settings...)   or Refused(reason, code)
-where T = version | capacity | nonce_w | nonce_m | worker_id binds the whole Hello and both fresh nonces. The
+where T = version | capacity | nonce_w | nonce_m | worker_id | rules binds the whole Hello, the Auth's fragment
+rules and both fresh nonces. The
 master computes no HMAC over anything before the worker's MAC checks out, so an unauthenticated peer gets no
 oracle to test guesses of the secret offline; a replayed Hello/Auth fails against a fresh nonce_m, and a replayed
 Welcome against a fresh nonce_w. `MasterHandshake` and `WorkerHandshake` hold one connection's state and the
@@ -83,11 +85,17 @@ from crawler.items import (
 # the master's politeness, one per address in the cluster; 8: a page reports before its downloads end (its items
 # "pending"), each download's outcome comes in a DownloadReport, and the master hands the pending downloads of a
 # node that died to another in a DownloadWork; 9: messages are msgspec Structs: every field is sent (a Task's
-# validators as one [etag, last_modified] field), trailing fields with defaults may be left out
-PROTOCOL_VERSION = 9
+# validators as one [etag, last_modified] field), trailing fields with defaults may be left out; 10: the worker's
+# Auth carries its resolvers' fragment rules (bound by its MAC), and the master tells connected workers the crawl's
+# rules again in a FragmentRules when a worker brought new ones
+PROTOCOL_VERSION = 10
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
 PRE_AUTH_MAX_FRAME = 640
+# The same for the Auth that follows a Hello of the right version: it carries the worker's fragment rules.
+MAX_RULES = 8                  # fragment rules a worker brings
+MAX_RULE = 512                 # characters in one
+AUTH_MAX_FRAME = 4608
 # The largest frame the worker reads before the master proved the secret (a Welcome carries URL patterns).
 HANDSHAKE_MAX_FRAME = 64 * 1024
 NONCE_SIZE = 32
@@ -150,6 +158,8 @@ Capacity = Annotated[int, Meta(ge=0, le=MAX_CAPACITY)]
 Nonce = Annotated[bytes, Meta(min_length=NONCE_SIZE, max_length=NONCE_SIZE)]
 Mac = Annotated[bytes, Meta(min_length=MAC_SIZE, max_length=MAC_SIZE)]
 WorkerId = Annotated[str, Meta(min_length=1, max_length=MAX_WORKER_ID)]
+Rules = Annotated[tuple[Annotated[str, Meta(min_length=1, max_length=MAX_RULE, title="rule")], ...],
+                  Meta(max_length=MAX_RULES)]
 # The two validators of a page's answer, named for the error messages (tuple places have no names of their own).
 ETag = Annotated[str, Meta(max_length=MAX_NAME, title="etag")]
 LastModified = Annotated[str, Meta(max_length=MAX_NAME, title="last_modified")]
@@ -234,6 +244,10 @@ class Challenge(Message, tag=2, frozen=True):
 
 class Auth(Message, tag=3, frozen=True):
     mac: Mac
+    # The fragment rules of the worker's resolvers (regexes of URLs whose fragment names the resource, see
+    # crawler/web/urls.py): the master adds them to crawl.keep_fragment, so every node keys those URLs alike.
+    # The MAC covers them.
+    keep_fragment: Rules = ()
 
 
 class Welcome(Message, tag=4, frozen=True):
@@ -476,8 +490,16 @@ class DownloadWork(Message, tag=25, frozen=True):
             _check_item(a, f"DownloadWork.items[{i}]")
 
 
+class FragmentRules(Message, tag=26, frozen=True):
+    """The crawl's fragment rules changed (a worker joined whose resolvers brought new ones): every rule in force
+    now, as a Welcome's keep_fragment. The worker keys its links with them from now on."""
+
+    keep_fragment: Many[Url]
+
+
 AnyMessage = (Hello | Challenge | Auth | Welcome | Refused | Assign | Report | Heartbeat | Credit | Shutdown
-              | Fetched | Fault | DownloadAsk | DownloadGrant | DownloadDone | DownloadReport | DownloadWork)
+              | Fetched | Fault | DownloadAsk | DownloadGrant | DownloadDone | DownloadReport | DownloadWork
+              | FragmentRules)
 MESSAGE_TYPES: dict[int, type[Message]] = {}
 for _cls in AnyMessage.__args__:
     _cls.TYPE = _cls.__struct_config__.tag
@@ -685,17 +707,19 @@ def new_nonce() -> bytes:
     return os.urandom(NONCE_SIZE)
 
 
-def _transcript(hello: Hello, master_nonce: bytes) -> bytes:
-    return (struct.pack(">QQ", hello.version, hello.capacity) + hello.nonce + master_nonce
-            + hello.worker_id.encode())
+def _transcript(hello: Hello, master_nonce: bytes, rules: tuple[str, ...]) -> bytes:
+    # Each variable-length part with its length first, so no two transcripts read alike.
+    parts = [hello.worker_id.encode(), *(r.encode() for r in rules)]
+    return (struct.pack(">QQQ", hello.version, hello.capacity, len(rules)) + hello.nonce + master_nonce
+            + b"".join(struct.pack(">I", len(b)) + b for b in parts))
 
 
-def worker_proof(secret: bytes, hello: Hello, master_nonce: bytes) -> bytes:
-    return hmac.new(secret, b"crawler-worker\0" + _transcript(hello, master_nonce), hashlib.sha256).digest()
+def worker_proof(secret: bytes, hello: Hello, master_nonce: bytes, rules: tuple[str, ...] = ()) -> bytes:
+    return hmac.new(secret, b"crawler-worker\0" + _transcript(hello, master_nonce, rules), hashlib.sha256).digest()
 
 
-def master_proof(secret: bytes, hello: Hello, master_nonce: bytes) -> bytes:
-    return hmac.new(secret, b"crawler-master\0" + _transcript(hello, master_nonce), hashlib.sha256).digest()
+def master_proof(secret: bytes, hello: Hello, master_nonce: bytes, rules: tuple[str, ...] = ()) -> bytes:
+    return hmac.new(secret, b"crawler-master\0" + _transcript(hello, master_nonce, rules), hashlib.sha256).digest()
 
 
 def check_proof(expected: bytes, got: bytes) -> bool:
@@ -726,7 +750,7 @@ WORKER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {
     State.SEND_HELLO: (),
     State.AWAIT_CHALLENGE: (Challenge, Refused),
     State.AWAIT_WELCOME: (Welcome, Refused),
-    State.OPEN: (Assign, Heartbeat, Shutdown, DownloadGrant, DownloadWork),
+    State.OPEN: (Assign, Heartbeat, Shutdown, DownloadGrant, DownloadWork, FragmentRules),
     State.CLOSED: (),
 }
 
@@ -764,11 +788,14 @@ class MasterHandshake(_Handshake):
         self.nonce = nonce or new_nonce()
         self.state = State.AWAIT_HELLO
         self.hello: Hello | None = None
+        self.keep_fragment: tuple[str, ...] = ()    # the worker's fragment rules, once its Auth checked out
 
     @property
     def recv_limit(self) -> int | None:
         """The frame limit for what the peer sends now; None once open (the connection's own limit)."""
-        return None if self.state is State.OPEN else PRE_AUTH_MAX_FRAME
+        if self.state is State.OPEN:
+            return None
+        return AUTH_MAX_FRAME if self.state is State.AWAIT_AUTH else PRE_AUTH_MAX_FRAME
 
     def receive_hello(self, msg: Message) -> Challenge:
         self._step(State.AWAIT_HELLO, "receive_hello")
@@ -788,10 +815,11 @@ class MasterHandshake(_Handshake):
         self._step(State.AWAIT_AUTH, "receive_auth")
         auth = self.receive(msg)
         assert isinstance(auth, Auth) and self.hello is not None
-        if not check_proof(worker_proof(self.secret, self.hello, self.nonce), auth.mac):
+        if not check_proof(worker_proof(self.secret, self.hello, self.nonce, auth.keep_fragment), auth.mac):
             self.state = State.CLOSED
             raise HandshakeFailed(f"worker {self.hello.worker_id!r} failed authentication",
                                   Refused("authentication failed", AUTH_FAILED))
+        self.keep_fragment = auth.keep_fragment
         self.state = State.AUTHENTICATED
         return self.hello
 
@@ -802,7 +830,8 @@ class MasterHandshake(_Handshake):
         self._step(State.AUTHENTICATED, "welcome")
         assert self.hello is not None
         self.state = State.OPEN
-        return Welcome(master_proof(self.secret, self.hello, self.nonce), heartbeat_interval, keep_fragment,
+        return Welcome(master_proof(self.secret, self.hello, self.nonce, self.keep_fragment), heartbeat_interval,
+                       keep_fragment,
                        max_frame, max_depth, allowed_origins, allowed_networks, sort_query, drop_params)
 
     def refuse(self, reason: str, code: str = "") -> Refused:
@@ -825,9 +854,11 @@ class WorkerHandshake(_Handshake):
 
     RECEIVES = WORKER_RECEIVES
 
-    def __init__(self, secret: bytes, worker_id: str, capacity: int, *, nonce: bytes | None = None) -> None:
+    def __init__(self, secret: bytes, worker_id: str, capacity: int, *, keep_fragment: tuple[str, ...] = (),
+                 nonce: bytes | None = None) -> None:
         self.secret = secret
         self._hello = Hello(worker_id, PROTOCOL_VERSION, capacity, nonce or new_nonce())
+        self.keep_fragment = keep_fragment   # this worker's resolvers' fragment rules, told the master in Auth
         self.state = State.SEND_HELLO
         self._master_nonce = b""
 
@@ -851,13 +882,14 @@ class WorkerHandshake(_Handshake):
         assert isinstance(msg, Challenge)
         self._master_nonce = msg.nonce
         self.state = State.AWAIT_WELCOME
-        return Auth(worker_proof(self.secret, self._hello, msg.nonce))
+        return Auth(worker_proof(self.secret, self._hello, msg.nonce, self.keep_fragment), self.keep_fragment)
 
     def receive_welcome(self, msg: Message) -> Welcome:
         self._step(State.AWAIT_WELCOME, "receive_welcome")
         self._refused(self.receive(msg))
         assert isinstance(msg, Welcome)
-        if not check_proof(master_proof(self.secret, self._hello, self._master_nonce), msg.proof):
+        if not check_proof(master_proof(self.secret, self._hello, self._master_nonce, self.keep_fragment),
+                           msg.proof):
             self.state = State.CLOSED
             raise HandshakeFailed("the master could not prove it knows the shared secret")
         self.state = State.OPEN

@@ -302,7 +302,8 @@ def test_session_messages_follow_the_table_of_legal_messages():
                                    (p.WORKER_RECEIVES, worker, p.Challenge(NONCE))):
         for legal in state_table[p.State.OPEN]:
             assert legal in (p.Report, p.Credit, p.Heartbeat, p.Fetched, p.Fault, p.Assign, p.Shutdown,
-                             p.DownloadAsk, p.DownloadGrant, p.DownloadDone, p.DownloadReport, p.DownloadWork)
+                             p.DownloadAsk, p.DownloadGrant, p.DownloadDone, p.DownloadReport, p.DownloadWork,
+                             p.FragmentRules)
         with pytest.raises(p.ProtocolError):
             side.receive(bad)                # a second handshake inside the session
         assert side.state is p.State.CLOSED
@@ -583,3 +584,41 @@ def test_a_value_one_past_each_declared_limit_is_refused_naming_the_field(label,
         p.decode_payload(_payload(at))                  # at the limit: accepted
     with pytest.raises(p.ProtocolError, match=re.escape(label)):
         p.decode_payload(_payload(past))
+
+
+def test_the_workers_fragment_rules_reach_the_master_in_its_auth_bound_by_its_mac():
+    rules = (r"^https?://(?:www\.kugou\.com)/song/",)
+    master = p.MasterHandshake(SECRET)
+    worker = p.WorkerHandshake(SECRET, "w1", 8, keep_fragment=rules)
+    challenge = master.receive_hello(worker.hello())
+    assert master.recv_limit == p.AUTH_MAX_FRAME        # the Auth may carry the rules, and no more
+    auth = worker.receive_challenge(challenge)
+    assert auth.keep_fragment == rules
+    master.receive_auth(p.decode_payload(p.encode(auth)[p.HEADER_SIZE:]))
+    assert master.keep_fragment == rules
+    assert worker.receive_welcome(master.welcome(1.0, rules)).keep_fragment == rules
+
+
+def test_fragment_rules_changed_on_the_way_fail_the_mac():
+    master = p.MasterHandshake(SECRET)
+    worker = p.WorkerHandshake(SECRET, "w1", 8, keep_fragment=("^https://a/",))
+    auth = worker.receive_challenge(master.receive_hello(worker.hello()))
+    forged = p.Auth(auth.mac, ("^https://a/", "^https://b/"))
+    with pytest.raises(p.HandshakeFailed, match="failed authentication"):
+        master.receive_auth(forged)
+    assert master.keep_fragment == ()
+
+
+def test_an_auth_past_its_limits_is_refused_before_the_secret_is_checked():
+    master = p.MasterHandshake(SECRET)
+    worker = p.WorkerHandshake(SECRET, "w1", 8)
+    worker.receive_challenge(master.receive_hello(worker.hello()))
+    too_many = p.encode(p.Auth(b"\0" * 32, tuple(f"^https://h{i}/" for i in range(p.MAX_RULES + 1))))
+    with pytest.raises(p.ProtocolError, match="keep_fragment"):
+        p.decode_payload(too_many[p.HEADER_SIZE:])
+    too_long = p.encode(p.Auth(b"\0" * 32, ("x" * (p.MAX_RULE + 1),)))
+    with pytest.raises(p.ProtocolError, match="keep_fragment"):
+        p.decode_payload(too_long[p.HEADER_SIZE:])
+    # The biggest legal Auth fits the frame limit the master reads it with.
+    biggest = p.encode(p.Auth(b"\0" * 32, tuple("x" * p.MAX_RULE for _ in range(p.MAX_RULES))))
+    assert len(biggest) - p.HEADER_SIZE <= p.AUTH_MAX_FRAME

@@ -1,7 +1,5 @@
 """A worker keys the links it reports exactly as the master does: with the crawl's options from the Welcome."""
 
-import logging
-
 from crawler import protocol as p
 from crawler.worker.config import WorkerConfig
 from crawler.worker.server import Worker
@@ -23,18 +21,22 @@ def test_links_are_reported_once_in_the_crawls_own_spelling(tmp_path):
     assert w._links_to_report(links, [], 1) == ["http://s.example/a.html?a=1&b=2", "http://s.example/c.html"]
 
 
-def test_a_fragment_rule_of_a_resolver_the_crawl_lacks_is_said_in_the_log(tmp_path, caplog):
-    w = worker(tmp_path, {"kugou": {}, "generic": {}})
+def test_the_crawls_fragment_rules_come_from_the_welcome_and_change_with_a_fragment_rules_message(tmp_path):
+    """The worker keys its links with the rules the master sends: in the Welcome, then in a FragmentRules when a
+    worker joins whose resolvers bring new ones (the master takes them from its Auth)."""
+    w = worker(tmp_path)
     song = "https://www.kugou.com/song/#hash=ABC"
-    with caplog.at_level(logging.WARNING, logger="crawler.worker"):
-        w._normalise_as(p.Welcome(b"\0" * 32, 5.0))
-    assert "lacks fragment rules" in caplog.text
+    w._normalise_as(p.Welcome(b"\0" * 32, 5.0))
     assert w._links_to_report([song], [], 1) == ["https://www.kugou.com/song/"]
-    # With the rule in the crawl's config (the master's default), the fragment names the song and stays.
-    caplog.clear()
-    rules = tuple(r for res in w.resolvers for r in res.keep_fragment)
+    (tmp_path / "k").mkdir()
+    rules = tuple(r for res in worker(tmp_path / "k", {"kugou": {}}).resolvers for r in res.keep_fragment)
+    assert rules
+    w._normalise_as(p.Welcome(b"\0" * 32, 5.0, keep_fragment=rules))
     w.links.forget()
-    with caplog.at_level(logging.WARNING, logger="crawler.worker"):
-        w._normalise_as(p.Welcome(b"\0" * 32, 5.0, keep_fragment=rules))
-    assert "lacks fragment rules" not in caplog.text
     assert w._links_to_report([song], [], 1) == [song]
+
+
+def test_a_worker_announces_its_resolvers_fragment_rules(tmp_path):
+    w = worker(tmp_path, {"kugou": {}, "generic": {}})
+    assert w._fragment_rules == tuple(r for res in w.resolvers for r in res.keep_fragment)
+    assert any("kugou" in r for r in w._fragment_rules)

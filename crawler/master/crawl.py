@@ -14,7 +14,7 @@ import re
 import sqlite3
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from crawler import protocol as p
@@ -50,6 +50,10 @@ REDIRECTS_TRACKED = 65536   # targets whose run of redirects is remembered; the 
 # not broken. Past this many such answers in a row (a page that always says 503) they count like any retry.
 FREE_THROTTLED_RETRIES = 20
 THROTTLED_TRACKED = 65536   # URLs whose run of 429/503 answers is remembered; the oldest are forgotten first
+# Fragment rules the workers' resolvers brought (beyond crawl.keep_fragment), kept in the store's meta table: a
+# restarted master keys URLs as before. At most MAX_LEARNT_RULES: past it a worker with yet more is refused.
+FRAGMENT_RULES_META = "fragment_rules"
+MAX_LEARNT_RULES = 64
 
 
 class ReportRejected(Exception):
@@ -155,8 +159,9 @@ class Crawl:
         self.gate = gate
         self.robots = robots
         c = cfg.crawl
+        learnt = tuple(store.get_meta(FRAGMENT_RULES_META, ()))
         self.norm = NormalizeOptions(sort_query=c.sort_query, drop_params=frozenset(c.drop_params),
-                                     keep_fragment=c.keep_fragment)
+                                     keep_fragment=tuple(dict.fromkeys((*c.keep_fragment, *learnt))))
         self.policy = UrlPolicy(max_length=c.max_url_length, max_depth=c.max_depth,
                                 max_query_params=c.max_query_params, max_separator_ratio=c.max_separator_ratio,
                                 allowed_hosts=frozenset(h.lower() for h in c.allowed_hosts),
@@ -353,6 +358,20 @@ class Crawl:
         return [r for r in rows if r is not None]
 
     # ------------------------------------------------------------------ input
+    def add_fragment_rules(self, rules: Sequence[str]) -> tuple[str, ...]:
+        """A joining worker's fragment rules (its resolvers', already checked to compile): those the crawl lacks
+        join its normalisation for good. Returns the new ones; raises ValueError past MAX_LEARNT_RULES."""
+        new = tuple(r for r in dict.fromkeys(rules) if r not in self.norm.keep_fragment)
+        if not new:
+            return ()
+        keep = (*self.norm.keep_fragment, *new)
+        learnt = [r for r in keep if r not in self.cfg.crawl.keep_fragment]
+        if len(learnt) > MAX_LEARNT_RULES:
+            raise ValueError(f"the crawl already holds {MAX_LEARNT_RULES} fragment rules learnt from workers")
+        self.store.set_meta(FRAGMENT_RULES_META, learnt)
+        self.norm = replace(self.norm, keep_fragment=keep)
+        return new
+
     def seed(self, urls: tuple[str, ...]) -> int:
         normed = [u for u in normalize_many(urls, self.norm) if u]
         new = self.dedup.filter_new(normed)

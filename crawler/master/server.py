@@ -25,6 +25,7 @@ from crawler import protocol as p
 from crawler import sdnotify
 from crawler.bloom import BloomFileError, BloomFilter
 from crawler.bodies import ACCEPT_ENCODING
+from crawler.config import regexes
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.items import PENDING
 from crawler.master import steering
@@ -729,6 +730,7 @@ class Master:
     async def _handshake(self, conn: FramedConnection, hs: p.MasterHandshake) -> p.Hello | None:
         """The worker proves the secret first (see protocol.py); only then does this master prove its own."""
         await conn.send(hs.receive_hello(await conn.recv()))
+        conn.recv_limit = hs.recv_limit    # an Auth carries the worker's fragment rules: a little more room
         hello = hs.receive_auth(await conn.recv())
         if hello.worker_id not in self.cfg.nodes:
             log.warning("connection from %s refused: unknown node id %r", conn.peer, hello.worker_id)
@@ -743,12 +745,39 @@ class Master:
             await conn.send(hs.refuse(f"node id {hello.worker_id!r} is already connected from {old.conn.peer}",
                                       p.DUPLICATE_ID))
             return None
-        await conn.send(hs.welcome(self.cfg.scheduling.heartbeat_interval, self.cfg.crawl.keep_fragment,
+        if hs.keep_fragment:
+            problem = regexes(hs.keep_fragment)
+            if problem is None:
+                await self.store_ready()
+                try:
+                    self._add_fragment_rules(hello.worker_id, hs.keep_fragment)
+                except ValueError as e:
+                    problem = str(e)
+            if problem is not None:
+                log.warning("connection from %s refused: worker %r brings a fragment rule the crawl cannot take: %s",
+                            conn.peer, hello.worker_id, problem)
+                await conn.send(hs.refuse(f"a fragment rule of this worker's resolvers: {problem}"))
+                return None
+        await conn.send(hs.welcome(self.cfg.scheduling.heartbeat_interval, self.crawl.norm.keep_fragment,
                                    self.cfg.max_frame, self.cfg.crawl.max_depth,
                                    tuple(f"{h}:{port}" for h, port in sorted(self.targets.origins)),
                                    self.cfg.crawl.allowed_networks, self.cfg.crawl.sort_query,
                                    tuple(self.cfg.crawl.drop_params)))
         return hello
+
+    def _add_fragment_rules(self, node: str, rules: tuple[str, ...]) -> None:
+        """A joining worker's resolvers name URLs whose fragment matters that the crawl did not know: the crawl
+        keys them with their fragment from now on, and the workers already connected are told."""
+        new = self.crawl.add_fragment_rules(rules)
+        if not new:
+            return
+        log.info("worker %s brought fragment rules the crawl lacked: %s (kept from now on)", node, ", ".join(new))
+        told = p.FragmentRules(self.crawl.norm.keep_fragment)
+        for s in self.sessions.values():
+            try:
+                s.conn.send_nowait(told)
+            except ConnectionClosed:
+                pass
 
     def _fault(self, s: Session, msg: p.Fault) -> None:
         """A local fault on the worker: its leases go back to the frontier without an attempt, and its work to the

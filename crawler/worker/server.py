@@ -14,7 +14,7 @@ import random
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import mmh3
 import msgspec
@@ -25,7 +25,13 @@ from crawler import sdnotify
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.metrics import WorkerMetrics, serve_metrics
 from crawler.politeness import THROTTLE_STATUSES, parse_retry_after
-from crawler.resolvers.base import Resolution, ResolveContext, Resolver, ResolverUnavailable
+from crawler.resolvers.base import (
+    Resolution,
+    ResolveContext,
+    Resolver,
+    ResolverConfigError,
+    ResolverUnavailable,
+)
 from crawler.resolvers.registry import followers, load_resolvers, pick
 from crawler.targets import TargetPolicy, parse_network
 from crawler.web import html
@@ -150,8 +156,11 @@ class Worker:
         self.resolvers: list[Resolver] = load_resolvers(cfg.resolvers)
         self.links = LinkCache(cfg.link_cache)
         # Until a master says how the crawl keys URLs (its Welcome, see _session), the resolvers' fragment rules:
-        # a task run on its own keeps the fragments its resolvers need.
+        # a task run on its own keeps the fragments its resolvers need. The master is told them in the handshake.
         self._fragment_rules = tuple(dict.fromkeys(pat for r in self.resolvers for pat in r.keep_fragment))
+        if len(self._fragment_rules) > p.MAX_RULES or any(len(r) > p.MAX_RULE for r in self._fragment_rules):
+            raise ResolverConfigError(f"resolvers: their fragment rules must be at most {p.MAX_RULES}, each at most "
+                                      f"{p.MAX_RULE} characters (the master takes no more in a handshake)")
         self.norm = NormalizeOptions(keep_fragment=self._fragment_rules)
         self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
@@ -282,7 +291,8 @@ class Worker:
             conn = None
             try:
                 reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
-                hs = p.WorkerHandshake(self.cfg.secret, self.cfg.id, self.cfg.max_tasks)
+                hs = p.WorkerHandshake(self.cfg.secret, self.cfg.id, self.cfg.max_tasks,
+                                       keep_fragment=self._fragment_rules)
                 # The send limit is lowered by the Welcome; until the master proved the secret, reads are small.
                 conn = FramedConnection(reader, writer, p.DEFAULT_MAX_FRAME, recv_limit=hs.recv_limit)
                 welcome = await asyncio.wait_for(self._handshake(conn, hs), 10)
@@ -390,6 +400,9 @@ class Worker:
                 elif isinstance(msg, p.DownloadWork):
                     for item in msg.items:
                         self._take_download(item)
+                elif isinstance(msg, p.FragmentRules):
+                    # A worker joined whose resolvers brought rules: links are keyed with them from now on.
+                    self.norm = replace(self.norm, keep_fragment=msg.keep_fragment)
                 elif isinstance(msg, p.DownloadGrant):
                     for g in msg.grants:
                         waiter = self._grants.pop(g.ticket, None)
@@ -762,14 +775,9 @@ class Worker:
     def _normalise_as(self, welcome: p.Welcome) -> None:
         """Links are normalised once, on the worker, with the crawl's own options (the master sends them): the
         keys the master deduplicates by, so a report holds one spelling of each URL (its utm_* variants too)."""
+        # The crawl's fragment rules hold this worker's own: its Auth told the master, which took them in.
         self.norm = NormalizeOptions(sort_query=welcome.sort_query, drop_params=frozenset(welcome.drop_params),
                                      keep_fragment=welcome.keep_fragment)
-        lacking = [rule for rule in self._fragment_rules if rule not in welcome.keep_fragment]
-        if lacking:
-            # The rules cannot reach the master before it proved the secret (a Hello is 640 bytes at most), and
-            # the master's keys decide: say it where the operator looks.
-            log.warning("the crawl's crawl.keep_fragment lacks fragment rules of this worker's resolvers (%s): "
-                        "their URLs lose the fragment; add them to the master's config", ", ".join(lacking))
 
     def _links_to_report(self, links: list[str], items: list[it.AudioItem], depth: int) -> list[str]:
         # The link cache goes first, on the links as found: the site's navigation, the bulk of every page,

@@ -17,6 +17,7 @@ class RawPeer:
         self.reader, self.writer = reader, writer
         self.decoder = p.FrameDecoder()
         self._beats: asyncio.Task | None = None
+        self.welcome: p.Welcome | None = None
 
     @classmethod
     async def connect(cls, addr: str) -> RawPeer:
@@ -24,13 +25,14 @@ class RawPeer:
         return cls(*await asyncio.open_connection(host, int(port)))
 
     @classmethod
-    async def join(cls, addr: str, node: str, capacity: int, secret: bytes) -> RawPeer:
-        """Connect and complete the handshake as `node` (checking the master's proof)."""
+    async def join(cls, addr: str, node: str, capacity: int, secret: bytes,
+                   keep_fragment: tuple[str, ...] = ()) -> RawPeer:
+        """Connect and complete the handshake as `node` (checking the master's proof); its Welcome is kept."""
         w = await cls.connect(addr)
-        hs = p.WorkerHandshake(secret, node, capacity)
+        hs = p.WorkerHandshake(secret, node, capacity, keep_fragment=keep_fragment)
         w.send(hs.hello())
         w.send(hs.receive_challenge(await w.recv()))
-        hs.receive_welcome(await w.recv())
+        w.welcome = hs.receive_welcome(await w.recv())
         return w
 
     def send(self, *msgs: p.Message) -> None:
