@@ -3,6 +3,10 @@
 Socket errors are mapped here, once: whatever the OS or asyncio raises on a read or write becomes
 ConnectionClosed, so the daemons tell only two peer failures apart: ConnectionClosed (gone) and
 p.ProtocolError (broke the protocol).
+
+Frames sent without waiting (send_nowait) are gathered until the event loop's turn ends and written in one
+call: a master answering a burst of a worker's frames (grants, assignments) makes one write system call per
+connection per turn, not one per frame.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class FramedConnection:
         self.recv_limit = recv_limit
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._out: list[bytes] = []   # frames queued this turn of the loop, written by _flush at its end
 
     @property
     def recv_limit(self) -> int | None:
@@ -59,11 +64,13 @@ class FramedConnection:
 
     async def send(self, *msgs: p.Message) -> None:
         self.send_nowait(*msgs)
+        self._flush()
         await self.drain()
 
     async def send_bytes(self, frames: bytes) -> None:
         """Frames already encoded (the caller checked them against the limit)."""
         self._write(frames)
+        self._flush()
         await self.drain()
 
     def send_bytes_nowait(self, frames: bytes) -> None:
@@ -75,14 +82,26 @@ class FramedConnection:
         self._write(b"".join(p.encode(m, self.max_frame) for m in msgs))
 
     def _write(self, data: bytes) -> None:
-        # A transport that a failed write or the peer's reset already closed makes uvloop raise RuntimeError,
-        # not a connection error: turn it into the error every caller handles.
         if self.writer.is_closing():
             raise ConnectionClosed("connection is closing")
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(data)
+
+    def _flush(self) -> None:
+        """Write what this turn queued, in one call. A write that fails here has no caller left to tell: the
+        connection's reader sees it end (a transport that a failed write or a reset closed makes uvloop raise
+        RuntimeError, hence the check first)."""
+        if not self._out:
+            return
+        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+        self._out.clear()
+        if self.writer.is_closing():
+            return
         try:
             self.writer.write(data)
-        except (OSError, ConnectionError) as e:
-            raise ConnectionClosed(str(e) or type(e).__name__) from None
+        except (OSError, ConnectionError):
+            self.writer.transport.abort()
 
     async def drain(self) -> None:
         try:
@@ -97,6 +116,7 @@ class FramedConnection:
     async def close(self) -> None:
         if self.writer.is_closing():
             return
+        self._flush()   # what was queued goes out before the close
         self.writer.close()
         try:
             await asyncio.wait_for(self.writer.wait_closed(), 2)
