@@ -58,10 +58,25 @@ MAX_UNAUTHENTICATED = 64          # connections still in their handshake; more a
 READER_LIMIT = 128 * 1024         # asyncio buffers at most twice this per connection before it stops reading
 REFRESH_BATCH = 5000      # due pages requeued per statement; the scan goes on batch after batch
 COMMIT_INTERVAL = 0.2     # the housekeeping cadence: commit, expiry, heartbeats, "is the crawl done"
-# A report is recorded this many results at a time, the event loop served between the parts: one part of a
-# worker's report (up to 64 results, megabytes of links) costs the loop about 10 ms, a whole one could hold it
-# past 50 ms on a busy machine. Each part is one unit in the store: a part refused is undone alone.
+# A report is recorded a part at a time, the event loop served between the parts: at most REPORT_PART results,
+# and no more results once the part holds PART_LINKS links (a link costs the master several microseconds:
+# 16 link-heavy pages, 40,000 links, held the loop past 50 ms). Each part is one unit in the store: a part
+# refused is undone alone.
 REPORT_PART = 16
+PART_LINKS = 2000
+
+
+def report_parts(results: tuple[p.Result, ...]) -> Iterator[tuple[p.Result, ...]]:
+    """The parts of a report, in order: a page's results are never split, so one page with more links than
+    PART_LINKS is a part of its own (the worker caps a page's links, max_links_per_page)."""
+    start, links = 0, 0
+    for i, r in enumerate(results):
+        if i > start and (i - start >= REPORT_PART or links + len(r.links) > PART_LINKS):
+            yield results[start:i]
+            start, links = i, 0
+        links += len(r.links)
+    if start < len(results):
+        yield results[start:]
 
 
 @dataclass
@@ -711,13 +726,12 @@ class Master:
                 await conn.close()
 
     async def _record(self, s: Session, results: tuple[p.Result, ...]) -> None:
-        """A worker's report, REPORT_PART results at a time with the loop served between the parts."""
-        for i in range(0, len(results), REPORT_PART):
+        """A worker's report, a part at a time (report_parts) with the loop served between the parts."""
+        for i, part in enumerate(report_parts(results)):
             if i:
                 await asyncio.sleep(0)
                 s.last_seen = self.clock()
                 await self.store_ready()
-            part = results[i:i + REPORT_PART]
             try:
                 rows = self.crawl.complete(s.node, part, s.last_seen)
             except ReportRejected as e:
