@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import math
 import time
@@ -413,6 +414,10 @@ class Master:
             started(self.port)
         self.observer.write_snapshot()   # the status command has a view from the start, not after the first interval
         sdnotify.ready(f"listening on {host}:{self.port}")
+        # Everything built so far (modules, the config, the opened state) lives as long as the process: out of
+        # the collector's sight, so a full collection scans only what the crawl allocates (it held the loop
+        # 30-55 ms without this).
+        gc.freeze()
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg

@@ -8,6 +8,7 @@ was unfinished. The worker reconnects by itself, with backoff, until the master 
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import logging
 import random
@@ -239,6 +240,9 @@ class Worker:
             (cfg.data_dir / "metrics.addr").write_text(f"{self.metrics_addr}\n")
             log.info("worker %s metrics on http://%s/metrics", cfg.id, self.metrics_addr)
         sdnotify.ready(f"worker {cfg.id} started")
+        # What start-up built (modules, clients, resolvers) lives as long as the process: out of the collector's
+        # sight, so a full collection scans only what the crawl allocates (one held the loop 50-70 ms).
+        gc.freeze()
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
