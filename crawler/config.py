@@ -1,8 +1,10 @@
 """Reading a daemon's YAML config into checked values, with errors that name the key and the problem.
 
-Each daemon declares its keys as a nested dict of `Key` specs (see master/config.py, worker/config.py) and gets
-back plain values it turns into its own frozen config object. Unknown keys are errors: a typo must not silently
-fall back to a default in a crawl that runs for days.
+Each daemon's config is a frozen dataclass whose fields are its YAML keys: `setting()` gives a field its kind,
+default and check, and a field whose type is another such dataclass is a section. `keys_of` derives from that the
+table of `Key`s `parse_keys` checks a YAML mapping against, and `from_values` builds the dataclass from what
+`parse_keys` returns, so each key is written once (see master/config.py, worker/config.py). Unknown keys are
+errors: a typo must not silently fall back to a default in a crawl that runs for days.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, get_type_hints
 
 import yaml
 
@@ -160,6 +162,72 @@ def parse_keys(raw: Mapping[str, Any], spec: Mapping[str, Key], base: Path, pref
         else:
             out[k] = key.default
     return out
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What setting() keeps in a dataclass field's metadata."""
+
+    key: Key
+    yaml: str | None                               # the YAML key, when it is not the field's name
+    convert: Callable[[Any, str], Any] | None      # parsed value, dotted key name -> the value the field holds
+
+
+_SETTING = "crawler.config.setting"
+T = TypeVar("T")
+
+
+def setting(kind: str, default: Any = REQUIRED, check: Callable[[Any], str | None] | None = None, *,
+            yaml: str | None = None, convert: Callable[[Any, str], Any] | None = None) -> Any:
+    """A config dataclass field that is also a YAML key: its kind, default and check, as for `Key`.
+
+    yaml: the key's name in the file when the field holds something else (`secret_file` for `secret`).
+    convert: turns the parsed value (the default when the key is absent) into the one the field holds, given the
+    key's dotted name for its errors (the secret read from that file); such a field has no dataclass default, as
+    the YAML default is not a value it can hold. Otherwise the default is the field's too, so code that builds the
+    dataclass with some fields gets the same defaults as the YAML. Keyword-only, so the fields may come in the
+    order their keys are best read in, required or not."""
+    meta = {_SETTING: Setting(Key(kind, default, check), yaml, convert)}
+    if default is REQUIRED or convert is not None:
+        return field(kw_only=True, metadata=meta)
+    return field(default=default, kw_only=True, metadata=meta)
+
+
+def _section_type(cls: type, name: str) -> type | None:
+    hint = get_type_hints(cls)[name]
+    return hint if isinstance(hint, type) and is_dataclass(hint) else None
+
+
+def keys_of(cls: type) -> dict[str, Key]:
+    """The key table (what parse_keys takes) of a config dataclass, in field order: a key for each field made by
+    setting(), a section for each field whose type is itself a config dataclass. Other fields are no YAML key
+    (a core's internal tuning, left at its default)."""
+    out: dict[str, Key] = {}
+    for f in fields(cls):
+        s: Setting | None = f.metadata.get(_SETTING)
+        if s is not None:
+            out[s.yaml or f.name] = s.key
+        elif (sub := _section_type(cls, f.name)) is not None:
+            out[f.name] = Key("section", section=keys_of(sub))
+    return out
+
+
+def from_values(cls: type[T], values: Mapping[str, Any], prefix: str = "") -> T:
+    """The config dataclass made from parse_keys' answer for keys_of(cls): each setting's value, converted when
+    it says how, each section made the same way. A dataclass's own checks (a ValueError from its __post_init__)
+    become a config error named after its section."""
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):   # type: ignore[arg-type]   # cls is a dataclass: keys_of(cls) made the values
+        s: Setting | None = f.metadata.get(_SETTING)
+        if s is not None:
+            name = s.yaml or f.name
+            kwargs[f.name] = values[name] if s.convert is None else s.convert(values[name], prefix + name)
+        elif (sub := _section_type(cls, f.name)) is not None:
+            kwargs[f.name] = from_values(sub, values[f.name], f"{prefix}{f.name}.")
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise ConfigError(prefix.rstrip("."), str(e)) from None
 
 
 def load_yaml(path: Path) -> dict[str, Any]:

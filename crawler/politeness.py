@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from protego import Protego
 
+from crawler.config import non_negative, positive, setting
 from crawler.web.urls import host_url_of
 
 # States of a host's robots.txt, as RobotsRules.state() reports them.
@@ -55,23 +56,29 @@ class PolitenessConfig:
     rules, crawl_delay_cap 0 the Crawl-delay.
     """
 
-    max_per_host: int | None = None     # requests in flight to one host, over all workers
-    min_delay: float = 0.0              # seconds between request starts to one host, over all workers
-    obey_robots: bool = True
-    crawl_delay_cap: float = 10.0       # a robots.txt Crawl-delay is honoured up to this many seconds
-    user_agent: str = "audio-crawler/0.1"  # the name robots.txt groups are matched against
+    # What a user sets (the master's politeness section, whose YAML keys these fields carry):
+    max_per_host: int | None = setting("int", None, positive)   # requests in flight to one host, over all workers
+    # Seconds between request starts to one host, over all workers.
+    min_delay: float = setting("float", 0.0, non_negative)
+    obey_robots: bool = setting("bool", True)
+    # A robots.txt Crawl-delay is honoured up to this many seconds.
+    crawl_delay_cap: float = setting("float", 10.0, non_negative)
+    user_agent: str = setting("str", "audio-crawler/0.1")   # the name robots.txt groups are matched against
+    adaptive: bool = setting("bool", False)       # the delay follows the host's response latency (AutoThrottle)
+    max_delay: float = setting("float", 60.0, non_negative)       # the adaptive delay stays at or below this
+    # adaptive: requests the host should be serving at once, on average
+    target_concurrency: float = setting("float", 1.0, positive)
+    # The first pause after a 429/503 without a longer Retry-After.
+    backoff_base: float = setting("float", 1.0, non_negative)
+    backoff_max: float = setting("float", 300.0, non_negative)    # repeated 429/503 pauses double up to this
+    retry_after_cap: float = setting("float", 3600.0, non_negative)   # a Retry-After is honoured up to this
+    # The core's own tuning, no config key:
     robots_ttl: float = 86400.0         # how long fetched rules stay in force
     robots_retry_after: float = 600.0   # after a 5xx or network error: disallow all, then refetch this soon
     robots_fetch_timeout: float = 300.0  # a fetch marked pending that never reports is given up after this
     host_idle_ttl: float = 3600.0       # a host with nothing in flight is forgotten after this long idle
     robots_max_hosts: int = 10_000      # robots.txt rules kept, least recently used out (refetched if needed)
     robots_max_rules: int = 100_000     # rules kept over all those hosts, the same way
-    adaptive: bool = False              # the delay follows the host's response latency (AutoThrottle)
-    max_delay: float = 60.0             # the adaptive delay stays at or below this
-    target_concurrency: float = 1.0     # adaptive: requests the host should be serving at once, on average
-    backoff_base: float = 1.0           # the first pause after a 429/503 without a longer Retry-After
-    backoff_max: float = 300.0          # repeated 429/503 pauses double up to this
-    retry_after_cap: float = 3600.0     # a Retry-After is honoured up to this many seconds
 
     def __post_init__(self) -> None:
         if self.max_per_host is not None and self.max_per_host < 1:

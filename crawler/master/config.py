@@ -10,7 +10,8 @@ from urllib.parse import urlsplit
 
 from crawler.config import (
     ConfigError,
-    Key,
+    from_values,
+    keys_of,
     load_yaml,
     non_negative,
     parse_keys,
@@ -18,6 +19,7 @@ from crawler.config import (
     probability,
     read_secret,
     regexes,
+    setting,
 )
 from crawler.politeness import PolitenessConfig
 from crawler.resolvers.kugou import SEARCH_HOST, KugouConfig, search_url, song_fragment_rule
@@ -120,128 +122,68 @@ def _check_refresh(crawl: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class Politeness(PolitenessConfig):
-    """The politeness section: the page gate's and robots.txt's settings (PolitenessConfig, which holds their
-    defaults) and the master's own, below. The YAML keys take their defaults from these classes."""
+    """The politeness section: the page gate's and robots.txt's settings (PolitenessConfig, whose fields carry
+    their keys and defaults) and the master's own, below."""
 
-    robots_timeout: float = 30.0              # a robots.txt fetch in all, redirects and body
+    robots_timeout: float = setting("float", 30.0, positive)   # a robots.txt fetch in all, redirects and body
     # Audio downloads, apart from pages: over all workers, per audio host (None: no limit, as for pages).
-    audio_max_per_host: int | None = None
-    audio_min_delay: float = 0.0
-
-
-SPEC = {
-    "listen": Key("hostport"),
-    "data_dir": Key("path"),
-    # Where the URL table, frontier and catalogue live: absent, an SQLite file in data_dir; a postgresql://
-    # address puts them in that PostgreSQL database (a crawl bigger than one disk, or a standby to fail over to).
-    "store": Key("str", None, _store_check),
-    "secret_file": Key("path"),
-    "nodes": Key("list[str]", check=_nodes_check),
-    "seeds": Key("list[str]", check=_seeds_check),
-    "exit_when_done": Key("bool", False),
-    "crawl": Key("section", section={
-        "max_depth": Key("int", 5, non_negative),
-        "max_pages": Key("int", None, positive),
-        "max_url_length": Key("int", 256, positive),
-        "max_query_params": Key("int", 10, non_negative),
-        "max_separator_ratio": Key("float", 0.3, probability),
-        "allowed_hosts": Key("list[str]", ()),       # empty: the seeds' hosts and ports
-        # Networks outside the public internet (loopback, private, link-local ...) the crawl may fetch from;
-        # the seeds' own host:port always may. See crawler/targets.py.
-        "allowed_networks": Key("list[str]", (), check=_networks_check),
-        "allow_patterns": Key("list[str]", (), regexes),
-        "deny_patterns": Key("list[str]", (), regexes),
-        "sort_query": Key("bool", False),
-        "drop_params": Key("list[str]", ("utm_source", "utm_medium", "utm_campaign", "utm_term", "utm_content")),
-        "keep_fragment": Key("list[str]", DEFAULT_KEEP_FRAGMENT, regexes),
-        "refresh_interval": Key("float", None, positive),
-        # Each page's revisit interval adapts within these (default: a quarter and four times refresh_interval);
-        # pages that yielded audio are revisited every refresh_hub_interval when set. See master/revisit.py.
-        "refresh_min": Key("float", None, positive),
-        "refresh_max": Key("float", None, positive),
-        "refresh_hub_interval": Key("float", None, positive),
-        "max_attempts": Key("int", 3, positive),
-    }),
-    "scheduling": Key("section", section={
-        "key": Key("str", "url", _key_check),
-        "batch_size": Key("int", 64, positive),
-        "lease_timeout": Key("float", 300.0, positive),
-        "heartbeat_interval": Key("float", 5.0, positive),
-        "heartbeat_timeout": Key("float", 20.0, positive),
-    }),
-    "politeness": Key("section", section={
-        "max_per_host": Key("int", Politeness.max_per_host, positive),
-        "min_delay": Key("float", Politeness.min_delay, non_negative),
-        "obey_robots": Key("bool", Politeness.obey_robots),
-        "crawl_delay_cap": Key("float", Politeness.crawl_delay_cap, non_negative),
-        "user_agent": Key("str", Politeness.user_agent),
-        "robots_timeout": Key("float", Politeness.robots_timeout, positive),
-        "adaptive": Key("bool", Politeness.adaptive),
-        "max_delay": Key("float", Politeness.max_delay, non_negative),
-        "target_concurrency": Key("float", Politeness.target_concurrency, positive),
-        "backoff_base": Key("float", Politeness.backoff_base, non_negative),
-        "backoff_max": Key("float", Politeness.backoff_max, non_negative),
-        "retry_after_cap": Key("float", Politeness.retry_after_cap, non_negative),
-        "audio_max_per_host": Key("int", Politeness.audio_max_per_host, positive),
-        "audio_min_delay": Key("float", Politeness.audio_min_delay, non_negative),
-    }),
-    "dedup": Key("section", section={
-        "expected_urls": Key("int", 10_000_000, positive),
-        "fp_rate": Key("float", 1e-6, probability),
-        "whitelist": Key("list[str]", (), regexes),
-        "snapshot_interval": Key("float", 60.0, positive),
-    }),
-    "max_frame": Key("int", 16 * 1024 * 1024, positive),
-    "log_interval": Key("float", 30.0, positive),     # seconds between progress lines
-    "web": Key("section", section={
-        "listen": Key("hostport|off", ("127.0.0.1", 7780)),   # /, /api/status, /metrics; off: none
-        "token_file": Key("path", None),                   # when set, every request needs this token
-    }),
-}
+    audio_max_per_host: int | None = setting("int", None, positive)
+    audio_min_delay: float = setting("float", 0.0, non_negative)
 
 
 @dataclass(frozen=True)
 class CrawlLimits:
-    max_depth: int
-    max_pages: int | None
-    max_url_length: int
-    max_query_params: int
-    max_separator_ratio: float
-    allowed_hosts: tuple[str, ...]
-    allowed_networks: tuple[str, ...]
-    allow_patterns: tuple[str, ...]
-    deny_patterns: tuple[str, ...]
-    sort_query: bool
-    drop_params: tuple[str, ...]
-    keep_fragment: tuple[str, ...]
-    refresh_interval: float | None
-    refresh_min: float | None
-    refresh_max: float | None
-    refresh_hub_interval: float | None
-    max_attempts: int
+    max_depth: int = setting("int", 5, non_negative)
+    max_pages: int | None = setting("int", None, positive)
+    max_url_length: int = setting("int", 256, positive)
+    max_query_params: int = setting("int", 10, non_negative)
+    max_separator_ratio: float = setting("float", 0.3, probability)
+    allowed_hosts: tuple[str, ...] = setting("list[str]", ())    # empty: the seeds' hosts and ports
+    # Networks outside the public internet (loopback, private, link-local ...) the crawl may fetch from;
+    # the seeds' own host:port always may. See crawler/targets.py.
+    allowed_networks: tuple[str, ...] = setting("list[str]", (), _networks_check)
+    allow_patterns: tuple[str, ...] = setting("list[str]", (), regexes)
+    deny_patterns: tuple[str, ...] = setting("list[str]", (), regexes)
+    sort_query: bool = setting("bool", False)
+    drop_params: tuple[str, ...] = setting(
+        "list[str]", ("utm_source", "utm_medium", "utm_campaign", "utm_term", "utm_content"))
+    keep_fragment: tuple[str, ...] = setting("list[str]", DEFAULT_KEEP_FRAGMENT, regexes)
+    refresh_interval: float | None = setting("float", None, positive)
+    # Each page's revisit interval adapts within these (default: a quarter and four times refresh_interval);
+    # pages that yielded audio are revisited every refresh_hub_interval when set. See master/revisit.py.
+    refresh_min: float | None = setting("float", None, positive)
+    refresh_max: float | None = setting("float", None, positive)
+    refresh_hub_interval: float | None = setting("float", None, positive)
+    max_attempts: int = setting("int", 3, positive)
 
 
 @dataclass(frozen=True)
 class Scheduling:
-    key: str
-    batch_size: int
-    lease_timeout: float
-    heartbeat_interval: float
-    heartbeat_timeout: float
+    key: str = setting("str", "url", _key_check)
+    batch_size: int = setting("int", 64, positive)
+    lease_timeout: float = setting("float", 300.0, positive)
+    heartbeat_interval: float = setting("float", 5.0, positive)
+    heartbeat_timeout: float = setting("float", 20.0, positive)
 
 
 @dataclass(frozen=True)
 class DedupSettings:
-    expected_urls: int
-    fp_rate: float
-    whitelist: tuple[str, ...]
-    snapshot_interval: float
+    expected_urls: int = setting("int", 10_000_000, positive)
+    fp_rate: float = setting("float", 1e-6, probability)
+    whitelist: tuple[str, ...] = setting("list[str]", (), regexes)
+    snapshot_interval: float = setting("float", 60.0, positive)
+
+
+def _read_token(path: Path | None, key: str) -> str | None:
+    return None if path is None else read_secret(path, key).decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)
 class WebSettings:
-    listen: tuple[str, int] | None
-    token: str | None
+    # Where /, /api/status and /metrics are served; off: nowhere.
+    listen: tuple[str, int] | None = setting("hostport|off", ("127.0.0.1", 7780))
+    # When token_file is set, every request needs the token it holds.
+    token: str | None = setting("path", None, yaml="token_file", convert=_read_token)
 
 
 def _is_loopback(host: str) -> bool:
@@ -253,33 +195,28 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _web(v: dict[str, Any]) -> WebSettings:
-    token = None
-    if v["token_file"] is not None:
-        token = read_secret(v["token_file"], "web.token_file").decode("utf-8", "replace")
-    if v["listen"] is not None and token is None and not _is_loopback(v["listen"][0]):
-        # The page shows the crawl's URLs and catalogue: never to the network without a token.
-        raise ConfigError("web.listen", f"{v['listen'][0]} is not a loopback address: set web.token_file "
-                                        "to serve the status page and metrics beyond this machine")
-    return WebSettings(listen=v["listen"], token=token)
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MasterConfig:
-    listen: tuple[str, int]
-    data_dir: Path
-    secret: bytes
-    nodes: tuple[str, ...]
-    seeds: tuple[str, ...]
-    exit_when_done: bool
+    """The master's config: each field made by setting() is a YAML key, each field typed with a dataclass a
+    section of them (SPEC, below, is derived from these)."""
+
+    listen: tuple[str, int] = setting("hostport")
+    data_dir: Path = setting("path")
+    # Where the URL table, frontier and catalogue live: absent, an SQLite file in data_dir; a postgresql://
+    # address puts them in that PostgreSQL database (a crawl bigger than one disk, or a standby to fail over to).
+    store: str | None = setting("str", None, _store_check)
+    # The shared secret, read from secret_file at load and refused there if others can read it or guess it.
+    secret: bytes = setting("path", yaml="secret_file", convert=read_secret)
+    nodes: tuple[str, ...] = setting("list[str]", check=_nodes_check)
+    seeds: tuple[str, ...] = setting("list[str]", check=_seeds_check)
+    exit_when_done: bool = setting("bool", False)
     crawl: CrawlLimits
     scheduling: Scheduling
     politeness: Politeness
     dedup: DedupSettings
-    max_frame: int
-    log_interval: float
+    max_frame: int = setting("int", 16 * 1024 * 1024, positive)
+    log_interval: float = setting("float", 30.0, positive)     # seconds between progress lines
     web: WebSettings
-    store: str | None = None
 
     @property
     def store_location(self) -> Path | str:
@@ -298,10 +235,10 @@ class MasterConfig:
                 hosts.append(KUGOU_SONG_HOST)   # a keyword search leads to Kugou's song pages
             crawl["allowed_hosts"] = tuple(dict.fromkeys(hosts))
         _check_refresh(crawl)
-        sched = Scheduling(**v["scheduling"])
-        if sched.heartbeat_timeout <= sched.heartbeat_interval:
+        sched = v["scheduling"]
+        if sched["heartbeat_timeout"] <= sched["heartbeat_interval"]:
             raise ConfigError("scheduling.heartbeat_timeout", "must be longer than scheduling.heartbeat_interval")
-        if sched.lease_timeout <= sched.heartbeat_interval:
+        if sched["lease_timeout"] <= sched["heartbeat_interval"]:
             # A worker's heartbeat renews the leases it works on: one must come before a lease can expire.
             raise ConfigError("scheduling.lease_timeout", "must be longer than scheduling.heartbeat_interval")
         p = v["politeness"]
@@ -309,18 +246,18 @@ class MasterConfig:
             raise ConfigError("politeness.max_delay", "must not be below politeness.min_delay")
         if p["backoff_max"] < p["backoff_base"]:
             raise ConfigError("politeness.backoff_max", "must not be below politeness.backoff_base")
-        try:
-            pol = Politeness(**p)
-        except ValueError as e:   # PolitenessConfig's own checks (an empty user_agent, say)
-            raise ConfigError("politeness", str(e)) from None
-        return cls(
-            listen=v["listen"], data_dir=v["data_dir"], secret=read_secret(v["secret_file"]),
-            nodes=v["nodes"], seeds=v["seeds"], exit_when_done=v["exit_when_done"],
-            crawl=CrawlLimits(**crawl), scheduling=sched, politeness=pol,
-            dedup=DedupSettings(**v["dedup"]), max_frame=v["max_frame"], log_interval=v["log_interval"],
-            web=_web(v["web"]), store=v["store"],
-        )
+        # PolitenessConfig's own checks (an empty user_agent, say) come out as "politeness: ..." errors.
+        cfg = from_values(cls, v)
+        web = cfg.web
+        if web.listen is not None and web.token is None and not _is_loopback(web.listen[0]):
+            # The page shows the crawl's URLs and catalogue: never to the network without a token.
+            raise ConfigError("web.listen", f"{web.listen[0]} is not a loopback address: set web.token_file "
+                                            "to serve the status page and metrics beyond this machine")
+        return cfg
 
     @classmethod
     def load(cls, path: Path) -> MasterConfig:
         return cls.from_mapping(load_yaml(path), path.resolve().parent)
+
+
+SPEC = keys_of(MasterConfig)   # the YAML keys, derived from the fields above
