@@ -405,8 +405,10 @@ class Worker:
                     for item in msg.items:
                         self._take_download(item)
                 elif isinstance(msg, p.FragmentRules):
-                    # A worker joined whose resolvers brought rules: links are keyed with them from now on.
+                    # A worker joined whose resolvers brought rules: links are keyed with them from now on, and
+                    # those seen already are reported again under their new keys.
                     self.norm = replace(self.norm, keep_fragment=msg.keep_fragment)
+                    self.links.forget()
                 elif isinstance(msg, p.DownloadGrant):
                     for g in msg.grants:
                         waiter = self._grants.pop(g.ticket, None)
