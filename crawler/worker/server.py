@@ -434,7 +434,11 @@ class Worker:
                     if not is_local(e):
                         raise
                     self._enter_fault(describe(e))
-                    # Their pages may not be indexed: the whole batch is fetched again elsewhere.
+                    # Their pages may not be indexed: the whole batch is fetched again elsewhere. The link cache
+                    # took their links as reported: it forgets, or a page fetched again here (its slot's node)
+                    # would hold back the links the master never heard of (a song's playlist, and its audio).
+                    if any(isinstance(r, p.Result) for r in batch):
+                        self.links.forget()
                     batch = [r.lease if isinstance(r, p.Result) else r for r in batch]
                 done = [r for r in batch if isinstance(r, p.Result)]
                 back = [r for r in batch if isinstance(r, int)]
