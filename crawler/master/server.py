@@ -338,11 +338,17 @@ class Master:
         self.store.set_meta("bloom_url_count", str(count))
         await self._commit_off_loop()
 
-    def _commit_state(self) -> None:
+    def _stage_commit(self) -> bool:
+        """The part of a commit that stays on the loop: the crawl's discards and the store's counters written
+        into the open transaction. True when there is a transaction to end."""
         discards = self.crawl.take_discards()
         self.observer.committing(discards)
         self.store.count_discards(discards)
-        self.store.commit()
+        return self.store.prepare_commit()
+
+    def _commit_state(self) -> None:
+        if self._stage_commit():
+            self.store.end_transaction()
 
     def _commit(self) -> None:
         """A commit on the calling thread: at start-up and shutdown, when nothing else runs."""
@@ -355,10 +361,7 @@ class Master:
         """The running master's commit. The counters go into the transaction here; the COMMIT itself runs on the
         store thread with the gate closed, and the gate opens when it has ended, even if this task is cancelled
         meanwhile (a stop): the thread's use of the store is never overlapped."""
-        discards = self.crawl.take_discards()
-        self.observer.committing(discards)
-        self.store.count_discards(discards)
-        if self.store.prepare_commit():
+        if self._stage_commit():
             self._store_free.clear()
             self._ending = self._store_thread.submit(self.store.end_transaction)
             ending = asyncio.wrap_future(self._ending)
