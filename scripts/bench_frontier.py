@@ -38,6 +38,16 @@ LINKS_PER_PAGE = 50
 SAME_HOST = 45
 
 
+def rss_parts_mb() -> tuple[float, float]:
+    """(anonymous, file-backed) resident MB now: the file part is the URL index's mapped pages, page cache the
+    kernel writes back and reclaims under pressure."""
+    parts = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(("RssAnon:", "RssFile:")):
+            parts[line.split(":")[0]] = int(line.split()[1]) / 1024
+    return parts.get("RssAnon", 0.0), parts.get("RssFile", 0.0)
+
+
 def peak_rss_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -136,7 +146,7 @@ def main() -> int:
         for rows in batches(args.count, args.batch, args.hosts, args.workload, nodes):
             t0, c0 = time.perf_counter(), time.process_time()
             gen_s += t0 - t
-            pushed += store.push(rows)
+            pushed += store.push(rows, unseen=True)      # as the master pushes what its Bloom filter never saw
             store.commit()
             t = time.perf_counter()
             push_s += t - t0
@@ -165,6 +175,7 @@ def main() -> int:
                 t = time.perf_counter()
         queued = store.frontier_size()
         rss_queued = peak_rss_mb()
+        anon, mapped = rss_parts_mb()
         if args.store is not None:
             size = store_bytes(store, work)
         store.close()
@@ -185,7 +196,8 @@ def main() -> int:
               f"the run after each tenth); slowest tenth {pop_spread:.0%} below the fastest, "
               f"{spread_of(pop_cpu_rates):.0%} in URLs per CPU second")
         print(f"queued at the end  {queued:,} (the rest leased)")
-        print(f"peak RSS           {rss_queued:.0f} MB")
+        print(f"peak RSS           {rss_queued:.0f} MB (at the end {anon:.0f} MB anonymous, {mapped:.0f} MB mapped "
+              f"file pages: the URL index's, page cache the kernel reclaims under pressure)")
         print(f"store on disk      {size / 1e6:,.0f} MB ({size / args.count:.0f} bytes per URL)")
         print(f"projection to 1B   {size / args.count * 1e9 / 1e9:,.0f} GB; push {hours:.1f} h in all, "
               f"{end_rate:,.0f} URLs/s at the billionth (fit a + b ln n over the tenths above); in CPU time "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from crawler.master.store import MasterStore, PageOutcome, ReadOnlyStoreError, StoreError, url_key
+from crawler.master.store import MasterStore, PageOutcome, ReadOnlyStoreError, StoreError
 
 
 def to(node):
@@ -77,19 +77,21 @@ def test_pop_serves_each_node_its_own_entries_depth_first_then_priority_then_ins
 
 
 def test_urls_sharing_a_lookup_key_stay_distinct(store, monkeypatch):
-    # Force every URL onto one key: the table must still tell them apart by their text.
-    monkeypatch.setattr("crawler.master.store.url_key", lambda url: 7)
+    # Force every URL onto one hash: the table must still tell them apart by their text.
+    monkeypatch.setattr("crawler.master.store.url_hash", lambda url: 7)
     assert store.push([("http://h/1", 0, 0, "a", None), ("http://h/2", 0, 0, "a", None)]) == 2
     assert store.push([("http://h/1", 0, 0, "a", None), ("http://h/3", 0, 0, "a", None)]) == 1
     assert store.known(["http://h/2", "http://h/4"]) == {"http://h/2"}
     assert store.url_count() == 3
 
 
-def test_url_key_clusters_a_host_and_separates_its_urls():
-    a, b = url_key("https://one.example/x"), url_key("https://one.example/y")
-    assert a != b and a >> 32 == b >> 32
-    assert url_key("https://two.example/x") >> 32 != a >> 32
-    assert 0 <= a < (1 << 48)
+def test_rows_take_ids_in_arrival_order(store):
+    # New rows are appended at the table's end, whatever their hosts: ids follow the order URLs arrive in.
+    store.push([("http://z/1", 0, 0, "a", None), ("http://a/2", 0, 0, "a", None)])
+    store.push([("http://m/3", 0, 0, "a", None), ("http://z/1", 0, 0, "a", None)])
+    ids = [store.db.execute("SELECT id FROM urls WHERE url = ?", (u,)).fetchone()[0]
+           for u in ("http://z/1", "http://a/2", "http://m/3")]
+    assert ids == [1, 2, 3]
 
 
 def test_reroute_moves_only_the_named_nodes_entries(store):

@@ -1,11 +1,15 @@
-"""A store written by the previous crawler (layout 1: URL text per row, a key index) is refused by the master
-with one line saying what to do, and `crawler-master upgrade-store` rewrites it with nothing lost."""
+"""A store written by an earlier crawler (layout 1: URL text per row, a key index; layout 2: rows keyed by a hash
+of host and URL) is refused by the master with one line saying what to do, and `crawler-master upgrade-store`
+rewrites it with nothing lost."""
 
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
-from crawler.master.store import AUDIO_COLUMNS, MasterStore, PageOutcome
+import pytest
+
+from crawler.master.store import AUDIO_COLUMNS, MasterStore, PageOutcome, StoreError
 from scripts import cluster
 
 # The previous layout's tables, as that crawler created them.
@@ -89,3 +93,70 @@ def test_an_old_store_is_refused_in_one_line_then_upgraded_with_nothing_lost(tmp
         assert s.push([("http://s/a.html", 0, 0, "w1", None), ("http://s/new", 2, 0, "w1", "http://s/a.html")]) == 1
         assert s._next_seq > 4
     assert "nothing to upgrade" in cli("upgrade-store", "--config", str(config)).stderr
+
+
+def write_v2(db):
+    """A store of layout 2 (rows keyed by a hash of host and URL, no URL index): rows written by this crawler, then
+    given scattered keys the way layout 2 keyed them, every reference to a row following."""
+    with MasterStore(db) as s:
+        s.push([("http://s/", 0, 1, "w1", None)])
+        assert s.pop("w1", 1, 1.0) == [("http://s/", 0, None)]
+        s.push([("http://s/a.html", 1, 1, "w1", "http://s/"), ("http://s/b.html", 1, 0, "w1", "http://s/"),
+                ("http://s/c.html", 1, 0, "w1", "http://gone/")])
+        s.finish([PageOutcome("http://s/", "done", 200, None, "text/html", 10, None, "w1", 50.0)])
+        s.add_audio([{"url": "http://s/x.mp3", "page": "http://s/a.html", "status": "ok", "title": "X"}])
+    Path(f"{db}.urlidx").unlink()
+    raw = sqlite3.connect(db)
+    for table, column in (("url_state", "id"), ("url_state", "parent"), ("pages", "id")):
+        raw.execute(f"UPDATE {table} SET {column} = {column} * 7919 + 1000000 WHERE {column} IS NOT NULL")
+    raw.execute("DELETE FROM meta WHERE key = 'url_index'")
+    raw.execute("PRAGMA user_version = 2")
+    raw.commit()
+    raw.close()
+
+
+def test_a_layout_2_store_gets_ids_in_line_order_and_its_index(tmp_path):
+    config = cluster.master_config(tmp_path, ["http://s/"], ["w1"])
+    db = tmp_path / "master" / "master.db"
+    db.parent.mkdir()
+    write_v2(db)
+
+    run = cli("--config", str(config))
+    assert run.returncode == 1 and "crawler-master upgrade-store" in run.stderr, run.stderr
+    up = cli("upgrade-store", "--config", str(config))
+    assert up.returncode == 0, up.stderr
+    assert "4 URLs" in up.stdout and "master.db.layout2" in up.stdout
+    assert (db.parent / "master.db.layout2").exists() and Path(f"{db}.urlidx").exists()
+
+    with MasterStore(db) as s:
+        ids = s.db.execute("SELECT id FROM url_state ORDER BY seq").fetchall()
+        assert [i for (i,) in ids] == [1, 2, 3, 4]              # in line order, from 1
+        assert s.status()["states"] == {"queued": 3, "leased": 0, "done": 1, "error": 0}
+        assert s.url_info("http://s/")["http_status"] == 200
+        assert s.url_info("http://s/a.html")["parent"] == "http://s/"
+        assert s.url_info("http://s/c.html")["parent"] == "http://gone/"
+        assert [r["title"] for r in s.catalogue()] == ["X"]
+        assert [u for u, *_ in s.pop("w1", 10, 2.0)] == ["http://s/a.html", "http://s/b.html", "http://s/c.html"]
+        assert s.push([("http://s/a.html", 2, 0, "w1", None), ("http://s/d", 2, 0, "w1", "http://s/b.html")]) == 1
+        assert s.url_info("http://s/d")["parent"] == "http://s/b.html"
+        assert s.db.execute("SELECT max(id) FROM url_state").fetchone()[0] == 5
+
+
+def test_a_layout_2_postgresql_store_is_indexed_in_place(pg_dsn):
+    from crawler.master.store import upgrade_postgres
+
+    with MasterStore(pg_dsn) as s:
+        s.push([(f"http://s/{i}", 0, 0, "w1", None) for i in range(50)])
+    with MasterStore(pg_dsn) as s:
+        s.db.execute("BEGIN")
+        s.db.execute("DROP TABLE url_hashes")
+        s.db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+        s.db.execute("COMMIT")
+    with pytest.raises(StoreError, match="upgrade-store"):
+        MasterStore(pg_dsn)
+    assert upgrade_postgres(pg_dsn) == 50
+    with MasterStore(pg_dsn) as s:
+        assert len(s.known([f"http://s/{i}" for i in range(50)])) == 50
+        assert s.push([("http://s/3", 0, 0, "w1", None), ("http://s/new", 0, 0, "w1", None)]) == 1
+    with pytest.raises(StoreError, match="nothing to upgrade"):
+        upgrade_postgres(pg_dsn)

@@ -300,18 +300,20 @@ def retry(config_path: Path, reason: str | None) -> None:
 @main.command("upgrade-store")
 @CONFIG
 def upgrade_store(config_path: Path) -> None:
-    """Rewrite a stopped crawl's SQLite store from an older crawler in this one's layout (the old file is kept)."""
-    from crawler.master.store import StoreError, upgrade_layout
+    """Bring a stopped crawl's store from an older crawler to this one's layout (an SQLite file is rewritten
+    beside the old one, which is kept; a PostgreSQL store is upgraded in place, in one transaction)."""
+    from crawler.master.store import StoreError, upgrade_layout, upgrade_postgres
 
     cfg = load_config(config_path)
     db = cfg.store_location
-    if not isinstance(db, Path):
-        click.echo(f"{PROG}: a PostgreSQL store is created in the current layout: nothing to upgrade")
-        return
-    _need_state(cfg)
     try:
-        n = upgrade_layout(db, progress=lambda n: click.echo(f"{n:,} URLs moved", err=True))
+        if not isinstance(db, Path):
+            n = upgrade_postgres(db, progress=lambda n: click.echo(f"{n:,} URLs indexed", err=True))
+            click.echo(f"upgraded the PostgreSQL store: {n:,} URLs indexed")
+            return
+        _need_state(cfg)
+        n, kept = upgrade_layout(db, progress=lambda n: click.echo(f"{n:,} URLs moved", err=True))
     except StoreError as e:
         click.echo(f"{PROG}: {e}", err=True)
         sys.exit(1)
-    click.echo(f"upgraded {db}: {n:,} URLs; the old file is {db.name}.layout1 (remove it once the crawl runs)")
+    click.echo(f"upgraded {db}: {n:,} URLs; the old file is {kept.name} (remove it once the crawl runs)")

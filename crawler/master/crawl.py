@@ -375,7 +375,7 @@ class Crawl:
     def seed(self, urls: tuple[str, ...]) -> int:
         normed = [u for u in normalize_many(urls, self.norm) if u]
         new = self.dedup.filter_new(normed)
-        return self.store.push([(u, 0, 1, n, None) for u, n in zip(new, self.route(new))])
+        return self.store.push([(u, 0, 1, n, None) for u, n in zip(new, self.route(new))], unseen=True)
 
     def seed_more(self, urls: list[str]) -> dict[str, Any]:
         """URLs an operator adds to a crawl: through normalisation, dedup and the URL policy like any link, at
@@ -392,7 +392,7 @@ class Crawl:
             else:
                 rows.append(u)
         self.discards.update(discarded)
-        added = self.store.push([(u, 0, 1, n, None) for u, n in zip(rows, self.route(rows))])
+        added = self.store.push([(u, 0, 1, n, None) for u, n in zip(rows, self.route(rows))], unseen=True)
         return {"added": added, "known": len(valid) - len(new), "invalid": len(urls) - sum(1 for u in normed if u),
                 "discarded": dict(discarded)}
 
@@ -438,7 +438,7 @@ class Crawl:
         if not rows:
             return 0
         nodes = self.route([r[0] for r in rows])
-        added = self.store.push([(u, d, pr, n, par) for (u, d, pr, par), n in zip(rows, nodes)])
+        added = self.store.push([(u, d, pr, n, par) for (u, d, pr, par), n in zip(rows, nodes)], unseen=True)
         self.totals.links_new += added
         return added
 

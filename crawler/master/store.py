@@ -7,10 +7,12 @@ the logic below are written once; crawler/master/backend.py spells the few diffe
 **Compact URL state.** A crawl of a billion URLs must fit one master's disk and ingest at the same rate at the end
 as at the start, so the URL table is kept small and its writes local:
 
-- a URL's row is keyed by its 48-bit key (``id``, SQLite's rowid itself: no separate index). The key's top 16
-  bits hash the host, so one host's URLs sit together and the links of one page touch a few pages of the table;
-  the low 32 bits hash the URL. Two URLs on one key (rare) are told apart by their text: the second takes the next
-  free key (linear probing; rows are never deleted, so a lookup stops at the first free key);
+- a URL's row id (SQLite's rowid itself) is given in arrival order, so new rows are appended at the table's end
+  whatever its size, and the rows a node pops, in line order, lie close together. A URL's row is found from its
+  text through the URL index (crawler/master/urlindex.py): its 64-bit hash -> ids, in hash tables in a file
+  beside the database (on PostgreSQL, a table), not a B-tree keyed on random hashes, whose inserts each read and
+  rewrite a random page once it outgrows the cache (what made ingest fall as the table grew, before). Two URLs
+  on one hash (rare) are told apart by their text;
 - the URL text is kept once: its prefix (scheme://host:port, and the first path segment when it is a word such as
   ``/music/``) once per host in ``origins``, the rest in the row;
 - the parent is the parent's key (its text only when the parent is not in the table), the node a small id;
@@ -20,8 +22,8 @@ as at the start, so the URL table is kept small and its writes local:
 - what a fetch said (status, type, size, error, when; the revisit state) lives in ``pages`` and ``page_visits``,
   rows only for fetched URLs, so a queued URL carries no empty result columns.
 
-Measured with scripts/bench_frontier.py: under 100 bytes per queued URL on disk, URL text included (README,
-"The master store at scale", which also says why the cost per insert still grows with the table).
+Measured with scripts/bench_frontier.py: under 100 bytes per queued URL on disk, URL text and index included,
+and the same cost per insert at 100M URLs as at the start (README, "The master store at scale").
 
 ``state`` says where a URL is (queued in the frontier, leased to a node, done, or failed for good), so "every URL
 is in exactly one place" holds by construction. The view ``urls`` shows the rows with their text (for ad hoc SQL).
@@ -36,16 +38,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
+import secrets
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Self
-
-import mmh3
 
 from crawler.items import AUDIO_FIELD_KINDS
 
@@ -61,6 +64,7 @@ from crawler.master.backend import (
     is_postgres,
     open_backend,
 )
+from crawler.master.urlindex import FileUrlIndex, SqlUrlIndex, UrlIndex, url_hash
 
 __all__ = [
     "STATE_NAMES",
@@ -70,11 +74,14 @@ __all__ = [
     "StoreBusy",
     "StoreError",
     "StoreValueError",
-    "url_key",
+    "url_hash",
 ]
 
-# 1: one row per URL with its text, a text index of keys. 2: the compact layout described above.
-SCHEMA_VERSION = 2
+log = logging.getLogger(__name__)
+
+# 1: one row per URL with its text, a text index of keys. 2: compact rows keyed by a hash of host and URL.
+# 3: the layout described above (row ids in arrival order, the URL index apart).
+SCHEMA_VERSION = 3
 
 QUEUED, LEASED, DONE, ERROR = 0, 1, 2, 3
 STATE_NAMES = {QUEUED: "queued", LEASED: "leased", DONE: "done", ERROR: "error"}
@@ -273,23 +280,9 @@ class PageOutcome:
     digest: int | None = None           # 64-bit hash of a 2xx body
     audio_keys: frozenset[str] | None = None   # the catalogue keys of the audio the page itself showed
 
-
-_KEY_MAX = (1 << 63) - 1
 # A first path segment this short and made of letters only ("/music/", "/song/") names a part of the site, shared
 # by many of its URLs: it is stored once with the origin. Segments with digits are ids: they stay in the row.
 _SHARED_SEGMENT = re.compile(r"/[A-Za-z_.-]{1,24}/")
-
-
-def url_key(url: str) -> int:
-    """The 48-bit key of a URL: 16 bits of host hash, then 32 bits of URL hash.
-
-    48 bits, not 64: a key is stored in every row, index entry and parent reference, and SQLite stores a 48-bit
-    integer in 6 bytes where a 64-bit one takes 8 or 9. Two URLs of one host share a key with odds of 1 in 4
-    billion per pair; the store tells them apart by their text (linear probing), so the key need not be unique.
-    """
-    rest = url.partition("://")[2]
-    host = rest.partition("/")[0]
-    return (mmh3.hash(host, signed=False) >> 16) << 32 | mmh3.hash(url, 0x5EED, signed=False)
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -390,6 +383,8 @@ class MasterStore:
         self._next_origin = 0
         self._node_ids: dict[str, int] = {}
         self._node_names: dict[int, str] = {}
+        self._next_id = 1
+        self._index: UrlIndex | None = None
         self.db: Backend = open_backend(self.location, readonly=_readonly, cache_mb=cache_mb,
                                         checkpoint_pages=checkpoint_pages)
         try:
@@ -401,15 +396,19 @@ class MasterStore:
                 self._load_audio_counts()
                 self._next_seq = int(self.get_meta("next_seq", 0))
                 self._cycle = dict(self.get_meta("cycle", {}))
+            self._open_index()
         except StoreError:
+            self._close_index()
             self.db.close()
             raise
         except Exception as e:
+            self._close_index()
             self.db.close()
             if type(e).__module__.startswith(("sqlite3", "psycopg")):
                 raise StoreError(f"{describe(self.location)}: not a crawl database ({e})") from e
             raise
         except BaseException:
+            self._close_index()
             self.db.close()
             raise
 
@@ -433,14 +432,15 @@ class MasterStore:
         if version is None:
             if self.readonly:
                 raise StoreError(f"{where}: empty database, not a crawl database")
-            self.db.create(_SCHEMA, SCHEMA_VERSION)
+            self.db.create(_SCHEMA + (f";\n{SqlUrlIndex.DDL}" if is_postgres(self.location) else ""),
+                           SCHEMA_VERSION)
             return
         if version > SCHEMA_VERSION:
             raise StoreError(f"{where}: schema version {version} is newer than this program's "
                              f"({SCHEMA_VERSION}); upgrade the crawler")
         if version < SCHEMA_VERSION:
-            # The layout changed entirely (URL text per row and a text index, before): rewriting a big crawl
-            # in place would hold the master for hours, so say so rather than start on a state it cannot read.
+            # The layout changed (URL text per row and a text index in 1; rows keyed by hash in 2): rewriting a big
+            # crawl would hold the master for a long time, so say so rather than start on a state it cannot read.
             raise StoreError(f"{where}: crawl state from an older crawler (layout {version}, this one reads "
                              f"{SCHEMA_VERSION}): run `crawler-master upgrade-store` with this config once")
         self._has_pending = bool(self.db.columns("pending_downloads"))
@@ -463,6 +463,58 @@ class MasterStore:
             missing = []
         # A reader of an older store that it may not alter sees the missing columns as null.
         self._audio_select = ", ".join("NULL" if c in missing else c for c in AUDIO_COLUMNS)
+
+    @property
+    def index_path(self) -> Path | None:
+        """The URL index file of an SQLite store (None on PostgreSQL, whose index is a table)."""
+        return None if is_postgres(self.location) else Path(f"{self.location}.urlidx")
+
+    def _open_index(self) -> None:
+        self._next_id = int(self.db.execute("SELECT coalesce(max(id), 0) FROM url_state").fetchone()[0]) + 1
+        path = self.index_path
+        if path is None:
+            self._index = SqlUrlIndex(self.db)
+            return
+        token = self.get_meta("url_index")
+        if self.readonly:
+            try:
+                self._index = FileUrlIndex(path, str(token), readonly=True) if token else None
+            except OSError:
+                self._index = None      # lookups by text say so; everything else reads on
+            return
+        if token is None:
+            token = secrets.token_hex(16)
+            self._begin()
+            self._write_meta("url_index", token)
+            self.commit()
+        index = self._index = FileUrlIndex(path, str(token))
+        since = 0 if index.fresh else index.synced_through
+        if self._next_id - 1 > since:
+            # Rows committed after the index was last made durable (a machine crash may have lost their entries),
+            # or all of them for a new index: index them again; an entry already there is not added twice.
+            t0, n = time.monotonic(), 0
+            last: int | None = since
+            while True:
+                op, start = _from(last)
+                rows = self.db.execute(
+                    "SELECT u.id, o.origin || u.path FROM url_state u JOIN origins o ON o.id = u.origin "
+                    f"WHERE u.id {op} ? ORDER BY u.id LIMIT ?", (start, 100_000)).fetchall()
+                if not rows:
+                    break
+                last = rows[-1][0]
+                hashes = [url_hash(u) for _, u in rows]
+                have = set(index.find(hashes)) if not index.fresh else set()
+                todo = [(h, r[0]) for k, (h, r) in enumerate(zip(hashes, rows)) if (k, r[0]) not in have]
+                index.add([h for h, _ in todo], [i for _, i in todo])
+                n += len(rows)
+            index.sync(self._next_id - 1)
+            if index.fresh or n > 1_000_000:
+                log.warning("URL index %s: %d rows indexed in %.1f s", path, n, time.monotonic() - t0)
+
+    def _close_index(self) -> None:
+        if self._index is not None:
+            self._index.close()
+            self._index = None
 
     def _load_names(self) -> None:
         self._node_ids = {name: i for i, name in self.db.execute("SELECT id, name FROM nodes")}
@@ -511,10 +563,12 @@ class MasterStore:
 
     def end_transaction(self) -> None:
         """commit()'s second half: COMMIT, the part that waits on the disk (on SQLite the WAL is written, and
-        every few thousand pages checkpointed into the database file, with fsyncs). It touches no state of this
-        object, so it may run on another thread, provided nothing uses the store until it returns (the master
-        closes its store gate for that time)."""
+        every few thousand pages checkpointed into the database file, with fsyncs), then the URL index's upkeep
+        (now and then an fsync). It changes no state the loop reads, so it may run on another thread, provided
+        nothing uses the store until it returns (the master closes its store gate for that time)."""
         self.db.execute("COMMIT")
+        if self._index is not None:
+            self._index.after_commit(self._next_id - 1, time.monotonic())
 
     def rollback(self) -> None:
         """Drop everything since the last commit (after a failed write), and the counters with it."""
@@ -525,6 +579,7 @@ class MasterStore:
         self._load_counts()
         self._load_audio_counts()
         self._load_names()
+        self._next_id = int(self.db.execute("SELECT coalesce(max(id), 0) FROM url_state").fetchone()[0]) + 1
         self._next_seq = int(self.get_meta("next_seq", 0))
         self._seq_dirty = False
         self._cycle = dict(self.get_meta("cycle", {}))
@@ -536,7 +591,7 @@ class MasterStore:
         counters with it, and the rest of the transaction stays."""
         self._begin()
         saved = (dict(self._counts), set(self._dirty_counts), self._next_seq, self._seq_dirty,
-                 dict(self._audio_counts), dict(self._cycle), self._cycle_dirty)
+                 dict(self._audio_counts), dict(self._cycle), self._cycle_dirty, self._next_id)
         self.db.execute("SAVEPOINT unit")
         try:
             yield
@@ -544,7 +599,7 @@ class MasterStore:
             self.db.execute("ROLLBACK TO SAVEPOINT unit")
             self.db.execute("RELEASE SAVEPOINT unit")
             (self._counts, self._dirty_counts, self._next_seq, self._seq_dirty, self._audio_counts, self._cycle,
-             self._cycle_dirty) = saved
+             self._cycle_dirty, self._next_id) = saved
             self._load_names()       # ids handed out inside the unit are gone with it
             raise
         self.db.execute("RELEASE SAVEPOINT unit")
@@ -553,7 +608,10 @@ class MasterStore:
         """Commit what is open and close; a stopped master leaves nothing half-written."""
         try:
             self.commit()
+            if self._index is not None and not self.readonly:
+                self._index.after_commit(self._next_id - 1, float("inf"))    # made durable on the way out
         finally:
+            self._close_index()
             self.db.close()
 
     def __enter__(self) -> Self:
@@ -626,57 +684,37 @@ class MasterStore:
     # -- URL table and frontier ----------------------------------------------------------------------
 
     def _lookup(self, urls: Iterable[str], columns: str) -> dict[str, tuple[Any, ...]]:
-        """Rows of the given URLs that exist, keyed by URL; `columns` (of the urls view) must start with url."""
-        out, _ = self._find(urls, columns)
-        return out
-
-    def _find(self, urls: Iterable[str], columns: str) -> tuple[dict[str, tuple[Any, ...]], dict[str, int]]:
-        """(rows found keyed by URL, the free key each URL not found would take)."""
-        wanted = {u: url_key(u) for u in dict.fromkeys(urls)}
-        by_key: dict[int, tuple[Any, ...]] = {}
+        """Rows of the given URLs that exist, keyed by URL, in the order asked; `columns` (of the urls view) must
+        start with url."""
+        if self._index is None:
+            raise StoreError(f"{describe(self.location)}: the URL index is missing (the master rebuilds it when it "
+                             "starts); finding URLs by their text needs it")
+        wanted = list(dict.fromkeys(urls))
+        hits = self._index.find([url_hash(u) for u in wanted])
+        by_id: dict[int, tuple[Any, ...]] = {}
+        ids = sorted({i for _, i in hits})
         sql = f"SELECT {columns}, id FROM urls WHERE {self.db.in_list('id')}"
-        keys = sorted(set(wanted.values()))
-        for chunk in _chunks(keys):
+        for chunk in _chunks(ids):
             for row in self.db.execute(sql, (self.db.list_arg(chunk),)):
-                by_key[row[-1]] = row[:-1]
-        out: dict[str, tuple[Any, ...]] = {}        # in the order asked
-        free: dict[str, int] = {}
-        for u, k in wanted.items():
-            row = by_key.get(k)
-            if row is None:
-                free[u] = k
-            elif row[0] == u:
-                out[u] = row
-            else:
-                self._probe(u, k, columns, out, free)
-        return out, free
-
-    def _probe(self, url: str, key: int, columns: str, out: dict[str, tuple[Any, ...]], free: dict[str, int]) -> None:
-        # Another URL holds this key: walk the run of taken keys after it until the URL or a free key.
-        expect = key
-        while True:
-            rows = self.db.execute(f"SELECT {columns}, id FROM urls WHERE id >= ? ORDER BY id LIMIT 64",
-                                   (expect,)).fetchall()
-            for row in rows:
-                if row[-1] != expect:
-                    free[url] = expect
-                    return
-                if row[0] == url:
-                    out[url] = row[:-1]
-                    return
-                if expect == _KEY_MAX:
-                    raise StoreError("URL key space exhausted at its top")
-                expect += 1
-            if len(rows) < 64:
-                free[url] = expect
-                return
+                by_id[row[-1]] = row[:-1]
+        found: dict[str, tuple[Any, ...]] = {}
+        for pos, i in hits:
+            row = by_id.get(i)
+            if row is not None and row[0] == wanted[pos]:      # not another URL on the hash, nor a lost row
+                found[wanted[pos]] = row
+        return {u: found[u] for u in wanted if u in found}
 
     def known(self, urls: Sequence[str]) -> set[str]:
         """Which of these URLs the URL table holds, whatever their state (exact, not probabilistic)."""
         return set(self._lookup(urls, "url"))
 
-    def push(self, rows: Sequence[tuple[str, int, int, str | None, str | None]]) -> int:
+    def push(self, rows: Sequence[tuple[str, int, int, str | None, str | None]], *, unseen: bool = False) -> int:
         """Queue (url, depth, priority, node, parent) rows; URLs the table already holds are ignored.
+
+        unseen: the caller vouches that the table holds none of these URLs, so they are not looked up. The master
+        pushes only what its Bloom filter had never seen (a Bloom filter has no false negatives, and it holds every
+        URL of the table), or what the table itself just said it lacks; looking them up again would cost a probe
+        of every table of the URL index per URL, on the path every new URL takes.
 
         Returns how many were new.
         """
@@ -684,28 +722,27 @@ class MasterStore:
         fresh: dict[str, tuple[str, int, int, str | None, str | None]] = {}
         for row in rows:
             fresh.setdefault(row[0], row)
-        found, free = self._find(fresh, "url")
-        for url in found:
-            del fresh[url]
+        if not unseen:
+            for url in self._lookup(fresh, "url"):
+                del fresh[url]
         if not fresh:
             return 0
         parents = {p for *_, p in fresh.values() if p is not None}
         parent_keys = {u: r[1] for u, r in self._lookup(parents, "url, id").items()} if parents else {}
         origin_of = self._origin_ids(split_url(u)[0] for u in fresh)
         slot_of = self._slot_of
-        taken: set[int] = set()
         inserts = []
+        key = self._next_id
         for url, depth, priority, node, parent in fresh.values():
-            key = free[url]
-            while key in taken:
-                key = self._next_free(key + 1, taken)
-            taken.add(key)
             origin, rest = split_url(url)
             slot = slot_of(url) if slot_of is not None else None
             pkey = parent_keys.get(parent) if parent is not None else None
             inserts.append((key, origin_of[origin], rest, self._node_id(node), depth, priority, self._take_seq(),
                             slot, pkey, parent if pkey is None else None))
+            key += 1
             self._move(None, None, QUEUED, node)
+        self._add_rows(list(fresh), self._next_id)
+        self._next_id = key
         self.db.executemany(
             f"INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent, parent_url) "
             f"VALUES (?, ?, ?, {QUEUED}, ?, ?, ?, ?, ?, ?, ?)", inserts)
@@ -720,14 +757,10 @@ class MasterStore:
             f"INSERT INTO pages(id, {cols}) VALUES (?{', ?' * len(columns)}) ON CONFLICT(id) DO UPDATE SET "
             + ", ".join(f"{c} = excluded.{c}" for c in columns), rows)
 
-    def _next_free(self, key: int, taken: set[int]) -> int:
-        """The first key from `key` on that neither the table nor this batch holds (two new URLs on one key)."""
-        while True:
-            if key > _KEY_MAX:
-                raise StoreError("URL key space exhausted at its top")
-            if key not in taken and self.db.execute("SELECT 1 FROM url_state WHERE id = ?", (key,)).fetchone() is None:
-                return key
-            key += 1
+    def _add_rows(self, urls: Sequence[str], first_id: int) -> None:
+        """Index new rows: urls[k] gets id first_id + k."""
+        assert self._index is not None
+        self._index.add([url_hash(u) for u in urls], range(first_id, first_id + len(urls)))
 
     def note_lastmod(self, pairs: Sequence[tuple[str, float]]) -> list[tuple[str, int]]:
         """Record when pages last changed, as their site's sitemap says. Returns (url, depth) of the done
@@ -1529,17 +1562,20 @@ class MasterStore:
                          "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, json.dumps(value)))
 
 
-# -- upgrading a store of the previous layout ---------------------------------------------------------------
+# -- upgrading a store of an earlier layout ---------------------------------------------------------------
 
 _V1_URL_COLUMNS = ("url", "depth", "priority", "seq", "slot", "state", "node", "parent", "attempts", "last_crawl",
                    "http_status", "final_url", "content_type", "size", "error", "lastmod")
 
 
-def upgrade_layout(path: Path, *, chunk: int = 20_000, progress: Callable[[int], None] | None = None) -> int:
-    """Rewrite an SQLite store of layout 1 (URL text per row, a separate key index) in the compact layout.
+def upgrade_layout(path: Path, *, chunk: int = 20_000,
+                   progress: Callable[[int], None] | None = None) -> tuple[int, Path]:
+    """Rewrite an SQLite store of layout 1 (URL text per row, a separate key index) or 2 (rows keyed by a hash of
+    host and URL) in the current layout: row ids in arrival order, the URL index beside the file.
 
     Written beside the old file and swapped in only when complete, so a crash midway leaves the old store as it
-    was; the old file is kept as ``<path>.layout1`` until the operator removes it. Returns how many URLs moved.
+    was; the old file is kept as ``<path>.layout<N>`` until the operator removes it. Returns how many URLs moved,
+    and where the old file is now.
     Refuses while a master holds the store. Every row keeps its state, node, place in line, attempts and results.
     """
     import sqlite3
@@ -1557,23 +1593,60 @@ def upgrade_layout(path: Path, *, chunk: int = 20_000, progress: Callable[[int],
             version = old.execute("PRAGMA user_version").fetchone()[0]
             if app_id != 0x41435257:
                 raise StoreError(f"{path}: not a crawl database")
-            if version != 1:
+            if version not in (1, 2):
                 raise StoreError(f"{path}: layout {version}, nothing to upgrade (this crawler reads "
                                  f"{SCHEMA_VERSION})")
-            for suffix in ("", "-wal", "-shm"):
+            for suffix in ("", "-wal", "-shm", ".urlidx"):
                 Path(f"{new_path}{suffix}").unlink(missing_ok=True)
             new = MasterStore(new_path)
-            moved = _copy_v1(new, old, chunk, progress)
+            if version == 1:
+                moved = _copy_v1(new, old, chunk, progress)
+            else:
+                moved = _copy_v2(new, path, progress)
             new.close()
         finally:
             old.close()
-        path.rename(path.with_name(path.name + ".layout1"))
-        for suffix in ("-wal", "-shm"):
+        kept = path.with_name(f"{path.name}.layout{version}")
+        path.rename(kept)
+        for suffix in ("-wal", "-shm", ".urlidx"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
+        Path(f"{new_path}.urlidx").rename(Path(f"{path}.urlidx"))
         new_path.rename(path)
-        return moved
+        return moved, kept
     finally:
         os.close(lock_fd)
+
+
+def upgrade_postgres(location: str, *, progress: Callable[[int], None] | None = None) -> int:
+    """Bring a PostgreSQL store of layout 2 to the current one, in place and in one transaction: its rows keep
+    their ids (new ones follow the highest), and the URL index table is filled from them. Returns the URLs
+    indexed."""
+    db = open_backend(location, readonly=False)
+    try:
+        version = db.schema_version()
+        if version != 2:
+            raise StoreError(f"{describe(location)}: layout {version}, nothing to upgrade (this crawler reads "
+                             f"{SCHEMA_VERSION})")
+        db.begin()
+        db.script(SqlUrlIndex.DDL)
+        index = SqlUrlIndex(db)
+        n, last = 0, None
+        while True:
+            op, start = _from(last)
+            rows = db.execute("SELECT u.id, o.origin || u.path FROM url_state u JOIN origins o ON o.id = u.origin "
+                              f"WHERE u.id {op} ? ORDER BY u.id LIMIT ?", (start, 50_000)).fetchall()
+            if not rows:
+                break
+            last = rows[-1][0]
+            index.add([url_hash(u) for _, u in rows], [i for i, _ in rows])
+            n += len(rows)
+            if progress is not None:
+                progress(n)
+        db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+        db.execute("COMMIT")
+        return n
+    finally:
+        db.close()
 
 
 def _copy_tables(store: MasterStore, old: Any) -> None:
@@ -1589,27 +1662,74 @@ def _copy_tables(store: MasterStore, old: Any) -> None:
         store.db.executemany(f"INSERT INTO audio({cols}) VALUES ({', '.join('?' * len(cols.split(',')))})", batch)
 
 
+def _copy_v2(store: MasterStore, old_path: Path, progress: Callable[[int], None] | None) -> int:
+    """Layout 2 -> current: the same tables; URL rows get ids in line order (seq), and every reference to a row
+    (parent, pages, page_visits) follows it. Set-wise SQL on an attached copy, one transaction."""
+    db = store.db
+    db.execute("ATTACH DATABASE ? AS old", (str(old_path),))
+    try:
+        store._begin()
+
+        def cols(table: str) -> str:
+            new = [r[1] for r in db.execute(f"PRAGMA main.table_info({table})")]
+            old = {r[1] for r in db.execute(f"PRAGMA old.table_info({table})")}
+            return ", ".join(c for c in new if c in old)
+
+        for table in ("meta", "counts", "discards", "node_stats", "origins", "nodes", "audio", "audio_history",
+                      "pending_downloads"):
+            if db.execute("SELECT 1 FROM old.sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone():
+                c = cols(table)
+                db.execute(f"INSERT INTO main.{table}({c}) SELECT {c} FROM old.{table} WHERE true "
+                           f"ON CONFLICT DO NOTHING")
+        db.execute("CREATE TEMP TABLE remap (old INTEGER PRIMARY KEY, new INTEGER NOT NULL)")
+        db.execute("INSERT INTO temp.remap(old, new) SELECT id, row_number() OVER (ORDER BY seq, id) "
+                   "FROM old.url_state")
+        db.execute("INSERT INTO main.url_state(id, origin, path, state, node, depth, priority, seq, slot, parent, "
+                   "parent_url, attempts) SELECT r.new, u.origin, u.path, u.state, u.node, u.depth, u.priority, "
+                   "u.seq, u.slot, p.new, u.parent_url, u.attempts "
+                   "FROM old.url_state u JOIN temp.remap r ON r.old = u.id LEFT JOIN temp.remap p ON p.old = u.parent ORDER BY r.new")
+        for table in ("pages", "page_visits"):
+            names = [x for x in cols(table).split(", ") if x != "id"]
+            db.execute(f"INSERT INTO main.{table}(id, {', '.join(names)}) SELECT r.new, "
+                       f"{', '.join('t.' + x for x in names)} FROM old.{table} t JOIN temp.remap r ON r.old = t.id "
+                       "ORDER BY r.new")
+        moved = int(db.execute("SELECT count(*) FROM temp.remap").fetchone()[0])
+        db.execute("DROP TABLE temp.remap")
+        store._load_counts()
+        store._load_names()
+        store._next_seq = int(store.get_meta("next_seq", 0))
+        store.commit()
+        # The rows came in by SQL: index them as a master does when it finds the index missing.
+        store._close_index()
+        if store.index_path is not None:
+            store.index_path.unlink(missing_ok=True)
+        store._open_index()
+        if progress is not None:
+            progress(moved)
+        return moved
+    finally:
+        db.execute("DETACH DATABASE old")
+
+
 def _copy_v1(store: MasterStore, old: Any, chunk: int, progress: Callable[[int], None] | None) -> int:
     store._begin()
     _copy_tables(store, old)
     moved = 0
-    cur = old.execute(f"SELECT {', '.join(_V1_URL_COLUMNS)} FROM urls ORDER BY id")
+    cur = old.execute(f"SELECT {', '.join(_V1_URL_COLUMNS)} FROM urls ORDER BY seq, id")
     while rows := cur.fetchmany(chunk):
         by_url = {r[0]: r for r in rows}
-        _, free = store._find(by_url, "url")
         origin_of = store._origin_ids(split_url(u)[0] for u in by_url)
-        taken: set[int] = set()
         states, pages = [], []
+        key = first = store._next_id
         for (url, depth, priority, seq, slot, state, node, parent, attempts, *result) in by_url.values():
-            key = free[url]
-            while key in taken:
-                key = store._next_free(key + 1, taken)
-            taken.add(key)
             origin, rest = split_url(url)
             states.append((key, origin_of[origin], rest, state, store._node_id(node), depth, priority, seq, slot,
                            parent, attempts))
             if any(v is not None for v in result):
                 pages.append((key, *result))
+            key += 1
+        store._add_rows(list(by_url), first)
+        store._next_id = key
         store.db.executemany(
             "INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent_url, attempts) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", states)
@@ -1637,4 +1757,3 @@ def _copy_v1(store: MasterStore, old: Any, chunk: int, progress: Callable[[int],
     store._next_seq = int(store.get_meta("next_seq", 0))
     store.commit()
     return moved
-
