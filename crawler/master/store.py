@@ -609,7 +609,7 @@ class MasterStore:
         try:
             self.commit()
             if self._index is not None and not self.readonly:
-                self._index.after_commit(self._next_id - 1, float("inf"))    # made durable on the way out
+                self._index.sync(self._next_id - 1)          # a master that stops leaves its index durable
         finally:
             self._close_index()
             self.db.close()

@@ -83,6 +83,10 @@ class UrlIndex(Protocol):
         """Called after each commit, with the highest row id committed and the monotonic time."""
         ...
 
+    def sync(self, committed_through: int) -> None:
+        """Make every entry of the rows up to this id durable."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -346,6 +350,9 @@ class SqlUrlIndex:
 
     def after_commit(self, committed_through: int, now: float) -> None:
         pass
+
+    def sync(self, committed_through: int) -> None:
+        pass       # written in the store's transactions
 
     def close(self) -> None:
         pass
