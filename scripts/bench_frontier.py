@@ -3,8 +3,9 @@
     python scripts/bench_frontier.py [--count 10000000] [--batch 10000] [--nodes 4] [--hosts 5000]
                                      [--workload pages|random] [--dir /tmp/...] [--store postgresql://...]
 
-Pushes every URL in batches, one transaction each (the master commits a batch every 100-200 ms); after each
-tenth, pops 1% of the run's URLs, node by node, one transaction per batch, as the master pops between pushes.
+Pushes every URL in batches, one transaction each (the master commits a batch every 100-200 ms), as the master
+pushes links its Bloom filter never saw (``unseen``: the store indexes them without looking them up first); after
+each tenth, pops 1% of the run's URLs, node by node, one transaction per batch, as the master pops between pushes.
 Prints the push and pop rates in each tenth of the run as it goes (a store whose ingest falls as it grows shows it here), in URLs per second of wall time and per second
 of the process's CPU time (user + system: on a shared machine the wall time says as much about the neighbours), the peak RSS (VmHWM) with the whole frontier queued,
 the bytes per URL on disk, and a projection to a billion URLs from the measured curve.
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -36,6 +38,57 @@ from crawler.master.store import MasterStore
 
 LINKS_PER_PAGE = 50
 SAME_HOST = 45
+
+
+class Control:
+    """A small store fed its own batches of the same workload between the run's batches: the same code on the same
+    machine in the same minutes, with a table that never grows past CONTROL_MAX URLs (it is started again).
+
+    On a shared machine the same work takes 20-40% more or less CPU time from one minute to the next (cores and
+    caches shared with others), which hides whether the store's own cost grows. The run's CPU per URL divided by
+    the control's, measured in the same tenth, does not move with the machine: if it stays flat, so does the
+    store's cost per URL as its table grows."""
+
+    def __init__(self, batch: int, hosts: int, workload: str, nodes: list[str], parent: Path) -> None:
+        self.args = (batch, hosts, workload, nodes)
+        self.parent = parent
+        self.store: MasterStore | None = None
+        self.rows: Any = None
+        self.cpu = 0.0
+        self.urls = 0
+        self._restart()
+
+    def _restart(self) -> None:
+        if self.store is not None:
+            self.store.close()
+        shutil.rmtree(self.parent / "control", ignore_errors=True)
+        (self.parent / "control").mkdir()
+        self.store = MasterStore(self.parent / "control" / "master.db")
+        batch, hosts, workload, nodes = self.args
+        self.rows = batches(CONTROL_MAX, batch, hosts, workload, nodes, seed=2)
+        self.size = 0
+
+    def step(self) -> None:
+        rows = next(self.rows, None)
+        if rows is None:
+            self._restart()
+            rows = next(self.rows)
+        assert self.store is not None
+        c0 = time.process_time()
+        self.store.push(rows, unseen=True)
+        self.store.commit()
+        self.cpu += time.process_time() - c0
+        self.urls += len(rows)
+
+    def take(self) -> float:
+        """CPU seconds per URL since the last take."""
+        per = self.cpu / max(self.urls, 1)
+        self.cpu, self.urls = 0.0, 0
+        return per
+
+
+CONTROL_MAX = 500_000    # URLs in the control store before it starts again
+CONTROL_EVERY = 10       # run batches per control batch
 
 
 def rss_parts_mb() -> tuple[float, float]:
@@ -142,8 +195,13 @@ def main() -> int:
         pop_rates: list[float] = []
         sample = max(1, args.count // 100)
         turn = 0
+        control = Control(args.batch, args.hosts, args.workload, nodes, work) if args.store is None else None
+        relative: list[float] = []                   # CPU per URL of the run / of the control, per tenth
         t = time.perf_counter()
-        for rows in batches(args.count, args.batch, args.hosts, args.workload, nodes):
+        for n_batch, rows in enumerate(batches(args.count, args.batch, args.hosts, args.workload, nodes)):
+            if control is not None and n_batch % CONTROL_EVERY == 0:
+                control.step()
+                t = time.perf_counter()
             t0, c0 = time.perf_counter(), time.process_time()
             gen_s += t0 - t
             pushed += store.push(rows, unseen=True)      # as the master pushes what its Bloom filter never saw
@@ -168,9 +226,13 @@ def main() -> int:
                 pop_cpu_rates.append(got / max(time.process_time() - c0, 1e-9))
                 pop_s, popped = pop_s + took, popped + got
                 pop_rates.append(got / took)
+                versus = ""
+                if control is not None:
+                    relative.append(1 / cpu_rates[-1] / control.take())
+                    versus = f"; {relative[-1]:.2f}x the CPU per URL of a store under {CONTROL_MAX:,} meanwhile"
                 print(f"tenth {len(push_curve):2d}  push {rate:9,.0f} URLs/s ({cpu_rates[-1]:9,.0f} per CPU s)  "
                       f"pop {got / took:9,.0f} URLs/s ({pop_cpu_rates[-1]:9,.0f} per CPU s)  "
-                      f"(table at {pushed:,})", flush=True)
+                      f"(table at {pushed:,}{versus})", flush=True)
                 mark, mark_s, mark_cpu = mark + tenth, push_s, push_cpu
                 t = time.perf_counter()
         queued = store.frontier_size()
@@ -179,6 +241,8 @@ def main() -> int:
         if args.store is not None:
             size = store_bytes(store, work)
         store.close()
+        if control is not None and control.store is not None:
+            control.store.close()
         if args.store is None:
             size = store_bytes(store, work)      # after the last checkpoint folded the WAL in
         rates = [1 / s for _, s in push_curve]
@@ -195,6 +259,10 @@ def main() -> int:
         print(f"pop                {popped / pop_s:,.0f} URLs/s over the run ({pop_s:.1f} s, {popped:,} URLs, 1% of "
               f"the run after each tenth); slowest tenth {pop_spread:.0%} below the fastest, "
               f"{spread_of(pop_cpu_rates):.0%} in URLs per CPU second")
+        if relative:
+            print(f"against the control push CPU per URL over a small store's in the same minutes, by tenth: "
+                  f"{', '.join(f'{r:.2f}' for r in relative)}; the largest {max(relative) / min(relative) - 1:.0%} "
+                  f"above the smallest")
         print(f"queued at the end  {queued:,} (the rest leased)")
         print(f"peak RSS           {rss_queued:.0f} MB (at the end {anon:.0f} MB anonymous, {mapped:.0f} MB mapped "
               f"file pages: the URL index's, page cache the kernel reclaims under pressure)")
