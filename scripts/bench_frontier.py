@@ -264,8 +264,10 @@ def main() -> int:
                   f"{', '.join(f'{r:.2f}' for r in relative)}; the largest {max(relative) / min(relative) - 1:.0%} "
                   f"above the smallest")
         print(f"queued at the end  {queued:,} (the rest leased)")
+        whose = ("the URL index's, page cache the kernel reclaims under pressure" if store.backend == "sqlite"
+                 else "the program's own files")
         print(f"peak RSS           {rss_queued:.0f} MB (at the end {anon:.0f} MB anonymous, {mapped:.0f} MB mapped "
-              f"file pages: the URL index's, page cache the kernel reclaims under pressure)")
+              f"file pages: {whose})")
         print(f"store on disk      {size / 1e6:,.0f} MB ({size / args.count:.0f} bytes per URL)")
         print(f"projection to 1B   {size / args.count * 1e9 / 1e9:,.0f} GB; push {hours:.1f} h in all, "
               f"{end_rate:,.0f} URLs/s at the billionth (fit a + b ln n over the tenths above); in CPU time "

@@ -78,7 +78,7 @@ def test_pop_serves_each_node_its_own_entries_depth_first_then_priority_then_ins
 
 def test_urls_sharing_a_lookup_key_stay_distinct(store, monkeypatch):
     # Force every URL onto one hash: the table must still tell them apart by their text.
-    monkeypatch.setattr("crawler.master.store.url_hash", lambda url: 7)
+    monkeypatch.setattr("crawler.master.urlindex.url_hash", lambda url: 7)
     assert store.push([("http://h/1", 0, 0, "a", None), ("http://h/2", 0, 0, "a", None)]) == 2
     assert store.push([("http://h/1", 0, 0, "a", None), ("http://h/3", 0, 0, "a", None)]) == 1
     assert store.known(["http://h/2", "http://h/4"]) == {"http://h/2"}

@@ -64,7 +64,7 @@ from crawler.master.backend import (
     is_postgres,
     open_backend,
 )
-from crawler.master.urlindex import FileUrlIndex, SqlUrlIndex, UrlIndex, url_hash
+from crawler.master.urlindex import FileUrlIndex, SqlUrlIndex, UrlIndex, url_hash, url_hashes
 
 __all__ = [
     "STATE_NAMES",
@@ -502,7 +502,7 @@ class MasterStore:
                 if not rows:
                     break
                 last = rows[-1][0]
-                hashes = [url_hash(u) for _, u in rows]
+                hashes = url_hashes(u for _, u in rows)
                 have = set(index.find(hashes)) if not index.fresh else set()
                 todo = [(h, r[0]) for k, (h, r) in enumerate(zip(hashes, rows)) if (k, r[0]) not in have]
                 index.add([h for h, _ in todo], [i for _, i in todo])
@@ -690,7 +690,7 @@ class MasterStore:
             raise StoreError(f"{describe(self.location)}: the URL index is missing (the master rebuilds it when it "
                              "starts); finding URLs by their text needs it")
         wanted = list(dict.fromkeys(urls))
-        hits = self._index.find([url_hash(u) for u in wanted])
+        hits = self._index.find(url_hashes(wanted))
         by_id: dict[int, tuple[Any, ...]] = {}
         ids = sorted({i for _, i in hits})
         sql = f"SELECT {columns}, id FROM urls WHERE {self.db.in_list('id')}"
@@ -760,7 +760,7 @@ class MasterStore:
     def _add_rows(self, urls: Sequence[str], first_id: int) -> None:
         """Index new rows: urls[k] gets id first_id + k."""
         assert self._index is not None
-        self._index.add([url_hash(u) for u in urls], range(first_id, first_id + len(urls)))
+        self._index.add(url_hashes(urls), range(first_id, first_id + len(urls)))
 
     def note_lastmod(self, pairs: Sequence[tuple[str, float]]) -> list[tuple[str, int]]:
         """Record when pages last changed, as their site's sitemap says. Returns (url, depth) of the done
@@ -1638,7 +1638,7 @@ def upgrade_postgres(location: str, *, progress: Callable[[int], None] | None = 
             if not rows:
                 break
             last = rows[-1][0]
-            index.add([url_hash(u) for _, u in rows], [i for i, _ in rows])
+            index.add(url_hashes(u for _, u in rows), [i for i, _ in rows])
             n += len(rows)
             if progress is not None:
                 progress(n)

@@ -10,7 +10,7 @@ the index is not a B-tree but a file of open-addressing hash tables (``FileUrlIn
   linear probing from the slot the hash's low bits name; an insert writes one slot, a lookup reads a few;
 - when the newest table is three quarters full a table twice its size is appended to the file; full tables
   are never rehashed nor moved, so no insert ever waits for the index to be rebuilt. A lookup probes every
-  table (a few dozen at a billion URLs, each probe one memory read, all of them in one numpy pass per table);
+  table (13 at a billion URLs; a batch of keys is probed with numpy a step at a time, a few keys in Python);
 - the file is mapped shared: a slot written is in the page cache at once, so a killed master loses none.
   Against a machine crash, ``sync`` (every minute, on the store's commit thread) fsyncs the file and records
   the highest id it covers; on opening, the rows after that id are indexed again (inserting is idempotent).
