@@ -94,6 +94,40 @@ def test_reopened_it_keeps_its_entries_and_a_reader_follows_new_tables(tmp_path,
     assert FileUrlIndex(path, "t").fresh
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB tmpfs: room for the first table (2 MiB), not for the second (4 MiB)."""
+    if os.geteuid() != 0:
+        pytest.fail("mounting a tmpfs needs root (the test suite runs as root)")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_fails_the_insert_not_the_process(small_disk):
+    # A new table's space is taken before it is used: without that, the first write to a page the disk has no
+    # room for kills the process with SIGBUS. This runs in a child so that such a death would show as one.
+    code = ("import sys, random; sys.path.insert(0, %r)\n"
+            "from pathlib import Path\n"
+            "from crawler.master.urlindex import FileUrlIndex, FIRST_SLOTS\n"
+            "ix = FileUrlIndex(Path(%r), 't')\n"
+            "rnd = random.Random(1)\n"
+            "hs = [rnd.getrandbits(64) - (1 << 63) for _ in range(FIRST_SLOTS)]\n"
+            "try:\n"
+            "    ix.add(hs, range(1, len(hs) + 1))\n"
+            "except OSError as e:\n"
+            "    print('refused', e.errno, ix.tables, len(ix.find(hs[:1000])))\n") % (os.getcwd(),
+                                                                                   str(small_disk / "i"))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["refused", "28", "1", "1000"]    # ENOSPC; the first table still whole
+    assert (small_disk / "i").stat().st_size == urlindex.HEADER + 8 * urlindex.FIRST_SLOTS
+
+
 # -- the store around it --------------------------------------------------------------------------------------------
 
 def urls(n, tag="u"):

@@ -1708,6 +1708,8 @@ def _copy_v2(store: MasterStore, old_path: Path, progress: Callable[[int], None]
             progress(moved)
         return moved
     finally:
+        if db.in_transaction:
+            db.execute("ROLLBACK")       # a failed copy leaves the new file empty; the old one is untouched
         db.execute("DETACH DATABASE old")
 
 

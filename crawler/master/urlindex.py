@@ -147,8 +147,8 @@ class FileUrlIndex:
         if size:
             log.warning("URL index %s is not this store's (or is damaged): building it again", self.path)
         os.ftruncate(self._fd, 0)
+        os.posix_fallocate(self._fd, 0, HEADER + 8 * _offset_of(1))
         self.tables, self.counts, self.synced_through, self.fresh = 1, [0], 0, True
-        os.ftruncate(self._fd, HEADER + 8 * _offset_of(1))
         self._map()
         self._write_header()
 
@@ -276,9 +276,16 @@ class FileUrlIndex:
     def _grow(self) -> None:
         if self.tables >= MAX_TABLES:
             raise OSError(f"{self.path}: URL index full")
+        # The disk space is taken now: on a full disk this raises ENOSPC (the store's write fails and is rolled
+        # back, as SQLite's does), where a write to a page of a sparse mapped file would kill the master (SIGBUS).
+        old, new = HEADER + 8 * _offset_of(self.tables), HEADER + 8 * _offset_of(self.tables + 1)
+        try:
+            os.posix_fallocate(self._fd, old, new - old)
+        except OSError:
+            os.ftruncate(self._fd, old)
+            raise
         self.counts.append(0)
         self.tables += 1
-        os.ftruncate(self._fd, HEADER + 8 * _offset_of(self.tables))
         self._map()
         self._write_header()     # readers opening from now on see the new table
 
