@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.disks import small_tmpfs
 from crawler.master.store import MasterStore
 from scripts import cluster, sitegen, siteserver
 
@@ -51,15 +52,8 @@ async def master_cmd_async(config: Path, *args: str) -> subprocess.CompletedProc
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A 1 MiB tmpfs: the worker's data dir fills within a few dozen songs."""
-    if os.geteuid() != 0:
-        pytest.fail("mounting a tmpfs needs root (the test suite runs as root)")
-    mnt = tmp_path / "worker-small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "worker-small", "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 async def test_full_disk_stops_the_worker_not_the_urls_and_it_resumes_when_space_returns(site, tmp_path,

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.disks import small_tmpfs
 from crawler.master import urlindex
 from crawler.master.store import MasterStore, StoreError
 from crawler.master.urlindex import FileUrlIndex
@@ -97,15 +98,8 @@ def test_reopened_it_keeps_its_entries_and_a_reader_follows_new_tables(tmp_path,
 @pytest.fixture
 def small_disk(tmp_path):
     """A 3 MiB tmpfs: room for the first table (2 MiB), not for the second (4 MiB)."""
-    if os.geteuid() != 0:
-        pytest.fail("mounting a tmpfs needs root (the test suite runs as root)")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "small", "3m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_full_disk_fails_the_insert_not_the_process(small_disk):
