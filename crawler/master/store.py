@@ -306,6 +306,23 @@ def _from(after: int | None) -> tuple[str, int]:
     return (">=", -(1 << 63)) if after is None else (">", after)
 
 
+def _url_rows(db: Backend, after: int | None = None, batch: int = 100_000) -> Iterator[list[tuple[int, str]]]:
+    """(id, url) of every URL with an id after ``after`` (None: all), in id order, a batch at a time."""
+    while True:
+        op, start = _from(after)
+        rows = db.execute("SELECT u.id, o.origin || u.path FROM url_state u JOIN origins o ON o.id = u.origin "
+                          f"WHERE u.id {op} ? ORDER BY u.id LIMIT ?", (start, batch)).fetchall()
+        if not rows:
+            return
+        after = rows[-1][0]
+        yield rows
+
+
+def _next_id_of(db: Backend) -> int:
+    """The id the next new URL takes: ids are given in arrival order."""
+    return int(db.execute("SELECT coalesce(max(id), 0) FROM url_state").fetchone()[0]) + 1
+
+
 def _node_key(node: str | None) -> str:
     return "" if node is None else node
 
@@ -470,7 +487,7 @@ class MasterStore:
         return None if is_postgres(self.location) else Path(f"{self.location}.urlidx")
 
     def _open_index(self) -> None:
-        self._next_id = int(self.db.execute("SELECT coalesce(max(id), 0) FROM url_state").fetchone()[0]) + 1
+        self._next_id = _next_id_of(self.db)
         path = self.index_path
         if path is None:
             self._index = SqlUrlIndex(self.db)
@@ -493,15 +510,7 @@ class MasterStore:
             # Rows committed after the index was last made durable (a machine crash may have lost their entries),
             # or all of them for a new index: index them again; an entry already there is not added twice.
             t0, n = time.monotonic(), 0
-            last: int | None = since
-            while True:
-                op, start = _from(last)
-                rows = self.db.execute(
-                    "SELECT u.id, o.origin || u.path FROM url_state u JOIN origins o ON o.id = u.origin "
-                    f"WHERE u.id {op} ? ORDER BY u.id LIMIT ?", (start, 100_000)).fetchall()
-                if not rows:
-                    break
-                last = rows[-1][0]
+            for rows in _url_rows(self.db, since):
                 hashes = url_hashes(u for _, u in rows)
                 have = set(index.find(hashes)) if not index.fresh else set()
                 todo = [(h, r[0]) for k, (h, r) in enumerate(zip(hashes, rows)) if (k, r[0]) not in have]
@@ -579,7 +588,7 @@ class MasterStore:
         self._load_counts()
         self._load_audio_counts()
         self._load_names()
-        self._next_id = int(self.db.execute("SELECT coalesce(max(id), 0) FROM url_state").fetchone()[0]) + 1
+        self._next_id = _next_id_of(self.db)
         self._next_seq = int(self.get_meta("next_seq", 0))
         self._seq_dirty = False
         self._cycle = dict(self.get_meta("cycle", {}))
@@ -732,7 +741,7 @@ class MasterStore:
         origin_of = self._origin_ids(split_url(u)[0] for u in fresh)
         slot_of = self._slot_of
         inserts = []
-        key = self._next_id
+        key = self._take_ids(list(fresh))
         for url, depth, priority, node, parent in fresh.values():
             origin, rest = split_url(url)
             slot = slot_of(url) if slot_of is not None else None
@@ -741,8 +750,6 @@ class MasterStore:
                             slot, pkey, parent if pkey is None else None))
             key += 1
             self._move(None, None, QUEUED, node)
-        self._add_rows(list(fresh), self._next_id)
-        self._next_id = key
         self.db.executemany(
             f"INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent, parent_url) "
             f"VALUES (?, ?, ?, {QUEUED}, ?, ?, ?, ?, ?, ?, ?)", inserts)
@@ -757,10 +764,13 @@ class MasterStore:
             f"INSERT INTO pages(id, {cols}) VALUES (?{', ?' * len(columns)}) ON CONFLICT(id) DO UPDATE SET "
             + ", ".join(f"{c} = excluded.{c}" for c in columns), rows)
 
-    def _add_rows(self, urls: Sequence[str], first_id: int) -> None:
-        """Index new rows: urls[k] gets id first_id + k."""
+    def _take_ids(self, urls: Sequence[str]) -> int:
+        """Ids for new rows of these URLs, indexed: urls[k] gets the returned id + k (ids in arrival order)."""
         assert self._index is not None
-        self._index.add(url_hashes(urls), range(first_id, first_id + len(urls)))
+        first = self._next_id
+        self._index.add(url_hashes(urls), range(first, first + len(urls)))
+        self._next_id = first + len(urls)
+        return first
 
     def note_lastmod(self, pairs: Sequence[tuple[str, float]]) -> list[tuple[str, int]]:
         """Record when pages last changed, as their site's sitemap says. Returns (url, depth) of the done
@@ -1213,16 +1223,8 @@ class MasterStore:
 
     def iter_urls(self, batch: int = 100_000) -> Iterator[list[str]]:
         """Every URL, in batches, to rebuild the Bloom filter."""
-        last = None
-        while True:
-            op, start = _from(last)
-            rows = self.db.execute(
-                "SELECT u.id, o.origin || u.path FROM url_state u JOIN origins o ON o.id = u.origin "
-                f"WHERE u.id {op} ? ORDER BY u.id LIMIT ?", (start, batch)).fetchall()
-            if not rows:
-                return
-            last = rows[-1][0]
-            yield [r[1] for r in rows]
+        for rows in _url_rows(self.db, None, batch):
+            yield [u for _, u in rows]
 
     def url_info(self, url: str) -> dict[str, Any] | None:
         """Everything the table holds about one URL (for the operator and for tests)."""
@@ -1630,14 +1632,8 @@ def upgrade_postgres(location: str, *, progress: Callable[[int], None] | None = 
         db.begin()
         db.script(SqlUrlIndex.DDL)
         index = SqlUrlIndex(db)
-        n, last = 0, None
-        while True:
-            op, start = _from(last)
-            rows = db.execute("SELECT u.id, o.origin || u.path FROM url_state u JOIN origins o ON o.id = u.origin "
-                              f"WHERE u.id {op} ? ORDER BY u.id LIMIT ?", (start, 50_000)).fetchall()
-            if not rows:
-                break
-            last = rows[-1][0]
+        n = 0
+        for rows in _url_rows(db, None, 50_000):
             index.add(url_hashes(u for _, u in rows), [i for i, _ in rows])
             n += len(rows)
             if progress is not None:
@@ -1722,7 +1718,7 @@ def _copy_v1(store: MasterStore, old: Any, chunk: int, progress: Callable[[int],
         by_url = {r[0]: r for r in rows}
         origin_of = store._origin_ids(split_url(u)[0] for u in by_url)
         states, pages = [], []
-        key = first = store._next_id
+        key = store._take_ids(list(by_url))
         for (url, depth, priority, seq, slot, state, node, parent, attempts, *result) in by_url.values():
             origin, rest = split_url(url)
             states.append((key, origin_of[origin], rest, state, store._node_id(node), depth, priority, seq, slot,
@@ -1730,8 +1726,6 @@ def _copy_v1(store: MasterStore, old: Any, chunk: int, progress: Callable[[int],
             if any(v is not None for v in result):
                 pages.append((key, *result))
             key += 1
-        store._add_rows(list(by_url), first)
-        store._next_id = key
         store.db.executemany(
             "INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent_url, attempts) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", states)

@@ -46,8 +46,7 @@ log = logging.getLogger(__name__)
 MAGIC = b"ACRWUIX1"
 HEADER = 4096
 ID_BITS = 40
-ID_MASK = (1 << ID_BITS) - 1
-MAX_ID = ID_MASK
+ID_MASK = (1 << ID_BITS) - 1       # also the largest id a slot holds
 FIRST_SLOTS = 1 << 18            # slots of the first table (2 MiB); each next table doubles
 MAX_LOAD = 0.75
 MAX_TABLES = 48                  # 2^18 * (2^48 - 1) slots: far beyond any disk
@@ -88,10 +87,6 @@ class UrlIndex(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def _slots_of(table: int) -> int:
-    return FIRST_SLOTS << table
 
 
 def _offset_of(table: int) -> int:
@@ -234,7 +229,7 @@ class FileUrlIndex:
             raise PermissionError(f"{self.path}: opened read-only")
         h = np.array(hashes, dtype=np.int64).view(np.uint64)
         v = np.array(ids, dtype=np.uint64)
-        if int(v.max()) > MAX_ID or int(v.min()) < 1:
+        if int(v.max()) > ID_MASK or int(v.min()) < 1:
             raise ValueError("URL row id out of the index's range")
         values = (h >> np.uint64(ID_BITS)) << np.uint64(ID_BITS) | v
         start = 0
