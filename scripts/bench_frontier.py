@@ -66,7 +66,6 @@ class Control:
         self.store = MasterStore(self.parent / "control" / "master.db")
         batch, hosts, workload, nodes = self.args
         self.rows = batches(CONTROL_MAX, batch, hosts, workload, nodes, seed=2)
-        self.size = 0
 
     def step(self) -> None:
         rows = next(self.rows, None)
@@ -81,8 +80,11 @@ class Control:
         self.urls += len(rows)
 
     def take(self) -> float:
-        """CPU seconds per URL since the last take."""
-        per = self.cpu / max(self.urls, 1)
+        """CPU seconds per URL since the last take (a batch is run now if none was: a short run's tenth is fewer
+        batches than CONTROL_EVERY)."""
+        if not self.urls:
+            self.step()
+        per = self.cpu / self.urls
         self.cpu, self.urls = 0.0, 0
         return per
 
@@ -91,21 +93,16 @@ CONTROL_MAX = 500_000    # URLs in the control store before it starts again
 CONTROL_EVERY = 10       # run batches per control batch
 
 
-def rss_parts_mb() -> tuple[float, float]:
-    """(anonymous, file-backed) resident MB now: the file part is the URL index's mapped pages, page cache the
-    kernel writes back and reclaims under pressure."""
-    parts = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(("RssAnon:", "RssFile:")):
-            parts[line.split(":")[0]] = int(line.split()[1]) / 1024
-    return parts.get("RssAnon", 0.0), parts.get("RssFile", 0.0)
+def status_mb() -> dict[str, float]:
+    """This process's memory figures in MB from /proc/self/status: VmHWM (peak RSS), RssAnon, RssFile (the URL
+    index's mapped pages: page cache the kernel writes back and reclaims under pressure)."""
+    return {line.split(":")[0]: int(line.split()[1]) / 1024
+            for line in Path("/proc/self/status").read_text().splitlines()
+            if line.startswith(("VmHWM:", "RssAnon:", "RssFile:"))}
 
 
 def peak_rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return status_mb().get("VmHWM", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 def batches(count: int, batch: int, hosts: int, workload: str, nodes: list[str], seed: int = 1):
@@ -237,7 +234,8 @@ def main() -> int:
                 t = time.perf_counter()
         queued = store.frontier_size()
         rss_queued = peak_rss_mb()
-        anon, mapped = rss_parts_mb()
+        mem = status_mb()
+        anon, mapped = mem.get("RssAnon", 0.0), mem.get("RssFile", 0.0)
         if args.store is not None:
             size = store_bytes(store, work)
         store.close()
