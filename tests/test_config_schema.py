@@ -122,7 +122,7 @@ def test_the_yaml_keys_users_write_are_unchanged():
         "web.listen", "web.token_file",
     ])
     assert sorted(_dotted(WORKER_SPEC)) == sorted([
-        "master", "id", "data_dir", "secret_file", "concurrency", "downloads", "pending_downloads", "max_tasks",
+        "master", "id", "data_dir", "secret_file", "concurrency", "downloads", "pending_downloads", "report_wait", "max_tasks",
         "user_agent", "max_page_bytes", "max_audio_bytes", "connect_timeout", "read_timeout", "fetch_timeout",
         "download_timeout", "download_min_rate", "revalidate_after", "max_page_depth", "max_page_tags",
         "max_redirects", "dns_ttl", "link_cache", "max_links_per_page", "store_pages", "page_format",

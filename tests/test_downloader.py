@@ -156,6 +156,26 @@ async def test_a_file_that_fits_in_one_chunk_goes_straight_to_the_store(server, 
     assert AudioStore(tmp_path).load_finished(key).sha256 == sha(data)
 
 
+async def test_the_slots_are_given_up_once_the_bytes_are_in_before_the_file_is_stored(server, client, tmp_path):
+    """`transferred` tells the caller the host is done with the download: storing the file comes after, and
+    needs no slot (the worker's ask slot goes back then). It is called once, also for a file streamed to disk."""
+    small, large = blob(10_000, 31), blob(3 * CHUNK, 32)
+    server.add("/small.mp3", small)
+    server.add("/large.mp3", large)
+    downloader = Downloader(client, tmp_path, CFG)
+    for name, data in (("small", small), ("large", large)):
+        calls: list[bool] = []
+
+        def transferred() -> None:
+            # Not stored yet: the file is not in the store when the slot is given up.
+            calls.append((tmp_path / "audio" / sha(data)[:2]).exists())
+
+        got = await downloader.fetch(AudioItem(url=server.url(f"/{name}.mp3"), page="p"), transferred=transferred)
+        assert got.status == OK and (tmp_path / got.path).read_bytes() == data
+        assert calls == [False], (name, calls)
+        assert downloader.hosts.holders(server.url("/").split("//")[1].rstrip("/")) == 0
+
+
 async def test_connection_reset_mid_body_resumes(server, client, tmp_path):
     data = blob(2_000_000, 5)
     res = server.add("/a.mp3", data)

@@ -1,5 +1,7 @@
-"""End to end: a page reports before its downloads end, and no pending download is lost. Real master and workers
-as processes, on loopback, against sites whose audio is slow to answer."""
+"""End to end: a page's report carries the outcomes of its downloads that end soon; a page whose downloads take
+longer reports without waiting for them, and no pending download is lost. Real master and workers as processes, on
+loopback, against sites whose audio is slow to answer. The tests of the pending downloads set `report_wait: 0`, so
+that every download is reported apart from its page, however fast it ends."""
 
 import random
 import re
@@ -22,6 +24,13 @@ def _status(config) -> dict:
 def _pending_of(config, node: str) -> int:
     with MasterStore.open_readonly(cluster.store_of(config)) as store:
         return len(store.pending_of([node]))
+
+
+def _apart(tmp_path):
+    """A worker config whose pages never wait for their downloads."""
+    path = tmp_path / "worker-apart.yaml"
+    path.write_text("report_wait: 0\n")
+    return path
 
 
 def _song_site(tmp_path, seed: int, songs: int, size: int, *, heading: bool = False):
@@ -53,7 +62,7 @@ async def test_a_page_reports_its_links_while_its_download_is_still_running(tmp_
     async with await siteserver.start(site, behaviour=behaviour) as server:
         config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"])
         master = await cluster.start_master(config, tmp_path)
-        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=_apart(tmp_path))
 
         def children_fetched() -> bool:
             return {e.path for e in server.log} >= set(children)
@@ -81,6 +90,41 @@ async def test_a_page_reports_its_links_while_its_download_is_still_running(tmp_
     assert final["audio"] == {"ok": 1} and final["downloads_pending"] == 0
 
 
+async def test_a_page_report_carries_the_downloads_that_ended_within_report_wait(tmp_path):
+    """Fast downloads ride in their page's report: the master writes their rows once, as they stand, with no
+    pending row to write and settle. A download slower than report_wait is reported apart, as before."""
+    songs = 6
+    site = _song_site(tmp_path, 17, songs, 20_000, heading=True)
+    (site / "media" / "slow.mp3").write_bytes(sitegen._mp3(random.Random(2), 20_000, "Slow", "Band", "Album"))
+    (site / "slow.html").write_text('<html><body><h1>Slow</h1><audio src="/media/slow.mp3"></audio></body></html>')
+    index = site / "index.html"
+    index.write_text(index.read_text().replace("</body>", '<a href="/slow.html">slow</a></body>'))
+    behaviour = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/slow": 4.0})
+    worker_cfg = tmp_path / "worker.yaml"
+    worker_cfg.write_text("report_wait: 1.0\n")
+    async with await siteserver.start(site, behaviour=behaviour) as server:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"])
+        master = await cluster.start_master(config, tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=worker_cfg)
+        assert await master.wait(120) == 0, master.log()[-3000:]
+        assert await worker.wait(30) == 0, worker.log()[-2000:]
+        log = list(server.log)
+    summary = master.stdout.decode()
+    assert f"downloads       {songs} files with their pages, 1 reported apart" in summary, summary
+    rows = cluster.catalogue(tmp_path)
+    assert sorted(r["url"].rsplit("/", 1)[1] for r in rows) == sorted([f"{i}.mp3" for i in range(songs)]
+                                                                       + ["slow.mp3"])
+    assert all(r["status"] == "ok" and r["sha256"] and r["title"] for r in rows), rows
+    for r in rows:
+        assert (tmp_path / "worker-w1" / r["path"]).exists()
+    # The slow page's report did not wait for its download: the page was answered long before the file.
+    slow_page = next(e for e in log if e.path == "/slow.html")
+    slow_file = next(e for e in log if e.path == "/media/slow.mp3")
+    assert slow_file.ended - slow_page.ended > 3.0
+    st = _status(config)
+    assert st["downloads_pending"] == 0 and st["audio"] == {"ok": songs + 1}
+
+
 SONGS = 12
 
 
@@ -89,7 +133,7 @@ async def test_the_pending_downloads_of_a_killed_worker_are_finished_by_another(
     # Two downloads at a time per worker, 2 s each: the pages are all reported long before their downloads end.
     behaviour = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/": 2.0})
     worker_cfg = tmp_path / "worker.yaml"
-    worker_cfg.write_text("downloads: 2\n")
+    worker_cfg.write_text("downloads: 2\nreport_wait: 0\n")
     async with await siteserver.start(site, behaviour=behaviour) as server:
         config = cluster.master_config(tmp_path, [server.url + "/"], ["w1", "w2"], **master_store)
         master = await cluster.start_master(config, tmp_path)
@@ -134,7 +178,7 @@ async def test_a_worker_with_its_downloads_pending_takes_no_new_pages(tmp_path):
     site = _song_site(tmp_path, 5, songs, 10_000)
     behaviour = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/": 1.0})
     worker_cfg = tmp_path / "worker.yaml"
-    worker_cfg.write_text("downloads: 1\npending_downloads: 2\nmax_tasks: 2\n")
+    worker_cfg.write_text("downloads: 1\npending_downloads: 2\nmax_tasks: 2\nreport_wait: 0\n")
     async with await siteserver.start(site, behaviour=behaviour) as server:
         config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"])
         master = await cluster.start_master(config, tmp_path)
@@ -160,7 +204,7 @@ async def test_pending_downloads_outlive_a_master_restart_and_go_on_when_their_n
     site = _song_site(tmp_path, 13, songs, 10_000)
     behaviour = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/": 2.0})
     worker_cfg = tmp_path / "worker.yaml"
-    worker_cfg.write_text("downloads: 1\nreconnect_max_delay: 1.0\n")
+    worker_cfg.write_text("downloads: 1\nreconnect_max_delay: 1.0\nreport_wait: 0\n")
     async with await siteserver.start(site, behaviour=behaviour) as server:
         config = cluster.master_config(tmp_path, [server.url + "/"], ["w1", "w2"],
                                        listen=f"127.0.0.1:{cluster.free_port()}")

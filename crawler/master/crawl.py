@@ -147,6 +147,10 @@ class Totals:
     links_seen: int = 0
     links_new: int = 0
     stale_downloads: int = 0   # download outcomes from a node that no longer held them (handed to another)
+    # Stored files (or copies) whose outcome came in their page's report, and outcomes that came apart (their
+    # page reported them pending: a row written, then settled).
+    files_with_page: int = 0
+    outcomes_apart: int = 0
 
 
 class Crawl:
@@ -355,6 +359,7 @@ class Crawl:
                 self.store.drop_pending(ended)
         except _BAD_VALUES as e:
             raise ReportRejected(f"download outcomes refused by the store ({type(e).__name__}: {e})") from None
+        self.totals.outcomes_apart += len(settled)
         return [r for r in rows if r is not None]
 
     # ------------------------------------------------------------------ input
@@ -678,6 +683,7 @@ class Crawl:
         audio_rows: list[dict[str, Any]] = []
         pending: list[tuple[str, str, str | None, str, float]] = []
         cut = 0
+        with_page = 0
         mine = self.leases_by_node.get(node, set())
         for r in results:
             lease = self.leases.get(r.lease)
@@ -706,6 +712,8 @@ class Crawl:
                 audio_rows.append(row)
                 if a.status == PENDING:
                     pending.append((a.page, a.url, node, json.dumps(a.to_wire(), ensure_ascii=False), now))
+                elif a.sha256:
+                    with_page += 1
             if self.revisit is not None and state == p.DONE:
                 etag, last_modified, digest = r.validators or (None, None, None)
                 # A visit whose resolver reported an error may have missed items: it removes none.
@@ -749,6 +757,7 @@ class Crawl:
         if cut:
             self.discards[DISCARD_TOO_DEEP] += cut
         self.totals.pages += sum(1 for f, first in zip(finished, firsts) if first and f.state == p.DONE)
+        self.totals.files_with_page += with_page
         return [row for row, is_new in zip(audio_rows, fresh) if is_new]
 
     def _note_lastmod(self, lastmod: list[tuple[str, float]]) -> None:

@@ -57,7 +57,8 @@ class Observer:
         page_bytes = sum(r.size or 0 for r in results)
         if page_bytes:
             m.download_bytes.labels(node, "page").inc(page_bytes)
-        audio_bytes = sum(a.size or 0 for r in results for a in r.audio if a.sha256)
+        # (a copy brings none: another node downloaded it)
+        audio_bytes = sum(a.size or 0 for r in results for a in r.audio if a.sha256 and "stored_on" not in a.extra)
         if audio_bytes:
             m.download_bytes.labels(node, "audio").inc(audio_bytes)
         if new_rows:

@@ -106,6 +106,8 @@ class Summary:
     new_urls: int = 0
     data_dir: str = ""
     loop_lag_worst: float = 0.0   # the longest the event loop was held, as its lag probe saw it
+    files_with_page: int = 0      # downloads whose outcome came in their page's report
+    outcomes_apart: int = 0       # downloads reported apart from their page (pending, then settled)
 
 
     @property
@@ -120,6 +122,8 @@ class Summary:
             f"  this run        {self.run_pages} pages",
             f"  errors          {self.errors}",
             f"  audio items     {self.audio}",
+            *([f"  downloads       {self.files_with_page} files with their pages, {self.outcomes_apart} reported apart"]
+              if self.files_with_page or self.outcomes_apart else []),
             f"  elapsed         {self.elapsed:.1f} s",
             f"  throughput      {self.pages_per_s:.1f} pages/s",
             f"  left in queue   {self.frontier}",
@@ -470,6 +474,8 @@ class Master:
         counts = st.get("states", {})
         self.summary.pages = counts.get("done", 0)
         self.summary.run_pages = self.crawl.totals.pages
+        self.summary.files_with_page = self.crawl.totals.files_with_page
+        self.summary.outcomes_apart = self.crawl.totals.outcomes_apart
         self.summary.errors = counts.get("error", 0)
         self.summary.audio = sum(st["audio"].values())
         self.summary.frontier = st.get("frontier", 0)

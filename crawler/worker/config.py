@@ -77,6 +77,9 @@ class WorkerConfig:
     downloads: int = setting("int", 4, positive)             # audio downloads in flight, apart from page fetches
     # Downloads a worker holds, running or waiting for their turn: past it, it takes no new pages until some end.
     pending_downloads: int = setting("int", 256, positive)
+    # Seconds a page's report waits for the downloads the page started, so that it carries their outcomes
+    # (0: it never waits; downloads still running then report apart, as they end).
+    report_wait: float = setting("float", 2.0, non_negative)
     # Credit announced to the master; absent, two tasks for each page fetch and each download in flight.
     max_tasks: int = setting("int", None, positive)
     user_agent: str = setting("str", DEFAULT_USER_AGENT)

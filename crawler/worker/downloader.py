@@ -278,10 +278,12 @@ class _Host:
 class _DownloadSlots:
     """One download's slots: its host's, then a global one. Released and taken again around a re-resolve."""
 
-    def __init__(self, hosts: HostSlots, total: asyncio.Semaphore | None) -> None:
+    def __init__(self, hosts: HostSlots, total: asyncio.Semaphore | None,
+                 transferred: Callable[[], None] | None = None) -> None:
         self._hosts, self._total = hosts, total
         self._host: str | None = None
         self._holds_total = False
+        self._transferred = transferred    # called when the slots are first given up
 
     async def take(self, host: str) -> None:
         self.release()
@@ -299,6 +301,9 @@ class _DownloadSlots:
         if self._host is not None:
             self._hosts.release(self._host)
             self._host = None
+            transferred, self._transferred = self._transferred, None
+            if transferred is not None:
+                transferred()
 
 
 class Downloader:
@@ -343,15 +348,18 @@ class Downloader:
 
         self.hls = HlsDownloader(client, self.store, cfg, clock=clock)
 
-    async def fetch(self, item: AudioItem, reresolve: Reresolve | None = None) -> AudioItem:
+    async def fetch(self, item: AudioItem, reresolve: Reresolve | None = None, *,
+                    transferred: Callable[[], None] | None = None) -> AudioItem:
         """Download item.url into the store, unless a finished download of it is known to be current.
 
         Returns the item with sha256/size/content_type/path and status OK, or status FAILED with a reason.
         Network and server misbehaviour never raise; cancellation does, and leaves the partial for next time.
         Waits for a slot of the item's host (and a global one, if configured) before any request.
         With ``file_tags``, an OK item also carries what its file says about itself.
+        ``transferred`` is called once the download first gives its slots up: the server is done with it (or a
+        re-resolve asks the site), what is left is storing the file.
         """
-        result = await self._fetch_item(item, reresolve)
+        result = await self._fetch_item(item, reresolve, transferred)
         if not self._file_tags or result.status != OK or not result.path:
             return result
         tags = self._fresh_tags.pop(result.path, None)
@@ -360,7 +368,8 @@ class Downloader:
                 tags = await asyncio.to_thread(read_file_tags, self.store.root / result.path)
         return result.with_file_tags(tags) if tags else result
 
-    async def _fetch_item(self, item: AudioItem, reresolve: Reresolve | None) -> AudioItem:
+    async def _fetch_item(self, item: AudioItem, reresolve: Reresolve | None,
+                          transferred: Callable[[], None] | None = None) -> AudioItem:
         if not item.url:
             return item.replace(status=FAILED, reason="no download address")
         key = partial_key(item)
@@ -389,7 +398,7 @@ class Downloader:
         future: asyncio.Future[AudioItem] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         self._inflight_urls[item.url] = future
-        slots = _DownloadSlots(self.hosts, self._total)
+        slots = _DownloadSlots(self.hosts, self._total, transferred)
         try:
             await slots.take(host_of(item.url))
             if self.hls.claims(item):     # a playlist of segments, made one file by crawler/worker/hls.py
@@ -624,6 +633,7 @@ class Downloader:
         refused = plan.check_finished(size, record.expected_size, partial.head(plan.FIRST_BYTES))
         if refused is not None:
             return refused
+        slots.release()    # the server is done with us: the slot is for the next download
         sha = partial.hasher.hexdigest()
         urls = [item.url] + ([record.final_url] if record.final_url else [])
         rel = await partial.commit(sha, extension_for(urls, record.content_type))

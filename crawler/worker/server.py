@@ -588,21 +588,16 @@ class Worker:
                       self.cfg.data_dir)
 
     async def _run_task(self, task: p.Task, results: asyncio.Queue[p.Result | int]) -> None:
-        self._running.add(task.lease)
-        self.stats.in_flight += 1
+        self._running.add(task.lease)    # renewed by the heartbeats until its report is queued
         try:
-            result = await self.process(task)
-        except LocalFault as e:
-            self._enter_fault(str(e))
-            results.put_nowait(task.lease)
-            return
-        except Exception as e:   # a bug must cost one task, not the worker
-            log.exception("task %s failed unexpectedly", task.url)
-            result = p.Result(task.lease, task.url, p.RETRY, error=f"worker error: {type(e).__name__}: {e}")
+            result = await self._result_of(task)
+            if result is None:
+                results.put_nowait(task.lease)    # handed back after a local fault
+                return
+            self._count(result)     # before its downloads' outcomes join it: those count as they end
+            result = await self._with_outcomes(result)
         finally:
-            self.stats.in_flight -= 1
             self._running.discard(task.lease)
-            self._request_ended(task.lease, True)   # no page request (a resolver's own), or it failed early
         fitted = _within_limits(result)
         if fitted is not result and result.audio:
             # Items dropped to fit the wire are not pending at the master: their outcomes need not wait.
@@ -612,11 +607,44 @@ class Worker:
             self.stats.pages += 1
         else:
             self.stats.errors += 1
-        self._count(result)
         if self._debug:   # one line a page for an operator who asks for it (--log-level debug)
             log.debug("%s %s %s%s", result.status, result.http_status or "-", task.url,
                       f" ({result.error})" if result.error else "")
         results.put_nowait(result)
+
+    async def _result_of(self, task: p.Task) -> p.Result | None:
+        """The task's result; None after a local fault (the task goes back to the master)."""
+        self.stats.in_flight += 1
+        try:
+            return await self.process(task)
+        except LocalFault as e:
+            self._enter_fault(str(e))
+            return None
+        except Exception as e:   # a bug must cost one task, not the worker
+            log.exception("task %s failed unexpectedly", task.url)
+            return p.Result(task.lease, task.url, p.RETRY, error=f"worker error: {type(e).__name__}: {e}")
+        finally:
+            self.stats.in_flight -= 1
+            self._request_ended(task.lease, True)   # no page request (a resolver's own), or it failed early
+
+    async def _with_outcomes(self, result: p.Result) -> p.Result:
+        """The page's result with the outcomes of its downloads that ended within cfg.report_wait in place of
+        their pending items. An item reported with its outcome is recorded by the master once, as it stands;
+        a pending one takes a row kept until its outcome comes apart (DownloadReport), which costs the master
+        several times as much. The page's lease stays renewed meanwhile, and the wait holds the task's credit,
+        not a page fetch slot: a worker whose downloads fall behind takes new pages only as fast as they end."""
+        keys = _pending_keys([result])
+        if not keys or self.cfg.report_wait <= 0:
+            return result
+        jobs = [job for key in keys if (job := self._jobs.get(key)) is not None]
+        if jobs:
+            await asyncio.wait(jobs, timeout=self.cfg.report_wait)
+        ended = {key: done for key in keys if (done := self._held.pop(key, None)) is not None}
+        if not ended:
+            return result
+        self._unreported.difference_update(ended)
+        audio = tuple(ended.get((a.page, a.url), a) if a.status == it.PENDING else a for a in result.audio)
+        return msgspec.structs.replace(result, audio=audio)
 
     def _count(self, result: p.Result) -> None:
         m = self.metrics
@@ -932,26 +960,40 @@ class Worker:
         # A job asks the master only once it holds one of this worker's ask slots (twice its downloads): a grant
         # is a slot of the audio host for the whole cluster, and a worker holding many it cannot use yet would
         # starve the others; a few more asks than downloads keep one slow host's line from idling the worker.
-        async with self.dl_slots:
+        # The ask slot is given up once the file's bytes are in: storing it needs no slot of the host's.
+        await self.dl_slots.acquire()
+        held = True
+
+        def transferred() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.dl_slots.release()
+
+        go = False
+        ticket: int | None = None
+        done: it.AudioItem | None = None
+        try:
             # The master paces downloads per audio host over all workers, and knows which addresses a node
             # already has: then only the place is recorded.
             ticket, grant = await self._grant(item.url)
             if grant.verdict == p.GRANT_COPY:
                 return item.replace(sha256=grant.sha256, size=grant.size, path=grant.path,
                                     extra={**item.extra, "stored_on": grant.node})
-            done: it.AudioItem | None = None
-            try:
-                done = await self.downloader.fetch(item, reresolve)
-                backup = item.extra.get("backup_url")
-                if done.status == it.FAILED and isinstance(backup, str) \
-                        and backup.startswith(("http://", "https://")) and backup != item.url:
-                    # The site named a second address for the same file: try it before giving the item up.
-                    log.info("download of %s failed (%s); trying its backup address", item.url, done.reason)
-                    done = await self.downloader.fetch(
-                        item.replace(url=backup, extra={**item.extra, "primary_url": item.url}), reresolve)
-            finally:
-                self._download_ended(ticket, done)
+            go = True
+            done = await self.downloader.fetch(item, reresolve, transferred=transferred)
+            backup = item.extra.get("backup_url")
+            if done.status == it.FAILED and isinstance(backup, str) \
+                    and backup.startswith(("http://", "https://")) and backup != item.url:
+                # The site named a second address for the same file: try it before giving the item up.
+                log.info("download of %s failed (%s); trying its backup address", item.url, done.reason)
+                done = await self.downloader.fetch(
+                    item.replace(url=backup, extra={**item.extra, "primary_url": item.url}), reresolve)
             return done
+        finally:
+            transferred()
+            if go:
+                self._download_ended(ticket, done)
 
 
 def _pending_keys(results: Iterable[p.Result]) -> set[tuple[str, str]]:
