@@ -146,8 +146,9 @@ class AudioStore:
         self.done_dir = self.audio_dir / "done"
         self._partial_prefix = f"{self.partial_dir}{os.sep}"
         self._audio_prefix = f"{self.audio_dir}{os.sep}"    # paths as strings: pathlib cost more than the write
-        # A worker owns its data dir: while it has made no partial folder, and found none, no key has a sidecar.
-        self._partials = self.partial_dir.is_dir()
+        # A worker owns its data dir, so the keys with a sidecar are listed once and then kept here: a download
+        # that left nothing behind (nearly all of them) costs no failed open. Bounded by the partials on disk.
+        self._sidecars: set[str] | None = None
         # Records kept as files by earlier versions are looked for only where such a version left some, and
         # content stored by them (not in the ``stored`` table) is looked for by listing its folder.
         self._legacy_records = self.done_dir.is_dir()
@@ -171,13 +172,13 @@ class AudioStore:
 
     def load_sidecar(self, key: str) -> Sidecar | None:
         """The sidecar if it and its partial file are both usable; otherwise both are cleared."""
-        if not self._partials:
+        if key not in self._sidecar_keys():
             return None
         try:
-            # The usual case is one failed open (nothing was left for this key), so no pathlib on the way there.
             with open(f"{self._partial_prefix}{key}.json", encoding="utf-8") as fh:
                 text = fh.read()
         except FileNotFoundError:
+            self._sidecar_keys().discard(key)
             return None
         except (OSError, ValueError):    # unreadable, or not UTF-8
             text = ""
@@ -190,13 +191,23 @@ class AudioStore:
             return None
         return record
 
+    def _sidecar_keys(self) -> set[str]:
+        if self._sidecars is None:
+            try:
+                names = os.listdir(self.partial_dir)
+            except FileNotFoundError:
+                names = []
+            self._sidecars = {name[:-5] for name in names if name.endswith(".json")}
+        return self._sidecars
+
     def save_sidecar(self, key: str, record: Sidecar) -> None:
         """Atomic: a crash leaves the old sidecar or the new one, never half of one."""
         self.partial_dir.mkdir(parents=True, exist_ok=True)
-        self._partials = True
         _write_atomic(self.sidecar_path(key), record.to_json())
+        self._sidecar_keys().add(key)
 
     def discard(self, key: str) -> None:
+        self._sidecar_keys().discard(key)
         for p in (self.part_path(key), self.sidecar_path(key)):
             p.unlink(missing_ok=True)
 
@@ -295,6 +306,7 @@ class AudioStore:
         else:
             os.replace(self.part_path(key), f"{folder}{sha256}{ext}")
             rel = f"audio/{sha256[:2]}/{sha256}{ext}"
+        self._sidecar_keys().discard(key)
         self.sidecar_path(key).unlink(missing_ok=True)
         return rel
 

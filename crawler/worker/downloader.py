@@ -145,26 +145,42 @@ class _Committer:
     Finishing a small download (hash a few KiB, write one file, record it) costs less than one hand-off to a
     thread and back, so the downloads finishing within ``gather`` seconds of each other (or ``full`` of them)
     share one hand-off, and their records one transaction. Their slots are already released, so the wait costs
-    no throughput. The queue holds at most one entry per download in flight.
+    no throughput. The files waiting here are bytes in memory: a download hands its file over only once those
+    are under ``max_bytes`` (room()), so a disk slower than the network holds the downloads back, not memory.
     """
 
-    def __init__(self, store: AudioStore, *, gather: float = 0.01, full: int = 64) -> None:
+    def __init__(self, store: AudioStore, *, gather: float = 0.05, full: int = 64,
+                 max_bytes: int = 16 * MiB) -> None:
         self._store = store
         self._queue: list[tuple[_Commit, asyncio.Future[_Committed]]] = []
         self._running = False
         self._timer: asyncio.TimerHandle | None = None
         self._gather, self._full = gather, full
+        self._bytes, self._max_bytes = 0, max_bytes     # of the files queued and being stored
+        self._room: list[asyncio.Future[None]] = []     # downloads waiting for _bytes to fall under max_bytes
+
+    async def room(self) -> None:
+        """Returns once the files held here are under max_bytes (one more file may take it past the bound)."""
+        while self._bytes >= self._max_bytes:
+            waiter = asyncio.get_running_loop().create_future()
+            self._room.append(waiter)
+            await waiter
 
     def commit(self, entry: _Commit) -> asyncio.Future[_Committed]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_Committed] = loop.create_future()
         self._queue.append((entry, future))
+        self._bytes += entry.size
         if not self._running:
-            if len(self._queue) >= self._full:
-                self._start(loop)
-            elif self._timer is None:
-                self._timer = loop.call_later(self._gather, self._start, loop)
+            self._schedule(loop)
         return future
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start a batch now when one is full (or memory is), else when the gather time is up."""
+        if len(self._queue) >= self._full or self._bytes >= self._max_bytes:
+            self._start(loop)
+        elif self._timer is None:
+            self._timer = loop.call_later(self._gather, self._start, loop)
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._timer is not None:
@@ -176,6 +192,7 @@ class _Committer:
             done = loop.run_in_executor(None, _commit_all, self._store, [entry for entry, _ in batch])
         except RuntimeError as exc:    # the loop is shutting its executor down: fail these, never leave them
             self._running = False
+            self._bytes -= sum(entry.size for entry, _ in batch)
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
@@ -185,6 +202,11 @@ class _Committer:
     def _finished(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Commit, asyncio.Future[_Committed]]],
                   done: asyncio.Future[list[_Committed | Exception]]) -> None:
         self._running = False
+        self._bytes -= sum(entry.size for entry, _ in batch)
+        waiters, self._room = self._room, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
         outcomes = done.result() if not done.cancelled() and done.exception() is None else None
         for i, (_, future) in enumerate(batch):
             if future.done():
@@ -195,10 +217,7 @@ class _Committer:
             else:
                 future.set_result(outcome)
         if self._queue:
-            if len(self._queue) >= self._full:
-                self._start(loop)
-            elif self._timer is None:
-                self._timer = loop.call_later(self._gather, self._start, loop)
+            self._schedule(loop)
 
 
 _Committed = tuple[Finished, "dict[str, Any] | None"]   # the record, and the file's tags if they were read
@@ -283,7 +302,13 @@ class _DownloadSlots:
         self._hosts, self._total = hosts, total
         self._host: str | None = None
         self._holds_total = False
-        self._transferred = transferred    # called when the slots are first given up
+        self._transferred = transferred
+
+    def handed_over(self) -> None:
+        """The file's bytes are in the store's hands: the caller's `transferred` is called (once)."""
+        transferred, self._transferred = self._transferred, None
+        if transferred is not None:
+            transferred()
 
     async def take(self, host: str) -> None:
         self.release()
@@ -301,9 +326,6 @@ class _DownloadSlots:
         if self._host is not None:
             self._hosts.release(self._host)
             self._host = None
-            transferred, self._transferred = self._transferred, None
-            if transferred is not None:
-                transferred()
 
 
 class Downloader:
@@ -356,8 +378,8 @@ class Downloader:
         Network and server misbehaviour never raise; cancellation does, and leaves the partial for next time.
         Waits for a slot of the item's host (and a global one, if configured) before any request.
         With ``file_tags``, an OK item also carries what its file says about itself.
-        ``transferred`` is called once the download first gives its slots up: the server is done with it (or a
-        re-resolve asks the site), what is left is storing the file.
+        ``transferred`` is called once the file's bytes are in and handed to the store (a file held in memory
+        once the store's queue has room for it): what is left of the download is storing the file.
         """
         result = await self._fetch_item(item, reresolve, transferred)
         if not self._file_tags or result.status != OK or not result.path:
@@ -634,6 +656,7 @@ class Downloader:
         if refused is not None:
             return refused
         slots.release()    # the server is done with us: the slot is for the next download
+        slots.handed_over()
         sha = partial.hasher.hexdigest()
         urls = [item.url] + ([record.final_url] if record.final_url else [])
         rel = await partial.commit(sha, extension_for(urls, record.content_type))
@@ -650,6 +673,8 @@ class Downloader:
             return refused
         urls = [item.url] + ([record.final_url] if record.final_url else [])
         slots.release()    # the server is done with us: the slot is for the next download
+        await self._committer.room()
+        slots.handed_over()
         committed = await self._committer.commit(_Commit(
             key=partial.key, pieces=partial.in_memory(), size=size, ext=extension_for(urls, record.content_type),
             record=Finished(url=item.url, sha256="", size=size, path="", etag=record.etag,
