@@ -271,6 +271,12 @@ def test_a_huge_declared_tag_size_costs_nothing() -> None:
     assert read_mp3(b"ID3\x04\x00\x00\x7f\x7f\x7f\x7f" + b"\x00" * 100) is None
 
 
+def test_a_megabyte_of_nul_separated_values_is_left_to_mutagen() -> None:
+    # Each value is a step of the reader's loop: a text frame longer than any title is mutagen's to read.
+    data = raw_id3(3, [(b"TIT2", b"\x00" * 1_000_000)]) + stream(random.Random(0), MPEG1, 12)
+    assert read_mp3(data) is None
+
+
 _PIECES = (b"\x00", b"\x00\x00", b"\xff\xfe", b"\xfe\xff", b"a", b"\xe9", b"\xc3\xa9", b" ", b"\xd8\x3d\xde\x00",
            b"\x00\x61", b"\x61\x00", b"\xff")
 

@@ -22,6 +22,8 @@ from mutagen.id3 import Frames
 _KNOWN_FRAMES = frozenset(Frames)
 _WANTED = ("TIT2", "TPE1", "TPE2", "TALB")
 _EMPTY_HEADER = b"\x00" * 10
+# A text frame longer than this is no title: mutagen reads it (and the fast path's work stays small).
+_MAX_TEXT = 4096
 
 # (version, layer 3) -> kbit/s per index, and version -> sample rates (MPEGFrame's tables).
 _BITRATES = {1.0: (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
@@ -63,41 +65,45 @@ def _v24_sizes_are_syncsafe(data: bytes) -> bool:
     return not (asint > asbpi or (asint == asbpi and (bpioff >= 1 and intoff <= 1)))
 
 
-def _texts(payload: bytes, v24: bool) -> list[str] | None:
-    """A text frame's values as mutagen's MultiSpec(EncodedTextSpec) reads them; None: mutagen drops it."""
+def _first_value(payload: bytes, v24: bool) -> str | None:
+    """The first of a text frame's values as mutagen's MultiSpec(EncodedTextSpec) reads them, having checked
+    that all of them decode (else mutagen tries fix-ups or drops the frame); None: mutagen drops the frame."""
     if len(payload) < 2 or payload[0] > 3:
         return None   # cut short by the tag's end, a bad encoding or no text: mutagen drops the frame as junk
-    enc, data = payload[0], payload[1:]
-    values = []
-    while data:
+    if len(payload) > _MAX_TEXT:
+        raise _Decline
+    enc, pos, size = payload[0], 1, len(payload)
+    codec = ("latin-1", "utf-16", "utf-16-be", "utf-8")[enc]
+    # v2.3 had no multiple values: mutagen stops where only zero padding is left rather than read empty ones.
+    last = len(payload.rstrip(b"\x00")) if not v24 else size
+    first: str | None = None
+    while pos < size:
+        start = pos
         if enc in (0, 3):
-            end = data.find(b"\x00")
-            raw, data = (data, b"") if end == -1 else (data[:end], data[end + 1:])
-            codec = "latin-1" if enc == 0 else "utf-8"
+            end = payload.find(b"\x00", pos)
+            stop, pos = (size, size) if end == -1 else (end, end + 1)
         else:
-            if enc == 1 and data[:2] not in (b"\xff\xfe", b"\xfe\xff"):
+            if enc == 1 and payload[pos:pos + 2] not in (b"\xff\xfe", b"\xfe\xff"):
                 raise _Decline   # mutagen's BOM-less fix-ups
-            end = 0
-            while end + 1 < len(data) and data[end:end + 2] != b"\x00\x00":
-                end += 2
-            if end + 1 >= len(data):   # no terminator: the rest must be whole code units
-                if len(data) % 2:
-                    raise _Decline
-                raw, data = data, b""
-            else:
-                raw, data = data[:end], data[end + 2:]
-            codec = "utf-16" if enc == 1 else "utf-16-be"
+            end = payload.find(b"\x00\x00", pos)
+            while end != -1 and (end - pos) % 2:   # a NUL code unit starts on an even byte
+                end = payload.find(b"\x00\x00", end + 1)
+            if end == -1 and (size - pos) % 2:
+                raise _Decline   # half a code unit at the end: mutagen's fix-ups again
+            stop, pos = (size, size) if end == -1 else (end, end + 2)
         try:
-            values.append(raw.decode(codec))
+            value = payload[start:stop].decode(codec)
         except UnicodeDecodeError:
-            raise _Decline from None   # mutagen would try fix-ups or drop the frame
-        if not v24 and not data.strip(b"\x00"):
-            data = b""   # v2.3 had no multiple values: zero padding is not a list of empty strings
-    return values
+            raise _Decline from None
+        if first is None:
+            first = value
+        if pos >= last:
+            break
+    return first
 
 
-def _id3v2(data: bytes) -> tuple[dict[str, list[str]], int, bool]:
-    """The wanted frames' merged values, the tag's size and whether its version is 2.4."""
+def _id3v2(data: bytes) -> tuple[dict[str, str], int, bool]:
+    """The first value of each wanted frame kind, the tag's size and whether its version is 2.4."""
     vmaj, flags = data[3], data[5]
     if vmaj not in (3, 4) or flags or any(b & 0x80 for b in data[6:10]):
         raise _Decline
@@ -107,7 +113,7 @@ def _id3v2(data: bytes) -> tuple[dict[str, list[str]], int, bool]:
     body = data[10:size]
     v24 = vmaj == 4
     syncsafe = v24 and _v24_sizes_are_syncsafe(body)
-    found: dict[str, list[str]] = {}
+    found: dict[str, str] = {}
     while len(body) >= 10:
         name = body[:4]
         if not name.strip(b"\x00"):
@@ -120,15 +126,15 @@ def _id3v2(data: bytes) -> tuple[dict[str, list[str]], int, bool]:
         frame_flags = struct.unpack_from(">H", body, 8)[0]
         payload, body = body[10:10 + fsize], body[10 + fsize:]
         key = name.decode("latin-1")
-        if fsize == 0 or key not in _WANTED:
-            continue   # mutagen drops empty frames; other frames are skipped undecoded
+        if fsize == 0 or key not in _WANTED or key in found:
+            # mutagen drops empty frames; other frames are skipped undecoded; a later frame of a kind
+            # already read only appends values after the first (TextFrame._merge_frame), which is all we keep.
+            continue
         if frame_flags:
             raise _Decline   # compressed, encrypted, grouped or unsynchronised text
-        values = _texts(payload, v24)
-        if values is None:
-            continue
-        merged = found.setdefault(key, [])
-        merged.extend(v for v in values if v not in merged)   # TextFrame._merge_frame
+        value = _first_value(payload, v24)
+        if value is not None:
+            found[key] = value
     return found, size, v24
 
 
@@ -243,7 +249,7 @@ def read_mp3(data: bytes) -> dict[str, Any] | None:
     if not (data.startswith(b"ID3") or data[:2] in (b"\xff\xf2", b"\xff\xf3", b"\xff\xfa", b"\xff\xfb")):
         return None   # mutagen.File would not pick MP3 for these by their header
     try:
-        frames: dict[str, list[str]] | None = None
+        frames: dict[str, str] | None = None
         start = 0
         if data.startswith(b"ID3"):
             if len(data) < 10:
@@ -254,19 +260,16 @@ def read_mp3(data: bytes) -> dict[str, Any] | None:
             # mutagen adds a v1 field only where the v2 tag has no frame of that kind.
             frames = frames if frames is not None else {}
             for key, text in v1.items():
-                frames.setdefault(key, [text])
+                frames.setdefault(key, text)
         length, bitrate = _mpeg(data, start)
     except (_Decline, IndexError, ValueError, struct.error):
         return None   # a shape the mirror did not foresee declines: mutagen judges it, as before
     raw: dict[str, Any] = {}
     if frames is not None:
-        def first(*keys: str) -> str | None:
-            for key in keys:   # _first_text: the first value of each key, skipping blank ones
-                values = frames.get(key) if frames is not None else None
-                if values and values[0].strip():
-                    return values[0]
-            return None
-        raw = {"title": first("TIT2"), "artist": first("TPE1", "TPE2"), "album": first("TALB")}
+        # _first_text: the first value of each key in turn, skipping a blank one (artist, then albumartist).
+        texts = {key: text for key, text in frames.items() if text.strip()}
+        raw = {"title": texts.get("TIT2"), "artist": texts.get("TPE1", texts.get("TPE2")),
+               "album": texts.get("TALB")}
     if length > 0:
         raw["duration"] = round(float(length), 3)
     if bitrate > 0:
