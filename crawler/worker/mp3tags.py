@@ -1,9 +1,9 @@
 """A fast reader of an in-memory MP3's tags and stream facts that gives mutagen's own answer or declines.
 
-mutagen costs about 115 µs per small MP3: it builds an object per ID3 frame (cover art included) and syncs
-MPEG frame headers through a file object. MP3 is most of what the crawler downloads, so this reads just the
+mutagen costs about 100 µs of CPU per small MP3: it builds an object per ID3 frame (cover art included)
+and syncs MPEG frame headers through a file object. MP3 is most of what the crawler downloads, so this reads just the
 four text frames the catalogue keeps (TIT2, TPE1, TPE2, TALB) and the first MPEG frames straight from the
-bytes. It mirrors mutagen 1.4x (mutagen/id3/_tags.py read_frames, determine_bpi, mutagen/id3/_specs.py text
+bytes. It mirrors mutagen 1.48 (mutagen/id3/_tags.py read_frames, determine_bpi, mutagen/id3/_specs.py text
 decoding, mutagen/id3/_id3v1.py, mutagen/mp3/__init__.py MPEGInfo and MPEGFrame) only where the outcome is
 certain; anything else -- ID3v2.2, unsynchronisation, extended headers, flagged text frames, text that does
 not decode cleanly, a stream that does not start right after the tag, VBRI, stray "TAG" bytes near the end --
@@ -114,17 +114,17 @@ def _id3v2(data: bytes) -> tuple[dict[str, str], int, bool]:
     v24 = vmaj == 4
     syncsafe = v24 and _v24_sizes_are_syncsafe(body)
     found: dict[str, str] = {}
-    while len(body) >= 10:
-        name = body[:4]
+    pos = 0
+    while pos + 10 <= len(body):   # by position: slicing off each frame would copy the rest of the tag
+        name = body[pos:pos + 4]
         if not name.strip(b"\x00"):
             break   # padding
         if name[3] == 0:
             raise _Decline   # a v2.2 name in a v2.3/4 tag: mutagen maps it
-        fsize = struct.unpack_from(">L", body, 4)[0]
+        fsize, frame_flags = struct.unpack_from(">LH", body, pos + 4)
         if syncsafe:
             fsize = _syncsafe(fsize)
-        frame_flags = struct.unpack_from(">H", body, 8)[0]
-        payload, body = body[10:10 + fsize], body[10 + fsize:]
+        start, pos = pos + 10, pos + 10 + fsize
         key = name.decode("latin-1")
         if fsize == 0 or key not in _WANTED or key in found:
             # mutagen drops empty frames; other frames are skipped undecoded; a later frame of a kind
@@ -132,7 +132,7 @@ def _id3v2(data: bytes) -> tuple[dict[str, str], int, bool]:
             continue
         if frame_flags:
             raise _Decline   # compressed, encrypted, grouped or unsynchronised text
-        value = _first_value(payload, v24)
+        value = _first_value(body[start:pos], v24)
         if value is not None:
             found[key] = value
     return found, size, v24
@@ -155,7 +155,7 @@ def _id3v1(data: bytes) -> dict[str, str] | None:
 
 
 def _lame_delays(data: bytes, pos: int) -> tuple[int, int]:
-    """Encoder delay and padding from a LAME header at pos (LAMEHeader.parse_version and __init__), or 0, 0."""
+    """Encoder delay and padding of a LAME header at pos (LAMEHeader.parse_version, __init__), or 0, 0."""
     version = data[pos:pos + 20]
     if len(version) != 20 or not version.startswith((b"LAME", b"L3.99")):
         return 0, 0
