@@ -1,14 +1,14 @@
 """A fast reader of an in-memory MP3's tags and stream facts that gives mutagen's own answer or declines.
 
 mutagen costs about 100 µs of CPU per small MP3: it builds an object per ID3 frame (cover art included)
-and syncs MPEG frame headers through a file object. MP3 is most of what the crawler downloads, so this reads just the
-four text frames the catalogue keeps (TIT2, TPE1, TPE2, TALB) and the first MPEG frames straight from the
-bytes. It mirrors mutagen 1.48 (mutagen/id3/_tags.py read_frames, determine_bpi, mutagen/id3/_specs.py text
-decoding, mutagen/id3/_id3v1.py, mutagen/mp3/__init__.py MPEGInfo and MPEGFrame) only where the outcome is
-certain; anything else -- ID3v2.2, unsynchronisation, extended headers, flagged text frames, text that does
-not decode cleanly, a stream that does not start right after the tag, VBRI, stray "TAG" bytes near the end --
-returns None and read_file_tags asks mutagen as before. The differential test holds the two to the same
-output.
+and syncs MPEG frame headers through a file object. MP3 is most of what the crawler downloads, so this
+reads just the four text frames the catalogue keeps (TIT2, TPE1, TPE2, TALB) and the first MPEG frames
+straight from the bytes. It mirrors mutagen 1.48 (id3/_tags.py read_frames and determine_bpi, the text
+specs in id3/_specs.py, id3/_id3v1.py, mp3/__init__.py MPEGInfo and MPEGFrame, mp3/_util.py's Xing and
+LAME headers) only where the outcome is certain; anything else -- ID3v2.2, unsynchronisation, extended
+headers, flagged text frames, text that does not decode cleanly, a stream that does not start right
+after the tag, VBRI, stray "TAG" bytes near the end -- returns None and read_file_tags asks mutagen as
+before. tests/test_mp3tags.py holds the two to the same output.
 """
 
 from __future__ import annotations
