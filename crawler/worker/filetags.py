@@ -2,7 +2,8 @@
 
 mutagen reads ID3, Vorbis comments (Ogg Vorbis/Opus, FLAC), MP4 atoms, ASF and WAVE from the file's headers,
 seeking rather than reading the whole file; it blocks, so the worker calls it in a thread. A file mutagen does
-not understand, or that lies about itself, yields nothing rather than an error.
+not understand, or that lies about itself, yields nothing rather than an error. An MP3 still in memory goes to
+mp3tags.read_mp3 first: the same answer for a seventh of the CPU, or None and mutagen reads it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from mutagen.wave import WAVE
 
 from crawler.resolvers.pagemeta import normalise
 from crawler.web.media import HEAD_BYTES, sniff_audio
+from crawler.worker.mp3tags import read_mp3
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +71,23 @@ def _first_text(tags: Any, keys: tuple[str, ...]) -> str | None:
     return None
 
 
-def read_file_tags(path: Path | bytes, ext: str = "") -> dict[str, Any]:
+def read_file_tags(path: Path | bytes, ext: str = "", *, fast: bool = True) -> dict[str, Any]:
     """title, artist, album, duration (s), bitrate (kbit/s) and codec of an audio file; {} when unreadable.
 
     path is the stored file, or the whole file's bytes when they are still in memory (ext then gives the hint
-    the file's name would)."""
+    the file's name would). fast=False always asks mutagen (the fast path's tests compare against it)."""
     source: Path | io.BytesIO = io.BytesIO(path) if isinstance(path, bytes) else path
     try:
         hint = _BY_EXTENSION.get(ext or (path.suffix.lower() if isinstance(path, Path) else ""))
         if hint is None and isinstance(path, bytes):
             # No extension to go by (a stream's address): the first bytes name the format just as well.
             hint = _BY_EXTENSION.get(f".{sniff_audio(path[:HEAD_BYTES])}")
+        if fast and hint is _BY_EXTENSION[".mp3"] and isinstance(path, bytes):
+            # Most downloads are MP3s: read them without mutagen's per-frame objects when that gives
+            # mutagen's own answer (read_mp3 declines everything else).
+            fast_raw = read_mp3(path)
+            if fast_raw is not None:
+                return {**normalise(fast_raw), "codec": _CODECS["EasyMP3"]}
         audio = mutagen.File(source, easy=True, options=hint) if hint else None
         if audio is None:
             if isinstance(source, io.BytesIO):
