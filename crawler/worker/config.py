@@ -74,7 +74,8 @@ class WorkerConfig:
     # can read it or guess it.
     secret: bytes = setting("path", None, yaml="secret_file", convert=_read_secret_file)
     concurrency: int = setting("int", 64, positive)          # page fetches in flight
-    downloads: int = setting("int", 4, positive)             # audio downloads in flight, apart from page fetches
+    # Audio downloads in flight, apart from page fetches; at most half of them to one host.
+    downloads: int = setting("int", 8, positive)
     # Downloads a worker holds, running or waiting for their turn: past it, it takes no new pages until some end.
     pending_downloads: int = setting("int", 256, positive)
     # Seconds a page's report waits for the downloads the page started, so that it carries their outcomes

@@ -224,10 +224,12 @@ class Worker:
                                     read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
         self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent, fetch_page=self._fetch_other_page)
         # The downloader holds the download limits itself (overall and per host), so a queue for one busy CDN
-        # never blocks downloads from other hosts. It reads each file's own tags too, from memory when it can.
+        # never blocks downloads from other hosts: one host takes at most half of them. It reads each file's
+        # own tags too, from memory when it can.
         self.downloader = Downloader(self.dl_http, cfg.data_dir,
                                      DownloadConfig(max_size=cfg.max_audio_bytes, timeout=cfg.read_timeout,
                                                     max_downloads=cfg.downloads,
+                                                    max_per_host=max(1, cfg.downloads // 2),
                                                     deadline_base=cfg.download_timeout,
                                                     min_rate=cfg.download_min_rate,
                                                     revalidate_after=cfg.revalidate_after),
