@@ -19,6 +19,7 @@ import random
 import re
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 
 from crawler.items import FAILED, OK, AudioItem, RequestIdentity
 from crawler.worker.audiostore import AudioStore, Finished, extension_for, partial_key
-from crawler.worker.downloader import DownloadConfig, Downloader, HostSlots
+from crawler.worker.downloader import DownloadConfig, Downloader, HostSlots, _Commit, _Committer
 from crawler.worker.fetcher import build_transport
 from tests.fakes.rangeserver import RangeServer, ThreadedRangeServer
 
@@ -545,6 +546,35 @@ def test_a_batch_of_small_files_stores_each_content_once_and_fails_only_its_bad_
                    if p.is_file() and STORED.fullmatch(p.relative_to(tmp_path).as_posix()))
     assert files == sorted({first, out[1], out[5]})
     assert (tmp_path / out[1]).read_bytes() == twice
+
+
+async def test_files_waiting_to_be_stored_are_bounded_in_bytes(tmp_path):
+    """A download hands its in-memory file to the store only once the bytes waiting there are under the bound:
+    a disk slower than the network holds the downloads back, not memory."""
+    disk = threading.Event()
+
+    class SlowDisk(AudioStore):
+        def put_many(self, files):
+            disk.wait(30)     # the disk answers when the test says so
+            return super().put_many(files)
+
+    committer = _Committer(SlowDisk(tmp_path), gather=60.0, max_bytes=10_000)
+
+    def entry(data: bytes) -> _Commit:
+        return _Commit(key=sha(data)[:16], pieces=[data], size=len(data), ext=".mp3", tags=False,
+                       record=Finished(url="http://h/a.mp3", sha256="", size=len(data), path=""))
+
+    first = committer.commit(entry(blob(4000, 50)))
+    await committer.room()              # 4,000 bytes waiting: room, and the batch waits for its gather time
+    assert not first.done()
+    second = committer.commit(entry(blob(7000, 51)))   # past the bound: the batch goes at once
+    waiting = asyncio.ensure_future(committer.room())
+    await asyncio.sleep(0.2)
+    assert not waiting.done() and not first.done()    # no room while the batch is being stored
+    disk.set()
+    done = await asyncio.gather(first, second)
+    await asyncio.wait_for(waiting, 5)
+    assert [(tmp_path / record.path).stat().st_size for record, _ in done] == [4000, 7000]
 
 
 async def test_concurrent_fetches_of_one_song_share_one_download(server, client, tmp_path):
