@@ -641,10 +641,19 @@ class Worker:
         jobs = [job for key in keys if (job := self._jobs.get(key)) is not None]
         if jobs:
             await asyncio.wait(jobs, timeout=self.cfg.report_wait)
-        ended = {key: done for key in keys if (done := self._held.pop(key, None)) is not None}
+        ended: dict[tuple[str, str], it.AudioItem] = {}
+        for key in keys:
+            done = self._held.pop(key, None)
+            if done is not None:
+                self._unreported.discard(key)
+            elif key not in self._jobs:
+                # Ended, and its outcome taken by another report naming the same download (a page leased
+                # again while its first visit waited): the latest outcome of the key is the same.
+                done = self._settled.get(key)
+            if done is not None:
+                ended[key] = done
         if not ended:
             return result
-        self._unreported.difference_update(ended)
         audio = tuple(ended.get((a.page, a.url), a) if a.status == it.PENDING else a for a in result.audio)
         return msgspec.structs.replace(result, audio=audio)
 
