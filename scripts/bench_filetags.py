@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run as a script: the repo's own packages
 
 from crawler.worker.filetags import read_file_tags
 from crawler.worker.mp3tags import read_mp3
