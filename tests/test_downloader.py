@@ -167,7 +167,7 @@ async def test_the_slots_are_given_up_once_the_bytes_are_in_before_the_file_is_s
     for name, data in (("small", small), ("large", large)):
         calls: list[bool] = []
 
-        def transferred() -> None:
+        def transferred(calls: list[bool] = calls, data: bytes = data) -> None:
             # Not stored yet: the file is not in the store when the slot is given up.
             calls.append((tmp_path / "audio" / sha(data)[:2]).exists())
 
