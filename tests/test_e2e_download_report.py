@@ -33,6 +33,17 @@ def _apart(tmp_path):
     return path
 
 
+async def _crawl_with_one_worker(tmp_path, site, behaviour, worker_cfg):
+    """A crawl of the site by one worker, w1, to its end: the master's process, its config, the site's log."""
+    async with await siteserver.start(site, behaviour=behaviour) as server:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"])
+        master = await cluster.start_master(config, tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=worker_cfg)
+        assert await master.wait(120) == 0, master.log()[-3000:]
+        assert await worker.wait(30) == 0, worker.log()[-2000:]
+        return master, config, list(server.log)
+
+
 def _song_site(tmp_path, seed: int, songs: int, size: int, *, heading: bool = False):
     """A home page linking `songs` song pages, each with one audio element: the sites of the tests below."""
     rng = random.Random(seed)
@@ -103,13 +114,7 @@ async def test_a_page_report_carries_the_downloads_that_ended_within_report_wait
     behaviour = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/slow": 8.0})
     worker_cfg = tmp_path / "worker.yaml"
     worker_cfg.write_text("report_wait: 3.0\n")
-    async with await siteserver.start(site, behaviour=behaviour) as server:
-        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"])
-        master = await cluster.start_master(config, tmp_path)
-        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=worker_cfg)
-        assert await master.wait(120) == 0, master.log()[-3000:]
-        assert await worker.wait(30) == 0, worker.log()[-2000:]
-        log = list(server.log)
+    master, config, log = await _crawl_with_one_worker(tmp_path, site, behaviour, worker_cfg)
     summary = master.stdout.decode()
     assert f"downloads       {songs} files with their pages, 1 reported apart" in summary, summary
     rows = cluster.catalogue(tmp_path)
@@ -180,13 +185,7 @@ async def test_a_worker_with_its_downloads_pending_takes_no_new_pages(tmp_path):
     behaviour = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/": 1.0})
     worker_cfg = tmp_path / "worker.yaml"
     worker_cfg.write_text("downloads: 1\npending_downloads: 2\nmax_tasks: 2\nreport_wait: 0\n")
-    async with await siteserver.start(site, behaviour=behaviour) as server:
-        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"])
-        master = await cluster.start_master(config, tmp_path)
-        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=worker_cfg)
-        assert await master.wait(120) == 0, master.log()[-3000:]
-        assert await worker.wait(30) == 0, worker.log()[-2000:]
-        log = list(server.log)
+    _, _, log = await _crawl_with_one_worker(tmp_path, site, behaviour, worker_cfg)
     events = sorted([(e.time, 1) for e in log if e.path.startswith("/s")]
                     + [(e.ended, -1) for e in log if e.path.startswith("/media/")])
     ahead = most = 0
