@@ -102,8 +102,8 @@ def _first_value(payload: bytes, v24: bool) -> str | None:
     return first
 
 
-def _id3v2(data: bytes) -> tuple[dict[str, str], int, bool]:
-    """The first value of each wanted frame kind, the tag's size and whether its version is 2.4."""
+def _id3v2(data: bytes) -> tuple[dict[str, str], int]:
+    """The first value of each wanted frame kind, and the tag's size."""
     vmaj, flags = data[3], data[5]
     if vmaj not in (3, 4) or flags or any(b & 0x80 for b in data[6:10]):
         raise _Decline
@@ -135,7 +135,7 @@ def _id3v2(data: bytes) -> tuple[dict[str, str], int, bool]:
         value = _first_value(body[start:pos], v24)
         if value is not None:
             found[key] = value
-    return found, size, v24
+    return found, size
 
 
 def _id3v1(data: bytes) -> dict[str, str] | None:
@@ -254,7 +254,7 @@ def read_mp3(data: bytes) -> dict[str, Any] | None:
         if data.startswith(b"ID3"):
             if len(data) < 10:
                 return None
-            frames, start, _ = _id3v2(data)
+            frames, start = _id3v2(data)
         v1 = _id3v1(data)
         if v1 is not None:
             # mutagen adds a v1 field only where the v2 tag has no frame of that kind.
