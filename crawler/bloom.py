@@ -31,6 +31,7 @@ import math
 import os
 import struct
 import sys
+import threading
 from array import array
 from collections.abc import Iterable, Sequence
 from io import BufferedIOBase
@@ -40,7 +41,7 @@ from pathlib import Path
 import mmh3
 from bitarray import bitarray
 
-__all__ = ["BloomFileError", "BloomFilter"]
+__all__ = ["BloomFileError", "BloomFilter", "GrowingBloomFilter"]
 
 _M64 = (1 << 64) - 1
 _NARROW_MAX_M = 1 << 32
@@ -151,7 +152,10 @@ class BloomFilter:
     # -- one key --------------------------------------------------------------------------------------
 
     def _key_indices(self, key: str | bytes) -> list[int]:
-        h = mmh3.hash128(key)
+        return self._hash_indices(mmh3.hash128(key))
+
+    def _hash_indices(self, h: int) -> list[int]:
+        """The k indices of a key whose 128-bit MurmurHash3 is h."""
         half = self._half
         mask = (1 << half) - 1
         h1 = h & mask
@@ -356,6 +360,54 @@ class BloomFilter:
         if digest.digest() != header[_PREFIX.size:]:
             raise BloomFileError(path, "corrupt", "checksum mismatch")
         return bf
+
+
+class GrowingBloomFilter:
+    """A Bloom filter for a set with no known bound: a chain of filters, each with twice the capacity of the
+    one before, at a false-positive rate that halves down the chain (Almeida et al.'s scalable filter).
+
+    Keys go into the last filter until it holds its capacity; a look-up asks every filter. The chain's
+    false-positive rate stays under ``fp_rate`` however many keys arrive (the rates sum to less), and a
+    thousand times the first capacity takes ten filters. Adding is safe from several threads at once, and
+    so is looking up while another thread adds.
+    """
+
+    __slots__ = ("_filters", "_lock", "fp_rate")
+
+    def __init__(self, capacity: int, fp_rate: float) -> None:
+        self.fp_rate = fp_rate
+        self._filters = [BloomFilter.for_capacity(capacity, fp_rate / 2)]
+        self._lock = threading.Lock()
+
+    @property
+    def count(self) -> int:
+        return sum(f.count for f in self._filters)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.nbytes for f in self._filters)
+
+    def __contains__(self, key: str | bytes) -> bool:
+        h = mmh3.hash128(key)     # once for the whole chain
+        for f in self._filters:
+            bits = f._bits
+            if all(bits[i] for i in f._hash_indices(h)):
+                return True
+        return False
+
+    def add_many(self, keys: Sequence[str | bytes]) -> None:
+        with self._lock:
+            start = 0
+            while start < len(keys):
+                last = self._filters[-1]
+                room = last.capacity - last.count
+                if room <= 0:
+                    last = BloomFilter.for_capacity(2 * last.capacity, self.fp_rate / 2 ** (len(self._filters) + 1))
+                    self._filters.append(last)
+                    room = last.capacity
+                end = start + min(room, _CHUNK)
+                last.add_many(keys[start:end])
+                start = end
 
 
 def _fp_rate(m: int, k: int, n: int) -> float:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crawler import bloom
-from crawler.bloom import BloomFileError, BloomFilter
+from crawler.bloom import BloomFileError, BloomFilter, GrowingBloomFilter
 
 
 def test_for_capacity_is_optimal_and_honours_the_rate() -> None:
@@ -219,3 +219,35 @@ def test_a_save_on_another_thread_while_keys_are_added_holds_every_earlier_key(t
     loaded = BloomFilter.load(tmp_path / "snap")       # raises if the digest does not match the bits
     assert loaded.count == len(before)
     assert all(k in loaded for k in before)
+
+
+def test_a_growing_filter_holds_every_key_and_keeps_its_rate_past_many_capacities():
+    grown = GrowingBloomFilter(1_000, 0.01)
+    keys = [f"k{i}" for i in range(60_000)]
+    for start in range(0, len(keys), 777):           # batches that straddle the filters' capacities
+        grown.add_many(keys[start:start + 777])
+    assert len(grown._filters) == 6                  # 1k + 2k + 4k + 8k + 16k + 32k > 60k
+    assert all(f.count <= f.capacity for f in grown._filters)
+    assert 0.99 * len(keys) < grown.count <= len(keys) and all(k in grown for k in keys)
+    others = [f"other{i}" for i in range(200_000)]
+    rate = sum(k in grown for k in others) / len(others)
+    assert 0.001 < rate < 0.01, rate                  # under the rate asked for, and not an empty answer
+
+
+def test_a_growing_filter_finds_keys_added_by_another_thread_while_it_is_read():
+    grown = GrowingBloomFilter(1_000, 0.01)
+    keys = [f"k{i}" for i in range(20_000)]
+
+    def add() -> None:
+        for start in range(0, len(keys), 100):
+            grown.add_many(keys[start:start + 100])
+
+    adders = [threading.Thread(target=add) for _ in range(2)]
+    for t in adders:
+        t.start()
+    while any(t.is_alive() for t in adders):
+        assert "k0" in grown or grown.count == 0
+    for t in adders:
+        t.join()
+    assert all(k in grown for k in keys)
+    assert all(f.count <= f.capacity for f in grown._filters)

@@ -43,14 +43,18 @@ import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
+from crawler.bloom import GrowingBloomFilter
 from crawler.items import AudioItem
 from crawler.web import media
 
 _SAFE_EXT = re.compile(r"\.[a-z0-9]{1,5}")
 _IOV_MAX = 512        # pieces per writev (Linux allows 1024)
 _MiB = 1024 * 1024
+# The filter of keys with a record starts sized for this many at this rate, and grows (crawler/bloom.py).
+KNOWN_KEYS_CAPACITY = 1 << 20
+KNOWN_KEYS_FP_RATE = 0.01
 _CHECKPOINT = 16 * _MiB   # bytes between two sidecar updates during a download
 
 
@@ -155,7 +159,14 @@ class AudioStore:
         self._legacy_content = self.audio_dir.is_dir() and not (self.audio_dir / "finished.sqlite3").exists()
         self._made: set[str] = set()     # shard folders known to exist: at most 256 of them
         self._db: sqlite3.Connection | None = None
-        self._db_lock = threading.Lock()  # records are read on the event loop and written from worker threads
+        self._db_lock = threading.Lock()  # records are written from worker threads and the event loop
+        # Look-ups have a connection of their own: under WAL a reader never waits for a writer, so the event
+        # loop never waits for a batch of records being written in a thread.
+        self._reader: sqlite3.Connection | None = None
+        # The keys that may have a record (load_known_keys): a key it has never seen, nearly every download's,
+        # is answered without asking SQLite. None until loaded; keys saved meanwhile are added as well.
+        self._known: GrowingBloomFilter | None = None
+        self._known_complete = False
 
     def part_path(self, key: str) -> Path:
         return self.partial_dir / f"{key}.part"
@@ -234,14 +245,49 @@ class AudioStore:
             self._db = db
         return self._db
 
+    def load_known_keys(self) -> None:
+        """Read every key with a record into a filter, so that load_finished answers most keys (those never
+        finished here) from memory. Blocks for as long as reading the keys takes (1.4 s a million, measured):
+        call it in a thread. Without it, or when it fails, every look-up asks SQLite."""
+        if self._known is not None:
+            return
+        known = self._known = GrowingBloomFilter(KNOWN_KEYS_CAPACITY, KNOWN_KEYS_FP_RATE)   # saves land in it now
+        if self._legacy_records:
+            return     # records kept as files by earlier versions are not in the table: keep asking
+        try:
+            with self._db_lock:
+                self._records()        # the tables exist
+            db = sqlite3.connect(self.audio_dir / "finished.sqlite3", isolation_level=None)
+            try:
+                rows = db.execute("SELECT key FROM finished")
+                while batch := rows.fetchmany(4096):
+                    known.add_many([key for key, in batch])
+            finally:
+                db.close()
+        except (OSError, sqlite3.Error):
+            return
+        self._known_complete = True
+
+    def _lookups(self) -> sqlite3.Connection:
+        if self._reader is None:
+            # Not through the writer's lock: before its first write there is no table, and no record to find.
+            self.audio_dir.mkdir(parents=True, exist_ok=True)
+            self._reader = sqlite3.connect(self.audio_dir / "finished.sqlite3", isolation_level=None,
+                                           check_same_thread=False)
+        return self._reader
+
     def load_finished(self, key: str) -> Finished | None:
         """The record of key's last finished download; None when there is none or it is unreadable.
 
         An unreadable record is left where it is: the next finished download of the key replaces it.
         """
+        if self._known_complete and key not in cast(GrowingBloomFilter, self._known):
+            return None
         try:
-            with self._db_lock:
-                row = self._records().execute("SELECT record FROM finished WHERE key = ?", (key,)).fetchone()
+            try:
+                row = self._lookups().execute("SELECT record FROM finished WHERE key = ?", (key,)).fetchone()
+            except sqlite3.OperationalError:
+                row = None     # no table yet: nothing was recorded since the store was made
             if row is None and not self._legacy_records:
                 return None
             text = row[0] if row is not None else self.finished_path(key).read_text(encoding="utf-8")
@@ -257,6 +303,8 @@ class AudioStore:
         """Several records in one transaction (see save_finished), with the content each one names."""
         if not records:
             return
+        if self._known is not None:     # before the rows: the filter may say too much, never too little
+            self._known.add_many([key for key, _ in records])
         rows = [(key, record.to_json()) for key, record in records]
         contents = [(record.sha256, record.path) for _, record in records]
         try:
@@ -275,9 +323,10 @@ class AudioStore:
 
     def close(self) -> None:
         with self._db_lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+            for db in (self._db, self._reader):
+                if db is not None:
+                    db.close()
+            self._db = self._reader = None
 
     def holds(self, record: Finished) -> bool:
         """Whether the file a record names is still on disk at its size (an operator may have removed it).

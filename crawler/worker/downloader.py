@@ -361,6 +361,8 @@ class Downloader:
         # Wall-clock time: a record's age must mean the same after a restart.
         self._clock = clock
         self._inflight: dict[str, asyncio.Future[AudioItem]] = {}
+        # The store's filter of keys with a record, read once in a thread before the first look-up.
+        self._keys_loaded: asyncio.Future[None] | None = None
         self._inflight_urls: dict[str, asyncio.Future[AudioItem]] = {}
         self._by_url: OrderedDict[str, Finished] = OrderedDict()
         self.hosts = HostSlots(cfg.max_per_host)
@@ -395,6 +397,8 @@ class Downloader:
         if not item.url:
             return item.replace(status=FAILED, reason="no download address")
         key = partial_key(item)
+        if self._keys_loaded is None or not self._keys_loaded.done():
+            await self._load_keys()
         while True:
             same_key = self._inflight.get(key)
             running = same_key or self._inflight_urls.get(item.url)
@@ -437,6 +441,12 @@ class Downloader:
                 del self._inflight_urls[item.url]
         future.set_result(result)
         return result
+
+    async def _load_keys(self) -> None:
+        if self._keys_loaded is None:
+            self._keys_loaded = asyncio.ensure_future(asyncio.to_thread(self.store.load_known_keys))
+        with contextlib.suppress(Exception):    # without the filter every look-up asks SQLite: slower, not wrong
+            await asyncio.shield(self._keys_loaded)
 
     def _known(self, key: str, url: str) -> tuple[Finished | None, bool]:
         """The finished download to compare with, and whether it is this key's own rather than the address's.
