@@ -1,0 +1,350 @@
+"""Fast readers of an in-memory FLAC, Ogg Vorbis or WAVE file that give mutagen's own answer or decline.
+
+mutagen costs 40-50 µs of CPU per small file of these formats, most of it in file objects, per-block and
+per-page objects and its format scoring; the catalogue keeps only the title, artist, album, duration and
+bitrate. These read them straight from the bytes, mirroring mutagen 1.48 only where the outcome is certain:
+
+- FLAC (flac.py FLAC.load, StreamInfo, VCFLACDict, Picture): the stream must start with "fLaC" (no ID3 tag
+  before it); blocks are walked as mutagen walks them, the comment and picture blocks by their contents (mutagen
+  distrusts their declared sizes, so one whose contents end elsewhere is declined). Declined: a cue sheet, a
+  second STREAMINFO, comment or seek table block, anything cut short.
+- Ogg Vorbis (oggvorbis.py OggVorbisInfo and OggVCommentDict, ogg.py OggPage, to_packets and find_last): the
+  identification header alone on the first page, the comment packet from the next pages (it may span several),
+  the length from the last page's granule position, found as find_last finds it. Pages' CRCs are not checked,
+  as mutagen does not check them. Declined: Opus or FLAC in Ogg (read_file_tags' hint list asks OggVorbis
+  first only when its header says vorbis), pages of another logical stream before the first one ends
+  (multiplexed; a chained stream after it is never read), page sequence or continuation gaps, a comment packet
+  without its framing bit.
+- WAVE (wave.py WaveStreamInfo, _riff.py, _iff.py): the RIFF's direct chunks walked as IffContainerChunkMixin
+  walks them, the length from the "data" chunk's declared size and the "fmt " chunk. mutagen's WAVE reads tags
+  only from an ID3 chunk, and read_file_tags' keys never name an ID3 frame, so a WAVE file gives no text fields;
+  a file with an ID3 chunk is declined (mutagen's ID3 reader decides whether it loads at all).
+
+Everything else -- text that is not UTF-8 where mutagen would substitute characters, more chunks or pages than a
+real file has, anything the mirror did not foresee -- returns None and read_file_tags asks mutagen as before.
+tests/test_fasttags.py holds the two to the same output.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+
+class _Decline(Exception):
+    """The file has something only mutagen should judge."""
+
+
+# How mutagen's case-insensitive VCommentDict answers read_file_tags' _KEYS, per field and in order: keys that
+# are not valid Vorbis keys (the MP4 atoms' "\xa9nam") raise and are skipped; the case variants find the same
+# values. tests/test_fasttags.py derives this from filetags._KEYS to keep the two in step.
+VORBIS_KEYS: dict[str, tuple[bytes, ...]] = {
+    "title": (b"title",),
+    "artist": (b"artist", b"author", b"albumartist", b"wm/albumartist"),
+    "album": (b"album", b"wm/albumtitle"),
+}
+_WANTED = frozenset(key for keys in VORBIS_KEYS.values() for key in keys)
+_U32 = struct.Struct("<I")
+# More chunks or pages than a real file has before its audio: mutagen's to read (the fast path's work stays small).
+_MAX_CHUNKS = 64
+
+
+def _vorbis_comment(data: bytes, pos: int, end: int, framing: bool) -> tuple[dict[bytes, str], int]:
+    """The first value of each wanted (lower-cased) key of a Vorbis comment at data[pos:end], and where it ends.
+
+    VComment.load: a read past `end` fails there (a strict file in FLAC, a short uint or a missing framing byte
+    in Ogg), so it declines here."""
+    if pos + 4 > end:
+        raise _Decline
+    pos += 4 + _U32.unpack_from(data, pos)[0]   # the vendor string, decoded with "replace": never fails
+    if pos + 4 > end:
+        raise _Decline
+    count = _U32.unpack_from(data, pos)[0]
+    pos += 4
+    found: dict[bytes, str] = {}
+    for _ in range(count):   # each comment takes at least 4 bytes: the loop is bounded by the data
+        if pos + 4 > end:
+            raise _Decline
+        start = pos + 4
+        pos = start + _U32.unpack_from(data, pos)[0]
+        if pos > end:
+            raise _Decline
+        eq = data.find(b"=", start, pos)
+        if eq == -1:
+            continue   # mutagen names it "unknownN": never a wanted key
+        # mutagen decodes the key, replaces non-ASCII by "?" and compares it lower-cased: a wanted key
+        # matches exactly when the bytes, ASCII-lower-cased, are it.
+        key = data[start:eq].lower()
+        if key in _WANTED and key not in found:
+            try:
+                found[key] = data[eq + 1:pos].decode("utf-8")
+            except UnicodeDecodeError:
+                raise _Decline from None   # mutagen substitutes U+FFFD; let it
+    if framing:
+        if pos >= end or not data[pos] & 1:
+            raise _Decline
+        pos += 1
+    return found, pos
+
+
+def _fields(comments: dict[bytes, str]) -> dict[str, Any]:
+    """filetags._first_text over a VCommentDict: per field, the first key whose first value is not blank."""
+    raw: dict[str, Any] = {}
+    for field_name, keys in VORBIS_KEYS.items():
+        raw[field_name] = None
+        for key in keys:
+            value = comments.get(key)
+            if value and value.strip():
+                raw[field_name] = value
+                break
+    return raw
+
+
+def _stream_facts(raw: dict[str, Any], length: float, bitrate: int) -> dict[str, Any]:
+    # read_file_tags: a duration only when positive, rounded to ms; a bitrate only when a positive int.
+    if length > 0:
+        raw["duration"] = round(float(length), 3)
+    if bitrate > 0:
+        raw["bitrate"] = round(bitrate / 1000)
+    return raw
+
+
+# -- FLAC ---------------------------------------------------------------------------------------------------
+
+def _flac_picture_end(data: bytes, pos: int) -> int:
+    """Where Picture.load, reading a strict file from pos, stops: type and MIME type, description, then the
+    image's dimensions and data."""
+    if pos + 8 > len(data):
+        raise _Decline
+    pos += 8 + struct.unpack_from(">I", data, pos + 4)[0]
+    if pos + 4 > len(data):
+        raise _Decline
+    pos += 4 + struct.unpack_from(">I", data, pos)[0]
+    if pos + 20 > len(data):
+        raise _Decline
+    pos += 20 + struct.unpack_from(">I", data, pos + 16)[0]
+    if pos > len(data):
+        raise _Decline
+    return pos
+
+
+def read_flac(data: bytes) -> dict[str, Any] | None:
+    """read_file_tags' raw fields (before normalise) for a FLAC file in memory, or None to ask mutagen."""
+    if not data.startswith(b"fLaC"):
+        return None   # an ID3 tag first, or no FLAC at all
+    try:
+        pos = 4
+        info: tuple[float, int] | None = None   # (length, sample rate)
+        comments: dict[bytes, str] | None = None
+        seen: set[int] = set()
+        last = False
+        blocks = 0
+        while not last:
+            blocks += 1
+            if pos + 4 > len(data) or blocks > _MAX_CHUNKS:
+                raise _Decline
+            byte = data[pos]
+            size = int.from_bytes(data[pos + 1:pos + 4], "big")
+            code, last = byte & 0x7F, bool(byte & 0x80)
+            start = pos + 4
+            if code in seen and code in (0, 3, 4):
+                raise _Decline   # a second STREAMINFO, seek table or comment block
+            seen.add(code)
+            if code == 5:
+                raise _Decline   # a cue sheet: its reader has checks of its own
+            if code == 4:
+                comments, pos = _vorbis_comment(data, start, len(data), framing=False)
+                if pos != start + size:
+                    raise _Decline   # mutagen goes on from where the comments end, not the declared size
+            elif code == 6:
+                pos = _flac_picture_end(data, start)
+                if pos != start + size:
+                    raise _Decline
+            else:
+                pos = start + size
+                if pos > len(data):
+                    raise _Decline   # a strict read runs short: mutagen fails
+                if code == 0:
+                    if size < 34:
+                        raise _Decline
+                    rate_channels_bits = int.from_bytes(data[start + 10:start + 18], "big")
+                    sample_rate = rate_channels_bits >> 44
+                    if not sample_rate:
+                        raise _Decline   # mutagen raises on a zero sample rate
+                    total_samples = rate_channels_bits & 0xFFFFFFFFF
+                    info = (total_samples / float(sample_rate), sample_rate)
+        if info is None:
+            raise _Decline   # no STREAMINFO: mutagen raises
+    except (_Decline, IndexError, ValueError, struct.error):
+        return None
+    length = info[0]
+    bitrate = int(float(len(data) - pos) * 8 / length) if length else 0
+    raw = _fields(comments) if comments is not None else {}
+    return _stream_facts(raw, length, bitrate)
+
+
+# -- Ogg Vorbis ---------------------------------------------------------------------------------------------
+
+_OGG_HEADER = struct.Struct("<4sBBqIIiB")   # OggS, version, flags, granule, serial, sequence, crc, segments
+
+
+def _ogg_page(data: bytes, pos: int) -> tuple[int, int, int, int, list[bytes], bool, int] | None:
+    """OggPage at pos: (flags, granule, serial, sequence, packets, complete, end), None where OggPage raises."""
+    if pos + 27 > len(data):
+        return None
+    magic, version, flags, granule, serial, sequence, _crc, segments = _OGG_HEADER.unpack_from(data, pos)
+    if magic != b"OggS" or version != 0:
+        return None
+    lacing = data[pos + 27:pos + 27 + segments]
+    if len(lacing) != segments:
+        return None
+    at = pos + 27 + segments
+    packets: list[bytes] = []
+    total = 0
+    for c in lacing:
+        total += c
+        if c < 255:
+            packets.append(data[at:at + total])
+            at += total
+            total = 0
+    complete = True
+    if total:
+        packets.append(data[at:at + total])
+        at += total
+        complete = False
+    if at > len(data):
+        return None   # a packet runs past the end
+    return flags, granule, serial, sequence, packets, complete, at
+
+
+def _ogg_last_granule(data: bytes, serial: int) -> int | None:
+    """OggPage.find_last(serial, finishing=True)'s page's granule position, or None where it finds none."""
+    index = data.rfind(b"OggS", max(0, len(data) - 65536))
+    if index == -1:
+        raise _Decline   # mutagen raises
+    page = _ogg_page(data, index)
+    if page is not None and page[2] == serial and page[1] != -1 and page[0] & 4:
+        return page[1]   # the stream's last page, at the end: the usual case
+    # The slow way, as mutagen does: every page from the start, to the stream's last page or the first bad one.
+    best: int | None = None
+    pos = 0
+    while pos + 27 <= len(data):
+        magic, version, flags, granule, page_serial, _seq, _crc, segments = _OGG_HEADER.unpack_from(data, pos)
+        if magic != b"OggS" or version != 0:
+            break
+        lacing = data[pos + 27:pos + 27 + segments]
+        end = pos + 27 + segments + sum(lacing)
+        if len(lacing) != segments or end > len(data):
+            break
+        if page_serial != serial:
+            raise _Decline   # another logical stream before this one's last page: multiplexed
+        if granule != -1:
+            best = granule
+        if flags & 4:
+            break
+        pos = end
+    return best
+
+
+def read_ogg_vorbis(data: bytes) -> dict[str, Any] | None:
+    """read_file_tags' raw fields (before normalise) for an Ogg Vorbis file in memory, or None to ask mutagen."""
+    if not data.startswith(b"OggS") or b"\x01vorbis" not in data[:128]:
+        return None   # mutagen.File would not score OggVorbis first
+    try:
+        first = _ogg_page(data, 0)
+        if first is None:
+            raise _Decline
+        flags, _granule, serial, sequence, packets, complete, pos = first
+        if not flags & 2 or len(packets) != 1 or not complete or not packets[0].startswith(b"\x01vorbis") \
+                or len(packets[0]) < 28:
+            raise _Decline   # the identification header alone on the stream's first page, or mutagen judges
+        _channels, sample_rate, max_rate, nominal, min_rate = struct.unpack_from("<BI3i", packets[0], 11)
+        if sample_rate == 0:
+            raise _Decline
+        max_rate, min_rate, nominal = max(0, max_rate), max(0, min_rate), max(0, nominal)
+        if nominal == 0:
+            bitrate = (max_rate + min_rate) // 2
+        elif max_rate and max_rate < nominal:
+            bitrate = max_rate
+        elif min_rate > nominal:
+            bitrate = min_rate
+        else:
+            bitrate = nominal
+        # OggVCommentDict: the next pages of the stream up to the one its first packet ends on.
+        parts: list[bytes] = []
+        for n in range(_MAX_CHUNKS + 1):
+            page = _ogg_page(data, pos)
+            if page is None or n == _MAX_CHUNKS:
+                raise _Decline
+            flags, _granule, page_serial, page_sequence, packets, complete, pos = page
+            if page_serial != serial or page_sequence != sequence + 1 + n or not packets \
+                    or bool(flags & 1) != (n > 0):
+                raise _Decline   # another stream, a gap, or a continuation where none belongs (or is missing)
+            parts.append(packets[0])
+            if complete or len(packets) > 1:
+                break
+        packet = b"".join(parts)
+        if not packet.startswith(b"\x03vorbis"):
+            raise _Decline
+        comments, _ = _vorbis_comment(packet, 7, len(packet), framing=True)
+        granule = _ogg_last_granule(data, serial)
+        if granule is None:
+            raise _Decline   # mutagen raises
+    except (_Decline, IndexError, ValueError, struct.error):
+        return None
+    return _stream_facts(_fields(comments), granule / float(sample_rate), bitrate)
+
+
+# -- WAVE ---------------------------------------------------------------------------------------------------
+
+_CHUNK_HEADER = struct.Struct("<4sI")
+
+
+def read_wave(data: bytes) -> dict[str, Any] | None:
+    """read_file_tags' raw fields (before normalise) for a WAVE file in memory, or None to ask mutagen."""
+    if len(data) < 12 or not data.startswith(b"RIFF") or data[8:12] != b"WAVE":
+        return None
+    root_size = _U32.unpack_from(data, 4)[0]
+    if root_size < 4:
+        return None   # mutagen raises: no room for the form's name
+    root_end = 8 + root_size + root_size % 2
+    fmt: bytes | None = None
+    data_size: int | None = None
+    pos = 12
+    chunks = 0
+    # IffContainerChunkMixin.subchunks: headers while inside the RIFF's declared size; a short header or an
+    # invalid id ends the walk quietly; each chunk's declared size (plus its pad byte) leads to the next.
+    while pos < root_end:
+        if pos + 8 > len(data):
+            break
+        chunks += 1
+        if chunks > _MAX_CHUNKS:
+            return None
+        raw_id, size = _CHUNK_HEADER.unpack_from(data, pos)
+        try:
+            cid = raw_id.decode("ascii").rstrip()
+        except UnicodeDecodeError:
+            break
+        if not cid or min(cid) < " " or max(cid) > "~":
+            break
+        if cid in ("LIST", "RIFF"):
+            if size < 4:
+                break   # a container too small for its name is invalid: the walk ends
+            if not data[pos + 8:pos + 12].isascii():
+                return None   # mutagen raises on the name
+        elif cid in ("id3", "ID3"):
+            return None   # mutagen's ID3 reader decides what this gives
+        elif cid == "fmt" and fmt is None:
+            fmt = data[pos + 8:pos + 8 + size]
+        elif cid == "data" and data_size is None:
+            data_size = size
+        pos += 8 + size + size % 2
+    if fmt is None or len(fmt) < 16:
+        return None   # mutagen raises
+    _format, channels, sample_rate, _byte_rate, block_align, bits = struct.unpack_from("<HHLLHH", fmt)
+    samples: float = 0
+    if block_align > 0 and data_size is not None:
+        samples = data_size / block_align
+    length = samples / sample_rate if sample_rate > 0 else 0.0
+    # Tags come from an ID3 chunk only (none here): read_file_tags' raw has no text fields.
+    return _stream_facts({}, length, channels * bits * sample_rate)
