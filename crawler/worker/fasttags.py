@@ -217,32 +217,40 @@ def _ogg_page(data: bytes, pos: int) -> tuple[int, int, int, int, list[bytes], b
     return flags, granule, serial, sequence, packets, complete, at
 
 
+def _ogg_page_end(data: bytes, pos: int) -> tuple[int, int, int, int] | None:
+    """(flags, granule, serial, end) of the page at pos, None where OggPage raises: the checks without the
+    packets, for the pages whose packets are not read."""
+    if pos + 27 > len(data):
+        return None
+    magic, version, flags, granule, serial, _seq, _crc, segments = _OGG_HEADER.unpack_from(data, pos)
+    if magic != b"OggS" or version != 0:
+        return None
+    lacing = data[pos + 27:pos + 27 + segments]
+    end = pos + 27 + segments + sum(lacing)
+    if len(lacing) != segments or end > len(data):
+        return None
+    return flags, granule, serial, end
+
+
 def _ogg_last_granule(data: bytes, serial: int) -> int | None:
     """OggPage.find_last(serial, finishing=True)'s page's granule position, or None where it finds none."""
     index = data.rfind(b"OggS", max(0, len(data) - 65536))
     if index == -1:
         raise _Decline   # mutagen raises
-    page = _ogg_page(data, index)
+    page = _ogg_page_end(data, index)
     if page is not None and page[2] == serial and page[1] != -1 and page[0] & 4:
         return page[1]   # the stream's last page, at the end: the usual case
     # The slow way, as mutagen does: every page from the start, to the stream's last page or the first bad one.
     best: int | None = None
     pos = 0
-    while pos + 27 <= len(data):
-        magic, version, flags, granule, page_serial, _seq, _crc, segments = _OGG_HEADER.unpack_from(data, pos)
-        if magic != b"OggS" or version != 0:
-            break
-        lacing = data[pos + 27:pos + 27 + segments]
-        end = pos + 27 + segments + sum(lacing)
-        if len(lacing) != segments or end > len(data):
-            break
+    while (page := _ogg_page_end(data, pos)) is not None:
+        flags, granule, page_serial, pos = page
         if page_serial != serial:
             raise _Decline   # another logical stream before this one's last page: multiplexed
         if granule != -1:
             best = granule
         if flags & 4:
             break
-        pos = end
     return best
 
 
