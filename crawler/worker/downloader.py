@@ -75,7 +75,8 @@ from crawler.worker import download_plan as plan
 from crawler.worker.audiostore import AudioStore, Finished, Partial, extension_for, partial_key
 from crawler.worker.faults import is_local
 from crawler.worker.filetags import read_file_tags
-from crawler.worker.transport import AiohttpTransport, Answer
+from crawler.worker.http1 import Answer
+from crawler.worker.transport import AiohttpTransport
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -38,13 +38,11 @@ from typing import Any, cast
 import aiohttp
 import httpx
 import yarl
-from multidict import CIMultiDict, CIMultiDictProxy
 
 from crawler.bodies import BodyError, BoundedDecoder, content_coding
+from crawler.worker.http1 import Answer, Http1Client, Timeouts, decoded_headers
 
 _SCHEMES = frozenset(("http", "https"))
-# Headers that describe an encoded body on the wire; dropped once the transport has decoded it.
-_WIRE_HEADERS = frozenset((b"content-encoding", b"content-length"))
 
 
 def map_error(exc: BaseException) -> httpx.TransportError:
@@ -137,29 +135,6 @@ def _salvage(content: aiohttp.StreamReader) -> bytes:
     return data
 
 
-# (connect, read, pool, total) in seconds, each None for no limit.
-Timeouts = tuple[float | None, float | None, float | None, float | None]
-RawHeaders = tuple[tuple[bytes, bytes], ...]
-
-
-class Answer:
-    """An answer as a download reads it: status, headers (case-insensitive ``get``), extensions, body stream.
-    httpx.Response offers the same names, so the downloader reads either."""
-
-    __slots__ = ("extensions", "headers", "raw_headers", "status_code", "stream")
-
-    def __init__(self, status_code: int, headers: CIMultiDictProxy[str], raw_headers: RawHeaders,
-                 extensions: dict[str, Any], stream: _Body) -> None:
-        self.status_code = status_code
-        self.headers = headers
-        self.raw_headers = raw_headers
-        self.extensions = extensions
-        self.stream = stream
-
-    async def aclose(self) -> None:
-        await self.stream.aclose()
-
-
 class AiohttpTransport(httpx.AsyncBaseTransport):
     def __init__(self, session: Callable[[], aiohttp.ClientSession], *, max_body: int,
                  total_timeout: float | None = None) -> None:
@@ -170,6 +145,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         """
         self._make_session = session
         self._session: aiohttp.ClientSession | None = None
+        self._lean: Http1Client | None = None
         self._timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
         self.max_body = max_body
         self.total_timeout = total_timeout
@@ -201,19 +177,27 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                                    ext.get("total_timeout", self.total_timeout)),
                                   ext.get("max_body", self.max_body), ext.get("cut_body", False),
                                   ext.get("read_size") or _Body.CHUNK)
-        return httpx.Response(answer.status_code, headers=answer.raw_headers, stream=answer.stream,
+        return httpx.Response(answer.status_code, headers=answer.raw_headers, stream=cast(_Body, answer.stream),
                               request=request, extensions=answer.extensions)
 
     async def get(self, url: yarl.URL, headers: list[tuple[str, str]], *, timeout: Timeouts,
                   max_body: int, read_size: int) -> Answer:
-        """A GET without httpx's models: what a download reads of the answer, nothing more.
+        """A GET without httpx's models or aiohttp's request machinery: what a download reads of the answer.
 
-        A small audio file costs about as much to fetch as httpx spends building its request and response
-        objects (URL parsing, header lists and look-ups): downloads use this, pages and API calls the httpx
-        path. timeout is (connect, read, pool, total); the rest as the extensions of the same names."""
-        if url.scheme not in _SCHEMES:
-            raise httpx.UnsupportedProtocol(f"the URL's scheme is {url.scheme!r}, not http or https")
-        return await self._send("GET", url, headers, None, timeout, max_body, False, read_size)
+        A small audio file costs little more to fetch than the client objects built around the request:
+        downloads use this (http1.py: its own keep-alive pool, the same DNS cache and target policy as this
+        transport's connections), pages and API calls the httpx path. timeout is (connect, read, pool, total);
+        the rest as the extensions of the same names."""
+        if self._lean is None:
+            session = self._session
+            if session is None:
+                session = self._session = self._make_session()
+            connector = session.connector
+            assert isinstance(connector, aiohttp.TCPConnector)
+            # The connector's DNS cache and target check; as many idle connections as the connector may hold.
+            self._lean = Http1Client(connector._resolve_host, max_idle=connector.limit or 100,
+                                     max_idle_per_host=connector.limit_per_host or connector.limit or 100)
+        return await self._lean.get(url, headers, timeout=timeout, max_body=max_body, read_size=read_size)
 
     async def _send(self, method: str, url: yarl.URL, headers: list[tuple[str, str]], body: bytes | None,
                     timeout: Timeouts, max_body: int, cut: bool, read_size: int) -> Answer:
@@ -241,13 +225,14 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 raise
             extensions["content_encoding"] = coding
             if coding:
-                raw_headers = tuple((k, v) for k, v in raw_headers if k.lower() not in _WIRE_HEADERS)
-                headers_in = CIMultiDictProxy(CIMultiDict(
-                    (k, v) for k, v in headers_in.items() if k.lower() not in ("content-encoding", "content-length")))
+                raw_headers, headers_in = decoded_headers(raw_headers, headers_in)
         decoder = BoundedDecoder(coding, max_body, cut=cut)
         return Answer(response.status, headers_in, raw_headers, extensions, _Body(response, decoder, read_size))
 
     async def aclose(self) -> None:
+        if self._lean is not None:
+            await self._lean.aclose()
+            self._lean = None
         if self._session is not None:
             await self._session.close()
             self._session = None
