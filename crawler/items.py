@@ -133,7 +133,7 @@ class AudioItem:
         for k in changes:
             if k in sources:
                 source[k] = sources[k]
-        return dataclasses.replace(self, meta_source=source, **changes)
+        return self.replace(meta_source=source, **changes)
 
     def with_file_tags(self, tags: dict[str, Any]) -> AudioItem:
         """Values read from the audio file itself: they fill what the page did not say, and where the page
@@ -142,7 +142,7 @@ class AudioItem:
         disagree = {k: v for k, v in tags.items()
                     if k in META_FIELDS and getattr(self, k) is not None and not _same(getattr(self, k), v)}
         if disagree:
-            item = dataclasses.replace(item, file_tags={**item.file_tags, **disagree})
+            item = item.replace(file_tags={**item.file_tags, **disagree})
         return item
 
     def catalogue_row(self) -> dict[str, Any]:
