@@ -310,3 +310,20 @@ async def test_tls_is_verified_against_the_trusted_certificates_and_the_host_nam
     finally:
         server.close()
     assert len(requests) == 2 and requests[0].startswith(b"GET /a.mp3 HTTP/1.1\r\n")
+
+
+async def test_a_connection_whose_answer_ended_while_reading_was_paused_reads_the_next_one():
+    async def serve(server, reader, writer):
+        while True:
+            await read_request(server, reader)
+            writer.write(answer(b"a" * 20_000))     # one read: past read_size, and the answer's end
+            await writer.drain()
+
+    async with RawServer(serve) as server:
+        transport = build_transport(max_connections=4, dns_ttl=60)
+        unread = await transport.get(yarl.URL(server.url), [], timeout=TIMEOUTS, max_body=1 << 20, read_size=1024)
+        await unread.aclose()                        # the body was never asked for (a redirect's, say)
+        assert transport._lean is not None and transport._lean.idle() == 1
+        assert (await get(transport, server.url, read_size=1024))[:2] == (200, b"a" * 20_000)
+        await transport.aclose()
+    assert server.connections == 1

@@ -234,9 +234,11 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def send(self, request: bytes, read_size: int) -> None:
+        assert self.transport is not None
+        if self.paused:        # the last answer ended while its reader was behind: read again
+            self.transport.resume_reading()
         self._begin()
         self.high_water = read_size
-        assert self.transport is not None
         self.transport.write(request)
 
     async def wait(self, read_timeout: float | None, deadline: float | None) -> None:
