@@ -79,10 +79,20 @@ class Answer:
         await self.stream.aclose()
 
 
-def decoded_headers(raw: RawHeaders, headers: CIMultiDictProxy[str]) -> tuple[RawHeaders, CIMultiDictProxy[str]]:
-    """The headers of an answer whose body is handed out decoded: without the ones that described the wire."""
-    return (tuple((k, v) for k, v in raw if k.decode("latin-1").lower() not in WIRE_HEADERS),
-            CIMultiDictProxy(CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in WIRE_HEADERS)))
+def body_coding(raw: RawHeaders, headers: CIMultiDictProxy[str],
+                extensions: dict[str, Any]) -> tuple[str, RawHeaders, CIMultiDictProxy[str]]:
+    """The Content-Encoding the body is decoded from (bodies.py; BodyError for a stack it refuses), and the headers
+    as handed out with the decoded body: without the ones that described the wire. The coding taken off is the
+    ``content_encoding`` extension."""
+    if "Content-Encoding" not in headers:
+        return "", raw, headers
+    # Every Content-Encoding line counts: "gzip" twice is the same stack as "gzip, gzip".
+    coding = content_coding(",".join(headers.getall("Content-Encoding")))
+    extensions["content_encoding"] = coding
+    if coding:
+        raw = tuple((k, v) for k, v in raw if k.decode("latin-1").lower() not in WIRE_HEADERS)
+        headers = CIMultiDictProxy(CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in WIRE_HEADERS))
+    return coding, raw, headers
 
 
 Resolve = Callable[[str, int], Awaitable[Sequence[Mapping[str, Any]]]]
@@ -374,17 +384,11 @@ class Http1Client:
         raw = tuple(conn.raw)
         headers = CIMultiDictProxy(CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in raw))
         extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
-        coding = ""
-        if "Content-Encoding" in headers:
-            try:
-                # Every Content-Encoding line counts: "gzip" twice is the same stack as "gzip, gzip".
-                coding = content_coding(",".join(headers.getall("Content-Encoding")))
-            except BodyError:
-                conn.close()
-                raise
-            extensions["content_encoding"] = coding
-            if coding:
-                raw, headers = decoded_headers(raw, headers)
+        try:
+            coding, raw, headers = body_coding(raw, headers, extensions)
+        except BodyError:
+            conn.close()
+            raise
         decoder = BoundedDecoder(coding, max_body, cut=False)
         return Answer(conn.status, headers, raw, extensions, _Stream(self, conn, decoder, read_timeout, deadline))
 

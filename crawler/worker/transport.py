@@ -39,8 +39,8 @@ import aiohttp
 import httpx
 import yarl
 
-from crawler.bodies import BodyError, BoundedDecoder, content_coding
-from crawler.worker.http1 import Answer, Http1Client, Timeouts, decoded_headers
+from crawler.bodies import BodyError, BoundedDecoder
+from crawler.worker.http1 import Answer, Http1Client, Timeouts, body_coding
 
 _SCHEMES = frozenset(("http", "https"))
 
@@ -215,17 +215,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
         if response.reason:
             extensions["reason_phrase"] = response.reason.encode("latin-1", "replace")
-        coding = ""
-        if "Content-Encoding" in headers_in:
-            try:
-                # Every Content-Encoding line counts: "gzip" twice is the same stack as "gzip, gzip".
-                coding = content_coding(",".join(headers_in.getall("Content-Encoding")))
-            except BodyError:
-                response.close()
-                raise
-            extensions["content_encoding"] = coding
-            if coding:
-                raw_headers, headers_in = decoded_headers(raw_headers, headers_in)
+        try:
+            coding, raw_headers, headers_in = body_coding(raw_headers, headers_in, extensions)
+        except BodyError:
+            response.close()
+            raise
         decoder = BoundedDecoder(coding, max_body, cut=cut)
         return Answer(response.status, headers_in, raw_headers, extensions, _Body(response, decoder, read_size))
 
