@@ -110,7 +110,6 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.idle_since = 0.0
-        self.served = 0                   # answers read to the end on it
         self.high_water = 1 << 20
         self._begin()
 
@@ -427,7 +426,7 @@ class Http1Client:
                     except (OSError, ssl.SSLError) as exc:
                         error = exc
         except TimeoutError:
-            raise httpx.ConnectTimeout(f"connecting to {host}:{port} took over {connect_timeout:g} s") from None
+            raise httpx.ConnectTimeout(f"connecting to {host}:{port} took over {connect_timeout} s") from None
         except OSError as exc:       # DNS (aiohttp's resolvers raise OSError subclasses)
             raise httpx.ConnectError(f"{host}:{port}: {exc}") from None
         raise httpx.ConnectError(f"cannot connect to {host}:{port}: {error or 'no address'}")
@@ -436,7 +435,6 @@ class Http1Client:
         if self._closed or not conn.reusable():
             conn.close()
             return
-        conn.served += 1
         conn.idle_since = conn.loop.time()
         idle = self._idle.setdefault(conn.key, [])
         idle.append(conn)
