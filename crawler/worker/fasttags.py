@@ -188,8 +188,9 @@ def read_flac(data: bytes) -> dict[str, Any] | None:
 _OGG_HEADER = struct.Struct("<4sBBqIIiB")   # OggS, version, flags, granule, serial, sequence, crc, segments
 
 
-def _ogg_page(data: bytes, pos: int) -> tuple[int, int, int, int, list[bytes], bool, int] | None:
-    """OggPage at pos: (flags, granule, serial, sequence, packets, complete, end), None where OggPage raises."""
+def _ogg_header(data: bytes, pos: int) -> tuple[int, int, int, int, bytes, int] | None:
+    """(flags, granule, serial, sequence, lacing, where the packets start) of the page at pos, None where
+    OggPage raises on its header."""
     if pos + 27 > len(data):
         return None
     magic, version, flags, granule, serial, sequence, _crc, segments = _OGG_HEADER.unpack_from(data, pos)
@@ -198,7 +199,15 @@ def _ogg_page(data: bytes, pos: int) -> tuple[int, int, int, int, list[bytes], b
     lacing = data[pos + 27:pos + 27 + segments]
     if len(lacing) != segments:
         return None
-    at = pos + 27 + segments
+    return flags, granule, serial, sequence, lacing, pos + 27 + segments
+
+
+def _ogg_page(data: bytes, pos: int) -> tuple[int, int, int, int, list[bytes], bool, int] | None:
+    """OggPage at pos: (flags, granule, serial, sequence, packets, complete, end), None where OggPage raises."""
+    header = _ogg_header(data, pos)
+    if header is None:
+        return None
+    flags, granule, serial, sequence, lacing, at = header
     packets: list[bytes] = []
     total = 0
     for c in lacing:
@@ -220,16 +229,12 @@ def _ogg_page(data: bytes, pos: int) -> tuple[int, int, int, int, list[bytes], b
 def _ogg_page_end(data: bytes, pos: int) -> tuple[int, int, int, int] | None:
     """(flags, granule, serial, end) of the page at pos, None where OggPage raises: the checks without the
     packets, for the pages whose packets are not read."""
-    if pos + 27 > len(data):
+    header = _ogg_header(data, pos)
+    if header is None:
         return None
-    magic, version, flags, granule, serial, _seq, _crc, segments = _OGG_HEADER.unpack_from(data, pos)
-    if magic != b"OggS" or version != 0:
-        return None
-    lacing = data[pos + 27:pos + 27 + segments]
-    end = pos + 27 + segments + sum(lacing)
-    if len(lacing) != segments or end > len(data):
-        return None
-    return flags, granule, serial, end
+    flags, granule, serial, _sequence, lacing, at = header
+    end = at + sum(lacing)
+    return None if end > len(data) else (flags, granule, serial, end)
 
 
 def _ogg_last_granule(data: bytes, serial: int) -> int | None:

@@ -48,7 +48,7 @@ from crawler.bodies import BodyError, BoundedDecoder, content_coding
 MAX_HEAD = 64 * 1024
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # Headers that describe an encoded body on the wire; dropped once the body is decoded.
-WIRE_HEADERS = frozenset(("content-encoding", "content-length"))
+_WIRE_HEADERS = frozenset(("content-encoding", "content-length"))
 
 # (connect, read, pool, total) in seconds, each None for no limit.
 Timeouts = tuple[float | None, float | None, float | None, float | None]
@@ -90,8 +90,8 @@ def body_coding(raw: RawHeaders, headers: CIMultiDictProxy[str],
     coding = content_coding(",".join(headers.getall("Content-Encoding")))
     extensions["content_encoding"] = coding
     if coding:
-        raw = tuple((k, v) for k, v in raw if k.decode("latin-1").lower() not in WIRE_HEADERS)
-        headers = CIMultiDictProxy(CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in WIRE_HEADERS))
+        raw = tuple((k, v) for k, v in raw if k.decode("latin-1").lower() not in _WIRE_HEADERS)
+        headers = CIMultiDictProxy(CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _WIRE_HEADERS))
     return coding, raw, headers
 
 
