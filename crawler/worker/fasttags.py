@@ -31,8 +31,8 @@ import struct
 from typing import Any
 
 
-class _Decline(Exception):
-    """The file has something only mutagen should judge."""
+class Decline(Exception):
+    """The file has something only mutagen should judge (here and in mp3tags.py)."""
 
 
 # How mutagen's case-insensitive VCommentDict answers read_file_tags' _KEYS, per field and in order: keys that
@@ -55,20 +55,20 @@ def _vorbis_comment(data: bytes, pos: int, end: int, framing: bool) -> tuple[dic
     VComment.load: a read past `end` fails there (a strict file in FLAC, a short uint or a missing framing byte
     in Ogg), so it declines here."""
     if pos + 4 > end:
-        raise _Decline
+        raise Decline
     pos += 4 + _U32.unpack_from(data, pos)[0]   # the vendor string, decoded with "replace": never fails
     if pos + 4 > end:
-        raise _Decline
+        raise Decline
     count = _U32.unpack_from(data, pos)[0]
     pos += 4
     found: dict[bytes, str] = {}
     for _ in range(count):   # each comment takes at least 4 bytes: the loop is bounded by the data
         if pos + 4 > end:
-            raise _Decline
+            raise Decline
         start = pos + 4
         pos = start + _U32.unpack_from(data, pos)[0]
         if pos > end:
-            raise _Decline
+            raise Decline
         eq = data.find(b"=", start, pos)
         if eq == -1:
             continue   # mutagen names it "unknownN": never a wanted key
@@ -79,10 +79,10 @@ def _vorbis_comment(data: bytes, pos: int, end: int, framing: bool) -> tuple[dic
             try:
                 found[key] = data[eq + 1:pos].decode("utf-8")
             except UnicodeDecodeError:
-                raise _Decline from None   # mutagen substitutes U+FFFD; let it
+                raise Decline from None   # mutagen substitutes U+FFFD; let it
     if framing:
         if pos >= end or not data[pos] & 1:
-            raise _Decline
+            raise Decline
         pos += 1
     return found, pos
 
@@ -100,8 +100,9 @@ def _fields(comments: dict[bytes, str]) -> dict[str, Any]:
     return raw
 
 
-def _stream_facts(raw: dict[str, Any], length: float, bitrate: int) -> dict[str, Any]:
-    # read_file_tags: a duration only when positive, rounded to ms; a bitrate only when a positive int.
+def stream_facts(raw: dict[str, Any], length: float, bitrate: int) -> dict[str, Any]:
+    """raw with the stream's duration and bitrate as read_file_tags gives mutagen's: a duration only when
+    positive, rounded to ms; a bitrate in kbit/s only when positive."""
     if length > 0:
         raw["duration"] = round(float(length), 3)
     if bitrate > 0:
@@ -115,16 +116,16 @@ def _flac_picture_end(data: bytes, pos: int) -> int:
     """Where Picture.load, reading a strict file from pos, stops: type and MIME type, description, then the
     image's dimensions and data."""
     if pos + 8 > len(data):
-        raise _Decline
+        raise Decline
     pos += 8 + struct.unpack_from(">I", data, pos + 4)[0]
     if pos + 4 > len(data):
-        raise _Decline
+        raise Decline
     pos += 4 + struct.unpack_from(">I", data, pos)[0]
     if pos + 20 > len(data):
-        raise _Decline
+        raise Decline
     pos += 20 + struct.unpack_from(">I", data, pos + 16)[0]
     if pos > len(data):
-        raise _Decline
+        raise Decline
     return pos
 
 
@@ -142,45 +143,45 @@ def read_flac(data: bytes) -> dict[str, Any] | None:
         while not last:
             blocks += 1
             if pos + 4 > len(data) or blocks > _MAX_CHUNKS:
-                raise _Decline
+                raise Decline
             byte = data[pos]
             size = int.from_bytes(data[pos + 1:pos + 4], "big")
             code, last = byte & 0x7F, bool(byte & 0x80)
             start = pos + 4
             if code in seen and code in (0, 3, 4):
-                raise _Decline   # a second STREAMINFO, seek table or comment block
+                raise Decline   # a second STREAMINFO, seek table or comment block
             seen.add(code)
             if code == 5:
-                raise _Decline   # a cue sheet: its reader has checks of its own
+                raise Decline   # a cue sheet: its reader has checks of its own
             if code == 4:
                 comments, pos = _vorbis_comment(data, start, len(data), framing=False)
                 if pos != start + size:
-                    raise _Decline   # mutagen goes on from where the comments end, not the declared size
+                    raise Decline   # mutagen goes on from where the comments end, not the declared size
             elif code == 6:
                 pos = _flac_picture_end(data, start)
                 if pos != start + size:
-                    raise _Decline
+                    raise Decline
             else:
                 pos = start + size
                 if pos > len(data):
-                    raise _Decline   # a strict read runs short: mutagen fails
+                    raise Decline   # a strict read runs short: mutagen fails
                 if code == 0:
                     if size < 34:
-                        raise _Decline
+                        raise Decline
                     rate_channels_bits = int.from_bytes(data[start + 10:start + 18], "big")
                     sample_rate = rate_channels_bits >> 44
                     if not sample_rate:
-                        raise _Decline   # mutagen raises on a zero sample rate
+                        raise Decline   # mutagen raises on a zero sample rate
                     total_samples = rate_channels_bits & 0xFFFFFFFFF
                     info = (total_samples / float(sample_rate), sample_rate)
         if info is None:
-            raise _Decline   # no STREAMINFO: mutagen raises
-    except (_Decline, IndexError, ValueError, struct.error):
+            raise Decline   # no STREAMINFO: mutagen raises
+    except (Decline, IndexError, ValueError, struct.error):
         return None
     length = info[0]
     bitrate = int(float(len(data) - pos) * 8 / length) if length else 0
     raw = _fields(comments) if comments is not None else {}
-    return _stream_facts(raw, length, bitrate)
+    return stream_facts(raw, length, bitrate)
 
 
 # -- Ogg Vorbis ---------------------------------------------------------------------------------------------
@@ -241,7 +242,7 @@ def _ogg_last_granule(data: bytes, serial: int) -> int | None:
     """OggPage.find_last(serial, finishing=True)'s page's granule position, or None where it finds none."""
     index = data.rfind(b"OggS", max(0, len(data) - 65536))
     if index == -1:
-        raise _Decline   # mutagen raises
+        raise Decline   # mutagen raises
     page = _ogg_page_end(data, index)
     if page is not None and page[2] == serial and page[1] != -1 and page[0] & 4:
         return page[1]   # the stream's last page, at the end: the usual case
@@ -251,7 +252,7 @@ def _ogg_last_granule(data: bytes, serial: int) -> int | None:
     while (page := _ogg_page_end(data, pos)) is not None:
         flags, granule, page_serial, pos = page
         if page_serial != serial:
-            raise _Decline   # another logical stream before this one's last page: multiplexed
+            raise Decline   # another logical stream before this one's last page: multiplexed
         if granule != -1:
             best = granule
         if flags & 4:
@@ -266,14 +267,14 @@ def read_ogg_vorbis(data: bytes) -> dict[str, Any] | None:
     try:
         first = _ogg_page(data, 0)
         if first is None:
-            raise _Decline
+            raise Decline
         flags, _granule, serial, sequence, packets, complete, pos = first
         if not flags & 2 or len(packets) != 1 or not complete or not packets[0].startswith(b"\x01vorbis") \
                 or len(packets[0]) < 28:
-            raise _Decline   # the identification header alone on the stream's first page, or mutagen judges
+            raise Decline   # the identification header alone on the stream's first page, or mutagen judges
         _channels, sample_rate, max_rate, nominal, min_rate = struct.unpack_from("<BI3i", packets[0], 11)
         if sample_rate == 0:
-            raise _Decline
+            raise Decline
         max_rate, min_rate, nominal = max(0, max_rate), max(0, min_rate), max(0, nominal)
         if nominal == 0:
             bitrate = (max_rate + min_rate) // 2
@@ -288,24 +289,24 @@ def read_ogg_vorbis(data: bytes) -> dict[str, Any] | None:
         for n in range(_MAX_CHUNKS + 1):
             page = _ogg_page(data, pos)
             if page is None or n == _MAX_CHUNKS:
-                raise _Decline
+                raise Decline
             flags, _granule, page_serial, page_sequence, packets, complete, pos = page
             if page_serial != serial or page_sequence != sequence + 1 + n or not packets \
                     or bool(flags & 1) != (n > 0):
-                raise _Decline   # another stream, a gap, or a continuation where none belongs (or is missing)
+                raise Decline   # another stream, a gap, or a continuation where none belongs (or is missing)
             parts.append(packets[0])
             if complete or len(packets) > 1:
                 break
         packet = b"".join(parts)
         if not packet.startswith(b"\x03vorbis"):
-            raise _Decline
+            raise Decline
         comments, _ = _vorbis_comment(packet, 7, len(packet), framing=True)
         granule = _ogg_last_granule(data, serial)
         if granule is None:
-            raise _Decline   # mutagen raises
-    except (_Decline, IndexError, ValueError, struct.error):
+            raise Decline   # mutagen raises
+    except (Decline, IndexError, ValueError, struct.error):
         return None
-    return _stream_facts(_fields(comments), granule / float(sample_rate), bitrate)
+    return stream_facts(_fields(comments), granule / float(sample_rate), bitrate)
 
 
 # -- WAVE ---------------------------------------------------------------------------------------------------
@@ -360,4 +361,4 @@ def read_wave(data: bytes) -> dict[str, Any] | None:
         samples = data_size / block_align
     length = samples / sample_rate if sample_rate > 0 else 0.0
     # Tags come from an ID3 chunk only (none here): read_file_tags' raw has no text fields.
-    return _stream_facts({}, length, channels * bits * sample_rate)
+    return stream_facts({}, length, channels * bits * sample_rate)

@@ -19,6 +19,8 @@ from typing import Any
 from mutagen._util import intround
 from mutagen.id3 import Frames
 
+from crawler.worker.fasttags import Decline, stream_facts
+
 _KNOWN_FRAMES = frozenset(Frames)
 _WANTED = ("TIT2", "TPE1", "TPE2", "TALB")
 _EMPTY_HEADER = b"\x00" * 10
@@ -30,10 +32,6 @@ _BITRATES = {1.0: (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 
              2.0: (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)}
 _BITRATES[2.5] = _BITRATES[2.0]
 _RATES = {1.0: (44100, 48000, 32000), 2.0: (22050, 24000, 16000), 2.5: (11025, 12000, 8000)}
-
-
-class _Decline(Exception):
-    """The file has something only mutagen should judge."""
 
 
 def _syncsafe(n: int) -> int:
@@ -71,7 +69,7 @@ def _first_value(payload: bytes, v24: bool) -> str | None:
     if len(payload) < 2 or payload[0] > 3:
         return None   # cut short by the tag's end, a bad encoding or no text: mutagen drops the frame as junk
     if len(payload) > _MAX_TEXT:
-        raise _Decline
+        raise Decline
     enc, pos, size = payload[0], 1, len(payload)
     codec = ("latin-1", "utf-16", "utf-16-be", "utf-8")[enc]
     # v2.3 had no multiple values: mutagen stops where only zero padding is left rather than read empty ones.
@@ -84,17 +82,17 @@ def _first_value(payload: bytes, v24: bool) -> str | None:
             stop, pos = (size, size) if end == -1 else (end, end + 1)
         else:
             if enc == 1 and payload[pos:pos + 2] not in (b"\xff\xfe", b"\xfe\xff"):
-                raise _Decline   # mutagen's BOM-less fix-ups
+                raise Decline   # mutagen's BOM-less fix-ups
             end = payload.find(b"\x00\x00", pos)
             while end != -1 and (end - pos) % 2:   # a NUL code unit starts on an even byte
                 end = payload.find(b"\x00\x00", end + 1)
             if end == -1 and (size - pos) % 2:
-                raise _Decline   # half a code unit at the end: mutagen's fix-ups again
+                raise Decline   # half a code unit at the end: mutagen's fix-ups again
             stop, pos = (size, size) if end == -1 else (end, end + 2)
         try:
             value = payload[start:stop].decode(codec)
         except UnicodeDecodeError:
-            raise _Decline from None
+            raise Decline from None
         if first is None:
             first = value
         if pos >= last:
@@ -106,10 +104,10 @@ def _id3v2(data: bytes) -> tuple[dict[str, str], int]:
     """The first value of each wanted frame kind, and the tag's size."""
     vmaj, flags = data[3], data[5]
     if vmaj not in (3, 4) or flags or any(b & 0x80 for b in data[6:10]):
-        raise _Decline
+        raise Decline
     size = _syncsafe(struct.unpack_from(">L", data, 6)[0]) + 10
     if size > len(data):
-        raise _Decline   # mutagen's read_full fails on a short tag
+        raise Decline   # mutagen's read_full fails on a short tag
     body = data[10:size]
     v24 = vmaj == 4
     syncsafe = v24 and _v24_sizes_are_syncsafe(body)
@@ -120,7 +118,7 @@ def _id3v2(data: bytes) -> tuple[dict[str, str], int]:
         if not name.strip(b"\x00"):
             break   # padding
         if name[3] == 0:
-            raise _Decline   # a v2.2 name in a v2.3/4 tag: mutagen maps it
+            raise Decline   # a v2.2 name in a v2.3/4 tag: mutagen maps it
         fsize, frame_flags = struct.unpack_from(">LH", body, pos + 4)
         if syncsafe:
             fsize = _syncsafe(fsize)
@@ -131,7 +129,7 @@ def _id3v2(data: bytes) -> tuple[dict[str, str], int]:
             # already read only appends values after the first (TextFrame._merge_frame), which is all we keep.
             continue
         if frame_flags:
-            raise _Decline   # compressed, encrypted, grouped or unsynchronised text
+            raise Decline   # compressed, encrypted, grouped or unsynchronised text
         value = _first_value(body[start:pos], v24)
         if value is not None:
             found[key] = value
@@ -145,7 +143,7 @@ def _id3v1(data: bytes) -> dict[str, str] | None:
     if at == -1:
         return None
     if at != len(window) - 128 or len(window) < 131 or b"APETAGEX" in window:
-        raise _Decline   # "TAG" elsewhere: mutagen may take stray bytes for a short v1 tag
+        raise Decline   # "TAG" elsewhere: mutagen may take stray bytes for a short v1 tag
     fields = {}
     for key, start in (("TIT2", 3), ("TPE1", 33), ("TALB", 63)):
         text = window[at + start:at + start + 30].split(b"\x00")[0].strip().decode("latin-1")
@@ -184,21 +182,21 @@ def _lame_delays(data: bytes, pos: int) -> tuple[int, int]:
 def _mpeg(data: bytes, start: int) -> tuple[float, int]:
     """mutagen's MPEGInfo length (s) and bitrate (bit/s) for a stream whose first frame is at start."""
     if data[start:start + 1] != b"\xff" or len(data) < start + 2 or data[start + 1] & 0xE0 != 0xE0:
-        raise _Decline   # mutagen would hunt for a sync further on
+        raise Decline   # mutagen would hunt for a sync further on
     offset = start
     first: tuple[float, int, int] | None = None   # (length or -1, bitrate, frame offset)
     for _ in range(4):   # MPEGInfo's enough_frames
         head = data[offset:offset + 4]
         if len(head) != 4:
-            raise _Decline
+            raise Decline
         b1, b2, b3 = head[1], head[2], head[3]
         version_bits, layer_bits = (b1 >> 3) & 3, (b1 >> 1) & 3
         bitrate_index, rate_index = b2 >> 4, (b2 >> 2) & 3
         if head[0] != 0xFF or b1 & 0xE0 != 0xE0 or version_bits == 1 or rate_index == 3 \
                 or bitrate_index in (0, 15):
-            raise _Decline   # fewer than four frames: mutagen moves on to other syncs
+            raise Decline   # fewer than four frames: mutagen moves on to other syncs
         if layer_bits != 1:
-            raise _Decline   # Layer I/II: not handled here
+            raise Decline   # Layer I/II: not handled here
         version = (2.5, 0.0, 2.0, 1.0)[version_bits]
         mode = b3 >> 6
         bitrate = _BITRATES[version][bitrate_index] * 1000
@@ -209,7 +207,7 @@ def _mpeg(data: bytes, start: int) -> tuple[float, int]:
         if data[xing:xing + 4] in (b"Xing", b"Info"):
             return _xing(data, xing, offset, samples_per_frame, frame_length, bitrate, rate)
         if data[offset + 36:offset + 40] == b"VBRI":
-            raise _Decline
+            raise Decline
         if first is None:
             first = (-1.0, bitrate, offset)
         offset += frame_length
@@ -222,14 +220,14 @@ def _xing(data: bytes, pos: int, frame_offset: int, samples_per_frame: int, fram
           bitrate: int, rate: int) -> tuple[float, int]:
     """MPEGFrame._parse_vbr_header for a Xing/Info header at pos."""
     if len(data) < pos + 8:
-        raise _Decline
+        raise Decline
     flags = struct.unpack_from(">L", data, pos + 4)[0]
     pos += 8
     fields: dict[int, int] = {}
     for flag, width in ((1, 4), (2, 4), (4, 100), (8, 4)):
         if flags & flag:
             if len(data) < pos + width:
-                raise _Decline   # a truncated Xing header: mutagen then looks for VBRI
+                raise Decline   # a truncated Xing header: mutagen then looks for VBRI
             if width == 4:
                 fields[flag] = struct.unpack_from(">L", data, pos)[0]
             pos += width
@@ -262,7 +260,7 @@ def read_mp3(data: bytes) -> dict[str, Any] | None:
             for key, text in v1.items():
                 frames.setdefault(key, text)
         length, bitrate = _mpeg(data, start)
-    except (_Decline, IndexError, ValueError, struct.error):
+    except (Decline, IndexError, ValueError, struct.error):
         return None   # a shape the mirror did not foresee declines: mutagen judges it, as before
     raw: dict[str, Any] = {}
     if frames is not None:
@@ -270,8 +268,4 @@ def read_mp3(data: bytes) -> dict[str, Any] | None:
         texts = {key: text for key, text in frames.items() if text.strip()}
         raw = {"title": texts.get("TIT2"), "artist": texts.get("TPE1", texts.get("TPE2")),
                "album": texts.get("TALB")}
-    if length > 0:
-        raw["duration"] = round(float(length), 3)
-    if bitrate > 0:
-        raw["bitrate"] = round(bitrate / 1000)
-    return raw
+    return stream_facts(raw, length, bitrate)
