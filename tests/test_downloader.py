@@ -1002,6 +1002,45 @@ async def test_a_trickling_download_is_cut_off_by_its_deadline_and_kept_for_late
     assert 0 < kept.stat().st_size < len(data)      # the bytes so far stay for a later resume
 
 
+async def test_a_short_deadline_is_kept_while_a_long_download_holds_a_far_one(server, client, tmp_path):
+    # One timer keeps every download's deadline: a large file's deadline stretched far ahead must not hold
+    # back a small file's deadline that comes due long before it.
+    big, small = blob(1_000_000, 41), blob(2_000, 42)
+    server.add("/big.mp3", big).rate = 50_000          # 20 s; its deadline: 0.5 s + 100 s for its size
+    server.add("/small.mp3", small).pause_at = 100     # held after 100 bytes; its deadline: 0.5 s + 0.2 s
+    cfg = dataclasses.replace(CFG, deadline_base=0.5, min_rate=10_000)
+    dl = Downloader(client, tmp_path, cfg)
+    long = asyncio.ensure_future(dl.fetch(AudioItem(url=server.url("/big.mp3"), page="p")))
+    try:
+        await asyncio.sleep(1.0)     # past the big one's first deadline: the timer is now set ~100 s ahead
+        assert not long.done()
+        started = time.monotonic()
+        got = await dl.fetch(AudioItem(url=server.url("/small.mp3"), page="p"))
+        assert got.status == FAILED and got.reason.startswith("download too slow"), got.reason
+        assert time.monotonic() - started < 8
+        assert not long.done()       # the other download goes on
+    finally:
+        long.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await long
+
+
+async def test_a_download_cancelled_from_outside_is_cancelled_not_timed_out(server, client, tmp_path):
+    server.add("/slow.mp3", blob(1_000_000, 43)).rate = 50_000
+    cfg = dataclasses.replace(CFG, deadline_base=0.3, min_rate=1_000_000)
+    dl = Downloader(client, tmp_path, cfg)
+    task = asyncio.ensure_future(dl.fetch(AudioItem(url=server.url("/slow.mp3"), page="p")))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # Its deadline went with it: a later download is not cancelled by it.
+    server.add("/ok.mp3", blob(3_000, 44))
+    await asyncio.sleep(1.5)
+    got = await dl.fetch(AudioItem(url=server.url("/ok.mp3"), page="p"))
+    assert got.status == OK, got.reason
+
+
 async def test_an_encoded_download_is_refused(client, tmp_path):
     body = gzip.compress(b"\xff\xfb\x90\x64" + b"\0" * 100_000)
 

@@ -354,6 +354,7 @@ class Downloader:
         self._get = transport.get if isinstance(transport, AiohttpTransport) else None
         self._timeouts = (cfg.timeout, cfg.timeout, cfg.timeout, getattr(transport, "total_timeout", None))
         self._committer = _Committer(self.store)
+        self._deadlines = _Deadlines()
         self._file_tags = file_tags
         # Tags read while a file's bytes were in memory, for its fetch to take at once (one entry a download).
         self._fresh_tags: dict[str, dict[str, Any]] = {}
@@ -491,9 +492,18 @@ class Downloader:
             return item.replace(status=FAILED, reason=f"storage: {exc}")
         loop = asyncio.get_running_loop()
         deadline = _Deadline(loop.time(), self.cfg)
+        self._deadlines.keep(deadline)
         try:
-            async with deadline.timeout:
+            try:
                 result = await self._run(item, partial, reresolve, known, slots, deadline)
+                if deadline.expired:    # it ran out as the download ended: its cancel is taken here, not later
+                    await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                if not deadline.timed_out():
+                    raise
+                raise TimeoutError from None
+            finally:
+                self._deadlines.drop(deadline)
             if isinstance(result, plan.Fail):
                 if result.discard:
                     await partial.discard()
@@ -503,7 +513,7 @@ class Downloader:
                 return item.replace(status=FAILED, reason=result.reason)
             return result
         except TimeoutError:
-            if not deadline.timeout.expired():
+            if not deadline.expired:
                 raise
             await partial.aclose()
             partial.checkpoint()
@@ -714,16 +724,70 @@ class Downloader:
 
 
 class _Deadline:
-    """A download's deadline: ``deadline_base`` plus its size at ``min_rate``, moved as the size becomes known."""
+    """A download's deadline: ``deadline_base`` plus its size at ``min_rate``, moved as the size becomes known.
+
+    Kept by the downloader's _Deadlines, not by a timer of its own: moving a timer costs more than the rest of
+    a small file's bookkeeping, and a deadline only ever moves later."""
+
+    __slots__ = ("_base", "_cancelling", "_rate", "_task", "at", "expired", "started")
 
     def __init__(self, started: float, cfg: DownloadConfig) -> None:
         self.started = started
         self._base, self._rate = started + cfg.deadline_base, cfg.min_rate
-        self.timeout = asyncio.timeout_at(self._base)
+        self.at = self._base
+        self.expired = False
+        self._task = asyncio.current_task()
+        self._cancelling = self._task.cancelling() if self._task is not None else 0
 
     def stretch(self, expected: int | None, received: int) -> None:
         """The size as announced, or as received so far."""
-        self.timeout.reschedule(self._base + max(expected or 0, received) / self._rate)
+        self.at = max(self.at, self._base + max(expected or 0, received) / self._rate)
+
+    def expire(self) -> None:
+        self.expired = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def timed_out(self) -> bool:
+        """Called on CancelledError: True when the cancel was this deadline's alone (it then becomes a timeout);
+        a cancel from outside that came as well still propagates."""
+        return self.expired and self._task is not None and self._task.uncancel() <= self._cancelling
+
+
+class _Deadlines:
+    """The deadlines of the downloads in progress under one timer, set for the earliest of them when it fires.
+
+    Deadlines only move later, and a new one is rarely earlier than the timer (all start from
+    ``deadline_base``), so keeping one costs a dict entry, not a timer of its own."""
+
+    def __init__(self) -> None:
+        self._live: dict[_Deadline, None] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def keep(self, deadline: _Deadline) -> None:
+        self._live[deadline] = None
+        if self._timer is None or deadline.at < self._timer.when():    # only a large file's stretched one was
+            self._arm(deadline.at)                                    # kept, or nothing
+
+    def drop(self, deadline: _Deadline) -> None:
+        self._live.pop(deadline, None)
+
+    def _arm(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_at(at, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        now = asyncio.get_running_loop().time()
+        for deadline in [d for d in self._live if d.at <= now]:
+            del self._live[deadline]
+            deadline.expire()
+        if self._live:
+            self._arm(min(d.at for d in self._live))
 
 
 def _head(response: Answer | httpx.Response, url: str, conditional: bool) -> plan.Head:
