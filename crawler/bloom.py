@@ -176,8 +176,19 @@ class BloomFilter:
         return new
 
     def __contains__(self, key: str | bytes) -> bool:
-        bits = self._bits
-        return all(bits[i] for i in self._key_indices(key))
+        return self._holds(mmh3.hash128(key))
+
+    def _holds(self, h: int) -> bool:
+        """Whether all k bits of the key whose hash is h are set; stops at the first clear one (an absent key
+        mostly needs one or two look-ups, not k)."""
+        bits, half, m = self._bits, self._half, self.m
+        mask = (1 << half) - 1
+        h1 = h & mask
+        h2 = ((h >> 64) & mask) | 1
+        for i in range(self.k):
+            if not bits[(((h1 + i * h2) & mask) * m) >> half]:
+                return False
+        return True
 
     # -- batches --------------------------------------------------------------------------------------
 
@@ -389,11 +400,7 @@ class GrowingBloomFilter:
 
     def __contains__(self, key: str | bytes) -> bool:
         h = mmh3.hash128(key)     # once for the whole chain
-        for f in self._filters:
-            bits = f._bits
-            if all(bits[i] for i in f._hash_indices(h)):
-                return True
-        return False
+        return any(f._holds(h) for f in self._filters)
 
     def add_many(self, keys: Sequence[str | bytes]) -> None:
         with self._lock:
