@@ -764,13 +764,11 @@ class _Deadlines:
         self._live: dict[_Deadline, None] = {}
         self._timer: asyncio.TimerHandle | None = None
 
-    def __len__(self) -> int:
-        return len(self._live)
-
     def keep(self, deadline: _Deadline) -> None:
         self._live[deadline] = None
-        if self._timer is None or deadline.at < self._timer.when():    # only a large file's stretched one was
-            self._arm(deadline.at)                                    # kept, or nothing
+        # The timer is later only when nothing else is kept but large files' stretched deadlines.
+        if self._timer is None or deadline.at < self._timer.when():
+            self._arm(deadline.at)
 
     def drop(self, deadline: _Deadline) -> None:
         self._live.pop(deadline, None)
