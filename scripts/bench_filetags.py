@@ -1,11 +1,12 @@
 """Time per file of reading an in-memory audio file's tags: mutagen alone against the fast path, per format.
 
-    python scripts/bench_filetags.py [--files 500] [--size 4096] [--rounds 5] [--formats .mp3,.flac,.ogg,.wav]
+    python scripts/bench_filetags.py [--files 500] [--size 4096] [--rounds 5] [--formats .mp3,.flac,.ogg,.wav,.aac]
 
 The files are the demo site's (scripts/sitegen.py: MP3 with an ID3v2.3 tag and 128 kbit/s MPEG-1 Layer III
-frames; FLAC with STREAMINFO and a Vorbis comment; Ogg Vorbis pages; WAVE with a LIST INFO chunk) with names from
-its vocabularies. Prints, per format, the best of --rounds runs in µs per file for each path, CPU time of this
-process (crawler/worker/mp3tags.py and fasttags.py are the fast paths), and checks that both gave the same answers.
+frames; FLAC with STREAMINFO and a Vorbis comment; Ogg Vorbis pages; WAVE with a LIST INFO chunk; untagged ADTS
+AAC-LC frames) with names from its vocabularies. Prints, per format, the best of --rounds runs in µs per file for
+each path, CPU time of this process (crawler/worker/mp3tags.py and fasttags.py are the fast paths), and checks that
+both gave the same answers.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run as a script: the repo's own packages
 
-from crawler.worker.fasttags import read_flac, read_ogg_vorbis, read_wave
+from crawler.worker.fasttags import read_aac, read_flac, read_ogg_vorbis, read_wave
 from crawler.worker.filetags import read_file_tags
 from crawler.worker.mp3tags import read_mp3
 from scripts import sitegen
 
 _FORMATS: dict[str, tuple[Callable[..., bytes], Callable[[bytes], dict[str, Any] | None]]] = {
     ".mp3": (sitegen._mp3, read_mp3), ".flac": (sitegen._flac, read_flac),
-    ".ogg": (sitegen._ogg, read_ogg_vorbis), ".wav": (sitegen._wav, read_wave),
+    ".ogg": (sitegen._ogg, read_ogg_vorbis), ".wav": (sitegen._wav, read_wave), ".aac": (sitegen._aac, read_aac),
 }
 
 

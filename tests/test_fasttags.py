@@ -1,4 +1,5 @@
-"""The in-memory FLAC, Ogg Vorbis and WAVE fast paths give exactly mutagen's answer, or decline and let mutagen answer.
+"""The in-memory FLAC, Ogg Vorbis, WAVE and ADTS AAC fast paths give exactly mutagen's answer, or decline and let
+mutagen answer.
 
 Files are built byte by byte (no encoder needed: mutagen reads headers, not audio) and read twice through
 read_file_tags, with the fast path and with mutagen alone; the outputs must be equal AND the fast reader must
@@ -14,6 +15,7 @@ import random
 import struct
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,13 +23,14 @@ from mutagen._vorbis import is_valid_key
 from mutagen.wave import WAVE
 
 from crawler.worker import filetags
-from crawler.worker.fasttags import VORBIS_KEYS, read_flac, read_ogg_vorbis, read_wave
+from crawler.worker.fasttags import VORBIS_KEYS, read_aac, read_flac, read_ogg_vorbis, read_wave
 from crawler.worker.filetags import read_file_tags
 from scripts import sitegen
+from tests.fakes.hls import adts_frames
 
 Reader = Callable[[bytes], "dict[str, Any] | None"]
-READERS: dict[str, Reader] = {".flac": read_flac, ".ogg": read_ogg_vorbis, ".wav": read_wave}
-CODECS = {".flac": "flac", ".ogg": "vorbis", ".wav": "pcm"}
+READERS: dict[str, Reader] = {".flac": read_flac, ".ogg": read_ogg_vorbis, ".wav": read_wave, ".aac": read_aac}
+CODECS = {".flac": "flac", ".ogg": "vorbis", ".wav": "pcm", ".aac": "aac"}
 
 _TEXTS = ["Déjà Vu", "林夕月", "Ünïcødé 歌手 \U0001f3b5", "", "  ", "plain", "a=b=c", "x" * 300, "Zoë\nnew line",
           "\u3000", "Les Étoiles"]
@@ -146,6 +149,24 @@ def wave(chunks: list[bytes], riff_size: int | None = None) -> bytes:
     return b"RIFF" + struct.pack("<I", len(body) if riff_size is None else riff_size) + body
 
 
+def adts(rng: random.Random, sizes: list[int], *, rate: int = 4, channels: int = 2, profile: int = 1,
+         mpeg2: bool = False, crc: bool = False, blocks: int = 1) -> bytes:
+    """ADTS frames of the given sizes (header included) with random payloads; rate is the sampling index."""
+    out = bytearray()
+    for size in sizes:
+        header = (0xFFF << 44 | mpeg2 << 43 | (not crc) << 40 | profile << 38 | rate << 34 | channels << 30
+                  | size << 13 | 0x7FF << 2 | blocks - 1)
+        out += header.to_bytes(7, "big") + rng.randbytes(max(0, size - 7))
+    return bytes(out)
+
+
+def id3(rng: random.Random) -> bytes:
+    """An ID3v2 tag as sitegen writes them, or a header whose size says anything (mutagen's AAC skips by it)."""
+    if rng.random() < 0.5:
+        return sitegen._id3v23(rng.choice(_TEXTS), rng.choice(_TEXTS), "Album")
+    return b"ID3\x04\x00" + bytes([rng.choice([0, 0x10])]) + rng.randbytes(4) + rng.randbytes(rng.randrange(0, 300))
+
+
 # -- the cases every fast reader must accept ------------------------------------------------------------------
 
 def _flac_cases() -> dict[str, Callable[[random.Random], bytes]]:
@@ -224,7 +245,37 @@ def _wave_cases() -> dict[str, Callable[[random.Random], bytes]]:
     }
 
 
-CASES = {".flac": _flac_cases(), ".ogg": _ogg_cases(), ".wav": _wave_cases()}
+def _aac_cases() -> dict[str, Callable[[random.Random], bytes]]:
+    def sizes(r: random.Random, n: int, low: int = 100, high: int = 700) -> list[int]:
+        return [r.randrange(low, high) for _ in range(n)]
+
+    return {
+        "sitegen": lambda r: sitegen._aac(r, 4096, "Déjà Vu", "林夕月", "Northern Glass"),
+        "sitegen large": lambda r: sitegen._aac(r, 60_000, r.choice(_TEXTS), "a", ""),
+        "hls segment": lambda r: adts_frames(40, r.randrange(100)),
+        "varying frame sizes": lambda r: adts(r, sizes(r, 30)),
+        "three frames": lambda r: adts(r, sizes(r, 3)),
+        "more frames than mutagen reads": lambda r: adts(r, sizes(r, 250, 7, 300)),
+        "48 kHz mono": lambda r: adts(r, sizes(r, 20), rate=3, channels=1),
+        "96 kHz 5.1": lambda r: adts(r, sizes(r, 20, 500, 2000), rate=0, channels=6),
+        "8 kHz, channels in a program config": lambda r: adts(r, sizes(r, 12), rate=11, channels=0),
+        "MPEG-2 main profile": lambda r: adts(r, sizes(r, 10), mpeg2=True, profile=0),
+        "with CRC": lambda r: adts(r, sizes(r, 10), crc=True),
+        "several raw data blocks": lambda r: adts(r, sizes(r, 10), blocks=4, crc=r.random() < 0.5),
+        "reserved sample rate": lambda r: adts(r, sizes(r, 10), rate=13),
+        "ID3 tag first": lambda r: sitegen._id3v23("Déjà Vu", "林夕月", "Northern Glass") + adts(r, sizes(r, 10)),
+        "junk before the stream": lambda r: r.randbytes(r.randrange(1, 500)).replace(b"\xff", b"\x00")
+        + adts(r, sizes(r, 10)),
+        "false syncs first": lambda r: b"\xff\xf1\x50" * 3 + adts(r, sizes(r, 2)) + b"\x00" + adts(r, sizes(r, 8)),
+        "a stream at the tenth sync": lambda r: (b"\xff\xf1" + b"\x00" * 20) * 9 + adts(r, sizes(r, 3)),
+        "junk between frames": lambda r: b"\x00".join(adts(r, [size]) for size in sizes(r, 10)),
+        "a second stream after": lambda r: adts(r, sizes(r, 5)) + adts(r, sizes(r, 5), rate=3),
+        "last frame cut short": lambda r: adts(r, sizes(r, 10))[:-50],
+        "trailing junk": lambda r: adts(r, sizes(r, 10)) + b"\x01junk",
+    }
+
+
+CASES = {".flac": _flac_cases(), ".ogg": _ogg_cases(), ".wav": _wave_cases(), ".aac": _aac_cases()}
 ALL = [(ext, name) for ext, cases in CASES.items() for name in sorted(cases)]
 
 
@@ -251,6 +302,23 @@ def test_the_tags_come_out_as_written() -> None:
     assert read_file_tags(data, ".ogg")["artist"] == "Zoë"
     data = wave([chunk(b"fmt ", fmt()), chunk(b"data", b"\x00" * 44100 * 4)])
     assert read_file_tags(data, ".wav") == {"duration": 1.0, "bitrate": 1411, "codec": "pcm"}
+    # ADTS: mutagen's AAC counts 1024 samples per frame over the first 100 frames and scales that by the size
+    # to the file's end (from one byte after the sync word); it reads no tags, and its bitrate is a float that
+    # read_file_tags does not take.
+    data = sitegen._id3v23("title", "artist", "album") + adts(rng, [256] * 431)
+    assert read_aac(data) is not None
+    assert read_file_tags(data, ".aac") == {"duration": round(1024 * (431 * 256 - 1) / (256 * 44100), 3),
+                                            "codec": "aac"}
+
+
+def test_an_aac_file_in_memory_reads_as_the_stored_file(tmp_path: Path) -> None:
+    # mutagen's AAC knows ADTS by the file's name alone: the bytes in memory are named as the stored file is.
+    for build in (_aac_cases()["sitegen"], _aac_cases()["ID3 tag first"]):
+        data = build(random.Random(0))
+        (tmp_path / "x.aac").write_bytes(data)
+        stored = read_file_tags(tmp_path / "x.aac")
+        assert stored["codec"] == "aac" and stored["duration"] > 0
+        assert read_file_tags(data, ".aac") == read_file_tags(data, ".aac", fast=False) == stored
 
 
 def test_the_vorbis_keys_are_what_filetags_asks_for() -> None:
@@ -316,6 +384,15 @@ def test_what_the_fast_paths_are_not_sure_of_is_declined() -> None:
     for data in declined_wave:
         assert read_wave(data) is None
         _same(data, ".wav")
+    frames3 = adts(rng, [100] * 3)
+    declined_aac = [
+        b"ADIF" + frames3, adts(rng, [100] * 2), b"\x00" * 512 + frames3,     # ADIF; 2 frames; no sync in 512 bytes
+        b"ID3\x03\x00\x00\x00\x00\x10\x00" + frames3,                        # the tag's size runs past the end
+        (b"\xff\xf1" + b"\x00" * 20) * 10 + frames3,                            # 3 frames only after the tenth sync
+    ]
+    for data in declined_aac:
+        assert read_aac(data) is None
+        assert _same(data, ".aac") == {}
     # mutagen reads the ID3 chunk's frames, but read_file_tags' keys name none of them: no text fields from WAVE.
     with_id3 = declined_wave[0]
     assert str(WAVE(io.BytesIO(with_id3)).tags["TIT2"]) == "t"
@@ -350,6 +427,9 @@ def _small(ext: str) -> bytes:
                      (6, picture(rng, 40)), (1, b"\x00" * 20)], frames(rng, 2))
     if ext == ".ogg":
         return ogg(rng, random_comments(rng, 5), audio_pages=2, max_segs=2)
+    if ext == ".aac":
+        return (sitegen._id3v23("t", "é", "") + rng.randbytes(20).replace(b"\xff", b"")
+                + adts(rng, [rng.randrange(7, 60) for _ in range(6)], crc=True))
     return wave([chunk(b"fmt ", fmt(extensible=True)), info_list("trunc", "é"), chunk(b"data", rng.randbytes(301))])
 
 
@@ -365,7 +445,7 @@ def test_truncated_at_every_offset_never_raises_and_never_disagrees(ext: str) ->
 def test_random_and_corrupted_bytes_never_raise_and_never_disagree(ext: str) -> None:
     rng = random.Random(3)
     base = _small(ext)
-    magic = {".flac": b"fLaC", ".ogg": b"OggS", ".wav": b"RIFF"}[ext]
+    magic = {".flac": b"fLaC", ".ogg": b"OggS", ".wav": b"RIFF", ".aac": b"\xff\xf1"}[ext]
     for _ in range(300):
         _agrees_or_declines(rng.randbytes(rng.randrange(0, 2000)), ext)
         _agrees_or_declines(magic + rng.randbytes(rng.randrange(0, 600)), ext)
@@ -421,6 +501,31 @@ def test_random_wave_layouts_agree_with_mutagen() -> None:
     assert accepted > 150
 
 
+def test_random_adts_layouts_agree_with_mutagen() -> None:
+    rng = random.Random(8)
+    accepted = 0
+    for _ in range(300):
+        head = id3(rng) if rng.random() < 0.3 else b""
+        if rng.random() < 0.3:
+            head += rng.randbytes(rng.randrange(1, 700))   # junk, false syncs in it or not
+        options = {"rate": rng.randrange(16), "channels": rng.randrange(8), "profile": rng.randrange(4),
+                   "mpeg2": rng.random() < 0.2, "crc": rng.random() < 0.3, "blocks": rng.randrange(1, 5)}
+        sizes = [rng.randrange(7, 600) for _ in range(rng.randrange(0, 130))]
+        gaps = rng.random() < 0.2
+        body = b"".join(adts(rng, [size], **options) + (rng.randbytes(rng.randrange(12)) if gaps else b"")
+                        for size in sizes)
+        if rng.random() < 0.2:
+            body += adts(rng, [rng.randrange(7, 600) for _ in range(rng.randrange(5))], rate=rng.randrange(13))
+        data = head + body
+        if data and rng.random() < 0.2:
+            data = data[:rng.randrange(len(data))]
+        if data and rng.random() < 0.2:
+            at = rng.randrange(len(data))
+            data = data[:at] + bytes([rng.randrange(256)]) + data[at + 1:]
+        accepted += _agrees_or_declines(data, ".aac")
+    assert accepted > 150
+
+
 @pytest.mark.parametrize(("ext", "data"), [
     (".flac", flac([(0, streaminfo()), (1, b"")], b"")[:-4] + b"\x81\xff\xff\xff"),           # a 16 MiB block
     (".flac", flac([(0, streaminfo()), (4, comment_body([], count=0xFFFFFFFF))], b"")),      # 4 billion comments
@@ -432,6 +537,11 @@ def test_random_wave_layouts_agree_with_mutagen() -> None:
     (".wav", wave([chunk(b"fmt ", fmt()), b"data\xff\xff\xff\xff"])),                          # a 4 GiB data chunk
     (".wav", wave([b"fmt \xff\xff\xff\xff" + fmt()])),
     (".wav", wave([chunk(b"JUNK", b"")] * 5000 + [chunk(b"fmt ", fmt())])),                   # thousands of chunks
+    (".aac", b"ID3\x04\x00\x00\x7f\x7f\x7f\x7f" + adts(random.Random(0), [100] * 5)),       # a 256 MiB tag
+    (".aac", adts(random.Random(0), [8191] * 3)[:9000]),                                       # 8 KiB frames, cut
+    (".aac", adts(random.Random(0), [7] * 100_000)),                                           # 100,000 frames
+    (".aac", b"\xff" * 100_000), (".aac", b"\x00" * 1_000_000),                               # all syncs; none
+    (".aac", (adts(random.Random(0), [7] * 2) + b"\x00") * 10_000),                          # syncs without 3 frames
 ])
 def test_hostile_sizes_cost_nothing(ext: str, data: bytes) -> None:
     start = time.process_time()

@@ -3,8 +3,8 @@
 mutagen reads ID3, Vorbis comments (Ogg Vorbis/Opus, FLAC), MP4 atoms, ASF and WAVE from the file's headers,
 seeking rather than reading the whole file; it blocks, so the worker calls it in a thread. A file mutagen does
 not understand, or that lies about itself, yields nothing rather than an error. An MP3 still in memory goes to
-mp3tags.read_mp3 first, a FLAC, Ogg Vorbis or WAVE file to fasttags' readers: the same answer for a fraction of
-the CPU, or None and mutagen reads it.
+mp3tags.read_mp3 first, a FLAC, Ogg Vorbis, WAVE or ADTS AAC file to fasttags' readers: the same answer for a
+fraction of the CPU, or None and mutagen reads it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from mutagen.wave import WAVE
 
 from crawler.resolvers.pagemeta import normalise
 from crawler.web.media import HEAD_BYTES, sniff_audio
-from crawler.worker.fasttags import read_flac, read_ogg_vorbis, read_wave
+from crawler.worker.fasttags import read_aac, read_flac, read_ogg_vorbis, read_wave
 from crawler.worker.mp3tags import read_mp3
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ _BY_EXTENSION: dict[str, list[Any]] = {
 # declines anything mutagen would not read as Vorbis.
 _FAST: dict[str, tuple[Callable[[bytes], dict[str, Any] | None], str]] = {
     ".mp3": (read_mp3, "EasyMP3"), ".flac": (read_flac, "FLAC"), ".ogg": (read_ogg_vorbis, "OggVorbis"),
-    ".oga": (read_ogg_vorbis, "OggVorbis"), ".wav": (read_wave, "WAVE"),
+    ".oga": (read_ogg_vorbis, "OggVorbis"), ".wav": (read_wave, "WAVE"), ".aac": (read_aac, "AAC"),
 }
 
 
@@ -95,8 +95,12 @@ def read_file_tags(path: Path | bytes, ext: str = "", *, fast: bool = True) -> d
             # No extension to go by (a stream's address): the first bytes name the format just as well.
             kind = f".{sniff_audio(path[:HEAD_BYTES])}"
             hint = _BY_EXTENSION.get(kind)
+        if kind == ".aac" and isinstance(source, io.BytesIO):
+            # mutagen's AAC knows an ADTS stream by the file's name alone: named as the stored file is, the bytes
+            # in memory give the stored file's answer.
+            source.name = "memory.aac"
         if fast and hint is not None and kind in _FAST and isinstance(path, bytes):
-            # Most downloads are MP3s, FLAC, Ogg or WAVE: read them without mutagen's file objects and
+            # Most downloads are MP3s, FLAC, Ogg, WAVE or AAC: read them without mutagen's file objects and
             # per-frame objects when that gives mutagen's own answer (the readers decline everything else).
             reader, mutagen_kind = _FAST[kind]
             fast_raw = reader(path)
