@@ -39,7 +39,8 @@ downloaded them. Scrapy's total concurrency then includes our workers' download 
 downloads)): its file requests share its one limit with its pages, ours have slots of their own. Targets (issue
 20): our files/s at least 10x Scrapy's; at most 0.5 ms CPU per small file over master and workers. With
 --repeat, each downloading crawl is paired with the crawl without downloads made right before it; the median
-pair by CPU per file is reported, with the range over all pairs.
+pair by CPU per file is reported, with the range over all pairs, and beside it the median of the downloading
+crawls' CPU less the median of the others', per file (steadier: one slow crawl moves it less than its pair).
 
 Creating a small file is system time of the process that creates it, and on a disk shared with other work that
 cost swings widely (0.02 to 0.65 ms per file was seen on one ext4 disk within minutes). --out on a tmpfs
@@ -585,6 +586,19 @@ def print_result(r: RunResult) -> None:
                                                                              else ")"))
 
 
+def pooled_marginal_ms(pairs: list[tuple[RunResult, RunResult]]) -> float:
+    """The same from all pairs at once: the median CPU of the crawls with downloads less the median of those
+    without, per file. One slow crawl moves a pair's difference by all of its slowness; it moves a median less."""
+    def median(values: list[float]) -> float:
+        values = sorted(values)
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    files = median([float(w.files) for _, w in pairs])
+    if not files:
+        return float("nan")
+    return (median([w.cpu_s for _, w in pairs]) - median([b.cpu_s for b, _ in pairs])) * 1000 / files
+
+
 def marginal_ms(without: RunResult, with_dl: RunResult) -> float:
     """CPU ms one file cost: the downloading crawl's CPU less the same crawl's without downloads, per file."""
     return (with_dl.cpu_s - without.cpu_s) * 1000 / with_dl.files if with_dl.files else float("nan")
@@ -753,7 +767,9 @@ def main(argv: list[str] | None = None) -> int:
                 rates = sorted(w.files_per_s for _, w in pairs)
                 print(f"  (ours at {c} per worker: the median of {len(pairs)} pairs of crawls by CPU per file; all "
                       f"pairs: {marginal_ms(*pairs[0]):.2f}-{marginal_ms(*pairs[-1]):.2f} ms/file, "
-                      f"{rates[0]:.0f}-{rates[-1]:.0f} files/s)")
+                      f"{rates[0]:.0f}-{rates[-1]:.0f} files/s;")
+                print(f"   the median downloading crawl's CPU less the median of those without, per file: "
+                      f"{pooled_marginal_ms(pairs):.2f} ms)")
         print("targets (issue 20):")
         for c in levels:
             r, s, base = ours_dl.get(c), theirs_dl.get(c), ours_base.get(c)
