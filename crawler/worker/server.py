@@ -55,6 +55,10 @@ REPORT_BYTES = 2 * 1024 * 1024
 MAX_LINK_LENGTH = 4096
 MAX_VALIDATOR = 256   # characters of an ETag or a Last-Modified date kept for the next visit
 REPORT_DELAY = 0.02
+# Download asks wait this long for others to share their frame. They come one at a time (a download's ask slot
+# frees as its bytes arrive), and a frame each, with the master's grant frame back, cost more CPU than the rest of
+# the exchange; a worker asks twice its downloads ahead, so the wait costs no download its start.
+ASK_DELAY = 0.005
 ENDED_KEPT = 4096   # page requests whose outcome is remembered for tasks chained after them
 # How often the data dir is checked for free space, and, after a local fault, whether it can be written again.
 DISK_CHECK_INTERVAL = 1.0
@@ -166,13 +170,15 @@ class Worker:
         self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
         self._fetched: list[p.PageFetch] = []
-        # Downloads the master grants (protocol.DownloadAsk): asks and ends not yet sent, each batch one frame
-        # per loop turn, and the asks waiting for their grant, by ticket.
+        # Downloads the master grants (protocol.DownloadAsk): asks and ends not yet sent (one frame for those of
+        # a loop turn after an end, of ASK_DELAY after an ask), and the asks waiting for their grant, by ticket.
         self._tickets = itertools.count(1)
         self._asks: list[tuple[int, str]] = []
         self._ends: list[p.DownloadEnd] = []
         self._grants: dict[int, asyncio.Future[p.Grant | None]] = {}   # None: its session ended, ask again
         self._send_downloads: Callable[[], None] | None = None   # set while a session is up
+        self._ends_due = False                                     # a send of asks and ends is due this turn
+        self._ask_timer: asyncio.TimerHandle | None = None         # or one is due within ASK_DELAY
         self._send_fetched: Callable[[], None] | None = None   # set while a session is up
         # Downloads run as this worker's own jobs, apart from the page that found them (whose report says
         # "pending" and does not wait): (page, address as reported) -> the job. At most cfg.pending_downloads
@@ -841,11 +847,23 @@ class Worker:
                                if u and u not in audio and not generic.audio_link(u))
         return list(normed)[: self.cfg.max_links_per_page]
 
-    def _flush_downloads(self) -> None:
-        if self._send_downloads is not None and not (self._asks or self._ends):
-            asyncio.get_running_loop().call_soon(self._flush_soon)
+    def _flush_downloads(self, *, ask: bool) -> None:
+        """Have the asks and ends queued go out in one frame: at the end of this loop turn after an end (it frees
+        its host's slot for the whole cluster), within ASK_DELAY after an ask."""
+        if self._send_downloads is None:
+            return
+        loop = asyncio.get_running_loop()
+        if not ask and not self._ends_due:
+            self._ends_due = True
+            loop.call_soon(self._flush_soon)
+        elif ask and self._ask_timer is None:
+            self._ask_timer = loop.call_later(ASK_DELAY, self._flush_soon)
 
     def _flush_soon(self) -> None:
+        self._ends_due = False
+        if self._ask_timer is not None:
+            self._ask_timer.cancel()
+            self._ask_timer = None
         if self._send_downloads is not None:
             self._send_downloads()
 
@@ -862,7 +880,7 @@ class Worker:
                 continue
             ticket = next(self._tickets)
             waiter = self._grants[ticket] = asyncio.get_running_loop().create_future()
-            self._flush_downloads()
+            self._flush_downloads(ask=True)
             self._asks.append((ticket, url))
             try:
                 grant = await waiter
@@ -874,7 +892,7 @@ class Worker:
     def _download_ended(self, ticket: int | None, done: it.AudioItem | None) -> None:
         if ticket is None or self._send_downloads is None:
             return   # the session that granted it is gone, and with it the master's count of this download
-        self._flush_downloads()
+        self._flush_downloads(ask=False)
         if done is not None and done.status == it.OK and done.sha256:
             self._ends.append(p.DownloadEnd(ticket, done.sha256, done.size, done.path))
         else:
