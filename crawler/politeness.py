@@ -273,8 +273,9 @@ class HostGate:
         # so a delay learnt later (a refetched robots.txt) finds nothing it should have remembered.
         self._clock = max(self._clock, now)
         longest = max(self.cfg.crawl_delay_cap, self.cfg.min_delay)
-        idle_ttl, skips = max(self.cfg.host_idle_ttl, longest), 8
         hosts = self._hosts
+        # At most 8 hosts in use are moved back per call, and none twice (a crawl of one site has one host).
+        idle_ttl, skips = max(self.cfg.host_idle_ttl, longest), min(8, len(hosts))
         while hosts:
             host, st = next(iter(hosts.items()))
             if st.in_flight or st.touched == -math.inf:   # the latter: set_crawl_delay before any clock
