@@ -1,5 +1,6 @@
 """The worker's page fetch against a hostile little server on loopback: caps, bombs, redirects, cookies."""
 
+import asyncio
 import gzip
 import zlib
 
@@ -142,3 +143,91 @@ async def test_host_names_are_resolved_once_per_ttl():
         await client.aclose()
         await runner.cleanup()
     assert resolver.calls == 1
+
+
+class RawSite:
+    """A server speaking raw HTTP/1.1 with keep-alive: answers each request with the bytes given for its path,
+    and counts the connections it was opened on."""
+
+    def __init__(self, answers: dict[str, bytes]) -> None:
+        self.answers = answers
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.handlers: set[asyncio.Task] = set()
+
+    async def _serve(self, reader, writer) -> None:
+        self.connections += 1
+        self.handlers.add(asyncio.current_task())
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                self.requests.append(head)
+                path = head.split(b" ", 2)[1].decode()
+                writer.write(self.answers[path])
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+        for task in self.handlers:
+            task.cancel()
+        await asyncio.gather(*self.handlers, return_exceptions=True)
+
+
+def answer(body: bytes, *headers: bytes) -> bytes:
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n" + b"".join(h + b"\r\n" for h in headers)
+            + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+
+async def test_page_fetches_share_keep_alive_connections_and_send_the_clients_headers():
+    site = RawSite({f"/p{i}": answer(b"<html>%d</html>" % i) for i in range(5)})
+    client = Http(user_agent="keep-agent", max_connections=4, dns_ttl=60)
+    try:
+        async with site as base:
+            for i in range(5):
+                page, truncated = await fetch_page(client, f"{base}/p{i}", max_bytes=1000,
+                                                   referrer=f"{base}/", validators=('"e1"', None))
+                assert page.body == b"<html>%d</html>" % i and not truncated
+    finally:
+        await client.aclose()
+    assert site.connections == 1
+    head = site.requests[0].decode()
+    assert head.startswith("GET /p0 HTTP/1.1\r\n")
+    for line in ("User-Agent: keep-agent", f"Referer: {base}/", 'If-None-Match: "e1"'):    # names as written
+        assert line in head.split("\r\n")
+    assert "If-Modified-Since" not in head
+
+
+async def test_a_cut_page_does_not_leave_its_connection_in_the_pool():
+    site = RawSite({"/big": answer(b"<html>" + b"x" * 8_000_000), "/small": answer(b"<html>ok")})
+    client = Http(user_agent="t", max_connections=4, dns_ttl=60)
+    try:
+        async with site as base:
+            page, truncated = await fetch_page(client, f"{base}/big", max_bytes=1000)
+            assert truncated and len(page.body) == 1000
+            page, truncated = await fetch_page(client, f"{base}/small", max_bytes=1000)
+            assert page.body == b"<html>ok" and not truncated
+    finally:
+        await client.aclose()
+    assert site.connections == 2      # the rest of the big page was never read: its connection was closed
+
+
+async def test_repeated_headers_are_joined_and_utf8_values_decoded_as_httpx_does():
+    site = RawSite({"/h": answer(b"<html>", b"Link: <a>", b"link: <b>", "X-Name: Beyonc\u00e9".encode()),
+                    "/l": answer(b"<html>", b"X-Name: caf\xe9")})
+    client = Http(user_agent="t", max_connections=4, dns_ttl=60)
+    try:
+        async with site as base:
+            page, _ = await fetch_page(client, f"{base}/h", max_bytes=1000)
+            assert page.headers["link"] == "<a>, <b>" and page.headers["x-name"] == "Beyonc\u00e9"
+            assert (b"link", b"<b>") in page.raw_headers
+            page, _ = await fetch_page(client, f"{base}/l", max_bytes=1000)
+            assert page.headers["x-name"] == "caf\u00e9"       # not UTF-8: Latin-1
+    finally:
+        await client.aclose()

@@ -75,7 +75,7 @@ from crawler.worker import download_plan as plan
 from crawler.worker.audiostore import AudioStore, Finished, Partial, extension_for, partial_key
 from crawler.worker.faults import is_local
 from crawler.worker.filetags import read_file_tags
-from crawler.worker.http1 import Answer
+from crawler.worker.http1 import Answer, header_list
 from crawler.worker.transport import AiohttpTransport
 
 KiB = 1024
@@ -344,7 +344,7 @@ class Downloader:
         self._transport: httpx.AsyncBaseTransport = client._transport
         headers = client.headers.copy()
         headers["Accept-Encoding"] = "identity"
-        self._headers: list[tuple[str, str]] = list(headers.items())
+        self._headers = header_list(headers)
         # Read in large pieces (one per socket read, not per 16 KiB) and bound by our own cap, not the pages'.
         self._extensions = {"timeout": httpx.Timeout(cfg.timeout).as_dict(), "max_body": cfg.max_size + 1,
                             "read_size": _READ_SIZE}

@@ -1,12 +1,15 @@
 """Fetching one page with the bounds a hostile site cannot push past.
 
-The client is httpx over an aiohttp transport (transport.py): the httpx API, with cost that stays flat at
-hundreds of connections (plain httpx does not: httpx issue #3215, and transport.py). aiohttp's connector caches DNS answers
-for `dns_ttl` seconds, so a host is resolved once per TTL, not once per request.
+Pages take the lean HTTP/1.1 path downloads take (http1.py, reached through AiohttpTransport.get): a keep-alive
+pool and llhttp's parser, nothing built per request beyond the request's bytes and the answer's headers.
+Resolvers' API calls keep the httpx client over the aiohttp transport (build_client, transport.py): they want
+its redirects, query building and JSON. Both share the transport's connector, so a host's DNS answer is
+cached for `dns_ttl` seconds and every connection is checked by the same target policy.
 
-Bounds: a body cap counted on the *decoded* bytes, a stack of encodings refused (crawler/bodies.py, applied in
-the transport), connect/read timeouts, a total deadline for the whole exchange, a redirect limit, and the
-addresses a request may reach (crawler/targets.py, checked after DNS on every connection).
+Bounds: a body cap counted on the *decoded* bytes, a stack of encodings refused (crawler/bodies.py), connect
+and read timeouts, a total deadline for the whole exchange, an answer's head at most http1.MAX_HEAD bytes, a
+redirect limit for API calls, and the addresses a request may reach (crawler/targets.py, checked after DNS on
+every connection).
 
 Page fetches do not follow redirects: the worker reports the Location as a link, so the master's dedup sees it
 and a page that two addresses lead to is fetched once (as Scrapy and Heritrix do). API calls and downloads follow
@@ -17,19 +20,24 @@ from __future__ import annotations
 
 import http.cookiejar
 import re
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
 import aiohttp
 import aiohttp.abc
 import httpx
+import yarl
 
 from crawler.bodies import ACCEPT_ENCODING, BodyError
 from crawler.targets import TargetConnector, TargetPolicy, TargetRefused
 from crawler.web.media import media_type
 from crawler.web.page import FetchedPage
+from crawler.worker.http1 import header_list
 from crawler.worker.transport import AiohttpTransport
 
 SNIFF_BYTES = 64 * 1024
+# The bytes a page's connection may hold for its reader before reading pauses.
+_READ_SIZE = 256 * 1024
 # Host names whose addresses are remembered (for dns_ttl), least recently used out.
 DNS_CACHE_SIZE = 10_000
 # Bodies we read whole (up to the page cap): documents and playlists. Anything else is sniffed from its start.
@@ -92,29 +100,21 @@ def is_document(mt: str) -> bool:
 
 
 class PageFetcher:
-    """Page GETs: httpx Requests handed straight to the transport.
+    """Page GETs on the transport's lean path (AiohttpTransport.get: http1.py's keep-alive pool and llhttp parser,
+    the connector's DNS cache and target policy), the one downloads take.
 
-    AsyncClient's per-request machinery (URL and header merging, the auth flow, the redirect loop, cookies,
-    event hooks) cost more CPU than aiohttp's whole request, and a page fetch needs none of it: redirects are
-    reported, not followed, and there is no cookie jar. The headers are the client's (User-Agent, Accept,
-    Accept-Encoding), built once.
+    A page fetch needs none of a client's per-request machinery (URL and header merging, the auth flow, the
+    redirect loop, cookies, event hooks), nor httpx's request and response objects, nor aiohttp's session: those
+    cost more CPU than writing the request and parsing the answer. Redirects are reported, not followed; there is
+    no cookie jar. The headers are the client's (User-Agent, Accept, Accept-Encoding), built once; the timeouts
+    the client's, with the transport's total deadline over the whole exchange.
     """
 
-    def __init__(self, transport: httpx.AsyncBaseTransport, client: httpx.AsyncClient) -> None:
+    def __init__(self, transport: AiohttpTransport, client: httpx.AsyncClient) -> None:
         self._transport = transport
-        self._headers = client.headers.copy()
-        self._timeout = client.timeout.as_dict()
-        self._extensions: dict[int, dict[str, Any]] = {}
-
-    def _request_extensions(self, max_bytes: int) -> dict[str, Any]:
-        # A page is cut at its cap, not refused: one byte past it tells the fetch it was cut.
-        ext = self._extensions.get(max_bytes)
-        if ext is None:
-            if len(self._extensions) > 8:
-                self._extensions.clear()
-            ext = self._extensions[max_bytes] = {"timeout": self._timeout, "max_body": max_bytes + 1,
-                                                 "cut_body": True}
-        return ext
+        self._headers = header_list(client.headers)
+        t = client.timeout
+        self._timeouts = (t.connect, t.read, t.pool, transport.total_timeout)
 
     async def fetch(self, url: str, *, max_bytes: int, referrer: str | None = None,
                     validators: tuple[str | None, str | None] | None = None) -> tuple[FetchedPage, bool]:
@@ -127,38 +127,41 @@ class PageFetcher:
         if referrer or validators:
             headers = headers.copy()
             if referrer:
-                headers["Referer"] = referrer
+                headers.append(("Referer", referrer))
             if validators:
                 etag, last_modified = validators
                 if etag:
-                    headers["If-None-Match"] = etag
+                    headers.append(("If-None-Match", etag))
                 if last_modified:
-                    headers["If-Modified-Since"] = last_modified
+                    headers.append(("If-Modified-Since", last_modified))
         try:
-            request = httpx.Request("GET", request_url, headers=headers,
-                                    extensions=self._request_extensions(max_bytes))
-            r = await self._transport.handle_async_request(request)
             try:
-                mt = media_type(r.headers.get("content-type"))
+                target = yarl.URL(request_url)
+            except (ValueError, TypeError) as e:
+                raise FetchError(f"invalid URL: {str(e)[:200]}", transient=False) from None
+            # A page is cut at its cap, not refused: one byte past it tells the fetch it was cut.
+            r = await self._transport.get(target, headers, timeout=self._timeouts, max_body=max_bytes + 1,
+                                          read_size=_READ_SIZE, cut=True)
+            try:
+                fields = header_fields(r.raw_headers)
+                mt = media_type(fields.get("content-type"))
                 document = is_document(mt)
                 limit = max_bytes if document else SNIFF_BYTES
                 chunks: list[bytes] = []
                 size = 0
                 truncated = False
-                # Read straight from the transport's stream, which has decoded it within the cap: httpx's
-                # decoder and chunker layers would only copy it.
-                async for chunk in cast(httpx.AsyncByteStream, r.stream):   # the transport is async
+                async for chunk in r.stream:
                     chunks.append(chunk)
                     size += len(chunk)
                     if size >= limit:
                         truncated = document and size > limit
                         break
             finally:
+                # Back to the pool when the body was read to the end; closed when it was not (a capped page).
                 await r.aclose()
             body = b"".join(chunks)[:limit]
-            page = FetchedPage(url=url, final_url=str(request.url), status=r.status_code, content_type=mt,
-                               headers={k.lower(): v for k, v in r.headers.items()}, body=body, referrer=referrer,
-                               raw_headers=r.headers.raw)
+            page = FetchedPage(url=url, final_url=request_url, status=r.status_code, content_type=mt,
+                               headers=fields, body=body, referrer=referrer, raw_headers=r.raw_headers)
             return page, truncated
         except httpx.UnsupportedProtocol as e:
             raise FetchError(f"unsupported URL: {e}", transient=False) from None
@@ -168,7 +171,24 @@ class PageFetcher:
             raise FetchError(str(e), transient=False, reason="address refused") from None
         except httpx.DecodingError as e:
             raise FetchError(f"undecodable body: {e}", transient=False) from None
-        except httpx.InvalidURL as e:
-            raise FetchError(f"invalid URL: {e}", transient=False) from None
+        except httpx.LocalProtocolError as e:
+            raise FetchError(f"cannot send the request: {e}", transient=False) from None
         except (httpx.TransportError, OSError) as e:
             raise FetchError(f"{type(e).__name__}: {e}".rstrip(": "), transient=True) from None
+
+
+def header_fields(raw: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
+    """An answer's headers by lower-case name, the values of a repeated name joined with ", " (RFC 9110, 5.3),
+    decoded as httpx decodes them: ASCII, else UTF-8 if every header is, else Latin-1."""
+    try:
+        pairs = [(k.decode("ascii").lower(), v.decode("ascii")) for k, v in raw]
+    except UnicodeDecodeError:
+        try:
+            pairs = [(k.decode().lower(), v.decode()) for k, v in raw]
+        except UnicodeDecodeError:
+            pairs = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in raw]
+    fields: dict[str, str] = {}
+    for name, value in pairs:
+        known = fields.get(name)
+        fields[name] = value if known is None else f"{known}, {value}"
+    return fields

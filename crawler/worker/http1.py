@@ -1,13 +1,14 @@
-"""A lean HTTP/1.1 GET client for audio downloads: a pool of keep-alive connections and a C response parser.
+"""A lean HTTP/1.1 GET client for pages and audio downloads: a pool of keep-alive connections and a C parser.
 
-A small audio file costs little more to fetch than the request machinery around it: aiohttp's session builds a
-request object, a response object, a timer handle, cookie and proxy look-ups and a payload stream per request,
-about 0.1 ms of CPU against 0.03 ms for writing the request and parsing the answer with llhttp (measured on
-loopback against nginx, 64 in flight). Downloads ask for nothing else (no cookies, proxies, redirects: the
-downloader follows those itself, each hop judged by its plan), so they take this path; pages and API calls stay
-on aiohttp under httpx (transport.py).
+A page or a small audio file costs little more to fetch than the request machinery around it: aiohttp's session
+builds a request object, a response object, a timer handle, cookie and proxy look-ups and a payload stream per
+request, about 0.1 ms of CPU against 0.03 ms for writing the request and parsing the answer with llhttp (measured
+on loopback against nginx, 64 in flight), and httpx's request and response models as much again. Page fetches
+and downloads ask for nothing else (no cookies, proxies, redirects: a page reports its Location as a link, the
+downloader follows redirects itself, each hop judged by its plan), so they take this path; resolvers' API calls
+stay on aiohttp under httpx (transport.py).
 
-What a download needs, and nothing more:
+What a fetch needs, and nothing more:
 
 - connections to the addresses the crawl may reach: resolved by the caller's ``resolve`` (the worker's
   TargetConnector: its DNS cache and its target policy, the same check as every other connection), TLS
@@ -18,13 +19,14 @@ What a download needs, and nothing more:
   and in all, the least recently used closed first, and dropped after ``keepalive`` seconds;
 - bounds: the answer's head at most ``MAX_HEAD`` bytes; a read timeout (no byte for that long while waiting),
   a connect timeout, and a total one over the whole exchange, body included; the body decoded and capped by
-  crawler/bodies.py as the other transport does;
+  crawler/bodies.py as the other transport does (past the cap BodyError, or for a page the body just ends);
 - the body handed out in the pieces the socket gave, with reading paused while more than ``read_size`` bytes
   wait for the reader (a slow disk holds the sender back, not memory);
 - a cut connection's bytes: every byte received before the cut is handed out before the error, so a download
-  keeps them and resumes after them.
+  keeps them and resumes after them;
+- an answer not read to its end (a page cut at its cap) closes its connection instead of going back to the pool.
 
-Errors are the httpx ones the downloader already handles: ConnectError, ConnectTimeout, ReadTimeout,
+Errors are the httpx ones the fetcher and the downloader handle: ConnectError, ConnectTimeout, ReadTimeout,
 RemoteProtocolError (not HTTP, or the server hung up before answering), ReadError (the body was cut).
 """
 
@@ -93,6 +95,12 @@ def body_coding(raw: RawHeaders, headers: CIMultiDictProxy[str],
         raw = tuple((k, v) for k, v in raw if k.decode("latin-1").lower() not in _WIRE_HEADERS)
         headers = CIMultiDictProxy(CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _WIRE_HEADERS))
     return coding, raw, headers
+
+
+def header_list(headers: httpx.Headers) -> list[tuple[str, str]]:
+    """A client's headers as a request sends them: names as written (User-Agent, not user-agent), as browsers
+    and httpx's own transport send them (Headers.items() would give them in lower case)."""
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.raw]
 
 
 Resolve = Callable[[str, int], Awaitable[Sequence[Mapping[str, Any]]]]
@@ -345,9 +353,10 @@ class Http1Client:
         self._closed = False
 
     async def get(self, url: yarl.URL, headers: list[tuple[str, str]], *, timeout: Timeouts, max_body: int,
-                  read_size: int) -> Answer:
+                  read_size: int, cut: bool = False) -> Answer:
         """GET url; the answer once its head is in. timeout: (connect, read, pool, total) seconds; max_body caps
-        the decoded body (past it BodyError); read_size bounds the bytes waiting for the reader."""
+        the decoded body (past it BodyError, or with ``cut`` the body simply ends, one byte past the cap so the
+        reader can tell); read_size bounds the bytes waiting for the reader."""
         scheme, host = url.scheme, url.raw_host
         if scheme not in _DEFAULT_PORTS:
             raise httpx.UnsupportedProtocol(f"the URL's scheme is {scheme!r}, not http or https")
@@ -372,13 +381,13 @@ class Http1Client:
                 conn.close()
                 raise
             if conn.error is None:
-                return self._answer(conn, max_body, read_timeout, deadline)
+                return self._answer(conn, max_body, cut, read_timeout, deadline)
             conn.close()
             if not fresh and conn.received == 0 and not isinstance(conn.error, httpx.TimeoutException):
                 continue          # the server had closed the idle connection: once more on a new one
             raise conn.error
 
-    def _answer(self, conn: _Connection, max_body: int, read_timeout: float | None,
+    def _answer(self, conn: _Connection, max_body: int, cut: bool, read_timeout: float | None,
                 deadline: float | None) -> Answer:
         raw = tuple(conn.raw)
         headers = CIMultiDictProxy(CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in raw))
@@ -388,7 +397,7 @@ class Http1Client:
         except BodyError:
             conn.close()
             raise
-        decoder = BoundedDecoder(coding, max_body, cut=False)
+        decoder = BoundedDecoder(coding, max_body, cut=cut)
         return Answer(conn.status, headers, raw, extensions, _Stream(self, conn, decoder, read_timeout, deadline))
 
     def _pooled(self, key: _Key, loop: asyncio.AbstractEventLoop) -> _Connection | None:

@@ -4,7 +4,8 @@ Plain httpx gets slower as connections grow (measured on one local site: 676 pag
 206 at 256; httpx issue #3215); aiohttp stays flat. httpx-aiohttp does the
 same job, but builds a timeout object, re-parses the URL and enters an exception-mapping context manager for
 every request and every body chunk. On the worker's page path that glue cost a tenth of the CPU of a page, so
-this one keeps only what a crawler needs:
+this one keeps only what a crawler needs. (Page fetches and downloads now skip httpx and aiohttp both, on the
+lean path ``get`` opens to http1.py; the httpx path serves resolvers' API calls.)
 
 - one ClientTimeout per distinct (connect, read, pool, total) setting, not one per request;
 - the URL handed over already encoded (httpx has done that), so aiohttp does not quote it again;
@@ -181,13 +182,14 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                               request=request, extensions=answer.extensions)
 
     async def get(self, url: yarl.URL, headers: list[tuple[str, str]], *, timeout: Timeouts,
-                  max_body: int, read_size: int) -> Answer:
-        """A GET without httpx's models or aiohttp's request machinery: what a download reads of the answer.
+                  max_body: int, read_size: int, cut: bool = False) -> Answer:
+        """A GET without httpx's models or aiohttp's request machinery: what a page fetch or a download reads.
 
-        A small audio file costs little more to fetch than the client objects built around the request:
-        downloads use this (http1.py: its own keep-alive pool, the same DNS cache and target policy as this
-        transport's connections), pages and API calls the httpx path. timeout is (connect, read, pool, total);
-        the rest as the extensions of the same names."""
+        A page or a small audio file costs little more to fetch than the client objects built around the
+        request: page fetches and downloads use this (http1.py: its own keep-alive pool, the same DNS cache and
+        target policy as this transport's connections), resolvers' API calls the httpx path. timeout is
+        (connect, read, pool, total); max_body, read_size and cut as the extensions max_body, read_size and
+        cut_body."""
         if self._lean is None:
             session = self._session
             if session is None:
@@ -197,7 +199,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             # The connector's DNS cache and target check; as many idle connections as the connector may hold.
             self._lean = Http1Client(connector._resolve_host, max_idle=connector.limit or 100,
                                      max_idle_per_host=connector.limit_per_host or connector.limit or 100)
-        return await self._lean.get(url, headers, timeout=timeout, max_body=max_body, read_size=read_size)
+        return await self._lean.get(url, headers, timeout=timeout, max_body=max_body, read_size=read_size, cut=cut)
 
     async def _send(self, method: str, url: yarl.URL, headers: list[tuple[str, str]], body: bytes | None,
                     timeout: Timeouts, max_body: int, cut: bool, read_size: int) -> Answer:
