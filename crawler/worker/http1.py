@@ -50,7 +50,7 @@ from crawler.bodies import BodyError, BoundedDecoder, content_coding
 MAX_HEAD = 64 * 1024
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # Headers that describe an encoded body on the wire; dropped once the body is decoded.
-_WIRE_HEADERS = frozenset(("content-encoding", "content-length"))
+_WIRE_HEADERS = frozenset((b"content-encoding", b"content-length"))
 
 # (connect, read, pool, total) in seconds, each None for no limit.
 Timeouts = tuple[float | None, float | None, float | None, float | None]
@@ -64,37 +64,45 @@ class Body(Protocol):
 
 
 class Answer:
-    """An answer as a download reads it: status, headers (case-insensitive ``get``), extensions, body stream.
-    httpx.Response offers the same names, so the downloader reads either."""
+    """An answer as a page fetch or a download reads it: status, headers (case-insensitive ``get``), extensions,
+    body stream. httpx.Response offers the same names, so the downloader reads either. The headers are built from
+    the raw ones when first asked for: a page fetch reads the raw ones only."""
 
-    __slots__ = ("extensions", "headers", "raw_headers", "status_code", "stream")
+    __slots__ = ("_headers", "extensions", "raw_headers", "status_code", "stream")
 
-    def __init__(self, status_code: int, headers: CIMultiDictProxy[str], raw_headers: RawHeaders,
-                 extensions: dict[str, Any], stream: Body) -> None:
+    def __init__(self, status_code: int, raw_headers: RawHeaders, extensions: dict[str, Any], stream: Body,
+                 headers: CIMultiDictProxy[str] | None = None) -> None:
         self.status_code = status_code
-        self.headers = headers
         self.raw_headers = raw_headers
         self.extensions = extensions
         self.stream = stream
+        self._headers = headers
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]:
+        headers = self._headers
+        if headers is None:
+            headers = self._headers = CIMultiDictProxy(CIMultiDict(
+                (k.decode("latin-1"), v.decode("latin-1")) for k, v in self.raw_headers))
+        return headers
 
     async def aclose(self) -> None:
         await self.stream.aclose()
 
 
-def body_coding(raw: RawHeaders, headers: CIMultiDictProxy[str],
-                extensions: dict[str, Any]) -> tuple[str, RawHeaders, CIMultiDictProxy[str]]:
-    """The Content-Encoding the body is decoded from (bodies.py; BodyError for a stack it refuses), and the headers
-    as handed out with the decoded body: without the ones that described the wire. The coding taken off is the
-    ``content_encoding`` extension."""
-    if "Content-Encoding" not in headers:
-        return "", raw, headers
+def body_coding(raw: RawHeaders, extensions: dict[str, Any]) -> tuple[str, RawHeaders]:
+    """The Content-Encoding the body is decoded from (bodies.py; BodyError for a stack it refuses), and the raw
+    headers as handed out with the decoded body: without the ones that described the wire. The coding taken off
+    is the ``content_encoding`` extension."""
     # Every Content-Encoding line counts: "gzip" twice is the same stack as "gzip, gzip".
-    coding = content_coding(",".join(headers.getall("Content-Encoding")))
+    named = [v for k, v in raw if len(k) == 16 and k.lower() == b"content-encoding"]
+    if not named:
+        return "", raw
+    coding = content_coding(",".join(v.decode("latin-1") for v in named))
     extensions["content_encoding"] = coding
     if coding:
-        raw = tuple((k, v) for k, v in raw if k.decode("latin-1").lower() not in _WIRE_HEADERS)
-        headers = CIMultiDictProxy(CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _WIRE_HEADERS))
-    return coding, raw, headers
+        raw = tuple((k, v) for k, v in raw if k.lower() not in _WIRE_HEADERS)
+    return coding, raw
 
 
 def header_list(headers: httpx.Headers) -> list[tuple[str, str]]:
@@ -389,16 +397,14 @@ class Http1Client:
 
     def _answer(self, conn: _Connection, max_body: int, cut: bool, read_timeout: float | None,
                 deadline: float | None) -> Answer:
-        raw = tuple(conn.raw)
-        headers = CIMultiDictProxy(CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in raw))
         extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
         try:
-            coding, raw, headers = body_coding(raw, headers, extensions)
+            coding, raw = body_coding(tuple(conn.raw), extensions)
         except BodyError:
             conn.close()
             raise
         decoder = BoundedDecoder(coding, max_body, cut=cut)
-        return Answer(conn.status, headers, raw, extensions, _Stream(self, conn, decoder, read_timeout, deadline))
+        return Answer(conn.status, raw, extensions, _Stream(self, conn, decoder, read_timeout, deadline))
 
     def _pooled(self, key: _Key, loop: asyncio.AbstractEventLoop) -> _Connection | None:
         idle = self._idle.get(key)

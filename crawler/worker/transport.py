@@ -213,17 +213,18 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         except _FAILURES as e:
             raise map_error(e) from e
         raw_headers = response.raw_headers
-        headers_in = response.headers
         extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
         if response.reason:
             extensions["reason_phrase"] = response.reason.encode("latin-1", "replace")
         try:
-            coding, raw_headers, headers_in = body_coding(raw_headers, headers_in, extensions)
+            coding, raw_headers = body_coding(raw_headers, extensions)
         except BodyError:
             response.close()
             raise
         decoder = BoundedDecoder(coding, max_body, cut=cut)
-        return Answer(response.status, headers_in, raw_headers, extensions, _Body(response, decoder, read_size))
+        # aiohttp's own headers serve while nothing was taken off; else they are built from the raw ones left.
+        return Answer(response.status, raw_headers, extensions, _Body(response, decoder, read_size),
+                      None if coding else response.headers)
 
     async def aclose(self) -> None:
         if self._lean is not None:
