@@ -1,6 +1,5 @@
 """The worker's page fetch against a hostile little server on loopback: caps, bombs, redirects, cookies."""
 
-import asyncio
 import gzip
 import zlib
 
@@ -9,6 +8,8 @@ import pytest
 from aiohttp import web
 
 from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher, build_client, build_transport
+from tests.test_http1 import answer
+from tests.test_transport import RawServer, read_request
 
 
 class Http:
@@ -145,51 +146,25 @@ async def test_host_names_are_resolved_once_per_ttl():
     assert resolver.calls == 1
 
 
-class RawSite:
-    """A server speaking raw HTTP/1.1 with keep-alive: answers each request with the bytes given for its path,
-    and counts the connections it was opened on."""
-
-    def __init__(self, answers: dict[str, bytes]) -> None:
-        self.answers = answers
-        self.connections = 0
-        self.requests: list[bytes] = []
-        self.handlers: set[asyncio.Task] = set()
-
-    async def _serve(self, reader, writer) -> None:
-        self.connections += 1
-        self.handlers.add(asyncio.current_task())
-        try:
-            while head := await reader.readuntil(b"\r\n\r\n"):
-                self.requests.append(head)
-                path = head.split(b" ", 2)[1].decode()
-                writer.write(self.answers[path])
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    async def __aenter__(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def __aexit__(self, *exc) -> None:
-        self.server.close()
-        for task in self.handlers:
-            task.cancel()
-        await asyncio.gather(*self.handlers, return_exceptions=True)
+def pages(answers: dict[str, bytes]):
+    """A RawServer handler answering each request on a kept-alive connection with the bytes for its path."""
+    async def serve(server, reader, writer):
+        while True:
+            head = await read_request(server, reader)
+            writer.write(answers[head.split(b" ", 2)[1].decode()])
+            await writer.drain()
+    return serve
 
 
-def answer(body: bytes, *headers: bytes) -> bytes:
-    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n" + b"".join(h + b"\r\n" for h in headers)
-            + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+def html(body: bytes, *headers: bytes) -> bytes:
+    return answer(body, b"Content-Type: text/html", *headers)
 
 
 async def test_page_fetches_share_keep_alive_connections_and_send_the_clients_headers():
-    site = RawSite({f"/p{i}": answer(b"<html>%d</html>" % i) for i in range(5)})
     client = Http(user_agent="keep-agent", max_connections=4, dns_ttl=60)
     try:
-        async with site as base:
+        async with RawServer(pages({f"/p{i}": html(b"<html>%d</html>" % i) for i in range(5)})) as site:
+            base = site.url
             for i in range(5):
                 page, truncated = await fetch_page(client, f"{base}/p{i}", max_bytes=1000,
                                                    referrer=f"{base}/", validators=('"e1"', None))
@@ -205,10 +180,10 @@ async def test_page_fetches_share_keep_alive_connections_and_send_the_clients_he
 
 
 async def test_a_cut_page_does_not_leave_its_connection_in_the_pool():
-    site = RawSite({"/big": answer(b"<html>" + b"x" * 8_000_000), "/small": answer(b"<html>ok")})
     client = Http(user_agent="t", max_connections=4, dns_ttl=60)
     try:
-        async with site as base:
+        async with RawServer(pages({"/big": html(b"<html>" + b"x" * 8_000_000), "/small": html(b"<html>ok")})) as site:
+            base = site.url
             page, truncated = await fetch_page(client, f"{base}/big", max_bytes=1000)
             assert truncated and len(page.body) == 1000
             page, truncated = await fetch_page(client, f"{base}/small", max_bytes=1000)
@@ -219,11 +194,12 @@ async def test_a_cut_page_does_not_leave_its_connection_in_the_pool():
 
 
 async def test_repeated_headers_are_joined_and_utf8_values_decoded_as_httpx_does():
-    site = RawSite({"/h": answer(b"<html>", b"Link: <a>", b"link: <b>", "X-Name: Beyonc\u00e9".encode()),
-                    "/l": answer(b"<html>", b"X-Name: caf\xe9")})
+    answers = {"/h": html(b"<html>", b"Link: <a>", b"link: <b>", "X-Name: Beyonc\u00e9".encode()),
+               "/l": html(b"<html>", b"X-Name: caf\xe9")}
     client = Http(user_agent="t", max_connections=4, dns_ttl=60)
     try:
-        async with site as base:
+        async with RawServer(pages(answers)) as site:
+            base = site.url
             page, _ = await fetch_page(client, f"{base}/h", max_bytes=1000)
             assert page.headers["link"] == "<a>, <b>" and page.headers["x-name"] == "Beyonc\u00e9"
             assert (b"link", b"<b>") in page.raw_headers

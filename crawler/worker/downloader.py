@@ -75,7 +75,7 @@ from crawler.worker import download_plan as plan
 from crawler.worker.audiostore import AudioStore, Finished, Partial, extension_for, partial_key
 from crawler.worker.faults import is_local
 from crawler.worker.filetags import read_file_tags
-from crawler.worker.http1 import Answer, header_list
+from crawler.worker.http1 import Answer, header_list, parse_url
 from crawler.worker.transport import AiohttpTransport
 
 KiB = 1024
@@ -597,7 +597,7 @@ class Downloader:
         if isinstance(asked, plan.Fail):
             return asked
         try:
-            url = _parse_url(item.url)
+            url = parse_url(item.url)
             origin_host = url.host
             for _ in range(self.cfg.max_redirects + 1):
                 headers = _merged_headers(self._headers, {
@@ -606,7 +606,7 @@ class Downloader:
                 try:
                     answer = plan.decide(held, _head(response, str(url), asked.conditional), self._limits)
                     if isinstance(answer, plan.Redirect):
-                        url = _parse_url(resolve(str(url), answer.location))
+                        url = parse_url(resolve(str(url), answer.location))
                         if url.scheme not in ("http", "https"):
                             return plan.Fail(f"redirect to a non-http address: {str(url)[:200]!r}")
                         continue
@@ -822,8 +822,3 @@ def _merged_headers(base: list[tuple[str, str]], overrides: dict[str, str]) -> l
     return [(k, v) for k, v in base if k.lower() not in names] + list(overrides.items())
 
 
-def _parse_url(url: str) -> yarl.URL:
-    try:
-        return yarl.URL(url)
-    except (ValueError, TypeError) as exc:
-        raise httpx.InvalidURL(str(exc)[:200]) from None

@@ -26,13 +26,12 @@ from typing import Any
 import aiohttp
 import aiohttp.abc
 import httpx
-import yarl
 
 from crawler.bodies import ACCEPT_ENCODING, BodyError
 from crawler.targets import TargetConnector, TargetPolicy, TargetRefused
 from crawler.web.media import media_type
 from crawler.web.page import FetchedPage
-from crawler.worker.http1 import header_list
+from crawler.worker.http1 import header_list, parse_url
 from crawler.worker.transport import AiohttpTransport
 
 SNIFF_BYTES = 64 * 1024
@@ -135,12 +134,8 @@ class PageFetcher:
                 if last_modified:
                     headers.append(("If-Modified-Since", last_modified))
         try:
-            try:
-                target = yarl.URL(request_url)
-            except (ValueError, TypeError) as e:
-                raise FetchError(f"invalid URL: {str(e)[:200]}", transient=False) from None
             # A page is cut at its cap, not refused: one byte past it tells the fetch it was cut.
-            r = await self._transport.get(target, headers, timeout=self._timeouts, max_body=max_bytes + 1,
+            r = await self._transport.get(parse_url(request_url), headers, timeout=self._timeouts, max_body=max_bytes + 1,
                                           read_size=_READ_SIZE, cut=True)
             try:
                 fields = header_fields(r.raw_headers)
@@ -171,6 +166,8 @@ class PageFetcher:
             raise FetchError(str(e), transient=False, reason="address refused") from None
         except httpx.DecodingError as e:
             raise FetchError(f"undecodable body: {e}", transient=False) from None
+        except httpx.InvalidURL as e:
+            raise FetchError(f"invalid URL: {e}", transient=False) from None
         except httpx.LocalProtocolError as e:
             raise FetchError(f"cannot send the request: {e}", transient=False) from None
         except (httpx.TransportError, OSError) as e:

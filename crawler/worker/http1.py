@@ -111,6 +111,14 @@ def header_list(headers: httpx.Headers) -> list[tuple[str, str]]:
     return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.raw]
 
 
+def parse_url(url: str) -> yarl.URL:
+    """The URL a GET of this client takes; httpx.InvalidURL when it is not one."""
+    try:
+        return yarl.URL(url)
+    except (ValueError, TypeError) as exc:
+        raise httpx.InvalidURL(str(exc)[:200]) from None
+
+
 Resolve = Callable[[str, int], Awaitable[Sequence[Mapping[str, Any]]]]
 _Key = tuple[str, str, int]     # scheme, host, port
 
