@@ -170,3 +170,18 @@ async def test_the_masters_robots_fetch_is_bounded(tmp_path, robots):
         assert "robots.txt of" in run["master_log"] and "not fetched" in run["master_log"]
         seed = f"{site.url}/s/not_audio/"
         assert table[seed] == (ERROR, "disallowed by robots.txt", table[seed][2])
+
+
+async def test_hostile_gzip_sitemaps_keep_what_came_before_their_cap_with_bounded_memory(tmp_path):
+    async with HostileSite() as site:
+        run = await crawl(tmp_path, site, "xml")
+    assert_kept_serving(run, tmp_path, site, "xml")
+    table = urls(tmp_path)
+    for name in ("deep", "attrs"):
+        assert table[hostile_url(site, "xml", f"{name}.xml.gz")][0] == DONE
+        # The entries before the cap were read and crawled; the rest of the document was not built.
+        for page in site.sitemap_pages(name):
+            assert table[site.url + page][0] == DONE, (page, table.get(site.url + page))
+    log = run["worker_log"]
+    assert "nested deeper than" in log and "attributes" in log and "Traceback" not in log
+    assert log.count("sitemap read in part") == 2

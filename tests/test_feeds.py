@@ -181,3 +181,101 @@ def test_a_sitemap_read_again_reports_every_date_though_its_links_were_reported_
     assert worker._links_to_report(res.links, [], 1) == res.links
     assert worker._links_to_report(res.links, [], 1) == []          # the second time the link cache holds them
     assert worker._lastmod_of(res.lastmod) == (("http://site.example/a.html", 1704153600.0),)
+
+
+# -- hostile XML: read incrementally, under caps ---------------------------------------------------------
+
+
+def deep_sitemap(depth: int, urls: int = 3) -> bytes:
+    """A sitemap whose first records are real, then elements nested ``depth`` deep: a few KiB gzipped."""
+    head = b'<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+    head += b"".join(b"<url><loc>http://site.example/p%d.html</loc></url>" % i for i in range(urls))
+    return head + b"<url>" + b"<x>" * depth + b"</x>" * depth + b"</url></urlset>"
+
+
+async def test_a_deep_gzip_sitemap_from_a_server_costs_little_memory_and_keeps_what_came_before(caplog) -> None:
+    import tracemalloc
+
+    import httpx
+
+    from crawler.worker.fetcher import PageFetcher, build_transport
+    from tests.fakes.rangeserver import RangeServer
+
+    inflated = 4 * 1024 * 1024
+    body = gzip.compress(deep_sitemap(inflated // 7), 9)
+    assert len(body) < 64 * 1024        # a few KiB on the wire
+    caplog.set_level("INFO")
+    async with RangeServer() as server:
+        server.add("/sitemap.xml.gz", body, content_type="application/gzip")
+        transport = build_transport(max_connections=4, dns_ttl=60)
+        async with httpx.AsyncClient(transport=transport) as client:
+            fetched, cut = await PageFetcher(transport, client).fetch(server.url("/sitemap.xml.gz"),
+                                                                      max_bytes=5 * 1024 * 1024)
+            assert not cut and fetched.body == body
+            tracemalloc.start()
+            try:
+                started = time.monotonic()
+                res = await GenericResolver({"max_xml_bytes": 2 * inflated}).resolve(
+                    fetched.url, fetched, None)  # type: ignore[arg-type]
+                elapsed = time.monotonic() - started
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+    # The inflated document itself (4 MiB) and little besides: no tree of half a million elements.
+    assert peak < inflated + 8 * 1024 * 1024, peak
+    assert elapsed < 5
+    assert res.links == [f"http://site.example/p{i}.html" for i in range(3)]
+    lines = [r.getMessage() for r in caplog.records if "read in part" in r.getMessage()]
+    assert len(lines) == 1 and f"nested deeper than {feeds.MAX_XML_DEPTH}" in lines[0], lines
+
+
+def test_each_cap_cuts_the_document_after_the_records_read_before_it(caplog, monkeypatch) -> None:
+    caplog.set_level("INFO")
+    url = "http://site.example/s.xml"
+    monkeypatch.setattr(feeds, "MAX_XML_ELEMENTS", 100_000)     # the default's million takes seconds to reach
+    # Elements in all: a million empty siblings after the first records.
+    wide = deep_sitemap(0, urls=2)[:-len(b"<url></url></urlset>")] + b"<x/>" * (feeds.MAX_XML_ELEMENTS + 10) \
+        + b"</urlset>"
+    res = feeds.parse(feeds.SITEMAP, wide, url)
+    assert len(res.links) == 2 and res.cut == f"more than {feeds.MAX_XML_ELEMENTS} elements"
+    # One record too big to hold.
+    big = deep_sitemap(0, urls=2)[:-len(b"</url></urlset>")] + b"<x/>" * (feeds.MAX_RECORD_ELEMENTS + 1) \
+        + b"</url></urlset>"
+    res = feeds.parse(feeds.SITEMAP, big, url)
+    assert len(res.links) == 2 and res.cut is not None and "record" in res.cut
+    # Parse time, through a clock that jumps a minute each time it is read.
+    ticks = iter(range(0, 10**9, 60))
+    many = deep_sitemap(0, urls=20_000)
+    res = feeds.parse(feeds.SITEMAP, many, url, clock=lambda: float(next(ticks)))
+    assert 0 < len(res.links) < 20_000 and res.cut is not None and "more than 10 s" in res.cut
+    # A document cut off in the middle (a page cut at its size cap) keeps its whole records.
+    res = feeds.parse(feeds.SITEMAP, many[:len(many) // 2], url)
+    assert 5_000 < len(res.links) < 20_000 and res.cut is not None and "not readable XML" in res.cut
+    # One element with more attributes than the cap ('>' in their values does not end the tag).
+    attrs = b"".join(b'a%d=">" ' % i for i in range(feeds.MAX_XML_ATTRIBUTES + 1))
+    res = feeds.parse(feeds.SITEMAP, deep_sitemap(0, urls=2)[:-len(b"<url></url></urlset>")] + b"<url " + attrs
+                      + b"/></urlset>", url)
+    assert len(res.links) == 2 and res.cut == f"an element with more than {feeds.MAX_XML_ATTRIBUTES} attributes"
+    assert len([r for r in caplog.records if "read in part" in r.getMessage()]) == 5
+
+
+def test_the_show_named_after_the_items_still_names_them() -> None:
+    body = (b'<rss><channel><item><title>E1</title><enclosure url="/e1.mp3" type="audio/mpeg"/></item>'
+            b"<title>Late Show</title><image><title>not the show</title></image></channel></rss>")
+    [entry] = feeds.parse(feeds.RSS, body, FEED).entries
+    assert (entry.meta["title"], entry.meta["artist"], entry.meta["album"]) == ("E1", "Late Show", "Late Show")
+
+
+@pytest.mark.parametrize("doc, refused", [
+    (b'<?xml version="1.0"?><!DOCTYPE r [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">'
+     b'<!ENTITY c "&b;&b;&b;&b;&b;&b;&b;&b;&b;&b;"><!ENTITY d "&c;&c;&c;&c;&c;&c;&c;&c;&c;&c;">]>'
+     b"<urlset><url><loc>http://x.example/&d;</loc></url></urlset>", "EntitiesForbidden"),
+    (b'<?xml version="1.0"?><!DOCTYPE r [<!ENTITY x SYSTEM "file:///etc/hostname">]>'
+     b"<urlset><url><loc>http://x.example/&x;</loc></url></urlset>", "EntitiesForbidden"),
+    (b'<?xml version="1.0"?><!DOCTYPE r [<!ENTITY % p SYSTEM "http://127.0.0.1:9/evil.dtd"> %p;]>'
+     b"<urlset><url><loc>http://x.example/a</loc></url></urlset>", "EntitiesForbidden"),
+])
+def test_entity_expansion_and_external_entities_are_refused_by_the_incremental_parser(doc: bytes,
+                                                                                     refused: str) -> None:
+    with pytest.raises(feeds.XmlDocumentError, match=refused):
+        feeds.parse(feeds.SITEMAP, doc, "http://x.example/s.xml")

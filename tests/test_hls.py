@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -14,13 +15,19 @@ import httpx
 import pytest
 
 from crawler.items import FAILED, OK, AudioItem, RequestIdentity
+from crawler.targets import TargetPolicy
 from crawler.worker.audiostore import partial_key
 from crawler.worker.downloader import DownloadConfig, Downloader
 from crawler.worker.fetcher import build_transport
 from crawler.worker.hls import (
+    MAX_DURATION,
+    PROGRESS_EVERY,
+    SEGMENT_ALLOWANCE,
+    HlsDownloader,
     HlsError,
     MasterPlaylist,
     MediaPlaylist,
+    check_length,
     choose_audio,
     decrypt,
     parse,
@@ -299,7 +306,9 @@ from crawler.worker.downloader import DownloadConfig, Downloader
 async def main():
     async with httpx.AsyncClient() as client:
         item = AudioItem(url=sys.argv[1], page="http://site.test/song", resolver="browser", extra={"format": "hls"})
-        await Downloader(client, Path(sys.argv[2]), DownloadConfig(retry_backoff=0)).fetch(item)
+        downloader = Downloader(client, Path(sys.argv[2]), DownloadConfig(retry_backoff=0))
+        downloader.hls.progress_every = 0     # a record after every segment: the kill lands after the 4th
+        await downloader.fetch(item)
 
 asyncio.run(main())
 """
@@ -330,3 +339,133 @@ async def test_a_process_killed_mid_stream_resumes_after_restart(server, client,
     assert got.status == OK and got.sha256 == sha(stream.plain), got.reason
     assert segment_requests(server) == ["/hls/audio/seg4.aac", "/hls/audio/seg5.aac"]
     assert not progress_file.exists()
+
+
+# -- hostile playlists: bounded in time, in requests, and refused quietly --------------------------------
+
+
+def media_playlist(durations: list[str], name: str = "seg{}.aac") -> bytes:
+    lines = ["#EXTM3U", "#EXT-X-TARGETDURATION:10"]
+    for i, d in enumerate(durations):
+        lines += [f"#EXTINF:{d},", name.format(i)]
+    return ("\n".join([*lines, "#EXT-X-ENDLIST"]) + "\n").encode()
+
+
+def test_a_playlists_length_is_tied_to_its_declared_duration():
+    def media(durations: list[str]) -> MediaPlaylist:
+        pl = parse(media_playlist(durations).decode(), "http://x.test/a.m3u8")
+        assert isinstance(pl, MediaPlaylist)
+        return pl
+
+    check_length(media(["1.0"] * 7200))                     # two hours in 1 s segments
+    check_length(media(["6"] * (int(MAX_DURATION) // 6)))    # the longest allowed, in ordinary segments
+    check_length(media(["0"] * SEGMENT_ALLOWANCE))           # a few segments that declare nothing
+    with pytest.raises(HlsError, match="segments for"):
+        check_length(media(["0.01"] * 1000))
+    with pytest.raises(HlsError, match="more than 86400 s"):
+        check_length(media(["6"] * (int(MAX_DURATION) // 6 + 1)))
+    for bad in ("inf", "1e400"):
+        with pytest.raises(HlsError, match="more than"):
+            check_length(media(["4", bad]))
+
+
+@pytest.mark.parametrize("case", ["50,000 short segments", "a week of audio", "infinite"])
+async def test_a_playlist_longer_than_its_duration_allows_is_refused_before_any_segment(server, client,
+                                                                                          tmp_path, case):
+    durations = {"50,000 short segments": ["0.2"] * 50_000, "a week of audio": ["30"] * 20_160,
+                 "infinite": ["4", "inf", "4"]}[case]
+    server.add("/long/a.m3u8", media_playlist(durations), content_type=MPEGURL)   # segments: 404
+
+    got = await Downloader(client, tmp_path, CFG).fetch(hls_item(server.url("/long/a.m3u8")))
+
+    assert got.status == FAILED and got.reason.startswith("hls: "), got.reason
+    assert ("segments for" if case.startswith("50") else "more than 86400 s") in got.reason
+    assert [r.path for r in server.log] == ["/long/a.m3u8"]
+
+
+async def test_a_slow_stream_ends_at_the_whole_download_deadline(server, client, tmp_path):
+    stream = make_stream(segments=40, seed=11)       # 8 KiB segments, each sent in about 0.1 s
+    url = serve_stream(server, stream)
+    for i in range(40):
+        server.resource(f"/hls/audio/seg{i}.aac").rate = 80_000
+    cfg = DownloadConfig(retry_backoff=0, timeout=10, deadline_base=0.5, min_rate=10_000_000)
+    item = hls_item(url)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    got = await Downloader(client, tmp_path, cfg).fetch(item)
+
+    assert got.status == FAILED and got.reason.startswith("download too slow"), got.reason
+    assert loop.time() - started < 2.0 and len(segment_requests(server)) < 20
+    # The segments written before the deadline are recorded: a later crawl carries on from there.
+    progress = json.loads((tmp_path / "audio" / "partial" / f"{partial_key(item)}.hls.json").read_text())
+    assert progress["segments"] >= 1 and f"{progress['size']} bytes" in got.reason
+    server.log.clear()
+    for i in range(40):
+        server.resource(f"/hls/audio/seg{i}.aac").rate = None
+    again = await Downloader(client, tmp_path, CFG).fetch(item)
+    assert again.status == OK and again.sha256 == sha(stream.plain), again.reason
+    assert segment_requests(server)[0] == f"/hls/audio/seg{progress['segments']}.aac"
+
+
+class Ticks:
+    """A monotonic clock that moves one second each time it is read."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+async def test_progress_is_saved_every_few_seconds_not_per_segment(server, client, tmp_path):
+    stream = make_stream(segments=12, seed=12)
+    url = serve_stream(server, stream)
+    server.resource("/hls/audio/seg8.aac").pause_at = 10      # hold the 9th segment
+    item = hls_item(url)
+    progress_file = tmp_path / "audio" / "partial" / f"{partial_key(item)}.hls.json"
+    downloader = Downloader(client, tmp_path, CFG)
+    # One second passes per segment: a record every PROGRESS_EVERY (5) segments, not after each.
+    downloader.hls = HlsDownloader(client, downloader.store, CFG, monotonic=Ticks())
+    assert downloader.hls.progress_every == PROGRESS_EVERY == 5.0
+
+    task = asyncio.create_task(downloader.fetch(item))
+    await server.wait_until(lambda: any(r.path == "/hls/audio/seg8.aac" for r in server.log))
+    assert json.loads(progress_file.read_text())["segments"] == 5
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # Stopped: what is on disk is recorded.
+    assert json.loads(progress_file.read_text())["segments"] == 8
+    server.resource("/hls/audio/seg8.aac").pause_at = None
+    server.release()
+    server.log.clear()
+
+    got = await Downloader(client, tmp_path, CFG).fetch(item)
+    assert got.status == OK and got.sha256 == sha(stream.plain), got.reason
+    assert segment_requests(server) == [f"/hls/audio/seg{i}.aac" for i in range(8, 12)]
+
+
+@pytest.mark.parametrize("what", ["key", "segment"])
+async def test_a_key_or_segment_at_a_refused_address_fails_the_item_with_one_log_line(server, tmp_path, caplog,
+                                                                                      what):
+    # The site's own address is allowed; 127.0.0.2, the same server, stands for an intranet service.
+    policy = TargetPolicy([("127.0.0.1", server.port)])
+    inside = server.url("/hls/inside", host="127.0.0.2")
+    if what == "key":
+        stream = make_stream(segments=3, key=KEY, seed=13, key_uri=f"{inside}/key.bin")
+    else:
+        stream = make_stream(segments=3, seed=13)
+        stream.files[stream.media] = stream.files[stream.media].replace(b"seg1.aac", f"{inside}/seg1.aac".encode())
+    url = serve_stream(server, stream)
+    caplog.set_level(logging.DEBUG)
+
+    async with httpx.AsyncClient(transport=build_transport(max_connections=8, dns_ttl=60, policy=policy)) as c:
+        got = await Downloader(c, tmp_path, CFG).fetch(hls_item(url))
+
+    assert got.status == FAILED and got.reason.startswith("hls: ") and "outside the public internet" in got.reason
+    assert not [r for r in server.log if r.path.startswith("/hls/inside")]
+    lines = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is None, [r.getMessage() for r in caplog.records]
+    assert not [r for r in caplog.records if r.exc_info]

@@ -8,13 +8,26 @@ protocol.html) list a site's pages, with <lastmod>; a sitemap index lists sitema
 Everything here is an attacker's document: it is parsed with defusedxml, which refuses entity declarations
 (no "billion laughs") and external entities and DTDs (no XXE), a gzip body is decompressed only up to a bound,
 and the counts of items and links are capped.
+
+It is read incrementally (``iterparse``), never as a whole tree: each record (a sitemap's <url> or
+<sitemap>, a feed's <item> or <entry>) is taken as it ends and then dropped, and every other element is
+dropped as it ends once the show's title and author are noted. So memory holds the open elements and one
+record, and the document is read under caps: elements nested ``MAX_XML_DEPTH`` deep, ``MAX_XML_ELEMENTS``
+elements in all, ``MAX_RECORD_ELEMENTS`` in one record, ``MAX_XML_ATTRIBUTES`` on one element,
+``MAX_PARSE_SECONDS`` of parsing. A document that passes a cap (or breaks off, or turns malformed part way)
+yields the records read before that point, with one log line; one that yields nothing before it is an
+XmlDocumentError. The caller parses big or compressed documents in a thread (crawler/resolvers/generic.py).
 """
 
 from __future__ import annotations
 
 import html
+import io
+import logging
 import re
+import time
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -22,16 +35,33 @@ from typing import Any
 from xml.etree.ElementTree import Element, ParseError
 
 from defusedxml import DefusedXmlException
-from defusedxml.ElementTree import fromstring
+from defusedxml.ElementTree import iterparse
 
 from crawler.resolvers import pagemeta
 from crawler.web import media
 from crawler.web.urls import resolve_link
 
+log = logging.getLogger(__name__)
+
 RSS, ATOM, SITEMAP, SITEMAP_INDEX = "rss", "atom", "sitemap", "sitemapindex"
 # The sitemaps protocol's own limit per file.
 MAX_SITEMAP_URLS = 50_000
 MAX_FEED_ITEMS = 5000
+# Real feeds and sitemaps nest under 10 deep (XHTML content in Atom a little more); deep nesting is how a
+# small document is made to cost a large tree.
+MAX_XML_DEPTH = 64
+# A full sitemap (50,000 <url> with their children) has about 300,000 elements, a long podcast feed fewer.
+MAX_XML_ELEMENTS = 1_000_000
+# Elements one record may hold: it is kept whole until it ends.
+MAX_RECORD_ELEMENTS = 10_000
+# Attributes of one element: the parser builds them all before anyone can look (16 MiB of them cost 400 MiB and
+# half a minute), so the document is cut before the first stretch between two '<' that could hold more.
+MAX_XML_ATTRIBUTES = 10_000
+MAX_PARSE_SECONDS = 10.0
+_TIME_CHECK_EVERY = 4096       # elements between looks at the clock
+# An attribute takes at least 4 bytes (` a=""` less its quotes' content): a shorter stretch cannot hold more
+# than MAX_XML_ATTRIBUTES. '<' cannot occur inside an attribute value, so a tag never spans two stretches.
+_LONG_TAG = re.compile(rb"<[^<]{%d,}" % (4 * MAX_XML_ATTRIBUTES))
 _XML_TYPES = frozenset({"application/xml", "text/xml", "application/rss+xml", "application/atom+xml",
                         "application/rdf+xml", "application/x-rss+xml"})
 # Types a server sends for a document it does not know (a .xml or .xml.gz as plain bytes).
@@ -58,6 +88,7 @@ class XmlResult:
     entries: list[FeedEntry] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
     lastmod: dict[str, float] = field(default_factory=dict)   # link -> epoch seconds, for sitemaps
+    cut: str | None = None      # why the document was read only in part (a cap, a break), else None
 
 
 def gunzip(body: bytes, limit: int) -> bytes:
@@ -134,54 +165,156 @@ def parse_date(value: str | None) -> datetime | None:
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
-def _parse(body: bytes) -> Element:
+class _Cut(Exception):
+    """The document is read no further; what was read before stands."""
+
+
+class _Reader:
+    """The records of one document, one at a time, each dropped once its consumer is done with it.
+
+    A record is a child of the root, or of an RSS <channel> child of the root, whose local name is in
+    ``names``. The first <title> and <author> children of the root and of the channel are noted as they end
+    (``show``): they describe the show, not an item, and may come after the items.
+    """
+
+    def __init__(self, body: bytes, names: frozenset[str], clock: Callable[[], float]) -> None:
+        self.body, self.names, self.clock = body, names, clock
+        self.root_show: dict[str, str] = {}
+        self.channel_show: dict[str, str] = {}
+        self.channel = False
+
+    @property
+    def show(self) -> dict[str, str]:
+        return self.channel_show if self.channel else self.root_show
+
+    def records(self) -> Iterator[Element]:
+        """Raises _Cut at a cap; the parser's own errors propagate."""
+        end = _too_many_attributes(self.body)
+        try:
+            yield from self._records(_Prefix(self.body, len(self.body) if end is None else end))
+        except ParseError:
+            if end is None:
+                raise
+        if end is not None:
+            raise _Cut(f"an element with more than {MAX_XML_ATTRIBUTES} attributes")
+
+    def _records(self, source: _Prefix) -> Iterator[Element]:
+        started = self.clock()
+        stack: list[Element] = []
+        count = 0
+        record_depth = 0        # the stack depth of the record being read, 0 outside one
+        record_start = 0
+        for event, el in iterparse(source, events=("start", "end"), forbid_dtd=False,
+                                   forbid_entities=True, forbid_external=True):
+            if event == "start":
+                count += 1
+                if len(stack) >= MAX_XML_DEPTH:
+                    raise _Cut(f"elements nested deeper than {MAX_XML_DEPTH}")
+                if count > MAX_XML_ELEMENTS:
+                    raise _Cut(f"more than {MAX_XML_ELEMENTS} elements")
+                if record_depth and count - record_start > MAX_RECORD_ELEMENTS:
+                    raise _Cut(f"a record of more than {MAX_RECORD_ELEMENTS} elements")
+                if count % _TIME_CHECK_EVERY == 0 and self.clock() - started > MAX_PARSE_SECONDS:
+                    raise _Cut(f"parsing took more than {MAX_PARSE_SECONDS:.0f} s")
+                stack.append(el)
+                if not record_depth and self._is_record(stack):
+                    record_depth, record_start = len(stack), count
+                continue
+            stack.pop()
+            if record_depth and len(stack) >= record_depth:
+                continue        # inside a record: kept until the record ends
+            if record_depth:
+                record_depth = 0
+                yield el
+            elif len(stack) == 1 and _local(el.tag) == "channel":
+                self.channel = True
+            elif len(stack) in (1, 2) and _local(el.tag) in ("title", "author"):
+                in_channel = len(stack) == 2 and _local(stack[1].tag) == "channel"
+                if len(stack) == 1 or in_channel:
+                    show = self.channel_show if in_channel else self.root_show
+                    if _local(el.tag) not in show:
+                        show[_local(el.tag)] = _text(el) or ""
+            if stack:
+                stack[-1].remove(el)    # its siblings before it are gone already: this is quick
+            el.clear()
+
+    def _is_record(self, stack: list[Element]) -> bool:
+        depth = len(stack)
+        if depth == 2:
+            return _local(stack[1].tag) in self.names
+        return depth == 3 and _local(stack[1].tag) == "channel" and _local(stack[2].tag) in self.names
+
+
+class _Prefix:
+    """The first ``end`` bytes of a document, read as a file, without a copy."""
+
+    def __init__(self, body: bytes, end: int) -> None:
+        self._view, self._pos = memoryview(body)[:end], 0
+
+    def read(self, size: int = -1) -> bytes:
+        start = self._pos
+        self._pos = len(self._view) if size < 0 else min(len(self._view), start + size)
+        return bytes(self._view[start:self._pos])
+
+
+def _too_many_attributes(body: bytes) -> int | None:
+    """Where the first tag that may hold more than MAX_XML_ATTRIBUTES attributes starts, if any."""
+    for m in _LONG_TAG.finditer(body):
+        if body.count(b"=", m.start(), m.end()) > MAX_XML_ATTRIBUTES:
+            return m.start()
+    return None
+
+
+def _read(reader: _Reader, result: XmlResult, take: Callable[[Element], bool], base_url: str) -> None:
+    """Feeds ``take`` the document's records until it returns False, the document ends, or a cap is met."""
     try:
-        return fromstring(body, forbid_dtd=False, forbid_entities=True, forbid_external=True)
+        for record in reader.records():
+            if not take(record):
+                break
+    except _Cut as exc:
+        result.cut = str(exc)
     except (ParseError, DefusedXmlException, ValueError, RecursionError) as exc:
-        raise XmlDocumentError(f"not readable XML: {type(exc).__name__}: {exc}"[:200]) from exc
+        reason = f"not readable XML: {type(exc).__name__}: {exc}"[:200]
+        if not (result.links or result.entries):
+            raise XmlDocumentError(reason) from exc
+        result.cut = reason
+    if result.cut is not None:
+        log.info("%s: %s read in part (%d links, %d items kept): %s", base_url[:200], result.kind,
+                 len(result.links), len(result.entries), result.cut)
 
 
-def parse(kind: str, body: bytes, base_url: str) -> XmlResult:
-    root = _parse(body)
+def parse(kind: str, body: bytes, base_url: str, *, clock: Callable[[], float] = time.monotonic) -> XmlResult:
+    """The document's items and links, read incrementally under the caps above (see the module's docstring)."""
     if kind in (SITEMAP, SITEMAP_INDEX):
-        return _sitemap(kind, root, base_url)
-    return _feed(kind, root, base_url)
+        return _sitemap(kind, body, base_url, clock)
+    return _feed(kind, body, base_url, clock)
 
 
-def _sitemap(kind: str, root: Element, base_url: str) -> XmlResult:
+def _sitemap(kind: str, body: bytes, base_url: str, clock: Callable[[], float]) -> XmlResult:
     out = XmlResult(kind)
-    wanted = "url" if kind == SITEMAP else "sitemap"
-    for entry in root:
-        if _local(entry.tag) != wanted:
-            continue
+
+    def take(entry: Element) -> bool:
         loc = _child_text(entry, "loc")
         url = resolve_link(base_url, loc) if loc else None
         if url is None:
-            continue
+            return True
         out.links.append(url)
         modified = parse_date(_child_text(entry, "lastmod"))
         if modified is not None:
             out.lastmod[url] = modified.timestamp()
-        if len(out.links) >= MAX_SITEMAP_URLS:
-            break
+        return len(out.links) < MAX_SITEMAP_URLS
+
+    _read(_Reader(body, frozenset({"url" if kind == SITEMAP else "sitemap"}), clock), out, take, base_url)
     return out
 
 
-def _feed(kind: str, root: Element, base_url: str) -> XmlResult:
+def _feed(kind: str, body: bytes, base_url: str, clock: Callable[[], float]) -> XmlResult:
     out = XmlResult(kind)
-    if kind == RSS:
-        channel = _child(root, "channel")
-        show_el = channel if channel is not None else root
-        # RSS 1.0 (RDF) keeps its items beside the channel, RSS 2.0 inside it.
-        items = [el for el in (channel if channel is not None else root) if _local(el.tag) == "item"]
-        if channel is not None and not items:
-            items = [el for el in root if _local(el.tag) == "item"]
-    else:
-        show_el = root
-        items = [el for el in root if _local(el.tag) == "entry"]
-    show = _child_text(show_el, "title")
-    show_author = _child_text(show_el, "author")
-    for item in items[:MAX_FEED_ITEMS]:
+    reader = _Reader(body, frozenset({"item" if kind == RSS else "entry"}), clock)
+    # The show's title and author may come after the items: the items' metadata is completed at the end.
+    items: list[tuple[dict[str, Any], list[str], str | None]] = []
+
+    def take(item: Element) -> bool:
         meta = pagemeta.normalise({
             "title": _child_text(item, "title"),
             "artist": _child_text(item, "author", "creator") if kind == RSS else None,
@@ -193,17 +326,24 @@ def _feed(kind: str, root: Element, base_url: str) -> XmlResult:
             name = _child_text(author, "name") if author is not None else None
             if name:
                 meta.setdefault("artist", name)
-        artist = show_author if kind == RSS and show_author and "@" not in show_author else show
-        if artist and "artist" not in meta:
-            meta["artist"] = artist
-        if show:
-            meta["album"] = show
         published = parse_date(_child_text(item, "pubDate", "published", "updated", "date"))
         if published is not None:
             meta["published"] = published.isoformat()
         page_link, audio = _item_links(kind, item, base_url)
         if page_link:
             out.links.append(page_link)
+        items.append((meta, audio, page_link))
+        return len(items) < MAX_FEED_ITEMS
+
+    _read(reader, out, take, base_url)
+    show = pagemeta.clean_text(reader.show.get("title") or "") or None
+    show_author = pagemeta.clean_text(reader.show.get("author") or "") or None
+    artist = show_author if kind == RSS and show_author and "@" not in show_author else show
+    for meta, audio, page_link in items:
+        if artist and "artist" not in meta:
+            meta["artist"] = artist
+        if show:
+            meta["album"] = show
         for url in audio:
             out.entries.append(FeedEntry(url, dict(meta), page_link))
     return out

@@ -20,20 +20,27 @@ On disk, beside the downloader's partial files:
     <data_dir>/audio/partial/<key>.part      the decrypted segments so far, in order
     <data_dir>/audio/partial/<key>.hls.json  progress: the media playlist, how many segments, how many bytes
 
-The progress record is written (atomically) after each segment's bytes are on disk, so after a kill the part
-file is at least as long as the record says; the next attempt cuts it back to that length and carries on with
-the next segment, if the playlist still lists the same segments (their paths, not their query strings, which
-often hold per-client tokens). Otherwise it starts over.
+The progress record is written (atomically) after a segment's bytes are on disk, at most every
+``PROGRESS_EVERY`` seconds and once more when the download stops for any reason, so after a kill the part file
+is at least as long as the record says; the next attempt cuts it back to that length and carries on with the
+next segment, if the playlist still lists the same segments (their paths, not their query strings, which often
+hold per-client tokens). Otherwise it starts over. A kill costs at most a few seconds of segments, and a list
+of tiny segments does not rewrite the record for each one.
 
 A playlist without EXT-X-ENDLIST is live (or an event still being recorded): it has no end to download, so the
 item is reported as found, with ``extra.live``, and nothing is fetched. A DASH manifest is recorded the same
 way: it is not downloaded.
 
-Bounds: a playlist is read up to ``MAX_PLAYLIST_BYTES`` and at most ``MAX_SEGMENTS`` segments are taken; a
-segment (held in memory to be decrypted) up to ``MAX_SEGMENT_BYTES``; a key must be exactly 16 bytes; the file
-as a whole obeys the downloader's ``max_size``. Requests go through the
-downloader's HTTP client with the item's identity (cookies only to the item's own host), so they share its
-limits and its transport.
+Bounds: a playlist is read up to ``MAX_PLAYLIST_BYTES`` and at most ``MAX_SEGMENTS`` segments are taken; an
+ended playlist is refused before any segment is fetched when its EXTINF durations add up to more than
+``MAX_DURATION`` or it lists more segments than its duration explains (``check_length``: at most
+``SEGMENT_ALLOWANCE`` plus one per ``MIN_SEGMENT_SECONDS`` of declared audio); a segment (held in memory to be
+decrypted) is read up to ``MAX_SEGMENT_BYTES``; a key must be exactly 16 bytes; the file as a whole obeys the
+downloader's ``max_size``, and the whole download (playlists, keys, segments, retries) its deadline: the same
+``deadline_base`` plus size at ``min_rate`` as a plain download (the downloader's ``_Deadline``), stretched by
+the bytes written so far. Requests go through the downloader's HTTP client with the item's identity (cookies
+only to the item's own host), so they share its limits, its transport and its address policy: a key or segment
+at a refused address, or a body the transport refuses, fails the item with its reason and one log line.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
+import math
 import os
 import re
 import time
@@ -53,19 +62,33 @@ from typing import Any, BinaryIO
 import httpx
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from crawler.bodies import BodyError
 from crawler.items import FAILED, OK, AudioItem
+from crawler.targets import TargetRefused
 from crawler.web import media
 from crawler.web.urls import host_of, resolve
 from crawler.worker.audiostore import AudioStore, Finished, hash_prefix
 from crawler.worker.download_plan import backoff, transient
-from crawler.worker.downloader import _NETWORK_ERRORS, DownloadConfig, _identity_headers
+from crawler.worker.downloader import _NETWORK_ERRORS, DownloadConfig, _Deadline, _identity_headers
+
+log = logging.getLogger(__name__)
 
 MAX_PLAYLIST_BYTES = 4 * 1024 * 1024
 MAX_SEGMENTS = 50_000
+# Longer than any recording published as one file (an audiobook, a day-long set); a longer list is not audio
+# to keep but a way to hold a download slot.
+MAX_DURATION = 24 * 3600.0
+# Real packagers cut 2-10 s segments, low-latency ones 1 s; a list of many more segments than its declared
+# duration explains costs a request each for nothing.
+MIN_SEGMENT_SECONDS = 0.5
+SEGMENT_ALLOWANCE = 16
+# Seconds between progress records: a kill loses at most this much work.
+PROGRESS_EVERY = 5.0
 MAX_VARIANTS = 1_000
 # A segment is held in memory to be decrypted whole: real ones are seconds of audio, a few hundred KiB.
 MAX_SEGMENT_BYTES = 32 * 1024 * 1024
 _KEY_BYTES = 16
+_READ_SIZE = 64 * 1024
 _PROGRESS_VERSION = 1
 HLS = "hls"
 DASH = "dash"
@@ -78,6 +101,10 @@ _ATTRIBUTE = re.compile(r'([A-Z0-9-]+)=("[^"]*"|[^,]*)')
 
 class HlsError(Exception):
     """The playlist cannot be downloaded as audio; the message becomes the item's reason."""
+
+
+class HlsRefused(HlsError):
+    """A key, segment or playlist the worker's client refused (its address, or its body): logged once."""
 
 
 # --------------------------------------------------------------------------------------------- parsing
@@ -240,6 +267,17 @@ def _parse_media(text: str, url: str) -> MediaPlaylist:
     return MediaPlaylist(url, tuple(segments), ended, media_sequence)
 
 
+def check_length(playlist: MediaPlaylist) -> None:
+    """Raises HlsError when an ended playlist is longer than ``MAX_DURATION`` or lists more segments than its
+    declared duration explains (see the module's docstring)."""
+    duration = playlist.duration
+    if not math.isfinite(duration) or duration > MAX_DURATION:
+        raise HlsError(f"declares {duration:.0f} s of audio, more than {MAX_DURATION:.0f} s")
+    allowed = SEGMENT_ALLOWANCE + int(duration / MIN_SEGMENT_SECONDS)
+    if len(playlist.segments) > allowed:
+        raise HlsError(f"{len(playlist.segments)} segments for {duration:.0f} s of audio (at most {allowed})")
+
+
 def _key(a: dict[str, str], base: str) -> Key | None:
     method = a.get("METHOD", "NONE").upper()
     if method == "NONE":
@@ -371,8 +409,11 @@ class HlsDownloader:
     """One file per HLS item. Called by the Downloader, inside the item's host slot."""
 
     def __init__(self, client: httpx.AsyncClient, store: AudioStore, cfg: DownloadConfig, *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+                 progress_every: float = PROGRESS_EVERY) -> None:
+        """clock: wall-clock time for the records; monotonic: when progress was last saved."""
         self.client, self.store, self.cfg, self._clock = client, store, cfg, clock
+        self._monotonic, self.progress_every = monotonic, progress_every
 
     def claims(self, item: AudioItem) -> bool:
         """Items the downloader hands to this module: HLS playlists (and DASH manifests, recorded only)."""
@@ -382,7 +423,10 @@ class HlsDownloader:
     def progress_path(self, key: str) -> Path:
         return self.store.partial_dir / f"{key}.hls.json"
 
-    async def fetch(self, item: AudioItem, key: str, known: Finished | None = None) -> AudioItem:
+    async def fetch(self, item: AudioItem, key: str, known: Finished | None = None,
+                    deadline: _Deadline | None = None) -> AudioItem:
+        """``deadline``: the downloader's whole-download deadline, stretched here by the bytes written; its
+        expiry cancels this coroutine (the downloader turns that into ``download too slow``)."""
         extra = {**item.extra, "format": item.extra.get("format") or HLS}
         item = item.replace(extra=extra)
         if extra["format"] == DASH:
@@ -393,11 +437,14 @@ class HlsDownloader:
                 return item.replace(extra={**extra, "live": True})
             if not media.segments:
                 raise HlsError("the playlist lists no segments")
+            check_length(media)
             if known is not None and self.store.holds(known):
                 # The same key finished before and its file is still there: an ended playlist does not change.
                 return self._done(item, known, media)
-            return await self._download(item, key, media)
+            return await self._download(item, key, media, deadline)
         except HlsError as exc:
+            if isinstance(exc, HlsRefused):
+                log.info("hls %s refused: %s", item.url[:200], exc)
             return item.replace(status=FAILED, reason=f"hls: {exc}"[:300])
         except ValueError as exc:   # a number or address in the playlist nothing could make sense of
             return item.replace(status=FAILED, reason=f"hls: unusable playlist: {exc}"[:300])
@@ -434,8 +481,11 @@ class HlsDownloader:
     async def _get_once(self, url: str, headers: dict[str, str], limit: int,
                         byterange: ByteRange | None) -> bytes:
         try:
-            async with self.client.stream("GET", url, headers=headers,
-                                          timeout=httpx.Timeout(self.cfg.timeout)) as response:
+            # The transport's own body bound is the pages' one; this request's is ``limit``, checked below,
+            # with the transport's a read past it as the backstop.
+            async with self.client.stream("GET", url, headers=headers, timeout=httpx.Timeout(self.cfg.timeout),
+                                          extensions={"max_body": limit + _READ_SIZE,
+                                                      "read_size": _READ_SIZE}) as response:
                 status = response.status_code
                 if transient(status):
                     raise _Transient(f"http {status}")
@@ -450,6 +500,8 @@ class HlsDownloader:
                     chunks.append(chunk)
         except _NETWORK_ERRORS as exc:
             raise _Transient(f"{type(exc).__name__}: {exc}"[:200]) from None
+        except (TargetRefused, BodyError) as exc:
+            raise HlsRefused(f"{url[:200]}: {exc}"[:300]) from None
         except httpx.InvalidURL as exc:
             raise HlsError(f"bad address: {exc}") from None
         body = b"".join(chunks)
@@ -469,7 +521,8 @@ class HlsDownloader:
         raise HlsError("a master playlist names another master playlist")
 
     # -- the download ---------------------------------------------------------------------------------
-    async def _download(self, item: AudioItem, key: str, media: MediaPlaylist) -> AudioItem:
+    async def _download(self, item: AudioItem, key: str, media: MediaPlaylist,
+                        deadline: _Deadline | None) -> AudioItem:
         part = self.store.part_path(key)
         part.parent.mkdir(parents=True, exist_ok=True)
         progress = self._resume_point(key, media)
@@ -480,27 +533,39 @@ class HlsDownloader:
         hasher = await asyncio.to_thread(hash_prefix, part, progress.size)
         keys: dict[str, bytes] = {}
         fh, first = await asyncio.to_thread(_open_at, part, progress.size)
-        with fh:
-            for segment in media.segments[progress.segments:]:
-                pieces: list[bytes] = []
-                if segment.init is not None and segment.init.uri != progress.init:
-                    pieces.append(await self._get(item, segment.init.uri, self._budget(progress.size),
-                                                  segment.init.byterange))
-                data = await self._get(item, segment.uri, self._budget(progress.size), segment.byterange)
-                pieces.append(await self._plain(item, segment, data, keys))
-                # Off the loop, and never abandoned: the file must not close under a writing thread.
-                writing = asyncio.ensure_future(asyncio.to_thread(_append, fh, hasher, pieces))
-                try:
-                    await asyncio.shield(writing)
-                except asyncio.CancelledError:
-                    await asyncio.wait({writing})
-                    raise
-                if not first:
-                    first = b"".join(pieces)[:16]
-                progress.segments += 1
-                progress.size += sum(map(len, pieces))
-                if segment.init is not None:
-                    progress.init = segment.init.uri
+        saved, saved_at = progress.segments, self._monotonic()
+        try:
+            with fh:
+                for segment in media.segments[progress.segments:]:
+                    pieces: list[bytes] = []
+                    if segment.init is not None and segment.init.uri != progress.init:
+                        pieces.append(await self._get(item, segment.init.uri, self._budget(progress.size),
+                                                      segment.init.byterange))
+                    data = await self._get(item, segment.uri, self._budget(progress.size), segment.byterange)
+                    pieces.append(await self._plain(item, segment, data, keys))
+                    # Off the loop, and never abandoned: the file must not close under a writing thread.
+                    writing = asyncio.ensure_future(asyncio.to_thread(_append, fh, hasher, pieces))
+                    try:
+                        await asyncio.shield(writing)
+                    except asyncio.CancelledError:
+                        await asyncio.wait({writing})
+                        raise
+                    if not first:
+                        first = b"".join(pieces)[:16]
+                    progress.segments += 1
+                    progress.size += sum(map(len, pieces))
+                    if segment.init is not None:
+                        progress.init = segment.init.uri
+                    if deadline is not None:
+                        deadline.stretch(None, progress.size)
+                    now = self._monotonic()
+                    if now - saved_at >= self.progress_every:
+                        self._save(key, progress)
+                        saved, saved_at = progress.segments, now
+        finally:
+            # Whatever stopped the download (its deadline, a refusal, a cancel), the segments on disk are
+            # recorded; a finished download is recorded as the stored file instead.
+            if progress.segments != saved and progress.segments < len(media.segments):
                 self._save(key, progress)
         has_init = any(s.init is not None for s in media.segments)
         ext, content_type = container(first, has_init)

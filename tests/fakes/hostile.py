@@ -15,6 +15,8 @@ Scenarios (the classes of attack a crawler meets on the open web):
   and a link to it that the scope must drop. The private service counts the requests it gets (none, if the
   crawler holds).
 - ``not_audio``: an HTML error page and an executable served as ``audio/mpeg``.
+- ``xml``: gzip sitemaps of a few KiB that inflate to 15 MiB of XML nested 2.2 million deep, or to one
+  element with a million attributes, each after a few real ``<url>`` entries (``sitemap_pages``) that only it names.
 
 ``robots`` chooses the site's robots.txt: ``None`` (404), ``"stacked"`` (a stacked-encoding bomb),
 ``"huge"`` (500 KiB of rules, most of them noise), ``"trickle"``, ``"private"`` (a redirect to the private
@@ -111,6 +113,8 @@ class HostileSite:
                 n = rest[3:-5]
                 return _html(f'<html><head><title>Song {n}</title></head><body><h1>Song {n}</h1>'
                              f'<a href="/s/{scenario}/ok/{n}.mp3" data-title="Song {n}">listen</a></body></html>')
+            if rest.startswith("from-") and rest.endswith(".html"):
+                return _html(f"<html><body><h1>{rest}</h1></body></html>")
             if rest.startswith("ok/") and rest.endswith(".mp3"):
                 return web.Response(body=mp3(int(rest[3:-4])), content_type="audio/mpeg")
             handler = getattr(self, "_" + rest.replace("-", "_").replace(".", "_"), None)
@@ -177,6 +181,22 @@ class HostileSite:
     async def _redirect_wav_wav(self, request: web.Request) -> web.Response:
         raise web.HTTPFound(self.private_url.replace("127.0.0.1", "localhost") + "/redirected.wav")
 
+    # xml
+    def sitemap_pages(self, name: str) -> list[str]:
+        return [f"/s/xml/from-{name}/{i}.html" for i in range(3)]
+
+    async def _deep_xml_gz(self, request: web.Request) -> web.Response:
+        return await self._sitemap("deep")
+
+    async def _attrs_xml_gz(self, request: web.Request) -> web.Response:
+        return await self._sitemap("attrs")
+
+    async def _sitemap(self, kind: str) -> web.Response:
+        # Made in a thread: compressing 15 MiB must not stall the legitimate pages served beside it.
+        body = await asyncio.to_thread(hostile_sitemap, self.url, tuple(self.sitemap_pages(kind)), kind)
+        # Typed as XML so that the worker reads it whole; the name's .gz says it is compressed.
+        return web.Response(body=body, headers={"Content-Type": "application/xml"})
+
     # not audio
     async def _fake_html(self, request: web.Request) -> web.Response:
         return _html('<html><body><a href="error.mp3">a</a><a href="tool.mp3">b</a></body></html>')
@@ -208,7 +228,28 @@ HOSTILE_PAGES = {
     "trickle": ["trickle.html", "trickle-page.html"],
     "ssrf": ["ssrf.html"],
     "not_audio": ["fake.html"],
+    "xml": ["deep.xml.gz", "attrs.xml.gz"],
 }
+
+
+@functools.cache
+def _hostile_body(kind: str) -> bytes:
+    """15 MiB of XML (under the worker's 16 MiB bound for a decompressed feed or sitemap): nesting for ever, or
+    one element's attributes; gzip makes it a few KiB on the wire."""
+    size = 15 * MiB
+    if kind == "deep":
+        half = size // 7
+        return b"<url>" + b"<x>" * half + b"</x>" * half + b"</url>"
+    n = size // 14
+    return b"<url " + b"".join(b'a%07d=">" ' % i for i in range(n)) + b"/>"
+
+
+@functools.cache
+def hostile_sitemap(base: str, pages: tuple[str, ...], kind: str) -> bytes:
+    """The gzip-compressed sitemap: ``pages`` first, then the attack."""
+    head = b'<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">' + b"".join(
+        b"<url><loc>%s%s</loc></url>" % (base.encode(), page.encode()) for page in pages)
+    return gzip.compress(head + _hostile_body(kind) + b"</urlset>", 9)
 
 
 @functools.cache
