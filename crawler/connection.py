@@ -7,6 +7,9 @@ p.ProtocolError (broke the protocol).
 Frames sent without waiting (send_nowait) are gathered until the event loop's turn ends and written in one
 call: a master answering a burst of a worker's frames (grants, assignments) makes one write system call per
 connection per turn, not one per frame.
+
+Once the handshake is done, `start_session` turns on the frames' tags both ways (protocol.py computes and checks
+them): each write is sealed as it is queued, so the tags follow the order the bytes go out in.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class FramedConnection:
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._out: list[bytes] = []   # frames queued this turn of the loop, written by _flush at its end
+        self._sealer: p.FrameSealer | None = None
 
     @property
     def recv_limit(self) -> int | None:
@@ -44,6 +48,12 @@ class FramedConnection:
         """A lower frame limit for reading (before the peer proved the secret); None: max_frame."""
         self._recv_limit = limit
         self._decoder.max_frame = self.max_frame if limit is None else min(limit, self.max_frame)
+
+    def start_session(self, keys: p.SessionKeys) -> None:
+        """Every frame from here on, both ways, carries its tag: call it right after the Welcome was sent (master)
+        or checked (worker), before any other frame."""
+        self._sealer = keys.sealer()
+        keys.authenticate(self._decoder)
 
     async def recv(self) -> p.Message:
         """The next message; ProtocolError if the peer broke the protocol, ConnectionClosed at EOF.
@@ -84,6 +94,8 @@ class FramedConnection:
     def _write(self, data: bytes) -> None:
         if self.writer.is_closing():
             raise ConnectionClosed("connection is closing")
+        if self._sealer is not None:
+            data = self._sealer.seal(data)
         if not self._out:
             asyncio.get_running_loop().call_soon(self._flush)
         self._out.append(data)

@@ -34,6 +34,13 @@ oracle to test guesses of the secret offline; a replayed Hello/Auth fails agains
 Welcome against a fresh nonce_w. `MasterHandshake` and `WorkerHandshake` hold one connection's state and the
 table of messages legal in each state (MASTER_RECEIVES, WORKER_RECEIVES), for the handshake and the session.
 
+Every frame after the Welcome (version 11), both ways, is followed by a TAG_SIZE-byte tag: keyed BLAKE2b over
+direction | sequence | frame (header and payload), with one key per direction derived from the secret and the
+handshake's transcript (both nonces: fresh keys for every connection, see SessionKeys). The sequence is not sent:
+each side counts the frames, from 0 after the Welcome, so a frame altered, injected, dropped, replayed or moved
+fails its tag, and the connection closes (ProtocolError). A relay on the path can still cut the connection,
+never speak on it. `FrameSealer` tags what a side sends, `FrameDecoder.authenticate` checks what it reads.
+
 A refusal is final for that worker process (wrong secret, unknown id, other protocol version, its id already
 connected): retrying cannot help until the operator changes something, so the worker exits. The one exception is
 code DUPLICATE_ID seen by a worker that was connected before: its own old connection may not be gone yet.
@@ -71,6 +78,7 @@ from crawler.items import (
     MAX_URL,
     OK,
     AudioItem,
+    LinkMeta,
     Name,
     Text,
     Url,
@@ -87,8 +95,10 @@ from crawler.items import (
 # node that died to another in a DownloadWork; 9: messages are msgspec Structs: every field is sent (a Task's
 # validators as one [etag, last_modified] field), trailing fields with defaults may be left out; 10: the worker's
 # Auth carries its resolvers' fragment rules (bound by its MAC), and the master tells connected workers the crawl's
-# rules again in a FragmentRules when a worker brought new ones
-PROTOCOL_VERSION = 10
+# rules again in a FragmentRules when a worker brought new ones; 11: every frame after the Welcome carries a tag
+# (a MAC with an implicit sequence number); 12: Result may end with what the page says about its links that may
+# lead to audio (link_meta), and a Task carries it to the link's own fetch
+PROTOCOL_VERSION = 12
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
 PRE_AUTH_MAX_FRAME = 640
@@ -100,6 +110,7 @@ AUTH_MAX_FRAME = 4608
 HANDSHAKE_MAX_FRAME = 64 * 1024
 NONCE_SIZE = 32
 MAC_SIZE = 32
+TAG_SIZE = 16                  # bytes of a session frame's tag: 128 bits, one tag per frame
 _HEADER = struct.Struct(">I")
 HEADER_SIZE = _HEADER.size
 
@@ -297,6 +308,9 @@ class Task(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=T
     # The page's validators from its last full answer, (ETag, Last-Modified), for a conditional fetch: a 304
     # then costs no body and no parse.
     validators: tuple[ETag | None, LastModified | None] | None = None
+    # What the page that linked this URL said about the link (its names for the song: Result.link_meta), so that
+    # audio found here is named without fetching that page again.
+    link_meta: LinkMeta | None = None
 
 
 class Assign(Message, tag=6, frozen=True):
@@ -335,6 +349,10 @@ class Result(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields
     # Addresses that resolve this page's audio (a playlist, a stream, an API answer): part of the page, so the
     # master queues them even past the depth limit (see crawler/web/urls.py AUDIO_REF_HOPS). Normalised, like links.
     refs: Many[Url] = ()
+    # What the page says about those of its links (and refs) that may lead to audio without saying so (a
+    # playlist, a stream named like a page): (link, its names). Normalised, like links. The master keeps each with
+    # its link's frontier entry and hands it out in the link's Task.
+    link_meta: Many[tuple[Annotated[str, Meta(max_length=MAX_URL, title="url")], LinkMeta]] = ()
 
     def to_wire(self) -> list[Any]:
         """The result as plain msgpack values, in wire order."""
@@ -646,7 +664,8 @@ class FrameDecoder:
 
     A length above `max_frame` is refused as soon as the 4 header bytes are in, before any of the body is read
     or any buffer of that size exists. `max_frame` may be changed between frames (the master raises it once the
-    peer has proved the secret). After a ProtocolError the decoder is unusable: close the connection.
+    peer has proved the secret). After `authenticate`, every frame must be followed by its tag, checked before
+    the payload is decoded. After a ProtocolError the decoder is unusable: close the connection.
     """
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
@@ -654,6 +673,16 @@ class FrameDecoder:
         self._buf = bytearray()
         self._need: int | None = None  # body length of the frame in progress
         self._broken = False
+        self._tags: _FrameTags | None = None
+        self._tail = 0                 # bytes after each frame: its tag, once authenticated
+
+    def authenticate(self, key: bytes, direction: bytes) -> None:
+        """From the next frame on, each must carry the tag of the peer's direction (see SessionKeys). Frames
+        already buffered and not yet returned are checked too: the switch happens between two messages."""
+        if self._tags is not None:
+            raise LocalProtocolError("the decoder already checks tags")
+        self._tags = _FrameTags(key, direction)
+        self._tail = TAG_SIZE
 
     def feed(self, data: bytes) -> None:
         if self._broken:
@@ -680,10 +709,19 @@ class FrameDecoder:
             self._check_header()
         n = self._need
         assert n is not None
-        if len(self._buf) < HEADER_SIZE + n:
+        end = HEADER_SIZE + n
+        if len(self._buf) < end + self._tail:
             return None
-        payload = bytes(self._buf[HEADER_SIZE:HEADER_SIZE + n])
-        del self._buf[:HEADER_SIZE + n]
+        if self._tags is not None:
+            with memoryview(self._buf) as view:
+                ok = hmac.compare_digest(self._tags.next(view[:end]), view[end:end + TAG_SIZE])
+            if not ok:
+                self._broken = True
+                self._buf = bytearray()
+                raise ProtocolError(f"frame {self._tags.seq - 1} of the session: wrong tag (altered, injected, "
+                                    "replayed or out of order)")
+        payload = bytes(self._buf[HEADER_SIZE:end])
+        del self._buf[:end + self._tail]
         self._need = None
         try:
             return decode_payload(payload)
@@ -724,6 +762,77 @@ def master_proof(secret: bytes, hello: Hello, master_nonce: bytes, rules: tuple[
 
 def check_proof(expected: bytes, got: bytes) -> bool:
     return hmac.compare_digest(expected, got)
+
+
+# --------------------------------------------------------------------------------------------- session frames
+TO_WORKER = b"master->worker"
+TO_MASTER = b"worker->master"
+
+
+class SessionKeys:
+    """One connection's frame keys, one per direction, from the secret and the handshake's transcript (both
+    fresh nonces): a frame tagged on one connection, or in the other direction, fails on any other."""
+
+    def __init__(self, secret: bytes, hello: Hello, master_nonce: bytes, rules: tuple[str, ...],
+                 sending: bytes) -> None:
+        t = _transcript(hello, master_nonce, rules)
+        self.send_direction = sending
+        self.recv_direction = TO_MASTER if sending == TO_WORKER else TO_WORKER
+        self.send_key = self._key(secret, self.send_direction, t)
+        self.recv_key = self._key(secret, self.recv_direction, t)
+
+    @staticmethod
+    def _key(secret: bytes, direction: bytes, transcript: bytes) -> bytes:
+        return hmac.new(secret, b"crawler-frames\0" + direction + b"\0" + transcript, hashlib.sha256).digest()
+
+    def sealer(self) -> FrameSealer:
+        return FrameSealer(self.send_key, self.send_direction)
+
+    def authenticate(self, decoder: FrameDecoder) -> None:
+        decoder.authenticate(self.recv_key, self.recv_direction)
+
+
+class _FrameTags:
+    """The tags of one direction's frames, in order: keyed BLAKE2b over direction | sequence | frame. The
+    sequence is each side's own count, never sent, so nothing a peer says can move it."""
+
+    def __init__(self, key: bytes, direction: bytes) -> None:
+        self._base = hashlib.blake2b(direction + b"\0", key=key, digest_size=TAG_SIZE)
+        self.seq = 0
+
+    def next(self, frame: bytes | memoryview) -> bytes:
+        h = self._base.copy()
+        h.update(self.seq.to_bytes(8, "big"))
+        h.update(frame)
+        self.seq += 1
+        return h.digest()
+
+
+class FrameSealer:
+    """Tags what one side sends in the session: each frame followed by its tag, one tag per frame however many
+    messages a caller batches."""
+
+    def __init__(self, key: bytes, direction: bytes) -> None:
+        self._tags = _FrameTags(key, direction)
+
+    def seal(self, frames: bytes) -> bytes:
+        """Whole frames (encode's output, one or several joined), each followed by its tag. LocalProtocolError
+        if `frames` does not end on a frame boundary (our bug: nothing was tagged)."""
+        view = memoryview(frames)
+        size = len(view)
+        if size >= HEADER_SIZE and _HEADER.unpack_from(view)[0] + HEADER_SIZE == size:
+            return frames + self._tags.next(frames)          # the usual case: one frame
+        bounds, i = [], 0
+        while i < size:   # every bound first: a refused call tags nothing
+            end = i + HEADER_SIZE + (_HEADER.unpack_from(view, i)[0] if size - i >= HEADER_SIZE else size)
+            if end > size:
+                raise LocalProtocolError("seal: bytes that are not whole frames")
+            bounds.append((i, end))
+            i = end
+        out: list[bytes | memoryview] = []
+        for start, end in bounds:
+            out += (view[start:end], self._tags.next(view[start:end]))
+        return b"".join(out)
 
 
 # --------------------------------------------------------------------------------------------- connection state
@@ -841,6 +950,12 @@ class MasterHandshake(_Handshake):
         self.state = State.CLOSED
         return Refused(reason, code)
 
+    def session_keys(self) -> SessionKeys:
+        """The frame keys of this connection, once the Welcome went out: every frame after it carries a tag."""
+        self._step(State.OPEN, "session_keys")
+        assert self.hello is not None
+        return SessionKeys(self.secret, self.hello, self.nonce, self.keep_fragment, TO_WORKER)
+
 
 class WorkerHandshake(_Handshake):
     """The worker's side of one connection.
@@ -894,3 +1009,8 @@ class WorkerHandshake(_Handshake):
             raise HandshakeFailed("the master could not prove it knows the shared secret")
         self.state = State.OPEN
         return msg
+
+    def session_keys(self) -> SessionKeys:
+        """The frame keys of this connection, once the Welcome checked out: every frame after it carries a tag."""
+        self._step(State.OPEN, "session_keys")
+        return SessionKeys(self.secret, self._hello, self._master_nonce, self.keep_fragment, TO_MASTER)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crawler import protocol as p
-from crawler.items import AudioItem, RequestIdentity
+from crawler.items import AudioItem, LinkMeta, RequestIdentity
 
 NONCE = bytes(range(32))
 ITEM = AudioItem(url="http://a/x.mp3", page="http://a/", title="Tí", artist="歌手", duration=3.5, bitrate=128,
@@ -142,7 +142,7 @@ def _frame(obj) -> bytes:
 
 @pytest.mark.parametrize("obj", [
     [], {}, "hello", [99], [True], [1, "w"], [1, "w", 1, 1, b"short"], [1, 5, 1, 1, NONCE],
-    [6, [[1, "u"]]], [6, [[-1, "u", 0, None, None]]], [6, [[1, "u", 0, None, None, None, None]]],
+    [6, [[1, "u"]]], [6, [[-1, "u", 0, None, None]]], [6, [[1, "u", 0, None, None, None, None, None]]],
     [6, [[1, "u", 0, None, -2]]],
     [6, [[1, "u", 0, None, "2"]]], [7, [[1, "u", "bogus", None, None, None, None, None, [], [], 0]]],
     [7, [[1, "u", "done", None, None, None, None, None, [1], [], 0]]],
@@ -412,17 +412,17 @@ def test_pre_auth_limit_fits_the_largest_hello_and_refuses_more_from_the_header(
 def test_a_result_without_sitemap_dates_encodes_as_before_and_bad_dates_are_refused():
     plain = p.Result(1, "http://a/", p.DONE, 200, None, None, None, None, ("http://a/1",))
     assert plain.to_wire() == [1, "http://a/", "done", 200, None, None, None, None, ["http://a/1"], [], 0,
-                               [], None, []]
+                               [], None, [], []]
     # A version-8 result (its trailing fields left out) reads as before.
     assert p.Result.from_wire(plain.to_wire()[:11]) == plain
     wire = plain.to_wire()[:11] + [[["http://a/1", "yesterday"]]]
     with pytest.raises(p.ProtocolError, match=r"lastmod\[0\]\.time"):
         p.Result.from_wire(wire)
-    with pytest.raises(p.ProtocolError, match="3 to 14"):
+    with pytest.raises(p.ProtocolError, match="3 to 15"):
         p.Result.from_wire(plain.to_wire() + [[]])
     # Audio references without sitemap dates: the dates go as an empty list, so the fields keep their places.
     with_refs = p.Result(1, "http://a/", p.DONE, refs=("http://a/1.m3u",))
-    assert with_refs.to_wire()[11:] == [[], None, ["http://a/1.m3u"]]
+    assert with_refs.to_wire()[11:] == [[], None, ["http://a/1.m3u"], []]
     assert p.Result.from_wire(with_refs.to_wire()) == with_refs
 
 
@@ -430,7 +430,7 @@ def test_validators_travel_both_ways_and_are_checked():
     task = p.Task(7, "http://a/", 1, None, None, ('"v1"', "Wed, 02 Dec 2026 10:00:00 GMT"))
     assert p.decode_payload(p.encode(p.Assign((task, p.Task(8, "http://a/2", 1))))[4:]) == p.Assign(
         (task, p.Task(8, "http://a/2", 1)))
-    assert p.Assign((p.Task(8, "http://a/2", 1),)).fields() == [[[8, "http://a/2", 1, None, None, None]]]
+    assert p.Assign((p.Task(8, "http://a/2", 1),)).fields() == [[[8, "http://a/2", 1, None, None, None, None]]]
     with pytest.raises(p.ProtocolError, match=r"tasks\[0\]\.validators\.etag"):
         p.Assign.from_fields([[[1, "http://a/", 0, None, None, [5, None]]]])
     r = p.Result(1, "http://a/", p.DONE, 200, validators=('"v1"', None, -(1 << 63)))
@@ -622,3 +622,175 @@ def test_an_auth_past_its_limits_is_refused_before_the_secret_is_checked():
     # The biggest legal Auth fits the frame limit the master reads it with.
     biggest = p.encode(p.Auth(b"\0" * 32, tuple("x" * p.MAX_RULE for _ in range(p.MAX_RULES))))
     assert len(biggest) - p.HEADER_SIZE <= p.AUTH_MAX_FRAME
+
+
+# --------------------------------------------------------------------------------------------- session frames
+def _opened(rules: tuple[str, ...] = ()) -> tuple[p.MasterHandshake, p.WorkerHandshake]:
+    master = p.MasterHandshake(SECRET)
+    worker = p.WorkerHandshake(SECRET, "w1", 8, keep_fragment=rules)
+    master.receive_auth(worker.receive_challenge(master.receive_hello(worker.hello())))
+    worker.receive_welcome(master.welcome(1.0))
+    return master, worker
+
+
+def _reader(hs: p.MasterHandshake | p.WorkerHandshake) -> p.FrameDecoder:
+    d = p.FrameDecoder()
+    hs.session_keys().authenticate(d)
+    return d
+
+
+ASSIGN = p.Assign((p.Task(1, "http://a/", 0, None),))
+BEAT = p.Heartbeat(1.5)
+
+
+def test_session_frames_carry_a_tag_and_decode_whole_and_one_byte_at_a_time():
+    master, worker = _opened()
+    seal = master.session_keys().sealer()
+    wire = seal.seal(p.encode(ASSIGN)) + seal.seal(p.encode(BEAT) + p.encode(p.Shutdown("done")))
+    assert len(wire) == len(p.encode(ASSIGN) + p.encode(BEAT) + p.encode(p.Shutdown("done"))) + 3 * p.TAG_SIZE
+    whole = _reader(worker)
+    whole.feed(wire)
+    assert whole.messages() == [ASSIGN, BEAT, p.Shutdown("done")]
+    bytewise, got = _reader(worker), []
+    for b in wire:
+        bytewise.feed(bytes([b]))
+        got += bytewise.messages()
+    assert got == [ASSIGN, BEAT, p.Shutdown("done")] and bytewise.buffered == 0
+    # And the other way, with the worker's own key.
+    up = worker.session_keys().sealer().seal(p.encode(p.Credit(3)))
+    d = _reader(master)
+    d.feed(up)
+    assert d.messages() == [p.Credit(3)]
+
+
+@pytest.mark.parametrize("where", ["payload", "tag", "last byte"])
+def test_a_tampered_byte_fails_the_tag_and_breaks_the_decoder(where):
+    master, worker = _opened()
+    frame = bytearray(master.session_keys().sealer().seal(p.encode(ASSIGN)))
+    i = {"payload": p.HEADER_SIZE + 2, "tag": len(frame) - p.TAG_SIZE, "last byte": len(frame) - 1}[where]
+    frame[i] ^= 0x01
+    d = _reader(worker)
+    d.feed(bytes(frame))
+    with pytest.raises(p.ProtocolError, match="wrong tag"):
+        d.next_message()
+    with pytest.raises(p.ProtocolError):
+        d.feed(p.encode(BEAT))        # unusable after that: the connection closes
+
+
+def test_a_shortened_length_in_the_header_fails_the_tag():
+    master, worker = _opened()
+    frame = bytearray(master.session_keys().sealer().seal(p.encode(ASSIGN)))
+    struct.pack_into(">I", frame, 0, struct.unpack_from(">I", frame)[0] - 1)
+    d = _reader(worker)
+    d.feed(bytes(frame))
+    with pytest.raises(p.ProtocolError, match="wrong tag"):
+        d.next_message()
+
+
+def test_a_replayed_frame_is_refused():
+    master, worker = _opened()
+    first = master.session_keys().sealer().seal(p.encode(ASSIGN))
+    d = _reader(worker)
+    d.feed(first + first)
+    assert d.next_message() == ASSIGN
+    with pytest.raises(p.ProtocolError, match="frame 1 of the session: wrong tag"):
+        d.next_message()
+
+
+def test_reordered_or_dropped_frames_are_refused():
+    master, worker = _opened()
+    seal = master.session_keys().sealer()
+    f0, f1 = seal.seal(p.encode(BEAT)), seal.seal(p.encode(ASSIGN))
+    swapped = _reader(worker)
+    swapped.feed(f1 + f0)
+    with pytest.raises(p.ProtocolError, match="wrong tag"):
+        swapped.next_message()
+    dropped = _reader(worker)
+    dropped.feed(f1)
+    with pytest.raises(p.ProtocolError, match="wrong tag"):
+        dropped.next_message()
+
+
+def test_an_injected_untagged_or_foreign_frame_is_refused():
+    master, worker = _opened()
+    # What a relay on the path can make: a well-formed frame with no tag, one tagged for another connection
+    # (other nonces: other keys), and the worker's own frame reflected back at it.
+    other_master, _ = _opened()
+    untagged = p.encode(ASSIGN) + p.encode(BEAT) + p.encode(BEAT) + p.encode(BEAT) + p.encode(BEAT)
+    foreign = other_master.session_keys().sealer().seal(p.encode(ASSIGN))
+    reflected = worker.session_keys().sealer().seal(p.encode(ASSIGN))
+    for wire in (untagged, foreign, reflected):
+        d = _reader(worker)
+        d.feed(wire)
+        with pytest.raises(p.ProtocolError, match="wrong tag"):
+            d.next_message()
+
+
+def test_keys_differ_per_direction_and_per_connection_and_bind_the_fragment_rules():
+    master, worker = _opened()
+    mk, wk = master.session_keys(), worker.session_keys()
+    assert mk.send_key == wk.recv_key and mk.recv_key == wk.send_key and mk.send_key != mk.recv_key
+    again, _ = _opened()
+    ruled, _ = _opened(("^https://a/",))
+    keys = {mk.send_key, mk.recv_key, again.session_keys().send_key, ruled.session_keys().send_key}
+    assert len(keys) == 4 and SECRET not in keys
+
+
+def test_the_decoder_switches_between_two_buffered_frames():
+    """The Welcome and the first tagged frames may arrive in one read: the tags start right after the Welcome."""
+    master = p.MasterHandshake(SECRET)
+    worker = p.WorkerHandshake(SECRET, "w1", 8)
+    master.receive_auth(worker.receive_challenge(master.receive_hello(worker.hello())))
+    wire = p.encode(master.welcome(1.0)) + master.session_keys().sealer().seal(p.encode(ASSIGN))
+    d = p.FrameDecoder()
+    d.feed(wire)
+    worker.receive_welcome(d.next_message())
+    worker.session_keys().authenticate(d)
+    assert d.next_message() == ASSIGN
+
+
+def test_session_keys_exist_only_once_open_and_seal_takes_whole_frames_only():
+    master = p.MasterHandshake(SECRET)
+    worker = p.WorkerHandshake(SECRET, "w1", 8)
+    with pytest.raises(p.LocalProtocolError):
+        master.session_keys()
+    master.receive_auth(worker.receive_challenge(master.receive_hello(worker.hello())))
+    with pytest.raises(p.LocalProtocolError):
+        worker.session_keys()           # the master has not proved the secret yet
+    with pytest.raises(p.LocalProtocolError):
+        master.session_keys()           # no Welcome sent yet
+    worker.receive_welcome(master.welcome(1.0))
+    seal = master.session_keys().sealer()
+    with pytest.raises(p.LocalProtocolError):
+        seal.seal(p.encode(ASSIGN) + p.encode(BEAT)[:-1])
+    # Nothing was tagged by the refused call: the next frame is still frame 0.
+    d = _reader(worker)
+    d.feed(seal.seal(p.encode(BEAT)))
+    assert d.messages() == [BEAT]
+    with pytest.raises(p.LocalProtocolError):
+        d.authenticate(b"k" * 32, p.TO_WORKER)
+
+
+def test_a_worker_without_frame_tags_is_refused_with_a_reason_naming_both_versions():
+    master = p.MasterHandshake(SECRET)
+    with pytest.raises(p.HandshakeFailed) as e:
+        master.receive_hello(p.Hello("w1", 10, 8, NONCE))       # 10: the last version whose frames had no tag
+    assert p.PROTOCOL_VERSION >= 11
+    assert e.value.reply == p.Refused(f"protocol version 10 not supported (this master speaks {p.PROTOCOL_VERSION})")
+
+
+def test_what_a_page_says_about_a_link_travels_with_it_within_the_limits():
+    named = LinkMeta(title="Blue Moon", artist="Ann", meta_source={"title": "heading", "artist": "class"})
+    r = p.Result(1, "http://a/song/1", p.DONE, 200, links=("http://a/stream/1",),
+                 link_meta=(("http://a/stream/1", named),))
+    assert p.Result.from_wire(r.to_wire()) == r
+    task = p.Task(2, "http://a/stream/1", 2, "http://a/song/1", link_meta=named)
+    assert p.decode_payload(p.encode(p.Assign((task,)))[4:]) == p.Assign((task,))
+    # A version-11 task and result (without it) read as before.
+    assert p.Result.from_wire(r.to_wire()[:14]).link_meta == ()
+    for bad, where in (({"title": "x" * (p.MAX_NAME + 1)}, "title"), ({"artist": 5}, "artist"),
+                       ({"meta_source": {str(i): "x" for i in range(4)}}, "meta_source")):
+        wire = r.to_wire()
+        wire[14] = [["http://a/stream/1", bad]]
+        with pytest.raises(p.ProtocolError, match=rf"link_meta\[0\]\[1\]\.{where}"):
+            p.Result.from_wire(wire)

@@ -175,3 +175,56 @@ def test_no_sequence_of_messages_without_the_secret_opens_the_master(msgs):
             assert hs.state is p.State.CLOSED
             break
         assert hs.state in (p.State.AWAIT_AUTH, p.State.CLOSED)
+
+
+def _session() -> tuple[p.FrameSealer, p.FrameDecoder]:
+    """The master's sealer and the worker's decoder of one opened connection."""
+    master, worker = p.MasterHandshake(SECRET), p.WorkerHandshake(SECRET, "w1", 8)
+    master.receive_auth(worker.receive_challenge(master.receive_hello(worker.hello())))
+    worker.receive_welcome(master.welcome(1.0))
+    d = p.FrameDecoder()
+    worker.session_keys().authenticate(d)
+    return master.session_keys().sealer(), d
+
+
+SESSION_MESSAGES = [p.Assign((p.Task(1, "http://a/", 0, None),)), p.Heartbeat(1.5), p.Assign(()),
+                    p.Shutdown("done")]
+
+
+@FUZZ
+@given(st.data())
+def test_after_the_handshake_a_changed_stream_yields_only_an_authentic_prefix(data):
+    """Whatever a relay does to the session's bytes (change, insert, cut, in any chunking), the worker reads the
+    frames as they were sent up to the first change and nothing after: then a ProtocolError, or a wait."""
+    sealer, d = _session()
+    stream = bytearray(b"".join(sealer.seal(p.encode(m)) for m in SESSION_MESSAGES))
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(0, len(stream)))
+        op = data.draw(st.sampled_from(["flip", "insert", "delete"]))
+        if op == "flip" and i < len(stream):
+            stream[i] ^= data.draw(st.integers(1, 255))
+        elif op == "insert":
+            stream[i:i] = data.draw(st.binary(min_size=1, max_size=40))
+        elif i < len(stream):
+            del stream[i:i + data.draw(st.integers(1, 40))]
+    chunk = data.draw(st.integers(1, 64))
+    got: list[p.Message] = []
+    try:
+        for i in range(0, len(stream), chunk):
+            d.feed(bytes(stream[i:i + chunk]))
+            while (m := d.next_message()) is not None:
+                got.append(m)
+    except p.ProtocolError:
+        pass
+    assert got == SESSION_MESSAGES[:len(got)]
+
+
+@settings(FUZZ, max_examples=100)
+@given(st.lists(st.one_of(st.binary(max_size=64), message_arrays.map(_frame)), max_size=4))
+def test_garbage_after_the_handshake_is_never_a_message(parts):
+    _, d = _session()
+    try:
+        d.feed(b"".join(parts))
+        assert d.next_message() is None
+    except p.ProtocolError:
+        pass

@@ -1,7 +1,8 @@
 """A peer that speaks the wire protocol by hand to a real master: for flow-control and attack tests.
 
 It sends whatever it is told, frames or raw bytes, in any order, and reads frames back with the same
-sans-IO decoder the daemons use (no limits of its own beyond the default frame size).
+sans-IO decoder the daemons use (no limits of its own beyond the default frame size). Once it has joined, its
+frames carry their tags as a worker's do (send, send_frames); send_raw still writes bytes as they are.
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ class RawPeer:
         self.decoder = p.FrameDecoder()
         self._beats: asyncio.Task | None = None
         self.welcome: p.Welcome | None = None
+        self.sealer: p.FrameSealer | None = None
 
     @classmethod
-    async def connect(cls, addr: str) -> RawPeer:
+    async def connect(cls, addr: str, source: str | None = None) -> RawPeer:
+        """`source`: the local address to connect from (another loopback address is another source to the
+        master's handshake slots)."""
         host, port = addr.rsplit(":", 1)
-        return cls(*await asyncio.open_connection(host, int(port)))
+        return cls(*await asyncio.open_connection(host, int(port),
+                                                  local_addr=None if source is None else (source, 0)))
 
     @classmethod
     async def join(cls, addr: str, node: str, capacity: int, secret: bytes,
@@ -33,10 +38,17 @@ class RawPeer:
         w.send(hs.hello())
         w.send(hs.receive_challenge(await w.recv()))
         w.welcome = hs.receive_welcome(await w.recv())
+        keys = hs.session_keys()
+        w.sealer = keys.sealer()
+        keys.authenticate(w.decoder)
         return w
 
     def send(self, *msgs: p.Message) -> None:
-        self.writer.write(b"".join(p.encode(m) for m in msgs))
+        self.send_frames(b"".join(p.encode(m) for m in msgs))
+
+    def send_frames(self, frames: bytes) -> None:
+        """Whole frames, tagged once the peer has joined: what a worker holding the secret could send."""
+        self.writer.write(frames if self.sealer is None else self.sealer.seal(frames))
 
     def send_raw(self, data: bytes) -> None:
         self.writer.write(data)
