@@ -28,7 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from crawler.resolvers.base import ResolveContext
 from crawler.resolvers.browser import BrowserResolver
 from crawler.resolvers.chromium import LOOPBACK_ONLY_ARGS, rss_bytes, tree_pids
+from crawler.targets import TargetPolicy
 from crawler.worker.fetcher import PageFetcher, build_client, build_transport
+from tests.browser import TEST_BROWSER_USER
 from tests.fakes import playersite
 
 UA = "Mozilla/5.0 (compatible; audio-crawler/0.1)"
@@ -51,9 +53,11 @@ def pss_bytes(pids: list[int]) -> int:
 async def round_(base: str, pages: int, tabs: int) -> dict[str, float]:
     transport = build_transport(max_connections=16, dns_ttl=60)
     http = build_client(transport, user_agent=UA, connect_timeout=10, read_timeout=30, max_redirects=3)
-    ctx = ResolveContext(http=http, user_agent=UA)
+    # The site is the crawl's seed, so the browser's proxy lets it through as a worker's would.
+    ctx = ResolveContext(http=http, user_agent=UA, targets=TargetPolicy.for_crawl([base + "/"], []))
     fetcher = PageFetcher(transport, http)
-    resolver = BrowserResolver({"max_pages": tabs, "args": list(LOOPBACK_ONLY_ARGS), "page_timeout": 60})
+    resolver = BrowserResolver({"max_pages": tabs, "args": list(LOOPBACK_ONLY_ARGS), "page_timeout": 60,
+                                "user": TEST_BROWSER_USER})
     peak = {"rss": 0, "pss": 0, "driver": 0}
     done = asyncio.Event()
 

@@ -34,6 +34,31 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
         echo "setup.sh: systemd-analyze is missing; install the systemd package (as root) for the unit tests" >&2
     fi
 fi
+# The browser resolver never runs Chromium as root nor without its sandbox: it starts it as the unprivileged
+# user crawler-browser (the worker's browser.user), which the tests' browsers run as too when they run as root.
+# Chromium's sandbox puts its renderers in user namespaces, which some kernels keep from unprivileged users.
+if ! getent passwd crawler-browser >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+            crawler-browser
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+            crawler-browser
+    else
+        echo "setup.sh: as root run: useradd --system --user-group --no-create-home --shell /usr/sbin/nologin" \
+             "crawler-browser (the user the browser resolver runs Chromium as)" >&2
+    fi
+fi
+for knob in kernel.unprivileged_userns_clone=1 kernel.apparmor_restrict_unprivileged_userns=0; do
+    name=${knob%=*}
+    if [ -e "/proc/sys/${name//.//}" ] && [ "$(sysctl -n "$name")" != "${knob#*=}" ]; then
+        if [ "$(id -u)" = 0 ]; then
+            sysctl -q -w "$knob"
+        else
+            echo "setup.sh: Chromium's sandbox needs user namespaces; as root run: sysctl -w $knob" >&2
+        fi
+    fi
+done
 # The master store's PostgreSQL backend is tested against a throwaway cluster the tests start themselves
 # (scripts/pgcluster.py: initdb into a temporary directory); they need the server programs, not a running service.
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then

@@ -4,7 +4,9 @@ deadlines, crashes, recycling, the tab bound, and navigation that must not leave
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
+import pwd
 import signal
 import socket
 import sys
@@ -29,10 +31,20 @@ from crawler.resolvers.browser import (
     manifest_uris,
     request_allowed,
 )
-from crawler.resolvers.chromium import LOOPBACK_ONLY_ARGS, PROFILE_PREFIX, sweep_stale_profiles, tree_pids
+from crawler.resolvers.browserproxy import BrowserProxy, HostRules, close_response_head, parse_target
+from crawler.resolvers.chromium import (
+    LOOPBACK_ONLY_ARGS,
+    PROFILE_PREFIX,
+    BrowserStartError,
+    ChromiumProcess,
+    sweep_stale_profiles,
+    tree_pids,
+)
 from crawler.resolvers.registry import followers, load_resolvers, pick
+from crawler.targets import TargetPolicy
 from crawler.web.page import FetchedPage
 from crawler.worker.fetcher import PageFetcher, build_client, build_transport
+from tests.browser import TEST_BROWSER_USER
 from tests.fakes import playersite
 
 pytestmark = pytest.mark.timeout(180)
@@ -145,10 +157,12 @@ async def site():
 
 
 @pytest.fixture
-async def ctx():
+async def ctx(site):
+    # The crawl's addresses as a worker learns them from its master: the site's (a seed on 127.0.0.1).
+    targets = TargetPolicy.for_crawl([site.base + "/"], [])
     transport = build_transport(max_connections=8, dns_ttl=60)
     http = build_client(transport, user_agent=UA, connect_timeout=5, read_timeout=10, max_redirects=3)
-    yield ResolveContext(http=http, user_agent=UA), PageFetcher(transport, http)
+    yield ResolveContext(http=http, user_agent=UA, targets=targets), PageFetcher(transport, http)
     await http.aclose()
 
 
@@ -163,7 +177,7 @@ async def make():
     made: list[BrowserResolver] = []
 
     def build(**settings) -> BrowserResolver:
-        r = BrowserResolver({"args": list(TEST_ARGS), **settings})
+        r = BrowserResolver({"args": list(TEST_ARGS), "user": TEST_BROWSER_USER, **settings})
         made.append(r)
         return r
 
@@ -258,11 +272,11 @@ _CHILD = r"""
 import asyncio, sys
 import uvloop
 from playwright.async_api import async_playwright
-from crawler.resolvers.chromium import ChromiumProcess, find_executable
+from crawler.resolvers.chromium import BrowserUser, ChromiumProcess, find_executable
 
 async def main():
     pw = await async_playwright().start()
-    browser = await ChromiumProcess.start(pw, find_executable(None), sys.argv[1:])
+    browser = await ChromiumProcess.start(pw, find_executable(None), sys.argv[2:], user=BrowserUser.lookup(sys.argv[1]))
     print(browser.pid, browser.profile, flush=True)
     await asyncio.Event().wait()
 
@@ -271,7 +285,7 @@ uvloop.run(main())
 
 
 async def test_no_browser_outlives_a_killed_worker(tmp_path):
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _CHILD, *TEST_ARGS, cwd=REPO,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _CHILD, TEST_BROWSER_USER, *TEST_ARGS, cwd=REPO,
                                                 stdout=asyncio.subprocess.PIPE,
                                                 env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
@@ -289,11 +303,11 @@ async def test_no_browser_outlives_a_killed_worker(tmp_path):
     # Its profile directory is left behind; the next worker's first browser sweeps it away.
     assert profile.is_dir()
     live = tmp_path / f"{PROFILE_PREFIX}live"
-    live.mkdir()
-    (live / "SingletonLock").symlink_to(f"{socket.gethostname()}-{os.getpid()}")
+    (live / "profile").mkdir(parents=True)
+    (live / "profile" / "SingletonLock").symlink_to(f"{socket.gethostname()}-{os.getpid()}")
     stale = tmp_path / f"{PROFILE_PREFIX}stale"
-    stale.mkdir()
-    (stale / "SingletonLock").symlink_to(f"{socket.gethostname()}-{browser_pid}")
+    (stale / "profile").mkdir(parents=True)
+    (stale / "profile" / "SingletonLock").symlink_to(f"{socket.gethostname()}-{browser_pid}")
     assert sweep_stale_profiles(tmp_path) == 1 and live.is_dir() and not stale.exists()
     assert sweep_stale_profiles(profile.parent) >= 1 and not profile.exists()
 
@@ -320,3 +334,170 @@ async def test_quiet_after_an_action_waits_a_whole_window_from_the_action():
     began = loop.time()
     await asyncio.wait_for(traffic.quiet(0.05), 5)
     assert loop.time() - began >= 0.045
+
+
+# -- confinement: the browser's user and sandbox, its connections, its memory -------------------------------
+
+
+def _status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as fh:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in fh if ":\t" in line)
+
+
+def _cmdline(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return fh.read().decode(errors="replace").split("\0")
+
+
+async def test_the_browser_runs_sandboxed_as_an_unprivileged_user(site, ctx, make):
+    r = make(page_timeout=3)
+    task = asyncio.create_task(visit(r, ctx, site.base + "/hang"))     # a page open while we look
+    while "/static/hang.js" not in site.paths():
+        await asyncio.sleep(0.05)
+    browser = r._browser
+    assert browser is not None
+    uid = pwd.getpwnam(TEST_BROWSER_USER).pw_uid
+    assert uid != 0
+    pids = tree_pids(browser.pid)
+    renderers = [p for p in pids if "--type=renderer" in " ".join(_cmdline(p))]
+    assert renderers, [_cmdline(p)[:2] for p in pids]
+    for pid in pids:
+        status = _status(pid)
+        assert set(map(int, status["Uid"].split())) == {uid}, (pid, status["Uid"])
+        if os.readlink(f"/proc/{pid}/ns/user") == os.readlink("/proc/self/ns/user"):
+            # No capability in the worker's user namespace (the sandbox's own namespaces have theirs, for it).
+            assert {int(status[c], 16) for c in ("CapPrm", "CapEff", "CapAmb")} == {0}, (pid, status)
+        assert not {"--no-sandbox", "--disable-setuid-sandbox"} & set(" ".join(_cmdline(pid)).split()), pid
+    for pid in renderers:
+        # Chromium's own sandbox on top: a seccomp-BPF filter and namespaces of their own (user, pid, network).
+        assert _status(pid)["Seccomp"] == "2", pid
+        for ns in ("user", "pid", "net"):
+            assert os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/{browser.pid}/ns/{ns}"), ns
+    await task
+    # Its profile is the browser user's alone; the worker's environment does not reach it.
+    profile = browser.profile / "profile"
+    assert profile.stat().st_uid == uid and profile.stat().st_mode & 0o077 == 0
+    with open(f"/proc/{browser.pid}/environ", "rb") as fh:
+        environ = dict(v.split(b"=", 1) for v in fh.read().split(b"\0") if b"=" in v)
+    assert environ[b"HOME"] == str(profile).encode() and b"PYTEST_CURRENT_TEST" not in environ
+
+
+def test_the_browser_never_runs_as_root_nor_without_its_sandbox():
+    with pytest.raises(ResolverConfigError, match=r"browser\.user: .*never runs as root"):
+        BrowserResolver({"user": "root"})
+    with pytest.raises(ResolverConfigError, match=r"browser\.user: no user 'no-such-browser-user'"):
+        BrowserResolver({"user": "no-such-browser-user"})
+    for switch in ("--no-sandbox", "--proxy-server=http://127.0.0.1:1", "--js-flags=--max-old-space-size=9999"):
+        with pytest.raises(ResolverConfigError, match=r"browser\.args\[0\]"):
+            BrowserResolver({"args": [switch]})
+
+
+async def test_a_root_worker_does_not_start_the_browser_as_itself():
+    if os.geteuid() != 0:
+        pytest.skip("only a worker running as root can be refused for it")   # the check is for root alone
+    with pytest.raises(BrowserStartError, match="will not run as root"):
+        await ChromiumProcess.start(None, "/bin/true", [], user=None)
+
+
+@pytest.fixture
+async def internal():
+    async with playersite.serve_internal() as served:
+        yield served
+
+
+REACH_ARGS = playersite.REACH_ARGS
+
+
+async def test_a_page_reaches_no_refused_address_by_name_or_websocket(site, ctx, make, internal):
+    """The page is on a crawl address (127.0.0.1:its port, a seed); its script opens a WebSocket and POSTs to
+    internal.test, a name that resolves to loopback, and to 127.0.0.1 on another port: none of it may leave."""
+    port, hits = internal
+    r = make(args=REACH_ARGS, settle=1.0)
+    await visit(r, ctx, f"{site.base}/reach?port={port}")
+    assert "/static/reached" in site.paths()          # the script ran to its end: every attempt was made
+    assert hits == []
+    assert r._proxy is not None and r._proxy.stats["refused"] >= 4
+
+    # The same page in a crawl that names loopback (crawl.allowed_networks): the same requests go through, so
+    # the refusal above is the target policy's, applied to names and WebSockets alike.
+    context, fetcher = ctx
+    context.targets.allow([], [ipaddress.ip_network("127.0.0.0/8")])
+    await visit(r, ctx, f"{site.base}/reach?port={port}")
+    assert f"GET internal.test:{port} /ws" in hits and f"POST internal.test:{port} /secret" in hits, hits
+    assert "ws:hello" in hits and f"POST 127.0.0.1:{port} /secret" in hits, hits
+
+
+@pytest.mark.parametrize("hog", ["/hog/buffers", "/hog/heap"])
+async def test_a_page_over_the_memory_bound_is_ended_and_the_browser_replaced(site, ctx, make, hog):
+    r = make(max_memory_bytes=512 << 20, page_timeout=40)
+    await visit(r, ctx, site.base + "/song/1")
+    first = r._browser
+    assert first is not None
+    started = time.monotonic()
+    await visit(r, ctx, site.base + hog)
+    assert time.monotonic() - started < 30           # ended by the bound, not by the page's deadline
+    assert r.stats["memory_kills"] + r.stats["crashes"] >= 1 and r.stats["timeouts"] == 0, r.stats
+    got = await visit(r, ctx, site.base + "/song/1")
+    assert [i.url for i in got.items] == [site.base + "/m/a7f3.mp3"]
+    assert r._browser is not None and r._browser.pid != first.pid and tree_pids(first.pid) == []
+
+
+# -- the browser's proxy, without a browser ------------------------------------------------------------------
+
+
+def test_host_rules_read_like_chromiums():
+    rules = HostRules.from_args(["--other", REACH_ARGS[0]])
+    assert rules.lookup("internal.test") == "127.0.0.1"
+    assert rules.lookup("INTERNAL.test") == "127.0.0.1"
+    assert rules.lookup("example.org") is None                  # MAP * ~NOTFOUND
+    assert rules.lookup("127.0.0.1") == "127.0.0.1"             # EXCLUDE
+    assert HostRules.from_args([]).lookup("example.org") == "example.org"
+    with pytest.raises(ValueError, match="host rule"):
+        HostRules.from_args(["--host-resolver-rules=REWRITE a b c d"])
+
+
+def test_proxy_requests_are_read_as_a_tunnel_or_rewritten_to_origin_form():
+    assert parse_target(b"CONNECT Internal.Test:443 HTTP/1.1\r\nHost: x\r\n\r\n") == (
+        "CONNECT", "internal.test", 443, None)
+    assert parse_target(b"CONNECT [::1]:8080 HTTP/1.1\r\n\r\n")[1:3] == ("::1", 8080)
+    method, host, port, head = parse_target(
+        b"POST http://a.example:81/x?y=1 HTTP/1.1\r\nHost: a.example:81\r\nProxy-Connection: keep-alive\r\n"
+        b"Connection: keep-alive\r\nContent-Length: 1\r\n\r\n")
+    assert (method, host, port) == ("POST", "a.example", 81)
+    assert head == (b"POST /x?y=1 HTTP/1.1\r\nHost: a.example:81\r\nContent-Length: 1\r\nConnection: close\r\n\r\n")
+    for bad in (b"GET /relative HTTP/1.1\r\n\r\n", b"GET ftp://a/ HTTP/1.1\r\n\r\n", b"CONNECT a:0 HTTP/1.1\r\n\r\n",
+                b"CONNECT a HTTP/1.1\r\n\r\n", b"GET http://a/ SPDY\r\n\r\n"):
+        with pytest.raises(ValueError):
+            parse_target(bad)
+    assert close_response_head(b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: 5\r\nX: 1\r\n\r\n") == (
+        b"HTTP/1.1 200 OK\r\nX: 1\r\nConnection: close\r\n\r\n")
+
+
+async def _ask(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    try:
+        return await asyncio.wait_for(reader.read(65536), 10)
+    finally:
+        writer.close()
+
+
+async def test_the_proxy_connects_only_where_the_policy_allows(internal):
+    port, hits = internal
+    policy = TargetPolicy()                      # the public internet only
+    proxy = BrowserProxy(lambda: policy, HostRules.from_args(REACH_ARGS))
+    await proxy.start()
+    try:
+        for request in (f"CONNECT internal.test:{port} HTTP/1.1\r\n\r\n",
+                        f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n",
+                        f"GET http://internal.test:{port}/x HTTP/1.1\r\nHost: internal.test\r\n\r\n",
+                        f"GET http://elsewhere.example:{port}/x HTTP/1.1\r\n\r\n"):      # resolves to nothing
+            assert (await _ask(proxy.port, request.encode())).startswith(b"HTTP/1.1 403 "), request
+        assert hits == [] and proxy.stats["refused"] == 4
+        assert (await _ask(proxy.port, b"GET x" + b"x" * 20000)).startswith(b"HTTP/1.1 400 ")   # head too long
+        policy.allow([], [ipaddress.ip_network("127.0.0.0/8")])
+        answer = await _ask(proxy.port, f"GET http://internal.test:{port}/x HTTP/1.1\r\nHost: a\r\n\r\n".encode())
+        assert answer.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in answer and answer.endswith(b"internal")
+        assert hits == ["GET a /x"]
+    finally:
+        await proxy.aclose()

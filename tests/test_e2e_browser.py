@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from scripts import cluster
-from tests.browser import TEST_BROWSER_ARGS
+from tests.browser import TEST_BROWSER_ARGS, TEST_BROWSER_USER
 from tests.fakes import playersite
 
 pytestmark = pytest.mark.timeout(240)
@@ -32,7 +32,8 @@ async def test_scripted_signed_and_hls_audio_are_catalogued_and_downloaded(tmp_p
         config = cluster.master_config(tmp_path, [base + "/"], ["b1"], crawl={"max_depth": 2})
         wcfg = tmp_path / "worker.yaml"
         wcfg.write_text(yaml.safe_dump({"concurrency": 4, "user_agent": "SiteTestBrowser/1.0", "resolvers": {
-            "browser": {"max_pages": 2, "page_timeout": 60, "args": TEST_BROWSER_ARGS}, "generic": {}}}))
+            "browser": {"max_pages": 2, "page_timeout": 60, "args": TEST_BROWSER_ARGS, "user": TEST_BROWSER_USER},
+            "generic": {}}}))
         master = await cluster.start_master(config, tmp_path)
         worker = await cluster.start_worker(cluster.master_addr(config), "b1", tmp_path, config=wcfg)
         assert await master.wait(180) == 0, master.log()[-3000:] + worker.log()[-3000:]
@@ -76,7 +77,8 @@ async def test_a_browser_that_cannot_run_gives_pages_back_to_be_retried(tmp_path
         config = cluster.master_config(tmp_path, [base + "/"], ["b1"], crawl={"max_depth": 2, "max_attempts": 2})
         wcfg = tmp_path / "worker.yaml"
         wcfg.write_text(yaml.safe_dump({"concurrency": 4, "resolvers": {
-            "browser": {"executable": "/bin/false", "start_timeout": 10, "args": TEST_BROWSER_ARGS}}}))
+            "browser": {"executable": "/bin/false", "start_timeout": 10, "args": TEST_BROWSER_ARGS,
+                        "user": TEST_BROWSER_USER}}}))
         master = await cluster.start_master(config, tmp_path)
         worker = await cluster.start_worker(cluster.master_addr(config), "b1", tmp_path, config=wcfg)
         assert await master.wait(180) == 0, master.log()[-3000:] + worker.log()[-3000:]
@@ -93,3 +95,23 @@ async def test_a_browser_that_cannot_run_gives_pages_back_to_be_retried(tmp_path
     finally:
         store.close()
     assert cluster.catalogue(tmp_path) == []
+
+
+async def test_the_workers_browser_is_confined_to_the_crawls_addresses(tmp_path):
+    """A crawled page's script opens a WebSocket and POSTs to internal.test (a name that resolves to loopback)
+    and to another port of 127.0.0.1: the worker's browser, sandboxed as its own user, reaches neither; the
+    page's own address (the seed's) it reaches."""
+    site = playersite.PlayerSite()
+    async with playersite.serve(site) as base, playersite.serve_internal() as (port, hits):
+        config = cluster.master_config(tmp_path, [f"{base}/reach?port={port}"], ["b1"], crawl={"max_depth": 1})
+        wcfg = tmp_path / "worker.yaml"
+        wcfg.write_text(yaml.safe_dump({"concurrency": 2, "resolvers": {"browser": {
+            "page_timeout": 30, "settle": 1.0, "args": playersite.REACH_ARGS, "user": TEST_BROWSER_USER}}}))
+        master = await cluster.start_master(config, tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "b1", tmp_path, config=wcfg)
+        assert await master.wait(120) == 0, master.log()[-3000:] + worker.log()[-3000:]
+        assert await worker.wait(30) == 0, worker.log()[-3000:]
+    assert "/static/reached" in site.paths(), worker.log()[-3000:]     # the script ran to its end
+    assert hits == []
+    log = worker.log()
+    assert f"user {TEST_BROWSER_USER})" in log and f"refused CONNECT internal.test:{port}" in log, log[-3000:]

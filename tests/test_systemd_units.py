@@ -15,7 +15,11 @@ from scripts import cluster
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "scripts" / "systemd"
 INSTALLED_BIN = "/opt/audio-crawler/.venv/bin/"
-MAX_EXPOSURE = 2.0
+# The worker's is higher by what the browser resolver's confinement costs in systemd's scoring: it switches to
+# the browser's own user (CAP_SETUID CAP_SETGID, other users mapped and visible in /proc), and Chromium's sandbox
+# makes user, pid and network namespaces and chroots (0.5 in all). Without them the browser would run as the
+# worker, or without its sandbox.
+MAX_EXPOSURE = {"crawler-master.service": 2.0, "crawler-worker.service": 2.5}
 
 
 def analyze(*args: str) -> subprocess.CompletedProcess:
@@ -41,7 +45,17 @@ def test_unit_verifies_and_its_exposure_is_at_most_2(unit, tmp_path):
     r = analyze("security", "--offline=yes", str(path))
     m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", r.stdout)
     assert m, r.stdout + r.stderr
-    assert float(m.group(1)) <= MAX_EXPOSURE, r.stdout
+    assert float(m.group(1)) <= MAX_EXPOSURE[unit], r.stdout
+
+
+def test_the_worker_unit_lets_the_browser_run_as_its_own_user_in_its_sandbox():
+    settings = [line for line in (UNITS / "crawler-worker.service").read_text().splitlines()
+                if line and not line.startswith("#")]
+    assert "CapabilityBoundingSet=CAP_SETUID CAP_SETGID" in settings          # to switch to crawler-browser
+    assert "AmbientCapabilities=CAP_SETUID CAP_SETGID" in settings
+    assert "RestrictNamespaces=user pid net" in settings                       # Chromium's sandbox, no more
+    assert "SystemCallFilter=@setuid chroot capset" in settings
+    assert not any(s.startswith("PrivateUsers=yes") or s == "ProtectProc=invisible" for s in settings)
 
 
 @pytest.mark.parametrize("unit", ["crawler-master.service", "crawler-worker.service"])

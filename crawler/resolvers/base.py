@@ -17,7 +17,8 @@ from typing import Any, ClassVar, TypeVar
 
 import httpx
 
-from crawler.items import AudioItem
+from crawler.items import AudioItem, LinkMeta
+from crawler.targets import TargetPolicy
 from crawler.web.page import FetchedPage
 
 
@@ -40,6 +41,9 @@ class ResolveContext:
     # A page fetch within the worker's limits (size, time, concurrency), for a page other than the one being
     # resolved: the page that linked an extensionless audio URL, say. None: no such fetches.
     fetch_page: Callable[[str], Awaitable[FetchedPage | None]] | None = None
+    # The addresses the worker's client may reach (its crawl's, learned from the master): the browser's
+    # connections obey the same. None: the public internet only.
+    targets: TargetPolicy | None = None
 
 
 @dataclass
@@ -47,6 +51,9 @@ class Resolution:
     items: list[AudioItem] = field(default_factory=list)
     links: list[str] = field(default_factory=list)   # extra absolute links to crawl (playlists, ...)
     lastmod: dict[str, float] = field(default_factory=dict)   # link -> when its page last changed (sitemaps)
+    # link -> what this page says about it, for links that may lead to audio without saying so (a playlist, a
+    # stream named like a page): the names go with the link, so its audio needs no second look at this page.
+    link_meta: dict[str, LinkMeta] = field(default_factory=dict)
 
 
 class Resolver:

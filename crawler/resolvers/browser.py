@@ -23,7 +23,16 @@ variant playlists named by a recorded manifest are not items: the manifest is.
 
 Scope: the page's frames may only load documents from the page's own host, so a script cannot take the browser
 anywhere the crawl did not send it; a page on a public address may not make the browser request a literal
-private or loopback address. Bounds: ``max_pages`` tabs at once per worker (waiting at most
+private or loopback address. Every connection the browser opens (WebSockets included) goes through the worker's
+proxy (browserproxy.py), which resolves names itself and applies the worker's target policy after resolution.
+
+Confinement: the browser runs with its sandbox as ``user`` (never root), and its memory is bounded: each
+page's V8 heap at a quarter of ``max_memory_bytes``, the whole process tree's private memory at
+``max_memory_bytes`` (watched every ``MEMORY_POLL`` seconds; the biggest renderer is killed, or the whole browser
+when a renderer is not the culprit). A page whose renderer crashed (memory, or anything else) ends with what was
+recorded, and the browser is replaced once its other pages finish.
+
+Bounds: ``max_pages`` tabs at once per worker (waiting at most
 ``wait_timeout``), ``page_timeout`` per page, ``max_items`` and ``max_probes`` per page, the rendered document
 read up to ``max_dom_bytes``; the browser is started again after ``restart_after`` pages, and at once when it
 crashed or stopped answering. A page cut short by its deadline reports what was recorded by then; a browser
@@ -55,12 +64,18 @@ from crawler.resolvers.base import (
     ResolverUnavailable,
     parse_section,
 )
+from crawler.resolvers.browserproxy import BrowserProxy, HostRules
 from crawler.resolvers.chromium import (
+    DEFAULT_USER,
+    FORBIDDEN_ARGS,
     BrowserStartError,
+    BrowserUser,
     ChromiumProcess,
     find_executable,
+    is_renderer,
     sweep_stale_profiles,
 )
+from crawler.targets import TargetPolicy
 from crawler.web import media
 from crawler.web.html import css
 from crawler.web.links import extract_links
@@ -84,6 +99,8 @@ DEFAULT_PLAYER_SIGNS = (
     "audioplayer", "audio-player", "player.js", "player.min.js", "play-btn", "playbtn", "btn-play", "play-button",
     'aria-label="play', "howler", "wavesurfer", "soundmanager", "plyr",
 )
+MiB = 1024 * 1024
+MEMORY_POLL = 0.25      # seconds between looks at the browser's memory while a page is open
 
 # Runs in the page: plays media elements and clicks the controls that say "play". Returns how many it pressed.
 _PRESS_PLAY = r"""
@@ -137,6 +154,8 @@ class BrowserConfig:
     user_agent: str | None = None             # default: the worker's
     args: tuple[str, ...] = ()                # extra Chromium switches (tests: --host-resolver-rules=...)
     start_timeout: float = 30.0
+    user: str = DEFAULT_USER                  # the unprivileged account the browser runs as
+    max_memory_bytes: int = 1024 * MiB        # the browser's process tree; a page's V8 heap gets a quarter
 
     def __post_init__(self) -> None:
         for name in ("max_pages", "max_clicks", "max_items", "max_dom_bytes", "restart_after"):
@@ -147,12 +166,15 @@ class BrowserConfig:
                 raise ResolverConfigError(f"browser.{name}: must be positive")
         if self.max_probes < 0:
             raise ResolverConfigError("browser.max_probes: must not be negative")
+        if self.max_memory_bytes < 256 * MiB:
+            raise ResolverConfigError("browser.max_memory_bytes: must be at least 256 MiB (268435456)")
+        if not self.user.strip():
+            raise ResolverConfigError("browser.user: must name an unprivileged user")
         for i, sign in enumerate(self.player_signs):
             if not sign.strip():
                 raise ResolverConfigError(f"browser.player_signs[{i}]: must not be empty")
         for i, arg in enumerate(self.args):
-            if not arg.startswith("--") or arg.split("=", 1)[0] in ("--user-data-dir", "--remote-debugging-port",
-                                                                    "--remote-debugging-pipe"):
+            if not arg.startswith("--") or arg.split("=", 1)[0] in FORBIDDEN_ARGS:
                 raise ResolverConfigError(f"browser.args[{i}]: {arg!r} is not a switch the worker lets through")
 
 
@@ -325,6 +347,17 @@ class BrowserResolver(Resolver):
             self.executable = find_executable(self.settings.executable)
         except BrowserStartError as exc:
             raise ResolverConfigError(f"browser.executable: {exc}") from None
+        try:    # a missing or privileged user too: the browser never runs as root
+            self.user = BrowserUser.lookup(self.settings.user)
+        except BrowserStartError as exc:
+            raise ResolverConfigError(f"browser.user: {exc}") from None
+        try:
+            self._rules = HostRules.from_args(self.settings.args)
+        except ValueError as exc:
+            raise ResolverConfigError(f"browser.args: {exc}") from None
+        self._targets = TargetPolicy()             # the worker's, from the first page's context
+        self._proxy: BrowserProxy | None = None
+        self._watches: dict[int, asyncio.Task[None]] = {}   # browser pid -> its memory watch
         self._signs = tuple(sign.lower().encode() for sign in self.settings.player_signs)
         self._tabs: asyncio.Semaphore | None = None
         self._playwright: Any = None
@@ -333,7 +366,8 @@ class BrowserResolver(Resolver):
         self._retired: list[ChromiumProcess] = []   # recycled, closing once their open pages finish
         self._launched = 0
         self._open: dict[int, int] = {}            # browser pid -> pages open in it
-        self.stats = {"pages": 0, "restarts": 0, "timeouts": 0, "items": 0, "tabs": 0, "peak_tabs": 0}
+        self.stats = {"pages": 0, "restarts": 0, "timeouts": 0, "items": 0, "tabs": 0, "peak_tabs": 0,
+                      "crashes": 0, "memory_kills": 0}
 
     # -- the worker's questions -------------------------------------------------------------------
     def claims(self, url: str) -> bool:
@@ -351,6 +385,8 @@ class BrowserResolver(Resolver):
 
     async def resolve(self, url: str, page: FetchedPage | None, ctx: ResolveContext) -> Resolution:
         page_url = page.final_url if page is not None else url
+        if ctx.targets is not None:
+            self._targets = ctx.targets
         if self._tabs is None:
             self._tabs = asyncio.Semaphore(self.settings.max_pages)
             self._starting = asyncio.Lock()
@@ -377,11 +413,14 @@ class BrowserResolver(Resolver):
         if self.stats["pages"]:
             log.info("browser resolver: %s", ", ".join(f"{k} {v}" for k, v in self.stats.items() if k != "tabs"))
         for browser in self._retired:
-            await browser.close()
+            await self._close(browser)
         self._retired.clear()
         if self._browser is not None:
-            await self._browser.close()
+            await self._close(self._browser)
             self._browser = None
+        if self._proxy is not None:
+            await self._proxy.aclose()
+            self._proxy = None
         if self._playwright is not None:
             with contextlib.suppress(Exception):
                 await self._playwright.stop()
@@ -392,7 +431,8 @@ class BrowserResolver(Resolver):
         assert self._starting is not None
         async with self._starting:
             current = self._browser
-            if current is not None and current.alive() and current.pages < self.settings.restart_after:
+            if (current is not None and current.alive() and not current.worn
+                    and current.pages < self.settings.restart_after):
                 current.pages += 1
                 self._open[current.pid] = self._open.get(current.pid, 0) + 1
                 return current
@@ -403,16 +443,21 @@ class BrowserResolver(Resolver):
                 else:
                     await self._discard(current)
             if self._launched == 0:
-                swept = await asyncio.to_thread(sweep_stale_profiles)
+                swept = await asyncio.to_thread(sweep_stale_profiles, user=self.user)
                 if swept:
                     log.info("browser: removed %d profile directories of browsers that died with a worker", swept)
             if self._playwright is None:
                 from playwright.async_api import async_playwright  # only workers that enable the browser
 
                 self._playwright = await async_playwright().start()
+            if self._proxy is None:
+                proxy = BrowserProxy(lambda: self._targets, self._rules)
+                await proxy.start()
+                self._proxy = proxy
             try:
-                fresh = await ChromiumProcess.start(self._playwright, self.executable, self.settings.args,
-                                                    timeout=self.settings.start_timeout)
+                fresh = await ChromiumProcess.start(
+                    self._playwright, self.executable, self.settings.args, user=self.user,
+                    proxy_port=self._proxy.port, js_heap_mib=self.settings.max_memory_bytes // 4 // MiB, timeout=self.settings.start_timeout)
             except BrowserStartError as exc:
                 # The driver may be what broke: the next attempt starts it afresh too.
                 with contextlib.suppress(Exception):
@@ -424,13 +469,46 @@ class BrowserResolver(Resolver):
             self._browser = fresh
             fresh.pages = 1
             self._open[fresh.pid] = 1
+            self._watches[fresh.pid] = asyncio.create_task(self._watch(fresh))
             return fresh
+
+    async def _close(self, browser: ChromiumProcess, timeout: float = 5.0) -> None:
+        watch = self._watches.pop(browser.pid, None)
+        if watch is not None:
+            watch.cancel()
+        await browser.close(timeout)
+
+    async def _watch(self, browser: ChromiumProcess) -> None:
+        """The browser's memory bound: while a page is open, its tree's private memory is looked at every
+        MEMORY_POLL seconds; past ``max_memory_bytes`` the biggest renderer is killed (its page crashes and
+        ends; the browser is replaced), or the whole browser when the biggest process is not a renderer."""
+        limit = self.settings.max_memory_bytes
+        while not browser.closed:
+            await asyncio.sleep(MEMORY_POLL)
+            if not self._open.get(browser.pid):
+                continue
+            used = await asyncio.to_thread(browser.memory)
+            total = sum(used.values())
+            if total <= limit:
+                continue
+            self.stats["memory_kills"] += 1
+            browser.worn = True
+            pid = max(used, key=lambda p: used[p])
+            if pid != browser.pid and await asyncio.to_thread(is_renderer, pid):
+                log.warning("browser: %d MiB in use, over browser.max_memory_bytes (%d MiB): a renderer killed",
+                            total // MiB, limit // MiB)
+                await asyncio.to_thread(browser.kill_process, pid)
+            else:
+                log.warning("browser: %d MiB in use, over browser.max_memory_bytes (%d MiB): the browser killed",
+                            total // MiB, limit // MiB)
+                await asyncio.to_thread(browser.kill_process, browser.pid)
+                return
 
     async def _retire(self, browser: ChromiumProcess) -> None:
         # Recycled: pages still open in it finish first; the last one closes it (_done).
         if self._open.get(browser.pid, 0) == 0:
             self._open.pop(browser.pid, None)
-            await browser.close()
+            await self._close(browser)
         else:
             self._retired.append(browser)
 
@@ -440,14 +518,14 @@ class BrowserResolver(Resolver):
         if left <= 0 and browser is not self._browser:
             self._open.pop(browser.pid, None)
             self._retired = [b for b in self._retired if b is not browser]
-            await browser.close()
+            await self._close(browser)
 
     async def _discard(self, browser: ChromiumProcess) -> None:
         if self._browser is browser:
             self._browser = None
         self._open.pop(browser.pid, None)
         self._retired = [b for b in self._retired if b is not browser]
-        await browser.close(timeout=2.0)
+        await self._close(browser, timeout=2.0)
 
     # -- one page ---------------------------------------------------------------------------------
     async def _visit(self, browser: ChromiumProcess, url: str, page_url: str, ctx: ResolveContext,
@@ -471,6 +549,15 @@ class BrowserResolver(Resolver):
         broken: str | None = None
         try:
             tab = await context.new_page()
+            deadline = asyncio.timeout(s.page_timeout)
+            crashed = asyncio.Event()
+
+            def on_crash(_tab: Any) -> None:
+                # Nothing awaited in the tab answers any more (a quiet wait would last until the deadline).
+                crashed.set()
+                deadline.reschedule(asyncio.get_running_loop().time())
+
+            tab.on("crash", on_crash)
             traffic = Traffic()
             tab.on("request", traffic.started)
             tab.on("requestfinished", traffic.ended)
@@ -487,7 +574,7 @@ class BrowserResolver(Resolver):
             await context.route("**/*", route)
             tab.on("response", on_response)
             try:
-                async with asyncio.timeout(s.page_timeout):
+                async with deadline:
                     await tab.goto(urldefrag(page_url).url, wait_until="load")
                     await traffic.quiet(s.settle)
                     if await tab.evaluate(_PRESS_PLAY, s.max_clicks):
@@ -501,11 +588,17 @@ class BrowserResolver(Resolver):
                     html = await tab.content()
                     for f in [*rec.results()[: s.max_items], *rec.probes()]:
                         cookies[f.url] = [(c["name"], c["value"]) for c in await context.cookies(f.url)]
-            except TimeoutError:
-                self.stats["timeouts"] += 1
-                log.info("browser: %s hit its %.0f s deadline; keeping what it recorded", url, s.page_timeout)
-            except PlaywrightError as exc:
-                if not browser.alive():
+            except (TimeoutError, PlaywrightError) as exc:
+                if crashed.is_set() and browser.alive():
+                    # Its renderer died (over the memory bound, or a crash the page caused): the page ends here
+                    # with what it recorded, and a browser that lost a renderer is not trusted with more pages.
+                    self.stats["crashes"] += 1
+                    browser.worn = True
+                    log.info("browser: %s: its renderer crashed; the browser is replaced", url)
+                elif isinstance(exc, TimeoutError):
+                    self.stats["timeouts"] += 1
+                    log.info("browser: %s hit its %.0f s deadline; keeping what it recorded", url, s.page_timeout)
+                elif not browser.alive():
                     broken = f"{exc}"[:300]
                 else:
                     log.info("browser: %s: %s", url, str(exc).splitlines()[0][:200])

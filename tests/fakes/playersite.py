@@ -11,6 +11,11 @@
     /more             linked only from the page song1.js builds (the crawl must find it through the browser)
     /hang             a script that never yields (the per-page deadline)
     /escape           a script that navigates to another host (must not be followed)
+    /reach?port=N     a script that opens a WebSocket to, then POSTs to, ``internal.test:N`` and ``127.0.0.1:N``
+                      (an internal host by name and by address), then fetches /static/reached: the browser's
+                      connections must obey the worker's target policy
+    /hog/buffers      a script that fills ArrayBuffers without end (memory outside the JS heap)
+    /hog/heap         a script that grows a JS array without end (the V8 heap)
 
 Decoys on the song pages (images, a font, a video, JSON) must not become items or be fetched by the browser.
 Every request is logged (path, host, User-Agent), so tests can tell what the browser fetched.
@@ -31,6 +36,8 @@ from aiohttp import web
 from tests.fakes.hls import Stream, make_stream
 
 PAGE_SECRET = "page-secret-42"
+# A test browser's switch for /reach: internal.test resolves to loopback, any other name to nothing.
+REACH_ARGS = ["--host-resolver-rules=MAP internal.test 127.0.0.1, MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
 HLS_KEY = bytes.fromhex("a0a1a2a3a4a5a6a7a8a9aaabacadaeaf")
 
 
@@ -103,6 +110,9 @@ PAGES = {
                '<script src="/static/about.js"></script></body></html>'),
     "/hang": _page("Hanging", "Nobody", '<audio id="h"></audio>', "hang.js"),
     "/escape": _page("Escape", "Nobody", '<audio id="e"></audio>', "escape.js"),
+    "/reach": _page("Reach", "Nobody", '<audio id="r"></audio>', "reach.js"),
+    "/hog/buffers": _page("Hog", "Nobody", '<audio id="hb"></audio>', "hog-buffers.js"),
+    "/hog/heap": _page("Hog", "Nobody", '<audio id="hh"></audio>', "hog-heap.js"),
 }
 
 SCRIPTS = {
@@ -134,6 +144,27 @@ document.getElementById('go').addEventListener('click', async () => {
     "about.js": "fetch('/static/about-ran');",
     "hang.js": "document.getElementById('h').src = '/m/hang.mp3'; setTimeout(() => { for (;;) {} }, 0);",
     "escape.js": "location.href = location.href.replace('127.0.0.1', '127.0.0.2');",
+    "reach.js": """
+const port = new URLSearchParams(location.search).get('port');
+const socket = (host) => new Promise((done) => {
+  try { const ws = new WebSocket('ws://' + host + ':' + port + '/ws');
+        ws.onopen = () => { ws.send('hello'); setTimeout(done, 100); }; ws.onerror = done; } catch (e) { done(); }
+});
+(async () => {
+  for (const host of ['internal.test', '127.0.0.1']) {
+    await socket(host);
+    await fetch('http://' + host + ':' + port + '/secret', {method: 'POST', body: 'x', mode: 'no-cors'})
+      .catch(() => {});
+  }
+  await fetch('/static/reached');
+})();""",
+    # Bounded (3 GiB) only so that a browser without a memory bound does not take the test machine with it.
+    "hog-buffers.js": """
+const kept = []; const grow = () => { if (kept.length >= 96) return;
+  const b = new Uint8Array(32 << 20); b.fill(7); kept.push(b); setTimeout(grow, 10); }; grow();""",
+    "hog-heap.js": """
+const kept = []; const grow = () => { for (let i = 0; i < 40 && kept.length < 3000; i++)
+  kept.push(new Array(131072).fill(kept.length + 0.5)); if (kept.length < 3000) setTimeout(grow, 0); }; grow();""",
 }
 
 
@@ -163,7 +194,7 @@ def make_app(site: PlayerSite) -> web.Application:
                                 content_type="text/css")
         if name == "site.woff2":
             return web.Response(body=b"wOF2" + bytes(100), content_type="font/woff2")
-        if name == "about-ran":
+        if name in ("about-ran", "reached"):
             return web.Response(text="ok")
         raise web.HTTPNotFound()
 
@@ -233,5 +264,38 @@ async def serve(site: PlayerSite) -> AsyncIterator[str]:
     await web.TCPSite(runner, "127.0.0.2", port).start()
     try:
         yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
+async def serve_internal() -> AsyncIterator[tuple[int, list[str]]]:
+    """A host the crawl does not name, on 127.0.0.1: yields its port and the list of what reached it (``METHOD
+    host path`` per request, ``ws:<text>`` per WebSocket message). The browser must leave it alone."""
+    hits: list[str] = []
+
+    async def ws(request: web.Request) -> web.StreamResponse:
+        sock = web.WebSocketResponse()
+        await sock.prepare(request)
+        async for msg in sock:
+            hits.append(f"ws:{msg.data}")
+        return sock
+
+    async def anything(request: web.Request) -> web.Response:
+        return web.Response(text="internal")
+
+    @web.middleware
+    async def record(request: web.Request, handler):
+        hits.append(f"{request.method} {request.host} {request.path}")
+        return await handler(request)
+
+    app = web.Application(middlewares=[record])
+    app.router.add_get("/ws", ws)
+    app.router.add_route("*", "/{tail:.*}", anything)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield runner.addresses[0][1], hits
     finally:
         await runner.cleanup()
