@@ -7,8 +7,13 @@ the HTTP transport opens (every redirect hop, every download, the master's robot
 connector whose DNS cache the answers come from (TargetConnector below). A host name that resolves to a
 loopback, private, link-local, multicast, reserved or otherwise special address is refused unless:
 
-- its host and port are one of the crawl's seeds' (``host:port``; a crawl of an intranet site names it), or
+- its host is an IP literal and it and the port are one of the crawl's seeds' (``host:port``; a crawl of an
+  intranet site names it), or
 - the address is inside a network the crawl's config lists (``crawl.allowed_networks``).
+
+A seed named by host name opens nothing beyond the public internet: whoever runs that name's DNS (a hostile seed
+site) could point it at a metadata service or an intranet host on the seed's port. A crawl of an intranet site by
+name lists its network in ``crawl.allowed_networks``.
 
 Refusal raises TargetRefused, an httpx.RequestError: a permanent failure of that URL, not a network fault.
 """
@@ -38,12 +43,35 @@ def parse_network(text: str) -> Network:
     return ipaddress.ip_network(text.strip(), strict=False)
 
 
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")        # RFC 6052: the well-known prefix, IPv4 in the last 32 bits
+_COMPATIBLE = ipaddress.IPv6Network("::/96")          # RFC 4291's deprecated IPv4-compatible addresses
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 form carries and reaches (IPv4-mapped, IPv4-compatible, 6to4, Teredo's client,
+    NAT64), or None. A relay or translator delivers to that IPv4 address, so it is what the policy judges."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    if ip in _NAT64 or (ip in _COMPATIBLE and int(ip) > 1):    # :: and ::1 are themselves, not IPv4
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 def is_public(address: str) -> bool:
-    """True for an address on the public internet; False for loopback, private, link-local, multicast,
-    reserved, unspecified and the other special-purpose ranges (RFC 6890), IPv4-mapped IPv6 included."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])   # a scoped IPv6 address carries %interface
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    """True for an address on the public internet; False for loopback, private, link-local, site-local,
+    multicast, reserved, unspecified and the other special-purpose ranges (RFC 6890), and for an IPv6 form that
+    carries an IPv4 address (see embedded_ipv4) unless that IPv4 address is public."""
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.is_site_local:            # fec0::/10: deprecated, but routed inside sites that still use it
+            return False
+        inner = embedded_ipv4(ip)
+        if inner is not None:
+            ip = inner
     return ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_unspecified or ip.is_loopback
                                  or ip.is_link_local)
 
@@ -70,16 +98,25 @@ class TargetPolicy:
         return cls(origins, [parse_network(n) for n in networks])
 
     def allow(self, origins: Iterable[tuple[str, int]], networks: Sequence[Network]) -> None:
-        self.origins = frozenset((h.lower().rstrip("."), p) for h, p in origins)
+        """Origins named by host name are dropped: a name may resolve anywhere its owner likes."""
+        self.origins = frozenset((str(ipaddress.ip_address(h)), p) for h, p in origins if _is_ip(h))
         self.networks = tuple(networks)
 
     def permits(self, host: str, port: int, address: str) -> bool:
         if is_public(address):
             return True
-        if (host.lower().rstrip("."), port) in self.origins:
-            return True
         ip = ipaddress.ip_address(address.split("%", 1)[0])
+        if _is_ip(host) and ipaddress.ip_address(host) == ip and (str(ip), port) in self.origins:
+            return True
         return any(ip in net for net in self.networks if net.version == ip.version)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 class TargetConnector(aiohttp.TCPConnector):

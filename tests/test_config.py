@@ -201,7 +201,10 @@ def test_second_master_on_the_same_state_and_a_taken_port_are_one_line_errors(tm
 
 def test_web_listen_defaults_to_loopback_and_can_be_switched_off(tmp_path):
     cfg = MasterConfig.from_mapping(base(tmp_path), tmp_path)
-    assert cfg.web.listen == ("127.0.0.1", 7780) and cfg.web.token is None and cfg.log_interval == 30
+    assert cfg.web.listen == ("127.0.0.1", 0) and cfg.web.token is None and cfg.log_interval == 30
+    assert cfg.web.allowed_hosts == ()
+    with pytest.raises(ConfigError, match="web.allowed_hosts: 'http://x.example' is not a host name"):
+        MasterConfig.from_mapping({**base(tmp_path), "web": {"allowed_hosts": ["http://x.example"]}}, tmp_path)
     for off in (None, False, "off", "OFF"):
         assert MasterConfig.from_mapping({**base(tmp_path), "web": {"listen": off}}, tmp_path).web.listen is None
     assert yaml.safe_load("listen: off") == {"listen": False}     # YAML's own reading of a bare off

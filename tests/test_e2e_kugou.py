@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from crawler.resolvers.kugou import song_fragment_rule
 from scripts import cluster
 from tests.fakes import kugou as fake
 
@@ -78,9 +79,11 @@ async def test_kugou_album_singer_pages_keyword_seeds_and_fallbacks(tmp_path):
         host = base.removeprefix("http://")
         config = cluster.master_config(
             tmp_path, [base + album, base + singer, {"kugou-search": "searchable band"}], ["k1"],
-            # No fragment rule in the master's config: the worker's Kugou resolver brings its own (its Auth),
-            # and the song pages found by the search keep the fragment that names each song.
-            crawl={"max_depth": 2, "keep_fragment": [], "allowed_hosts": [host, "songsearch.kugou.com"]})
+            # No fragment rule in force in the master's config: the worker's Kugou resolver brings its own (its
+            # Auth), the operator approved that rule, and the song pages found by the search keep the fragment
+            # that names each song.
+            crawl={"max_depth": 2, "keep_fragment": [], "approved_fragment_rules": list(song_fragment_rule((host,))),
+                   "allowed_hosts": [host, "songsearch.kugou.com"]})
         wcfg = tmp_path / "worker.yaml"
         wcfg.write_text(yaml.safe_dump({"concurrency": 4, "resolvers": {
             "kugou": {"api_base": base, "mobile_api_base": base, "www_hosts": [host], "mobile_hosts": [host],

@@ -259,3 +259,25 @@ async def test_worker_runs_with_only_master_given_and_waits_for_a_master_not_up_
         assert await master.wait(60) == 0, master.log()[-3000:]
     assert (tmp_path / "state" / "pages" / "index.tsv").stat().st_size > 0
     assert f"worker {socket.gethostname()} connected" in log.read_text()
+
+
+# ------------------------------------------------------------------------------------------- store passwords
+async def test_a_postgresql_password_is_never_printed_however_the_address_carries_it(tmp_path, pg_dsn):
+    """The real master against a real PostgreSQL server, whose database is missing: the error names the store
+    without its password, given as ?password= or percent-encoded; an address whose raw '@' or '/' would make
+    libpq read part of the password as the host is refused at load, without echoing it."""
+    missing = pg_dsn.replace(":///", ":///missing_", 1)
+    encoded = missing.replace("postgresql://", "postgresql://postgres:Enc%40oded-Pw1@", 1)
+    for store, secret in ((f"{missing}&password=Query-Pw-7", "Query-Pw-7"), (encoded, "Enc@oded-Pw1")):
+        config = cluster.master_config(tmp_path, ["http://127.0.0.1:9/"], ["a"], store=store)
+        for args in ((), ("status",)):
+            done = await master_cmd_async(config, *args)
+            assert done.returncode == 1, done.stderr
+            assert "missing_" in done.stderr and "password=***" in done.stderr, done.stderr
+            assert secret not in done.stderr + done.stdout and "Enc%40oded" not in done.stderr, done.stderr
+    for raw in ("postgresql://postgres:Pa@ss/Xyzzy9@127.0.0.1:1/crawl",
+                "postgresql://postgres:Pass/Xyzzy9@127.0.0.1:1/c"):
+        config = cluster.master_config(tmp_path, ["http://127.0.0.1:9/"], ["a"], store=raw)
+        done = await master_cmd_async(config)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "store:" in done.stderr and "%40" in done.stderr and "Xyzzy9" not in done.stderr, done.stderr

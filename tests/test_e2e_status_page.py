@@ -38,7 +38,11 @@ async def test_status_page_in_headless_chromium_shows_the_crawl_moving(tmp_path)
         try:
             async with async_playwright() as pw, chromium(pw) as browser:
                 page = await browser.new_page(viewport={"width": 1400, "height": 1100})
-                await page.goto(url)
+                errors: list[str] = []       # the page runs under the server's CSP: nothing of it may be refused
+                page.on("console", lambda m: errors.append(m.text) if "Content Security Policy" in m.text else None)
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                response = await page.goto(url)
+                assert "script-src 'self'" in (await response.all_headers())["content-security-policy"]
                 await page.wait_for_function(
                     "() => /[1-9]/.test(document.querySelector('#tiles .tile .v')?.textContent || '')",
                     timeout=60_000)
@@ -57,6 +61,7 @@ async def test_status_page_in_headless_chromium_shows_the_crawl_moving(tmp_path)
             await master.stop()
             await worker.stop()
 
+    assert not errors, errors
     print(f"\nstatus page screenshot: {shot}")
     if os.environ.get("CRAWLER_TEST_ARTIFACTS"):
         shutil.copy(shot, os.environ["CRAWLER_TEST_ARTIFACTS"])

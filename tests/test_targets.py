@@ -1,5 +1,8 @@
 """Addresses the crawler may reach: checked after DNS, on every connection and redirect hop."""
 
+import socket
+
+import aiohttp.abc
 import httpx
 import pytest
 from aiohttp import web
@@ -16,23 +19,33 @@ from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_
     ("224.0.0.1", False), ("239.255.255.250", False), ("240.0.0.1", False), ("255.255.255.255", False),
     ("fe80::1", False), ("fe80::1%eth0", False), ("fc00::1", False), ("ff02::1", False), ("::", False),
     ("::ffff:127.0.0.1", False), ("::ffff:10.0.0.1", False), ("192.0.2.1", False), ("198.18.0.1", False),
+    # IPv6 forms that carry an IPv4 address are judged by it: 6to4, Teredo's client, NAT64, IPv4-compatible.
+    ("2002:a00:1::1", False), ("2002:7f00:1::", False), ("2002:a9fe:a9fe::1", False), ("2002:5db8:d70e::1", True),
+    ("2001:0:4136:e378:8000:63bf:f5ff:fffe", False), ("2001:0:4136:e378:8000:63bf:a247:28f1", True),
+    ("64:ff9b::127.0.0.1", False), ("64:ff9b::10.0.0.1", False), ("64:ff9b::93.184.215.14", True),
+    ("::10.0.0.1", False), ("::127.0.0.1", False),
+    ("fec0::1", False), ("fec0::a00:1", False), ("feff::1", False),      # site-local
 ])
 def test_special_addresses_are_not_public(address, public):
     assert is_public(address) is public
 
 
 def test_policy_allows_named_origins_and_networks_only():
-    policy = TargetPolicy.for_crawl(["http://127.0.0.1:8080/", "https://Intranet.Example/"], ["10.0.0.0/8"])
+    policy = TargetPolicy.for_crawl(["http://127.0.0.1:8080/", "https://Intranet.Example/", "http://[::1]:81/"],
+                                    ["10.0.0.0/8"])
     assert policy.permits("127.0.0.1", 8080, "127.0.0.1")
     assert not policy.permits("127.0.0.1", 8081, "127.0.0.1")            # same host, another port
-    assert policy.permits("intranet.example", 443, "192.168.7.7")         # the seed names it, whatever it resolves to
-    assert not policy.permits("intranet.example", 80, "192.168.7.7")
+    assert policy.permits("::1", 81, "::1")
+    # A seed named by host name opens nothing private: its DNS may point the name anywhere.
+    assert not policy.permits("intranet.example", 443, "192.168.7.7")
+    assert not policy.permits("intranet.example", 443, "169.254.169.254")
+    assert policy.permits("intranet.example", 443, "10.1.1.1")            # unless a configured network covers it
     assert policy.permits("anything.example", 80, "10.9.9.9")             # a configured network
     assert not policy.permits("anything.example", 80, "169.254.169.254")
     assert policy.permits("anything.example", 80, "93.184.215.14")        # the public internet
     assert host_port("http://[::1]:81/x") == ("::1", 81) and host_port("mailto:x@y") is None
-    # A seed's host as the connector will see it: IDNA-encoded.
-    assert ("xn--mnchen-3ya.example", 80) in TargetPolicy.for_crawl(["http://München.example/"], []).origins
+    assert policy.origins == {("127.0.0.1", 8080), ("::1", 81)}
+    assert TargetPolicy([("localhost", 80)], []).origins == frozenset()    # told by a master: names dropped too
     with pytest.raises(ValueError):
         parse_network("not-a-net")
 
@@ -109,7 +122,7 @@ async def test_an_empty_policy_refuses_loopback_and_a_network_allows_it(servers)
 
 async def test_a_policy_learnt_later_applies_to_cached_answers(servers):
     site, _ = servers
-    policy = TargetPolicy([("localhost", int(site.rsplit(":", 1)[1]))], [])
+    policy = TargetPolicy([], [parse_network("127.0.0.0/8"), parse_network("::1")])
     _, client = client_for(policy)
     try:
         url = site.replace("127.0.0.1", "localhost") + "/page"
@@ -117,5 +130,47 @@ async def test_a_policy_learnt_later_applies_to_cached_answers(servers):
         policy.allow([], [])                           # the DNS answer is cached; the check is not
         with pytest.raises(httpx.RequestError):
             await client.get(url, headers={"Connection": "close"})
+    finally:
+        await client.aclose()
+
+
+class NameResolver(aiohttp.abc.AbstractResolver):
+    """DNS as a hostile seed site runs it: its own name answers with whatever address it likes (loopback here)."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    async def resolve(self, host, port=0, family=socket.AF_INET):
+        return [{"hostname": host, "host": self.names[host], "port": port, "family": socket.AF_INET, "proto": 0,
+                 "flags": socket.AI_NUMERICHOST}]
+
+    async def close(self):
+        pass
+
+
+async def test_a_seed_named_by_host_name_reaches_only_public_addresses_unless_a_network_allows(servers):
+    site, inner = servers
+    # The seed site points its own name at a private service on the seed's port (here: loopback, another server).
+    inner_port = int(inner.rsplit(":", 1)[1])
+    seed = f"http://seed.test:{inner_port}/"
+    resolver = NameResolver({"seed.test": "127.0.0.1"})
+    for networks, allowed in (([], False), (["127.0.0.0/8"], True)):
+        policy = TargetPolicy.for_crawl([seed], networks)
+        transport = build_transport(max_connections=4, dns_ttl=60, policy=policy, resolver=resolver)
+        client = build_client(transport, user_agent="t", connect_timeout=5, read_timeout=5, max_redirects=3)
+        try:
+            if allowed:
+                assert (await client.get(seed + "secret")).text == "internal admin page"
+            else:
+                with pytest.raises(TargetRefused, match="seed.test"):
+                    await client.get(seed + "secret")
+        finally:
+            await client.aclose()
+    # A seed named by its IP literal still opens its own host and port, and only those.
+    transport, client = client_for(TargetPolicy.for_crawl([inner + "/"], []))
+    try:
+        assert (await client.get(inner + "/secret")).text == "internal admin page"
+        with pytest.raises(TargetRefused):
+            await client.get(site + "/page")
     finally:
         await client.aclose()

@@ -47,11 +47,55 @@ def is_postgres(location: str | Path) -> bool:
     return isinstance(location, str) and location.startswith(_PG_SCHEMES)
 
 
+_UNREADABLE_DSN = ("postgresql:// address that libpq reads differently from how it looks (write '@', '/', '?' "
+                   "and '#' in a user name or password as %40, %2F, %3F and %23)")
+
+
+def dsn_problem(dsn: str) -> str | None:
+    """Why this postgresql:// address cannot be used safely, or None. A raw '@' or '/' in a password makes libpq
+    read part of it as the host, port or database name, which errors then print; such an address is refused
+    (never echoed: its text holds the password)."""
+    from psycopg import Error
+    from psycopg.conninfo import conninfo_to_dict
+
+    rest = dsn.split("://", 1)[1]
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if authority.count("@") > 1 or "@" in rest[len(authority):]:
+        return f"a {_UNREADABLE_DSN}"
+    try:
+        conninfo_to_dict(dsn)
+    except Error:      # its message quotes the whole address
+        return f"not a valid {_UNREADABLE_DSN}"
+    return None
+
+
 def describe(location: str | Path) -> str:
-    """The location for messages: a PostgreSQL address without its password."""
-    if is_postgres(location):
-        return re.sub(r"://([^:/@]*):[^@/]*@", r"://\1:***@", str(location))
-    return str(location)
+    """The location for messages, the one place a store address is made printable: a PostgreSQL address is
+    parsed as libpq parses it (psycopg.conninfo) and shown with its password, wherever it was given (user info,
+    ?password=, percent-encoded or not), as ***; one that does not parse cleanly is not shown at all."""
+    if not is_postgres(location):
+        return str(location)
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    dsn = str(location)
+    if dsn_problem(dsn) is not None:
+        return "postgresql://(an address that does not parse cleanly: not shown)"
+    parts = conninfo_to_dict(dsn)
+    if "password" in parts:
+        parts["password"] = "***"
+    return make_conninfo("", **parts)
+
+
+def _password(location: str) -> str | None:
+    """The password a PostgreSQL address carries, so an error message that quotes it can be scrubbed."""
+    from psycopg import Error
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        value = conninfo_to_dict(location).get("password")
+    except Error:
+        return None
+    return str(value) if value else None
 
 
 def take_lock(path: Path) -> int:
@@ -269,12 +313,13 @@ class PostgresBackend(Backend):
 
         self._pg = psycopg
         self.where = describe(dsn)
+        self._secret = _password(dsn)
         self.readonly = readonly
         self._sql: dict[str, str] = {}
         try:
             self.db = psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, int(connect_timeout)))
         except psycopg.Error as e:
-            raise StoreError(f"{self.where}: cannot connect ({_first_line(e)})") from None
+            raise StoreError(f"{self.where}: cannot connect ({self._first_line(e)})") from None
         try:
             if readonly:
                 self.db.execute("SET default_transaction_read_only = on")
@@ -287,10 +332,15 @@ class PostgresBackend(Backend):
                 self._lock()
         except psycopg.Error as e:
             self.db.close()
-            raise StoreError(f"{self.where}: {_first_line(e)}") from None
+            raise StoreError(f"{self.where}: {self._first_line(e)}") from None
         except BaseException:
             self.db.close()
             raise
+
+    def _first_line(self, e: BaseException) -> str:
+        """psycopg's message, with the password taken out should the server or libpq quote it."""
+        line = _first_line(e)
+        return line.replace(self._secret, "***") if self._secret else line
 
     def _lock(self) -> None:
         # Refuse a second master, as the flock does for SQLite; the lock goes with the connection.

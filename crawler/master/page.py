@@ -1,17 +1,50 @@
-"""The status page the master serves at /: one static HTML document with its style and script inline.
+"""The status page the master serves at /: one static HTML document, its style sheet and its script.
 
 No build step and nothing fetched from elsewhere (crawl machines often have no internet): the script reads
 /api/status, /api/recent and /api/audio every few seconds (?refresh=N sets the period) and draws the chart
 as inline SVG. Everything from the crawl is inserted as text, never as HTML: page titles and URLs are the
-web's, and the web is hostile.
+web's, and the web is hostile. The style and script are served as files of their own (/status.css, /status.js):
+the server's Content-Security-Policy allows no inline script or style, so text that ever reached the page as
+HTML still could not run.
 """
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>crawl status</title>
-<style>
-:root { --bg:#f6f7f9; --card:#fff; --ink:#1d2330; --mute:#6b7385; --line:#e3e6ec; --accent:#2f6fdf;
+<link rel="stylesheet" href="status.css">
+<script src="status.js" defer></script>
+</head>
+<body>
+<header><h1>Audio crawl</h1><span class="meta" id="meta">loading…</span>
+<span class="state" id="state"></span></header>
+<main>
+<section class="tiles" id="tiles"></section>
+<section class="chart"><h2>Pages per minute</h2><div id="chart"></div></section>
+<section class="nodes"><h2>Workers</h2><table id="nodes"></table>
+<h2 class="next">Recent errors</h2><table class="err" id="errors"></table></section>
+<section class="side"><h2>URLs</h2><div class="kv" id="urls"></div>
+<h2 class="next">Top error reasons</h2><div class="kv" id="reasons"></div>
+<h2 class="next">HTTP status</h2><div class="kv" id="http"></div>
+<h2 class="next">Discarded URLs</h2><div class="kv" id="discards"></div>
+<h2 class="next">Seen-set (Bloom filter)</h2><div class="kv" id="dedup"></div></section>
+<section class="audio"><h2>Audio found</h2>
+<form id="search"><input type="search" id="q" placeholder="Search the catalogue by title, artist or URL">
+<button>Search</button></form><div id="audiohint" class="s"></div><table id="audio"></table></section>
+</main>
+</body></html>
+"""
+
+LOGIN_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>crawl status: sign in</title>
+<link rel="stylesheet" href="status.css">
+</head><body class="login"><form method="post" action="login"><strong>Audio crawl status</strong>
+<label for="token">Access token (web.token_file)</label>
+<input type="password" id="token" name="token" autofocus><button>Sign in</button><p>{message}</p></form>
+</body></html>
+"""
+
+STATUS_CSS = """:root { --bg:#f6f7f9; --card:#fff; --ink:#1d2330; --mute:#6b7385; --line:#e3e6ec; --accent:#2f6fdf;
         --ok:#1f9d55; --bad:#d64545; --warn:#c98a00; }
 * { box-sizing:border-box; }
 body { margin:0; font:14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; background:var(--bg);
@@ -50,24 +83,14 @@ button { padding:6px 14px; border:0; border-radius:6px; background:var(--accent)
 a { color:var(--accent); text-decoration:none; }
 .empty { color:var(--mute); font-style:italic; }
 @media (max-width: 1000px) { .nodes, .side { grid-column:1/-1; } }
-</style></head>
-<body>
-<header><h1>Audio crawl</h1><span class="meta" id="meta">loading…</span>
-<span class="state" id="state"></span></header>
-<main>
-<section class="tiles" id="tiles"></section>
-<section class="chart"><h2>Pages per minute</h2><div id="chart"></div></section>
-<section class="nodes"><h2>Workers</h2><table id="nodes"></table>
-<h2 style="margin-top:16px">Recent errors</h2><table class="err" id="errors"></table></section>
-<section class="side"><h2>URLs</h2><div class="kv" id="urls"></div>
-<h2 style="margin-top:16px">Top error reasons</h2><div class="kv" id="reasons"></div>
-<h2 style="margin-top:16px">HTTP status</h2><div class="kv" id="http"></div>
-<h2 style="margin-top:16px">Discarded URLs</h2><div class="kv" id="discards"></div></section>
-<section class="audio"><h2>Audio found</h2>
-<form id="search"><input type="search" id="q" placeholder="Search the catalogue by title, artist or URL">
-<button>Search</button></form><div id="audiohint" class="s"></div><table id="audio"></table></section>
-</main>
-<script>
+h2.next { margin-top:16px; }
+body.login { font:15px system-ui, sans-serif; background:#f6f7f9; display:grid; place-items:center; height:90vh; }
+.login form { background:#fff; border:1px solid #e3e6ec; border-radius:8px; padding:24px; display:grid; gap:10px; }
+.login input { padding:7px 10px; font:inherit; } .login button { padding:7px; font:inherit; }
+.login p { color:#d64545; margin:0; }
+"""
+
+STATUS_JS = r"""
 "use strict";
 const refresh = Math.max(1, Number(new URLSearchParams(location.search).get("refresh")) || 3) * 1000;
 const $ = (id) => document.getElementById(id);
@@ -86,7 +109,7 @@ function table(id, head, rows, empty) { const t = $(id); t.replaceChildren(row(h
 function kv(id, obj, empty) { const box = $(id); box.replaceChildren();
   const entries = Object.entries(obj || {});
   if (!entries.length) { box.appendChild(el("div", empty, "empty")); box.appendChild(el("div", "")); }
-  for (const [k, v] of entries) { box.appendChild(el("div", k)); box.appendChild(el("div", fmt(v))); } }
+  for (const [k, v] of entries) { box.appendChild(el("div", k)); box.appendChild(el("div", typeof v === "string" ? v : fmt(v))); } }
 function tile(label, value, sub) { const t = el("div", null, "tile"); t.appendChild(el("div", value, "v"));
   t.appendChild(el("div", label, "l")); if (sub) t.appendChild(el("div", sub, "s")); return t; }
 function ago(iso) { if (!iso) return "never"; const s = Math.round((Date.now() - Date.parse(iso)) / 1000);
@@ -124,6 +147,9 @@ function drawStatus(st) {
   kv("urls", {"queued": u.queued, "held at the master": u.held_at_master, "at workers": u.at_workers,
               "done": u.done, "failed": u.error, "total": u.total}, "");
   kv("reasons", st.errors, "none"); kv("http", st.http_status, "none"); kv("discards", st.discards, "none");
+  const d = st.dedup;
+  kv("dedup", d ? {"URLs": d.urls, "capacity": d.capacity, "layers": d.layers,
+                   "false positives (est.)": d.fp_estimate.toExponential(1), "target": String(d.fp_rate)} : {}, "–");
 }
 
 function drawChart(data) {
@@ -171,16 +197,4 @@ $("search").addEventListener("submit", async (ev) => { ev.preventDefault(); quer
   const data = await get("api/audio?limit=50&q=" + encodeURIComponent(query));
   if (data.error) { $("audiohint").textContent = data.error; return; } drawAudio(data, true); });
 tick(); setInterval(tick, refresh);
-</script></body></html>
-"""
-
-LOGIN_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>crawl status: sign in</title>
-<style>body { font:15px system-ui, sans-serif; background:#f6f7f9; display:grid; place-items:center; height:90vh; }
-form { background:#fff; border:1px solid #e3e6ec; border-radius:8px; padding:24px; display:grid; gap:10px; }
-input { padding:7px 10px; font:inherit; } button { padding:7px; font:inherit; } p { color:#d64545; margin:0; }</style>
-</head><body><form method="post" action="login"><strong>Audio crawl status</strong>
-<label for="token">Access token (web.token_file)</label>
-<input type="password" id="token" name="token" autofocus><button>Sign in</button><p>{message}</p></form>
-</body></html>
 """
