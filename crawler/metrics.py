@@ -8,6 +8,9 @@ master  crawler_pages_total{node,outcome}      results reported by workers: done
         crawler_dedup_urls_total{result}        discovered URLs through the Bloom filter: offered, batch_repeats,
                                                 new, seen, whitelist_checked, rescued (false positives caught)
         crawler_download_bytes_total{node,kind} bytes fetched by the workers: page bodies and audio files
+        crawler_bloom_urls                      URLs in the Bloom filter (the seen-set)
+        crawler_bloom_capacity_urls             URLs its layers take before it grows again
+        crawler_bloom_fp_estimate               its estimated false-positive rate now
         crawler_frontier_urls                   URLs queued in the frontier
         crawler_in_flight_urls{where}           held at the master (politeness gate, robots.txt) or at workers
         crawler_nodes_connected                 workers connected now
@@ -87,6 +90,11 @@ class MasterMetrics:
         self.dedup = Counter("crawler_dedup_urls", "Discovered URLs through the Bloom filter, by result", ["result"],
                              registry=r)
         self._dedup_counted: dict[str, int] = {}
+        self.bloom_urls = Gauge("crawler_bloom_urls", "URLs in the Bloom filter", registry=r)
+        self.bloom_capacity = Gauge("crawler_bloom_capacity_urls", "URLs the Bloom filter's layers take before it "
+                                    "adds another", registry=r)
+        self.bloom_fp = Gauge("crawler_bloom_fp_estimate", "The Bloom filter's estimated false-positive rate",
+                              registry=r)
         self.lag = LoopLag(_lag_histogram(r))
 
     def count_dedup(self, totals: Mapping[str, int]) -> None:
@@ -96,6 +104,12 @@ class MasterMetrics:
             if total > counted:
                 self.dedup.labels(result).inc(total - counted)
                 self._dedup_counted[result] = total
+
+    def set_bloom(self, figures: Mapping[str, float]) -> None:
+        """The seen-set's gauges, from Dedup.figures()."""
+        self.bloom_urls.set(figures["urls"])
+        self.bloom_capacity.set(figures["capacity"])
+        self.bloom_fp.set(figures["fp_estimate"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,7 +1,17 @@
-"""Benchmark the master's Bloom filter at 1M and 10M URLs, beside rbloom and pybloom-live when installed.
+"""Benchmark the master's Bloom filter at 1M and 10M URLs, beside rbloom and pybloom-live when installed; or the
+master's seen-set (the growing filter) at N URLs, projected to a billion.
 
     python scripts/bench_bloom.py            # 1M and 10M
     python scripts/bench_bloom.py --quick    # 1M only
+    python scripts/bench_bloom.py --seen-set 100000000 [--fp 1e-4]   # the seen-set at 100M, projected to 1B
+
+The seen-set run measures two masters at N URLs: one whose ``dedup.expected_urls`` is N (one layer) and one whose
+crawl outgrew it tenfold (``expected_urls`` N/10: four layers). For each it prints adds/s and tests/s (a test of a
+URL it holds and of one it does not, in the proportions of the run), the bytes its bits take and the process's
+resident growth, and the false-positive rate measured on absent URLs against the configured one (which the run's
+``--fp`` sets: at the default 1e-6 the thousands of false positives a measurement needs take billions of probes).
+It then projects to a billion URLs: memory exactly (the layers' sizes follow from the sizing rule), and tests/s from
+the measured cost per layer, since at 100M the bits are already far outside the CPU caches.
 
 For each size it prints adds/s and tests/s (batch mode, the master's hot path; per CPU second of this
 process, with wall-clock rates beside them since the machine may be shared), bytes per URL, resident
@@ -20,7 +30,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 
-from crawler.bloom import BloomFilter
+from crawler.bloom import BloomFilter, GrowingBloomFilter
 
 BATCH = 100_000  # URLs per add_many/contains_many call
 
@@ -103,14 +113,73 @@ def bench_other(label: str, make: Callable[[], object], add_batch: Callable[[obj
     print(f"    bytes/URL {size_bits(bf) / 8 / n:6.3f} (its own size)   fp measured {measured:.3e}")
 
 
+def chain_bytes(expected: int, n: int, fp: float) -> tuple[int, int]:
+    """(bytes, layers) of a seen-set configured for ``expected`` URLs at ``fp`` once it holds n: computed from the
+    sizing rule, nothing allocated."""
+    capacity, total, layers, held = expected, 0, 0, 0
+    while True:
+        m, _ = BloomFilter.sizing(capacity, fp / 2 ** (layers + 1))
+        total += m // 8
+        layers += 1
+        held += capacity
+        if held >= n:
+            return total, layers
+        capacity *= 2
+
+
+def bench_seen_set(n: int, fp: float) -> None:
+    probes = max(n // 10, math.ceil(2000 / fp))
+    sample = n // 10
+    print(f"seen-set: n = {n:,} URLs added, {sample:,} of them tested again, {probes:,} absent probes; "
+          f"dedup.fp_rate = {fp:g}")
+    per_test: dict[int, float] = {}
+    for label, expected in (("expected_urls = n", n), ("expected_urls = n/10 (grown)", n // 10)):
+        gc.collect()
+        before = rss()
+        seen = GrowingBloomFilter(expected, fp)
+        # Each batch's answers are counted and dropped: a hundred million kept would outweigh the filter.
+        adds, _ = timed(present(n), lambda b: seen.add_many(b).count(True))
+        held = rss() - before
+        tests, hits = timed(present(sample), lambda b: seen.contains_many(b).count(True))
+        tests, misses = timed(absent(probes), lambda b: seen.contains_many(b).count(True), tests)
+        assert sum(hits) == sample, "false negative"     # type: ignore[arg-type]
+        measured = sum(misses) / probes                   # type: ignore[arg-type]
+        layers = len(seen.layers)
+        per_test[layers] = tests.cpu / (sample + probes)
+        print(f"  {label:<30} {layers} layer{'s' if layers > 1 else ''}, capacity {seen.capacity:,}")
+        print(f"    adds/s {adds.rate(n)}   tests/s {tests.rate(sample + probes)}")
+        print(f"    bits {seen.nbytes / 1e6:,.0f} MB = {seen.nbytes * 8 / n:.1f} bits/URL; resident growth "
+              f"{held / 1e6:,.0f} MB")
+        print(f"    false positives: measured {measured:.3e}  estimated {seen.expected_fp_rate():.3e}  "
+              f"configured {fp:g}  [{'ok' if measured <= fp else 'MISS'}] measured <= configured")
+        del seen
+    billion = 1_000_000_000
+    one, grown = per_test[min(per_test)], per_test[max(per_test)]
+    slope = (grown - one) / max(1, max(per_test) - min(per_test))
+    print("  projected to 1B URLs (memory from the sizing rule; tests/s from the measured CPU per test and layer):")
+    for label, expected, rate in (("expected_urls = 1B", billion, fp), ("expected_urls = 100M, grown", billion // 10, fp),
+                                  ("expected_urls = 10M (default), grown", 10_000_000, fp),
+                                  ("expected_urls = 1B at fp_rate 1e-6", billion, 1e-6),
+                                  ("expected_urls = 10M at 1e-6, grown", 10_000_000, 1e-6)):
+        nbytes, layers = chain_bytes(expected, billion, rate)
+        cost = one + slope * (layers - 1)
+        print(f"    {label:<38} {layers} layer{'s' if layers > 1 else ''}  {nbytes / 2**30:5.2f} GiB "
+              f"({nbytes * 8 / billion:.1f} bits/URL)  tests/s about {1 / cost / 1e6:.2f}M")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1M URLs only")
-    ap.add_argument("--fp", type=float, default=1e-3, help="false-positive rate to size for (default 1e-3)")
+    ap.add_argument("--fp", type=float, help="false-positive rate to size for (default 1e-3; 1e-4 with --seen-set)")
     ap.add_argument("--no-others", action="store_true", help="skip rbloom and pybloom-live")
+    ap.add_argument("--seen-set", type=int, metavar="N", help="measure the master's seen-set at N URLs instead, "
+                    "projected to 1B (--fp defaults to 1e-4 there)")
     args = ap.parse_args()
+    if args.seen_set:
+        bench_seen_set(args.seen_set, args.fp or 1e-4)
+        return
     sizes = [1_000_000] if args.quick else [1_000_000, 10_000_000]
-    p = args.fp
+    p = args.fp or 1e-3
     for n in sizes:
         probes = max(n, math.ceil(2000 / p))
         print(f"n = {n:,} URLs, {probes:,} absent probes")

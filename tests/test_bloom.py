@@ -251,3 +251,185 @@ def test_a_growing_filter_finds_keys_added_by_another_thread_while_it_is_read():
         t.join()
     assert all(k in grown for k in keys)
     assert all(f.count <= f.capacity for f in grown._filters)
+
+
+# -- the growing filter as the master's seen-set -------------------------------------------------------------
+
+def test_capacity_at_is_the_last_count_within_the_rate():
+    for m, k, rate in ((16_000_000, 8, 1e-3), (28_800, 20, 5e-7), (640, 3, 0.05)):
+        n = bloom.capacity_at(m, k, rate)
+        assert bloom._fp_rate(m, k, n) <= rate < bloom._fp_rate(m, k, n + 1)
+
+
+def test_a_growing_filter_reports_novelty_across_its_layers():
+    grown = GrowingBloomFilter(100, 0.01)
+    assert grown.add_many([f"a{i}" for i in range(100)]) == [True] * 100
+    assert len(grown.layers) == 1
+    # The next batch fills a second layer; the old keys in it are seen, in the first layer, and take no room.
+    keys = [f"a{i}" for i in range(50)] + [f"b{i}" for i in range(150)]
+    flags = grown.add_many(keys)
+    assert len(grown.layers) == 2 and flags[:50] == [False] * 50 and sum(flags[50:]) >= 148
+    assert grown.layers[1].count == sum(flags[50:])
+    assert grown.add_many(["a7", "b7", "c1", "c1"]) == [False, False, True, False]
+
+
+def test_keys_an_older_layer_holds_set_no_bits_in_the_newest():
+    grown = GrowingBloomFilter(1000, 0.01)
+    grown.add_many([f"a{i}" for i in range(1000)])
+    grown.add_many(["b0"])                                  # opens the second layer
+    newest = grown.layers[1]
+    before = newest._bits.count()
+    assert grown.add_many([f"a{i}" for i in range(1000)]) == [False] * 1000
+    assert newest._bits.count() == before and newest.count == 1
+
+
+@pytest.mark.parametrize("lanes", ["narrow", "wide"])
+def test_a_grown_filter_keeps_its_rate_at_ten_times_its_first_capacity(lanes, monkeypatch):
+    if lanes == "wide":
+        monkeypatch.setattr(bloom, "_NARROW_MAX_M", 0)
+    grown = GrowingBloomFilter(10_000, 0.01)
+    keys = [f"https://site.example/song/{i}" for i in range(100_000)]
+    for start in range(0, len(keys), 4096):
+        grown.add_many(keys[start:start + 4096])
+    assert len(grown.layers) == 4                     # 10k + 20k + 40k + 80k >= 100k
+    assert grown.count <= grown.capacity and all(f.count <= f.capacity for f in grown.layers)
+    assert all(grown.contains_many(keys)) and all(k in grown for k in keys[::97])
+    others = [f"https://other.example/{i}" for i in range(300_000)]
+    measured = sum(grown.contains_many(others)) / len(others)
+    assert grown.expected_fp_rate() <= 0.01
+    # 300k probes at the ~0.6% the layers give: about 1,800 hits, so +-10% is three standard deviations and more.
+    assert 0.5 * grown.expected_fp_rate() < measured <= 0.01, (measured, grown.expected_fp_rate())
+
+
+def test_a_growing_filter_hashes_each_key_once_for_the_whole_chain(monkeypatch):
+    grown = GrowingBloomFilter(100, 0.01)
+    grown.add_many([f"k{i}" for i in range(1000)])     # 100 + 200 + 400 + 800
+    assert len(grown.layers) == 4
+    calls = []
+    real = bloom.mmh3.hash_bytes
+
+    def counting(key):
+        calls.append(key)
+        return real(key)
+
+    monkeypatch.setattr(bloom.mmh3, "hash_bytes", counting)
+    keys = [f"k{i}" for i in range(500, 1500)]
+    flags = grown.add_many(keys)
+    assert len(calls) == len(keys) and flags[:500] == [False] * 500
+    calls.clear()
+    assert all(grown.contains_many(keys))
+    assert len(calls) == len(keys)
+
+
+def test_the_paper_sizing_makes_the_first_layer():
+    grown = GrowingBloomFilter(10_000, 0.002, bits_per_item=16, hashes=8)
+    first = grown.layers[0]
+    assert (first.m, first.k) == (160_000, 8)
+    assert first.capacity == bloom.capacity_at(160_000, 8, 0.001) > 10_000
+    with pytest.raises(ValueError, match="together"):
+        GrowingBloomFilter(10, 0.01, bits_per_item=16)
+
+
+def grown_filter(layers: int) -> GrowingBloomFilter:
+    grown = GrowingBloomFilter(500, 0.01)
+    i = 0
+    while len(grown.layers) < layers:
+        grown.add_many([f"u{j}" for j in range(i, i + 300)])
+        i += 300
+    grown.add_many([f"u{j}" for j in range(i, i + 100)])
+    return grown
+
+
+def test_a_growing_snapshot_round_trips_every_layer(tmp_path):
+    grown = grown_filter(4)
+    path = tmp_path / "urls.bloom"
+    grown.save(path)
+    back = GrowingBloomFilter.load(path, 0.01)
+    assert [(f.m, f.k, f.capacity, f.count) for f in back.layers] == \
+        [(f.m, f.k, f.capacity, f.count) for f in grown.layers]
+    assert all(a._bits == b._bits for a, b in zip(back.layers, grown.layers))
+    assert os.listdir(tmp_path) == ["urls.bloom"]
+    # It goes on growing from where it was.
+    before = len(back.layers)
+    back.add_many([f"more{i}" for i in range(back.capacity)])
+    assert len(back.layers) == before + 1 and all(f.count <= f.capacity for f in back.layers)
+    GrowingBloomFilter.load(path, 0.01, expect_first={(grown.layers[0].m, grown.layers[0].k)})
+    for kwargs, reason in (({"fp_rate": 0.02}, "mismatched"), ({"expect_first": {(64, 3)}}, "mismatched")):
+        with pytest.raises(BloomFileError) as err:
+            GrowingBloomFilter.load(path, **{"fp_rate": 0.01, **kwargs})
+        assert err.value.reason == reason
+
+
+def test_a_damaged_growing_snapshot_is_refused(tmp_path):
+    grown = grown_filter(3)
+    path = tmp_path / "urls.bloom"
+    grown.save(path)
+    good = path.read_bytes()
+    second = bloom._CHAIN_HEADER_LEN + bloom._HEADER_LEN + grown.layers[0].nbytes
+    for offset in (0, 12, bloom._CHAIN_PREFIX.size + 1, bloom._CHAIN_HEADER_LEN + 20, second + 20, len(good) - 1):
+        data = bytearray(good)
+        data[offset] ^= 0x04
+        path.write_bytes(bytes(data))
+        with pytest.raises(BloomFileError) as err:
+            GrowingBloomFilter.load(path, 0.01)
+        assert err.value.reason == "corrupt", offset
+    for keep in (5, bloom._CHAIN_HEADER_LEN, second, len(good) - 1):
+        path.write_bytes(good[:keep])
+        with pytest.raises(BloomFileError, match="corrupt"):
+            GrowingBloomFilter.load(path, 0.01)
+    path.write_bytes(good + b"\0")
+    with pytest.raises(BloomFileError, match="corrupt"):
+        GrowingBloomFilter.load(path, 0.01)
+
+
+def test_an_old_single_filter_snapshot_loads_as_a_first_layer(tmp_path):
+    """The master's snapshot from before it could grow: one filter sized for the whole rate at expected_urls."""
+    old = BloomFilter.for_capacity(1000, 0.01)
+    old.add_many([f"u{i}" for i in range(700)])
+    old.save(tmp_path / "urls.bloom")
+    back = GrowingBloomFilter.load(tmp_path / "urls.bloom", 0.01, expect_first={BloomFilter.sizing(1000, 0.01)})
+    (first,) = back.layers
+    assert first._bits == old._bits and first.count == old.count
+    # It takes what it can within half the rate, then grows.
+    assert first.capacity == bloom.capacity_at(old.m, old.k, 0.005) < 1000
+    back.add_many([f"v{i}" for i in range(1000)])
+    assert len(back.layers) == 2 and back.expected_fp_rate() <= 0.01
+    assert all(f"u{i}" in back for i in range(700))
+    # One filled past what it takes at half the rate cannot join a chain that keeps the rate.
+    old.add_many([f"w{i}" for i in range(300)])
+    old.save(tmp_path / "urls.bloom")
+    with pytest.raises(BloomFileError, match="mismatched"):
+        GrowingBloomFilter.load(tmp_path / "urls.bloom", 0.01)
+
+
+def test_a_growing_save_on_another_thread_while_it_grows_holds_every_earlier_key(tmp_path):
+    grown = GrowingBloomFilter(200_000, 1e-6)          # a few MB: the save takes a while
+    before = [f"http://a.test/{i}" for i in range(150_000)]
+    grown.add_many(before)
+    saver = threading.Thread(target=grown.save, args=(tmp_path / "snap",))
+    during = 0
+    saver.start()
+    while saver.is_alive() or during < 100_000:        # past the first layer: the chain grows meanwhile
+        grown.add_many([f"http://b.test/{during + i}" for i in range(1000)])
+        during += 1000
+    saver.join()
+    loaded = GrowingBloomFilter.load(tmp_path / "snap", 1e-6)
+    assert len(grown.layers) == 2
+    assert all(loaded.contains_many(before))
+
+
+def test_a_failed_growing_save_keeps_the_previous_snapshot(tmp_path, monkeypatch):
+    grown = grown_filter(2)
+    path = tmp_path / "urls.bloom"
+    grown.save(path)
+    before = path.read_bytes()
+    grown.add_many([f"x{i}" for i in range(2000)])         # more layers now
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(bloom.os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        grown.save(path)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["urls.bloom"]
+    assert len(GrowingBloomFilter.load(path, 0.01).layers) == 2

@@ -67,3 +67,11 @@ def test_the_dedup_totals_become_counters_that_only_grow():
     assert 'crawler_dedup_urls_total{result="offered"} 25.0' in text
     assert 'crawler_dedup_urls_total{result="new"} 9.0' in text
     assert 'crawler_dedup_urls_total{result="rescued"} 1.0' in text
+
+
+def test_the_seen_set_gauges_are_exposed():
+    master = MasterMetrics()
+    master.set_bloom({"urls": 1234, "capacity": 1500, "fp_estimate": 7.5e-7})
+    text = master.render().decode()
+    assert "crawler_bloom_urls 1234.0" in text and "crawler_bloom_capacity_urls 1500.0" in text
+    assert "crawler_bloom_fp_estimate 7.5e-07" in text

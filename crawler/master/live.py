@@ -251,6 +251,9 @@ def build_status(db: Mapping[str, Any], live: Mapping[str, Any] | None, nodes: I
         # Downloads found on pages already reported, still under way at the workers (items "pending").
         "downloads_pending": db.get("downloads_pending", 0),
         "changes": _changes(db.get("changes")),
+        # The seen-set as the master last saw it (its state is saved with the master's, so a stopped master's
+        # last view still holds).
+        "dedup": live.get("dedup"),
     }
 
 
@@ -367,6 +370,12 @@ def status_text(st: Mapping[str, Any]) -> str:
                         [[label, c["new"], c["changed"], c["removed"], c.get("start") or "-", c.get("end") or "now"]
                          for label, key in (("last cycle", "last_cycle"), ("this cycle", "this_cycle"))
                          if (c := changes.get(key))], right={1, 2, 3})
+    d = st.get("dedup")
+    if d:
+        lines.append(f"seen-set (Bloom filter): {d['urls']} URLs in {d['layers']} "
+                     f"layer{'s' if d['layers'] != 1 else ''} for {d['capacity']}, estimated false-positive rate "
+                     f"{d['fp_estimate']:.2g} (target {d['fp_rate']:g}), {human_bytes(d['bytes'])}")
+        lines.append("")
     lines += _counts("top error reasons", st["errors"])
     lines += _counts("HTTP status", st["http_status"])
     lines += _counts("discarded URLs by reason", st["discards"])

@@ -101,8 +101,10 @@ class Observer:
         for node, s in m.sessions.items():
             self.live.seen(node, s.last_seen, connected=True)
         in_flight = {n: len(ids) for n, ids in m.crawl.leases_by_node.items()}
-        return self.live.view(now, held=self._held(), at_workers=m.crawl.in_flight(), in_flight=in_flight,
+        view = self.live.view(now, held=self._held(), at_workers=m.crawl.in_flight(), in_flight=in_flight,
                               web=self.web_addr, lag=self.metrics.lag.last, lag_worst=self.metrics.lag.worst, run_pages=m.crawl.totals.pages)
+        view["dedup"] = m.dedup.figures()
+        return view
 
     def status(self, now: float | None = None) -> dict[str, Any]:
         """The status object, as /api/status serves it and `status --json` prints it."""
@@ -125,6 +127,7 @@ class Observer:
         met.in_flight.labels("workers").set(m.crawl.in_flight())
         met.nodes_connected.set(len(m.sessions))
         met.count_dedup(m.dedup.stats.as_dict())
+        met.set_bloom(m.dedup.figures())
         return met.render()
 
     # ------------------------------------------------------------------ background tasks
