@@ -152,6 +152,22 @@ class AudioItem:
         return d
 
 
+@dataclass(frozen=True, slots=True)
+class LinkMeta:
+    """What a page says about one of its links that may lead to audio without saying so (a playlist, a stream
+    named like a page): the song's names, and the page's layer each came from (meta_source, as an item's). It
+    travels with the link to the link's own task (protocol.Result.link_meta, Task.link_meta), so the audio found
+    there is named without fetching the page again."""
+
+    title: Name | None = None
+    artist: Name | None = None
+    album: Name | None = None
+    meta_source: Annotated[dict[Name, Name], Meta(max_length=3)] = field(default_factory=dict)
+
+
+LINK_META_FIELDS = ("title", "artist", "album")
+
+
 def _same(page_value: Any, file_value: Any) -> bool:
     if isinstance(page_value, (int, float)) and isinstance(file_value, (int, float)):
         # A page rounds durations to seconds and bitrates to the nominal rate.

@@ -2,11 +2,12 @@
 
 import itertools
 
+import msgspec
 import pytest
 
 from crawler import protocol as p
 from crawler.bloom import BloomFilter
-from crawler.items import AudioItem
+from crawler.items import AudioItem, LinkMeta
 from crawler.master.config import MasterConfig
 from crawler.master.crawl import Crawl
 from crawler.master.dedup import Dedup
@@ -487,3 +488,31 @@ def test_a_page_found_later_on_a_shorter_path_is_lowered_and_fetched_again_for_i
     c.complete("a", (done(again, [SITE + "/d"]),), now=9.0)
     (d,) = c.take("a", 10, 10.0)
     assert (d.url, d.depth) == (SITE + "/d", 2)
+
+
+@pytest.mark.parametrize("refresh", [None, 3600.0])
+def test_what_a_page_says_about_a_link_goes_with_its_task_and_survives_a_restart(tmp_path, refresh):
+    extra = {"refresh_interval": refresh} if refresh else {}
+    c = make(tmp_path, nodes=("a",), **extra)
+    c.node_up("a")
+    (home,) = c.take("a", 10, now=0.0)
+    named = LinkMeta(title="Quiet Harbour", artist="Mia", meta_source={"title": "heading", "artist": "class"})
+    result = p.Result(home.lease, home.url, p.DONE, 200, home.url, "text/html", 100,
+                      links=(SITE + "/stream/7", SITE + "/about"), refs=(SITE + "/p/7.m3u",),
+                      link_meta=((SITE + "/stream/7", named), (SITE + "/p/7.m3u", named),
+                                 (SITE + "/never-reported", named)))
+    c.complete("a", (result,), now=1.0)
+    c.store.commit()
+    tasks = {t.url: t for t in c.take("a", 10, now=2.0)}
+    assert tasks[SITE + "/stream/7"].link_meta == named and tasks[SITE + "/p/7.m3u"].link_meta == named
+    assert tasks[SITE + "/about"].link_meta is None
+    # The names are kept with the URL: a node that comes back is sent them again, and so is a restarted master.
+    assert {t.url: t.link_meta for t in c.node_up("a")}[SITE + "/stream/7"] == named
+    c.store.close()
+    store = MasterStore(tmp_path / "m.db")
+    try:
+        store.requeue_leased(lambda urls: ["a"] * len(urls))
+        again = {url: named for url, _, _, named in store.pop("a", 10, 3.0, link_meta=True)}
+    finally:
+        store.close()
+    assert msgspec.json.decode(again[SITE + "/stream/7"], type=LinkMeta) == named

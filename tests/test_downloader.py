@@ -31,9 +31,9 @@ from hypothesis import strategies as st
 
 from crawler.items import FAILED, OK, AudioItem, RequestIdentity
 from crawler.worker.audiostore import AudioStore, Finished, extension_for, partial_key
-from crawler.worker.downloader import DownloadConfig, Downloader, HostSlots, _Commit, _Committer
+from crawler.worker.downloader import DownloadConfig, Downloader, HostSlots, Started, _Commit, _Committer
 from crawler.worker.fetcher import build_transport
-from tests.fakes.rangeserver import RangeServer, ThreadedRangeServer
+from tests.fakes.rangeserver import RangeServer, ThreadedRangeServer, _etag_for
 
 KiB = 1024
 CHUNK = 64 * KiB
@@ -1095,3 +1095,46 @@ async def test_file_tags_come_back_with_the_item_whichever_way_it_was_stored(ser
     # Fetched again (a record answers, no request): the tags are read from the stored file.
     again = await dl.fetch(item.replace(page="q"))
     assert (again.artist, again.codec, len(server.log)) == ("Artíst", got.codec, 1)
+
+
+# -- a download that starts from the bytes its page fetch read --------------------------------------------------
+
+async def test_a_stream_fetched_as_a_page_resumes_after_the_bytes_that_fetch_read(server, client, tmp_path):
+    data = blob(300_000, 41)
+    server.add("/stream/1", data, content_type="audio/mpeg")
+    url = server.url("/stream/1")
+    start = Started(url=url, body=data[:65536], size=len(data), etag=_etag_for(server.resource("/stream/1")),
+                    content_type="audio/mpeg")
+
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=url, page="http://site/p"), start=start)
+
+    assert (got.status, got.sha256, got.size) == (OK, sha(data), len(data))
+    [asked] = requests_to(server, "/stream/1")
+    assert asked.headers["range"] == "bytes=65536-" and asked.headers["if-range"] == start.etag
+    assert server.served("/stream/1") == len(data) - 65536
+    assert leftovers(tmp_path) == []
+
+
+async def test_a_stream_the_page_fetch_read_whole_needs_no_request(server, client, tmp_path):
+    data = blob(20_000, 42)
+    server.add("/stream/2", data, content_type="audio/mpeg")
+    url = server.url("/stream/2")
+    start = Started(url=url, body=data, size=len(data), content_type="audio/mpeg")
+
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=url, page="http://site/p"), start=start)
+
+    assert (got.status, got.sha256, got.size) == (OK, sha(data), len(data))
+    assert requests_to(server, "/stream/2") == []
+
+
+async def test_a_start_that_is_not_the_files_is_thrown_away(server, client, tmp_path):
+    data = blob(200_000, 43)
+    server.add("/stream/3", data, content_type="audio/mpeg")
+    url = server.url("/stream/3")
+    # Bytes of another version of the file (another ETag): the server's If-Range sends the whole file again.
+    start = Started(url=url, body=blob(65536, 44), size=len(data), etag='"old"', content_type="audio/mpeg")
+
+    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=url, page="http://site/p"), start=start)
+
+    assert (got.status, got.sha256) == (OK, sha(data))
+    assert (tmp_path / got.path).read_bytes() == data

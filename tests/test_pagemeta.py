@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from html import escape
 
 import httpx
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from crawler.items import AudioItem
 from crawler.resolvers.base import ResolveContext
 from crawler.resolvers.generic import GenericResolver
+from crawler.resolvers.pagemeta import is_generic_link_text
 from crawler.web.page import FetchedPage
 from tests.test_resolvers_generic import PAGE, html_page, only, resolve, response
 
@@ -167,3 +169,55 @@ async def test_a_file_that_names_itself_needs_no_second_look_at_its_page() -> No
     assert (item.title, item.artist, item.meta_source) == ("Tag Title", "Tag Artist",
                                                            {"title": "file", "artist": "file"})
     assert pages.fetched == []
+
+
+# --- download labels are not names -------------------------------------------------------------------------
+
+LABELS = ["Download", "download", "DOWNLOAD MP3", "下载", "下載", "点击下载", "在线试听", "高品质下载", "下载MP3",
+          "MP3", "Listen", "Play", "▶ Play", "» Download now", "Click here", "Télécharger", "Télécharger (320 kbps)",
+          "Écouter en ligne", "Descargar", "Descargar canción gratis", "Escuchar aquí", "Herunterladen",
+          "Jetzt anhören", "Baixar", "Baixar música", "Ouvir agora", "Скачать", "Скачать mp3", "Слушать онлайн",
+          "ダウンロード", "ここをクリック", "試聴する", "320kbps", "128K", "MP3 320", "Download MP3 (3.5 MB)",
+          "FLAC 24bit", "M3U", "Playlist"]
+NAMES = ["Blue Moon", "Track 3", "Song 12", "月亮代表我的心", "上を向いて歩こう", "Подмосковные вечера",
+         "La Vie en rose", "Hier kommt die Sonne", "Despacito", "Download Blue Moon", "Play That Funky Music",
+         "1999", "Télécharger l'amour"]
+
+
+@pytest.mark.parametrize("text", LABELS)
+def test_download_labels_in_the_crawls_languages_are_generic(text: str) -> None:
+    assert is_generic_link_text(text)
+
+
+@pytest.mark.parametrize("text", NAMES)
+def test_names_are_not_generic_even_with_a_label_word_in_them(text: str) -> None:
+    assert not is_generic_link_text(text)
+
+
+def test_generic_link_text_takes_linear_time_and_long_texts_are_names() -> None:
+    started = time.process_time()
+    for text in ("下" * 100, "下载" * 60, "download " * 13, "a" * 119, "320" * 40):
+        is_generic_link_text(text)
+    assert not is_generic_link_text("download " * 200)   # a paragraph, not a label
+    assert time.process_time() - started < 0.05
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_a_song_page_gives_its_heading_not_the_label_to_its_song(label: str) -> None:
+    body = ('<h1>Quiet Harbour</h1><p>by <span class="artist">Mia</span></p>'
+            f'<p><a href="/media/7.mp3">{escape(label)}</a></p>')
+    item = only(html_page(body, head="<title>Quiet Harbour – Mia | Music Site</title>"))
+    assert (item.title, item.artist) == ("Quiet Harbour", "Mia")
+    assert item.meta_source == {"title": "heading", "artist": "class"}
+
+
+def test_the_heading_names_only_a_page_about_one_song() -> None:
+    rows = "".join(f'<li><a href="/m/{i}.mp3">Download</a></li>' for i in range(3))
+    items = resolve(html_page(f"<h1>Top songs</h1><ul>{rows}</ul>", head="<title>Charts</title>")).items
+    assert all(i.meta_source.get("title") != "heading" for i in items)
+    # A heading that is itself a label names nothing: the page's <title> does.
+    item = only(html_page('<h1>Download</h1><a href="/a.mp3">MP3</a>', head="<title>Real Song</title>"))
+    assert (item.title, item.meta_source["title"]) == ("Real Song", "page-title")
+    # A link text that names the song still comes first.
+    item = only(html_page('<h1>My Blog</h1><a href="/a.mp3">Blue Moon</a>', head="<title>Blog</title>"))
+    assert (item.title, item.meta_source["title"]) == ("Blue Moon", "link")

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crawler.items import AudioItem, RequestIdentity
+from crawler.items import AudioItem, LinkMeta, RequestIdentity
 from crawler.resolvers import (
     Resolution,
     ResolveContext,
@@ -613,3 +613,66 @@ def test_pls_titles_split_artist_like_extinf() -> None:
 def test_is_media_tells_a_download_worth_keeping(head, media):
     from crawler.web.media import is_media
     assert is_media(head) is media
+
+
+# --- what a page says about its links to audio travels with them ------------------------------------------------
+
+SONG_PAGE = ('<h1>Quiet Harbour</h1><p>by <span class="artist">Mia</span></p>'
+             '<p><a href="/stream/7">Download</a></p><nav><a href="/songs/">All songs</a></nav>')
+
+
+def test_a_stream_named_like_a_page_and_a_playlist_carry_the_pages_names() -> None:
+    result = resolve(html_page(SONG_PAGE, head="<title>Quiet Harbour – Mia</title>"))
+    assert result.items == [] and result.links == []
+    named = result.link_meta["http://music.example.com/stream/7"]
+    assert (named.title, named.artist) == ("Quiet Harbour", "Mia")
+    assert named.meta_source == {"title": "heading", "artist": "class"}
+    assert list(result.link_meta) == ["http://music.example.com/stream/7"]   # not the site's navigation
+    body = SONG_PAGE.replace('href="/stream/7"', 'href="/p/7.m3u" data-artist="Mia"')
+    result = resolve(html_page(body))
+    assert result.links == ["http://music.example.com/p/7.m3u"]
+    named = result.link_meta["http://music.example.com/p/7.m3u"]
+    assert (named.title, named.artist, named.meta_source) == ("Quiet Harbour", "Mia",
+                                                              {"title": "heading", "artist": "data"})
+    # Two songs on a page: each link takes its own row's names, never the page's heading.
+    rows = "".join(f'<li><span class="title">Song {i}</span><a href="/stream/{i}">Play</a></li>' for i in (1, 2))
+    result = resolve(html_page(f"<h1>Two songs</h1><ul>{rows}</ul>"))
+    assert [m.title for m in result.link_meta.values()] == ["Song 1", "Song 2"]
+
+
+async def test_audio_found_by_its_first_bytes_takes_the_names_that_came_with_its_link() -> None:
+    fetched: list[str] = []
+
+    async def fetch_page(url: str) -> FetchedPage | None:
+        fetched.append(url)
+        return None
+
+    named = LinkMeta(title="Quiet Harbour", artist="Mia", meta_source={"title": "heading", "artist": "class"})
+    stream = response(b"\xff\xfb\x90\x64" + bytes(413), url="http://music.example.com/stream/7")
+    stream.link_meta = named
+    async with httpx.AsyncClient() as http:
+        ctx = ResolveContext(http=http, user_agent="t", fetch_page=fetch_page)
+        item = (await GenericResolver({}).resolve(stream.url, stream, ctx)).items[0]
+    assert (item.title, item.artist, item.page) == ("Quiet Harbour", "Mia", PAGE)
+    assert item.meta_source == {"title": "heading", "artist": "class"}
+    assert fetched == []   # the linking page is not read again
+
+
+def test_a_one_song_playlist_takes_the_names_of_its_link_and_passes_them_on() -> None:
+    named = LinkMeta(title="Quiet Harbour", artist="Mia", meta_source={"title": "heading", "artist": "class"})
+    playlist = response(b"#EXTM3U\n/media/7.mp3\n", "audio/x-mpegurl", url="http://music.example.com/p/7.m3u")
+    playlist.link_meta = named
+    item = only(playlist)
+    assert (item.title, item.artist, item.meta_source) == ("Quiet Harbour", "Mia",
+                                                           {"title": "heading", "artist": "class"})
+    playlist = response(b"[playlist]\nFile1=/stream/7\nNumberOfEntries=1\n", "audio/x-scpls",
+                        url="http://music.example.com/p/7.pls")
+    playlist.link_meta = named
+    result = resolve(playlist)
+    assert result.links == ["http://music.example.com/stream/7"]
+    assert result.link_meta["http://music.example.com/stream/7"] == named
+    # A playlist of several songs gives none of them its link's names.
+    playlist = response(b"#EXTM3U\n/media/1.mp3\n/media/2.mp3\n", "audio/x-mpegurl",
+                        url="http://music.example.com/p/all.m3u")
+    playlist.link_meta = named
+    assert [i.title for i in resolve(playlist).items] == [None, None]

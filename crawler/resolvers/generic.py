@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, urldefrag
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
-from crawler.items import AudioItem
+from crawler.items import LINK_META_FIELDS, AudioItem, LinkMeta
 from crawler.resolvers import feeds, jsdata, pagemeta
 from crawler.resolvers.base import (
     Resolution,
@@ -33,7 +33,7 @@ from crawler.resolvers.base import (
 from crawler.resolvers.pagemeta import Meta
 from crawler.web import media
 from crawler.web.html import css
-from crawler.web.links import document_base
+from crawler.web.links import audio_candidate_links, document_base, stream_candidate
 from crawler.web.media import read_tags
 from crawler.web.page import FetchedPage
 from crawler.web.urls import NormalizeOptions, normalize_many, resolve_link
@@ -97,7 +97,8 @@ def _found(meta: Meta | pagemeta.Found, source: str) -> pagemeta.Found:
 
 
 class _Collector:
-    """Items and playlist links for one page, one item per distinct audio URL."""
+    """Items and playlist links for one page, one item per distinct audio URL, and what the page says about its
+    links that may lead to audio without saying so (playlists, streams named like pages)."""
 
     def __init__(self, page_url: str, base: str, max_items: int, page: pagemeta.PageContext | None = None):
         self.page_url = page_url
@@ -106,6 +107,8 @@ class _Collector:
         # url -> (local metadata, where found, the a/area element, whose text is read only if needed)
         self.items: dict[str, tuple[pagemeta.Found, str, LexborNode | None]] = {}
         self.links: list[str] = []
+        # url -> (local metadata, the a/area element): links whose own fetch may find audio, at most max_items
+        self.hinted: dict[str, tuple[pagemeta.Found, LexborNode | None]] = {}
         self.extra: dict[str, Any] = {}
         self.page = page
 
@@ -118,6 +121,7 @@ class _Collector:
         if media.is_playlist_url(url):
             if url not in self.links:
                 self.links.append(url)
+                self.hint(url, _found(meta, found_in), link)
             return
         if not (force_audio or media.is_audio_url(url)):
             return
@@ -128,20 +132,49 @@ class _Collector:
         elif len(self.items) < self.max_items:
             self.items[url] = (found, found_in, link)
 
+    def hint(self, url: str, found: pagemeta.Found, link: LexborNode | None) -> None:
+        """A link that may lead to audio: what the page says about it goes with it (Resolution.link_meta)."""
+        if url not in self.hinted and len(self.hinted) < self.max_items:
+            self.hinted[url] = (found, link)
+
     def result(self) -> Resolution:
+        hinted = {u: v for u, v in self.hinted.items() if u not in self.items}
+        # A page about one song: one audio item, or one link that leads to its audio.
+        one_song = len(self.items) + len(hinted) == 1
         items = []
         for url, (found, found_in, link) in self.items.items():
-            full = found.copy()
-            if self.page is not None:
-                full.fill(self.page.high())
-                if "title" not in full.meta and link is not None:
-                    full.add(pagemeta.link_text(link), "link")
-                if "title" not in full.meta:
-                    full.fill(self.page.low())
+            full = self._meta(found, link, one_song)
             items.append(AudioItem(url=url, page=self.page_url, resolver=GenericResolver.name,
                                    meta_source=full.sources, extra={"found_in": found_in, **self.extra},
                                    **full.meta))
-        return Resolution(items=items, links=list(self.links))
+        link_meta = {}
+        for url, (found, link) in hinted.items():
+            named = _link_meta(self._meta(found, link, one_song))
+            if named is not None:
+                link_meta[url] = named
+        return Resolution(items=items, links=list(self.links), link_meta=link_meta)
+
+    def _meta(self, found: pagemeta.Found, link: LexborNode | None, one_song: bool) -> pagemeta.Found:
+        return found.copy() if self.page is None else self.page.item_meta(found, link, one_song=one_song)
+
+
+def _link_meta(found: pagemeta.Found) -> LinkMeta | None:
+    """The names a page gives a link, as they travel with it (None: it names nothing)."""
+    names = {k: found.meta[k] for k in LINK_META_FIELDS if isinstance(found.meta.get(k), str)}
+    if not names:
+        return None
+    return LinkMeta(meta_source={k: found.sources.get(k, "page") for k in names}, **names)
+
+
+def _found_of(named: LinkMeta) -> pagemeta.Found:
+    """A link's names, as its page gave them, with the layer each came from."""
+    out = pagemeta.Found()
+    for k in LINK_META_FIELDS:
+        value = getattr(named, k)
+        if value:
+            out.meta[k] = value
+            out.sources[k] = named.meta_source.get(k, "page")
+    return out
 
 
 class GenericResolver(Resolver):
@@ -167,13 +200,18 @@ class GenericResolver(Resolver):
             # serving the other tasks.
             return await asyncio.to_thread(self.resolve_page, page)
         resolution = self.resolve_page(page)
-        if (self.settings.referrer_context and getattr(ctx, "fetch_page", None) is not None and page.referrer
-                and len(resolution.items) == 1 and resolution.items[0].extra.get("found_in") == "response"
+        if (self.settings.referrer_context and len(resolution.items) == 1
+                and resolution.items[0].extra.get("found_in") == "response"
                 and not (resolution.items[0].title and resolution.items[0].artist)):
-            # Audio behind a link that did not say it was audio, and whose file does not name it: what the
-            # linking page said about the link (its row, its text, the page's title) was not at hand when the
-            # link was reported, so that page is read again (once per worker for all its links).
-            found = await self._referrer_meta(page.referrer, page.url, ctx)
+            # Audio behind a link that did not say it was audio, and whose file does not name it: it takes what
+            # the linking page said about the link (its row, its text, the page's heading), which came with the
+            # link. A link reported without it (a page that did not see it as a way to audio) has that page
+            # read again, once per worker for all its links.
+            found: pagemeta.Found | None = None
+            if page.link_meta is not None:
+                found = _found_of(page.link_meta)
+            elif getattr(ctx, "fetch_page", None) is not None and page.referrer:
+                found = await self._referrer_meta(page.referrer, page.url, ctx)
             if found:
                 item = resolution.items[0]
                 tags = {k: getattr(item, k) for k in item.meta_source}
@@ -288,18 +326,25 @@ class GenericResolver(Resolver):
         # The entries were published on the page that links the playlist, when the crawl knows it.
         out = _Collector(page.referrer or page.url, page.final_url, self.settings.max_items)
         out.extra["playlist"] = page.url
+        # A playlist of one song is that song: what the linking page said about the playlist names it too.
+        carried = _found_of(page.link_meta) if page.link_meta is not None and len(entries) == 1 else None
         for entry in entries:
             if any(c in entry.target for c in '<>"'):
                 continue  # markup, not an entry: an error page served under a playlist's name
             meta = pagemeta.normalise({"title": entry.title, "artist": entry.artist, "duration": entry.duration})
+            found = pagemeta.Found().add(meta, "playlist")
+            if carried is not None:
+                found.fill(carried)
             absolute = resolve_link(page.final_url, entry.target)
             if absolute is None:
                 continue
             if media.is_audio_url(absolute) or media.is_playlist_url(absolute):
-                out.add(absolute, meta, "playlist")
+                out.add(absolute, found, "playlist")
             elif media.url_extension(absolute) not in _NOT_PLAYLIST_SONGS and absolute not in out.links:
-                # Not named as audio (a stream, a download script): a fetch of its first bytes decides.
+                # Not named as audio (a stream, a download script): a fetch of its first bytes decides, and
+                # the entry's names go with the link.
                 out.links.append(absolute)
+                out.hint(absolute, found, None)
         return out.result()
 
     def _json_document(self, page: FetchedPage) -> Resolution:
@@ -308,18 +353,27 @@ class GenericResolver(Resolver):
         return out.result()
 
     def _html(self, page: FetchedPage, tree: LexborHTMLParser) -> Resolution:
-        if not _page_may_hold_audio(page.body):
+        lower = page.body.lower()
+        holds = _page_may_hold_audio(lower)
+        # Streams named like pages (/stream/12): their fetch finds the audio, with the names given here. The
+        # element walk of a page that may hold audio looks at every link already; other pages look for them alone.
+        streams = not holds and _may_link_streams(lower)
+        if not holds and not streams:
             return Resolution()   # most pages of a site are navigation: skip the element walk entirely
-        out = _Collector(page.url, document_base(tree, page.final_url), self.settings.max_items,
-                         pagemeta.PageContext(tree, page.body))
-        for node in _candidates(tree, page.body):
-            tag = node.tag
-            if tag is None or not tag[0].isalpha():
-                continue
-            if tag == "script":
-                self._script(out, node)
-            else:
-                _element(out, node, tag)
+        base = document_base(tree, page.final_url)
+        out = _Collector(page.url, base, self.settings.max_items, pagemeta.PageContext(tree, page.body))
+        if holds:
+            for node in _candidates(tree, page.body):
+                tag = node.tag
+                if tag is None or not tag[0].isalpha():
+                    continue
+                if tag == "script":
+                    self._script(out, node)
+                else:
+                    _element(out, node, tag)
+        else:
+            for url, node in audio_candidate_links(tree, base, _MAX_REFERRER_LINKS):
+                _stream(out, url, node)
         return out.result()
 
     def _script(self, out: _Collector, node: LexborNode) -> None:
@@ -371,10 +425,20 @@ _EXTENSION_WORDS: list[bytes] = sorted([e[1:].encode() for e in _DOTTED_EXTENSIO
 _DOTTED_EXTENSION_B = re.compile(rb"\.(?:" + b"|".join(_EXTENSION_WORDS) + rb")")
 
 
-def _page_may_hold_audio(body: bytes) -> bool:
-    """A cheap gate before the element walk: False only when no element of the page can yield an item."""
-    lower = body.lower()
+def _page_may_hold_audio(lower: bytes) -> bool:
+    """A cheap gate before the element walk: False only when no element of the page can yield an item.
+    lower: the page's body in lower case."""
     return any(m in lower for m in _FORCING_MARKERS) or _DOTTED_EXTENSION_B.search(lower) is not None
+
+
+# What links.stream_candidate looks for (a word of a stream's path, a song's attribute), as bytes: a page without
+# any links no stream. One substring scan each, far cheaper than one regex of them all.
+_STREAM_MARKERS = (b"stream", b"listen", b"download", b"audio", b"/play", b"/mp3", b"/media/", b"data-title",
+                   b"data-artist", b"data-album", b"data-duration")
+
+
+def _may_link_streams(lower: bytes) -> bool:
+    return any(m in lower for m in _STREAM_MARKERS)
 
 
 def _mentions_audio(text: str) -> bool:
@@ -476,6 +540,8 @@ def _element(out: _Collector, node: LexborNode, tag: str) -> None:
     # Most elements are plain links: settle them on the raw string before any joining or metadata work.
     refs = [r for r in refs if r[1] or media.url_extension(r[0].strip()) in _NAMED_EXTENSIONS]
     if not refs:
+        if tag in ("a", "area") and (url := stream_candidate(out.base, node, attrs)) is not None:
+            _stream(out, url, node)
         return
     meta = pagemeta.element_found(node, out.page)
     if tag == "param" and node.parent is not None:
@@ -484,6 +550,13 @@ def _element(out: _Collector, node: LexborNode, tag: str) -> None:
     for ref, forced, where in refs:
         if forced or _url_like(ref.strip(), bare_ok=True) or tag in ("a", "area", "audio", "source", "embed"):
             out.add(ref, meta, where, force_audio=forced, link=link)
+
+
+def _stream(out: _Collector, url: str, node: LexborNode) -> None:
+    """A link that may be a stream named like a page: what the page says about it goes with it."""
+    url = urldefrag(url).url
+    if not media.is_audio_url(url) and url not in out.hinted:
+        out.hint(url, pagemeta.element_found(node, out.page), node)
 
 
 def _data_attribute_refs(name: str, value: str, node: LexborNode,

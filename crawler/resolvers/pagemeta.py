@@ -9,8 +9,9 @@ Field by field, the first layer that has a value wins, and the item records whic
 3. the page's structured data: a JSON-LD MusicRecording ("jsonld"), music:musician / og:description /
    og:image ("og"), meta name=artist/description ("meta");
 4. named elements of the page as a whole, when the page holds exactly one value for the field ("class");
-5. the link's own text, unless it is a generic "Download" ("link");
-6. og:title ("og"), then the page's <title> ("page-title").
+5. the link's own text, unless it is a generic label ("Download", "下载", "320kbps": is_generic_link_text) ("link");
+6. on a page about one song (one audio item or link to audio), its one <h1> heading ("heading");
+7. og:title ("og"), then the page's <title> ("page-title").
 A list page has one value per song in each song's row (layer 2), so its page-wide layers never reach across rows.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -260,10 +262,95 @@ _MAX_NAMED_TEXT = 300
 # Bounds on the work for one page: named elements read, ancestors walked from each.
 _MAX_NAMED = 2000
 _MAX_ANCESTORS = 64
-_GENERIC_LINK_TEXT = re.compile(
-    r"^(?:(?:click\s+)?(?:here|download|listen|play|stream|get|save|open)?\s*(?:now|here|it|this)?\s*"
-    r"(?:the\s+)?(?:mp3|audio|song|track|file|music|link|playlist|m3u|pls|ogg|flac)?\s*(?:file|here|now)?"
-    r"|下载|播放|试听|在线试听|点击下载)$", re.IGNORECASE)
+# Generic link text: the labels sites put on a download or play link instead of the song's name, in the
+# languages the crawl meets. A text is generic when every word of it is one of these, a number, a bitrate or a
+# size, or an audio format: "Download", "下载MP3", "Télécharger (320 kbps)", "Click here", "Скачать mp3".
+# Words are runs of letters and digits after NFKC and case folding; a run of CJK or kana is split greedily into
+# the longest words of this set (so "点击下载" is 点击 + 下载). Linear in the text: each position is tried
+# against at most _MAX_CJK_WORD lengths.
+GENERIC_WORDS = frozenset({
+    # English
+    "download", "downloads", "dl", "listen", "play", "playing", "stream", "streaming", "get", "save", "open",
+    "click", "tap", "here", "now", "it", "this", "the", "a", "an", "to", "in", "on", "for", "free", "online",
+    "audio", "song", "track", "file", "music", "link", "mirror", "direct", "full", "version", "preview",
+    "sample", "hq", "hd", "high", "low", "normal", "standard", "quality", "lossless", "format", "size",
+    "button", "go", "start", "more", "original", "kbps", "kbit", "kb", "mb", "bit", "rate", "bitrate", "s",
+    "playlist", "player", "via", "or", "and", "of", "your", "me", "as",
+    # Chinese (simplified and traditional)
+    "下载", "下載", "播放", "试听", "試聽", "在线", "在線", "点击", "點擊", "点此", "點此", "此处", "此處", "这里",
+    "這裡", "立即", "马上", "馬上", "免费", "免費", "收听", "收聽", "聆听", "聆聽", "音乐", "音樂", "歌曲", "链接",
+    "鏈接", "連結", "地址", "高品质", "高品質", "高音质", "高音質", "无损", "無損", "标准", "標準", "普通", "品质",
+    "品質", "音质", "音質", "本地", "文件", "全曲", "完整", "版", "听", "聽", "歌", "曲", "去", "请", "請",
+    # Spanish
+    "descargar", "descarga", "descargas", "bajar", "escuchar", "escucha", "reproducir", "aquí", "aqui", "haz",
+    "clic", "pulsa", "gratis", "canción", "cancion", "archivo", "enlace", "ahora", "el", "la", "los", "las",
+    "en", "línea", "linea", "música", "musica", "de", "del", "y", "o", "esta", "este",
+    # French
+    "télécharger", "telecharger", "téléchargement", "telechargement", "écouter", "ecouter", "écoute",
+    "ecoute", "ligne", "lire", "jouer", "cliquez", "cliquer", "ici", "le", "les", "un", "une", "fichier", "gratuit",
+    "gratuitement", "maintenant", "lien", "morceau", "musique", "chanson", "du", "des", "et", "ou", "ce",
+    # German
+    "herunterladen", "runterladen", "laden", "anhören", "anhoren", "abspielen", "hören", "horen", "hier",
+    "klicken", "klick", "jetzt", "datei", "kostenlos", "musik", "lied", "titel", "der", "die",
+    "das", "den", "und", "oder", "zum", "als",
+    # Portuguese
+    "baixar", "baixe", "ouvir", "ouça", "ouca", "tocar", "reproduzir", "clique", "agora", "arquivo",
+    "grátis", "canção", "cancao", "faixa", "do", "da", "no", "na", "um", "uma", "e",
+    # Russian
+    "скачать", "скачайте", "загрузить", "слушать", "послушать", "слушайте", "играть", "воспроизвести",
+    "нажмите", "здесь", "тут", "сейчас", "бесплатно", "файл", "музыка", "музыку", "песня", "песню", "трек",
+    "онлайн", "ссылка", "в", "и", "или", "на", "по",
+    # Japanese
+    "ダウンロード", "再生", "試聴", "視聴", "聴く", "きく", "ここ", "こちら", "クリック", "無料", "音楽", "楽曲",
+    "今すぐ", "する", "して", "を", "で", "から", "は", "の", "フル", "ストリーミング", "リンク",
+})
+_FORMAT_WORDS = frozenset(ext for ext in ("mp3", "m4a", "aac", "ogg", "oga", "opus", "flac", "wav", "wma", "ape",
+                                           "alac", "aiff", "amr", "mid", "midi", "m3u", "m3u8", "pls", "zip", "rar"))
+# A bitrate, a sample rate or a size: "320kbps", "128k", "44khz", "3mb", "24bit", a decimal ("3.5 MB"), or a
+# bare common bitrate ("MP3 320"). Other bare numbers are not labels: "Track 3" names a song as well as its page does.
+_AMOUNT_WORD = re.compile(r"\d+(?:[.,]\d+)?(?:k|kb|kbps|kbit|kbits|khz|hz|mb|mib|m|bit|bits)|\d+[.,]\d+"
+                          r"|64|96|128|160|192|256|320")
+# A word: a number with its decimals and unit ("3.5mb"), or a run of letters and digits.
+_WORD = re.compile(r"\d+(?:[.,]\d+)?[^\W\d_]*|\w+")
+# CJK ideographs, kana: scripts written without spaces between words.
+_NO_SPACES = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f]+")
+_MAX_CJK_WORD = max(len(w) for w in GENERIC_WORDS if _NO_SPACES.fullmatch(w))
+_MAX_LABEL = 120   # a longer text names something
+
+
+def _generic_word(word: str) -> bool:
+    return word in GENERIC_WORDS or word in _FORMAT_WORDS or _AMOUNT_WORD.fullmatch(word) is not None
+
+
+def _generic_run(run: str) -> bool:
+    """A run of CJK or kana made only of generic words, split greedily, longest first."""
+    i, n = 0, len(run)
+    while i < n:
+        for length in range(min(_MAX_CJK_WORD, n - i), 0, -1):
+            if run[i:i + length] in GENERIC_WORDS:
+                i += length
+                break
+        else:
+            return False
+    return True
+
+
+def is_generic_link_text(text: str) -> bool:
+    """Whether a link's text is a label ("Download", "下载", "320kbps", "Click here") rather than a name: the one
+    definition the crawl uses, for link texts and for headings alike."""
+    if len(text) > _MAX_LABEL:
+        return False
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    for word in _WORD.findall(folded):
+        # Split where a script written without spaces meets another ("下载mp3", "mp3下载").
+        pos = 0
+        for m in _NO_SPACES.finditer(word):
+            if (m.start() > pos and not _generic_word(word[pos:m.start()])) or not _generic_run(m.group()):
+                return False
+            pos = m.end()
+        if pos < len(word) and not _generic_word(word[pos:]):
+            return False
+    return True
 
 
 def _field_of_name(attrs: Mapping[str, str | None]) -> str | None:
@@ -395,7 +482,7 @@ def link_text(node: LexborNode) -> Meta:
     if node.tag not in ("a", "area"):
         return {}
     text = clean_text(node.text(deep=True, separator=" ") if node.tag == "a" else node.attributes.get("alt"))
-    if not text or len(text) < 2 or len(text) > _MAX_NAMED_TEXT or _GENERIC_LINK_TEXT.fullmatch(text):
+    if not text or len(text) < 2 or len(text) > _MAX_NAMED_TEXT or is_generic_link_text(text):
         return {}
     if "/" in text or re.search(r"\.[a-z0-9]{2,4}$", text, re.IGNORECASE):
         return {}   # a URL or a file name, not a name
@@ -403,7 +490,7 @@ def link_text(node: LexborNode) -> Meta:
 
 
 class PageContext:
-    """What a page says as a whole (layers 3, 4 and 6), computed once per page and only when it has audio."""
+    """What a page says as a whole (layers 3, 4, 6 and 7), computed once per page and only when it has audio."""
 
     def __init__(self, tree: LexborHTMLParser, body: bytes | None = None) -> None:
         self.tree = tree
@@ -412,6 +499,7 @@ class PageContext:
         self._metas: MetaTags | None = None
         self._high: Found | None = None
         self._low: Found | None = None
+        self._heading: Meta | None = None
 
     @property
     def named(self) -> NamedIndex:
@@ -433,7 +521,7 @@ class PageContext:
         return self._high
 
     def low(self) -> Found:
-        """Layer 6: og:title, else <title>; asked only by items that have no title by then."""
+        """Layer 7: og:title, else <title>; asked only by items that have no title by then."""
         if self._low is None:
             self._low = Found()
             og_title = _meta_content(self.metas, "property", "og:title")
@@ -446,11 +534,25 @@ class PageContext:
                     self._low.add({"title": text}, "page-title")
         return self._low
 
-    def item_meta(self, local: Found, link: LexborNode | None = None) -> Found:
-        """All layers for one item: its local ones, then the page's, the link text, og:title, <title>."""
+    def heading(self) -> Meta:
+        """Layer 6: the page's one <h1>, when it names something (not a label such as "Download")."""
+        if self._heading is None:
+            self._heading = {}
+            found = css(self.tree, "h1")
+            if len(found) == 1:
+                text = clean_text(found[0].text(deep=True, separator=" "))
+                if text and len(text) <= _MAX_NAMED_TEXT and not is_generic_link_text(text):
+                    self._heading = {"title": text}
+        return self._heading
+
+    def item_meta(self, local: Found, link: LexborNode | None = None, *, one_song: bool = False) -> Found:
+        """All layers for one item: its local ones, then the page's, the link text, the heading of a page about
+        one song (one_song: the page has one audio item or link to audio), og:title, <title>."""
         out = local.copy().fill(self.high())
         if link is not None:
             out.add(link_text(link), "link")
+        if one_song and "title" not in out.meta:
+            out.add(self.heading(), "heading")
         return out if "title" in out.meta else out.fill(self.low())
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from selectolax.lexbor import LexborHTMLParser
+from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from crawler.web.html import css, css_first
 from crawler.web.urls import resolve_link
@@ -96,28 +97,44 @@ _SONG_ATTRS = ("data-title", "data-artist", "data-album", "data-duration", "down
 def audio_candidates(tree: LexborHTMLParser, base_url: str, max_elements: int | None = None) -> list[str]:
     """The a/area links of a page that may be its audio (streams named like pages), as absolute URLs: what a
     page at the crawl's depth limit still follows, since resolving its audio is part of the page."""
+    return [url for url, _ in audio_candidate_links(tree, base_url, max_elements)]
+
+
+def audio_candidate_links(tree: LexborHTMLParser, base_url: str,
+                          max_elements: int | None = None) -> list[tuple[str, LexborNode]]:
+    """audio_candidates with the element of each (the first that links it), for what the page says about it."""
     base = document_base(tree, base_url)
-    out: dict[str, None] = {}
+    out: dict[str, LexborNode] = {}
     nodes = css(tree, "a[href], area[href]")
     if max_elements is not None and len(nodes) > max_elements:
         del nodes[max_elements:]
     for node in nodes:
+        url = stream_candidate(base, node)
+        if url is not None and url not in out:
+            out[url] = node
+    return list(out.items())
+
+
+def stream_candidate(base: str, node: LexborNode, attrs: Mapping[str, str | None] | None = None) -> str | None:
+    """The absolute URL of an a/area element that may be a stream named like a page (no page's extension, and a
+    song's attributes or a path that says so), else None. base: the document's base (document_base); attrs: the
+    element's attributes, when the caller has them already."""
+    if attrs is None:
         attrs = node.attributes
-        href = attrs.get("href")
-        # Most links are the site's navigation: settled on the raw attribute, before any joining.
-        if not href or not (any(a in attrs for a in _SONG_ATTRS) or _STREAM_PATH.search(href)):
-            continue
-        url = resolve_link(base, href)
-        if url is None:
-            continue
-        path = urlsplit(url).path
-        name = path.rsplit("/", 1)[-1]
-        ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
-        if ext in _PAGE_EXTENSIONS or not name:
-            continue
-        if any(a in attrs for a in _SONG_ATTRS) or _STREAM_PATH.search(path):
-            out[url] = None
-    return list(out)
+    href = attrs.get("href")
+    # Most links are the site's navigation: settled on the raw attribute, before any joining.
+    song = any(a in attrs for a in _SONG_ATTRS)
+    if not href or not (song or _STREAM_PATH.search(href)):
+        return None
+    url = resolve_link(base, href)
+    if url is None:
+        return None
+    path = urlsplit(url).path
+    name = path.rsplit("/", 1)[-1]
+    ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+    if ext in _PAGE_EXTENSIONS or not name or not (song or _STREAM_PATH.search(path)):
+        return None
+    return url
 
 
 def count_links(tree: LexborHTMLParser) -> int:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from selectolax.lexbor import LexborHTMLParser
 
+from crawler.items import LinkMeta
+
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 
 _CHARSET_PARAM = re.compile(r"charset\s*=\s*[\"']?([\w.:-]+)", re.IGNORECASE)
@@ -28,6 +30,8 @@ class FetchedPage:
     body: bytes
     referrer: str | None = None
     raw_headers: Sequence[tuple[bytes, bytes]] = ()   # as received, for the page archive
+    # What the page that linked this address said about the link (items.LinkMeta), when it came with the task.
+    link_meta: LinkMeta | None = None
     _text: str | None = field(default=None, init=False, repr=False, compare=False)
     _tree: LexborHTMLParser | None = field(default=None, init=False, repr=False, compare=False)
     _parsed: bool = field(default=False, init=False, repr=False, compare=False)

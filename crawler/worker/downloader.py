@@ -42,12 +42,12 @@ hosts could use. Slots are released while re-resolving; hosts nobody holds or wa
 
 Two fetches of the same key, or of the same address, share one download instead of racing.
 
-Bounds against a hostile server: a total deadline per download, attempts and re-resolves included, of
-``deadline_base`` plus the file's size at ``min_rate`` (the size as announced, or as received so far), so a
-server that trickles a byte at a time is cut off and the partial kept for a later crawl; a body asked for as
-identity but sent encoded is refused (its bytes would not be the file's, and ranges over it mean nothing); and a
-finished body whose first bytes are not audio (an HTML error page, an executable) is thrown away as ``not audio``
-instead of catalogued.
+Bounds against a hostile server: a total deadline per download (an HLS one too, over all its segments),
+attempts and re-resolves included, of ``deadline_base`` plus the file's size at ``min_rate`` (the size as
+announced, or as received so far), so a server that trickles a byte at a time is cut off and the partial kept
+for a later crawl; a body asked for as identity but sent encoded is refused (its bytes would not be the
+file's, and ranges over it mean nothing); and a finished body whose first bytes are not audio (an HTML error
+page, an executable) is thrown away as ``not audio`` instead of catalogued.
 """
 
 from __future__ import annotations
@@ -116,6 +116,20 @@ class DownloadConfig:
         if self.revalidate_after < 0 or self.max_per_host < 1 or self.remembered_urls < 0 or (
                 self.max_downloads is not None and self.max_downloads < 1):
             raise ValueError("DownloadConfig: revalidate_after >= 0, max_per_host >= 1, max_downloads >= 1")
+
+
+@dataclass(frozen=True)
+class Started:
+    """The first bytes of a file as an earlier answer for its address gave them: a page fetch that turned out to be
+    the file (a stream named like a page). The download keeps them as its partial and asks only for the rest
+    (Range, guarded by If-Range with that answer's validators), or for nothing when they are the whole file."""
+
+    url: str
+    body: bytes                       # the file's first bytes, as received (no content coding)
+    size: int | None = None           # the whole file's size, when the answer said it (or the body is all of it)
+    etag: str | None = None
+    last_modified: str | None = None
+    content_type: str | None = None
 
 
 @dataclass
@@ -375,7 +389,7 @@ class Downloader:
         self.hls = HlsDownloader(client, self.store, cfg, clock=clock)
 
     async def fetch(self, item: AudioItem, reresolve: Reresolve | None = None, *,
-                    transferred: Callable[[], None] | None = None) -> AudioItem:
+                    transferred: Callable[[], None] | None = None, start: Started | None = None) -> AudioItem:
         """Download item.url into the store, unless a finished download of it is known to be current.
 
         Returns the item with sha256/size/content_type/path and status OK, or status FAILED with a reason.
@@ -384,8 +398,9 @@ class Downloader:
         With ``file_tags``, an OK item also carries what its file says about itself.
         ``transferred`` is called once the file's bytes are in and handed to the store (a file held in memory
         once the store's queue has room for it): what is left of the download is storing the file.
+        ``start``: the file's first bytes, already fetched; used when nothing of the file is held or known.
         """
-        result = await self._fetch_item(item, reresolve, transferred)
+        result = await self._fetch_item(item, reresolve, transferred, start)
         if not self._file_tags or result.status != OK or not result.path:
             return result
         tags = self._fresh_tags.pop(result.path, None)
@@ -395,7 +410,7 @@ class Downloader:
         return result.with_file_tags(tags) if tags else result
 
     async def _fetch_item(self, item: AudioItem, reresolve: Reresolve | None,
-                          transferred: Callable[[], None] | None = None) -> AudioItem:
+                          transferred: Callable[[], None] | None = None, start: Started | None = None) -> AudioItem:
         if not item.url:
             return item.replace(status=FAILED, reason="no download address")
         key = partial_key(item)
@@ -430,9 +445,9 @@ class Downloader:
         try:
             await slots.take(host_of(item.url))
             if self.hls.claims(item):     # a playlist of segments, made one file by crawler/worker/hls.py
-                result = await self.hls.fetch(item, key, known)
+                result = await self._fetch_hls(item, key, known)
             else:
-                result = await self._fetch(item, key, reresolve, known, slots)
+                result = await self._fetch(item, key, reresolve, known, slots, start)
         except BaseException:
             future.cancel()
             raise
@@ -483,13 +498,27 @@ class Downloader:
                             content_type=done.content_type, path=done.path)
 
     async def _fetch(self, item: AudioItem, key: str, reresolve: Reresolve | None, known: Finished | None,
-                     slots: _DownloadSlots) -> AudioItem:
+                     slots: _DownloadSlots, start: Started | None = None) -> AudioItem:
         try:
             partial = self.store.open_partial(key, item.url, self.cfg.chunk_size)
         except OSError as exc:
             if is_local(exc):
                 raise
             return item.replace(status=FAILED, reason=f"storage: {exc}")
+        if (start is not None and start.url == item.url and known is None and not partial.on_disk
+                and start.body and (start.size is None or len(start.body) <= start.size)):
+            # The bytes the page fetch read are the file's start: on disk as its partial, the plan resumes after
+            # them (or finds the file whole) as after any interruption.
+            partial.describe(etag=start.etag, last_modified=start.last_modified, expected_size=start.size,
+                             content_type=start.content_type, final_url=None)
+            partial.take(start.body)
+            try:
+                await partial.flush()
+            except OSError as exc:
+                await partial.discard()
+                if is_local(exc):
+                    raise
+                return item.replace(status=FAILED, reason=f"storage: {exc}")
         loop = asyncio.get_running_loop()
         deadline = _Deadline(loop.time(), self.cfg)
         self._deadlines.keep(deadline)
@@ -517,15 +546,33 @@ class Downloader:
                 raise
             await partial.aclose()
             partial.checkpoint()
-            return item.replace(status=FAILED, reason=(
-                f"download too slow: {partial.received} bytes in {loop.time() - deadline.started:.0f} s "
-                f"(deadline {self.cfg.deadline_base:.0f} s + size at {self.cfg.min_rate:.0f} B/s)"))
+            return item.replace(status=FAILED, reason=_too_slow(partial.received, loop.time() - deadline.started,
+                                                                self.cfg))
         except OSError as exc:
             if is_local(exc):
                 raise
             return item.replace(status=FAILED, reason=f"storage: {exc}")
         finally:
             await partial.aclose()
+
+    async def _fetch_hls(self, item: AudioItem, key: str, known: Finished | None) -> AudioItem:
+        """An HLS item under the same whole-download deadline as a plain download: hls.py stretches it by the
+        bytes it has written, and saves its progress when the deadline's cancel reaches it."""
+        loop = asyncio.get_running_loop()
+        deadline = _Deadline(loop.time(), self.cfg)
+        self._deadlines.keep(deadline)
+        try:
+            result = await self.hls.fetch(item, key, known, deadline)
+            if deadline.expired:    # it ran out as the download ended: its cancel is taken here, not later
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            if not deadline.timed_out():
+                raise
+            return item.replace(status=FAILED, reason=_too_slow(deadline.received, loop.time() - deadline.started,
+                                                                self.cfg))
+        finally:
+            self._deadlines.drop(deadline)
+        return result
 
     async def _run(self, item: AudioItem, partial: Partial, reresolve: Reresolve | None,
                    known: Finished | None, slots: _DownloadSlots, deadline: _Deadline) -> AudioItem | plan.Fail:
@@ -729,18 +776,20 @@ class _Deadline:
     Kept by the downloader's _Deadlines, not by a timer of its own: moving a timer costs more than the rest of
     a small file's bookkeeping, and a deadline only ever moves later."""
 
-    __slots__ = ("_base", "_cancelling", "_rate", "_task", "at", "expired", "started")
+    __slots__ = ("_base", "_cancelling", "_rate", "_task", "at", "expired", "received", "started")
 
     def __init__(self, started: float, cfg: DownloadConfig) -> None:
         self.started = started
         self._base, self._rate = started + cfg.deadline_base, cfg.min_rate
         self.at = self._base
         self.expired = False
+        self.received = 0
         self._task = asyncio.current_task()
         self._cancelling = self._task.cancelling() if self._task is not None else 0
 
     def stretch(self, expected: int | None, received: int) -> None:
         """The size as announced, or as received so far."""
+        self.received = received
         self.at = max(self.at, self._base + max(expected or 0, received) / self._rate)
 
     def expire(self) -> None:
@@ -786,6 +835,11 @@ class _Deadlines:
             deadline.expire()
         if self._live:
             self._arm(min(d.at for d in self._live))
+
+
+def _too_slow(received: int, elapsed: float, cfg: DownloadConfig) -> str:
+    return (f"download too slow: {received} bytes in {elapsed:.0f} s "
+            f"(deadline {cfg.deadline_base:.0f} s + size at {cfg.min_rate:.0f} B/s)")
 
 
 def _head(response: Answer | httpx.Response, url: str, conditional: bool) -> plan.Head:
