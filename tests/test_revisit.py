@@ -11,7 +11,7 @@ import pytest
 from crawler.config import ConfigError
 from crawler.master.config import MasterConfig
 from crawler.master.revisit import RevisitPolicy, changed, gone, revisit_policy
-from crawler.master.store import MasterStore, PageOutcome, page_keys
+from crawler.master.store import MasterStore, PageOutcome, listed_keys
 from scripts.cluster import write_secret
 
 POLICY = RevisitPolicy(base=100.0, min=30.0, max=400.0)
@@ -22,8 +22,8 @@ def to(node):
     return lambda urls: [node] * len(urls)
 
 
-def visit(url=PAGE, status=200, at=1000.0, digest=1, etag=None, last_modified=None, keys=frozenset()):
-    return PageOutcome(url, "done", status, url, "text/html", 10, None, "a", at, etag, last_modified, digest, keys)
+def visit(url=PAGE, status=200, at=1000.0, digest=1, etag=None, last_modified=None, keys=frozenset(), error=None):
+    return PageOutcome(url, "done", status, url, "text/html", 10, error, "a", at, etag, last_modified, digest, keys)
 
 
 def item(name, page=PAGE, at=1000.0, sha="aa", **kw):
@@ -32,7 +32,7 @@ def item(name, page=PAGE, at=1000.0, sha="aa", **kw):
 
 
 def keys(*names, page=PAGE):
-    return page_keys(page, [item(n, page) for n in names])
+    return listed_keys([item(n, page) for n in names])
 
 
 @pytest.fixture
@@ -126,14 +126,15 @@ def test_the_due_scan_goes_in_batches_most_overdue_first_with_no_cap(store_locat
 
 
 def test_the_catalogue_follows_its_pages(store):
+    # As the master records a report: the rows first, then the visit that lists them.
     lease(store)
-    store.finish([visit(keys=keys("x", "y"))], POLICY)
     assert store.add_audio([item("x"), item("y")]) == [True, True]
+    store.finish([visit(keys=keys("x", "y"))], POLICY)
     # A revisit that no longer shows y: y is removed, x is seen.
     store.requeue_due(2000.0, to("a"))
     lease(store)
-    store.finish([visit(at=2000.0, digest=2, keys=keys("x", "z"))], POLICY)
     assert store.add_audio([item("x", at=2000.0), item("z", at=2000.0)]) == [False, True]
+    store.finish([visit(at=2000.0, digest=2, keys=keys("x", "z"))], POLICY)
     rows = {r["url"][11:12]: r for r in store.catalogue()}
     assert (rows["y"]["status"], rows["y"]["removed_at"], rows["y"]["last_seen"]) == ("removed", 2000.0, 1000.0)
     assert (rows["x"]["status"], rows["x"]["last_seen"], rows["x"]["found_at"]) == ("ok", 2000.0, 1000.0)
@@ -155,11 +156,19 @@ def test_the_catalogue_follows_its_pages(store):
     # Back on its page: it appeared again.
     store.requeue_due(5000.0, to("a"))
     lease(store)
-    store.finish([visit(at=5000.0, digest=9, keys=keys("x"))], POLICY)
     store.add_audio([item("x", at=5000.0)])
+    store.finish([visit(at=5000.0, digest=9, keys=keys("x"))], POLICY)
     assert store.page_visit(PAGE)["gone_at"] is None
     assert {r["url"][11:12]: r["status"] for r in store.catalogue()} == {"x": "ok", "y": "removed", "z": "removed"}
     assert store.status()["audio"] == {"ok": 1, "removed": 2}
+    # An export of the changes since it went says it is there again.
+    back = [(r["url"][11:12], r["change"], r["status"], r["returned_at"], r["removed_at"])
+            for r in store.changes_since(4500.0)]
+    assert back == [("x", "new", "ok", 5000.0, None)]
+    assert [r["change"] for r in store.changes_since(5000.5)] == []
+    # New bytes later: the latest event is the change.
+    store.add_audio([item("x", at=6000.0, sha="cc")])
+    assert [(r["change"], r["returned_at"]) for r in store.changes_since(5500.0)] == [("changed", None)]
 
 
 def test_audio_found_by_its_own_address_is_not_removed_by_the_page_that_links_it(store):
@@ -172,21 +181,46 @@ def test_audio_found_by_its_own_address_is_not_removed_by_the_page_that_links_it
     assert [r["status"] for r in store.catalogue()] == ["ok"]
 
 
-def test_cycles_count_new_changed_and_removed(store_location):
+def test_cycles_count_new_changed_and_removed_from_the_first_revisit_on(store_location):
     s = MasterStore(store_location)
     assert not s.roll_cycle(0.0, 60.0)
+    # The first cycle is the crawl's first visit: what it finds is not "new". It ends when pages come due again.
     s.add_audio([item("a", at=1.0), item("b", at=1.0)])
-    s.add_audio([item("a", at=2.0, sha="bb")])
-    assert s.status()["changes"]["this_cycle"] == {"start": 0.0, "new": 2, "changed": 1, "removed": 0}
-    assert not s.roll_cycle(59.0, 60.0) and s.roll_cycle(61.0, 60.0)
+    assert s.status()["changes"]["this_cycle"] == {"start": 0.0, "first": True, "due": 0, "new": 0, "changed": 0,
+                                                   "removed": 0}
+    assert not s.roll_cycle(500.0, 60.0)
+    # Pages come due again while a URL in line was never fetched: the first visit goes on (looked at again a
+    # cycle's length later).
+    s.push([("http://s/new", 1, 0, "a", None)])
+    assert not s.roll_cycle(501.0, 60.0, due=2) and not s.roll_cycle(502.0, 60.0)
+    s.pop("a", 1, 502.0)
+    s.finish([visit("http://s/new", at=503.0)])
+    assert not s.roll_cycle(560.0, 60.0) and s.roll_cycle(561.0, 60.0)
+    assert s.get_meta("last_cycle") == {"start": 0.0, "end": 561.0, "first": True, "due": 2, "new": 0, "changed": 0,
+                                        "removed": 0}
+    assert not s.roll_cycle(561.0, 60.0)
+    s.add_audio([item("a", at=562.0, sha="bb"), item("c", at=562.0)])
+    assert not s.roll_cycle(580.0, 60.0, due=3)
+    assert s.status()["changes"]["this_cycle"] == {"start": 561.0, "first": False, "due": 3, "new": 1, "changed": 1,
+                                                   "removed": 0}
+    assert not s.roll_cycle(620.0, 60.0) and s.roll_cycle(621.0, 60.0, due=4)
     s.commit()
     st = s.status()["changes"]
-    assert st["last_cycle"] == {"start": 0.0, "end": 61.0, "new": 2, "changed": 1, "removed": 0}
-    assert st["this_cycle"] == {"start": 61.0, "new": 0, "changed": 0, "removed": 0}
+    assert st["last_cycle"] == {"start": 561.0, "end": 621.0, "first": False, "due": 3, "new": 1, "changed": 1,
+                                "removed": 0}
+    assert st["this_cycle"] == {"start": 621.0, "first": False, "due": 4, "new": 0, "changed": 0, "removed": 0}
     s.close()
     reader = MasterStore.open_readonly(store_location)
     assert reader.status()["changes"]["last_cycle"]["changed"] == 1
     reader.close()
+
+
+def test_refresh_switched_on_for_a_crawl_already_made_has_no_first_cycle(store_location):
+    s = MasterStore(store_location)
+    assert not s.roll_cycle(0.0, 60.0, due=7)
+    s.add_audio([item("a", at=1.0)])
+    assert s.status()["changes"]["this_cycle"]["new"] == 1
+    s.close()
 
 
 def test_an_older_store_gains_the_revisit_columns_and_its_done_pages_are_due(store_location):
@@ -196,13 +230,16 @@ def test_an_older_store_gains_the_revisit_columns_and_its_done_pages_are_due(sto
     s.push([(PAGE, 1, 0, "a", None)])
     s.pop("a", 1, 0.0)
     s.finish([visit(at=50.0)])
-    s.db.execute("DROP INDEX audio_changes")
+    s.db.execute("DROP INDEX audio_events")
+    s.db.execute("ALTER TABLE audio DROP COLUMN returned_at")
     s.db.execute("ALTER TABLE audio DROP COLUMN removed_at")
+    s.db.execute("CREATE INDEX audio_changes ON audio((coalesce(changed_at, found_at)), id)")   # the one it had
     s.close()
     s = MasterStore(store_location)
     assert s.schedule_unscheduled(True) == 1
     assert s.requeue_due(60.0, to("a")) == [10.0]
     assert s.add_audio([item("x")]) == [True]
+    assert [r["change"] for r in s.changes_since(0.0)] == ["new"]
     s.close()
 
 
@@ -216,3 +253,90 @@ def test_export_changes_since_refuses_a_bad_time_in_one_line(tmp_path):
                            capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and words in lines[0], r.stderr
+
+
+PLAYLIST = "http://s/list.m3u"
+
+
+def playlist_store(store_location):
+    """A page linking a playlist, both fetched: the songs name the page, and the playlist's own task lists them."""
+    s = MasterStore(store_location)
+    s.push([(PAGE, 1, 0, "a", None), (PLAYLIST, 2, 0, "a", PAGE)])
+    s.pop("a", 10, 0.0)
+    s.finish([visit(keys=frozenset())], POLICY)
+    songs = [item(n, extra={"found_in": "playlist", "playlist": PLAYLIST}) for n in ("x", "y")]
+    assert s.add_audio(songs) == [True, True]
+    s.finish([visit(PLAYLIST, keys=keys("x", "y"))], POLICY)
+    return s
+
+
+def revisit(s, url, at, **kw):
+    assert s.requeue_refresh([(url, 1)], to("b")) == 1
+    assert [r[0] for r in s.pop("b", 10, at)] == [url]
+    rows = kw.pop("rows", [])
+    if rows:
+        s.add_audio(rows)
+    s.finish([visit(url, at=at, **kw)], POLICY)
+
+
+def statuses(s):
+    return {r["url"][11:12]: r["status"] for r in s.catalogue()}
+
+
+def test_a_revisit_of_a_page_takes_nothing_from_the_songs_its_playlist_lists(store_location):
+    s = playlist_store(store_location)
+    # The page again, on another node and with nothing of its own: its playlist's songs stay.
+    revisit(s, PAGE, 2000.0, digest=2, keys=frozenset())
+    assert statuses(s) == {"x": "ok", "y": "ok"} and s.status()["changes"]["this_cycle"].get("removed", 0) == 0
+    # The playlist answers 304: its songs are seen then (they name the page, not the playlist).
+    revisit(s, PLAYLIST, 3000.0, status=304, digest=None)
+    assert {r["url"][11:12]: r["last_seen"] for r in s.catalogue()} == {"x": 3000.0, "y": 3000.0}
+    # The playlist without y: y goes, x stays; then the playlist is gone: x goes too.
+    revisit(s, PLAYLIST, 4000.0, digest=3, keys=keys("x"), rows=[item("x", at=4000.0)])
+    assert statuses(s) == {"x": "ok", "y": "removed"}
+    revisit(s, PLAYLIST, 5000.0, status=404, digest=None)
+    assert statuses(s) == {"x": "removed", "y": "removed"}
+    assert [(r["url"][11:12], r["change"]) for r in s.changes_since(4000.0)] == [("y", "removed"), ("x", "removed")]
+    s.close()
+
+
+def test_an_item_two_urls_list_is_removed_only_when_neither_does(store_location):
+    s = playlist_store(store_location)
+    # The page links x itself too (the same row: the same address on the same page).
+    revisit(s, PAGE, 2000.0, digest=2, keys=keys("x"), rows=[item("x", at=2000.0)])
+    revisit(s, PLAYLIST, 3000.0, digest=3, keys=keys("y"), rows=[item("y", at=3000.0)])
+    assert statuses(s) == {"x": "ok", "y": "ok"}
+    # A visit whose resolver failed may have missed items: it takes none off the page.
+    revisit(s, PAGE, 4000.0, digest=4, keys=frozenset(), error="resolver generic: ValueError")
+    assert statuses(s) == {"x": "ok", "y": "ok"}
+    revisit(s, PAGE, 5000.0, digest=5, keys=frozenset())
+    assert statuses(s) == {"x": "removed", "y": "ok"} and s.status()["audio"] == {"ok": 1, "removed": 1}
+    s.close()
+
+
+def test_a_store_from_before_references_gets_them_from_its_catalogue(store_location):
+    s = playlist_store(store_location)
+    s.push([("http://cdn/r.mp3", 2, 0, "a", PAGE)])                  # audio at an address of its own
+    s.add_audio([item("r", extra={"found_in": "response"})])
+    s.db.execute("DROP TABLE audio_refs")
+    s.close()
+    s = MasterStore(store_location)
+    made = dict(s.db.execute("SELECT audio_id, referrer FROM audio_refs").fetchall())
+    ids = {r[1][11:12]: r[0] for r in s.db.execute("SELECT id, url FROM audio")}
+    assert made[ids["x"]] == made[ids["y"]] != made[ids["r"]]
+    revisit(s, PAGE, 2000.0, digest=2, keys=frozenset())
+    assert set(statuses(s).values()) == {"ok"}
+    revisit(s, PLAYLIST, 3000.0, digest=3, keys=frozenset())
+    assert statuses(s)["x"] == statuses(s)["y"] == "removed"
+    s.close()
+
+
+def test_a_download_that_ends_after_its_item_was_removed_does_not_bring_it_back(store):
+    lease(store)
+    pending = {**item("x"), "status": "pending", "sha256": None}
+    store.add_audio([pending])
+    store.finish([visit(keys=keys("x"))], POLICY)
+    revisit(store, PAGE, 2000.0, digest=2, keys=frozenset())          # the page no longer lists it
+    assert statuses(store) == {"x": "removed"}
+    assert store.settle_audio([(pending, item("x", at=2100.0, sha="bb"))]) == [None]
+    assert statuses(store) == {"x": "removed"} and store.status()["audio"] == {"removed": 1}

@@ -57,6 +57,11 @@ def write_v1(path):
     db.close()
 
 
+def refs_of(s):
+    return [tuple(r) for r in s.db.execute(
+        "SELECT u.url, a.url FROM audio_refs r JOIN urls u ON u.id = r.referrer JOIN audio a ON a.id = r.audio_id")]
+
+
 def cli(*args):
     return subprocess.run([sys.executable, "-m", "crawler.master", *args], capture_output=True, text=True,
                           timeout=120, check=False)
@@ -82,6 +87,8 @@ def test_an_old_store_is_refused_in_one_line_then_upgraded_with_nothing_lost(tmp
     with MasterStore(db) as s:
         assert s.status()["states"] == {"queued": 1, "leased": 1, "done": 1, "error": 1}
         assert s.status()["discards"] == {"depth": 7} and [r["title"] for r in s.catalogue()] == ["X"]
+        # The item is listed by its page (the references a refresh follows), as if the page had said so.
+        assert refs_of(s) == [("http://s/a.html", "http://s/x.mp3")]
         assert s.url_info("http://s/")["http_status"] == 200
         info = s.url_info("http://s/b.html")
         assert (info["state"], info["error"], info["attempts"], info["parent"]) == ("error", "HTTP 500", 3,
@@ -136,6 +143,7 @@ def test_a_layout_2_store_gets_ids_in_line_order_and_its_index(tmp_path):
         assert s.url_info("http://s/a.html")["parent"] == "http://s/"
         assert s.url_info("http://s/c.html")["parent"] == "http://gone/"
         assert [r["title"] for r in s.catalogue()] == ["X"]
+        assert refs_of(s) == [("http://s/a.html", "http://s/x.mp3")]
         assert [u for u, *_ in s.pop("w1", 10, 2.0)] == ["http://s/a.html", "http://s/b.html", "http://s/c.html"]
         assert s.push([("http://s/a.html", 2, 0, "w1", None), ("http://s/d", 2, 0, "w1", "http://s/b.html")]) == 1
         assert s.url_info("http://s/d")["parent"] == "http://s/b.html"
@@ -147,9 +155,11 @@ def test_a_layout_2_postgresql_store_is_indexed_in_place(pg_dsn):
 
     with MasterStore(pg_dsn) as s:
         s.push([(f"http://s/{i}", 0, 0, "w1", None) for i in range(50)])
+        s.add_audio([{"url": "http://s/x.mp3", "page": "http://s/7", "status": "ok"}])
     with MasterStore(pg_dsn) as s:
         s.db.execute("BEGIN")
         s.db.execute("DROP TABLE url_hashes")
+        s.db.execute("DROP TABLE audio_refs")
         s.db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
         s.db.execute("COMMIT")
     with pytest.raises(StoreError, match="upgrade-store"):
@@ -157,6 +167,7 @@ def test_a_layout_2_postgresql_store_is_indexed_in_place(pg_dsn):
     assert upgrade_postgres(pg_dsn) == 50
     with MasterStore(pg_dsn) as s:
         assert len(s.known([f"http://s/{i}" for i in range(50)])) == 50
+        assert refs_of(s) == [("http://s/7", "http://s/x.mp3")]
         assert s.push([("http://s/3", 0, 0, "w1", None), ("http://s/new", 0, 0, "w1", None)]) == 1
     with pytest.raises(StoreError, match="nothing to upgrade"):
         upgrade_postgres(pg_dsn)

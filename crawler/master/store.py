@@ -74,6 +74,7 @@ __all__ = [
     "StoreBusy",
     "StoreError",
     "StoreValueError",
+    "listed_keys",
     "url_hash",
 ]
 
@@ -101,21 +102,25 @@ _CHANGE_KINDS = ("new", "changed", "removed")
 # Catalogue columns in export order, from the one field list of AudioItem (its client identity is never
 # stored: cookies are secrets), plus who found the item and when. Map fields are stored as JSON text.
 AUDIO_COLUMNS = (tuple(k for k, kind in AUDIO_FIELD_KINDS.items() if kind != "identity")
-                 + ("node", "found_at", "last_seen", "changed_at", "removed_at"))
+                 + ("node", "found_at", "last_seen", "changed_at", "removed_at", "returned_at"))
 # found_at is when the item first appeared (exports also call it first_seen); last_seen when a visit of its page
-# last showed it; changed_at when new bytes were last found at its address; removed_at when its page stopped
-# linking it or went away (status "removed"). Epoch seconds here, ISO-8601 UTC in exports.
-AUDIO_TIMES = ("found_at", "last_seen", "changed_at", "removed_at")
+# last showed it; changed_at when new bytes were last found at its address; removed_at when no page, playlist
+# or feed listed it any more (status "removed"); returned_at when one listed it again after that (cleared by a
+# later change). Epoch seconds here, ISO-8601 UTC in exports.
+AUDIO_TIMES = ("found_at", "last_seen", "changed_at", "removed_at", "returned_at")
+# The time of an item's latest event, for changes_since (and its index): every write keeps at most one of
+# removed_at and returned_at set, and clears returned_at when the bytes change.
+_EVENT_AT = "coalesce(removed_at, returned_at, changed_at, found_at)"
 CHANGED, REMOVED = "changed", "removed"
 _JSON_COLUMNS = frozenset(k for k, kind in AUDIO_FIELD_KINDS.items() if kind == "map")
 _SQL_TYPES = {"text": "TEXT", "map": "TEXT", "number": "{REAL}"}
 _COLUMN_TYPES = {**{k: _SQL_TYPES[kind] for k, kind in AUDIO_FIELD_KINDS.items() if kind != "identity"},
                  "size": "{INT}", "bitrate": "{INT}", "node": "TEXT", "found_at": "{REAL}", "last_seen": "{REAL}",
-                 "changed_at": "{REAL}", "removed_at": "{REAL}"}
+                 "changed_at": "{REAL}", "removed_at": "{REAL}", "returned_at": "{REAL}"}
 _NOT_NULL = frozenset({"page", "url", "status"})
 # A repeat report of a known row fills only what the first one lacked; these are decided otherwise.
 _NOT_COALESCED = frozenset({"url", "page", "status", "reason", "node", "found_at", "extra", "last_seen", "changed_at",
-                            "removed_at"})
+                            "removed_at", "returned_at"})
 _AUDIO_TABLE = ("CREATE TABLE audio (\n    id {AUTO_ID},\n    ukey TEXT NOT NULL,\n"
                 + "".join(f"    {c} {_COLUMN_TYPES[c]}{' NOT NULL' if c in _NOT_NULL else ''},\n"
                           for c in AUDIO_COLUMNS)
@@ -129,7 +134,8 @@ _UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c
                  "reason = CASE WHEN ? = 'ok' AND status NOT IN ('ok', 'changed') THEN NULL ELSE reason END, "
                  # A removed item that is back takes the new report's status; "changed" stays until it changes.
                  "status = CASE WHEN status = 'removed' THEN ? WHEN ? = 'ok' AND status != 'changed' THEN 'ok' "
-                 "ELSE status END, last_seen = ?, removed_at = NULL "
+                 "ELSE status END, last_seen = ?, removed_at = NULL, "
+                 "returned_at = CASE WHEN status = 'removed' THEN ? ELSE returned_at END "
                  "WHERE id = ?")
 
 # Downloads a page reported as pending (its catalogue row's status is "pending" until the outcome comes), with
@@ -146,6 +152,27 @@ _PENDING_TABLE = """CREATE TABLE pending_downloads (
 );
 CREATE INDEX pending_node ON pending_downloads(node)"""
 PENDING = "pending"   # crawler.items.PENDING: the catalogue status of an item whose download is under way
+
+# Who lists each catalogue item: one row per (referrer, item), the referrer being the URL whose visit reported it
+# (its page, the playlist or feed that names it, or its own address when a task of its own found it to be
+# audio). A visit of a referrer replaces that referrer's rows only, and an item is "removed" once no referrer
+# lists it any more: a page revisited without its playlist's songs (they come in the playlist's own task) takes
+# nothing from them.
+_REFS_TABLE = """CREATE TABLE audio_refs (
+    referrer {INT} NOT NULL,    -- url_state.id
+    audio_id {INT} NOT NULL,    -- audio.id
+    PRIMARY KEY (referrer, audio_id)
+) {WITHOUT_ROWID};
+CREATE INDEX audio_refs_item ON audio_refs(audio_id)"""
+
+# What the page that linked a URL said about the link, for a link that may lead to audio without saying so (a
+# playlist, a stream named like a page): crawler.items.LinkMeta as JSON, handed out with the URL's task so that
+# the audio found there is named without fetching that page again. One row per such URL only, written when the URL
+# enters the table (the first page to report it names it).
+_LINK_META_TABLE = """CREATE TABLE link_meta (
+    id   {INT} PRIMARY KEY,     -- url_state.id
+    meta TEXT NOT NULL
+)"""
 
 # The parent's text: its own when it is not in the table, else the text of the row its key names.
 _PARENT = ("coalesce(u.parent_url, (SELECT po.origin || p.path FROM url_state p JOIN origins po ON po.id = p.origin "
@@ -256,8 +283,10 @@ CREATE TABLE audio_history (
 );
 CREATE INDEX audio_history_item ON audio_history(audio_id);
 CREATE INDEX audio_page ON audio(page);
-CREATE INDEX audio_changes ON audio((coalesce(removed_at, changed_at, found_at)), id);
-{_PENDING_TABLE}
+CREATE INDEX audio_events ON audio(({_EVENT_AT}), id);
+{_PENDING_TABLE};
+{_REFS_TABLE};
+{_LINK_META_TABLE}
 """
 
 
@@ -278,7 +307,9 @@ class PageOutcome:
     etag: str | None = None
     last_modified: str | None = None
     digest: int | None = None           # 64-bit hash of a 2xx body
-    audio_keys: frozenset[str] | None = None   # the catalogue keys of the audio the page itself showed
+    # The catalogue keys (listed_keys) of the audio the visit reported, whatever page each names: what this URL
+    # lists now. All of it unless `error` is set (a resolver failed: the visit takes no item off the URL).
+    audio_keys: frozenset[tuple[str, str]] | None = None
 
 # A first path segment this short and made of letters only ("/music/", "/song/") names a part of the site, shared
 # by many of its URLs: it is stored once with the origin. Segments with digits are ids: they stay in the row.
@@ -336,9 +367,13 @@ def _chunks(seq: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
         yield seq[i:i + size]
 
 
-def page_keys(page: str, rows: Iterable[Mapping[str, Any]]) -> frozenset[str]:
-    """The catalogue keys of the audio a visit of `page` showed on the page itself (see _remove_unlisted)."""
-    return frozenset(_audio_ukey(r) for r in rows if r.get("page") == page)
+def listed_keys(rows: Iterable[Mapping[str, Any]]) -> frozenset[tuple[str, str]]:
+    """The catalogue keys, (item key, page), of the audio a visit reported: what its URL lists (see _follow_refs)."""
+    return frozenset(_row_key(r) for r in rows)
+
+
+def _row_key(row: Mapping[str, Any]) -> tuple[str, str]:
+    return _audio_ukey(row).replace("\x00", ""), str(row.get("page") or "").replace("\x00", "")
 
 
 def _audio_values(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -396,6 +431,7 @@ class MasterStore:
         # under the meta key "cycle" with each commit that changed it.
         self._cycle: dict[str, Any] = {}
         self._cycle_dirty = False
+        self._first_checked = -float("inf")    # when roll_cycle last looked for URLs never fetched
         self._origins: OrderedDict[str, int] = OrderedDict()
         self._next_origin = 0
         self._node_ids: dict[str, int] = {}
@@ -414,6 +450,9 @@ class MasterStore:
                 self._next_seq = int(self.get_meta("next_seq", 0))
                 self._cycle = dict(self.get_meta("cycle", {}))
             self._open_index()
+            if self._refs_missing and not _readonly:
+                self._fill_refs()
+                self.commit()
         except StoreError:
             self._close_index()
             self.db.close()
@@ -443,7 +482,9 @@ class MasterStore:
 
     def _open_schema(self) -> None:
         self._audio_select = ", ".join(AUDIO_COLUMNS)
+        self._event_at = _EVENT_AT
         self._has_pending = True
+        self._refs_missing = False
         where = describe(self.location)
         version = self.db.schema_version()
         if version is None:
@@ -468,6 +509,19 @@ class MasterStore:
                 self.db.execute(statement)
             self.db.execute("COMMIT")
             self._has_pending = True
+        self._refs_missing = not self.db.columns("audio_refs")
+        if self._refs_missing and not self.readonly:
+            # A store from before items were tracked by referrer: the table is made here and filled from the
+            # catalogue once the URL index is open (_fill_refs).
+            self.db.begin()
+            for statement in self.db.ddl(_REFS_TABLE).split(";"):
+                self.db.execute(statement)
+            self.db.execute("COMMIT")
+        if not self.db.columns("link_meta") and not self.readonly:
+            # A store from before links carried their page's words: the table starts empty.
+            self.db.begin()
+            self.db.execute(self.db.ddl(_LINK_META_TABLE))
+            self.db.execute("COMMIT")
         present = self.db.columns("audio")
         missing = [c for c in AUDIO_COLUMNS if c not in present]
         if missing and not self.readonly:
@@ -478,6 +532,14 @@ class MasterStore:
                 self.db.execute(self.db.ddl(f"ALTER TABLE audio ADD COLUMN {c} {_COLUMN_TYPES[c]}"))
             self.db.execute("COMMIT")
             missing = []
+        if "returned_at" not in present and not self.readonly:
+            # The changes index is on an item's latest event, which a return after a removal now is too: made
+            # again once (a pass over the catalogue, not the URL table).
+            self.db.begin()
+            self.db.execute("DROP INDEX IF EXISTS audio_changes")
+            self.db.execute(f"CREATE INDEX IF NOT EXISTS audio_events ON audio(({_EVENT_AT}), id)")
+            self.db.execute("COMMIT")
+        self._event_at = _EVENT_AT if "returned_at" not in missing else "coalesce(removed_at, changed_at, found_at)"
         # A reader of an older store that it may not alter sees the missing columns as null.
         self._audio_select = ", ".join("NULL" if c in missing else c for c in AUDIO_COLUMNS)
 
@@ -717,8 +779,11 @@ class MasterStore:
         """Which of these URLs the URL table holds, whatever their state (exact, not probabilistic)."""
         return set(self._lookup(urls, "url"))
 
-    def push(self, rows: Sequence[tuple[str, int, int, str | None, str | None]], *, unseen: bool = False) -> int:
+    def push(self, rows: Sequence[tuple[str, int, int, str | None, str | None]], *, unseen: bool = False,
+             link_meta: Mapping[str, str] | None = None) -> int:
         """Queue (url, depth, priority, node, parent) rows; URLs the table already holds are ignored.
+
+        link_meta: url -> what its linking page said about it (JSON, see _LINK_META_TABLE), kept for the new URLs.
 
         unseen: the caller vouches that the table holds none of these URLs, so they are not looked up. The master
         pushes only what its Bloom filter had never seen (a Bloom filter has no false negatives, and it holds every
@@ -753,6 +818,11 @@ class MasterStore:
         self.db.executemany(
             f"INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent, parent_url) "
             f"VALUES (?, ?, ?, {QUEUED}, ?, ?, ?, ?, ?, ?, ?)", inserts)
+        if link_meta:
+            named = [(row[0], link_meta[url]) for url, row in zip(fresh, inserts) if url in link_meta]
+            if named:
+                self.db.executemany("INSERT INTO link_meta(id, meta) VALUES (?, ?) ON CONFLICT(id) DO NOTHING",
+                                    named)
         return len(inserts)
 
     def _write_pages(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -788,12 +858,13 @@ class MasterStore:
         return changed
 
     def pop(self, node: str | None, n: int, now: float, max_depth: int | None = None, *,
-            validators: bool = False) -> list[tuple[Any, ...]]:
+            validators: bool = False, link_meta: bool = False) -> list[tuple[Any, ...]]:
         """Lease up to n of this node's frontier entries: lowest depth, then highest priority, then oldest;
         with max_depth, none deeper (the crawl's level barrier).
 
         Returns (url, depth, parent) rows; with validators, (url, depth, parent, (etag, last_modified) or None),
-        the validators of the page's last full answer for a conditional fetch.
+        the validators of the page's last full answer for a conditional fetch; with link_meta, each row ends with
+        what the linking page said about the URL (its JSON, or None).
         """
         self._begin()
         node_id = self._node_ids.get(node) if node is not None else None
@@ -808,6 +879,8 @@ class MasterStore:
         cols, join = f"u.id, o.origin || u.path, u.depth, {_PARENT}", ""
         if validators:
             cols, join = cols + ", v.etag, v.last_modified", " LEFT JOIN page_visits v ON v.id = u.id"
+        if link_meta:
+            cols, join = cols + ", lm.meta", join + " LEFT JOIN link_meta lm ON lm.id = u.id"
         rows = self.db.execute(
             f"SELECT {cols} FROM "
             f"(SELECT id, depth AS d, priority AS p, seq AS s FROM url_state WHERE state = {QUEUED} AND {where} "
@@ -819,10 +892,16 @@ class MasterStore:
         self.db.executemany(f"UPDATE url_state SET state = {LEASED} WHERE id = ?",
                             [(r[0],) for r in rows])
         self._move(QUEUED, node, LEASED, node, len(rows))
-        if validators:
-            return [(r[1], r[2], r[3], (r[4], r[5]) if r[4] is not None or r[5] is not None else None)
-                    for r in rows]
-        return [(url, depth, parent) for _, url, depth, parent in rows]
+        named: tuple[Any, ...] = ()
+        out = []
+        for r in rows:
+            if link_meta:
+                named = (r[-1],)
+            if validators:
+                out.append((r[1], r[2], r[3], (r[4], r[5]) if r[4] is not None or r[5] is not None else None, *named))
+            else:
+                out.append((r[1], r[2], r[3], *named))
+        return out
 
     def lowest_queued_depth(self) -> int | None:
         """The smallest depth in the frontier, over every node (None: the frontier is empty). One index seek a
@@ -969,13 +1048,15 @@ class MasterStore:
         "throttled" (the site said 429/503) requeues on the same node without counting an attempt.
 
         With a revisit policy (refresh on), a done page also gets its next visit and its page_visits row, and
-        a visit of a page seen before updates the catalogue: see _visited().
+        a visit of a page seen before updates the catalogue: see _visited(). Whatever the policy, a done result
+        records which catalogue items its URL lists (audio_keys; their rows must exist: add_audio first).
         """
         self._begin()
         current = {u: [i, st, node, att, status, last] for u, i, st, node, att, status, last in
                    self._lookup([r.url for r in results],
                                 "url, id, state, node, attempts, http_status, last_crawl").values()}
         visits: list[tuple[PageOutcome, int, int | None, float | None]] = []
+        listings: dict[int, tuple[frozenset[tuple[str, str]], bool]] = {}
         out: list[bool] = []
         fetched: list[tuple[Any, ...]] = []
         for res in results:
@@ -986,6 +1067,8 @@ class MasterStore:
             row_id, state, node, attempts = row[:4]
             if revisit is not None and res.state == "done":
                 visits.append((res, row_id, row[4], row[5]))
+            elif res.state == "done" and res.audio_keys:
+                listings[row_id] = (res.audio_keys, False)
             if res.state in ("retry", "throttled"):
                 # A retry only counts from the node holding the lease; otherwise the URL is already in
                 # line or out with another node, whose answer is still to come.
@@ -1014,13 +1097,15 @@ class MasterStore:
         if visits:
             assert revisit is not None
             self._visited(visits, revisit)
+        elif listings:
+            self._follow_refs(listings, (), results[0].at)
         return out
 
     def _visited(self, visits: Sequence[tuple[PageOutcome, int, int | None, float | None]],
                  policy: RevisitPolicy) -> None:
-        """Done pages (result, url id, last HTTP status, last crawl): their next visit and page_visits row; on a
-        revisit the catalogue follows the page: a 304 confirms its items, a gone page removes them, a full
-        answer removes the items it no longer shows."""
+        """Done pages (result, url id, last HTTP status, last crawl): their next visit and page_visits row; the
+        catalogue follows what each URL lists (_follow_refs): a 304 confirms its items, a gone page lists none,
+        a full answer lists what it reported (all of it, unless its resolver failed: then it only adds)."""
         from crawler.master.revisit import changed as page_changed
         from crawler.master.revisit import gone as page_gone
 
@@ -1032,24 +1117,27 @@ class MasterStore:
                     f"WHERE {self.db.in_list('id')}", (self.db.list_arg(chunk),)):
                 prev[row[0]] = row
         upserts, next_visits = [], []
-        confirmed: list[str] = []
-        listed: dict[str, frozenset[str]] = {}
+        confirmed: list[int] = []
+        listed: dict[int, tuple[frozenset[tuple[str, str]], bool]] = {}
         for res, row_id, last_status, last_crawl in visits:
             _, etag, lastmod, digest, interval, hub, changed_at, gone_at = prev.get(row_id, (None,) * 8)
             status, at = res.http_status, res.at
             seen_before = last_crawl is not None
             changed = seen_before and page_changed(status, res.digest, last_status, digest)
+            keys = res.audio_keys or frozenset()
             if status == 304:   # the page as it was: keep what its full answer said
                 etag, lastmod = res.etag or etag, res.last_modified or lastmod
                 if seen_before:
-                    confirmed.append(res.url)
+                    confirmed.append(row_id)
+                if keys:        # its audio, revalidated from what the worker knew of the page
+                    listed[row_id] = (keys, False)
             else:
                 etag, lastmod, digest = res.etag, res.last_modified, res.digest
                 hub = 1 if res.audio_keys else 0
-                if seen_before and page_gone(status):
-                    listed[res.url] = frozenset()
-                elif seen_before and status is not None and 200 <= status < 300 and res.audio_keys is not None:
-                    listed[res.url] = res.audio_keys
+                if page_gone(status):
+                    listed[row_id] = (frozenset(), True)
+                elif status is not None and 200 <= status < 300 and res.audio_keys is not None:
+                    listed[row_id] = (keys, res.error is None)
             if page_gone(status):
                 gone_at = gone_at if gone_at is not None else at
             elif status is not None and status < 300 or status == 304:
@@ -1065,34 +1153,98 @@ class MasterStore:
             f"INSERT INTO page_visits(id, {', '.join(cols)}) VALUES (?{', ?' * len(cols)}) ON CONFLICT(id) DO UPDATE "
             f"SET " + ", ".join(f"{c} = excluded.{c}" for c in cols), upserts)
         self._write_pages(("next_visit",), next_visits)
-        at = visits[0][0].at
-        if confirmed:
-            for chunk in _chunks(confirmed):
-                self.db.execute(f"UPDATE audio SET last_seen = ? WHERE {self.db.in_list('page')} "
-                                f"AND status != '{REMOVED}'", (at, self.db.list_arg(chunk)))
-        if listed:
-            self._remove_unlisted(listed, at)
+        if listed or confirmed:
+            self._follow_refs(listed, confirmed, visits[0][0].at)
 
-    def _remove_unlisted(self, listed: Mapping[str, frozenset[str]], at: float) -> None:
-        """Catalogue items of these pages that their visit no longer showed become "removed". Items found at an
-        address the page linked and that a task of its own showed to be audio (found_in "response") are not
-        listed by the page's own visit, so they are left to that address."""
-        gone: list[tuple[int, str]] = []
-        found_in = self.db.json_text("extra", "found_in")
-        for chunk in _chunks(list(listed)):
-            for row_id, page, ukey, status in self.db.execute(
-                    f"SELECT id, page, ukey, status FROM audio WHERE {self.db.in_list('page')} "
-                    f"AND status != '{REMOVED}' AND coalesce({found_in}, '') != 'response'",
+    def _follow_refs(self, listed: Mapping[int, tuple[frozenset[tuple[str, str]], bool]], confirmed: Sequence[int],
+                     at: float) -> None:
+        """What URLs list now: url id -> (catalogue keys, whether that is all it lists). A URL's items it no
+        longer lists lose its reference, and an item left with none is "removed" (no page, playlist or feed
+        lists it any more); the items of the `confirmed` URLs (answered 304) are seen at `at`. Set-wise, a
+        statement per chunk: the cost follows the report, not the catalogue."""
+        ids = self._audio_ids({k for keys, _ in listed.values() for k in keys})
+        whole = [ref for ref, (_, full) in listed.items() if full]
+        had: dict[int, set[int]] = {}
+        for chunk in _chunks(whole):
+            for ref, audio_id in self.db.execute(
+                    f"SELECT referrer, audio_id FROM audio_refs WHERE {self.db.in_list('referrer')}",
                     (self.db.list_arg(chunk),)):
-                if ukey not in listed[page]:
-                    gone.append((row_id, status))
+                had.setdefault(ref, set()).add(audio_id)
+        adds: list[tuple[int, int]] = []
+        drops: list[tuple[int, int]] = []
+        for ref, (keys, full) in listed.items():
+            now = {ids[k] for k in keys if k in ids}
+            before = had.get(ref, set())
+            adds.extend((ref, a) for a in sorted(now - before))
+            if full:
+                drops.extend((ref, a) for a in sorted(before - now))
+        if adds:
+            self.db.executemany("INSERT INTO audio_refs(referrer, audio_id) VALUES (?, ?) ON CONFLICT DO NOTHING", adds)
+        if drops:
+            self.db.executemany("DELETE FROM audio_refs WHERE referrer = ? AND audio_id = ?", drops)
+            self._remove_orphans(sorted({a for _, a in drops}), at)
+        for chunk in _chunks(list(confirmed)):
+            self.db.execute(f"UPDATE audio SET last_seen = ? WHERE status != '{REMOVED}' AND id IN "
+                            f"(SELECT audio_id FROM audio_refs WHERE {self.db.in_list('referrer')})",
+                            (at, self.db.list_arg(chunk)))
+
+    def _audio_ids(self, keys: Collection[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """Catalogue row ids of (item key, page) keys, those that exist."""
+        out: dict[tuple[str, str], int] = {}
+        ukeys = sorted({k for k, _ in keys})
+        pages = sorted({p for _, p in keys})
+        for chunk in _chunks(ukeys):
+            for chunk_pages in _chunks(pages):
+                for row_id, ukey, page in self.db.execute(
+                        f"SELECT id, ukey, page FROM audio WHERE {self.db.in_list('ukey')} AND "
+                        f"{self.db.in_list('page')}", (self.db.list_arg(chunk), self.db.list_arg(chunk_pages))):
+                    if (ukey, page) in keys:
+                        out[(ukey, page)] = row_id
+        return out
+
+    def _remove_orphans(self, audio_ids: Sequence[int], at: float) -> None:
+        """Of these items, those no URL lists any more become "removed"."""
+        still: set[int] = set()
+        for chunk in _chunks(audio_ids):
+            still.update(r[0] for r in self.db.execute(
+                f"SELECT DISTINCT audio_id FROM audio_refs WHERE {self.db.in_list('audio_id')}",
+                (self.db.list_arg(chunk),)))
+        gone: list[tuple[int, str]] = []
+        for chunk in _chunks([a for a in audio_ids if a not in still]):
+            gone.extend((r[0], r[1]) for r in self.db.execute(
+                f"SELECT id, status FROM audio WHERE {self.db.in_list('id')} AND status != '{REMOVED}'",
+                (self.db.list_arg(chunk),)))
         if not gone:
             return
-        self.db.executemany(f"UPDATE audio SET status = '{REMOVED}', removed_at = ? WHERE id = ?",
+        self.db.executemany(f"UPDATE audio SET status = '{REMOVED}', removed_at = ?, returned_at = NULL WHERE id = ?",
                             [(at, i) for i, _ in gone])
         for _, status in gone:
             self._count_audio(status, REMOVED)
         self._note_change(REMOVED, len(gone))
+
+    def _fill_refs(self) -> int:
+        """Fill audio_refs from the catalogue of a store that had none (see _REFS_TABLE): each present item is
+        listed by the playlist that named it (found_in "playlist"), its own address (found_in "response"), else
+        its page; one set-wise pass in id order. Returns the references made."""
+        self._begin()
+        found_in = self.db.json_text("extra", "found_in")
+        playlist = self.db.json_text("extra", "playlist")
+        last, made = 0, 0
+        while True:
+            rows = self.db.execute(
+                f"SELECT id, url, page, {found_in}, {playlist} FROM audio WHERE id > ? AND status != '{REMOVED}' "
+                "ORDER BY id LIMIT ?", (last, _CHUNK)).fetchall()
+            if not rows:
+                return made
+            last = rows[-1][0]
+            want = {i: (pl if fi == "playlist" and pl else url if fi == "response" and url else page, page)
+                    for i, url, page, fi, pl in rows}
+            known = {u: r[1] for u, r in self._lookup({u for pair in want.values() for u in pair}, "url, id").items()}
+            refs = [(known.get(ref, known.get(page)), i) for i, (ref, page) in want.items()]
+            refs = [r for r in refs if r[0] is not None]
+            self.db.executemany("INSERT INTO audio_refs(referrer, audio_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                                refs)
+            made += len(refs)
 
     def retry_errors(self, route: Route, contains: str | None = None, after: int | None = None,
                      limit: int = _CHUNK) -> tuple[int, int | None]:
@@ -1253,7 +1405,7 @@ class MasterStore:
             values = _audio_values(row)
             at = values["found_at"]
             values["last_seen"] = at
-            values["changed_at"] = values["removed_at"] = None
+            values["changed_at"] = values["removed_at"] = values["returned_at"] = None
             ukey = _audio_ukey(row).replace("\x00", "")
             cur = self.db.execute(_INSERT_AUDIO, (ukey, *values.values()))
             if cur.rowcount == 1:
@@ -1270,7 +1422,8 @@ class MasterStore:
                                 "SELECT id, sha256, size, path, ? FROM audio WHERE id = ?", (at, old_id))
                 self.db.execute(
                     f"UPDATE audio SET sha256 = ?, size = ?, path = ?, content_type = coalesce(?, content_type), "
-                    f"status = '{CHANGED}', reason = NULL, changed_at = ?, last_seen = ?, removed_at = NULL "
+                    f"status = '{CHANGED}', reason = NULL, changed_at = ?, last_seen = ?, removed_at = NULL, "
+                    "returned_at = NULL "
                     "WHERE id = ?", (new_sha, values["size"], values["path"], values["content_type"], at, at, old_id))
                 self._count_audio(old_status, CHANGED)
                 self._note_change(CHANGED)
@@ -1285,7 +1438,7 @@ class MasterStore:
                 new_status = old_status
             self._count_audio(old_status, new_status)
             self.db.execute(_UPDATE_AUDIO, (*(values[c] for c in _COALESCED), values["url"], status,
-                                            status, status, at, old_id))
+                                            status, status, at, at, old_id))
         return out
 
     def settle_audio(self, settled: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict[str, Any] | None]:
@@ -1301,7 +1454,10 @@ class MasterStore:
             found = self.db.execute("SELECT id, status FROM audio WHERE ukey = ? AND page = ?",
                                     (ukey, page)).fetchone()
             if found is None or found[1] != PENDING:
-                self.add_audio([{**final, "page": page}])
+                # A download is no listing: an item nothing lists any more stays removed when its last download
+                # ends after that.
+                if found is None or found[1] != REMOVED:
+                    self.add_audio([{**final, "page": page}])
                 out.append(None)
                 continue
             row_id, _ = found
@@ -1374,32 +1530,60 @@ class MasterStore:
         self._audio_counts[new] = self._audio_counts.get(new, 0) + 1
 
     def _note_change(self, kind: str, n: int = 1) -> None:
-        """Count a catalogue change (new, changed, removed) in this refresh cycle's figures (see roll_cycle)."""
+        """Count a catalogue change (new, changed, removed) in this refresh cycle's figures (see roll_cycle). What
+        the first cycle finds is the site as it is, not news: it is not counted as new."""
+        if kind == "new" and self._cycle.get("first", self._cycle.get("start") is None):
+            return
         self._cycle[kind] = self._cycle.get(kind, 0) + n
         self._cycle_dirty = True
 
-    def roll_cycle(self, now: float, length: float) -> bool:
-        """Close the refresh cycle once it is `length` seconds old: its counts of new, changed and removed items
+    def roll_cycle(self, now: float, length: float, due: int = 0) -> bool:
+        """Count `due` pages gone back in line for a revisit now, and close the refresh cycle when it is over:
+        the first (the crawl's first visit of its pages) once pages came due again and no URL in line was never
+        fetched (checked at most every `length` seconds: the check reads the frontier), the others once they
+        are `length` seconds old. The closed cycle's counts (pages due again; new, changed and removed items)
         become the last cycle's (the status command and the web page show them). True when it rolled."""
         start = self._cycle.get("start")
         if start is None:
-            self._cycle["start"] = now
+            # A store whose pages are due at once (refresh switched on for a crawl already made) has no first
+            # visit to wait for.
+            self._cycle = {"start": now, "first": not due, "due": due}
             self._cycle_dirty = True
             return False
-        if now - start < length:
+        first = bool(self._cycle.get("first"))
+        if first:
+            over = bool(due or self._cycle.get("due")) and now - self._first_checked >= length
+            if over:
+                self._first_checked = now
+                over = not self._first_visits_left()
+        else:
+            over = now - start >= length
+        if not over:
+            if due:
+                self._cycle["due"] = self._cycle.get("due", 0) + due
+                self._cycle_dirty = True
             return False
         self._begin()
-        last = {"start": start, "end": now, **{k: self._cycle.get(k, 0) for k in _CHANGE_KINDS}}
+        last = {"start": start, "end": now, "first": first, "due": self._cycle.get("due", 0),
+                **{k: self._cycle.get(k, 0) for k in _CHANGE_KINDS}}
         self._write_meta("last_cycle", last)
-        self._cycle = {"start": now}
+        self._cycle = {"start": now, "first": False, "due": due}
         self._cycle_dirty = True
         return True
+
+    def _first_visits_left(self) -> bool:
+        """Whether a URL in line (queued or leased) was never fetched. Through the frontier's and the leases'
+        partial indexes; stops at the first such URL, which while the first visit goes on comes early."""
+        return any(self.db.execute(
+            f"SELECT 1 FROM url_state u WHERE u.state = {state} AND NOT EXISTS "
+            f"(SELECT 1 FROM pages p WHERE p.id = u.id AND p.last_crawl IS NOT NULL) LIMIT 1").fetchone()
+            for state in (QUEUED, LEASED))
 
     def changes_since(self, since: float) -> Iterator[dict[str, Any]]:
         """Catalogue items that appeared, changed or were removed at `since` or later, the latest event first
         named in "change" (new, changed, removed), in the order of that event (streams, through an index, a
         page of rows at a time)."""
-        when = "coalesce(removed_at, changed_at, found_at)"
+        when = self._event_at
         last: tuple[float, int] | None = None
         args: tuple[Any, ...]
         while True:
@@ -1416,6 +1600,8 @@ class MasterStore:
                 d = self._audio_dict(values)
                 if d.get("removed_at") is not None and d["status"] == REMOVED:
                     d["change"] = REMOVED
+                elif d.get("returned_at") is not None and d["returned_at"] >= since:
+                    d["change"] = "new"          # listed again after its removal: it appeared again
                 elif d.get("changed_at") is not None and d["changed_at"] >= since:
                     d["change"] = CHANGED
                 else:
@@ -1531,7 +1717,8 @@ class MasterStore:
             figures = self.get_meta("figures", {})
             pending = self.pending_count() if self._has_pending else 0
             cycle = self.get_meta("cycle", {}) if self.readonly else self._cycle
-            changes = {"this_cycle": {"start": cycle.get("start"), **{k: cycle.get(k, 0) for k in _CHANGE_KINDS}},
+            changes = {"this_cycle": {"start": cycle.get("start"), "first": bool(cycle.get("first")),
+                                      "due": cycle.get("due", 0), **{k: cycle.get(k, 0) for k in _CHANGE_KINDS}},
                        "last_cycle": self.get_meta("last_cycle")}
         finally:
             if snapshot:
@@ -1700,6 +1887,8 @@ def _copy_v2(store: MasterStore, old_path: Path, progress: Callable[[int], None]
         if store.index_path is not None:
             store.index_path.unlink(missing_ok=True)
         store._open_index()
+        store._fill_refs()      # the layout had no references: the catalogue's items get theirs
+        store.commit()
         if progress is not None:
             progress(moved)
         return moved
@@ -1751,5 +1940,6 @@ def _copy_v1(store: MasterStore, old: Any, chunk: int, progress: Callable[[int],
         store._begin()
     store._load_counts()
     store._next_seq = int(store.get_meta("next_seq", 0))
+    store._fill_refs()          # the layout had no references: the catalogue's items get theirs
     store.commit()
     return moved

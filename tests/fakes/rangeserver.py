@@ -67,6 +67,7 @@ class Resource:
     fail_status: list[int] = field(default_factory=list)  # statuses to answer, one per request, first
     ignore_conditionals: bool = False    # answer 200 even when If-None-Match / If-Modified-Since match
     on_drop: Callable[[Resource], None] | None = None      # runs after each cut: "the file changed meanwhile"
+    render: Callable[[], bytes] | None = None  # the body made anew for each request (a page with a clock in it)
     # -- counters --
     served: int = 0                      # body bytes handed to the socket
     requests: int = 0
@@ -253,6 +254,8 @@ class RangeServer:
             await _send_head(writer, 404, {"Content-Length": "0"})
             return keep_alive
         res.requests += 1
+        if res.render is not None:
+            res.data, res.file = res.render(), None
         if res.fail_status:
             status = res.fail_status.pop(0)
             record(status)
