@@ -70,3 +70,51 @@ def test_remembered_addresses_are_bounded():
         b.ask("a", ((i, f"{CDN}/{i}.mp3"),), float(i))
         b.done("a", (p.DownloadEnd(i, "ab" * 32, 1, "x"),), float(i))
     assert len(b._done) == 10
+
+
+def test_a_faulted_nodes_asks_wait_aside_and_are_asked_again_when_it_can_store():
+    b = board(max_per_host=1)
+    assert b.ask("a", ((1, CDN + "/1.mp3"),), 0.0) == [("a", p.Grant(1, p.GRANT_GO))]
+    b.ask("a", ((2, CDN + "/2.mp3"),), 0.0)
+    b.ask("b", ((5, CDN + "/5.mp3"),), 0.0)
+    b.ask("a", ((3, CDN + "/5.mp3"),), 0.0)     # b's address: both wait in the host's line
+    # a's disk fills: its asks leave the lines, and the first end goes to b, not to a held ask.
+    assert b.node_fault("a", 1.0) == []
+    assert b.waiting() == 3
+    assert b.done("a", (p.DownloadEnd(1),), 1.5) == [("b", p.Grant(5, p.GRANT_GO))]
+    # New asks of a faulted node get nothing either, even for an idle host.
+    assert b.ask("a", ((4, "http://other.example/4.mp3"),), 2.0) == []
+    b.done("b", (p.DownloadEnd(5, "ab" * 32, 3, "audio/5.mp3"),), 3.0)
+    # It can store again: its asks go in order, a copy for the address b has downloaded meanwhile.
+    got = b.node_ok("a", 4.0)
+    assert got == [("a", p.Grant(2, p.GRANT_GO)), ("a", p.Grant(3, p.GRANT_COPY, "b", "ab" * 32, 3, "audio/5.mp3")),
+                   ("a", p.Grant(4, p.GRANT_GO))]
+    assert b.waiting() == 0 and b.faulted_past(1e9) == []
+
+
+def test_a_node_faulted_past_the_bound_is_named_until_it_can_store_or_leaves():
+    b = DownloadBoard(HostGate(PolitenessConfig(max_per_host=1, obey_robots=False)), fault_timeout=60.0)
+    b.node_fault("a", 10.0)
+    b.node_fault("a", 50.0)                     # said again: the clock runs from the first
+    b.node_fault("c", 20.0)
+    assert b.faulted_past(69.9) == []
+    assert b.faulted_past(70.0) == ["a"]
+    assert b.faulted_past(80.0) == ["a", "c"]   # every call while it lasts: what it reports later follows
+    b.node_ok("a", 81.0)
+    b.node_gone("c", 81.0)
+    assert b.faulted_past(1000.0) == []
+    # A fault after a recovery is a new one, timed from its own start.
+    b.node_fault("a", 100.0)
+    assert b.faulted_past(159.0) == [] and b.faulted_past(160.0) == ["a"]
+
+
+def test_a_faulted_node_that_leaves_takes_its_held_asks_with_it():
+    b = board(max_per_host=1)
+    b.ask("b", ((1, CDN + "/1.mp3"),), 0.0)
+    b.ask("a", ((2, CDN + "/2.mp3"),), 0.0)
+    b.node_fault("a", 1.0)
+    b.ask("a", ((3, CDN + "/3.mp3"),), 1.0)
+    assert b.waiting() == 2
+    assert b.node_gone("a", 2.0) == [] and b.waiting() == 0
+    assert b.done("b", (p.DownloadEnd(1),), 3.0) == []
+    assert b.node_ok("a", 4.0) == []            # nothing of it was kept

@@ -124,3 +124,44 @@ def test_after_a_restart_the_holders_have_a_grace_period_then_their_downloads_mo
     assert again.take_download_work() == {}            # a has not been given up yet
     again.expire_away(106.0)
     assert [i.url for i in again.take_download_work()["b"]] == [_item(1).url]
+
+
+
+def test_a_node_that_cannot_store_past_the_bound_hands_its_pending_downloads_to_a_live_node(tmp_path):
+    c = make(tmp_path, nodes=("a", "b"))
+    c.node_up("a")
+    task = _lease_song(c, "a")
+    ident = RequestIdentity(user_agent="UA-of-a", cookies=(("sid", "9"),))
+    items = tuple(_item(i, identity=ident) for i in range(4))
+    c.complete("a", (p.Result(task.lease, SONG, p.DONE, 200, audio=items),), 2.0)
+    c.node_up("b")
+    # a's disk fills: its downloads stay its own while the fault is young (node_fault moves leases only) ...
+    c.node_fault("a", [], 3.0)
+    assert c.take_download_work() == {} and {r[2] for r in c.store.pending_of(["a", "b"])} == {"a"}
+    assert not c.done()
+    # ... and past the bound they go to the live node, with the client identity their addresses may need.
+    assert c.fault_outlasted("a", 60.0) == 4
+    work = c.take_download_work()
+    assert list(work) == ["b"] and sorted(i.url for i in work["b"]) == sorted(i.url for i in items)
+    assert all(i.identity == ident for i in work["b"])
+    assert {r[2] for r in c.store.pending_of(["a", "b"])} == {"b"}
+    assert c.fault_outlasted("a", 60.0) == 0 and c.take_download_work() == {}
+    # a's late outcome is ignored; b's settles the row, and the crawl can end.
+    ok = items[0].replace(status=OK, sha256="ef" * 32, size=7, path="audio/ef/z.mp3")
+    assert c.settle("a", ((ok.url, ok),), 4.0) == []
+    assert [r["node"] for r in c.settle("b", ((ok.url, ok),), 4.0)] == ["b"]
+    for a in items[1:]:
+        c.settle("b", ((a.url, a.replace(status=OK, sha256="ab" * 32, size=1, path="x")),), 5.0)
+    assert c.store.pending_count() == 0 and c.done()
+
+
+def test_past_the_bound_with_no_live_node_the_downloads_wait_for_the_next_node_that_can_store(tmp_path):
+    c = make(tmp_path, nodes=("a", "b"))
+    c.node_up("a")
+    task = _lease_song(c, "a")
+    c.complete("a", (p.Result(task.lease, SONG, p.DONE, 200, audio=(_item(1), _item(2))),), 2.0)
+    c.node_fault("a", [], 3.0)
+    assert c.fault_outlasted("a", 60.0) == 2 and c.take_download_work() == {}
+    assert len(c.store.pending_of([], unheld=True)) == 2
+    c.node_up("a")                               # its disk has room again: it takes them back
+    assert len(c.take_download_work()["a"]) == 2

@@ -8,9 +8,26 @@ already downloaded by a node, whose place (node, path, sha256, size) the worker 
 An ask for an address another node is downloading waits for that download to end: a copy if it succeeded, else
 that ask goes next. A worker's end of a download (protocol.DownloadDone) frees its host's slot.
 
+A node that cannot store (protocol.Fault: disk full, read-only) gets no grant until it can again (its Credit):
+
+| the ask, or the event                          | what the board does                                          |
+|------------------------------------------------|--------------------------------------------------------------|
+| an address another node has downloaded         | "copy" now (none to the node holding it, none past max_age)  |
+| an address another node is downloading         | waits for that download: then a copy, or (it failed) next    |
+| its host's gate is open                        | "go" now                                                     |
+| its host's gate is shut                        | waits in its host's line, in order                           |
+| an ask of a faulted node                       | held aside: no grant, no host slot, no turn in a line        |
+| a node faults                                  | its waiting asks are held aside; its downloads running end   |
+|                                                | as the node reports them (a full disk fails them at once)    |
+| the node can store again                       | its held asks are asked again, in order, as above            |
+| a node faulted for fault_timeout or longer     | faulted_past() names it (every call while it stays faulted): |
+|                                                | the server hands its pending downloads to the live nodes     |
+| a node leaves                                  | its downloads end, its asks (held or waiting) are void       |
+
 Memory is bounded: the downloaded addresses are remembered up to `remembered` (oldest forgotten first: past
 that, the same address may be fetched once more, and each node's content-addressed store still keeps one copy
-of the same bytes); asks waiting are bounded by what the workers' capacity lets them ask.
+of the same bytes); asks waiting, held ones too, are bounded by what the workers' capacity lets them ask (a
+worker has at most twice its `downloads` asks out).
 """
 
 from __future__ import annotations
@@ -42,9 +59,11 @@ class _Copy:
 
 
 class DownloadBoard:
-    def __init__(self, gate: HostGate, remembered: int = 200_000, max_age: float | None = None) -> None:
+    def __init__(self, gate: HostGate, remembered: int = 200_000, max_age: float | None = None,
+                 fault_timeout: float = math.inf) -> None:
         self.gate = gate
         self.remembered = remembered
+        self.fault_timeout = fault_timeout
         # A refreshing crawl looks at its audio again: a copy older than this is not offered (None: any age).
         self.max_age = max_age
         self._done: OrderedDict[str, _Copy] = OrderedDict()    # url -> where a finished download of it is
@@ -52,6 +71,8 @@ class DownloadBoard:
         self._by_ticket: dict[tuple[str, int], _Ask] = {}     # (node, ticket) -> a download in progress
         self._followers: dict[str, list[_Ask]] = {}           # url -> asks waiting for its download to end
         self._waiting: dict[str, deque[_Ask]] = {}            # host -> asks waiting for its gate, in order
+        self._faulted: dict[str, float] = {}                  # node -> since when it cannot store
+        self._held: dict[str, list[_Ask]] = {}                # node (faulted) -> its asks, held aside in order
         self.copies = 0                                       # downloads saved this run
 
     # ------------------------------------------------------------------ input
@@ -62,6 +83,9 @@ class DownloadBoard:
             a = _Ask(node, ticket, url, host_url_of(url))
             if (node, ticket) in self._by_ticket:
                 continue   # asked twice: the first ask stands
+            if node in self._faulted:
+                self._held.setdefault(node, []).append(a)
+                continue
             self._route(a, now, out)
         return out
 
@@ -83,24 +107,44 @@ class DownloadBoard:
     def node_gone(self, node: str, now: float) -> list[tuple[str, p.Grant]]:
         """The node left: its downloads will never report (their slots come back), its asks are void."""
         out: list[tuple[str, p.Grant]] = []
+        self._faulted.pop(node, None)
+        self._held.pop(node, None)
         for key in [k for k in self._by_ticket if k[0] == node]:
             a = self._by_ticket.pop(key)
             self._end(a, now, None, None, None, out)
-        for host, line in list(self._waiting.items()):
-            kept = deque(a for a in line if a.node != node)
-            if kept:
-                self._waiting[host] = kept
-            else:
-                del self._waiting[host]
-        for url, asks in list(self._followers.items()):
-            kept_asks = [a for a in asks if a.node != node]
-            if kept_asks:
-                self._followers[url] = kept_asks
-            else:
-                del self._followers[url]
+        self._take_asks_of(node)
         for host in list(self._waiting):
             self._serve(host, now, out)
         return out
+
+    def node_fault(self, node: str, now: float) -> list[tuple[str, p.Grant]]:
+        """The node cannot store: its asks are held aside until node_ok(). A fault reported again keeps the
+        time of the first. Returns the grants its leaving the lines makes possible."""
+        out: list[tuple[str, p.Grant]] = []
+        if node in self._faulted:
+            return out
+        self._faulted[node] = now
+        held = self._held.setdefault(node, [])
+        held.extend(self._take_asks_of(node))
+        if not held:
+            del self._held[node]
+        for host in list(self._waiting):
+            self._serve(host, now, out)
+        return out
+
+    def node_ok(self, node: str, now: float) -> list[tuple[str, p.Grant]]:
+        """The node can store again: its held asks are asked again, in order."""
+        out: list[tuple[str, p.Grant]] = []
+        if self._faulted.pop(node, None) is None:
+            return out
+        for a in self._held.pop(node, []):
+            self._route(a, now, out)
+        return out
+
+    def faulted_past(self, now: float) -> list[str]:
+        """The nodes that have not been able to store for fault_timeout or longer: their pending downloads are
+        for the live nodes to take over."""
+        return [node for node, since in self._faulted.items() if now - since >= self.fault_timeout]
 
     def pump(self, now: float) -> list[tuple[str, p.Grant]]:
         """Grants for hosts whose spacing has passed (the server calls this when next_wake() is due)."""
@@ -118,9 +162,29 @@ class DownloadBoard:
         return wake
 
     def waiting(self) -> int:
-        return sum(len(line) for line in self._waiting.values()) + sum(len(x) for x in self._followers.values())
+        return (sum(len(line) for line in self._waiting.values()) + sum(len(x) for x in self._followers.values())
+                + sum(len(x) for x in self._held.values()))
 
     # ------------------------------------------------------------------ inside
+    def _take_asks_of(self, node: str) -> list[_Ask]:
+        """The node's asks, out of the host lines and the followers (in the order they were asked, per line)."""
+        taken: list[_Ask] = []
+        for host, line in list(self._waiting.items()):
+            kept = deque(a for a in line if a.node != node)
+            taken.extend(a for a in line if a.node == node)
+            if kept:
+                self._waiting[host] = kept
+            else:
+                del self._waiting[host]
+        for url, asks in list(self._followers.items()):
+            kept_asks = [a for a in asks if a.node != node]
+            taken.extend(a for a in asks if a.node == node)
+            if kept_asks:
+                self._followers[url] = kept_asks
+            else:
+                del self._followers[url]
+        return taken
+
     def _route(self, a: _Ask, now: float, out: list[tuple[str, p.Grant]]) -> None:
         copy = self._fresh_copy(a, now)
         if copy is not None:
