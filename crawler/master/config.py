@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from crawler.bloom import GrowingBloomFilter
 from crawler.config import (
     ConfigError,
     from_values,
@@ -21,6 +22,7 @@ from crawler.config import (
     regexes,
     setting,
 )
+from crawler.master.backend import dsn_problem
 from crawler.politeness import PolitenessConfig
 from crawler.resolvers.kugou import SEARCH_HOST, KugouConfig, search_url, song_fragment_rule
 from crawler.targets import parse_network
@@ -97,7 +99,7 @@ def _seed_scope(seed: str) -> str:
 
 def _store_check(v: str) -> str | None:
     if v.startswith(("postgresql://", "postgres://")):
-        return None
+        return dsn_problem(v)
     return "must be a postgresql:// address (leave it out for the SQLite file in data_dir)"
 
 
@@ -140,7 +142,8 @@ class CrawlLimits:
     max_separator_ratio: float = setting("float", 0.3, probability)
     allowed_hosts: tuple[str, ...] = setting("list[str]", ())    # empty: the seeds' hosts and ports
     # Networks outside the public internet (loopback, private, link-local ...) the crawl may fetch from;
-    # the seeds' own host:port always may. See crawler/targets.py.
+    # a seed given by IP address always may reach its own host:port (a seed given by name: only public addresses
+    # unless listed here). See crawler/targets.py.
     allowed_networks: tuple[str, ...] = setting("list[str]", (), _networks_check)
     allow_patterns: tuple[str, ...] = setting("list[str]", (), regexes)
     deny_patterns: tuple[str, ...] = setting("list[str]", (), regexes)
@@ -148,6 +151,9 @@ class CrawlLimits:
     drop_params: tuple[str, ...] = setting(
         "list[str]", ("utm_source", "utm_medium", "utm_campaign", "utm_term", "utm_content"))
     keep_fragment: tuple[str, ...] = setting("list[str]", DEFAULT_KEEP_FRAGMENT, regexes)
+    # Fragment rules a worker's resolvers may bring that the crawl takes in (keys URLs with, keeps in the store,
+    # tells every worker): the operator's approval, compared as text. Others a worker brings are ignored.
+    approved_fragment_rules: tuple[str, ...] = setting("list[str]", (), regexes)
     refresh_interval: float | None = setting("float", None, positive)
     # Each page's revisit interval adapts within these (default: a quarter and four times refresh_interval);
     # pages that yielded audio are revisited every refresh_hub_interval when set. See master/revisit.py.
@@ -164,14 +170,51 @@ class Scheduling:
     lease_timeout: float = setting("float", 300.0, positive)
     heartbeat_interval: float = setting("float", 5.0, positive)
     heartbeat_timeout: float = setting("float", 20.0, positive)
+    # A worker that cannot store (disk full, read-only) this long has its pending downloads handed to the live
+    # nodes: waiting longer keeps their partial files usable, but the crawl cannot end while they wait.
+    fault_timeout: float = setting("float", 120.0, positive)
+
+
+def _bits_per_url_check(v: float) -> str | None:
+    return None if 1 <= v <= 256 else "must be between 1 and 256"
+
+
+def _hashes_check(v: int) -> str | None:
+    return None if 1 <= v <= 64 else "must be between 1 and 64"
+
+
+def _check_dedup(d: dict[str, Any]) -> None:
+    """The paper's sizing takes both keys, and must hold dedup.expected_urls within its share of dedup.fp_rate (the
+    first layer's half), or the filter would grow before the crawl reached the size it was configured for."""
+    bits, k = d["bits_per_url"], d["hashes"]
+    if (bits is None) != (k is None):
+        raise ConfigError("dedup.hashes" if k is None else "dedup.bits_per_url",
+                          "dedup.bits_per_url and dedup.hashes go together")
+    if bits is None:
+        return
+    holds = GrowingBloomFilter.first_capacity(d["expected_urls"], d["fp_rate"], bits, k)
+    if holds < d["expected_urls"]:
+        raise ConfigError("dedup.bits_per_url", f"{bits:g} bits and {k} hashes per URL hold only {holds} URLs within "
+                                                f"half of dedup.fp_rate {d['fp_rate']:g}, under dedup.expected_urls "
+                                                f"{d['expected_urls']}: raise dedup.fp_rate or dedup.bits_per_url")
 
 
 @dataclass(frozen=True)
 class DedupSettings:
     expected_urls: int = setting("int", 10_000_000, positive)
     fp_rate: float = setting("float", 1e-6, probability)
+    # The first layer's geometry the paper's way (16 bits, 8 hashes per URL); absent, derived from the two above.
+    bits_per_url: float | None = setting("float", None, _bits_per_url_check)
+    hashes: int | None = setting("int", None, _hashes_check)
     whitelist: tuple[str, ...] = setting("list[str]", (), regexes)
     snapshot_interval: float = setting("float", 60.0, positive)
+
+
+def _host_names_check(names: tuple[str, ...]) -> str | None:
+    for name in names:
+        if not name or any(c in name for c in "/:@[] \t") or name != name.strip("."):
+            return f"{name!r} is not a host name (give the name alone: no scheme, port or path)"
+    return None
 
 
 def _read_token(path: Path | None, key: str) -> str | None:
@@ -180,10 +223,13 @@ def _read_token(path: Path | None, key: str) -> str | None:
 
 @dataclass(frozen=True)
 class WebSettings:
-    # Where /, /api/status and /metrics are served; off: nowhere.
-    listen: tuple[str, int] | None = setting("hostport|off", ("127.0.0.1", 7780))
+    # Where /, /api/status and /metrics are served; off: nowhere. Port 0 (the default): one the system picks,
+    # so masters side by side never collide; the address taken is logged and written to <data_dir>/web.addr.
+    listen: tuple[str, int] | None = setting("hostport|off", ("127.0.0.1", 0))
     # When token_file is set, every request needs the token it holds.
     token: str | None = setting("path", None, yaml="token_file", convert=_read_token)
+    # Host names requests may give besides loopback's and the listen address (a name the machine is reached by).
+    allowed_hosts: tuple[str, ...] = setting("list[str]", (), _host_names_check)
 
 
 def _is_loopback(host: str) -> bool:
@@ -235,6 +281,7 @@ class MasterConfig:
                 hosts.append(KUGOU_SONG_HOST)   # a keyword search leads to Kugou's song pages
             crawl["allowed_hosts"] = tuple(dict.fromkeys(hosts))
         _check_refresh(crawl)
+        _check_dedup(v["dedup"])
         sched = v["scheduling"]
         if sched["heartbeat_timeout"] <= sched["heartbeat_interval"]:
             raise ConfigError("scheduling.heartbeat_timeout", "must be longer than scheduling.heartbeat_interval")

@@ -17,12 +17,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
+
 from crawler import protocol as p
-from crawler.items import PENDING, AudioItem
+from crawler.items import PENDING, AudioItem, LinkMeta
 from crawler.master.config import MasterConfig
 from crawler.master.dedup import Dedup
 from crawler.master.revisit import revisit_policy
-from crawler.master.store import MasterStore, PageOutcome, page_keys
+from crawler.master.store import MasterStore, PageOutcome, listed_keys
 from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, robots_url
 from crawler.scheduler import NodeTable
 from crawler.web.urls import (
@@ -52,8 +54,12 @@ FREE_THROTTLED_RETRIES = 20
 THROTTLED_TRACKED = 65536   # URLs whose run of 429/503 answers is remembered; the oldest are forgotten first
 # Fragment rules the workers' resolvers brought (beyond crawl.keep_fragment), kept in the store's meta table: a
 # restarted master keys URLs as before. At most MAX_LEARNT_RULES: past it a worker with yet more is refused.
+# A worker's rule is a regex the master would run on every URL: it is taken only when the operator approved that
+# exact text (crawl.approved_fragment_rules); the text is never compiled otherwise, so a rule made to backtrack
+# cannot stall the master. The unapproved ones are remembered (at most MAX_IGNORED_RULES) to log each once.
 FRAGMENT_RULES_META = "fragment_rules"
 MAX_LEARNT_RULES = 64
+MAX_IGNORED_RULES = 64
 
 
 class ReportRejected(Exception):
@@ -80,6 +86,7 @@ class Lease:
     after: int | None = None  # chained: the worker starts it when this lease's request ends (protocol.Task)
     next: int | None = None   # the lease chained after this one
     validators: tuple[str | None, str | None] | None = None   # for a conditional fetch (protocol.Task)
+    link_meta: LinkMeta | None = None   # what the linking page said about the URL (protocol.Task)
 
 
 @dataclass(slots=True)
@@ -89,6 +96,7 @@ class Held:
     parent: str | None
     host: str          # scheme://netloc, the politeness and robots key
     validators: tuple[str | None, str | None] | None = None
+    link_meta: LinkMeta | None = None
 
 
 class HeldQueue:
@@ -163,7 +171,9 @@ class Crawl:
         self.gate = gate
         self.robots = robots
         c = cfg.crawl
-        learnt = tuple(store.get_meta(FRAGMENT_RULES_META, ()))
+        # Only approved rules: a store written before approval existed, or a rule the operator since withdrew.
+        learnt = tuple(r for r in store.get_meta(FRAGMENT_RULES_META, ()) if r in c.approved_fragment_rules)
+        self.ignored_rules: dict[str, str] = {}     # an unapproved rule a worker brought -> the first such node
         self.norm = NormalizeOptions(sort_query=c.sort_query, drop_params=frozenset(c.drop_params),
                                      keep_fragment=tuple(dict.fromkeys((*c.keep_fragment, *learnt))))
         self.policy = UrlPolicy(max_length=c.max_url_length, max_depth=c.max_depth,
@@ -227,7 +237,7 @@ class Crawl:
         if len(mine) < len(own):
             self._hand_over([r for r in own if r[2] != node])
         return [p.Task(i, self.leases[i].url, self.leases[i].depth, self.leases[i].parent, self.leases[i].after,
-                       self.leases[i].validators)
+                       self.leases[i].validators, self.leases[i].link_meta)
                 for i in sorted(self.leases_by_node[node])]
 
     def _rehome_held(self, joined: str) -> int:
@@ -320,6 +330,17 @@ class Crawl:
                 self.download_work.setdefault(target, []).append(_pending_item(item))
         self.store.move_pending([(target, page, url) for (page, url, _, _), target in zip(rows, targets, strict=True)])
 
+    def fault_outlasted(self, node: str, bound: float) -> int:
+        """The node has not been able to store for `bound` seconds (DownloadBoard.faulted_past): its pending
+        downloads go to the live nodes, as a gone node's do (an outcome it sends for them later is ignored).
+        Called while the fault lasts, so what it reported pending after its fault follows. Returns how many."""
+        pending = self.store.pending_of([node])
+        if pending:
+            self._hand_over(pending)
+            log.warning("node %s has not been able to store for %.0f s: its %d pending downloads go to the live "
+                        "nodes", node, bound, len(pending))
+        return len(pending)
+
     def recover_pending(self, now: float, grace: float) -> int:
         """At start-up: the nodes holding pending downloads have `grace` seconds to come back for them, as for
         leases; past it their downloads go to the live nodes (expire_away). Returns how many are pending."""
@@ -363,19 +384,26 @@ class Crawl:
         return [r for r in rows if r is not None]
 
     # ------------------------------------------------------------------ input
-    def add_fragment_rules(self, rules: Sequence[str]) -> tuple[str, ...]:
-        """A joining worker's fragment rules (its resolvers', already checked to compile): those the crawl lacks
-        join its normalisation for good. Returns the new ones; raises ValueError past MAX_LEARNT_RULES."""
-        new = tuple(r for r in dict.fromkeys(rules) if r not in self.norm.keep_fragment)
+    def add_fragment_rules(self, node: str, rules: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """A joining worker's fragment rules (its resolvers'): the approved ones the crawl lacks join its
+        normalisation for good. Returns (those new ones, the unapproved ones not seen before: to log once).
+        Raises ValueError past MAX_LEARNT_RULES."""
+        approved = self.cfg.crawl.approved_fragment_rules
+        rules = tuple(dict.fromkeys(rules))
+        unapproved = tuple(r for r in rules if r not in self.norm.keep_fragment and r not in approved)
+        fresh = tuple(r for r in unapproved if r not in self.ignored_rules)
+        fresh = fresh[:max(0, MAX_IGNORED_RULES - len(self.ignored_rules))]
+        self.ignored_rules.update((r, node) for r in fresh)
+        new = tuple(r for r in rules if r in approved and r not in self.norm.keep_fragment)
         if not new:
-            return ()
+            return (), fresh
         keep = (*self.norm.keep_fragment, *new)
         learnt = [r for r in keep if r not in self.cfg.crawl.keep_fragment]
         if len(learnt) > MAX_LEARNT_RULES:
             raise ValueError(f"the crawl already holds {MAX_LEARNT_RULES} fragment rules learnt from workers")
         self.store.set_meta(FRAGMENT_RULES_META, learnt)
         self.norm = replace(self.norm, keep_fragment=keep)
-        return new
+        return new, fresh
 
     def seed(self, urls: tuple[str, ...]) -> int:
         normed = [u for u in normalize_many(urls, self.norm) if u]
@@ -402,10 +430,12 @@ class Crawl:
                 "discarded": dict(discarded)}
 
     def add_links(self, batches: list[tuple[str, int, tuple[str, ...]]],
-                  refs: list[tuple[str, int, tuple[str, ...]]] | None = None) -> int:
+                  refs: list[tuple[str, int, tuple[str, ...]]] | None = None,
+                  link_meta: Sequence[tuple[str, LinkMeta]] = ()) -> int:
         """batches: (parent url, depth of the links, links); refs: the same for the audio references of pages
         (a playlist, a stream), which pass the depth limit by up to AUDIO_REF_HOPS: resolving a page's audio is
-        part of that page. Returns how many new URLs entered the frontier."""
+        part of that page; link_meta: what the pages say about some of those links (protocol.Result.link_meta),
+        kept with the new ones for their tasks. Returns how many new URLs entered the frontier."""
         urls: list[str] = []
         meta: dict[str, tuple[int, str]] = {}
         max_depth = self.cfg.crawl.max_depth
@@ -428,6 +458,7 @@ class Crawl:
         if not urls:
             return 0
         new = self.dedup.filter_new(urls)
+        new_set = set(new) if link_meta else set()
         if len(new) < len(urls):
             self._lower_known(urls, new, meta)
         rows = []
@@ -443,7 +474,13 @@ class Crawl:
         if not rows:
             return 0
         nodes = self.route([r[0] for r in rows])
-        added = self.store.push([(u, d, pr, n, par) for (u, d, pr, par), n in zip(rows, nodes)], unseen=True)
+        words: dict[str, str] = {}
+        if link_meta:
+            for u, (_, m) in zip(normalize_many([u for u, _ in link_meta], self.norm), link_meta):
+                if u is not None and u in new_set and u not in words:
+                    words[u] = msgspec.json.encode(m).decode()
+        added = self.store.push([(u, d, pr, n, par) for (u, d, pr, par), n in zip(rows, nodes)], unseen=True,
+                                link_meta=words)
         self.totals.links_new += added
         return added
 
@@ -478,14 +515,16 @@ class Crawl:
             wake = min(wake, self._serve_host(node, held, host, n, now, out))
         batch = max(n, self.cfg.scheduling.batch_size)
         while len(out) < n and len(held) < HELD_CAP:
-            rows = self.store.pop(node, batch, now, max_depth=self.level, validators=self.revisit is not None)
+            rows = self.store.pop(node, batch, now, max_depth=self.level, validators=self.revisit is not None,
+                                  link_meta=True)
             if not rows:
                 if not self._next_level():
                     break
                 continue
             fresh: dict[str, None] = {}
-            for url, depth, parent, *validators in rows:
-                h = Held(url, depth, parent, host_url_of(url), validators[0] if validators else None)
+            for url, depth, parent, *validators, named in rows:
+                h = Held(url, depth, parent, host_url_of(url), validators[0] if validators else None,
+                         _link_meta(named))
                 held.add(h)
                 fresh[h.host] = None
             for host in fresh:
@@ -577,7 +616,7 @@ class Crawl:
             self._drop_head(node, h.host, after)
         lease = Lease(self._next_lease, h.url, h.depth, h.parent, node, h.host,
                       now + self.cfg.scheduling.lease_timeout, now, holds=after is None, after=after,
-                      validators=h.validators)
+                      validators=h.validators, link_meta=h.link_meta)
         self._next_lease += 1
         self.leases[lease.id] = lease
         self.leases_by_node.setdefault(node, set()).add(lease.id)
@@ -585,7 +624,7 @@ class Crawl:
             self._heads.setdefault((node, h.host), {})[lease.id] = None
         else:
             self.leases[after].next = lease.id
-        out.append(p.Task(lease.id, h.url, h.depth, h.parent, after, h.validators))
+        out.append(p.Task(lease.id, h.url, h.depth, h.parent, after, h.validators, h.link_meta))
         return None
 
     def _chainable(self, host: str, now: float) -> bool:
@@ -679,6 +718,7 @@ class Crawl:
         finished: list[PageOutcome] = []
         link_batches = []
         ref_batches = []
+        named: list[tuple[str, LinkMeta]] = []   # what the pages say about their links to audio
         lastmod: list[tuple[str, float]] = []
         audio_rows: list[dict[str, Any]] = []
         pending: list[tuple[str, str, str | None, str, float]] = []
@@ -714,12 +754,14 @@ class Crawl:
                     pending.append((a.page, a.url, node, json.dumps(a.to_wire(), ensure_ascii=False), now))
                 elif a.sha256:
                     with_page += 1
-            if self.revisit is not None and state == p.DONE:
+            if state == p.DONE:
                 etag, last_modified, digest = r.validators or (None, None, None)
-                # A visit whose resolver reported an error may have missed items: it removes none.
-                listed = page_keys(lease.url, audio_rows[first_row:]) if r.error is None else None
+                # What this URL lists now, whatever page each item names (a playlist's songs name the page that
+                # links the playlist). A visit whose resolver reported an error may have missed items: the store
+                # takes none off the URL for it (see MasterStore._visited).
                 finished.append(PageOutcome(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
-                                         r.error, node, now, etag, last_modified, digest, listed))
+                                         r.error, node, now, etag, last_modified, digest,
+                                         listed_keys(audio_rows[first_row:])))
             else:
                 finished.append(PageOutcome(lease.url, state, r.http_status, r.final_url, r.content_type, r.size,
                                          r.error, node, now))
@@ -728,6 +770,8 @@ class Crawl:
                 link_batches.append((lease.url, depth, r.links))
             if r.status == p.DONE and r.refs:
                 ref_batches.append((lease.url, depth, r.refs))
+            if r.status == p.DONE and r.link_meta:
+                named.extend(r.link_meta)
             if r.status == p.DONE and r.lastmod:
                 # A date in the future is a site's mistake: it would have the page fetched on every visit.
                 lastmod.extend(pair for pair in r.lastmod if pair[1] <= now)
@@ -736,15 +780,16 @@ class Crawl:
             return []
         try:
             with self.store.atomic():
-                firsts = self.store.finish(finished, self.revisit)
+                # The rows first: finish() records which URL lists which of them.
                 fresh = self.store.add_audio(audio_rows) if audio_rows else []
+                firsts = self.store.finish(finished, self.revisit)
                 self.store.add_pending(pending)
                 # Per-worker figures for the status command, one row update per report.
                 self.store.note_node(node, bytes=sum(f.size or 0 for f in finished),
                                      links=sum(len(b[2]) for b in link_batches), audio=len(audio_rows))
                 if link_batches or ref_batches:
                     # last: an add to the Bloom filter cannot be undone
-                    self.add_links(link_batches, ref_batches)
+                    self.add_links(link_batches, ref_batches, named)
         except _BAD_VALUES as e:
             # The leases already left memory (their request slots are free): their URLs, still leased in the
             # store after the rollback, go back in line rather than wait for a restart.
@@ -823,6 +868,16 @@ class Crawl:
         if self.cfg.crawl.max_pages is not None and self._scheduled >= self.cfg.crawl.max_pages:
             return True   # what is held stays leased in the store and is handed out again on the next start
         return not any(self.held.values()) and self.store.frontier_empty()
+
+
+def _link_meta(stored: str | None) -> LinkMeta | None:
+    """A URL's link_meta as the store keeps it (JSON, checked when its report came in); None if unreadable."""
+    if stored is None:
+        return None
+    try:
+        return msgspec.json.decode(stored, type=LinkMeta)
+    except msgspec.MsgspecError:
+        return None
 
 
 def _pending_item(wire: str) -> AudioItem:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import logging
 import math
 import time
@@ -24,12 +25,12 @@ import httpx
 
 from crawler import protocol as p
 from crawler import sdnotify
-from crawler.bloom import BloomFileError, BloomFilter
+from crawler.bloom import BloomFileError, BloomFilter, GrowingBloomFilter
 from crawler.bodies import ACCEPT_ENCODING
-from crawler.config import regexes
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.items import PENDING
 from crawler.master import steering
+from crawler.master.admission import Admission, Limits, source_of
 from crawler.master.catalogue import CatalogueFile
 from crawler.master.config import MasterConfig
 from crawler.master.crawl import Crawl, ReportRejected
@@ -55,7 +56,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("crawler.master")
 
 HANDSHAKE_TIMEOUT = 10.0          # seconds a peer has to prove the secret
-MAX_UNAUTHENTICATED = 64          # connections still in their handshake; more are closed at once
+# Connections still in their handshake, shared out by source address, and the rate each source may open them at
+# (see admission.py): one source cannot hold the slots a restarting worker needs.
+ADMISSION = Limits()
 READER_LIMIT = 128 * 1024         # asyncio buffers at most twice this per connection before it stops reading
 REFRESH_BATCH = 5000      # due pages requeued per statement; the scan goes on batch after batch
 COMMIT_INTERVAL = 0.2     # the housekeeping cadence: commit, expiry, heartbeats, "is the crawl done"
@@ -153,12 +156,14 @@ class Master:
         self._sleep_until = math.inf        # when the dispatcher wakes by itself (a politeness gate opens)
         self._turn = 0                      # which session dispatch starts from: rotates, see _dispatch_all
         self._done = False
-        self._unauthenticated = 0
+        self._admission: Admission[int] = Admission(ADMISSION)
+        self._strangers: dict[int, asyncio.StreamWriter] = {}    # connections in their handshake, by admission key
+        self._conn_ids = itertools.count()
         self._tg: asyncio.TaskGroup | None = None
         # Every connection is a task of the master's TaskGroup (a stop cancels and awaits them all); one accepted
         # before the group runs (while the web server starts) waits here for it.
         self._connections: set[asyncio.Task[None]] = set()
-        self._early: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._early: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, int]] = []
         self._excess_refused = 0
         self._excess_logged_at = -math.inf
         self.summary = Summary(data_dir=str(cfg.data_dir))
@@ -196,7 +201,7 @@ class Master:
         # Downloads have their own gate: audio hosts (CDNs) are not the pages' hosts, nor paced like them.
         self.downloads = DownloadBoard(HostGate(PolitenessConfig(
             max_per_host=pol.audio_max_per_host, min_delay=pol.audio_min_delay, obey_robots=False)),
-            max_age=cfg.crawl.refresh_interval)
+            max_age=cfg.crawl.refresh_interval, fault_timeout=cfg.scheduling.fault_timeout)
         self.crawl = Crawl(cfg, self.store, self.dedup, self.table, gate, robots,
                            first_lease=int(self.clock() * 1000) % (1 << 40) * 1000 + 1)
         self.paused = bool(self.store.get_meta("paused", False))
@@ -230,19 +235,25 @@ class Master:
         self.observer.opened()
         self.store.commit()
 
-    def _load_bloom(self) -> BloomFilter:
+    def _load_bloom(self) -> GrowingBloomFilter:
         d = self.cfg.dedup
-        fresh = BloomFilter.for_capacity(d.expected_urls, d.fp_rate)
+        fresh = GrowingBloomFilter(d.expected_urls, d.fp_rate, bits_per_item=d.bits_per_url, hashes=d.hashes)
+        first = fresh.layers[0]
         count = self.store.url_count()
         why = None
         if not self.bloom_path.exists():
             why = "no snapshot"
         else:
             try:
-                bloom = BloomFilter.load(self.bloom_path, expect_m=fresh.m, expect_k=fresh.k)
+                # A snapshot from before the filter could grow was sized for the whole of fp_rate: it loads as a
+                # first layer that takes fewer URLs (those within half of it).
+                legacy = BloomFilter.sizing(d.expected_urls, d.fp_rate)
+                bloom = GrowingBloomFilter.load(self.bloom_path, d.fp_rate,
+                                                expect_first={(first.m, first.k), legacy})
                 saved = self.store.get_meta("bloom_url_count")
                 if saved is not None and int(saved) == count:
-                    log.info("Bloom filter loaded from %s (%d URLs)", self.bloom_path, count)
+                    log.info("Bloom filter loaded from %s (%d URLs, %d layers)", self.bloom_path, count,
+                             len(bloom.layers))
                     return bloom
                 why = f"snapshot is stale ({saved} URLs in it, {count} in the database)"
             except BloomFileError as e:
@@ -250,7 +261,8 @@ class Master:
         if count:
             for urls in self.store.iter_urls():
                 fresh.add_many(urls)
-            log.warning("Bloom filter rebuilt from the URL table (%d URLs): %s", count, why)
+            log.warning("Bloom filter rebuilt from the URL table (%d URLs, %d layers): %s", count,
+                        len(fresh.layers), why)
         return fresh
 
     # ------------------------------------------------------------------ operator commands
@@ -432,8 +444,8 @@ class Master:
                               tg.create_task(self._heartbeats()), tg.create_task(self.observer.run()),
                               tg.create_task(self.observer.metrics.lag.run())]
                 early, self._early = self._early, []
-                for reader, writer in early:
-                    self._accept(reader, writer)
+                for reader, writer, key in early:
+                    self._start_connection(reader, writer, key)
                 await self._stop.wait()
                 for task in background:
                     task.cancel()
@@ -464,7 +476,7 @@ class Master:
             return None
         from crawler.master.web import WebServer
 
-        web = WebServer(self.observer, self.cfg.store_location, self.cfg.web.token)
+        web = WebServer(self.observer, self.cfg.store_location, self.cfg.web.token, hosts=self.cfg.web.allowed_hosts)
         addr = await web.start(*self.cfg.web.listen)
         self.observer.web_addr = addr
         return web
@@ -526,6 +538,8 @@ class Master:
             self.crawl.expire(now)
             self.crawl.expire_away(now)
             self._check_heartbeats(now)
+            for node in self.downloads.faulted_past(now):
+                self.crawl.fault_outlasted(node, self.cfg.scheduling.fault_timeout)
             self._send_download_work()
             if self.crawl.revisit is not None:
                 for _ in self._refresh(now):
@@ -559,11 +573,15 @@ class Master:
                 break
             yield
         if total:
-            log.info("refresh: %d pages due again (the most overdue by %.1f s)", total, late)
-        if self.store.roll_cycle(now, self.cfg.crawl.refresh_interval or 0):
+            log.debug("refresh: %d pages requeued (the most overdue by %.1f s)", total, late)
+        # Said once a cycle, when it closes: the scan above runs every tick and finds a few pages each time.
+        if self.store.roll_cycle(now, self.cfg.crawl.refresh_interval or 0, total):
             last = self.store.get_meta("last_cycle") or {}
-            log.info("refresh cycle: %d new, %d changed, %d removed audio items",
-                     last.get("new", 0), last.get("changed", 0), last.get("removed", 0))
+            if last.get("first"):
+                log.info("refresh: the first visit of the site is over; revisits begin")
+            else:
+                log.info("refresh cycle: %d pages due again; %d new, %d changed, %d removed audio items",
+                         last.get("due", 0), last.get("new", 0), last.get("changed", 0), last.get("removed", 0))
 
     def _check_heartbeats(self, now: float) -> None:
         timeout = self.cfg.scheduling.heartbeat_timeout
@@ -617,42 +635,65 @@ class Master:
 
     # ------------------------------------------------------------------ workers
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._stop.is_set() or len(self._early) >= MAX_UNAUTHENTICATED:
+        if self._stop.is_set():
             writer.transport.abort()
-        elif self._tg is None:
-            self._early.append((reader, writer))
+            return
+        # Decided at once, before any task or buffer exists for the peer: a flood costs an accept and a close.
+        peer = writer.get_extra_info("peername")
+        key = next(self._conn_ids)
+        verdict = self._admission.offer(key, source_of(peer[0] if isinstance(peer, tuple) else str(peer)),
+                                        time.monotonic())
+        if not verdict.admit:
+            writer.transport.abort()
+            self._excess_refused += 1
+            self._turned_away(peer, f"refused: {verdict.reason}")
+            return
+        if verdict.evict is not None:
+            evicted = self._strangers.pop(verdict.evict, None)
+            if evicted is not None:
+                evicted.transport.abort()
+            self._turned_away(peer, "took the handshake slot of an older one")
+        self._strangers[key] = writer
+        if self._tg is None:
+            self._early.append((reader, writer, key))
         else:
-            task = self._tg.create_task(self._connection(reader, writer))
-            self._connections.add(task)
-            task.add_done_callback(self._connections.discard)
+            self._start_connection(reader, writer, key)
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _turned_away(self, peer: Any, what: str) -> None:
+        """Refusals and evictions are said once in a while with their counts, never a line a connection."""
+        now = time.monotonic()
+        if now - self._excess_logged_at >= 10:
+            self._excess_logged_at = now
+            log.warning("connection from %s %s (%d unauthenticated connections refused, %d evicted so far)",
+                        _hostport(peer), what, self._excess_refused, self._admission.evicted)
+
+    def _start_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: int) -> None:
+        assert self._tg is not None
+        task = self._tg.create_task(self._connection(reader, writer, key))
+        self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
+
+    def _end_handshake(self, key: int) -> None:
+        self._admission.release(key)
+        self._strangers.pop(key, None)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: int) -> None:
         try:
-            await self._handle(reader, writer)
+            await self._handle(reader, writer, key)
         except Exception:
             # A fault of ours while serving one peer ends that connection, said loudly, and not the crawl.
             log.exception("connection from %s: unexpected error; closing it",
                           _hostport(writer.get_extra_info("peername")))
         finally:
+            self._end_handshake(key)
             if not writer.is_closing():   # cancelled mid-handshake by a stop, or the error above
                 writer.transport.abort()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._unauthenticated >= MAX_UNAUTHENTICATED:
-            # A flood of idle or slow peers must not hold memory or starve the workers: the excess goes at once.
-            writer.transport.abort()
-            self._excess_refused += 1
-            now = time.monotonic()
-            if now - self._excess_logged_at >= 10:
-                self._excess_logged_at = now
-                log.warning("%d unauthenticated connections open (the limit): %d more refused so far",
-                            MAX_UNAUTHENTICATED, self._excess_refused)
-            return
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: int) -> None:
         hs = p.MasterHandshake(self.cfg.secret)
         conn = FramedConnection(reader, writer, self.cfg.max_frame, recv_limit=hs.recv_limit)
-        self._unauthenticated += 1
         try:
-            hello = await asyncio.wait_for(self._handshake(conn, hs), HANDSHAKE_TIMEOUT)
+            hello = await asyncio.wait_for(self._handshake(conn, hs, key), HANDSHAKE_TIMEOUT)
         except p.HandshakeFailed as e:
             log.warning("connection from %s refused: %s", conn.peer, e)
             if e.reply is not None:
@@ -665,11 +706,12 @@ class Master:
             conn.abort()
             return
         except (p.ProtocolError, ConnectionClosed) as e:
-            log.warning("connection from %s refused: %s", conn.peer, e)
+            if key in self._strangers:     # an evicted one is counted in _accept's line, not said one by one
+                log.warning("connection from %s refused: %s", conn.peer, e)
             await conn.close()
             return
         finally:
-            self._unauthenticated -= 1
+            self._end_handshake(key)
         if hello is None:
             await conn.close()
             return
@@ -713,6 +755,7 @@ class Master:
                         s.fault = None
                         log.info("worker %s can store again: it takes work again", s.node)
                         self.crawl.node_up(s.node)   # its own slot's URLs come back to it
+                        self._send_grants(self.downloads.node_ok(s.node, s.last_seen))
                         self._send_download_work()
                 elif isinstance(msg, p.Fault):
                     self._fault(s, msg)
@@ -755,9 +798,11 @@ class Master:
                 self.catalogue.add([r for r in rows if r.get("status") != PENDING])
             self.observer.report(s.node, part, rows, s.last_seen)
 
-    async def _handshake(self, conn: FramedConnection, hs: p.MasterHandshake) -> p.Hello | None:
+    async def _handshake(self, conn: FramedConnection, hs: p.MasterHandshake, key: int) -> p.Hello | None:
         """The worker proves the secret first (see protocol.py); only then does this master prove its own."""
-        await conn.send(hs.receive_hello(await conn.recv()))
+        challenge = hs.receive_hello(await conn.recv())
+        self._admission.greeted(key)       # no longer idle: evicted after its source's idle ones
+        await conn.send(challenge)
         conn.recv_limit = hs.recv_limit    # an Auth carries the worker's fragment rules: a little more room
         hello = hs.receive_auth(await conn.recv())
         if hello.worker_id not in self.cfg.nodes:
@@ -774,29 +819,30 @@ class Master:
                                       p.DUPLICATE_ID))
             return None
         if hs.keep_fragment:
-            problem = regexes(hs.keep_fragment)
-            if problem is None:
-                await self.store_ready()
-                try:
-                    self._add_fragment_rules(hello.worker_id, hs.keep_fragment)
-                except ValueError as e:
-                    problem = str(e)
-            if problem is not None:
+            await self.store_ready()
+            try:
+                self._add_fragment_rules(hello.worker_id, hs.keep_fragment)
+            except ValueError as e:
                 log.warning("connection from %s refused: worker %r brings a fragment rule the crawl cannot take: %s",
-                            conn.peer, hello.worker_id, problem)
-                await conn.send(hs.refuse(f"a fragment rule of this worker's resolvers: {problem}"))
+                            conn.peer, hello.worker_id, e)
+                await conn.send(hs.refuse(f"a fragment rule of this worker's resolvers: {e}"))
                 return None
         await conn.send(hs.welcome(self.cfg.scheduling.heartbeat_interval, self.crawl.norm.keep_fragment,
                                    self.cfg.max_frame, self.cfg.crawl.max_depth,
                                    tuple(f"{h}:{port}" for h, port in sorted(self.targets.origins)),
                                    self.cfg.crawl.allowed_networks, self.cfg.crawl.sort_query,
                                    tuple(self.cfg.crawl.drop_params)))
+        conn.start_session(hs.session_keys())
         return hello
 
     def _add_fragment_rules(self, node: str, rules: tuple[str, ...]) -> None:
-        """A joining worker's resolvers name URLs whose fragment matters that the crawl did not know: the crawl
-        keys them with their fragment from now on, and the workers already connected are told."""
-        new = self.crawl.add_fragment_rules(rules)
+        """A joining worker's resolvers name URLs whose fragment matters that the crawl did not know: the rules
+        the operator approved key those URLs with their fragment from now on, and the workers already connected
+        are told. The others are ignored (each logged once): never compiled, kept or passed on."""
+        new, ignored = self.crawl.add_fragment_rules(node, rules)
+        if ignored:
+            log.warning("worker %s brought fragment rules not in crawl.approved_fragment_rules, ignored: %s", node,
+                        ", ".join(repr(r[:100]) for r in ignored))
         if not new:
             return
         log.info("worker %s brought fragment rules the crawl lacked: %s (kept from now on)", node, ", ".join(new))
@@ -820,6 +866,8 @@ class Master:
         back = self.crawl.node_fault(s.node, leases, self.clock())
         if back:
             self.store.note_node(s.node, handed_back=back)
+        # Its download asks wait aside; its pending downloads stay its own for scheduling.fault_timeout.
+        self._send_grants(self.downloads.node_fault(s.node, self.clock()))
 
     def _alive_within(self) -> float:
         """A session heard from this recently is alive: a worker speaks at least once a heartbeat interval."""

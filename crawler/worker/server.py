@@ -17,7 +17,6 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 
-import mmh3
 import msgspec
 
 from crawler import items as it
@@ -41,10 +40,11 @@ from crawler.web.media import is_audio_url, is_playlist_url
 from crawler.web.page import FetchedPage
 from crawler.web.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
 from crawler.worker.config import WorkerConfig
-from crawler.worker.downloader import DownloadConfig, Downloader
+from crawler.worker.downloader import DownloadConfig, Downloader, Started
 from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, describe, is_local
-from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
+from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher, build_client, build_transport
 from crawler.worker.linkcache import LinkCache
+from crawler.worker.revisit import PageAudio, content_digest
 from crawler.worker.pagestore import open_page_store
 
 log = logging.getLogger("crawler.worker")
@@ -69,7 +69,8 @@ def _wire_size(r: p.Result | int) -> int:
     if isinstance(r, int):
         return 16
     return (512 + sum(len(u) + 4 for u in r.links) + 1024 * len(r.audio) + sum(len(u) + 16 for u, _ in r.lastmod)
-            + sum(len(u) + 4 for u in r.refs))
+            + sum(len(u) + 4 for u in r.refs)
+            + sum(len(u) + 64 + sum(len(v or "") for v in (m.title, m.artist, m.album)) for u, m in r.link_meta))
 
 
 def _report_frames(batch: list[p.Result], max_frame: int) -> bytes:
@@ -160,6 +161,7 @@ class Worker:
         self._stop = asyncio.Event()
         self.resolvers: list[Resolver] = load_resolvers(cfg.resolvers)
         self.links = LinkCache(cfg.link_cache)
+        self.page_audio = PageAudio()     # the audio pages listed, for their visits answered 304 (revisit.py)
         # Until a master says how the crawl keys URLs (its Welcome, see _session), the resolvers' fragment rules:
         # a task run on its own keeps the fragments its resolvers need. The master is told them in the handshake.
         self._fragment_rules = tuple(dict.fromkeys(pat for r in self.resolvers for pat in r.keep_fragment))
@@ -228,7 +230,8 @@ class Worker:
                                                     max_body=cfg.max_audio_bytes + 1, policy=self.targets),
                                     user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
                                     read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
-        self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent, fetch_page=self._fetch_other_page)
+        self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent, fetch_page=self._fetch_other_page,
+                                  targets=self.targets)
         # The downloader holds the download limits itself (overall and per host), so a queue for one busy CDN
         # never blocks downloads from other hosts: one host takes at most half of them. It reads each file's
         # own tags too, from memory when it can.
@@ -344,7 +347,9 @@ class Worker:
         try:
             await conn.send(hs.hello())
             await conn.send(hs.receive_challenge(await conn.recv()))
-            return hs.receive_welcome(await conn.recv())
+            welcome = hs.receive_welcome(await conn.recv())
+            conn.start_session(hs.session_keys())
+            return welcome
         except p.PeerRefused as e:
             raise MasterRefused(e.reason, e.code) from None
 
@@ -465,18 +470,26 @@ class Worker:
 
         async def disk_watch() -> None:
             nonlocal withheld
+            # A fault a download ran into is said here too: the master times how long a node cannot store, and
+            # past scheduling.fault_timeout hands its pending downloads on.
+            told = self.fault is not None
             while True:
                 need = self.cfg.min_free_bytes + (RESUME_HEADROOM if self.fault is not None else 0)
                 reason = await asyncio.to_thread(check_data_dir, self.cfg.data_dir, need)
-                if reason is not None and self.fault is None:
+                if reason is not None and (self.fault is None or not told):
                     self._enter_fault(reason)
-                    await conn.send(p.Fault(reason))
+                    told = True
+                    await conn.send(p.Fault(self.fault or reason))
                 elif reason is None and self.fault is not None:
                     log.info("worker %s can store again: taking tasks", self.cfg.id)
                     self.fault = None
+                    told = False
+                    # A Credit, of none while pending downloads hold it back, tells the master the fault is over
+                    # (its clock stops: the downloads stay this node's).
+                    credit = 0
                     if not self._downloads_full():
                         credit, withheld = withheld, 0
-                        await conn.send(p.Credit(credit))
+                    await conn.send(p.Credit(credit))
                 await asyncio.sleep(DISK_CHECK_INTERVAL)
 
         async def heartbeat() -> None:
@@ -523,7 +536,9 @@ class Worker:
                 tg.create_task(stopper())
         except* _Shutdown:
             ended = True
-        except* (ConnectionClosed, p.ProtocolError, OSError) as eg:   # OSError: a local fault (disk) ends it too
+        except* p.ProtocolError as eg:      # a frame that fails its tag too: something on the path spoke
+            log.warning("master broke the protocol: %s; connecting again", eg.exceptions[0])
+        except* (ConnectionClosed, OSError) as eg:   # OSError: a local fault (disk) ends it too
             log.info("connection to the master lost: %s", eg.exceptions[0])
         finally:
             self._send_fetched = None
@@ -700,8 +715,12 @@ class Worker:
                     raise LocalFault(self.fault)
                 started = time.monotonic()
                 try:
+                    # A page whose audio this worker does not know is fetched in full: its audio is then both
+                    # listed and revalidated (a 304 would leave it unlooked at).
+                    known = self.page_audio.known(url, task.validators) is not None
                     page, truncated = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes,
-                                                               referrer=task.parent, validators=task.validators)
+                                                               referrer=task.parent,
+                                                               validators=task.validators if known else None)
                 except FetchError as e:
                     if e.reason:
                         self.stats.refused[e.reason] += 1
@@ -712,8 +731,12 @@ class Worker:
                 if self._page_fetched(task.lease, page.status, page.headers.get("retry-after"),
                                       time.monotonic() - started):
                     await asyncio.sleep(0)   # the chained request goes out before this page is parsed
+            page.link_meta = task.link_meta   # what the linking page said: names audio found here
             if page.status == 304:   # unchanged since the visit the validators came from: nothing to parse
-                return p.Result(task.lease, url, p.DONE, 304, page.final_url, page.content_type, 0,
+                # Its audio, as its last full answer listed it, goes through the downloader again: revalidated
+                # once revalidate_after has passed, and a change at its address found (revisit.py).
+                again = self._revalidate(self.page_audio.known(url, task.validators) or ())
+                return p.Result(task.lease, url, p.DONE, 304, page.final_url, page.content_type, 0, audio=again,
                                 validators=(_header_value(page.headers.get("etag")),
                                             _header_value(page.headers.get("last-modified")), None))
             if page.status == 429 or page.status >= 500:
@@ -774,6 +797,11 @@ class Worker:
             log.warning("%s: %s", url, e)
             return p.Result(task.lease, url, p.RETRY, error=f"resolver unavailable: {e}")
         items = list(resolution.items) if resolution else []
+        if page is not None and 200 <= page.status < 300 and error is None:
+            self.page_audio.remember(url, (_header_value(page.headers.get("etag")),
+                                           _header_value(page.headers.get("last-modified"))), items)
+        else:
+            self.page_audio.forget(url)
         if resolution and resolution.links:
             if follow:
                 links.extend(resolution.links)
@@ -781,17 +809,34 @@ class Worker:
                 found = [u for u in resolution.links if beyond or is_playlist_url(u)]
                 refs.extend(found)
                 cut += len(resolution.links) - len(found)
+        # What the crawl takes from the page, before the link cache holds back what it reported already.
+        digest = content_digest(links, refs, items)
         links = self._links_to_report(links, items, task.depth + 1)
         if refs:
             refs = self._links_to_report(refs, items, task.depth + 1)
         lastmod = self._lastmod_of(resolution.lastmod) if follow and resolution and resolution.lastmod else ()
+        named = self._link_meta_of(resolution.link_meta, links, refs) if resolution and resolution.link_meta else ()
         if items and self.cfg.download_audio:
-            # Reported now as pending; each download reports its own outcome (see _download_job).
-            items = [self._start_download(i, resolver) if i.status == it.OK and i.url else i for i in items]
+            # Reported now as pending; each download reports its own outcome (see _download_job). Audio that
+            # answered this very fetch resumes from the bytes read here, not from its first byte again.
+            start = _started(page)
+            items = [self._start_download(i, resolver, start if start and i.url == start.url else None)
+                     if i.status == it.OK and i.url else i for i in items]
         self.stats.audio += len(items)
         return p.Result(task.lease, url, p.DONE, page.status if page else None, page.final_url if page else None,
                         page.content_type if page else None, len(page.body) if page else None, error,
-                        tuple(links), tuple(items), cut, lastmod, _validators(page), tuple(refs))
+                        tuple(links), tuple(items), cut, lastmod, _validators(page, digest), tuple(refs), named)
+
+    def _link_meta_of(self, named: dict[str, it.LinkMeta], *reported: list[str]
+                      ) -> tuple[tuple[str, it.LinkMeta], ...]:
+        """What the page says about the links reported (under their normalised URLs, as reported): each goes
+        with its link to the master, and from there with the link's task, so a link that turns out to be audio
+        or a playlist needs no second fetch of this page. Links held back by the link cache were reported
+        before, with their names."""
+        wanted = {u for links in reported for u in links}
+        raw = [u for u in named if len(u) <= MAX_LINK_LENGTH]
+        return tuple((key, named[u]) for u, key in zip(raw, normalize_many(raw, self.norm))
+                     if key and key in wanted)
 
     async def _too_complex(self, body: bytes) -> str | None:
         """Why a page must not be parsed (a permanent error of its URL), or None. Never long on the loop."""
@@ -902,14 +947,24 @@ class Worker:
     def _downloads_full(self) -> bool:
         return len(self._jobs) >= self.cfg.pending_downloads
 
-    def _start_download(self, item: it.AudioItem, resolver: Resolver) -> it.AudioItem:
-        """Start item's download as a job of this worker's own; returns the item as its page reports it."""
+    def _start_download(self, item: it.AudioItem, resolver: Resolver, start: Started | None = None) -> it.AudioItem:
+        """Start item's download as a job of this worker's own; returns the item as its page reports it.
+        start: the file's first bytes, when the page fetch was the file (held until the download starts: at most
+        fetcher.SNIFF_BYTES for each of cfg.pending_downloads)."""
         reported = item.replace(status=it.PENDING)
         key = (item.page, item.url)
         self._unreported.add(key)
         if key not in self._jobs:
-            self._jobs[key] = self._tg.create_task(self._download_job(key, item, resolver))
+            self._jobs[key] = self._tg.create_task(self._download_job(key, item, resolver, start))
         return reported
+
+    def _revalidate(self, items: Iterable[it.AudioItem]) -> tuple[it.AudioItem, ...]:
+        """A page answered 304: the audio its last full answer listed, its downloads started again (the
+        downloader asks nothing while revalidate_after has not passed), as the page's report lists it."""
+        if not self.cfg.download_audio:
+            return tuple(items)
+        generic = self.resolvers[-1]
+        return tuple(self._start_download(i, generic) if i.status == it.OK and i.url else i for i in items)
 
     def _take_download(self, item: it.AudioItem) -> None:
         """Download-only work from the master (protocol.DownloadWork): another node's pending download, or one
@@ -925,12 +980,13 @@ class Worker:
         resolver = next((r for r in self.resolvers if r.name == item.resolver), self.resolvers[-1])
         self._jobs[key] = self._tg.create_task(self._download_job(key, item.replace(status=it.OK), resolver))
 
-    async def _download_job(self, key: tuple[str, str], item: it.AudioItem, resolver: Resolver) -> None:
+    async def _download_job(self, key: tuple[str, str], item: it.AudioItem, resolver: Resolver,
+                            start: Started | None = None) -> None:
         done: it.AudioItem | None = None
         try:
             while done is None:
                 try:
-                    done = await self._download(item, resolver)
+                    done = await self._download(item, resolver, start)
                 except OSError as e:
                     if not is_local(e):
                         raise
@@ -982,7 +1038,7 @@ class Worker:
         if self._send_outcomes is not None:
             self._send_outcomes()
 
-    async def _download(self, item: it.AudioItem, resolver: Resolver) -> it.AudioItem:
+    async def _download(self, item: it.AudioItem, resolver: Resolver, start: Started | None = None) -> it.AudioItem:
         async def reresolve(item: it.AudioItem) -> it.AudioItem | None:
             return await resolver.reresolve(item, self.ctx)
 
@@ -1010,7 +1066,7 @@ class Worker:
                 return item.replace(sha256=grant.sha256, size=grant.size, path=grant.path,
                                     extra={**item.extra, "stored_on": grant.node})
             go = True
-            done = await self.downloader.fetch(item, reresolve, transferred=transferred)
+            done = await self.downloader.fetch(item, reresolve, transferred=transferred, start=start)
             backup = item.extra.get("backup_url")
             if done.status == it.FAILED and isinstance(backup, str) \
                     and backup.startswith(("http://", "https://")) and backup != item.url:
@@ -1054,13 +1110,28 @@ def _outcome_within_limits(url: str, done: it.AudioItem) -> it.AudioItem:
                             reason=f"outcome out of the wire's limits: {str(e)[:200]}")
 
 
-def _validators(page: FetchedPage | None) -> tuple[str | None, str | None, int | None] | None:
-    """What the master keeps of a 2xx page for its next visit: its validators and a digest of its body (a page
-    without validators still tells whether it changed)."""
+def _validators(page: FetchedPage | None, digest: int) -> tuple[str | None, str | None, int | None] | None:
+    """What the master keeps of a 2xx page for its next visit: its validators and the digest of what the crawl
+    took from it (revisit.content_digest: a page without validators still tells whether it changed)."""
     if page is None or not 200 <= page.status < 300:
         return None
     h = page.headers
-    return _header_value(h.get("etag")), _header_value(h.get("last-modified")), mmh3.hash64(page.body, signed=True)[0]
+    return _header_value(h.get("etag")), _header_value(h.get("last-modified")), digest
+
+
+def _started(page: FetchedPage | None) -> Started | None:
+    """The first bytes of a file that answered a page fetch, for its download to resume after: only from a whole
+    200 answer sent without a content coding (a coded body's bytes are not the file's, and ranges over it mean
+    nothing)."""
+    if page is None or page.status != 200 or not page.body or page.headers.get("content-encoding", "identity") \
+            .strip().lower() not in ("", "identity"):
+        return None
+    length = page.headers.get("content-length", "").strip()
+    size = int(length) if length.isdigit() else len(page.body) if len(page.body) < SNIFF_BYTES else None
+    if size is not None and size < len(page.body):
+        return None
+    return Started(url=page.url, body=page.body, size=size, etag=_header_value(page.headers.get("etag")),
+                   last_modified=_header_value(page.headers.get("last-modified")), content_type=page.content_type)
 
 
 def _header_value(v: str | None) -> str | None:
@@ -1075,4 +1146,5 @@ def _merged(first: Resolution | None, more: Resolution | None) -> Resolution | N
         return more if first is None else first
     seen = {i.url for i in first.items}
     return Resolution(items=first.items + [i for i in more.items if i.url not in seen],
-                      links=first.links + more.links, lastmod={**more.lastmod, **first.lastmod})
+                      links=first.links + more.links, lastmod={**more.lastmod, **first.lastmod},
+                      link_meta={**more.link_meta, **first.link_meta})
