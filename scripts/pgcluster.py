@@ -127,8 +127,10 @@ class PgCluster:
         """A streaming replica in this cluster's root, on its own socket port; the primary then waits for it on
         every commit (synchronous_standby_names), so what a master committed is on the standby too."""
         standby = PgCluster(self.root, self.root / "standby", self.port + 1, self.user, owns_root=False)
+        # --checkpoint=fast: the default spread checkpoint paces its writes over most of checkpoint_timeout
+        # (minutes) once earlier tests left dirty buffers, and the backup waits for it.
         self._run("pg_basebackup", "-h", str(self.root), "-p", str(self.port), "-U", "postgres", "-D",
-                  str(standby.data), "-R", "-X", "stream", "--no-sync")
+                  str(standby.data), "-R", "-X", "stream", "--no-sync", "--checkpoint=fast")
         with open(standby.data / "postgresql.auto.conf", "a") as f:
             f.write(f"port = {standby.port}\ncluster_name = 'standby'\n"
                     f"primary_conninfo = 'host={self.root} port={self.port} user=postgres "
