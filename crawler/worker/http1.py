@@ -26,6 +26,19 @@ What a fetch needs, and nothing more:
   keeps them and resumes after them;
 - an answer not read to its end (a page cut at its cap) closes its connection instead of going back to the pool.
 
+The dialects of real servers, read as browsers read them (RFC 9112) without the framing that enables smuggling:
+
+- a head llhttp refuses is read once more from its first byte, normalised (``unfold_head``): bare-LF line ends
+  become CRLF and each folded line (obs-fold) joins its field with one space. Only the head is normalised, and
+  only when the strict parse failed, so a well-formed answer costs nothing more; the body's framing (chunk lines)
+  stays strict. llhttp's own leniencies are not used: ``lenient_headers`` (the one that unfolds) also takes a lone
+  CR as a line end and any byte in a value, and ``lenient_optional_cr_before_lf`` also loosens the chunk lines;
+- framing stays strict: two Content-Lengths, Content-Length with Transfer-Encoding (both llhttp's refusals),
+  chunked applied twice or not last, and a folded Content-Length or Transfer-Encoding line are refused;
+- trailer fields are never headers: they are dropped however the reads fall, and bounded like a head;
+- a transfer coding that is not chunked (``identity``, or one we do not decode) frames the body to the
+  connection's close, as RFC 9112 says for answers; one we do not decode is then refused as a coding (BodyError).
+
 Errors are the httpx ones the fetcher and the downloader handle: ConnectError, ConnectTimeout, ReadTimeout,
 RemoteProtocolError (not HTTP, or the server hung up before answering), ReadError (the body was cut).
 """
@@ -33,6 +46,7 @@ RemoteProtocolError (not HTTP, or the server hung up before answering), ReadErro
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 from collections import OrderedDict
@@ -51,6 +65,11 @@ MAX_HEAD = 64 * 1024
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # Headers that describe an encoded body on the wire; dropped once the body is decoded.
 _WIRE_HEADERS = frozenset((b"content-encoding", b"content-length"))
+# Where a head ends when its line ends may be bare LFs.
+_HEAD_END = re.compile(rb"\n\r?\n")
+# Fields whose folded value could frame the body differently for a parser that does not unfold.
+_FRAMING = frozenset((b"content-length", b"transfer-encoding"))
+_OWS = frozenset(b" \t")
 
 # (connect, read, pool, total) in seconds, each None for no limit.
 Timeouts = tuple[float | None, float | None, float | None, float | None]
@@ -105,6 +124,30 @@ def body_coding(raw: RawHeaders, extensions: dict[str, Any]) -> tuple[str, RawHe
     return coding, raw
 
 
+def unfold_head(head: bytes) -> bytes:
+    """A head (through its empty line) as RFC 9112 lets a user agent read it: CRLF line ends where there were bare
+    LFs, each folded line joined to its field with one space. RemoteProtocolError for a fold before the first field
+    (nothing to continue) or of a framing field (Content-Length, Transfer-Encoding), which a parser that does not
+    unfold would frame differently."""
+    lines: list[bytes] = []
+    for line in head.split(b"\n"):
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if line[:1] in (b" ", b"\t") and line.strip(b" \t"):
+            if len(lines) < 2:
+                raise httpx.RemoteProtocolError("the answer's head folds its status line")
+            field = lines[-1]
+            if field.split(b":", 1)[0].strip().lower() in _FRAMING:
+                raise httpx.RemoteProtocolError("the answer folds its framing header: "
+                                                f"{field[:60].decode('latin-1')!r}")
+            lines[-1] = field.rstrip(b" \t") + b" " + line.strip(b" \t")
+        elif line[:1] in (b" ", b"\t"):
+            continue        # a fold of nothing but blanks adds nothing to its field
+        else:
+            lines.append(line)
+    return b"\r\n".join(lines)
+
+
 def header_list(headers: httpx.Headers) -> list[tuple[str, str]]:
     """A client's headers as a request sends them: names as written (User-Agent, not user-agent), as browsers
     and httpx's own transport send them (Headers.items() would give them in lower case)."""
@@ -142,6 +185,10 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.head_bytes = 0
         self.head_done = False
+        self.head_in: list[bytes] = []    # this answer's reads until its head is in: replayed if llhttp refuses it
+        self.held: bytearray | None = None    # while replaying: the head so far, waiting for its end
+        self.framing = 0                  # bytes read since the last body bytes: chunk lines and trailers
+        self.coding = b""                 # a transfer coding other than chunked and identity
         self.done = False                 # the answer's body ended where its framing said
         self.keep_alive = False           # and both sides let the connection carry another
         self.to_eof = False               # the body ends where the connection does (no length, not chunked)
@@ -167,18 +214,71 @@ class _Connection(asyncio.Protocol):
             return
         self.received += len(data)
         self.last_data = self.loop.time()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(httpx.RemoteProtocolError("the server switched protocols"))
-        except httptools.HttpParserError as exc:
-            self._fail(httpx.RemoteProtocolError(f"not an HTTP answer: {str(exc)[:200]}"))
+        if self.head_done:
+            self.framing += len(data)     # on_body sets it back to 0
+        else:
+            self.head_in.append(data)
+        self._parse(data)
         if self.extra:
             self.close()
         elif not self.head_done and self.error is None:
             self.head_bytes += len(data)
             if self.head_bytes > MAX_HEAD:
                 self._fail(httpx.RemoteProtocolError(f"the answer's head is over {MAX_HEAD} bytes"))
+        elif self.framing > MAX_HEAD and self.error is None and not self.done:
+            # Trailers are dropped, but llhttp's binding gathers a field before handing it over: bound it.
+            self._fail(httpx.RemoteProtocolError(f"over {MAX_HEAD} bytes of chunk lines or trailers"))
+
+    def _parse(self, data: bytes) -> None:
+        try:
+            if self.held is None:
+                self.parser.feed_data(data)
+            else:
+                self._replay(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(httpx.RemoteProtocolError("the server switched protocols"))
+        except httptools.HttpParserError as exc:
+            if (self.head_done or self.held is not None or self.error is not None
+                    or b"".join(self.head_in[:8])[:7] != b"HTTP/1."):      # not HTTP at all: no waiting for more
+                self._fail(httpx.RemoteProtocolError(f"not an HTTP answer: {str(exc)[:200]}"))
+                return
+            # llhttp refused the head: read the answer again from its first byte, its heads normalised.
+            self.parser = httptools.HttpResponseParser(self)     # llhttp stays failed once it failed
+            self.raw = []
+            self.informational = False
+            self.held = bytearray()
+            for piece in self.head_in:
+                self._parse(piece)
+        except httpx.RemoteProtocolError as exc:         # unfold_head's refusals
+            self._fail(exc)
+
+    def _replay(self, data: bytes) -> None:
+        """One read of a head being normalised: held until its end, which may fall between two reads; what
+        follows the final head (the body) goes to the parser as it came, never copied."""
+        view = memoryview(data)
+        while self.held is not None and view and self.error is None:
+            held = self.held
+            tail, start = bytes(held[-2:]), view[:2].tobytes()      # an end split between two reads
+            if tail[-1:] == b"\n" and start[:1] == b"\n":
+                end = 1
+            elif tail[-1:] == b"\n" and start == b"\r\n":
+                end = 2
+            elif tail == b"\n\r" and start[:1] == b"\n":
+                end = 1
+            else:
+                found = _HEAD_END.search(view)
+                if found is None:
+                    held += view
+                    return
+                end = found.end()
+            held += view[:end]
+            view = view[end:]
+            self.held = bytearray()
+            self.parser.feed_data(unfold_head(bytes(held)))
+            if self.head_done:                # the final answer's head, not a 1xx one
+                self.held = None
+                if view:
+                    self.parser.feed_data(view)
 
     def eof_received(self) -> bool | None:
         return None      # close our side too: connection_lost follows
@@ -210,7 +310,9 @@ class _Connection(asyncio.Protocol):
             self.extra = True       # a second answer to one request: nothing of it is read
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self.done:
+        if not self.head_done:            # after the head: trailer fields, never headers
+            if value and value[-1] in _OWS:
+                value = value.rstrip(b" \t")     # llhttp keeps a value's trailing blanks; they are not part of it
             self.raw.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -225,15 +327,43 @@ class _Connection(asyncio.Protocol):
             # The head's end came in the same read as its bulk (the count below covers reads before the end).
             self._fail(httpx.RemoteProtocolError(f"the answer's head is over {MAX_HEAD} bytes"))
             return
+        length, coding = False, b""
+        for k, v in self.raw:
+            if len(k) == 17 and k.lower() == b"transfer-encoding":
+                coding = coding + b"," + v if coding else v
+            elif len(k) == 14:
+                length = length or k.lower() == b"content-length"
+        if coding == b"chunked":          # nearly every Transfer-Encoding: no list to make of it
+            self.to_eof = False
+        elif coding:
+            if not self._transfer_coding(coding):
+                return
+        else:
+            self.to_eof = not length
         self.status = status
         self.head_done = True
-        names = {k.lower() for k, _ in self.raw}
-        self.to_eof = b"content-length" not in names and b"transfer-encoding" not in names
+        self.head_in = []
         self._wake()
+
+    def _transfer_coding(self, header: bytes) -> bool:
+        """The body's framing from Transfer-Encoding (llhttp has refused it with a Content-Length already):
+        chunked once and last, or to the connection's close for any other coding (RFC 9112, 6.3). False, the
+        answer failed, when chunked comes twice or before another coding: llhttp would read those to the close,
+        which is where parsers disagree on an answer's end."""
+        codings = [c for c in (part.strip(b" \t").lower() for part in header.split(b",")) if c]
+        chunked = codings.count(b"chunked")
+        if chunked > 1 or (chunked and codings[-1] != b"chunked"):
+            self._fail(httpx.RemoteProtocolError(
+                f"Transfer-Encoding {header[:80].decode('latin-1')!r}: chunked must come once, last"))
+            return False
+        self.to_eof = not chunked
+        self.coding = b", ".join(c for c in codings if c not in (b"chunked", b"identity"))
+        return True
 
     def on_body(self, body: bytes) -> None:
         if self.done:
             return
+        self.framing = 0
         self.pieces.append(body)
         self.buffered += len(body)
         if self.buffered > self.high_water and not self.paused and self.transport is not None:
@@ -407,6 +537,8 @@ class Http1Client:
                 deadline: float | None) -> Answer:
         extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
         try:
+            if conn.coding:
+                raise BodyError(f"unsupported transfer coding {conn.coding[:40].decode('latin-1')!r}")
             coding, raw = body_coding(tuple(conn.raw), extensions)
         except BodyError:
             conn.close()
