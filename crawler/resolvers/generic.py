@@ -283,17 +283,17 @@ class GenericResolver(Resolver):
                          meta_source=dict.fromkeys(meta, "file"), **meta)
 
     def _xml_document(self, page: FetchedPage) -> tuple[str, bytes] | None:
-        """(kind, body) when the page is a feed or sitemap, gzip-compressed or not."""
-        body = page.body
+        """(kind, body) when the page is a feed or sitemap (XML or text), gzip-compressed or not."""
+        body, content_type = page.body, page.content_type
         if feeds.is_gzip(page.content_type, page.final_url, body):
             try:
                 body = feeds.gunzip(body, self.settings.max_xml_bytes)
             except feeds.XmlDocumentError as exc:
                 log.info("%s: %s", page.url, exc)
                 return None
-            kind = feeds.kind_of("", body)
-        else:
-            kind = feeds.kind_of(page.content_type, body)
+            content_type = ""
+        kind = (feeds.kind_of(content_type, body)
+                or feeds.text_sitemap_kind(content_type, page.final_url, page.referrer, body))
         return (kind, body) if kind else None
 
     def _xml(self, page: FetchedPage, kind: str, body: bytes) -> Resolution:
@@ -592,7 +592,9 @@ def _xml_work_is_big(page: FetchedPage) -> bool:
     sitemap? A small gzip body may inflate to max_xml_bytes."""
     if feeds.is_gzip(page.content_type, page.final_url, page.body):
         return True
-    return len(page.body) > _XML_INLINE_BYTES and feeds.kind_of(page.content_type, page.body) is not None
+    return len(page.body) > _XML_INLINE_BYTES and (
+        feeds.kind_of(page.content_type, page.body) is not None
+        or feeds.text_sitemap_kind(page.content_type, page.final_url, page.referrer, page.body) is not None)
 
 
 # Feeds and sitemaps larger than this are parsed off the event loop.
