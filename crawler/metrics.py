@@ -14,12 +14,17 @@ master  crawler_pages_total{node,outcome}      results reported by workers: done
         crawler_frontier_urls                   URLs queued in the frontier
         crawler_in_flight_urls{where}           held at the master (politeness gate, robots.txt) or at workers
         crawler_nodes_connected                 workers connected now
+        crawler_nodes_faulted                   workers connected but unable to store (a full disk): no work
+        crawler_paused                          1 while the operator has the crawl paused
+        crawler_urls{state}                     URLs by state: queued, leased, done, failed, discarded
 worker  crawler_pages_total{node,outcome}, crawler_audio_items_total{node,status},
         crawler_download_bytes_total{node,kind}, crawler_fetch_seconds{node} (histogram of page fetch times)
 both    crawler_event_loop_lag_seconds          how late a timer fires: a busy or blocked event loop
 
 Counters are counted where the daemon handles a whole report or task, never per link; gauges are set when
-/metrics is read. Each process counts from zero when it starts, as Prometheus expects of counters.
+/metrics is read, from figures the master keeps in memory (no table is scanned per scrape). Each process
+counts from zero when it starts, as Prometheus expects of counters. No `_created` series: a dashboard has no
+use for them and they double every counter's lines.
 """
 
 from __future__ import annotations
@@ -36,10 +41,15 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
 )
 
 log = logging.getLogger("crawler.metrics")
+
+disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide: both daemons' registries
+# The URL states crawler_urls has, in this order.
+URL_STATES = ("queued", "leased", "done", "failed", "discarded")
 
 # Lag buckets: a healthy loop fires within a millisecond; a page parse is a few; a blocked loop is seconds.
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -87,6 +97,11 @@ class MasterMetrics:
         self.in_flight = Gauge("crawler_in_flight_urls", "URLs handed out of the frontier and not yet reported",
                                ["where"], registry=r)
         self.nodes_connected = Gauge("crawler_nodes_connected", "Workers connected to the master", registry=r)
+        self.nodes_faulted = Gauge("crawler_nodes_faulted",
+                                   "Workers connected but unable to store what they fetch (taking no work)",
+                                   registry=r)
+        self.paused = Gauge("crawler_paused", "1 while the crawl is paused by the operator", registry=r)
+        self.urls = Gauge("crawler_urls", "The crawl's URLs by state", ["state"], registry=r)
         self.dedup = Counter("crawler_dedup_urls", "Discovered URLs through the Bloom filter, by result", ["result"],
                              registry=r)
         self._dedup_counted: dict[str, int] = {}
@@ -110,6 +125,11 @@ class MasterMetrics:
         self.bloom_urls.set(figures["urls"])
         self.bloom_capacity.set(figures["capacity"])
         self.bloom_fp.set(figures["fp_estimate"])
+
+    def set_urls(self, counts: Mapping[str, int]) -> None:
+        """The URL-state gauges, every state present (0 when none): from MasterStore.url_counts()."""
+        for state in URL_STATES:
+            self.urls.labels(state).set(counts.get(state, 0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,5 +1,6 @@
 """End to end, real processes: what an operator sees of a crawl. /metrics against the catalogue and the site's own
-request log, /api/status against `status --json`, the token, the progress lines on schedule."""
+request log, /api/status against `status --json`, the token, the progress lines on schedule; a paused crawl
+and a worker with a full disk, plainly so everywhere; the recent errors after a restart."""
 
 import asyncio
 import itertools
@@ -17,6 +18,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from scripts import cluster, sitegen, siteserver
+from tests.disks import small_tmpfs
+from tests.test_e2e_faulted_node import fill
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -154,6 +157,7 @@ async def test_metrics_and_status_agree_with_the_catalogue_and_the_sites_log(sit
            [{k: v for k, v in n.items() if k not in strip} for n in st["nodes"]]
     assert cmd["master"]["running"] and cmd["master"]["web"] == url.removeprefix("http://")
     assert [n["connected"] for n in st["nodes"]] == [True, False]
+    assert [n["state"] for n in st["nodes"]] == ["connected", "disconnected"] and st["paused"] is False
     assert st["http_status"]["200"] >= st["urls"]["done"] - len(manifest.not_found) - len(manifest.redirects)
     assert st["http_status"].get("404", 0) == len(manifest.not_found)
     assert set(st["rates"]) >= {"pages_per_min_1m", "pages_per_min_10m"} and st["rates"]["pages_per_min_10m"] > 0
@@ -164,9 +168,9 @@ async def test_metrics_and_status_agree_with_the_catalogue_and_the_sites_log(sit
     # Stopped: the command says so, and prints tables.
     text = cli("status", "--config", str(config))
     assert text.returncode == 0
-    assert "master not running" in text.stdout and "not connected" in text.stdout
+    assert "master not running" in text.stdout and "disconnected" in text.stdout
     assert "{" not in text.stdout and "'" not in text.stdout
-    assert re.search(r"w1\s+not connected\s+\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", text.stdout), text.stdout
+    assert re.search(r"w1\s+disconnected\s+\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", text.stdout), text.stdout
 
 
 async def test_progress_lines_appear_on_schedule_in_a_slow_crawl(site, tmp_path):
@@ -205,3 +209,155 @@ def test_a_web_server_beyond_loopback_without_a_token_is_refused(tmp_path):
     assert run.returncode == 2
     assert run.stderr.strip().count("\n") == 0 and "web.listen" in run.stderr and "token" in run.stderr, run.stderr
     assert not (tmp_path / "master" / "master.db").exists()
+
+
+def status_json(config) -> dict:
+    done = cli("status", "--config", str(config), "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def status_table(config) -> str:
+    done = cli("status", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def html_gets(server) -> int:
+    return sum(1 for e in server.log if e.path.endswith(".html"))
+
+
+async def test_a_paused_crawl_says_paused_in_status_the_table_metrics_and_the_progress_line(site, tmp_path):
+    site_dir, manifest = site
+    slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.3}, record_log=True)
+    async with await siteserver.start(site_dir, behaviour=slow) as server:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"], exit_when_done=False,
+                                       log_interval=1.0, crawl={"max_depth": manifest.max_depth + 2})
+        master = await cluster.start_master(config, tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path,
+                                            extra=["--concurrency", "2"])
+        try:
+            async with httpx.AsyncClient(base_url=cluster.web_url(config), timeout=30) as client:
+                await cluster.until(lambda: html_gets(server) >= 4, 60, "the crawl to get going")
+                assert "paused" in await asyncio.to_thread(cluster.operator, "pause", config)
+                # At once, before the master's next snapshot: the command line reads the store's flag.
+                st = await asyncio.to_thread(status_json, config)
+                assert st["paused"] is True and st["master"]["running"], st
+                table = await asyncio.to_thread(status_table, config)
+                assert "crawl PAUSED: no work is handed out until `crawler-master resume`" in table, table
+                mark = len(master.log())
+                await cluster.until(lambda: "progress (paused): " in master.log()[mark:], 30,
+                                    "a paused progress line")
+                # What the worker held at the pause finishes; then nothing moves, the figures hold still.
+                while (api := (await client.get("/api/status")).json())["urls"]["at_workers"]:
+                    await asyncio.sleep(0.2)
+                metrics_text = (await client.get("/metrics")).text
+                assert (await client.get("/api/status")).json()["urls"] == api["urls"]
+                assert api["paused"] is True and api["urls"]["queued"] > 0
+                assert "resumed" in (await asyncio.to_thread(cluster.operator, "resume", config))
+                st_resumed = await asyncio.to_thread(status_json, config)
+                m_resumed = samples((await client.get("/metrics")).text)
+                mark_resumed = len(master.log())
+                await cluster.until(lambda: "progress: " in master.log()[mark_resumed:], 30,
+                                    "a progress line")
+        finally:
+            await master.stop()
+            await worker.stop()
+
+    line = next(ln for ln in master.log()[mark:].splitlines() if "progress (paused): " in ln)
+    assert "paused: no work is handed out until `crawler-master resume`" in line
+    assert "not shrinking" not in line
+    m = samples(metrics_text)
+    assert total(m, "crawler_paused") == 1 and total(m, "crawler_nodes_faulted") == 0
+    # The URL-state gauges are the status's figures.
+    u = api["urls"]
+    assert total(m, "crawler_urls", state="queued") == u["queued"] > 0
+    assert total(m, "crawler_urls", state="done") == u["done"] > 0
+    assert total(m, "crawler_urls", state="failed") == u["error"]
+    assert total(m, "crawler_urls", state="leased") == u["total"] - u["queued"] - u["done"] - u["error"]
+    assert total(m, "crawler_urls", state="discarded") == sum(api["discards"].values())
+    assert "_created" not in metrics_text
+    # Resumed: none of it says paused any more.
+    assert st_resumed["paused"] is False and total(m_resumed, "crawler_paused") == 0
+    assert "(paused)" not in master.log()[mark_resumed:]
+
+
+async def test_a_worker_with_a_full_disk_shows_as_fault_in_status_the_table_and_metrics(site, tmp_path):
+    site_dir, manifest = site
+    slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.3})
+    # Room for the worker's resume headroom once the filler goes: the fault ends as it would on a real disk.
+    with small_tmpfs(tmp_path / "worker-small", "48m") as disk:
+        async with await siteserver.start(site_dir, behaviour=slow) as server:
+            config = cluster.master_config(tmp_path, [server.url + "/"], ["small", "w2"],
+                                           exit_when_done=False, crawl={"max_depth": manifest.max_depth + 2})
+            wcfg = tmp_path / "worker.yaml"
+            wcfg.write_text("min_free_bytes: 0\nconcurrency: 2\n")
+            master = await cluster.start_master(config, tmp_path)
+            small = await cluster.start_worker(cluster.master_addr(config), "small", tmp_path, config=wcfg)
+            live = tmp_path / "master" / "live.json"
+            try:
+                async with httpx.AsyncClient(base_url=cluster.web_url(config), timeout=30) as client:
+                    await cluster.until(lambda: "worker small joined" in master.log(), 30,
+                                        "the worker to join")
+                    await asyncio.to_thread(fill, disk)
+                    await cluster.until(lambda: "cannot store what it fetches" in master.log(), 30,
+                                        "the master to hear of the fault")
+                    # The command line reads the view the master writes every few seconds: wait for one with it.
+                    await cluster.until(lambda: json.loads(live.read_text())["nodes"].get("small", {})
+                                        .get("fault"), 30, "a snapshot with the fault")
+                    st = await asyncio.to_thread(status_json, config)
+                    table = await asyncio.to_thread(status_table, config)
+                    api = (await client.get("/api/status")).json()
+                    faulted = samples((await client.get("/metrics")).text)
+                    # Space comes back: the node is connected again, everywhere.
+                    for name in ("filler", "filler2"):
+                        (disk / name).unlink()
+                    await cluster.until(lambda: "worker small can store again" in master.log(), 30,
+                                        "the master to hear the fault is over")
+                    healed = (await client.get("/api/status")).json()
+                    healed_metrics = samples((await client.get("/metrics")).text)
+            finally:
+                await master.stop()
+                await small.stop()
+
+    for view in (st, api):
+        nodes = {n["node"]: n for n in view["nodes"]}
+        assert nodes["small"]["state"] == "fault" and nodes["small"]["connected"], nodes
+        assert "No space left on device" in nodes["small"]["fault"], nodes
+        assert nodes["w2"]["state"] == "disconnected" and nodes["w2"]["fault"] is None
+        assert view["nodes_faulted"] == 1 and view["nodes_connected"] == 1
+    row = next(line for line in table.splitlines() if line.strip().startswith("small "))
+    assert re.search(r"small\s+fault: No space left on device", row), table
+    assert "1 of 2 workers connected, 1 faulted" in table
+    assert total(faulted, "crawler_nodes_faulted") == 1 and total(faulted, "crawler_nodes_connected") == 1
+    small_now = next(n for n in healed["nodes"] if n["node"] == "small")
+    assert small_now["state"] == "connected" and small_now["fault"] is None and healed["nodes_faulted"] == 0
+    assert total(healed_metrics, "crawler_nodes_faulted") == 0
+
+
+async def test_recent_errors_survive_a_master_restart_and_the_chart_ends_on_a_whole_minute(tmp_path):
+    site_dir = tmp_path / "site"
+    manifest = sitegen.generate(site_dir, songs=8)
+    broken = siteserver.Behaviour(status_overrides={r"^/song/": 500})
+    async with await siteserver.start(site_dir, behaviour=broken) as server:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"],
+                                       crawl={"max_depth": manifest.max_depth + 2, "max_attempts": 1})
+        master = await cluster.start_master(config, tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path)
+        assert await master.wait(60) == 0, master.log()[-3000:]
+        assert await worker.wait(30) == 0
+    async with httpx.AsyncClient(timeout=30) as client:
+        # The crawl is over; a master started again on it (and kept up) shows the errors it had before.
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"], exit_when_done=False,
+                                       crawl={"max_depth": manifest.max_depth + 2, "max_attempts": 1})
+        master = await cluster.start_master(config, tmp_path, log_name="master2.log")
+        try:
+            recent = (await client.get(cluster.web_url(config) + "/api/recent")).json()
+        finally:
+            await master.stop()
+    songs = [e for e in recent["errors"] if "/song/" in e["url"]]
+    assert len(songs) >= 8, recent["errors"]
+    assert all(e["error"] == "HTTP 500" and e["node"] == "w1" for e in songs), recent["errors"]
+    # The chart's last bar is the last whole minute: it ends on a minute, not now.
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:00Z", recent["end"]), recent["end"]
+    assert len(recent["pages"]) == 60

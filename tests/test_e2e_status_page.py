@@ -1,7 +1,10 @@
 """The status page in a real headless Chromium during a real crawl: it draws the node table and the rates, they
-move between two loads, and a screenshot is kept as the test's artifact."""
+move between two loads, and a screenshot is kept as the test's artifact. A paused crawl and a worker with a
+full disk are shown as such, and the refresh cycle's tile stays on one line (and away with refresh off)."""
 
+import asyncio
 import os
+import re
 import shutil
 
 import pytest
@@ -9,6 +12,8 @@ from playwright.async_api import async_playwright
 
 from scripts import cluster, sitegen, siteserver
 from tests.browser import chromium
+from tests.disks import small_tmpfs
+from tests.test_e2e_faulted_node import fill
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -68,9 +73,65 @@ async def test_status_page_in_headless_chromium_shows_the_crawl_moving(tmp_path)
     assert shot.stat().st_size > 20_000
     # The node table: the worker that runs is connected, the configured one that never came is not.
     rows = {r[0]: r for r in second["nodes"]}
-    assert rows["w1"][1] == "connected" and rows["w2"][1] == "not connected", second["nodes"]
+    assert rows["w1"][1] == "connected" and rows["w2"][1] == "disconnected", second["nodes"]
+    # Refresh is off: no tile for its cycles.
+    assert not any("refresh cycle" in k or "new / changed" in k for k in second["tiles"]), second["tiles"]
     # Between the two loads the crawl moved: pages fetched grew, and w1's row with it.
     as_int = lambda s: int(s.replace(",", ""))
     assert as_int(second["tiles"]["pages fetched"]) > as_int(first["tiles"]["pages fetched"]), (first, second)
     assert as_int(rows["w1"][5]) > as_int({r[0]: r for r in first["nodes"]}["w1"][5])
     assert second["tiles"]["pages / min"] != first["tiles"]["pages / min"], (first, second)
+
+
+async def test_status_page_shows_a_paused_crawl_and_a_worker_with_a_full_disk(tmp_path):
+    site_dir = tmp_path / "site"
+    sitegen.generate(site_dir, songs=40)
+    slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.3})
+    with small_tmpfs(tmp_path / "worker-small", "8m") as disk:
+        async with await siteserver.start(site_dir, behaviour=slow) as server:
+            # Refresh on: the tile of its cycle shows (this cycle's changes so far).
+            config = cluster.master_config(tmp_path, [server.url + "/"], ["w1", "small"],
+                                           exit_when_done=False,
+                                           crawl={"max_depth": 8, "refresh_interval": 3600})
+            wcfg = tmp_path / "worker.yaml"
+            wcfg.write_text("min_free_bytes: 0\nconcurrency: 2\n")
+            master = await cluster.start_master(config, tmp_path)
+            addr = cluster.master_addr(config)
+            w1 = await cluster.start_worker(addr, "w1", tmp_path, config=wcfg)
+            small = await cluster.start_worker(addr, "small", tmp_path, config=wcfg)
+            try:
+                await cluster.until(lambda: "worker small joined" in master.log(), 30,
+                                    "the small worker to join")
+                await asyncio.to_thread(fill, disk)
+                await cluster.until(lambda: "cannot store what it fetches" in master.log(), 30,
+                                    "the master to hear of the fault")
+                await asyncio.to_thread(cluster.operator, "pause", config)
+                async with async_playwright() as pw, chromium(pw) as browser:
+                    page = await browser.new_page(viewport={"width": 1400, "height": 1100})
+                    await page.goto(cluster.web_url(config) + "/?refresh=1")
+                    await page.wait_for_selector("#state .paused", timeout=30_000)
+                    state = await page.text_content("#state")
+                    shown = await figures(page)
+                    # The refresh tile's value is one line: no taller than a plain figure's.
+                    heights = await page.eval_on_selector_all(
+                        "#tiles .tile",
+                        "ts => Object.fromEntries(ts.map(t => [t.querySelector('.l').textContent, "
+                        "t.querySelector('.v').getBoundingClientRect().height]))")
+                    cycle_sub = await page.eval_on_selector_all(
+                        "#tiles .tile",
+                        "ts => ts.filter(t => t.querySelector('.l').textContent === "
+                        "'new / changed / removed').map(t => t.querySelector('.s').textContent)[0]")
+                    await page.screenshot(path=str(tmp_path / "status-page-paused.png"), full_page=True)
+            finally:
+                await master.stop()
+                await w1.stop()
+                await small.stop()
+
+    assert "paused" in state and "1 faulted" in state, state
+    rows = {r[0]: r for r in shown["nodes"]}
+    assert rows["w1"][1] == "connected", shown["nodes"]
+    assert rows["small"][1].startswith("fault: No space left on device"), shown["nodes"]
+    label = "new / changed / removed"
+    assert cycle_sub == "this refresh cycle", cycle_sub
+    assert re.fullmatch(r"[\d,]+ / [\d,]+ / [\d,]+", shown["tiles"][label]), shown["tiles"]
+    assert heights[label] <= heights["pages fetched"], heights

@@ -1,5 +1,6 @@
 """The master's live figures, status object and progress line: pure, time passed in."""
 
+import json
 from collections import Counter
 
 from crawler import protocol as p
@@ -8,6 +9,7 @@ from crawler.logs import iso_utc
 from crawler.master.live import (
     CHART_BUCKET,
     MAX_REASONS,
+    RECENT,
     Buckets,
     LiveStats,
     build_status,
@@ -141,3 +143,80 @@ def test_status_shows_the_last_refresh_cycles_changes_only_when_refresh_runs():
     (last,) = [line for line in lines if line.startswith("last cycle")]
     assert last.split()[2:5] == ["3", "2", "5"]
     assert any(line.startswith("this cycle") and line.endswith(" now") for line in lines)
+
+
+def test_each_node_has_a_state_connected_fault_with_its_reason_or_disconnected():
+    live = LiveStats(started=T0)
+    live.seen("w1", T0 + 5)
+    live.seen("w2", T0 + 5, fault="No space left on device: /data/pages")
+    view = live.view(T0 + 6, held=0, at_workers=0, in_flight={}, web=None, lag=0.0, run_pages=0)
+    st = build_status(_db(), view, ["w1", "w2", "w3"], T0 + 6, running=True)
+    by = {n["node"]: n for n in st["nodes"]}
+    assert [by[n]["state"] for n in ("w1", "w2", "w3")] == ["connected", "fault", "disconnected"]
+    assert by["w2"]["fault"] == "No space left on device: /data/pages" and by["w1"]["fault"] is None
+    assert by["w2"]["connected"] and st["nodes_connected"] == 2 and st["nodes_faulted"] == 1
+    rows = {line.split()[0]: line for line in status_text(st).splitlines()[1:] if line.startswith("  w")}
+    assert "fault: No space left on device: /data/pages" in rows["w2"]
+    assert rows["w1"].split()[1] == "connected" and rows["w3"].split()[1] == "disconnected"
+    assert "1 faulted" in status_text(st)
+    live.seen("w2", T0 + 6, fault="\x1b[2Jdisk " + "x" * 500)     # a reason is bounded and printable
+    odd = build_status(_db(), live.view(T0 + 6, held=0, at_workers=0, in_flight={}, web=None, lag=0.0,
+                                        run_pages=0), ["w2"], T0 + 6, running=True)["nodes"][0]["fault"]
+    assert odd.startswith("?[2Jdisk x") and len(odd) <= 120
+    # The fault clears when the node can store again; a node that left is disconnected, with no fault.
+    live.seen("w2", T0 + 7)
+    again = build_status(_db(), live.view(T0 + 8, held=0, at_workers=0, in_flight={}, web=None, lag=0.0,
+                                          run_pages=0), ["w1", "w2"], T0 + 8, running=True)
+    assert [n["state"] for n in again["nodes"]] == ["connected", "connected"] and again["nodes_faulted"] == 0
+    live.seen("w2", T0 + 9, connected=False, fault="disk full")
+    gone = build_status(_db(), live.view(T0 + 9, held=0, at_workers=0, in_flight={}, web=None, lag=0.0,
+                                         run_pages=0), ["w1", "w2"], T0 + 9, running=True)
+    assert gone["nodes"][1]["state"] == "disconnected" and gone["nodes"][1]["fault"] is None
+    # A stopped master's nodes are all disconnected, whatever its last view said.
+    stopped = build_status(_db(), view, ["w1", "w2"], T0 + 60, running=False)
+    assert {n["state"] for n in stopped["nodes"]} == {"disconnected"} and stopped["nodes_faulted"] == 0
+
+
+def test_paused_is_in_the_status_the_table_and_the_progress_line():
+    live = LiveStats(started=T0)
+    view = live.view(T0 + 1, held=0, at_workers=0, in_flight={}, web=None, lag=0.0, run_pages=0, paused=True)
+    st = build_status(_db(), view, ["w1"], T0 + 1, running=True)
+    assert st["paused"] is True and "PAUSED" in status_text(st)
+    # The store's flag, when it has one, is the fresher (the view on disk can be a few seconds old).
+    assert build_status(_db(paused=False), view, ["w1"], T0 + 1, running=True)["paused"] is False
+    running = live.view(T0 + 1, held=0, at_workers=0, in_flight={}, web=None, lag=0.0, run_pages=0)
+    assert build_status(_db(), running, ["w1"], T0 + 1, running=True)["paused"] is False
+    assert "PAUSED" not in status_text(build_status(_db(), running, ["w1"], T0 + 1, running=True))
+    # A stopped crawl: what its store says (it starts paused).
+    assert build_status(_db(paused=True), None, ["w1"], T0, running=False)["paused"] is True
+    assert build_status(_db(), view, ["w1"], T0, running=False)["paused"] is False
+    line = progress_line(30, 0, 0, Counter(), queued=50, held=0, at_workers=0, connected=1, nodes=1,
+                         shrink=None, paused=True)
+    assert line.startswith("progress (paused): ") and "paused: no work is handed out" in line
+    assert "not shrinking" not in line
+
+
+def test_the_chart_ends_with_the_last_whole_minute():
+    live = LiveStats(started=T0)
+    start = (T0 // CHART_BUCKET) * CHART_BUCKET
+    for minute in range(3):
+        live.report("w1", (p.Result(1, "u", p.DONE, 200),) * 60, [], start + minute * 60 + 1)
+    live.report("w1", (p.Result(1, "u", p.DONE, 200),) * 2, [], start + 180 + 1)   # 2 s into the 4th minute
+    series, end = live.chart_view(start + 182)
+    assert end == start + 180 and series[-3:] == [60, 60, 60] and len(series) == 60
+    # Once that minute is over, it is drawn whole.
+    series, end = live.chart_view(start + 240.5)
+    assert end == start + 240 and series[-1] == 2
+
+
+def test_recent_errors_survive_a_restart():
+    live = LiveStats(started=T0)
+    live.report("w1", (p.Result(1, "http://a/1", p.ERROR, 404, error="HTTP 404"),
+                       p.Result(2, "http://a/2", p.RETRY, error="ConnectTimeout: timed out")), [], T0)
+    saved = json.loads(json.dumps(live.figures()))      # as the meta table holds it
+    again = LiveStats(started=T0 + 100)
+    again.load_figures(saved)
+    assert list(again.recent_errors) == list(live.recent_errors) and len(again.recent_errors) == 2
+    # Bounded however much was saved.
+    again.load_figures({"recent_errors": [{"url": f"u{i}"} for i in range(500)]})
+    assert len(again.recent_errors) == RECENT

@@ -75,3 +75,24 @@ def test_the_seen_set_gauges_are_exposed():
     text = master.render().decode()
     assert "crawler_bloom_urls 1234.0" in text and "crawler_bloom_capacity_urls 1500.0" in text
     assert "crawler_bloom_fp_estimate 7.5e-07" in text
+
+
+def test_no_created_series_in_either_daemons_metrics():
+    master, worker = MasterMetrics(), WorkerMetrics("w1")
+    master.pages.labels("w1", "done").inc()
+    master.discarded.labels("depth").inc()
+    worker.pages_by_outcome["done"].inc()
+    worker.fetch_seconds.observe(0.1)
+    for text in (master.render().decode(), worker.render().decode()):
+        assert "crawler_pages_total" in text and "_created" not in text
+
+
+def test_paused_faulted_and_url_state_gauges():
+    master = MasterMetrics()
+    master.paused.set(1)
+    master.nodes_faulted.set(2)
+    master.set_urls({"queued": 5, "leased": 3, "done": 10, "failed": 1})    # a state it lacks shows as 0
+    text = master.render().decode()
+    assert "crawler_paused 1.0" in text and "crawler_nodes_faulted 2.0" in text
+    for state, n in (("queued", 5), ("leased", 3), ("done", 10), ("failed", 1), ("discarded", 0)):
+        assert f'crawler_urls{{state="{state}"}} {n}.0' in text, state

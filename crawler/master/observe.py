@@ -99,10 +99,11 @@ class Observer:
     def view(self, now: float) -> dict[str, Any]:
         m = self.master
         for node, s in m.sessions.items():
-            self.live.seen(node, s.last_seen, connected=True)
+            self.live.seen(node, s.last_seen, connected=True, fault=s.fault)
         in_flight = {n: len(ids) for n, ids in m.crawl.leases_by_node.items()}
         view = self.live.view(now, held=self._held(), at_workers=m.crawl.in_flight(), in_flight=in_flight,
-                              web=self.web_addr, lag=self.metrics.lag.last, lag_worst=self.metrics.lag.worst, run_pages=m.crawl.totals.pages)
+                              web=self.web_addr, lag=self.metrics.lag.last, lag_worst=self.metrics.lag.worst, run_pages=m.crawl.totals.pages,
+                              paused=m.paused)
         view["dedup"] = m.dedup.figures()
         return view
 
@@ -115,9 +116,8 @@ class Observer:
     def chart(self, now: float | None = None) -> dict[str, Any]:
         now = self.master.clock() if now is None else now
         live = self.live
-        series = live.chart.series(now)
-        minutes = min(len(series), max(60, int((now - live.started) // live.chart.width) + 1))
-        return {"bucket_s": live.chart.width, "end": now, "pages": series[-minutes:],
+        series, end = live.chart_view(now)
+        return {"bucket_s": live.chart.width, "end": end, "pages": series,
                 "errors": list(live.recent_errors)[::-1]}
 
     def render_metrics(self) -> bytes:
@@ -126,6 +126,9 @@ class Observer:
         met.in_flight.labels("master").set(self._held())
         met.in_flight.labels("workers").set(m.crawl.in_flight())
         met.nodes_connected.set(len(m.sessions))
+        met.nodes_faulted.set(sum(1 for s in m.sessions.values() if s.fault is not None))
+        met.paused.set(1 if m.paused else 0)
+        met.set_urls(m.store.url_counts())
         met.count_dedup(m.dedup.stats.as_dict())
         met.set_bloom(m.dedup.figures())
         return met.render()
@@ -153,7 +156,8 @@ class Observer:
                 pages, audio, errors = self.live.take_interval()
                 log.info("%s", progress_line(span, pages, audio, errors, queued=m.store.frontier_size(),
                                              held=self._held(), at_workers=m.crawl.in_flight(),
-                                             connected=len(m.sessions), nodes=len(m.cfg.nodes), shrink=shrink))
+                                             connected=len(m.sessions), nodes=len(m.cfg.nodes), shrink=shrink,
+                                             paused=m.paused))
             self.write_snapshot(live_path)
 
     def write_snapshot(self, path: Path | None = None, *, running: bool = True) -> None:

@@ -55,6 +55,8 @@ header .meta { color:#b9c0d0; font-size:13px; }
 header .state { margin-left:auto; font-size:13px; }
 .dot { display:inline-block; width:9px; height:9px; border-radius:50%; margin-right:6px; background:var(--ok); }
 .dot.off { background:var(--bad); }
+.paused { background:var(--warn); color:#1d2330; font-weight:600; border-radius:4px; padding:2px 8px;
+          margin-right:12px; }
 main { padding:18px 24px 40px; display:grid; gap:16px; grid-template-columns:repeat(12, 1fr); }
 section { background:var(--card); border:1px solid var(--line); border-radius:8px; padding:14px 16px; min-width:0; }
 section h2 { font-size:13px; text-transform:uppercase; letter-spacing:.05em; color:var(--mute); margin:0 0 10px; }
@@ -64,6 +66,7 @@ section h2 { font-size:13px; text-transform:uppercase; letter-spacing:.05em; col
 .tile .v { font-size:24px; font-weight:600; font-variant-numeric:tabular-nums; }
 .tile .l { color:var(--mute); font-size:12px; }
 .tile .s { color:var(--mute); font-size:12px; font-variant-numeric:tabular-nums; }
+.tile .v.compact { font-size:20px; white-space:nowrap; overflow:hidden; text-overflow:ellipsis; }
 .chart { grid-column:1/-1; }
 .nodes { grid-column:1/8; } .side { grid-column:8/-1; }
 .audio { grid-column:1/-1; }
@@ -74,7 +77,7 @@ td.n, th.n { text-align:right; }
 td.url { max-width:420px; overflow:hidden; text-overflow:ellipsis; }
 .kv { display:grid; grid-template-columns:1fr auto; gap:2px 12px; font-variant-numeric:tabular-nums; }
 .kv div:nth-child(odd) { color:var(--mute); }
-.bad { color:var(--bad); } .ok { color:var(--ok); }
+.bad { color:var(--bad); } .ok { color:var(--ok); } .warn { color:var(--warn); font-weight:600; }
 .err { font-size:12px; } .err td { white-space:normal; word-break:break-all; }
 svg text { fill:var(--mute); font-size:11px; }
 form { display:flex; gap:8px; margin-bottom:10px; }
@@ -110,27 +113,37 @@ function kv(id, obj, empty) { const box = $(id); box.replaceChildren();
   const entries = Object.entries(obj || {});
   if (!entries.length) { box.appendChild(el("div", empty, "empty")); box.appendChild(el("div", "")); }
   for (const [k, v] of entries) { box.appendChild(el("div", k)); box.appendChild(el("div", typeof v === "string" ? v : fmt(v))); } }
-function tile(label, value, sub) { const t = el("div", null, "tile"); t.appendChild(el("div", value, "v"));
+function tile(label, value, sub, cls) { const t = el("div", null, "tile");
+  t.appendChild(el("div", value, "v" + (cls ? " " + cls : "")));
   t.appendChild(el("div", label, "l")); if (sub) t.appendChild(el("div", sub, "s")); return t; }
 function ago(iso) { if (!iso) return "never"; const s = Math.round((Date.now() - Date.parse(iso)) / 1000);
   return s < 60 ? s + " s ago" : s < 3600 ? Math.round(s / 60) + " min ago" : Math.round(s / 3600) + " h ago"; }
 
 function changesTile(last, now) {
-  // The catalogue's changes in the last refresh cycle (this one's so far below it).
-  const c = last || now || {new: 0, changed: 0, removed: 0};
-  return tile(last ? "last refresh cycle" : "this refresh cycle",
-    fmt(c.new) + " new · " + fmt(c.changed) + " changed · " + fmt(c.removed) + " removed",
-    last && now ? "this cycle: " + fmt(now.new) + " / " + fmt(now.changed) + " / " + fmt(now.removed) : "");
+  // The catalogue's changes in the last refresh cycle (this one's so far below it); none with refresh off.
+  const c = last || now;
+  if (!c) return null;
+  const three = (x) => fmt(x.new) + " / " + fmt(x.changed) + " / " + fmt(x.removed);
+  return tile("new / changed / removed", three(c),
+    last ? "last refresh cycle" + (now ? "; now " + three(now) : "") : "this refresh cycle", "compact");
+}
+function nodeState(n) {
+  // The node's state as status --json names it; a fault with the reason the worker gave.
+  const state = n.state || (n.connected ? "connected" : "disconnected");
+  if (state === "fault") return ["fault: " + (n.fault || "cannot store"), "warn"];
+  return [state, state === "connected" ? "ok" : "bad"];
 }
 function drawStatus(st) {
   const r = st.rates || {}, u = st.urls, run = st.this_run || {};
   $("meta").textContent = "master " + (st.master.web || "") + " · started " +
     (st.master.started || "–").replace("T", " ").replace("Z", " UTC") + " · updated " +
     st.time.replace("T", " ").replace("Z", " UTC");
-  $("state").replaceChildren(el("span", null, "dot" + (st.nodes_connected ? "" : " off")),
-    document.createTextNode(st.nodes_connected + " of " + st.nodes.length + " workers connected"));
+  const faulted = st.nodes_faulted ? ", " + st.nodes_faulted + " faulted" : "";
+  $("state").replaceChildren(...(st.paused ? [el("span", "paused: no work handed out", "paused")] : []),
+    el("span", null, "dot" + (st.nodes_connected ? "" : " off")),
+    document.createTextNode(st.nodes_connected + " of " + st.nodes.length + " workers connected" + faulted));
   const audio = Object.values(st.audio).reduce((a, b) => a + b, 0);
-  $("tiles").replaceChildren(
+  $("tiles").replaceChildren(...[
     tile("pages fetched", fmt(u.done), fmt(run.pages) + " this run"),
     tile("pages / min", rate(r.pages_per_min_1m), "10 min: " + rate(r.pages_per_min_10m)),
     tile("audio items", fmt(audio), fmt(st.audio.ok || 0) + " ok"),
@@ -138,10 +151,11 @@ function drawStatus(st) {
     changesTile((st.changes || {}).last_cycle, (st.changes || {}).this_cycle),
     tile("errors / min", rate(r.errors_per_min_1m), fmt(u.error) + " URLs failed"),
     tile("waiting at master", fmt(u.waiting_at_master), fmt(u.held_at_master) + " held, " + fmt(u.queued) + " queued"),
-    tile("at workers", fmt(u.at_workers), "loop lag " + ((st.master.event_loop_lag_s || 0) * 1000).toFixed(1) + " ms"));
+    tile("at workers", fmt(u.at_workers), "loop lag " + ((st.master.event_loop_lag_s || 0) * 1000).toFixed(1) + " ms"),
+  ].filter(Boolean));
   table("nodes", [["node"], ["state"], ["last heartbeat"], ["in flight", "n"], ["queued", "n"], ["pages", "n"],
                   ["audio", "n"], ["bytes", "n"], ["errors", "n"]],
-    st.nodes.map((n) => [[n.node], [n.connected ? "connected" : "not connected", n.connected ? "ok" : "bad"],
+    st.nodes.map((n) => [[n.node], nodeState(n),
       [ago(n.last_heartbeat)], [fmt(n.in_flight), "n"], [fmt(n.queued), "n"], [fmt(n.pages), "n"],
       [fmt(n.audio), "n"], [bytes(n.bytes), "n"], [fmt(n.errors), n.errors ? "n bad" : "n"]]), "no workers");
   kv("urls", {"queued": u.queued, "held at the master": u.held_at_master, "at workers": u.at_workers,
@@ -159,7 +173,7 @@ function drawChart(data) {
   svg.setAttribute("viewBox", `0 0 ${W} ${H + 20}`); svg.setAttribute("width", "100%");
   const mk = (tag, attrs, text) => { const e = document.createElementNS(ns, tag);
     for (const k in attrs) e.setAttribute(k, attrs[k]); if (text != null) e.textContent = text; svg.appendChild(e); };
-  for (const f of [0, 0.5, 1]) { const y = H - f * (H - 10);
+  for (const f of max >= 2 ? [0, 0.5, 1] : [0, 1]) { const y = H - f * (H - 10);
     mk("line", {x1: pad, x2: W, y1: y, y2: y, stroke: "#e3e6ec"});
     mk("text", {x: pad - 6, y: y + 4, "text-anchor": "end"}, fmt(Math.round(f * max))); }
   v.forEach((c, i) => { const h = c / max * (H - 10);
