@@ -35,7 +35,7 @@ def test_pop_serves_one_node_breadth_first_then_priority_then_insertion(store):
     assert got[2] == ("u/d1-low", 1, "p")
     assert store.pop("a", 10, now=1.0) == []
     assert store.frontier_size() == 1 and store.frontier_size("b") == 1
-    assert store.status()["states"] == {"queued": 1, "leased": 5, "done": 0, "error": 0}
+    assert store.status()["states"] == {"queued": 1, "leased": 5, "done": 0, "error": 0, "robots": 0}
 
 
 def test_reroute_moves_only_the_named_nodes_entries(store):
@@ -62,7 +62,7 @@ def test_finish_is_idempotent_and_retries_are_bounded(store):
     assert store.pop("a", 5, now=2.0) == [("flaky", 0, None)]           # back in the frontier, same node
     assert store.finish([fin("flaky", "retry")]) == [True]             # max_attempts=2: now an error
     assert store.frontier_empty()
-    assert store.status()["states"] == {"queued": 0, "leased": 0, "done": 1, "error": 1}
+    assert store.status()["states"] == {"queued": 0, "leased": 0, "done": 1, "error": 1, "robots": 0}
     assert store.finish([fin("unknown")]) == [False]
 
 

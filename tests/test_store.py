@@ -73,7 +73,7 @@ def test_pop_serves_each_node_its_own_entries_depth_first_then_priority_then_ins
     assert store.pop("a", 10, now=1.0) == []
     assert store.frontier_size() == 1 and store.frontier_size("b") == 1 and store.frontier_size("a") == 0
     assert store.url_info("http://s/d0")["state"] == "leased"
-    assert store.status()["states"] == {"queued": 1, "leased": 6, "done": 0, "error": 0}
+    assert store.status()["states"] == {"queued": 1, "leased": 6, "done": 0, "error": 0, "robots": 0}
 
 
 def test_urls_sharing_a_lookup_key_stay_distinct(store, monkeypatch):
@@ -154,7 +154,7 @@ def test_finish_counts_the_first_result_only(store):
     assert store.finish([fin("http://s/late", node="a")]) == [True]
     assert store.pop("b", 5, now=2.0) == []
     assert store.finish([fin("http://s/never-pushed")]) == [False]
-    assert store.status()["states"] == {"queued": 0, "leased": 0, "done": 2, "error": 0}
+    assert store.status()["states"] == {"queued": 0, "leased": 0, "done": 2, "error": 0, "robots": 0}
     assert store.status()["nodes"]["a"] == {"done": 2}
 
 
