@@ -9,10 +9,11 @@ errors: a typo must not silently fall back to a default in a crawl that runs for
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -89,7 +90,8 @@ def _p_path(name: str, v: Any, base: Path, key: Key) -> Any:
     if s is None:
         return None
     p = Path(s).expanduser()
-    return p if p.is_absolute() else (base / p)
+    # Resolved, so logs and messages say /srv/crawl/master, not etc/../master.
+    return p if p.is_absolute() else (base / p).resolve()
 
 
 def _p_hostport(name: str, v: Any, base: Path, key: Key) -> Any:
@@ -143,13 +145,21 @@ def parse_hostport(s: str, name: str = "address") -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def unknown_key(key: object, known: Iterable[str]) -> str:
+    """The problem with a key that is not in the spec: the closest one first (a typo is the usual cause), then the
+    whole list."""
+    known = sorted(known)
+    close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown key ({hint}known keys: {', '.join(known)})"
+
+
 def parse_keys(raw: Mapping[str, Any], spec: Mapping[str, Key], base: Path, prefix: str = "") -> dict[str, Any]:
     """A daemon's YAML mapping checked against its table of keys: each value parsed, defaults filled in, an
     unknown key refused. (A resolver's own section is read by crawler.resolvers.base.parse_section.)"""
     for k in raw:
         if k not in spec:
-            known = ", ".join(sorted(spec))
-            raise ConfigError(f"{prefix}{k}", f"unknown key (known keys: {known})")
+            raise ConfigError(f"{prefix}{k}", unknown_key(k, spec))
     out: dict[str, Any] = {}
     for k, key in spec.items():
         name = prefix + k

@@ -85,6 +85,16 @@ def setup_logging(level: str, log_file: Path | None = None) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
+def write_summary(text: str, log_file: Path | None) -> None:
+    """A daemon's end summary: into the log file when there is one (where the operator reads that run), else on
+    standard output."""
+    if log_file is None:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    else:
+        logging.getLogger("crawler").info("%s", text)
+
+
 def reopen_logs() -> None:
     """Reopen the log file (after logrotate moved it); nothing to do when logging to stderr."""
     for h in logging.getLogger().handlers:

@@ -852,14 +852,20 @@ def nginx_config(site_dir: Path, port: int, run_dir: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Generate the demo music site.")
-    ap.add_argument("out_dir", type=Path)
-    ap.add_argument("--songs", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--artists", type=int, default=None)
-    ap.add_argument("--page-size", type=int, default=20)
-    ap.add_argument("--audio-size", type=int, default=4096, help="typical audio file size in bytes")
-    ap.add_argument("--large-files", type=int, default=3)
-    ap.add_argument("--large-mb", type=float, default=2.0)
+    ap.add_argument("out_dir", type=Path, help="where to write the site (absent or empty, or see --replace)")
+    ap.add_argument("--songs", type=int, default=1000, help="song pages to generate (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=7,
+                    help="random seed: the same seed makes the same site (default: %(default)s)")
+    ap.add_argument("--artists", type=int, default=None,
+                    help="artists the songs are spread over (default: about one per 10 songs)")
+    ap.add_argument("--page-size", type=int, default=20,
+                    help="songs per listing page; fewer makes the site deeper (default: %(default)s)")
+    ap.add_argument("--audio-size", type=int, default=4096,
+                    help="typical audio file size in bytes (default: %(default)s)")
+    ap.add_argument("--large-files", type=int, default=3,
+                    help="audio files made --large-mb big, to exercise resumable downloads (default: %(default)s)")
+    ap.add_argument("--large-mb", type=float, default=2.0,
+                    help="size of each large file in MiB (default: %(default)s)")
     ap.add_argument("--replace", action="store_true", help="regenerate over an earlier generated site")
     a = ap.parse_args(argv)
     try:

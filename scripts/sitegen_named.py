@@ -15,14 +15,17 @@ the demo generator's own builders are used.
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import html
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts import sitegen
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run as a script: the repo's own packages
+from scripts import sitegen  # noqa: E402
 
 KINDS = ("mp3", "ogg", "flac", "m4a")
 PODCAST = "/podcast.xml"
@@ -171,3 +174,28 @@ def write_sitemaps(out_dir: Path, origin: str, manifest: NamedManifest) -> None:
         f"<sitemap><loc>{origin}{SITEMAP_PLAIN}</loc><lastmod>2024-01-01</lastmod></sitemap></sitemapindex>\n",
         "utf-8")
     (out_dir / "robots.txt").write_text(f"User-agent: *\nDisallow: /private/\nSitemap: {origin}{SITEMAP_INDEX}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Generate the named-metadata music site (names as text only, feeds, "
+                                             "sitemaps; see the module's docstring).")
+    ap.add_argument("out_dir", type=Path, help="where to write the site (created if missing)")
+    ap.add_argument("--songs", type=int, default=150, help="song pages to generate (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=11, help="random seed: the same seed makes the same site "
+                                                        "(default: %(default)s)")
+    ap.add_argument("--origin", default=None, metavar="URL",
+                    help="the origin the site will be served from (http://127.0.0.1:8080): writes the sitemaps "
+                         "and robots.txt, which hold absolute URLs")
+    a = ap.parse_args(argv)
+    if a.songs < 1:
+        ap.error("--songs must be at least 1")
+    m = generate_named(a.out_dir, songs=a.songs, seed=a.seed)
+    if a.origin:
+        write_sitemaps(a.out_dir, a.origin.rstrip("/"), m)
+    print(f"{a.out_dir}: {len(m.songs)} songs ({sum(s.sitemap_only for s in m.songs)} only in the sitemap), "
+          f"{len(m.episodes)} feed episodes{'' if a.origin else '; no sitemaps (give --origin)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

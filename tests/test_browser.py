@@ -111,6 +111,12 @@ def test_segments_and_variants_of_a_recorded_manifest_are_not_items():
     assert len(rec.probes()) == 2                   # bounded per page
 
 
+def test_a_manifest_line_that_is_no_address_loses_only_itself():
+    listed = manifest_uris("#EXTM3U\n#EXTINF:4,\nhttp://[bad/seg0.aac\n#EXTINF:4,\nseg1\\x.aac\n",
+                           "http://a.test/hls/index.m3u8")
+    assert listed == {"http://a.test/hls/seg1/x.aac"}
+
+
 def test_when_it_runs(tmp_path):
     r = BrowserResolver({"hosts": ["always.test"]})
     player = html_page("http://other.test/p", b"<html><body><audio id=x></audio><script src=a.js></script>")

@@ -184,7 +184,7 @@ def test_second_master_on_the_same_state_and_a_taken_port_are_one_line_errors(tm
             time.sleep(0.05)
         assert addr.exists()
         r = _run(["crawler.master", "--config", str(cfg)], tmp_path)
-        assert r.returncode == 1 and "in use by another master" in r.stderr
+        assert r.returncode == 2 and "in use by another master" in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     finally:
         first.terminate()

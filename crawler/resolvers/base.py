@@ -17,6 +17,7 @@ from typing import Any, ClassVar, TypeVar
 
 import httpx
 
+from crawler.config import unknown_key
 from crawler.items import AudioItem, LinkMeta
 from crawler.targets import TargetPolicy
 from crawler.web.page import FetchedPage
@@ -115,7 +116,7 @@ def parse_section(schema: type[C], name: str, section: Mapping[str, Any] | None)
     kwargs: dict[str, Any] = {}
     for key, value in section.items():
         if key not in fields:
-            raise ResolverConfigError(f"{name}.{key}: unknown key (known: {', '.join(sorted(fields))})")
+            raise ResolverConfigError(f"{name}.{key}: {unknown_key(key, fields)}")
         kwargs[key] = _coerce(f"{name}.{key}", hints[key], value)
     return schema(**kwargs)
 

@@ -54,6 +54,7 @@ from urllib.parse import urldefrag
 
 from selectolax.lexbor import LexborHTMLParser
 
+from crawler.extras import missing_extra
 from crawler.items import AudioItem, RequestIdentity
 from crawler.resolvers import pagemeta
 from crawler.resolvers.base import (
@@ -80,7 +81,7 @@ from crawler.web import media
 from crawler.web.html import css
 from crawler.web.links import extract_links
 from crawler.web.page import FetchedPage
-from crawler.web.urls import host_of, resolve, resolve_link
+from crawler.web.urls import InvalidURL, host_of, resolve, resolve_link
 
 log = logging.getLogger(__name__)
 
@@ -234,17 +235,24 @@ def request_allowed(page_url: str, url: str, *, document: bool) -> bool:
 def manifest_uris(text: str, base: str) -> set[str]:
     """Every address a playlist or manifest names (segments, variants, keys, init sections), made absolute."""
     out: set[str] = set()
+
+    def add(ref: str) -> None:
+        try:
+            out.add(resolve(base, ref, strict=False).partition("#")[0])
+        except InvalidURL:   # a line no browser reads as an address: the others still count
+            pass
+
     for raw in text.splitlines()[:100_000]:
         line = raw.strip()
         if not line:
             continue
         if line.startswith("#"):
             for m in re.finditer(r'URI="([^"]+)"', line):
-                out.add(resolve(base, m.group(1), strict=False).partition("#")[0])
+                add(m.group(1))
         else:
-            out.add(resolve(base, line, strict=False).partition("#")[0])
+            add(line)
     for m in re.finditer(r"<(?:BaseURL|SegmentURL[^>]*media=\")([^<\"]+)", text):
-        out.add(resolve(base, m.group(1), strict=False).partition("#")[0])
+        add(m.group(1))
     return out
 
 
@@ -342,6 +350,8 @@ class BrowserResolver(Resolver):
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
+        if (problem := missing_extra("browser", "the browser resolver")) is not None:
+            raise ResolverConfigError(problem)
         self.settings = parse_section(BrowserConfig, self.name, config)
         try:    # a missing browser is a config error at start-up, not a surprise on the first page
             self.executable = find_executable(self.settings.executable)

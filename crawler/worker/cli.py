@@ -57,8 +57,10 @@ def main(ctx: click.Context, master: str | None, node_id: str | None, data_dir: 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)   # until the loop's handler reopens logs instead
     overrides = {"master": master, "id": node_id, "data_dir": data_dir, "secret_file": secret_file,
                  "concurrency": concurrency, "metrics_listen": metrics_listen}
+    made: list[Path] = []
     try:
         cfg = WorkerConfig.build(config_path, overrides)
+        made = _missing_dirs(cfg.data_dir)
         from crawler.worker.faults import unusable_data_dir
 
         problem = unusable_data_dir(cfg.data_dir)
@@ -68,6 +70,7 @@ def main(ctx: click.Context, master: str | None, node_id: str | None, data_dir: 
 
         worker = Worker(cfg)
     except (ConfigError, ResolverConfigError) as e:
+        _remove_empty(made)
         click.echo(f"{PROG}: config error: {e}", err=True)
         sys.exit(2)
 
@@ -76,10 +79,44 @@ def main(ctx: click.Context, master: str | None, node_id: str | None, data_dir: 
         return await worker.serve()
 
     try:
-        sys.exit(eventloop.run(run()))   # 2: the master refused this worker for good (logged as one line)
-    except OSError as e:   # the metrics port is taken: a mistake to fix, like a config error
-        click.echo(f"{PROG}: {e}", err=True)
+        rc = eventloop.run(run())   # 2: the master refused this worker for good (logged as one line)
+    except ConfigError as e:   # the metrics port is taken: a mistake to fix, like any config error
+        _remove_empty(made)
+        click.echo(f"{PROG}: config error: {e}", err=True)
         sys.exit(2)
+    if rc == 2:
+        _remove_empty(made)
+    sys.exit(rc)
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """The folders the worker will create for its data dir (the deepest first)."""
+    missing = []
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing.append(p)
+    return missing
+
+
+def _remove_empty(made: list[Path]) -> None:
+    """A worker refused at start leaves no data dir behind: what it created holds only the start-up's empty
+    folders and address files, never a page or a download."""
+    for d in made:
+        if not d.is_dir():
+            continue
+        for p in sorted(d.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            try:
+                if p.is_dir():
+                    p.rmdir()
+                elif p.stat().st_size == 0 or p.name.endswith(".addr"):
+                    p.unlink()
+            except OSError:
+                return     # something of worth is there: keep it all
+        try:
+            d.rmdir()
+        except OSError:
+            return
 
 
 @main.command()

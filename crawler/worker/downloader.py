@@ -141,6 +141,10 @@ class DownloadStats:
     fetched: int = 0      # downloaded (or resumed) to the end
     shared: int = 0       # another fetch of the same key or address did the work
 
+    def __str__(self) -> str:   # for the log and the operator, not a repr
+        return (f"{self.fetched} fetched, {self.reused} reused, {self.confirmed} confirmed unchanged, "
+                f"{self.shared} shared")
+
 
 @dataclass
 class _Commit:
