@@ -100,10 +100,11 @@ def test_resolve_link_keeps_fragments_and_query() -> None:
 
 @pytest.mark.parametrize("ref, expected", [
     ("http:g", "http://site.example.com/dir/g"),          # the base's own scheme: relative, as browsers read it
-    ("https:g", None),                                     # another scheme and no host: nothing to fetch
-    ("//cdn.example.com", "http://cdn.example.com"),
+    ("https:g", "https://g/"),                             # another special scheme: its host follows (WHATWG)
+    ("//cdn.example.com", "http://cdn.example.com/"),
     ("http://[::1]:8080/x", "http://[::1]:8080/x"),
-    ("http://[::1/x", None), ("http:///x", None), ("http://u@/x", None),
+    ("http:///x", "http://x/"),                            # any run of slashes leads to the host
+    ("http://[::1/x", None), ("http://u@/x", None), ("https:", None), ("http://a b/", None),
 ])
 def test_resolve_link_follows_only_http_urls_with_a_host(ref: str, expected: str | None) -> None:
     assert resolve_link(PAGE, ref) == expected

@@ -1,4 +1,4 @@
-"""URL resolution (RFC 3986 5.4), normalisation, and the discard rules."""
+"""URL resolution (RFC 3986 5.4 read the WHATWG way), normalisation, and the discard rules."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from crawler.web.urls import (
     normalize,
     normalize_many,
     resolve,
+    resolve_link,
 )
 
 RFC_BASE = "http://a/b/c/d;p?q"
@@ -31,7 +32,7 @@ RFC_BASE = "http://a/b/c/d;p?q"
 # RFC 3986 section 5.4.1, normal examples.
 NORMAL = [
     ("g:h", "g:h"), ("g", "http://a/b/c/g"), ("./g", "http://a/b/c/g"), ("g/", "http://a/b/c/g/"),
-    ("/g", "http://a/g"), ("//g", "http://g"), ("?y", "http://a/b/c/d;p?y"), ("g?y", "http://a/b/c/g?y"),
+    ("/g", "http://a/g"), ("//g", "http://g/"), ("?y", "http://a/b/c/d;p?y"), ("g?y", "http://a/b/c/g?y"),
     ("#s", "http://a/b/c/d;p?q#s"), ("g#s", "http://a/b/c/g#s"), ("g?y#s", "http://a/b/c/g?y#s"),
     (";x", "http://a/b/c/;x"), ("g;x", "http://a/b/c/g;x"), ("g;x?y#s", "http://a/b/c/g;x?y#s"),
     ("", "http://a/b/c/d;p?q"), (".", "http://a/b/c/"), ("./", "http://a/b/c/"), ("..", "http://a/b/"),
@@ -39,7 +40,7 @@ NORMAL = [
     ("../../g", "http://a/g"),
 ]
 
-# RFC 3986 section 5.4.2, abnormal examples (strict parser for the last one).
+# RFC 3986 section 5.4.2, abnormal examples; the last one as browsers read it (the RFC's non-strict reading).
 ABNORMAL = [
     ("../../../g", "http://a/g"), ("../../../../g", "http://a/g"),
     ("/./g", "http://a/g"), ("/../g", "http://a/g"), ("g.", "http://a/b/c/g."), (".g", "http://a/b/c/.g"),
@@ -48,7 +49,7 @@ ABNORMAL = [
     ("g/../h", "http://a/b/c/h"), ("g;x=1/./y", "http://a/b/c/g;x=1/y"), ("g;x=1/../y", "http://a/b/c/y"),
     ("g?y/./x", "http://a/b/c/g?y/./x"), ("g?y/../x", "http://a/b/c/g?y/../x"),
     ("g#s/./x", "http://a/b/c/g#s/./x"), ("g#s/../x", "http://a/b/c/g#s/../x"),
-    ("http:g", "http:g"),
+    ("http:g", "http://a/b/c/g"),
 ]
 
 
@@ -68,10 +69,46 @@ def test_resolve_edges() -> None:
     assert resolve("http://a", "g") == "http://a/g"             # merge with an empty base path
     assert resolve("http://a/b#frag", "") == "http://a/b"       # the base's fragment never carries over
     assert resolve("http://a/b/c", "  ../d\n") == "http://a/d"  # attribute whitespace
-    assert resolve("http://a/b", "HTTPS://X/./y") == "HTTPS://X/y"  # no normalisation beyond 5.2
+    assert resolve("http://a/b", "HTTPS://X/./y") == "https://x/y"  # the WHATWG serialization, nothing more
+    assert resolve("http://a/b", "HTTP://U@X:80/%7e?q#f") == "http://U@x/%7e?q#f"
     assert resolve("foo:a/b/c", "../d/./e") == "foo:a/d/e"    # rootless base: the literal algorithm
+    assert resolve("foo:a/b/c", "foo:g") == "foo:g"
+    assert resolve("foo:a/b/c", "foo:g", strict=False) == "foo:a/b/g"
     with pytest.raises(InvalidURL):
         resolve("/relative/base", "g")
+
+
+PAGE = "http://site.example/music/list/page.html?p=2"
+
+
+@pytest.mark.parametrize(("ref", "expected"), [
+    ("audio\\a.mp3", "http://site.example/music/list/audio/a.mp3"),     # every browser reads "\\" as "/"
+    ("..\\page.html", "http://site.example/music/page.html"),
+    ("\\d\\final", "http://site.example/d/final"),
+    ("\\\\cdn.example\\a.mp3", "http://cdn.example/a.mp3"),
+    ("http:", None), ("http:#f", None), ("", None), ("#f", None),        # this page: nothing to follow
+    ("http:?q=2", "http://site.example/music/list/page.html?q=2"),
+    ("HTTP:x.html", "http://site.example/music/list/x.html"),
+    ("https:x.html", "https://x.html/"),                                  # another scheme: its host
+    ("/a/%2e%2E/b", "http://site.example/b"),
+    ("/a b", "http://site.example/a%20b"),
+    ("http://u@site.example./x", "http://u@site.example./x"),            # normalize() drops both
+])
+def test_resolve_link_is_resolve(ref: str, expected: str | None) -> None:
+    assert resolve_link(PAGE, ref) == expected
+    if expected is not None:
+        assert resolve(PAGE, ref) == expected
+    # The cache is keyed by the page's directory: a sibling page asking the same must get its own answer.
+    sibling = "http://site.example/music/list/other.html"
+    got = resolve_link(sibling, ref)
+    assert got is None if expected is None else got == resolve(sibling, ref)
+
+
+def test_redirect_location_is_read_as_a_browser_reads_it() -> None:
+    # The worker joins a Location with resolve(): the same answer as a link.
+    assert resolve("http://site.example/a/b", "/d\\final") == "http://site.example/d/final"
+    location = resolve("http://site.example/a/b", "//x@Other.example.:80\\p")
+    assert location == "http://x@other.example./p" and normalize(location) == "http://other.example/p"
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
@@ -91,9 +128,14 @@ def test_resolve_edges() -> None:
     ("http://münchen.DE/", "http://xn--mnchen-3ya.de/"),
     ("http://xn--MNCHEN-3ya.de/", "http://xn--mnchen-3ya.de/"),
     ("http://[2001:DB8:0:0::1]:80/", "http://[2001:db8::1]/"),
-    ("http://User:P%61ss@Example.com/", "http://User:Pass@example.com/"),
+    ("http://User:P%61ss@Example.com/", "http://example.com/"),     # user info names no other resource
+    ("http://example.com./a", "http://example.com/a"),              # nor does the root's dot
+    ("http://0x7F.1/", "http://127.0.0.1/"),                        # the WHATWG IPv4 parser
+    ("http:g", "http://g/"), ("http:///a", "http://a/"),             # special-scheme slashes, as browsers
+    ("http://h/?'", "http://h/?%27"),
     ("  http://example.com/a\tb\n  ", "http://example.com/ab"),
-    ("http://example.com/a\\b", "http://example.com/a%5Cb"),
+    ("http://example.com/a\\b", "http://example.com/a/b"),
+    ("http:\\\\example.com\\a\\..\\b", "http://example.com/b"),
     ("http://example.com/?b=2&a=1&a=0", "http://example.com/?b=2&a=1&a=0"),
     ("mailto:Someone@Example.com", "mailto:Someone@Example.com"),
     ("foo:/.//x", "foo:/.//x"),
@@ -103,7 +145,8 @@ def test_normalize_examples(raw: str, expected: str) -> None:
 
 
 @pytest.mark.parametrize("raw", [
-    "example.com/a", "/a/b", "http://", "http:///a", "http:g", "http://example.com:99999/",
+    "example.com/a", "/a/b", "http://", "http:", "http://u@/a", "http://example.com:99999/",
+    "http://256.0.0.1/", "http://./", "http://xn--/",
     "http://example.com:8o/", "http://[::1/", "http://[zz::1]/", "http://exa mple.com/", "http://a<b/",
     "http://%FF.com/",
 ])
@@ -141,6 +184,7 @@ def test_host_of() -> None:
     assert host_of("http://u:p@example.com:8080/a") == "example.com"
     assert host_of("https://[2001:db8::1]/") == "[2001:db8::1]"
     assert host_of("http://Example.com/") == "example.com"
+    assert host_of("http://Example.com./") == "example.com"
     assert host_of("mailto:x@y") == "" and host_of("/relative") == ""
 
 
@@ -150,9 +194,13 @@ def test_host_port_is_what_a_connection_goes_to() -> None:
     assert host_port("ftp://h/") is None and host_port("http://h:99999/") is None and host_port("http:///x") is None
 
 
-def test_host_url_of_is_the_origin_as_written() -> None:
-    assert host_url_of("https://u@h.example:8443/a?b#c") == "https://u@h.example:8443"
+def test_host_url_of_is_the_origin() -> None:
+    assert host_url_of("https://u@h.example:8443/a?b#c") == "https://h.example:8443"
     assert host_url_of("http://h.example?x") == "http://h.example"
+    assert host_url_of("HTTP://a:b@H.Example.:80") == "http://h.example"
+    assert host_url_of("https://h.example:443/") == "https://h.example"
+    assert host_url_of("http://0x7f.1:8080/") == "http://127.0.0.1:8080"
+    assert host_url_of("ftp://u@h/a") == "ftp://u@h"    # not a web URL: as written
     with pytest.raises(InvalidURL):
         host_url_of("/relative")
 
@@ -160,7 +208,8 @@ def test_host_url_of_is_the_origin_as_written() -> None:
 # -- properties ----------------------------------------------------------------------------------------
 
 _HOSTS = st.sampled_from(["example.com", "Example.COM", "a.b-c.org", "127.0.0.1", "[::1]", "xn--mnchen-3ya.de",
-                          "münchen.de", "例子.测试", "%65xample.com", "user@host.net", "host.net."])
+                          "münchen.de", "例子.测试", "%65xample.com", "user@host.net", "host.net.",
+                          "0x7F.1", "010.1.1.1", "1.2.3", "255.255.255.255", "256.1.1.1", "a.09", "xn--n3h.net"])
 _CHARS = st.sampled_from(list("aZ09-._~!$&'()*+,;=:@/%?# é中\\[]|")
                          + ["%2e", "%2E", "%2F", "%7e", "%7E", "%5F", "%41", "%e4%b8%ad", "..", "./", "../", "%zz"])
 _PIECE = st.lists(_CHARS, max_size=20).map("".join)
