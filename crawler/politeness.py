@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import datetime
 import email.utils
-import itertools
 import math
-import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from protego import Protego
-
+from crawler import robots
 from crawler.config import non_negative, positive, setting
 from crawler.web.urls import host_url_of
 
@@ -29,9 +26,8 @@ KNOWN = "known"       # rules are in force
 # Past this many bytes a robots.txt is cut (RFC 9309, 2.5: parse at least 500 KiB). The one definition: the
 # master's fetch reads no further.
 ROBOTS_MAX_BYTES = 500 * 1024
-# Allow/Disallow lines kept from one file. Each rule costs about 1.5 KB parsed and a little time in every
-# allowed() check; a real file needs far fewer, a hostile one would make one host cost tens of MiB.
-ROBOTS_MAX_RULES = 1000
+# Allow/Disallow rules kept from one file for our agent (crawler/robots.py owns the figure and the reason).
+ROBOTS_MAX_RULES = robots.MAX_RULES
 
 # Answers that mean "too many requests, slow down" (RFC 6585 4; RFC 9110 15.6.4): they pause the whole host.
 THROTTLE_STATUSES = frozenset({429, 503})
@@ -44,8 +40,6 @@ THROTTLE_STATUSES = frozenset({429, 503})
 # spacing is never below the delay.
 SLACK_SHARE = 0.1
 SLACK_CAP = 0.002
-# Sitemap: lines read from one robots.txt; a site with more is listing sitemaps, not indexing them.
-MAX_ROBOTS_SITEMAPS = 100
 
 
 @dataclass(frozen=True)
@@ -63,7 +57,8 @@ class PolitenessConfig:
     obey_robots: bool = setting("bool", True)
     # A robots.txt Crawl-delay is honoured up to this many seconds.
     crawl_delay_cap: float = setting("float", 10.0, non_negative)
-    user_agent: str = setting("str", "audio-crawler/0.1")   # the name robots.txt groups are matched against
+    # Its product token (the leading letters, '-' and '_': "audio-crawler") names us in robots.txt groups.
+    user_agent: str = setting("str", "audio-crawler/0.1")
     adaptive: bool = setting("bool", False)       # the delay follows the host's response latency (AutoThrottle)
     max_delay: float = setting("float", 60.0, non_negative)       # the adaptive delay stays at or below this
     # adaptive: requests the host should be serving at once, on average
@@ -342,7 +337,7 @@ class _Robots:
     __slots__ = ("allow_all", "expires", "parser", "pending_until", "rules")
 
     def __init__(self) -> None:
-        self.parser: Protego | None = None
+        self.parser: robots.Robots | None = None
         self.rules = 0                  # what the parsed file costs, counted against robots_max_rules
         self.allow_all = False          # meaningful only when parser is None and expires is set
         self.expires = -math.inf        # rules are in force until then
@@ -350,7 +345,8 @@ class _Robots:
 
 
 class RobotsRules:
-    """robots.txt per host (scheme://host[:port]), with the status semantics of RFC 9309.
+    """robots.txt per host (scheme://host[:port]), with the status semantics of RFC 9309; a file is read as
+    Google reads it (crawler/robots.py), for the product token of cfg.user_agent.
 
     The master asks state(); on "unknown" it marks the host pending, fetches /robots.txt once and calls
     store(). Rules expire after robots_ttl and are refetched; while that fetch is out, the old rules still
@@ -389,9 +385,9 @@ class RobotsRules:
               parsed: ParsedRobots | None = None) -> float | None:
         """Record the outcome of fetching host_url's robots.txt; returns its Crawl-delay for our user agent.
 
-        status is the final HTTP status after redirects, None for a network error. parsed is parse_robots(body)
-        when the caller parsed it already (off the event loop). The returned delay is the file's own value:
-        HostGate.set_crawl_delay applies the cap.
+        status is the final HTTP status after redirects, None for a network error. parsed is
+        parse_robots(body, cfg.user_agent) when the caller parsed it already (off the event loop). The returned
+        delay is the file's own value: HostGate.set_crawl_delay applies the cap.
         """
         r = self._hosts.pop(host_url, None) or _Robots()
         self._hosts[host_url] = r
@@ -400,10 +396,12 @@ class RobotsRules:
         r.rules = 0
         delay = None
         if status is not None and 200 <= status < 300:
-            r.parser, r.rules = parsed if parsed is not None else parse_robots(body or b"")
+            if parsed is None or parsed.agent != robots.product_token(self.cfg.user_agent):
+                parsed = parse_robots(body or b"", self.cfg.user_agent)
+            r.parser, r.rules = parsed, len(parsed.rules)
             self._rules += r.rules
             r.expires = now + self.cfg.robots_ttl
-            delay = r.parser.crawl_delay(self.cfg.user_agent)
+            delay = parsed.crawl_delay
         elif status is not None and (300 <= status < 400 or (400 <= status < 500 and status != 429)):
             # RFC 9309 2.3.1.2-3: a redirect chain that did not end in a file, or a 4xx, means "unavailable":
             # crawl freely.
@@ -418,11 +416,12 @@ class RobotsRules:
         return delay
 
     def sitemaps(self, host_url: str) -> list[str]:
-        """The Sitemap: lines of host_url's stored robots.txt (absolute URLs, as RFC 9309 2.2.4 asks), capped."""
+        """The Sitemap: lines of host_url's stored robots.txt (absolute URLs, as RFC 9309 2.2.4 asks), capped
+        at robots.MAX_SITEMAPS."""
         r = self._hosts.get(host_url)
         if r is None or r.parser is None:
             return []
-        return list(itertools.islice(r.parser.sitemaps, MAX_ROBOTS_SITEMAPS))
+        return list(r.parser.sitemaps)
 
     def allowed(self, url: str) -> bool:
         """Whether url may be fetched by its host's rules; the host must have been stored (state "known")."""
@@ -435,7 +434,7 @@ class RobotsRules:
         if r.parser is None:
             return r.allow_all
         self._hosts.move_to_end(host)
-        return r.parser.can_fetch(url, self.cfg.user_agent)
+        return r.parser.allowed(url)
 
     def _evict(self, keep: str | None = None) -> None:
         hosts, cfg = self._hosts, self.cfg
@@ -459,27 +458,17 @@ class RobotsRules:
             self._rules -= r.rules
 
 
-ParsedRobots = tuple[Protego, int]
-_RULE_LINE = re.compile(r"^\s*(?:dis)?allow\s*:", re.IGNORECASE | re.MULTILINE)
+ParsedRobots = robots.Robots
 
 
-def parse_robots(body: bytes) -> ParsedRobots:
-    """A robots.txt body parsed, cut to ROBOTS_MAX_BYTES and ROBOTS_MAX_RULES, and its rule count.
+def parse_robots(body: bytes, user_agent: str) -> ParsedRobots:
+    """A robots.txt body cut to ROBOTS_MAX_BYTES, read as it applies to user_agent's product token.
 
-    Pure and bounded (about 0.2 s at the caps): the master runs it in a thread.
+    Pure and bounded (rules, lines and sitemaps capped in crawler/robots.py; about 0.25 s at worst at the caps):
+    the master runs it in a thread.
     """
-    text = _robots_text(body)
-    rules = _RULE_LINE.findall(text)
-    if len(rules) > ROBOTS_MAX_RULES:
-        # Cut before the first rule past the cap, at a line start: the rules before it are kept whole.
-        cut = next(itertools.islice(_RULE_LINE.finditer(text), ROBOTS_MAX_RULES, None)).start()
-        text = text[:cut]
-    return Protego.parse(text), min(len(rules), ROBOTS_MAX_RULES)
-
-
-def _robots_text(body: bytes) -> str:
     if len(body) > ROBOTS_MAX_BYTES:
         # Cut at the last full line: half a "Disallow: /private" line would become a different rule.
-        cut = body.rfind(b"\n", 0, ROBOTS_MAX_BYTES)
+        cut = max(body.rfind(b"\n", 0, ROBOTS_MAX_BYTES), body.rfind(b"\r", 0, ROBOTS_MAX_BYTES))
         body = body[:cut + 1] if cut >= 0 else b""
-    return body.decode("utf-8", errors="replace")
+    return robots.parse(body, robots.product_token(user_agent))

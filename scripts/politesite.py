@@ -3,7 +3,8 @@
 The home page links to every page; a page links to nothing. Each request is logged when it arrives and when
 its answer goes out (time.monotonic()), so the spacing and concurrency a crawl really kept can be read back.
 The site can answer slowly (a fixed latency, or one that the caller changes while a crawl runs) and can answer
-429 or 503 with a Retry-After for a while, as an overloaded site does. robots.txt is 404 (no rules).
+429 or 503 with a Retry-After for a while, as an overloaded site does. robots.txt is 404 (no rules) unless one
+is given.
 
 Used by the politeness benchmark and the end-to-end tests; in-process (`async with PoliteSite(...)`).
 """
@@ -28,8 +29,9 @@ class Hit:
 
 
 class PoliteSite:
-    def __init__(self, pages: int, *, latency: float = 0.0) -> None:
+    def __init__(self, pages: int, *, latency: float = 0.0, robots: bytes | None = None) -> None:
         self.pages = pages
+        self.robots = robots                  # served as /robots.txt (200) when given
         self.latency = latency                # seconds before each page answer; may be changed while running
         self.throttle_until = -1.0            # requests arriving before this (monotonic) get throttle_status
         self.throttle_status = 429
@@ -89,7 +91,9 @@ class PoliteSite:
             path = request.path
             if self._armed is not None and path.startswith("/p/"):
                 self.throttle_until, self._armed = start + self._armed, None
-            if path == "/robots.txt":
+            if path == "/robots.txt" and self.robots is not None:
+                status, resp = 200, web.Response(body=self.robots, content_type="text/plain")
+            elif path == "/robots.txt":
                 status, resp = 404, web.Response(status=404, text="no rules")
             elif start < self.throttle_until and path != "/":
                 headers = {"Retry-After": self.retry_after} if self.retry_after is not None else {}

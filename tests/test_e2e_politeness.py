@@ -146,3 +146,16 @@ async def test_adaptive_delay_grows_when_the_site_slows_down(tmp_path):
     assert gap_before < 0.1, gap_before
     assert gap_after >= slow * 0.9, f"starts {gap_after:.3f} s apart after the latency rose to {slow} s"
     await asyncio.sleep(0)
+
+
+async def test_a_robots_txt_with_a_byte_order_mark_is_obeyed_by_the_crawl(tmp_path):
+    # Saved by an editor that writes a BOM: protego read the first line as garbage, so the rules after it stood
+    # outside any group and the crawl fetched what they forbid. Google's reading, ours, skips the BOM.
+    robots = b"\xef\xbb\xbfUser-agent: audio-crawler\r\nDisallow: /p/1.html\r\nDisallow: /p/2*$\r\n"
+    pages = 12
+    async with PoliteSite(pages, robots=robots) as site:
+        await crawl(tmp_path, site, ["w1"], politeness={"obey_robots": True})
+    fetched = {h.path for h in site.hits}
+    forbidden = {"/p/1.html", "/p/2.html"}
+    assert fetched == {"/robots.txt", "/"} | {f"/p/{i}.html" for i in range(pages)} - forbidden, sorted(fetched)
+    assert sum(h.path == "/robots.txt" for h in site.hits) == 1

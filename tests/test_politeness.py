@@ -360,9 +360,9 @@ def test_host_url_of(url, host_url):
 def test_robots_rules_are_capped_per_file_and_in_all():
     from crawler.politeness import ROBOTS_MAX_RULES, parse_robots
     body = b"User-agent: *\n" + b"".join(b"Disallow: /p%d/\n" % i for i in range(5 * ROBOTS_MAX_RULES))
-    parser, rules = parse_robots(body)
-    assert rules == ROBOTS_MAX_RULES
-    assert not parser.can_fetch("http://h/p0/x", "bot") and parser.can_fetch(f"http://h/p{ROBOTS_MAX_RULES}/x", "bot")
+    parsed = parse_robots(body, "bot/1.0")
+    assert len(parsed.rules) == ROBOTS_MAX_RULES
+    assert not parsed.allowed("http://h/p0/x") and parsed.allowed(f"http://h/p{ROBOTS_MAX_RULES}/x")
     cfg = PolitenessConfig(robots_max_hosts=50, robots_max_rules=3 * ROBOTS_MAX_RULES)
     rules_table = RobotsRules(cfg)
     for i in range(10):                       # ten big files: only the three most recent fit the rule budget
@@ -385,6 +385,68 @@ def test_recently_used_rules_stay():
     assert rules.allowed("http://a.example/y")          # a is used: b is now the least recently used
     rules.mark_pending("http://c.example", 0.0)
     assert rules.state("http://a.example", 1.0) == KNOWN and rules.state("http://b.example", 1.0) == UNKNOWN
+
+
+# The readings protego (the parser before crawler/robots.py) got wrong, each of which fetched what a site forbids
+# or skipped what it allows; tests/test_robots_conformance.py runs Google's whole suite.
+
+def test_a_robots_txt_starting_with_a_byte_order_mark_is_obeyed():
+    rules, delay = fetched(200, b"\xef\xbb\xbf" + ROBOTS)
+    assert delay == 4.0
+    assert not rules.allowed(HOST + "/private/x") and rules.allowed(HOST + "/private/ok")
+
+
+def test_an_unknown_line_between_user_agent_lines_does_not_end_the_group():
+    body = b"User-agent: audio-crawler\nInvalid-Unknown-Line: x\nUser-agent: *\nDisallow: /\n"
+    rules, _ = fetched(200, body)
+    assert not rules.allowed(HOST + "/songs/1.mp3")
+
+
+@pytest.mark.parametrize("line", [b"AUDIO-CRAWLER BOT", b"audio-crawler/2.0", b"Audio-Crawler"])
+def test_a_user_agent_line_names_its_leading_token_case_insensitively(line):
+    rules, delay = fetched(200, b"User-agent: *\nDisallow: /\n\nUser-agent: " + line
+                           + b"\nAllow: /songs/\nDisallow: /\nCrawl-delay: 3\n")
+    assert rules.allowed(HOST + "/songs/1.mp3") and not rules.allowed(HOST + "/private/x")
+    assert delay == 3.0
+
+
+@pytest.mark.parametrize("line", [b"audio", b"crawler", b"audio-crawlers", b"audio-crawler-extra"])
+def test_a_user_agent_line_is_not_matched_by_substring(line):
+    # protego let "audio" name "audio-crawler"; RFC 9309 and Google compare the whole token.
+    rules, delay = fetched(200, b"User-agent: " + line + b"\nDisallow: /\nCrawl-delay: 7\n")
+    assert rules.allowed(HOST + "/songs/1.mp3") and delay is None
+
+
+def test_groups_naming_the_crawler_merge_and_replace_the_global_ones():
+    body = (b"User-agent: *\nDisallow: /songs/\nCrawl-delay: 9\n"
+            b"User-agent: audio-crawler\nDisallow: /a/\nCrawl-delay: 1\n"
+            b"User-agent: other\nDisallow: /\n"
+            b"User-agent: audio-crawler\nDisallow: /b/\nCrawl-delay: 2\n")
+    rules, delay = fetched(200, body)
+    assert delay == 2.0                       # the largest of the groups that apply
+    assert rules.allowed(HOST + "/songs/1.mp3")
+    assert not rules.allowed(HOST + "/a/1") and not rules.allowed(HOST + "/b/1")
+
+
+def test_hostile_patterns_match_in_time_linear_in_the_path():
+    import time
+
+    from crawler import robots
+    # Patterns that make a backtracking matcher (a regex of .*) take time exponential or quadratic in the path.
+    body = b"User-agent: *\nDisallow: /" + b"*a" * 4000 + b"*b\nDisallow: /" + b"*a" * 4000 + b"*c$\n"
+    parsed = robots.parse(body, "audio-crawler")
+    path = "http://h/" + "a" * 16000
+    start = time.perf_counter()
+    for _ in range(20):
+        assert parsed.allowed(path + "d") and parsed.allowed(path + "cd")
+        assert not parsed.allowed(path + "b") and not parsed.allowed(path + "c")
+    assert time.perf_counter() - start < 1.0
+
+
+def test_lines_past_the_cap_are_not_read():
+    from crawler import robots
+    body = b"User-agent: *\n" + b"#\n" * robots.MAX_LINES + b"Disallow: /\n"
+    assert robots.parse(body, "audio-crawler").allowed("http://h/x")
 # --- HostGate: schedule, backoff on 429/503, adaptive delay -------------------------------------------------
 
 def test_late_starts_keep_the_schedule_but_never_run_ahead_of_it():
