@@ -67,7 +67,7 @@ def test_values_are_parsed_checked_and_converted_under_their_yaml_name():
 
 @pytest.mark.parametrize("raw, message", [
     ({}, "name: required key is missing"),
-    ({"name": "a", "word": "x"}, "word: unknown key (known keys: inner, name, word_file)"),
+    ({"name": "a", "word": "x"}, "word: unknown key (did you mean 'word_file'? known keys: inner, name, word_file)"),
     ({"name": "a", "inner": {"tuning": 1.0}}, "inner.tuning: unknown key (known keys: size)"),
     ({"name": "a", "inner": {"size": 0}}, "inner.size: must be greater than 0"),
     ({"name": "a", "inner": {"size": "3"}}, "inner.size: expected an integer, got str '3'"),
@@ -108,7 +108,8 @@ def test_the_yaml_keys_users_write_are_unchanged():
     assert sorted(_dotted(MASTER_SPEC)) == sorted([
         "listen", "data_dir", "store", "secret_file", "nodes", "seeds", "exit_when_done", "max_frame",
         "log_interval",
-        *(f"crawl.{k}" for k in ("max_depth", "max_pages", "max_url_length", "max_query_params",
+        *(f"crawl.{k}" for k in ("max_depth", "max_pages", "max_bytes", "max_duration", "max_url_length",
+                                 "max_query_params",
                                  "max_separator_ratio", "allowed_hosts", "allowed_networks", "allow_patterns",
                                  "deny_patterns", "sort_query", "drop_params", "keep_fragment",
                                  "approved_fragment_rules", "refresh_interval",

@@ -75,7 +75,7 @@ def test_an_old_store_is_refused_in_one_line_then_upgraded_with_nothing_lost(tmp
     before = db.read_bytes()
 
     run = cli("--config", str(config))
-    assert run.returncode == 1
+    assert run.returncode == 2     # a mistake to fix: systemd's RestartPreventExitStatus=2 does not loop on it
     [line] = run.stderr.strip().splitlines()
     assert "crawler-master upgrade-store" in line and "older crawler" in line, run.stderr
     assert db.read_bytes() == before, "a refused store must be left as it was"
@@ -85,7 +85,7 @@ def test_an_old_store_is_refused_in_one_line_then_upgraded_with_nothing_lost(tmp
     assert "4 URLs" in up.stdout and (db.parent / "master.db.layout1").exists()
 
     with MasterStore(db) as s:
-        assert s.status()["states"] == {"queued": 1, "leased": 1, "done": 1, "error": 1}
+        assert s.status()["states"] == {"queued": 1, "leased": 1, "done": 1, "error": 1, "robots": 0}
         assert s.status()["discards"] == {"depth": 7} and [r["title"] for r in s.catalogue()] == ["X"]
         # The item is listed by its page (the references a refresh follows), as if the page had said so.
         assert refs_of(s) == [("http://s/a.html", "http://s/x.mp3")]
@@ -99,7 +99,8 @@ def test_an_old_store_is_refused_in_one_line_then_upgraded_with_nothing_lost(tmp
         assert s.finish([PageOutcome("http://s/c.html", "done", 200, None, None, 1, None, "w1", 80.0)]) == [True]
         assert s.push([("http://s/a.html", 0, 0, "w1", None), ("http://s/new", 2, 0, "w1", "http://s/a.html")]) == 1
         assert s._next_seq > 4
-    assert "nothing to upgrade" in cli("upgrade-store", "--config", str(config)).stderr
+    again = cli("upgrade-store", "--config", str(config))
+    assert again.returncode == 0 and "nothing to upgrade" in again.stdout and again.stderr == "", again
 
 
 def write_v2(db):
@@ -129,7 +130,7 @@ def test_a_layout_2_store_gets_ids_in_line_order_and_its_index(tmp_path):
     write_v2(db)
 
     run = cli("--config", str(config))
-    assert run.returncode == 1 and "crawler-master upgrade-store" in run.stderr, run.stderr
+    assert run.returncode == 2 and "crawler-master upgrade-store" in run.stderr, run.stderr
     up = cli("upgrade-store", "--config", str(config))
     assert up.returncode == 0, up.stderr
     assert "4 URLs" in up.stdout and "master.db.layout2" in up.stdout
@@ -138,7 +139,7 @@ def test_a_layout_2_store_gets_ids_in_line_order_and_its_index(tmp_path):
     with MasterStore(db) as s:
         ids = s.db.execute("SELECT id FROM url_state ORDER BY seq").fetchall()
         assert [i for (i,) in ids] == [1, 2, 3, 4]              # in line order, from 1
-        assert s.status()["states"] == {"queued": 3, "leased": 0, "done": 1, "error": 0}
+        assert s.status()["states"] == {"queued": 3, "leased": 0, "done": 1, "error": 0, "robots": 0}
         assert s.url_info("http://s/")["http_status"] == 200
         assert s.url_info("http://s/a.html")["parent"] == "http://s/"
         assert s.url_info("http://s/c.html")["parent"] == "http://gone/"
@@ -171,3 +172,29 @@ def test_a_layout_2_postgresql_store_is_indexed_in_place(pg_dsn):
         assert s.push([("http://s/3", 0, 0, "w1", None), ("http://s/new", 0, 0, "w1", None)]) == 1
     with pytest.raises(StoreError, match="nothing to upgrade"):
         upgrade_postgres(pg_dsn)
+
+
+def test_robots_refused_urls_of_an_older_store_move_to_their_own_state(store_location):
+    """Before robots-refused URLs had a state of their own they were errors ("disallowed by robots.txt"), so
+    counted both as failed and as discarded: the master's next start moves them, on SQLite and PostgreSQL."""
+    from crawler.master.store import ROBOTS_REASON
+
+    with MasterStore(store_location) as s:
+        s.push([("http://s/private/x", 1, 0, "w1", None), ("http://s/broken", 1, 0, "w1", None),
+                ("http://s/ok", 1, 0, "w1", None)])
+        assert len(s.pop("w1", 3, 1.0)) == 3
+        # As an older crawler recorded a refusal: an error with the reason.
+        s.finish([PageOutcome("http://s/private/x", "error", None, None, None, None, ROBOTS_REASON, "w1", 2.0),
+                  PageOutcome("http://s/broken", "error", 500, None, None, 5, "HTTP 500", "w1", 2.0),
+                  PageOutcome("http://s/ok", "done", 200, None, "text/html", 5, None, "w1", 2.0)])
+        s.db.execute("DELETE FROM meta WHERE key = 'robots_state'")
+        s.commit()
+    with MasterStore.open_readonly(store_location) as s:   # a reader never alters it
+        assert s.status()["states"]["error"] == 2
+    with MasterStore(store_location) as s:
+        assert s.status()["states"] == {"queued": 0, "leased": 0, "done": 1, "error": 1, "robots": 1}
+        assert s.url_info("http://s/private/x")["state"] == "robots"
+        assert [r["url"] for r in s.failed()] == ["http://s/broken"]
+        assert s.retry_errors(lambda urls: ["w1"] * len(urls))[0] == 1     # the refused URL stays refused
+    with MasterStore(store_location) as s:   # the step runs once
+        assert s.status()["states"]["robots"] == 1 and s.status()["states"]["queued"] == 1

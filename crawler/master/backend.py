@@ -35,6 +35,11 @@ class StoreBusy(StoreError):
     """Another master process holds the store."""
 
 
+class StoreUnreachable(StoreError):
+    """The database server did not answer: it may come back, so a master that meets this at start is restarted,
+    where every other StoreError at start is a mistake to fix."""
+
+
 class ReadOnlyStoreError(StoreError, sqlite3.OperationalError):
     """A write through a store opened with open_readonly()."""
 
@@ -319,7 +324,7 @@ class PostgresBackend(Backend):
         try:
             self.db = psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, int(connect_timeout)))
         except psycopg.Error as e:
-            raise StoreError(f"{self.where}: cannot connect ({self._first_line(e)})") from None
+            raise StoreUnreachable(f"{self.where}: cannot connect ({self._first_line(e)})") from None
         try:
             if readonly:
                 self.db.execute("SET default_transaction_read_only = on")

@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ import click
 from crawler import eventloop
 from crawler.commandline import OneLineGroup, daemon_signals, version_option
 from crawler.config import ConfigError
-from crawler.logs import setup_logging
+from crawler.logs import setup_logging, write_summary
 from crawler.master.config import MasterConfig
 
 if TYPE_CHECKING:
@@ -52,6 +52,11 @@ def load_config(path: Path) -> MasterConfig:
 @click.pass_context
 def main(ctx: click.Context, config_path: Path | None, log_level: str, log_file: Path | None) -> None:
     """Run the crawl master (with --config), or one of the commands below."""
+    if (ctx.invoked_subcommand is not None
+            and ctx.get_parameter_source("log_level") is click.core.ParameterSource.DEFAULT):
+        # A command prints its own answer: the master's internal lines (Bloom filter loaded, operator: ...) it
+        # logs on the way are noise there, unless --log-level asks for them.
+        log_level = "error"
     try:
         setup_logging(log_level, log_file)
     except OSError as e:
@@ -70,7 +75,7 @@ def main(ctx: click.Context, config_path: Path | None, log_level: str, log_file:
         master = Master(cfg)
         daemon_signals(master.stop)
         summary = await master.serve()
-        click.echo(summary.text())
+        write_summary(summary.text(), log_file)
         return 0
 
     from crawler.master.store import StoreError
@@ -151,12 +156,21 @@ def status(config_path: Path, as_json: bool) -> None:
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True)
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here instead of standard output.")
 @click.option("--failed", is_flag=True, help="The URLs given up as errors, with the reason, not the catalogue.")
+@click.option("--pages", is_flag=True,
+              help="The crawl log: every URL once, with its state, last HTTP status, depth, times and reason.")
 @click.option("--changes-since", "since", metavar="TIME",
               help="Only the audio items that appeared, changed or were removed since TIME (ISO-8601, UTC unless "
                    "it says otherwise, or epoch seconds); each row's \"change\" says which.")
-def export(config_path: Path, fmt: str, output: Path | None, failed: bool, since: str | None) -> None:
-    """The audio catalogue (or with --failed the failed URLs), as JSON lines or CSV."""
+def export(config_path: Path, fmt: str, output: Path | None, failed: bool, pages: bool, since: str | None) -> None:
+    """The audio catalogue (or with --failed the failed URLs, with --pages the crawl log), as JSON lines or CSV."""
     from crawler.logs import parse_time
+
+    if failed and pages:
+        click.echo(f"{PROG}: --failed and --pages are two different exports: choose one", err=True)
+        sys.exit(2)
+    if pages and since is not None:
+        click.echo(f"{PROG}: --changes-since lists catalogue changes; it does not go with --pages", err=True)
+        sys.exit(2)
 
     since_t: float | None = None
     if since is not None:
@@ -183,6 +197,11 @@ def export(config_path: Path, fmt: str, output: Path | None, failed: bool, since
         from crawler.master.catalogue import export_row
 
         rows: Iterator[dict[str, Any]]
+        if pages:
+            from crawler.master import reports
+
+            _write_rows(out, reports.pages(store), fmt, reports.PAGE_COLUMNS)
+            return
         if failed:
             rows = ({**r, "last_crawl": iso_utc(r["last_crawl"])} for r in store.failed())
         elif since_t is not None:
@@ -202,6 +221,44 @@ def export(config_path: Path, fmt: str, output: Path | None, failed: bool, since
                 writer.writerow(flat)
     finally:
         store.close()
+        if output:
+            out.close()
+
+
+def _write_rows(out: IO[str], rows: Iterable[dict[str, Any]], fmt: str, columns: Sequence[str]) -> None:
+    """Rows of flat values as JSON lines or CSV (with its header, even with no rows)."""
+    if fmt == "jsonl":
+        out.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        return
+    writer = csv.DictWriter(out, fieldnames=list(columns), extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+@main.command()
+@CONFIG
+@click.argument("kind", type=click.Choice(["hosts", "types", "codes"]))
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="csv", show_default=True)
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here instead of standard output.")
+def report(config_path: Path, kind: str, fmt: str, output: Path | None) -> None:
+    """A crawl's figures per host (pages, audio, bytes, errors, robots-blocked), per MIME type or per HTTP
+    response code; read from the store, beside a running master or after it stopped."""
+    from crawler.master import reports
+
+    cfg = load_config(config_path)
+    store = _open_store(cfg)
+    try:
+        rows = reports.REPORT_ROWS[kind](store)
+    finally:
+        store.close()
+    try:
+        out = open(output, "w", encoding="utf-8", newline="") if output else sys.stdout
+    except OSError as e:
+        click.echo(f"{PROG}: cannot write {output}: {e.strerror or e}", err=True)
+        sys.exit(2)
+    try:
+        _write_rows(out, rows, fmt, reports.REPORT_COLUMNS[kind])
+    finally:
         if output:
             out.close()
 
@@ -302,7 +359,7 @@ def retry(config_path: Path, reason: str | None) -> None:
 def upgrade_store(config_path: Path) -> None:
     """Bring a stopped crawl's store from an older crawler to this one's layout (an SQLite file is rewritten
     beside the old one, which is kept; a PostgreSQL store is upgraded in place, in one transaction)."""
-    from crawler.master.store import StoreError, upgrade_layout, upgrade_postgres
+    from crawler.master.store import NothingToUpgrade, StoreError, upgrade_layout, upgrade_postgres
 
     cfg = load_config(config_path)
     db = cfg.store_location
@@ -313,6 +370,9 @@ def upgrade_store(config_path: Path) -> None:
             return
         _need_state(cfg)
         n, kept = upgrade_layout(db, progress=lambda n: click.echo(f"{n:,} URLs moved", err=True))
+    except NothingToUpgrade as e:     # already done: an operator (or a script run twice) has nothing to fix
+        click.echo(str(e))
+        return
     except StoreError as e:
         click.echo(f"{PROG}: {e}", err=True)
         sys.exit(1)

@@ -22,6 +22,7 @@ from crawler.config import (
     regexes,
     setting,
 )
+from crawler.extras import missing_extra
 from crawler.master.backend import dsn_problem
 from crawler.politeness import PolitenessConfig
 from crawler.resolvers.kugou import SEARCH_HOST, KugouConfig, search_url, song_fragment_rule
@@ -99,7 +100,7 @@ def _seed_scope(seed: str) -> str:
 
 def _store_check(v: str) -> str | None:
     if v.startswith(("postgresql://", "postgres://")):
-        return dsn_problem(v)
+        return missing_extra("postgresql", "a postgresql:// store") or dsn_problem(v)
     return "must be a postgresql:// address (leave it out for the SQLite file in data_dir)"
 
 
@@ -137,6 +138,10 @@ class Politeness(PolitenessConfig):
 class CrawlLimits:
     max_depth: int = setting("int", 5, non_negative)
     max_pages: int | None = setting("int", None, positive)
+    # The crawl's byte and time limits (crawler/master/limits.py): bytes fetched (pages and audio, as the workers
+    # report them) and seconds since the crawl first started, both over restarts.
+    max_bytes: int | None = setting("int", None, positive)
+    max_duration: float | None = setting("float", None, positive)
     max_url_length: int = setting("int", 256, positive)
     max_query_params: int = setting("int", 10, non_negative)
     max_separator_ratio: float = setting("float", 0.3, probability)

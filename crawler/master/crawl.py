@@ -23,8 +23,9 @@ from crawler import protocol as p
 from crawler.items import PENDING, AudioItem, LinkMeta
 from crawler.master.config import MasterConfig
 from crawler.master.dedup import Dedup
+from crawler.master.limits import MAX_BYTES, MAX_DURATION, STARTED_META, Limits, limit_reached
 from crawler.master.revisit import revisit_policy
-from crawler.master.store import MasterStore, PageOutcome, listed_keys
+from crawler.master.store import ROBOTS_BLOCKED, ROBOTS_REASON, MasterStore, PageOutcome, listed_keys
 from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, robots_url
 from crawler.scheduler import NodeTable
 from crawler.web.urls import (
@@ -198,6 +199,13 @@ class Crawl:
         self.totals = Totals()
         self._next_lease = first_lease
         self._scheduled = 0                      # pages handed out this run (for max_pages)
+        # The limits (master/limits.py): bytes fetched over the whole crawl, from the store's per-node figures,
+        # and the limit reached (its key), after which no work is handed out.
+        self.limits = Limits(c.max_pages, c.max_bytes, c.max_duration)
+        self.bytes_fetched = store.fetched_bytes()
+        self.started: float | None = None         # when the crawl first started (start())
+        self.limit: str | None = None
+        self._limit_said = False
         # Refresh on: each fetched page's next visit adapts to how often it changes (master/revisit.py).
         self.revisit = revisit_policy(c)
         # The level barrier (breadth first across the cluster): only entries of depth <= level are handed out,
@@ -209,6 +217,31 @@ class Crawl:
         # Pending downloads handed to nodes (download-only work), for the server to send: node -> items.
         # Bounded by the pending downloads in the store, which the workers' own bounds keep small.
         self.download_work: dict[str, list[AudioItem]] = {}
+
+    # ------------------------------------------------------------------ limits
+    def start(self, now: float) -> float:
+        """When the crawl first started: kept in the store, so that max_duration counts over restarts."""
+        started = self.store.get_meta(STARTED_META)
+        if not isinstance(started, (int, float)):
+            started = now
+            self.store.set_meta(STARTED_META, started)
+        self.started = float(started)
+        return self.started
+
+    def check_limits(self, now: float) -> str | None:
+        """The key of the limit reached, if any; from then on no work is handed out (for the rest of the run)."""
+        if self.limit is None:
+            started = self.started if self.started is not None else now
+            self.limit = limit_reached(self.limits, pages=self._scheduled, bytes_fetched=self.bytes_fetched,
+                                       started=started, now=now)
+        return self.limit
+
+    def limit_news(self) -> str | None:
+        """The limit reached, the first time it is asked after that (for the daemon to say it once)."""
+        if self.limit is None or self._limit_said:
+            return None
+        self._limit_said = True
+        return self.limit
 
     # ------------------------------------------------------------------ routing
     def route(self, urls: Sequence[str]) -> list[str | None]:
@@ -378,9 +411,12 @@ class Crawl:
             with self.store.atomic():
                 rows = self.store.settle_audio(settled)
                 self.store.drop_pending(ended)
+                audio_bytes = sum(_stored_bytes(new) for _, new in settled)
+                self.store.note_node(node, audio_bytes=audio_bytes)
         except _BAD_VALUES as e:
             raise ReportRejected(f"download outcomes refused by the store ({type(e).__name__}: {e})") from None
         self.totals.outcomes_apart += len(settled)
+        self.bytes_fetched += audio_bytes
         return [r for r in rows if r is not None]
 
     # ------------------------------------------------------------------ input
@@ -493,7 +529,7 @@ class Crawl:
         """
         out: list[p.Task] = []
         self.wake_at.pop(node, None)
-        if n <= 0 or not self.table.live or node not in self.table.live:
+        if n <= 0 or not self.table.live or node not in self.table.live or self.check_limits(now) is not None:
             return out
         max_pages = self.cfg.crawl.max_pages
         if max_pages is not None:
@@ -600,7 +636,7 @@ class Crawl:
                 return math.inf
             if not self.robots.allowed(h.url):
                 self.discards[DISCARD_ROBOTS] += 1
-                self.store.finish([PageOutcome(h.url, "error", None, None, None, None, "disallowed by robots.txt",
+                self.store.finish([PageOutcome(h.url, ROBOTS_BLOCKED, None, None, None, None, ROBOTS_REASON,
                                             node, now)])
                 return None   # consumed: nothing to send
         gate = self.gate
@@ -785,7 +821,9 @@ class Crawl:
                 firsts = self.store.finish(finished, self.revisit)
                 self.store.add_pending(pending)
                 # Per-worker figures for the status command, one row update per report.
-                self.store.note_node(node, bytes=sum(f.size or 0 for f in finished),
+                page_bytes = sum(f.size or 0 for f in finished)
+                audio_bytes = sum(_stored_bytes(row) for row in audio_rows)
+                self.store.note_node(node, bytes=page_bytes, audio_bytes=audio_bytes,
                                      links=sum(len(b[2]) for b in link_batches), audio=len(audio_rows))
                 if link_batches or ref_batches:
                     # last: an add to the Bloom filter cannot be undone
@@ -796,6 +834,7 @@ class Crawl:
             self.store.release([f.url for f in finished], self.route)
             raise ReportRejected(f"report of {len(finished)} results refused by the store "
                                  f"({type(e).__name__}: {e}); its URLs went back to the frontier") from None
+        self.bytes_fetched += page_bytes + audio_bytes
         if lastmod:
             # After the links went in, so a sitemap's new URLs have rows to take their dates.
             self._note_lastmod(lastmod)
@@ -863,11 +902,20 @@ class Crawl:
 
     def done(self) -> bool:
         """Nothing left anywhere: no lease, no node waited for, no download pending, an empty frontier."""
+        if self.limit in (MAX_BYTES, MAX_DURATION):
+            return True   # at once: what is in flight stays leased in the store, handed out again on the next start
         if self.leases or self.robots_wanted or self.away or self.store.pending_count():
             return False
-        if self.cfg.crawl.max_pages is not None and self._scheduled >= self.cfg.crawl.max_pages:
+        if self.limit is not None or (self.cfg.crawl.max_pages is not None
+                                      and self._scheduled >= self.cfg.crawl.max_pages):
             return True   # what is held stays leased in the store and is handed out again on the next start
         return not any(self.held.values()) and self.store.frontier_empty()
+
+
+def _stored_bytes(row: dict[str, Any]) -> int:
+    """The audio bytes a worker reports fetched for a catalogue row: those of a file it stored."""
+    size = row.get("size")
+    return size if row.get("sha256") and isinstance(size, int) else 0
 
 
 def _link_meta(stored: str | None) -> LinkMeta | None:

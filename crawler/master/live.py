@@ -25,6 +25,7 @@ RATE_BUCKETS = 120
 CHART_BUCKET = 60.0          # one bar a minute over the last 6 hours
 CHART_BUCKETS = 360
 RECENT = 20
+MAX_FAULT = 120              # characters of a worker's fault reason shown
 MAX_REASONS = 64             # distinct error reasons kept; the rest count as "other"
 LIVE_FILE = "live.json"
 
@@ -70,10 +71,16 @@ def error_reason(error: str | None, http_status: int | None) -> str:
     return error.split(":", 1)[0].strip()[:48] or "unknown"
 
 
+# A node's state, as status --json, the table and the page name it: connected and taking work; connected but
+# unable to store anything (its disk), so it gets no work; not connected.
+CONNECTED, FAULT, DISCONNECTED = "connected", "fault", "disconnected"
+
+
 @dataclass
 class NodeLive:
     connected: bool = False
     last_heartbeat: float | None = None
+    fault: str | None = None      # why the node cannot store, while it cannot
 
 
 @dataclass
@@ -98,15 +105,20 @@ class LiveStats:
         if saved:
             self.http_status.update({str(k): int(v) for k, v in saved.get("http_status", {}).items()})
             self.error_reasons.update({str(k): int(v) for k, v in saved.get("errors", {}).items()})
+            # The recent errors too: a restarted master still shows what went wrong just before it stopped.
+            recent = saved.get("recent_errors", [])[-RECENT:]
+            self.recent_errors.extend(e for e in recent if isinstance(e, dict))
 
     def figures(self) -> dict[str, Any]:
         self.dirty = False
-        return {"http_status": dict(self.http_status), "errors": dict(self.error_reasons)}
+        return {"http_status": dict(self.http_status), "errors": dict(self.error_reasons),
+                "recent_errors": list(self.recent_errors)}
 
-    def seen(self, node: str, now: float, connected: bool = True) -> None:
+    def seen(self, node: str, now: float, connected: bool = True, fault: str | None = None) -> None:
         n = self.nodes.setdefault(node, NodeLive())
         n.connected = connected
         n.last_heartbeat = now
+        n.fault = fault if connected else None
 
     def gone(self, node: str) -> None:
         if node in self.nodes:
@@ -152,6 +164,14 @@ class LiveStats:
                 out[f"{name}_per_min_{minutes}m"] = round(b.per_second(now, 60.0 * minutes, self.started) * 60, 1)
         return out
 
+    def chart_view(self, now: float) -> tuple[list[int], float]:
+        """Pages per minute for the chart and the time its last bar ends: whole minutes only, so the chart
+        never ends in the drop of a minute still under way. An hour of bars at least, more for an older run."""
+        end = (now // self.chart.width) * self.chart.width
+        series = self.chart.series(end - self.chart.width / 2)     # the last bucket: the minute just ended
+        minutes = min(len(series), max(60, int((end - self.started) // self.chart.width) + 1))
+        return series[-minutes:], end
+
     def take_interval(self) -> tuple[int, int, Counter[str]]:
         out = (self.interval_pages, self.interval_audio, self.interval_errors)
         self.interval_pages = self.interval_audio = 0
@@ -159,11 +179,13 @@ class LiveStats:
         return out
 
     def view(self, now: float, *, held: int, at_workers: int, in_flight: Mapping[str, int],
-             web: str | None, lag: float, run_pages: int, lag_worst: float = 0.0) -> dict[str, Any]:
+             web: str | None, lag: float, run_pages: int, lag_worst: float = 0.0,
+             paused: bool = False) -> dict[str, Any]:
         """The live half of the status object (JSON-able); build_status joins it with the store's figures."""
         elapsed = max(now - self.started, 1e-9)
         return {
             "running": True,
+            "paused": paused,
             "pid": self.pid,
             "written_at": now,
             "started": iso_utc(self.started),
@@ -175,8 +197,9 @@ class LiveStats:
             "this_run": {"pages": run_pages, "elapsed_s": round(elapsed, 1),
                          "pages_per_s": round(run_pages / elapsed, 2)},
             "rates": self.rates(now),
-            "nodes": {n: {"connected": s.connected, "last_heartbeat": iso_utc(s.last_heartbeat),
-                          "in_flight": in_flight.get(n, 0)} for n, s in self.nodes.items()},
+            "nodes": {n: {"connected": s.connected, "fault": s.fault,
+                          "last_heartbeat": iso_utc(s.last_heartbeat), "in_flight": in_flight.get(n, 0)}
+                      for n, s in self.nodes.items()},
             "http_status": dict(self.http_status),
             "errors": dict(self.error_reasons),
         }
@@ -214,9 +237,15 @@ def build_status(db: Mapping[str, Any], live: Mapping[str, Any] | None, nodes: I
     for node in dict.fromkeys([*nodes, *db.get("nodes", {})]):
         d = db.get("nodes", {}).get(node, {})
         ln = live_nodes.get(node, {})
+        connected = bool(running and ln.get("connected"))
+        # The worker's own words, printed on terminals: bounded, and no control characters.
+        fault = "".join(c if c.isprintable() else "?" for c in str(ln["fault"])[:MAX_FAULT]) \
+            if connected and ln.get("fault") else None
         table.append({
             "node": node,
-            "connected": bool(running and ln.get("connected")),
+            "state": FAULT if fault else CONNECTED if connected else DISCONNECTED,
+            "fault": fault,
+            "connected": connected,
             "last_heartbeat": ln.get("last_heartbeat"),
             "in_flight": ln.get("in_flight", 0) if running else 0,
             "queued": d.get("queued", 0),
@@ -233,8 +262,14 @@ def build_status(db: Mapping[str, Any], live: Mapping[str, Any] | None, nodes: I
     http_status = live.get("http_status", figures.get("http_status", {})) if running else \
         figures.get("http_status", {})
     errors = live.get("errors", figures.get("errors", {})) if running else figures.get("errors", {})
+    # The store's flag first: it is committed before `pause` returns, while the master's view on disk can be
+    # a snapshot interval old. A stopped crawl can be paused too (it starts paused).
+    paused = bool(db.get("paused", live.get("paused", False) if running else False))
     return {
         "time": iso_utc(now),
+        "paused": paused,
+        # The limit that ended or paused the crawl (its key: "crawl.max_bytes" ...), or None.
+        "limit": db.get("limit"),
         "master": {"running": running, "pid": live.get("pid") if running else None,
                    "started": live.get("started"), "web": live.get("web") if running else None,
                    "event_loop_lag_s": live.get("event_loop_lag_s") if running else None,
@@ -242,6 +277,7 @@ def build_status(db: Mapping[str, Any], live: Mapping[str, Any] | None, nodes: I
         "urls": urls,
         "nodes": table,
         "nodes_connected": sum(1 for n in table if n["connected"]),
+        "nodes_faulted": sum(1 for n in table if n["state"] == FAULT),
         "rates": live.get("rates", {}) if running else {},
         "this_run": live.get("this_run", {}),
         "errors": dict(sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))[:10]),
@@ -287,18 +323,22 @@ def human_duration(seconds: float) -> str:
 
 
 def progress_line(interval: float, pages: int, audio: int, errors: Counter[str], *, queued: int, held: int,
-                  at_workers: int, connected: int, nodes: int, shrink: float | None) -> str:
+                  at_workers: int, connected: int, nodes: int, shrink: float | None,
+                  paused: bool = False) -> str:
     """The master's periodic log line. shrink: how fast the waiting work went down (URLs/s), if it did."""
     per_min = 60.0 / interval if interval > 0 else 0.0
     errs = ", ".join(f"{k} {v}" for k, v in errors.most_common(5)) or "none"
     waiting = queued + held
-    if waiting == 0 and at_workers == 0:
+    if paused:   # not a stall: the operator holds the work back
+        eta = "paused: no work is handed out until `crawler-master resume`"
+    elif waiting == 0 and at_workers == 0:
         eta = "nothing left"
     elif shrink and shrink > 0:
         eta = f"about {human_duration(waiting / shrink)} left"
     else:
         eta = "queue not shrinking"
-    return (f"progress: {pages * per_min:.0f} pages/min, {audio * per_min:.0f} audio/min; "
+    return (f"progress{' (paused)' if paused else ''}: "
+            f"{pages * per_min:.0f} pages/min, {audio * per_min:.0f} audio/min; "
             f"queued {queued}, held at the master {held}, at workers {at_workers}; "
             f"workers {connected}/{nodes}; errors: {errs}; {eta}")
 
@@ -319,6 +359,12 @@ def _counts(title: str, counts: Mapping[str, int], empty: str = "none") -> list[
     return [f"{title}:"] + _table(["", "count"], [[k, v] for k, v in counts.items()], right={1})[1:]
 
 
+def node_state_text(n: Mapping[str, Any]) -> str:
+    """A node's state for the table: its name, and for a fault the reason the node gave."""
+    state = str(n.get("state") or (CONNECTED if n.get("connected") else DISCONNECTED))
+    return f"fault: {n['fault']}" if state == FAULT and n.get("fault") else state
+
+
 def status_text(st: Mapping[str, Any]) -> str:
     """The status object as the operator reads it: tables, not dicts."""
     m, u, r = st["master"], st["urls"], st.get("rates") or {}
@@ -328,7 +374,10 @@ def status_text(st: Mapping[str, Any]) -> str:
                      if m.get("web") else f"master running since {m['started']} (pid {m['pid']})")
     else:
         lines.append("master not running (figures from its database)")
-    lines.append(f"at {st['time']}: {st['nodes_connected']} of {len(st['nodes'])} workers connected")
+    if st.get("paused"):
+        lines.append("crawl PAUSED: no work is handed out until `crawler-master resume`")
+    faulted = f", {st['nodes_faulted']} faulted (taking no work)" if st.get("nodes_faulted") else ""
+    lines.append(f"at {st['time']}: {st['nodes_connected']} of {len(st['nodes'])} workers connected{faulted}")
     lines.append("")
     lines.append("URLs:")
     url_rows = [["queued (frontier)", u["queued"]],
@@ -355,7 +404,7 @@ def status_text(st: Mapping[str, Any]) -> str:
     lines.append("workers:")
     lines += _table(["node", "state", "last heartbeat", "in flight", "queued", "pages", "audio", "bytes",
                      "errors"],
-                    [[n["node"], "connected" if n["connected"] else "not connected", n["last_heartbeat"] or "never",
+                    [[n["node"], node_state_text(n), n["last_heartbeat"] or "never",
                       n["in_flight"], n["queued"], n["pages"], n["audio"], human_bytes(n["bytes"]), n["errors"]]
                      for n in st["nodes"]], right={3, 4, 5, 6, 7, 8})
     lines.append("")

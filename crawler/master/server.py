@@ -31,9 +31,11 @@ from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.items import PENDING
 from crawler.master import steering
 from crawler.master.admission import Admission, Limits, source_of
+from crawler.master.backend import StoreError, StoreUnreachable
 from crawler.master.catalogue import CatalogueFile
 from crawler.master.config import MasterConfig
 from crawler.master.crawl import Crawl, ReportRejected
+from crawler.master.limits import LIMIT_META, MAX_PAGES
 from crawler.master.dedup import Dedup
 from crawler.master.downloads import DownloadBoard
 from crawler.master.observe import Observer
@@ -232,6 +234,11 @@ class Master:
             log.warning("the crawl is paused: no work is handed out until `crawler-master resume`")
         self.catalogue = CatalogueFile(cfg.data_dir / "catalog.jsonl")
         self.catalogue.rewrite(self.store.catalogue(settled=True))
+        # max_duration counts from the crawl's first start. A limit is said again by this run if still reached;
+        # a crawl a limit paused keeps saying which until it is resumed.
+        self.crawl.start(self.clock())
+        if not self.paused:
+            self.store.set_meta(LIMIT_META, None)
         self.observer.opened()
         self.store.commit()
 
@@ -306,6 +313,8 @@ class Master:
         if kind in ("pause", "resume"):
             self.paused = kind == "pause"
             self.store.set_meta("paused", self.paused)
+            if not self.paused and self.crawl.limit is None:   # a limit reached before a restart: not any more
+                self.store.set_meta(LIMIT_META, None)
             log.warning("operator: crawl %s", "paused: no new work is handed out" if self.paused else "resumed")
             self._wake.set()
             return {"paused": self.paused}
@@ -418,6 +427,9 @@ class Master:
             if isinstance(e, OSError):
                 raise StartupError(f"cannot use the data dir {self.cfg.data_dir}: {e.strerror or e}"
                                    f"{f' ({e.filename})' if e.filename else ''}") from None
+            if isinstance(e, StoreError) and not isinstance(e, StoreUnreachable):
+                # An older layout, another master on the state, not a crawl database: restarting repeats it.
+                raise StartupError(str(e)) from None
             raise
         self.port = server.sockets[0].getsockname()[1]
         log.info("master listening on %s:%d for nodes %s", host, self.port, ", ".join(self.cfg.nodes))
@@ -554,11 +566,28 @@ class Master:
             if time.monotonic() - last_snapshot >= self.cfg.dedup.snapshot_interval:
                 last_snapshot = time.monotonic()
                 await self._snapshot_bloom_off_loop()
+            self.crawl.check_limits(now)
+            if (reached := self.crawl.limit_news()) is not None:
+                self._limit_reached(reached)
             if self.cfg.exit_when_done and self.crawl.done():
-                log.info("frontier empty and nothing in flight: the crawl is done")
+                log.info("the crawl is done, at its limit" if self.crawl.limit is not None else
+                         "frontier empty and nothing in flight: the crawl is done")
                 self._done = True
                 self._stop.set()
                 return
+
+    def _limit_reached(self, key: str) -> None:
+        """A limit ends the crawl (with exit_when_done) or pauses it; the log and `status --json` name its key."""
+        self.store.set_meta(LIMIT_META, key)
+        if self.cfg.exit_when_done:
+            log.warning("limit %s reached: the crawl ends %s", key,
+                        "once what is in flight is done" if key == MAX_PAGES else
+                        "now (what is in flight goes back in line for the next start)")
+        else:
+            self.paused = True
+            self.store.set_meta("paused", True)
+            log.warning("limit %s reached: the crawl is paused (raise the limit, restart the master and resume "
+                        "to go on)", key)
 
     def _refresh(self, now: float) -> Iterator[None]:
         """Every page whose next visit is due goes back in line, a batch at a time through the next-visit
@@ -625,7 +654,7 @@ class Master:
                 body = b"".join([chunk async for chunk in r.aiter_raw()])
             if 200 <= status < 300:
                 # Parsing a large file takes a while (pure Python): off the event loop, which serves workers.
-                parsed = await asyncio.to_thread(parse_robots, body)
+                parsed = await asyncio.to_thread(parse_robots, body, self.cfg.politeness.user_agent)
         except (httpx.HTTPError, TimeoutError) as e:
             status = body = parsed = None
             log.info("robots.txt of %s not fetched: %s", origin, str(e) or type(e).__name__)

@@ -64,6 +64,7 @@ from crawler.master.backend import (
     is_postgres,
     open_backend,
 )
+from crawler.master.limits import LIMIT_META
 from crawler.master.urlindex import FileUrlIndex, SqlUrlIndex, UrlIndex, url_hash, url_hashes
 
 __all__ = [
@@ -84,8 +85,14 @@ log = logging.getLogger(__name__)
 # 3: the layout described above (row ids in arrival order, the URL index apart).
 SCHEMA_VERSION = 3
 
-QUEUED, LEASED, DONE, ERROR = 0, 1, 2, 3
-STATE_NAMES = {QUEUED: "queued", LEASED: "leased", DONE: "done", ERROR: "error"}
+QUEUED, LEASED, DONE, ERROR, ROBOTS = 0, 1, 2, 3, 4
+# ROBOTS: refused by the site's robots.txt, never fetched. Apart from ERROR, so that such a URL is counted once
+# (as discarded by "robots"), never as failed, and `retry` leaves it alone.
+STATE_NAMES = {QUEUED: "queued", LEASED: "leased", DONE: "done", ERROR: "error", ROBOTS: "robots"}
+ROBOTS_BLOCKED = "robots"                  # the PageOutcome state of a URL robots.txt refused
+ROBOTS_REASON = "disallowed by robots.txt"
+# The meta key set once a store's robots-refused URLs (state ERROR before ROBOTS existed) moved to ROBOTS.
+_ROBOTS_STATE_META = "robots_state"
 # A URL whose lease keeps being lost (its worker dies on it) is given up after max_attempts times this many.
 LOST_LEASE_FACTOR = 3
 
@@ -522,6 +529,8 @@ class MasterStore:
             self.db.begin()
             self.db.execute(self.db.ddl(_LINK_META_TABLE))
             self.db.execute("COMMIT")
+        if not self.readonly and self.get_meta(_ROBOTS_STATE_META) is None:
+            self._robots_state()
         present = self.db.columns("audio")
         missing = [c for c in AUDIO_COLUMNS if c not in present]
         if missing and not self.readonly:
@@ -542,6 +551,19 @@ class MasterStore:
         self._event_at = _EVENT_AT if "returned_at" not in missing else "coalesce(removed_at, changed_at, found_at)"
         # A reader of an older store that it may not alter sees the missing columns as null.
         self._audio_select = ", ".join("NULL" if c in missing else c for c in AUDIO_COLUMNS)
+
+    def _robots_state(self) -> None:
+        """A store from before robots-refused URLs had a state of their own (they were errors, "disallowed by
+        robots.txt"): they move to ROBOTS and the error and robots counts are made again, in one transaction."""
+        self.db.begin()
+        self.db.execute(f"UPDATE url_state SET state = {ROBOTS} WHERE state = {ERROR} AND id IN "
+                        "(SELECT id FROM pages WHERE error = ?)", (ROBOTS_REASON,))
+        self.db.execute(f"DELETE FROM counts WHERE state IN ({ERROR}, {ROBOTS})")
+        self.db.execute(
+            "INSERT INTO counts(state, node, n) SELECT u.state, coalesce(n.name, ''), count(*) FROM url_state u "
+            f"LEFT JOIN nodes n ON n.id = u.node WHERE u.state IN ({ERROR}, {ROBOTS}) GROUP BY u.state, n.name")
+        self._write_meta(_ROBOTS_STATE_META, True)
+        self.db.execute("COMMIT")
 
     @property
     def index_path(self) -> Path | None:
@@ -1061,7 +1083,7 @@ class MasterStore:
         fetched: list[tuple[Any, ...]] = []
         for res in results:
             row = current.get(res.url)
-            if row is None or row[1] in (DONE, ERROR):
+            if row is None or row[1] in (DONE, ERROR, ROBOTS):
                 out.append(False)
                 continue
             row_id, state, node, attempts = row[:4]
@@ -1080,6 +1102,8 @@ class MasterStore:
                 new_state = ERROR if attempts >= self.max_attempts else QUEUED
             elif res.state in ("done", "error"):
                 new_state = DONE if res.state == "done" else ERROR
+            elif res.state == ROBOTS_BLOCKED:
+                new_state = ROBOTS
             else:
                 raise ValueError(f"unknown result state {res.state!r}")
             new_node = node if new_state == QUEUED else res.node
@@ -1669,6 +1693,12 @@ class MasterStore:
             "INSERT INTO discards(reason, n) VALUES (?, ?) ON CONFLICT(reason) DO UPDATE SET n = discards.n + excluded.n",
             [(r, n) for r, n in reasons.items() if n])
 
+    def fetched_bytes(self) -> int:
+        """Bytes the workers reported fetched over the whole crawl: pages and stored audio (crawl.max_bytes)."""
+        row = self.db.execute("SELECT coalesce(sum(value), 0) FROM node_stats "
+                              "WHERE name IN ('bytes', 'audio_bytes')").fetchone()
+        return int(row[0])
+
     def note_node(self, node: str, **counters: int) -> None:
         """Add to one node's figures (pages, errors, bytes ...)."""
         self._begin()
@@ -1689,7 +1719,8 @@ class MasterStore:
         not routed); nodes: per node, its URLs by state plus the note_node() counters; discards: by reason;
         audio: catalogue rows by status ("pending": the download is under way at a node); downloads_pending:
         the downloads the master waits for (pending_downloads rows); figures: what the master saved under the meta key "figures" (HTTP
-        status and error reason counts). Cheap in the master: counts come from memory, the rest are small tables.
+        status and error reason counts, recent errors); paused: whether the operator paused the crawl. Cheap in
+        the master: counts come from memory, the rest are small tables.
         """
         snapshot = self.readonly and not self.db.in_transaction
         if snapshot:
@@ -1715,6 +1746,8 @@ class MasterStore:
             else:
                 audio = {k: v for k, v in self._audio_counts.items() if v}
             figures = self.get_meta("figures", {})
+            paused = bool(self.get_meta("paused", False))
+            limit = self.get_meta(LIMIT_META)
             pending = self.pending_count() if self._has_pending else 0
             cycle = self.get_meta("cycle", {}) if self.readonly else self._cycle
             changes = {"this_cycle": {"start": cycle.get("start"), "first": bool(cycle.get("first")),
@@ -1733,7 +1766,20 @@ class MasterStore:
             "downloads_pending": pending,
             "figures": figures,
             "changes": changes,
+            "paused": paused,
+            "limit": limit,
         }
+
+    def url_counts(self) -> dict[str, int]:
+        """URLs by state for /metrics: queued, leased, done, failed (the store's in-memory counts) and
+        discarded (the discards table: a row per reason). URLs robots.txt refused are among the discarded (reason
+        "robots"), so their own state is not counted again. Nothing here scans the URL table."""
+        by_state = {name: 0 for name in STATE_NAMES.values()}
+        for (state, _node), n in self._current_counts().items():
+            by_state[STATE_NAMES[state]] += n
+        discarded = self.db.execute("SELECT coalesce(sum(n), 0) FROM discards").fetchone()[0]
+        return {"queued": by_state["queued"], "leased": by_state["leased"], "done": by_state["done"],
+                "failed": by_state["error"], "discarded": int(discarded)}
 
     # -- small key/value table -----------------------------------------------------------------------
 
@@ -1755,6 +1801,10 @@ class MasterStore:
 
 _V1_URL_COLUMNS = ("url", "depth", "priority", "seq", "slot", "state", "node", "parent", "attempts", "last_crawl",
                    "http_status", "final_url", "content_type", "size", "error", "lastmod")
+
+
+class NothingToUpgrade(StoreError):
+    """upgrade-store on a store already in this crawler's layout: nothing to do, not a failure."""
 
 
 def upgrade_layout(path: Path, *, chunk: int = 20_000,
@@ -1783,8 +1833,8 @@ def upgrade_layout(path: Path, *, chunk: int = 20_000,
             if app_id != 0x41435257:
                 raise StoreError(f"{path}: not a crawl database")
             if version not in (1, 2):
-                raise StoreError(f"{path}: layout {version}, nothing to upgrade (this crawler reads "
-                                 f"{SCHEMA_VERSION})")
+                raise (NothingToUpgrade if version == SCHEMA_VERSION else StoreError)(
+                    f"{path}: layout {version}, nothing to upgrade (this crawler reads {SCHEMA_VERSION})")
             for suffix in ("", "-wal", "-shm", ".urlidx"):
                 Path(f"{new_path}{suffix}").unlink(missing_ok=True)
             new = MasterStore(new_path)
@@ -1814,8 +1864,8 @@ def upgrade_postgres(location: str, *, progress: Callable[[int], None] | None = 
     try:
         version = db.schema_version()
         if version != 2:
-            raise StoreError(f"{describe(location)}: layout {version}, nothing to upgrade (this crawler reads "
-                             f"{SCHEMA_VERSION})")
+            raise (NothingToUpgrade if version == SCHEMA_VERSION else StoreError)(
+                f"{describe(location)}: layout {version}, nothing to upgrade (this crawler reads {SCHEMA_VERSION})")
         db.begin()
         db.script(SqlUrlIndex.DDL)
         index = SqlUrlIndex(db)

@@ -11,6 +11,7 @@ import asyncio
 import gc
 import itertools
 import logging
+import os
 import random
 import time
 from collections import Counter, OrderedDict
@@ -22,6 +23,7 @@ import msgspec
 from crawler import items as it
 from crawler import protocol as p
 from crawler import sdnotify
+from crawler.config import ConfigError
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.metrics import WorkerMetrics, serve_metrics
 from crawler.politeness import THROTTLE_STATUSES, parse_retry_after
@@ -247,7 +249,12 @@ class Worker:
         self.dl_slots = asyncio.Semaphore(2 * cfg.downloads)   # asks and downloads under way here (_download)
         metrics_runner = None
         if cfg.metrics_listen is not None:
-            metrics_runner, self.metrics_addr = await serve_metrics(self.metrics, *cfg.metrics_listen)
+            try:
+                metrics_runner, self.metrics_addr = await serve_metrics(self.metrics, *cfg.metrics_listen)
+            except OSError as e:   # a taken port is a mistake in that key, not a crash
+                host, port = cfg.metrics_listen
+                reason = os.strerror(e.errno) if e.errno else str(e)   # asyncio's strerror repeats the address
+                raise ConfigError("metrics_listen", f"cannot listen on {host}:{port}: {reason}") from None
             (cfg.data_dir / "metrics.addr").write_text(f"{self.metrics_addr}\n")
             log.info("worker %s metrics on http://%s/metrics", cfg.id, self.metrics_addr)
         sdnotify.ready(f"worker {cfg.id} started")
@@ -282,7 +289,7 @@ class Worker:
             if self._was_connected:
                 log.info("worker %s stopped: %d pages, %d errors, %d audio items; downloads: %s; pages refused: %s",
                          cfg.id, self.stats.pages, self.stats.errors, self.stats.audio, self.downloader.stats,
-                         dict(self.stats.refused) or "none")
+                         ", ".join(f"{k} {v}" for k, v in sorted(self.stats.refused.items())) or "none")
 
     async def _progress(self) -> None:
         interval = self.cfg.log_interval
@@ -539,7 +546,10 @@ class Worker:
         except* p.ProtocolError as eg:      # a frame that fails its tag too: something on the path spoke
             log.warning("master broke the protocol: %s; connecting again", eg.exceptions[0])
         except* (ConnectionClosed, OSError) as eg:   # OSError: a local fault (disk) ends it too
-            log.info("connection to the master lost: %s", eg.exceptions[0])
+            if self._stop.is_set():
+                log.info("worker %s stopping: connection to the master closed", self.cfg.id)
+            else:
+                log.info("connection to the master lost: %s", eg.exceptions[0])
         finally:
             self._send_fetched = None
             self._send_downloads = None
