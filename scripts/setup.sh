@@ -59,6 +59,17 @@ for knob in kernel.unprivileged_userns_clone=1 kernel.apparmor_restrict_unprivil
         fi
     fi
 done
+# The crawl benchmark serves its site with nginx, and a test checks that nginx serves the generated site as the
+# test server does: install it when missing (the package's service is not started here).
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q >/dev/null
+        apt-get install -y -q --no-install-recommends nginx-light >/dev/null
+    else
+        echo "setup.sh: nginx is missing; install the nginx-light package (as root) for the site server test" >&2
+    fi
+fi
 # The master store's PostgreSQL backend is tested against a throwaway cluster the tests start themselves
 # (scripts/pgcluster.py: initdb into a temporary directory); they need the server programs, not a running service.
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
