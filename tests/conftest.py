@@ -4,6 +4,7 @@ and a fresh database in it per test, so every store test and durability test run
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,16 @@ import pytest
 from scripts.pgcluster import PgCluster
 
 _names = itertools.count(1)
+
+
+@pytest.fixture(autouse=True)
+def _root_log_level() -> Iterator[None]:
+    """A CLI run in-process sets the root logger's level (a command quiets it to ERROR); put it back, or every later
+    test's caplog would miss the warnings it looks for, depending on which tests ran before it."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")
