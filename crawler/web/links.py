@@ -90,8 +90,10 @@ def extract_links(tree: LexborHTMLParser, base_url: str, max_elements: int | Non
 # (an address that answers with audio bytes although nothing in its name says audio).
 _PAGE_EXTENSIONS = frozenset({"html", "htm", "xhtml", "shtml", "php", "asp", "aspx", "jsp", "cgi", "xml", "txt",
                               "css", "js", "json", "png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "pdf"})
-_STREAM_PATH = re.compile(r"stream|listen|download|audio|/play|/mp3|/media/", re.IGNORECASE)
-_SONG_ATTRS = ("data-title", "data-artist", "data-album", "data-duration", "download")
+# Matched against the lower-cased text: a case-sensitive search of a lowered string costs half an IGNORECASE one,
+# and this runs for every link of a page that may hold audio.
+_STREAM_PATH = re.compile(r"stream|listen|download|audio|/play|/mp3|/media/")
+_SONG_ATTRS = frozenset({"data-title", "data-artist", "data-album", "data-duration", "download"})
 
 
 def audio_candidates(tree: LexborHTMLParser, base_url: str, max_elements: int | None = None) -> list[str]:
@@ -123,8 +125,8 @@ def stream_candidate(base: str, node: LexborNode, attrs: Mapping[str, str | None
         attrs = node.attributes
     href = attrs.get("href")
     # Most links are the site's navigation: settled on the raw attribute, before any joining.
-    song = any(a in attrs for a in _SONG_ATTRS)
-    if not href or not (song or _STREAM_PATH.search(href)):
+    song = not _SONG_ATTRS.isdisjoint(attrs)
+    if not href or not (song or _STREAM_PATH.search(href.lower())):
         return None
     url = resolve_link(base, href)
     if url is None:
@@ -132,7 +134,7 @@ def stream_candidate(base: str, node: LexborNode, attrs: Mapping[str, str | None
     path = urlsplit(url).path
     name = path.rsplit("/", 1)[-1]
     ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
-    if ext in _PAGE_EXTENSIONS or not name or not (song or _STREAM_PATH.search(path)):
+    if ext in _PAGE_EXTENSIONS or not name or not (song or _STREAM_PATH.search(path.lower())):
         return None
     return url
 
