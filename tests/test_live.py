@@ -196,6 +196,12 @@ def test_paused_is_in_the_status_the_table_and_the_progress_line():
     assert "not shrinking" not in line
 
 
+def test_the_table_names_the_limit_that_ended_the_crawl():
+    st = build_status(_db(limit="crawl.max_bytes"), None, ["w1"], T0, running=False)
+    assert st["limit"] == "crawl.max_bytes" and "crawl reached its limit: crawl.max_bytes" in status_text(st)
+    assert "limit" not in status_text(build_status(_db(), None, ["w1"], T0, running=False))
+
+
 def test_the_chart_ends_with_the_last_whole_minute():
     live = LiveStats(started=T0)
     start = (T0 // CHART_BUCKET) * CHART_BUCKET

@@ -374,6 +374,8 @@ def status_text(st: Mapping[str, Any]) -> str:
                      if m.get("web") else f"master running since {m['started']} (pid {m['pid']})")
     else:
         lines.append("master not running (figures from its database)")
+    if st.get("limit"):
+        lines.append(f"crawl reached its limit: {st['limit']}")
     if st.get("paused"):
         lines.append("crawl PAUSED: no work is handed out until `crawler-master resume`")
     faulted = f", {st['nodes_faulted']} faulted (taking no work)" if st.get("nodes_faulted") else ""
