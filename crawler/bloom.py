@@ -334,14 +334,7 @@ class BloomFilter:
 
     def update(self, keys: Iterable[str | bytes]) -> None:
         """Add keys whose novelty nobody asks about (rebuilding from the URL store)."""
-        batch: list[str | bytes] = []
-        for key in keys:
-            batch.append(key)
-            if len(batch) == _CHUNK:
-                self.add_many(batch)
-                batch.clear()
-        if batch:
-            self.add_many(batch)
+        _in_chunks(self.add_many, keys)
 
     # -- snapshot -------------------------------------------------------------------------------------
 
@@ -525,14 +518,7 @@ class GrowingBloomFilter:
 
     def update(self, keys: Iterable[str | bytes]) -> None:
         """Add keys whose novelty nobody asks about (rebuilding from the URL store)."""
-        batch: list[str | bytes] = []
-        for key in keys:
-            batch.append(key)
-            if len(batch) == _CHUNK:
-                self.add_many(batch)
-                batch.clear()
-        if batch:
-            self.add_many(batch)
+        _in_chunks(self.add_many, keys)
 
     def _grow(self) -> BloomFilter:
         if len(self._filters) >= _MAX_LAYERS:
@@ -609,6 +595,18 @@ class GrowingBloomFilter:
             raise BloomFileError(path, "mismatched", f"first layer has m={first.m} k={first.k}, expected one of "
                                                      f"{sorted(expect_first)}")
         return chain
+
+
+def _in_chunks(add_many: Callable[[Sequence[str | bytes]], object], keys: Iterable[str | bytes]) -> None:
+    """Feed an iterable of any length to a batch add, _CHUNK keys at a time (one definition for both filters)."""
+    batch: list[str | bytes] = []
+    for key in keys:
+        batch.append(key)
+        if len(batch) == _CHUNK:
+            add_many(batch)
+            batch = []
+    if batch:
+        add_many(batch)
 
 
 def _fp_rate(m: int, k: int, n: int) -> float:
