@@ -1,13 +1,16 @@
 """The master's Bloom filter: sizing, add/contains (one key or a batch), and a durable snapshot.
 
-Index scheme. Each key is hashed once with 128-bit MurmurHash3 (x64). ``h1`` comes from the low 64-bit
-word of the digest and ``h2`` from the high word, forced odd; the i-th index is
-``g_i = (h1 + i*h2) mod 2**H`` mapped onto ``[0, m)`` by a multiply-shift, ``(g_i * m) >> H``. Double hashing
-(Kirsch and Mitzenmacher) keeps the false-positive rate of k independent hashes; the multiply-shift avoids
-a modulo; ``h2`` is odd so the k values of one key never collapse onto each other. H is 32 (the low 32 bits
-of each word) while m fits in 32 bits, which covers filters up to 512 MiB, and 64 (the whole words) above.
-The narrow form halves the integer work of the batch path below; with m <= 2**32 it loses nothing, since
-2**32 hash positions still cover every bit.
+Index scheme. Each key is hashed once with 128-bit MurmurHash3 (x64), and the k indices come from three values
+of that digest by triple hashing (Dillinger and Manolios): ``x_0 = a``, ``y_0 = b | 1``, then
+``x_{i+1} = x_i + y_i`` and ``y_{i+1} = y_i + c``, all mod 2**H, each ``x_i`` mapped onto ``[0, m)`` by a
+multiply-shift, ``(x_i * m) >> H``. Plain double hashing (``a + i*b``) is cheaper by one addition, but two keys
+whose (a, b) land close together share all k indices, which puts a floor of about n/m**2 under the
+false-positive rate: 200 times the rate asked for in a small, tight filter (45 keys at 5e-7), the size of the
+first layers of a growing filter. A third value lowers that floor to about n/m**3. The multiply-shift avoids a
+modulo. H is 32 while m fits in 32 bits (filters up to 512 MiB): a and b are the low 32 bits of the digest's two
+64-bit words and c the high 32 bits of the first. Above that H is 64: a and b are the whole words and c is mixed
+from both (``(a * C mod 2**64) ^ b``), since the digest has no third word; the narrow form halves the integer
+work of the batch path below and, with m <= 2**32, loses nothing.
 
 Batches are where the master spends its time, so the batch path does no per-index Python work: the hash
 pairs of a chunk of keys are packed into big integers with one lane (2H bits) per key, the double-hash
@@ -17,16 +20,17 @@ unsigned-int memoryview that ``bitarray``'s sequence indexing takes directly. Th
 read, which is why the shift needs no mask. The single-key path computes the same indices in a plain loop;
 tests hold the two together.
 
-Snapshot format (little endian). One filter (version 1)::
+Snapshot format (little endian). One filter (version 3; versions 1 and 2 used double hashing and are refused as
+"mismatched", so the master rebuilds from its URL table)::
 
     magic b"CRBLOOM\\0" | version u16 | k u16 | m u64 | capacity u64 | count u64 | sha256 32 bytes | bits
 
 The digest covers the header fields before it and the bit payload, so a flipped bit anywhere is caught. A growing
-filter (version 2) is a header of its own followed by one version-1 record per layer, oldest first::
+filter (version 4) is a header of its own followed by one version-3 record per layer, oldest first::
 
-    magic b"CRBLOOM\\0" | version u16 = 2 | layers u16 | fp_rate f64 | sha256 32 bytes | layer records
+    magic b"CRBLOOM\\0" | version u16 = 4 | layers u16 | fp_rate f64 | sha256 32 bytes | layer records
 
-A version-1 file still loads as a growing filter of one layer (a master's snapshot from before it could grow).
+A one-filter file loads as a growing filter of one layer.
 """
 
 from __future__ import annotations
@@ -59,15 +63,16 @@ assert struct.calcsize("I") == 4 and struct.calcsize("Q") == 8
 _WORD = 64  # m is rounded up to whole 64-bit words so the snapshot payload has no padding bits
 
 _MAGIC = b"CRBLOOM\0"
-_VERSION = 1
+_VERSION = 3       # 1: double hashing
 _PREFIX = struct.Struct("<8sHHQQQ")
 _DIGEST_LEN = 32
 _HEADER_LEN = _PREFIX.size + _DIGEST_LEN
-_CHAIN_VERSION = 2
+_CHAIN_VERSION = 4  # 2: layers of version 1
 _CHAIN_PREFIX = struct.Struct("<8sHHd")
 _CHAIN_HEADER_LEN = _CHAIN_PREFIX.size + _DIGEST_LEN
 _MAX_LAYERS = 64       # doubling capacities: 64 layers is 2**64 times the first capacity
 _DIGEST_SIZE = 16      # bytes of one key's MurmurHash3 x64 128
+_MIX = 0x9E3779B97F4A7C15   # odd 64-bit constant (2**64 / golden ratio): makes the wide form's third value
 _READ_BLOCK = 1 << 22
 
 
@@ -87,6 +92,15 @@ class BloomFileError(Exception):
 def _digests(keys: Sequence[str | bytes]) -> bytes:
     """The 128-bit hashes of keys, concatenated: the only hashing a batch does, whatever the layers."""
     return b"".join(map(mmh3.hash_bytes, keys))   # little-endian words, as mmh3 defines them
+
+
+def _triple(h: int, half: int) -> tuple[int, int, int]:
+    """The triple-hashing start (x, y, z) of a key whose 128-bit MurmurHash3 is h (see the module's note)."""
+    mask = (1 << half) - 1
+    a, b = h & _M64, h >> 64
+    if half == 32:
+        return a & mask, (b & mask) | 1, a >> 32
+    return a, b | 1, ((a * _MIX) & _M64) ^ b
 
 
 def _lanes(n: int, value: int, width: int) -> int:
@@ -176,12 +190,15 @@ class BloomFilter:
 
     def _hash_indices(self, h: int) -> list[int]:
         """The k indices of a key whose 128-bit MurmurHash3 is h."""
-        half = self._half
+        half, m = self._half, self.m
         mask = (1 << half) - 1
-        h1 = h & mask
-        h2 = ((h >> 64) & mask) | 1
-        m = self.m
-        return [(((h1 + i * h2) & mask) * m) >> half for i in range(self.k)]
+        x, y, z = _triple(h, half)
+        out = []
+        for _ in range(self.k):
+            out.append((x * m) >> half)
+            x = (x + y) & mask
+            y = (y + z) & mask
+        return out
 
     def add(self, key: str | bytes) -> bool:
         """Mark ``key`` seen; True if it was (probably) new."""
@@ -203,11 +220,12 @@ class BloomFilter:
         mostly needs one or two look-ups, not k)."""
         bits, half, m = self._bits, self._half, self.m
         mask = (1 << half) - 1
-        h1 = h & mask
-        h2 = ((h >> 64) & mask) | 1
-        for i in range(self.k):
-            if not bits[(((h1 + i * h2) & mask) * m) >> half]:
+        x, y, z = _triple(h, half)
+        for _ in range(self.k):
+            if not bits[(x * m) >> half]:
                 return False
+            x = (x + y) & mask
+            y = (y + z) & mask
         return True
 
     # -- batches --------------------------------------------------------------------------------------
@@ -237,18 +255,23 @@ class BloomFilter:
         if half == 32:
             # Slicing moves whole 8-byte words without reading them, so the bytes stay little endian.
             words = array("Q", digests)
-            g = int.from_bytes(words[::2], "little") & low
+            first = int.from_bytes(words[::2], "little")
+            g = first & low
+            h3 = (first >> 32) & low
             h2 = (int.from_bytes(words[1::2], "little") & low) | ones
         else:
             lanes = int.from_bytes(digests, "little")
             g = lanes & low
-            h2 = ((lanes >> 64) & low) | ones
+            h2 = (lanes >> 64) & low
+            h3 = ((g * _MIX) & low) ^ h2     # a lane's product stays under 2**128: no carry into the next
+            h2 |= ones
         m = self.m
         nbytes = n * half // 4
         code = "I" if half == 32 else "Q"
         for i in range(self.k):
             if i:
                 g = (g + h2) & low
+                h2 = (h2 + h3) & low
             raw = ((g * m) >> half).to_bytes(nbytes, "little")
             if _BIG_ENDIAN:
                 seq = array(code, raw)
