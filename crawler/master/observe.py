@@ -2,7 +2,9 @@
 handles, writes the progress line and the status snapshot, and answers the web server's questions.
 
 The server calls in at four places (a report, a worker joining or leaving, a commit); everything else runs in
-background tasks of the master's TaskGroup, off the report path.
+background tasks of the master's TaskGroup, off the report path. The observer never holds the master: it
+reads a ``MasterStatistics`` snapshot from the callable it is given and the store through a read-only
+``StoreView`` (statistics.py), and hands the figures to save back to the master's commit.
 """
 
 from __future__ import annotations
@@ -13,17 +15,15 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from crawler import protocol as p
 from crawler.items import PENDING
 from crawler.master.live import LIVE_FILE, LiveStats, build_status, progress_line
+from crawler.master.statistics import MasterStatistics, StoreView
 from crawler.metrics import MasterMetrics
-
-if TYPE_CHECKING:
-    from crawler.master.server import Master
 
 log = logging.getLogger("crawler.master")
 
@@ -38,15 +38,34 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 class Observer:
-    def __init__(self, master: Master) -> None:
-        self.master = master
+    def __init__(self, statistics: Callable[[], MasterStatistics], *, ready: Callable[[], Awaitable[None]],
+                 clock: Callable[[], float], nodes: tuple[str, ...], data_dir: Path,
+                 log_interval: float) -> None:
+        """statistics: the master's figures now; ready: returns once the store may be read (no commit
+        running); clock: wall-clock seconds; nodes: the configured nodes; log_interval: seconds between
+        progress lines."""
+        self.statistics = statistics
+        self.ready = ready
+        self.clock = clock
+        self.nodes = nodes
+        self.data_dir = data_dir
+        self.log_interval = log_interval
+        self._store: StoreView | None = None
         self.metrics = MasterMetrics()
-        self.live = LiveStats(started=master.clock())
+        self.live = LiveStats(started=clock())
         self.web_addr: str | None = None
 
-    def opened(self) -> None:
-        """The store is open: carry the crawl's cumulative figures over from the last run."""
-        self.live.load_figures(self.master.store.get_meta(FIGURES_META))
+    def opened(self, store: StoreView) -> None:
+        """The store is open: carry the crawl's cumulative figures over from the last run; read it from now
+        on."""
+        self._store = store
+        self.live.load_figures(store.get_meta(FIGURES_META))
+
+    @property
+    def store(self) -> StoreView:
+        if self._store is None:
+            raise RuntimeError("the observer reads the store only once the master has opened it")
+        return self._store
 
     # ------------------------------------------------------------------ hooks from the server
     def report(self, node: str, results: tuple[p.Result, ...], new_rows: list[dict[str, Any]], now: float) -> None:
@@ -84,85 +103,80 @@ class Observer:
     def left(self, node: str, last_seen: float) -> None:
         self.live.seen(node, last_seen, connected=False)
 
-    def committing(self, discards: Mapping[str, int]) -> None:
-        """Called before the server commits: the discards of this window and the figures join the transaction."""
+    def committing(self, discards: Mapping[str, int]) -> dict[str, Any] | None:
+        """Called before the server commits, with the discards of this window. Returns the figures to save
+        under FIGURES_META in that transaction, or None when they have not changed since the last save."""
         for reason, n in discards.items():
             if n:
                 self.metrics.discarded.labels(reason).inc(n)
-        if self.live.dirty:
-            self.master.store.set_meta(FIGURES_META, self.live.figures())
+        return self.live.figures() if self.live.dirty else None
 
     # ------------------------------------------------------------------ views
-    def _held(self) -> int:
-        return sum(len(q) for q in self.master.crawl.held.values())
-
     def view(self, now: float) -> dict[str, Any]:
-        m = self.master
-        for node, s in m.sessions.items():
-            self.live.seen(node, s.last_seen, connected=True, fault=s.fault)
-        in_flight = {n: len(ids) for n, ids in m.crawl.leases_by_node.items()}
-        view = self.live.view(now, held=self._held(), at_workers=m.crawl.in_flight(), in_flight=in_flight,
-                              web=self.web_addr, lag=self.metrics.lag.last, lag_worst=self.metrics.lag.worst, run_pages=m.crawl.totals.pages,
-                              paused=m.paused)
-        view["dedup"] = m.dedup.figures()
+        m = self.statistics()
+        for s in m.sessions:
+            self.live.seen(s.node, s.last_seen, connected=True, fault=s.fault)
+        view = self.live.view(now, held=m.held, at_workers=m.at_workers, in_flight=dict(m.in_flight),
+                              web=self.web_addr, lag=self.metrics.lag.last, lag_worst=self.metrics.lag.worst,
+                              run_pages=m.run_pages, paused=m.paused)
+        view["dedup"] = dict(m.dedup)
         return view
 
     def status(self, now: float | None = None) -> dict[str, Any]:
         """The status object, as /api/status serves it and `status --json` prints it."""
-        now = self.master.clock() if now is None else now
-        return build_status(self.master.store.status(), self.view(now), self.master.cfg.nodes, now,
-                            running=True)
+        now = self.clock() if now is None else now
+        return build_status(self.store.status(), self.view(now), self.nodes, now, running=True)
 
     def chart(self, now: float | None = None) -> dict[str, Any]:
-        now = self.master.clock() if now is None else now
+        now = self.clock() if now is None else now
         live = self.live
         series, end = live.chart_view(now)
         return {"bucket_s": live.chart.width, "end": end, "pages": series,
                 "errors": list(live.recent_errors)[::-1]}
 
     def render_metrics(self) -> bytes:
-        m, met = self.master, self.metrics
-        met.frontier.set(m.store.frontier_size())
-        met.in_flight.labels("master").set(self._held())
-        met.in_flight.labels("workers").set(m.crawl.in_flight())
-        met.nodes_connected.set(len(m.sessions))
-        met.nodes_faulted.set(sum(1 for s in m.sessions.values() if s.fault is not None))
+        m, met = self.statistics(), self.metrics
+        met.frontier.set(self.store.frontier_size())
+        met.in_flight.labels("master").set(m.held)
+        met.in_flight.labels("workers").set(m.at_workers)
+        met.nodes_connected.set(m.connected)
+        met.nodes_faulted.set(m.faulted)
         met.paused.set(1 if m.paused else 0)
-        met.set_urls(m.store.url_counts())
-        met.count_dedup(m.dedup.stats.as_dict())
-        met.set_bloom(m.dedup.figures())
+        met.set_urls(self.store.url_counts())
+        met.count_dedup(dict(m.dedup_counts))
+        met.set_bloom(dict(m.dedup))
         return met.render()
 
     # ------------------------------------------------------------------ background tasks
     async def run(self) -> None:
         """Progress lines every log_interval seconds and the status snapshot every few seconds."""
-        m = self.master
-        interval = m.cfg.log_interval
-        live_path = m.cfg.data_dir / LIVE_FILE
+        interval = self.log_interval
+        live_path = self.data_dir / LIVE_FILE
         next_line = time.monotonic() + interval
         last_line = time.monotonic()
         last_waiting: int | None = None
         while True:
             wait = min(SNAPSHOT_INTERVAL, max(0.0, next_line - time.monotonic()))
             await asyncio.sleep(wait)
-            await m.store_ready()
+            await self.ready()
             now_mono = time.monotonic()
             if now_mono >= next_line:
                 span = now_mono - last_line
                 last_line, next_line = now_mono, now_mono + interval
-                waiting = m.store.frontier_size() + self._held()
+                m = self.statistics()
+                waiting = self.store.frontier_size() + m.held
                 shrink = (last_waiting - waiting) / span if last_waiting is not None and span > 0 else None
                 last_waiting = waiting
                 pages, audio, errors = self.live.take_interval()
-                log.info("%s", progress_line(span, pages, audio, errors, queued=m.store.frontier_size(),
-                                             held=self._held(), at_workers=m.crawl.in_flight(),
-                                             connected=len(m.sessions), nodes=len(m.cfg.nodes), shrink=shrink,
+                log.info("%s", progress_line(span, pages, audio, errors, queued=self.store.frontier_size(),
+                                             held=m.held, at_workers=m.at_workers,
+                                             connected=m.connected, nodes=len(self.nodes), shrink=shrink,
                                              paused=m.paused))
             self.write_snapshot(live_path)
 
     def write_snapshot(self, path: Path | None = None, *, running: bool = True) -> None:
-        path = path or self.master.cfg.data_dir / LIVE_FILE
-        view = self.view(self.master.clock())
+        path = path or self.data_dir / LIVE_FILE
+        view = self.view(self.clock())
         view["running"] = running
         try:
             write_json_atomic(path, view)

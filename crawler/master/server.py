@@ -38,7 +38,8 @@ from crawler.master.crawl import Crawl, ReportRejected
 from crawler.master.limits import LIMIT_META, MAX_PAGES
 from crawler.master.dedup import Dedup
 from crawler.master.downloads import DownloadBoard
-from crawler.master.observe import Observer
+from crawler.master.observe import FIGURES_META, Observer
+from crawler.master.statistics import MasterStatistics, NodeStatistics
 from crawler.master.store import MasterStore
 from crawler.politeness import (
     ROBOTS_MAX_BYTES,
@@ -169,7 +170,8 @@ class Master:
         self._excess_refused = 0
         self._excess_logged_at = -math.inf
         self.summary = Summary(data_dir=str(cfg.data_dir))
-        self.observer = Observer(self)
+        self.observer = Observer(self.statistics, ready=self.store_ready, clock=clock, nodes=cfg.nodes,
+                                 data_dir=cfg.data_dir, log_interval=cfg.log_interval)
         # The private addresses the crawl may reach: its seeds' and the configured networks (told to workers).
         self.targets = TargetPolicy.for_crawl(cfg.seeds, cfg.crawl.allowed_networks)
         self.paused = False
@@ -239,7 +241,7 @@ class Master:
         self.crawl.start(self.clock())
         if not self.paused:
             self.store.set_meta(LIMIT_META, None)
-        self.observer.opened()
+        self.observer.opened(self.store)
         self.store.commit()
 
     def _load_bloom(self) -> GrowingBloomFilter:
@@ -367,7 +369,8 @@ class Master:
         """The part of a commit that stays on the loop: the crawl's discards and the store's counters written
         into the open transaction. True when there is a transaction to end."""
         discards = self.crawl.take_discards()
-        self.observer.committing(discards)
+        if (figures := self.observer.committing(discards)) is not None:
+            self.store.set_meta(FIGURES_META, figures)
         self.store.count_discards(discards)
         return self.store.prepare_commit()
 
@@ -399,6 +402,16 @@ class Master:
         uses the store (a check of a flag while the gate is open, which is nearly always)."""
         if not self._store_free.is_set():
             await self._store_free.wait()
+
+    def statistics(self) -> MasterStatistics:
+        """The figures the observer, the status page and /metrics read, as they are now."""
+        crawl = self.crawl
+        return MasterStatistics(
+            sessions=tuple(NodeStatistics(node, s.last_seen, s.fault) for node, s in self.sessions.items()),
+            in_flight={n: len(ids) for n, ids in crawl.leases_by_node.items()},
+            held=sum(len(q) for q in crawl.held.values()), at_workers=crawl.in_flight(),
+            run_pages=crawl.totals.pages, paused=self.paused, dedup=self.dedup.figures(),
+            dedup_counts=self.dedup.stats.as_dict())
 
     # ------------------------------------------------------------------ serve
     def stop(self) -> None:
@@ -488,7 +501,8 @@ class Master:
             return None
         from crawler.master.web import WebServer
 
-        web = WebServer(self.observer, self.cfg.store_location, self.cfg.web.token, hosts=self.cfg.web.allowed_hosts)
+        web = WebServer(self.observer, self.cfg.store_location, self.cfg.web.token, ready=self.store_ready,
+                        hosts=self.cfg.web.allowed_hosts)
         addr = await web.start(*self.cfg.web.listen)
         self.observer.web_addr = addr
         return web

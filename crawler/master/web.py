@@ -121,8 +121,12 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 
 class WebServer:
     def __init__(self, observer: Observer, db_path: Path | str, token: str | None, *,
-                 hosts: tuple[str, ...] = (), clock: Callable[[], float] = time.time) -> None:
+                 ready: Callable[[], Awaitable[None]], hosts: tuple[str, ...] = (),
+                 clock: Callable[[], float] = time.time) -> None:
+        """observer: answers the status, chart and metrics; db_path: the store searches open read-only;
+        ready: returns once the master's store may be read (no commit running)."""
         self.obs = observer
+        self.ready = ready
         self.db_path = db_path
         self.token = token
         self.hosts = hosts               # web.allowed_hosts
@@ -193,7 +197,7 @@ class WebServer:
     async def _auth(self, request: web.Request,
                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         if request.path in ("/login", "/status.js", "/status.css") or self._authorised(request):
-            await self.obs.master.store_ready()   # the status reads the master's store: not mid-commit
+            await self.ready()   # the status reads the master's store: not mid-commit
             resp = await handler(request)
             resp.headers.setdefault("Cache-Control", "no-store")
             return resp

@@ -63,7 +63,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-import aiohttp
 import httpx
 import yarl
 
@@ -75,47 +74,17 @@ from crawler.worker import download_plan as plan
 from crawler.worker.audiostore import AudioStore, Finished, Partial, extension_for, partial_key
 from crawler.worker.faults import is_local
 from crawler.worker.filetags import read_file_tags
+from crawler.worker.hls import HlsDownloader
 from crawler.worker.http1 import Answer, header_list, parse_url
+from crawler.worker.transfer import NETWORK_ERRORS, Deadline, MiB, identity_headers
+# The downloader's settings, defined beside what it shares with hls.py and still importable from here.
+from crawler.worker.transfer import DownloadConfig as DownloadConfig
 from crawler.worker.transport import AiohttpTransport
-
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
 
 # Body reads: aiohttp buffers twice this before it stops reading the socket.
 _READ_SIZE = 1 * MiB
-# Errors the transports raise for a broken connection. The worker's transport maps aiohttp's errors to httpx
-# ones; aiohttp's and the loop's own stay caught too, for any transport that lets one through.
-_NETWORK_ERRORS = (httpx.TransportError, aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 
 Reresolve = Callable[[AudioItem], Awaitable[AudioItem | None]]
-
-
-@dataclass(frozen=True)
-class DownloadConfig:
-    max_size: int = 2 * GiB           # larger files are refused before their body is read
-    chunk_size: int = 1 * MiB         # buffered before one write + hash; a file up to this size is kept in
-                                      # memory and stored whole, with no partial file
-    max_attempts: int = 5             # consecutive failed attempts (network, 5xx) that made no progress
-    timeout: float = 30.0             # per read (and connect)
-    max_redirects: int = 5
-    max_restarts: int = 3             # times a download may be thrown away and begun again before giving up
-    retry_backoff: float = 1.0        # seconds before the 2nd attempt, doubling, capped at 30
-    revalidate_after: float = 86_400.0   # a finished file is trusted this long without asking; 0 = always ask
-    max_per_host: int = 2             # downloads at once to one host, so a page full of one CDN's links
-                                      # does not hammer it
-    max_downloads: int | None = None  # downloads at once in all; None leaves that limit to the caller
-    remembered_urls: int = 100_000    # finished addresses kept in memory to serve other keys (LRU)
-    deadline_base: float = 120.0      # a whole download may take this long plus its size at min_rate
-    min_rate: float = 32 * KiB        # bytes per second
-
-    def __post_init__(self) -> None:
-        if self.max_size <= 0 or self.chunk_size <= 0 or self.max_attempts < 1 or self.timeout <= 0 or (
-                self.deadline_base <= 0 or self.min_rate <= 0):
-            raise ValueError("DownloadConfig: sizes, attempts, timeout, deadline and rate must be positive")
-        if self.revalidate_after < 0 or self.max_per_host < 1 or self.remembered_urls < 0 or (
-                self.max_downloads is not None and self.max_downloads < 1):
-            raise ValueError("DownloadConfig: revalidate_after >= 0, max_per_host >= 1, max_downloads >= 1")
 
 
 @dataclass(frozen=True)
@@ -388,8 +357,6 @@ class Downloader:
         self.hosts = HostSlots(cfg.max_per_host)
         self.stats = DownloadStats()
         self._total = asyncio.Semaphore(cfg.max_downloads) if cfg.max_downloads is not None else None
-        from crawler.worker.hls import HlsDownloader  # it builds on this module's helpers
-
         self.hls = HlsDownloader(client, self.store, cfg, clock=clock)
 
     async def fetch(self, item: AudioItem, reresolve: Reresolve | None = None, *,
@@ -524,7 +491,7 @@ class Downloader:
                     raise
                 return item.replace(status=FAILED, reason=f"storage: {exc}")
         loop = asyncio.get_running_loop()
-        deadline = _Deadline(loop.time(), self.cfg)
+        deadline = Deadline(loop.time(), self.cfg)
         self._deadlines.keep(deadline)
         try:
             try:
@@ -563,7 +530,7 @@ class Downloader:
         """An HLS item under the same whole-download deadline as a plain download: hls.py stretches it by the
         bytes it has written, and saves its progress when the deadline's cancel reaches it."""
         loop = asyncio.get_running_loop()
-        deadline = _Deadline(loop.time(), self.cfg)
+        deadline = Deadline(loop.time(), self.cfg)
         self._deadlines.keep(deadline)
         try:
             result = await self.hls.fetch(item, key, known, deadline)
@@ -579,7 +546,7 @@ class Downloader:
         return result
 
     async def _run(self, item: AudioItem, partial: Partial, reresolve: Reresolve | None,
-                   known: Finished | None, slots: _DownloadSlots, deadline: _Deadline) -> AudioItem | plan.Fail:
+                   known: Finished | None, slots: _DownloadSlots, deadline: Deadline) -> AudioItem | plan.Fail:
         """Attempts until the file is whole or the plan gives up: the loop of ``download_plan.after``."""
         current = item
         # A sidecar written for another address (the link was re-resolved since) is judged like a re-resolve.
@@ -638,7 +605,7 @@ class Downloader:
         return fresh
 
     async def _attempt(self, item: AudioItem, partial: Partial, new_address: bool, known: Finished | None,
-                       deadline: _Deadline) -> plan.Outcome:
+                       deadline: Deadline) -> plan.Outcome:
         """One request, judged by ``download_plan.decide``, and its body if the plan keeps it."""
         record = partial.record
         held = plan.Held(offset=partial.offset, etag=record.etag, last_modified=record.last_modified,
@@ -652,7 +619,7 @@ class Downloader:
             origin_host = url.host
             for _ in range(self.cfg.max_redirects + 1):
                 headers = _merged_headers(self._headers, {
-                    **_identity_headers(item, same_host=url.host == origin_host), **asked.headers})
+                    **identity_headers(item, same_host=url.host == origin_host), **asked.headers})
                 response = await self._send(url, headers)
                 try:
                     answer = plan.decide(held, _head(response, str(url), asked.conditional), self._limits)
@@ -668,7 +635,7 @@ class Downloader:
                     return answer
                 finally:
                     await response.aclose()
-        except _NETWORK_ERRORS as exc:
+        except NETWORK_ERRORS as exc:
             return plan.Retry(f"{type(exc).__name__}: {exc}"[:300])
         except (BodyError, TargetRefused) as exc:
             return plan.Fail(str(exc)[:300], discard=partial.received == 0)
@@ -684,7 +651,7 @@ class Downloader:
         return await self._transport.handle_async_request(request)
 
     async def _read(self, response: Answer | httpx.Response, partial: Partial, body: plan.Body,
-                    deadline: _Deadline) -> plan.Outcome:
+                    deadline: Deadline) -> plan.Outcome:
         """Take the body into the partial, as the plan said: appended, or from byte 0 in place of what was held."""
         if not body.append and partial.offset > 0:
             await partial.restart(partial.record.url)
@@ -774,39 +741,6 @@ class Downloader:
         return _filled(item, record)
 
 
-class _Deadline:
-    """A download's deadline: ``deadline_base`` plus its size at ``min_rate``, moved as the size becomes known.
-
-    Kept by the downloader's _Deadlines, not by a timer of its own: moving a timer costs more than the rest of
-    a small file's bookkeeping, and a deadline only ever moves later."""
-
-    __slots__ = ("_base", "_cancelling", "_rate", "_task", "at", "expired", "received", "started")
-
-    def __init__(self, started: float, cfg: DownloadConfig) -> None:
-        self.started = started
-        self._base, self._rate = started + cfg.deadline_base, cfg.min_rate
-        self.at = self._base
-        self.expired = False
-        self.received = 0
-        self._task = asyncio.current_task()
-        self._cancelling = self._task.cancelling() if self._task is not None else 0
-
-    def stretch(self, expected: int | None, received: int) -> None:
-        """The size as announced, or as received so far."""
-        self.received = received
-        self.at = max(self.at, self._base + max(expected or 0, received) / self._rate)
-
-    def expire(self) -> None:
-        self.expired = True
-        if self._task is not None:
-            self._task.cancel()
-
-    def timed_out(self) -> bool:
-        """Called on CancelledError: True when the cancel was this deadline's alone (it then becomes a timeout);
-        a cancel from outside that came as well still propagates."""
-        return self.expired and self._task is not None and self._task.uncancel() <= self._cancelling
-
-
 class _Deadlines:
     """The deadlines of the downloads in progress under one timer, set for the earliest of them when it fires.
 
@@ -814,16 +748,16 @@ class _Deadlines:
     ``deadline_base``), so keeping one costs a dict entry, not a timer of its own."""
 
     def __init__(self) -> None:
-        self._live: dict[_Deadline, None] = {}
+        self._live: dict[Deadline, None] = {}
         self._timer: asyncio.TimerHandle | None = None
 
-    def keep(self, deadline: _Deadline) -> None:
+    def keep(self, deadline: Deadline) -> None:
         self._live[deadline] = None
         # The timer is later only when nothing else is kept but large files' stretched deadlines.
         if self._timer is None or deadline.at < self._timer.when():
             self._arm(deadline.at)
 
-    def drop(self, deadline: _Deadline) -> None:
+    def drop(self, deadline: Deadline) -> None:
         self._live.pop(deadline, None)
 
     def _arm(self, at: float) -> None:
@@ -863,15 +797,6 @@ def _head(response: Answer | httpx.Response, url: str, conditional: bool) -> pla
 def _filled(item: AudioItem, record: Finished) -> AudioItem:
     return item.replace(status=OK, reason=None, sha256=record.sha256, size=record.size,
                         content_type=record.content_type, path=record.path)
-
-
-def _identity_headers(item: AudioItem, *, same_host: bool) -> dict[str, str]:
-    """The item's client identity, but across hosts only the User-Agent: cookies must not leak to a CDN."""
-    if item.identity is None:
-        return {}
-    if same_host:
-        return item.identity.request_headers()
-    return {"User-Agent": item.identity.user_agent} if item.identity.user_agent else {}
 
 
 def _merged_headers(base: list[tuple[str, str]], overrides: dict[str, str]) -> list[tuple[str, str]]:

@@ -37,7 +37,7 @@ ended playlist is refused before any segment is fetched when its EXTINF duration
 ``SEGMENT_ALLOWANCE`` plus one per ``MIN_SEGMENT_SECONDS`` of declared audio); a segment (held in memory to be
 decrypted) is read up to ``MAX_SEGMENT_BYTES``; a key must be exactly 16 bytes; the file as a whole obeys the
 downloader's ``max_size``, and the whole download (playlists, keys, segments, retries) its deadline: the same
-``deadline_base`` plus size at ``min_rate`` as a plain download (the downloader's ``_Deadline``), stretched by
+``deadline_base`` plus size at ``min_rate`` as a plain download (transfer.py's ``Deadline``), stretched by
 the bytes written so far. Requests go through the downloader's HTTP client with the item's identity (cookies
 only to the item's own host), so they share its limits, its transport and its address policy: a key or segment
 at a refused address, or a body the transport refuses, fails the item with its reason and one log line.
@@ -69,7 +69,7 @@ from crawler.web import media
 from crawler.web.urls import host_of, resolve
 from crawler.worker.audiostore import AudioStore, Finished, hash_prefix
 from crawler.worker.download_plan import backoff, transient
-from crawler.worker.downloader import _NETWORK_ERRORS, DownloadConfig, _Deadline, _identity_headers
+from crawler.worker.transfer import NETWORK_ERRORS, Deadline, DownloadConfig, identity_headers
 
 log = logging.getLogger(__name__)
 
@@ -424,7 +424,7 @@ class HlsDownloader:
         return self.store.partial_dir / f"{key}.hls.json"
 
     async def fetch(self, item: AudioItem, key: str, known: Finished | None = None,
-                    deadline: _Deadline | None = None) -> AudioItem:
+                    deadline: Deadline | None = None) -> AudioItem:
         """``deadline``: the downloader's whole-download deadline, stretched here by the bytes written; its
         expiry cancels this coroutine (the downloader turns that into ``download too slow``)."""
         extra = {**item.extra, "format": item.extra.get("format") or HLS}
@@ -463,7 +463,7 @@ class HlsDownloader:
         if not url.lower().startswith(("http://", "https://")):
             raise HlsError(f"not an http(s) address: {url[:200]!r}")
         same_host = host_of(url) == host_of(item.url)
-        headers = _identity_headers(item, same_host=same_host)
+        headers = identity_headers(item, same_host=same_host)
         headers["Accept-Encoding"] = "identity"
         if byterange is not None:
             headers["Range"] = f"bytes={byterange.offset}-{byterange.offset + byterange.length - 1}"
@@ -498,7 +498,7 @@ class HlsDownloader:
                     if size > limit:
                         raise HlsError(f"{url[:200]}: too large: more than {limit} bytes")
                     chunks.append(chunk)
-        except _NETWORK_ERRORS as exc:
+        except NETWORK_ERRORS as exc:
             raise _Transient(f"{type(exc).__name__}: {exc}"[:200]) from None
         except (TargetRefused, BodyError) as exc:
             raise HlsRefused(f"{url[:200]}: {exc}"[:300]) from None
@@ -522,7 +522,7 @@ class HlsDownloader:
 
     # -- the download ---------------------------------------------------------------------------------
     async def _download(self, item: AudioItem, key: str, media: MediaPlaylist,
-                        deadline: _Deadline | None) -> AudioItem:
+                        deadline: Deadline | None) -> AudioItem:
         part = self.store.part_path(key)
         part.parent.mkdir(parents=True, exist_ok=True)
         progress = self._resume_point(key, media)

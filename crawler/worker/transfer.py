@@ -1,0 +1,94 @@
+"""What a plain download (downloader.py) and an HLS one (hls.py) share: their settings, the size units, the
+errors that mean a broken connection, the whole-download deadline and the client identity a request carries.
+
+Both modules import this one and neither reaches into the other: the downloader hands HLS items to
+``hls.HlsDownloader`` under a ``Deadline`` built here; the timer that expires deadlines stays in the
+downloader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import aiohttp
+import httpx
+
+from crawler.items import AudioItem
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+# Errors the transports raise for a broken connection. The worker's transport maps aiohttp's errors to httpx
+# ones; aiohttp's and the loop's own stay caught too, for any transport that lets one through.
+NETWORK_ERRORS = (httpx.TransportError, aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+
+
+@dataclass(frozen=True)
+class DownloadConfig:
+    max_size: int = 2 * GiB           # larger files are refused before their body is read
+    chunk_size: int = 1 * MiB         # buffered before one write + hash; a file up to this size is kept in
+                                      # memory and stored whole, with no partial file
+    max_attempts: int = 5             # consecutive failed attempts (network, 5xx) that made no progress
+    timeout: float = 30.0             # per read (and connect)
+    max_redirects: int = 5
+    max_restarts: int = 3             # times a download may be thrown away and begun again before giving up
+    retry_backoff: float = 1.0        # seconds before the 2nd attempt, doubling, capped at 30
+    revalidate_after: float = 86_400.0   # a finished file is trusted this long without asking; 0 = always ask
+    max_per_host: int = 2             # downloads at once to one host, so a page full of one CDN's links
+                                      # does not hammer it
+    max_downloads: int | None = None  # downloads at once in all; None leaves that limit to the caller
+    remembered_urls: int = 100_000    # finished addresses kept in memory to serve other keys (LRU)
+    deadline_base: float = 120.0      # a whole download may take this long plus its size at min_rate
+    min_rate: float = 32 * KiB        # bytes per second
+
+    def __post_init__(self) -> None:
+        if self.max_size <= 0 or self.chunk_size <= 0 or self.max_attempts < 1 or self.timeout <= 0 or (
+                self.deadline_base <= 0 or self.min_rate <= 0):
+            raise ValueError("DownloadConfig: sizes, attempts, timeout, deadline and rate must be positive")
+        if self.revalidate_after < 0 or self.max_per_host < 1 or self.remembered_urls < 0 or (
+                self.max_downloads is not None and self.max_downloads < 1):
+            raise ValueError("DownloadConfig: revalidate_after >= 0, max_per_host >= 1, max_downloads >= 1")
+
+
+class Deadline:
+    """A download's deadline: ``deadline_base`` plus its size at ``min_rate``, moved as the size becomes known.
+
+    Kept by the downloader's _Deadlines, not by a timer of its own: moving a timer costs more than the rest of
+    a small file's bookkeeping, and a deadline only ever moves later."""
+
+    __slots__ = ("_base", "_cancelling", "_rate", "_task", "at", "expired", "received", "started")
+
+    def __init__(self, started: float, cfg: DownloadConfig) -> None:
+        self.started = started
+        self._base, self._rate = started + cfg.deadline_base, cfg.min_rate
+        self.at = self._base
+        self.expired = False
+        self.received = 0
+        self._task = asyncio.current_task()
+        self._cancelling = self._task.cancelling() if self._task is not None else 0
+
+    def stretch(self, expected: int | None, received: int) -> None:
+        """The size as announced, or as received so far."""
+        self.received = received
+        self.at = max(self.at, self._base + max(expected or 0, received) / self._rate)
+
+    def expire(self) -> None:
+        self.expired = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def timed_out(self) -> bool:
+        """Called on CancelledError: True when the cancel was this deadline's alone (it then becomes a timeout);
+        a cancel from outside that came as well still propagates."""
+        return self.expired and self._task is not None and self._task.uncancel() <= self._cancelling
+
+
+def identity_headers(item: AudioItem, *, same_host: bool) -> dict[str, str]:
+    """The item's client identity, but across hosts only the User-Agent: cookies must not leak to a CDN."""
+    if item.identity is None:
+        return {}
+    if same_host:
+        return item.identity.request_headers()
+    return {"User-Agent": item.identity.user_agent} if item.identity.user_agent else {}
