@@ -71,7 +71,7 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
     fi
 fi
 # The master store's PostgreSQL backend is tested against a throwaway cluster the tests start themselves
-# (scripts/pgcluster.py: initdb into a temporary directory); they need the server programs, not a running service.
+# (testkit/pgcluster.py: initdb into a temporary directory); they need the server programs, not a running service.
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         export DEBIAN_FRONTEND=noninteractive

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.pgcluster import PgCluster
+from testkit.pgcluster import PgCluster
 
 _names = itertools.count(1)
 

@@ -31,3 +31,14 @@ def test_a_layer_imports_nothing_from_the_layers_above(package: str, forbidden: 
     wrong = {f"{f.name}: {name}" for f in files for name in imported(f)
              if name.startswith(forbidden)}
     assert not wrong, sorted(wrong)
+
+
+def test_the_tests_and_the_harness_import_nothing_from_scripts() -> None:
+    # The harness (testkit/) sits below both the suite and the entry points in scripts/ (the demo, the benchmarks,
+    # the sites' command lines): scripts import it, never the other way, and no test reaches into scripts/.
+    repo = ROOT.parent
+    files = sorted((repo / "tests").rglob("*.py")) + sorted((repo / "testkit").rglob("*.py"))
+    assert any(f.parent.name == "testkit" for f in files)
+    wrong = {f"{f.relative_to(repo)}: {name}" for f in files for name in imported(f)
+             if name == "scripts" or name.startswith("scripts.")}
+    assert not wrong, sorted(wrong)
