@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.parallel import pytest_runtest_protocol  # noqa: F401  (the hook: who may run beside whom)
 from testkit.pgcluster import PgCluster
 
 _names = itertools.count(1)
