@@ -35,10 +35,13 @@ def test_a_layer_imports_nothing_from_the_layers_above(package: str, forbidden: 
 
 def test_the_tests_and_the_harness_import_nothing_from_scripts() -> None:
     # The harness (testkit/) sits below both the suite and the entry points in scripts/ (the demo, the benchmarks,
-    # the sites' command lines): scripts import it, never the other way, and no test reaches into scripts/.
+    # the sites' command lines): scripts import it, never the other way, and no test reaches into scripts/. The
+    # harness does not reach into the suite either.
     repo = ROOT.parent
-    files = sorted((repo / "tests").rglob("*.py")) + sorted((repo / "testkit").rglob("*.py"))
-    assert any(f.parent.name == "testkit" for f in files)
-    wrong = {f"{f.relative_to(repo)}: {name}" for f in files for name in imported(f)
-             if name == "scripts" or name.startswith("scripts.")}
+    harness = sorted((repo / "testkit").rglob("*.py"))
+    assert harness
+    wrong = {f"{f.relative_to(repo)}: {name}" for f in sorted((repo / "tests").rglob("*.py")) + harness
+             for name in imported(f) if name == "scripts" or name.startswith("scripts.")}
+    wrong |= {f"{f.relative_to(repo)}: {name}" for f in harness for name in imported(f)
+              if name == "tests" or name.startswith("tests.")}
     assert not wrong, sorted(wrong)
