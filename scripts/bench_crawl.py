@@ -75,7 +75,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from crawler.worker.config import SPEC as WORKER_SPEC
-from scripts import cluster, sitegen
+from testkit import cluster, sitegen
 
 PY = sys.executable
 NGINX_HINT = "apt-get install -y nginx-light"

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run as a scr
 from crawler.worker.fasttags import read_aac, read_flac, read_ogg_vorbis, read_wave
 from crawler.worker.filetags import read_file_tags
 from crawler.worker.mp3tags import read_mp3
-from scripts import sitegen
+from testkit import sitegen
 
 _FORMATS: dict[str, tuple[Callable[..., bytes], Callable[[bytes], dict[str, Any] | None]]] = {
     ".mp3": (sitegen._mp3, read_mp3), ".flac": (sitegen._flac, read_flac),

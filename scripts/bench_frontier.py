@@ -15,7 +15,7 @@ one batch holds the links of many pages on random hosts; a page's links name it 
 earlier on its host, as in a crawl. "random" puts every URL on a random host, the worst case for locality.
 
 --store postgresql://... runs against that (empty) database instead of an SQLite file in --dir; --store pg-temp
-starts a throwaway PostgreSQL cluster for the run (scripts/pgcluster.py; 256 MB of shared buffers, fsync on).
+starts a throwaway PostgreSQL cluster for the run (testkit/pgcluster.py; 256 MB of shared buffers, fsync on).
 The PostgreSQL size is pg_total_relation_size of the store's tables (heap, indexes and TOAST), its WAL aside.
 """
 
@@ -170,7 +170,7 @@ def main() -> int:
     args = ap.parse_args()
     cluster = None
     if args.store == "pg-temp":
-        from scripts.pgcluster import PgCluster
+        from testkit.pgcluster import PgCluster
 
         cluster = PgCluster.start(shared_buffers="256MB", max_wal_size="4GB")
         args.store = cluster.create_database("bench")

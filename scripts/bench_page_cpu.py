@@ -32,7 +32,7 @@ from crawler.web.page import FetchedPage
 from crawler.web.urls import NormalizeOptions, normalize_many
 from crawler.worker.linkcache import LinkCache
 from crawler.worker.pagestore import open_page_store
-from scripts import sitegen
+from testkit import sitegen
 
 _CACHES = [urls_module._resolve_link_cached]
 HEADERS = [(b"Server", b"nginx/1.22.1"), (b"Date", b"Wed, 02 Dec 2026 13:00:00 GMT"),

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_politeness.py [--seconds 3]
 
-Each run crawls one loopback site (scripts/politesite.py: a home page linking to N pages, every request's arrival
+Each run crawls one loopback site (testkit/politesite.py: a home page linking to N pages, every request's arrival
 logged) with a real master and real workers, sized so that at the allowed rate it takes about --seconds:
 
   min_delay 100, 20, 10 ms, with 1 and with 3 workers: allowed 1 / min_delay pages/s;
@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts import cluster
-from scripts.politesite import PoliteSite
+from testkit import cluster
+from testkit.politesite import PoliteSite
 
 LATENCY = 0.05
 

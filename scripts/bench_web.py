@@ -38,7 +38,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts import cluster, sitegen, siteserver
+from testkit import cluster, sitegen, siteserver
 
 REFRESH = 2.0
 

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts import cluster, sitegen, siteserver
+from testkit import cluster, sitegen, siteserver
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import crawler, pytest, warcio, prometheus_client, playwright, cryptography, psycopg, msgspec, mypy" \
+if ! .venv/bin/python -c "import crawler, pytest, warcio, prometheus_client, playwright, cryptography, psycopg, msgspec, mypy, xdist" \
         2>/dev/null \
    || [ pyproject.toml -nt .venv/.installed ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
@@ -71,7 +71,7 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
     fi
 fi
 # The master store's PostgreSQL backend is tested against a throwaway cluster the tests start themselves
-# (scripts/pgcluster.py: initdb into a temporary directory); they need the server programs, not a running service.
+# (testkit/pgcluster.py: initdb into a temporary directory); they need the server programs, not a running service.
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         export DEBIAN_FRONTEND=noninteractive

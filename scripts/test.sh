@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest "$@"
+# On every core (pytest-xdist), a test module at a time per process, its tests in order as in a plain run; the tests
+# that cannot have a neighbour run alone (tests/parallel.py). `bash scripts/test.sh -n 0` runs all in one process.
+exec .venv/bin/python -m pytest -n auto --dist loadfile "$@"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.pgcluster import PgCluster
+from tests.parallel import pytest_runtest_protocol  # noqa: F401  (the hook: who may run beside whom)
+from testkit.pgcluster import PgCluster
 
 _names = itertools.count(1)
 

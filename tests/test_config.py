@@ -9,7 +9,7 @@ import yaml
 from crawler.config import ConfigError
 from crawler.master.config import MasterConfig
 from crawler.worker.config import WorkerConfig
-from scripts.cluster import write_secret
+from testkit.cluster import write_secret
 
 
 def base(tmp: Path) -> dict:

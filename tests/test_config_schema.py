@@ -14,7 +14,7 @@ from crawler.master.config import Politeness
 from crawler.politeness import PolitenessConfig
 from crawler.worker.config import SPEC as WORKER_SPEC
 from crawler.worker.config import WorkerConfig
-from scripts.cluster import write_secret
+from testkit.cluster import write_secret
 
 
 def _shout(v: str | None, key: str) -> str:

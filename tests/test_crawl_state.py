@@ -14,7 +14,7 @@ from crawler.master.dedup import Dedup
 from crawler.master.store import MasterStore
 from crawler.politeness import SLACK_CAP, HostGate, PolitenessConfig
 from crawler.scheduler import NodeTable
-from scripts.cluster import write_secret
+from testkit.cluster import write_secret
 
 SITE = "http://music.example.org"
 

@@ -120,7 +120,7 @@ def test_the_master_saves_and_reloads_every_layer_and_an_old_snapshot(tmp_path, 
     from crawler.bloom import BloomFilter, GrowingBloomFilter, capacity_at
     from crawler.master.config import MasterConfig
     from crawler.master.server import Master
-    from scripts.cluster import write_secret
+    from testkit.cluster import write_secret
 
     site = "http://music.example.org"
     raw = {"listen": "127.0.0.1:0", "data_dir": str(tmp_path / "m"), "nodes": ["a"], "seeds": [site + "/"],
@@ -160,7 +160,7 @@ def test_the_master_saves_and_reloads_every_layer_and_an_old_snapshot(tmp_path, 
 
 
 def _master_raw(tmp_path, dedup):
-    from scripts.cluster import write_secret
+    from testkit.cluster import write_secret
     return {"listen": "127.0.0.1:7700", "data_dir": "data", "secret_file": str(write_secret(tmp_path / "secret")),
             "nodes": ["a"], "seeds": ["http://127.0.0.1:8000/"], "dedup": dedup}
 

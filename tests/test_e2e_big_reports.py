@@ -3,7 +3,7 @@
 import pytest
 from aiohttp import web
 
-from scripts import cluster
+from testkit import cluster
 
 pytestmark = pytest.mark.timeout(120)
 

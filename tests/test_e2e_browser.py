@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts import cluster
+from testkit import cluster
 from tests.browser import TEST_BROWSER_ARGS, TEST_BROWSER_USER
 from tests.fakes import playersite
 

@@ -10,7 +10,7 @@ from selectolax.lexbor import LexborHTMLParser
 
 from crawler import protocol as p
 from crawler.worker.pagestore import read_page
-from scripts import cluster, sitegen, siteserver
+from testkit import cluster, sitegen, siteserver
 
 pytestmark = pytest.mark.timeout(240)
 

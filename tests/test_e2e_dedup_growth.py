@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scripts import cluster, sitegen, siteserver
+from testkit import cluster, sitegen, siteserver
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from crawler.master.store import MasterStore
-from scripts import cluster, sitegen, siteserver
+from testkit import cluster, sitegen, siteserver
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from crawler.politeness import SLACK_CAP
-from scripts import cluster, sitegen, siteserver
+from testkit import cluster, sitegen, siteserver
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parent.parent

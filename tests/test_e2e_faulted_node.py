@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from crawler.master.store import MasterStore
-from scripts import cluster, sitegen, siteserver
+from testkit import cluster, sitegen, siteserver
 from tests.disks import small_tmpfs
 
 pytestmark = pytest.mark.timeout(180)

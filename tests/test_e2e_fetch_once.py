@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from crawler.worker.fetcher import SNIFF_BYTES
-from scripts import cluster, siteserver
+from testkit import cluster, siteserver
 from tests.fakes import streamsite
 
 pytestmark = pytest.mark.timeout(120)

@@ -3,7 +3,7 @@
 import pytest
 
 from crawler import protocol as p
-from scripts import cluster
+from testkit import cluster
 from tests.fakes.rawpeer import RawPeer
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from crawler.master.store import DONE, ERROR, ROBOTS
-from scripts import cluster
+from testkit import cluster
 from tests.fakes.hostile import LEGIT, HostileSite, mp3
 
 pytestmark = pytest.mark.timeout(300)

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from crawler.resolvers.kugou import song_fragment_rule
-from scripts import cluster
+from testkit import cluster
 from tests.fakes import kugou as fake
 
 pytestmark = pytest.mark.timeout(180)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from crawler.master.store import MasterStore
-from scripts import cluster, siteserver
+from testkit import cluster, siteserver
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts import cluster, sitegen, siteserver
+from testkit import cluster, sitegen, siteserver
 
 pytestmark = pytest.mark.timeout(300)
 

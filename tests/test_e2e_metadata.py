@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from crawler.master.store import MasterStore
-from scripts import cluster, siteserver
-from scripts.sitegen_named import generate_named, write_sitemaps
+from testkit import cluster, siteserver
+from testkit.sitegen_named import generate_named, write_sitemaps
 from tests.fakes import audiofiles
 
 pytestmark = pytest.mark.timeout(300)

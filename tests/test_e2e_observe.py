@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from scripts import cluster, sitegen, siteserver
+from testkit import cluster, sitegen, siteserver
 from tests.disks import small_tmpfs
 from tests.test_e2e_faulted_node import fill
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.disks import small_tmpfs
 from crawler.master.store import MasterStore
-from scripts import cluster, sitegen, siteserver
+from testkit import cluster, sitegen, siteserver
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -22,7 +22,7 @@ import pytest
 from crawler import protocol as p
 from crawler.master.server import ADMISSION, HANDSHAKE_TIMEOUT
 from crawler.master.store import MasterStore
-from scripts import cluster, sitegen, siteserver
+from testkit import cluster, sitegen, siteserver
 from tests.fakes.rawpeer import RawPeer
 
 pytestmark = pytest.mark.timeout(240)

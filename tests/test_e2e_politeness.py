@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from crawler.politeness import SLACK_CAP
-from scripts import cluster
-from scripts.politesite import PoliteSite
+from testkit import cluster
+from testkit.politesite import PoliteSite
 
 pytestmark = pytest.mark.timeout(300)
 

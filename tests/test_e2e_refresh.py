@@ -13,7 +13,7 @@ from pathlib import Path
 
 from crawler.logs import iso_utc
 from crawler.master.store import MasterStore
-from scripts import cluster
+from testkit import cluster
 from tests.fakes.hostile import mp3
 from tests.fakes.rangeserver import RangeServer
 

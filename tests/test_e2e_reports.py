@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from crawler.master.cli import main
-from scripts import cluster, siteserver
+from testkit import cluster, siteserver
 from tests.fakes import audiofiles
 
 pytestmark = pytest.mark.timeout(120)

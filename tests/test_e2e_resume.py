@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from scripts import cluster
+from testkit import cluster
 from tests.fakes.rangeserver import RangeServer
 
 pytestmark = pytest.mark.timeout(180)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts import cluster, sitegen, siteserver
-from scripts.pgcluster import PgCluster
+from testkit import cluster, sitegen, siteserver
+from testkit.pgcluster import PgCluster
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from crawler.master.web import SESSION_SECONDS, host_allowed, session_valid, session_value
-from scripts import cluster
+from testkit import cluster
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,7 +19,7 @@ import pytest
 
 from crawler import protocol as p
 from crawler.master.server import ADMISSION
-from scripts import cluster, sitegen, siteserver
+from testkit import cluster, sitegen, siteserver
 
 pytestmark = pytest.mark.timeout(120)
 

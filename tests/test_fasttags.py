@@ -25,7 +25,7 @@ from mutagen.wave import WAVE
 from crawler.worker import filetags
 from crawler.worker.fasttags import VORBIS_KEYS, read_aac, read_flac, read_ogg_vorbis, read_wave
 from crawler.worker.filetags import read_file_tags
-from scripts import sitegen
+from testkit import sitegen
 from tests.fakes.hls import adts_frames
 
 Reader = Callable[[bytes], "dict[str, Any] | None"]

@@ -172,7 +172,7 @@ def test_an_rss_091_doctype_naming_an_external_dtd_is_read_without_fetching_it()
 def test_a_sitemap_read_again_reports_every_date_though_its_links_were_reported_before(tmp_path) -> None:
     from crawler.worker.config import WorkerConfig
     from crawler.worker.server import Worker
-    from scripts.cluster import write_secret
+    from testkit.cluster import write_secret
 
     cfg = WorkerConfig.build(None, {"master": "127.0.0.1:1", "id": "w", "data_dir": str(tmp_path),
                                     "secret_file": str(write_secret(tmp_path / "s"))})
@@ -585,7 +585,7 @@ async def test_a_crawl_reads_the_text_sitemap_robots_txt_names_and_the_feeds_it_
     RSS feed with HTML entities and an Atom feed with xml:base and a feed author."""
     import yaml
 
-    from scripts import cluster
+    from testkit import cluster
     from tests.fakes.rangeserver import RangeServer
 
     rss = PODCAST_WITH_HTML_ENTITIES.replace(b"http://pod.example.com/media/", b"/media/")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import crawler
 from crawler.extras import EXTRAS
-from scripts.cluster import write_secret
+from testkit.cluster import write_secret
 
 ROOT = Path(__file__).resolve().parent.parent
 

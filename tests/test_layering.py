@@ -148,3 +148,17 @@ def test_the_cycle_finder_finds_a_cycle_a_lazy_import_closes(tmp_path: Path) -> 
     graph = {name: _crawler_imports(path, set(files), root) for name, path in files.items()}
     assert graph["crawler.worker.b"] == {"crawler.worker.a"}
     assert _cycles(graph) == [["crawler.worker.a", "crawler.worker.b", "crawler.worker.a"]]
+
+
+def test_the_tests_and_the_harness_import_nothing_from_scripts() -> None:
+    # The harness (testkit/) sits below both the suite and the entry points in scripts/ (the demo, the benchmarks,
+    # the sites' command lines): scripts import it, never the other way, and no test reaches into scripts/. The
+    # harness does not reach into the suite either.
+    repo = ROOT.parent
+    harness = sorted((repo / "testkit").rglob("*.py"))
+    assert harness
+    wrong = {f"{f.relative_to(repo)}: {name}" for f in sorted((repo / "tests").rglob("*.py")) + harness
+             for name in imported(f) if name == "scripts" or name.startswith("scripts.")}
+    wrong |= {f"{f.relative_to(repo)}: {name}" for f in harness for name in imported(f)
+              if name == "tests" or name.startswith("tests.")}
+    assert not wrong, sorted(wrong)

@@ -19,7 +19,7 @@ from crawler.master.backend import SqliteBackend
 from crawler.master.config import MasterConfig
 from crawler.master.server import Master
 from crawler.master.store import MasterStore
-from scripts.cluster import read_secret, write_secret
+from testkit.cluster import read_secret, write_secret
 from tests.fakes.rawpeer import RawPeer
 
 SLOW = 0.3        # seconds each COMMIT takes

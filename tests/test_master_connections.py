@@ -12,7 +12,7 @@ import asyncio
 from crawler.master import server as master_server
 from crawler.master.config import MasterConfig
 from crawler.master.server import Master
-from scripts.cluster import write_secret
+from testkit.cluster import write_secret
 
 
 async def test_a_stop_closes_a_connection_in_the_middle_of_its_handshake(tmp_path, monkeypatch, caplog):

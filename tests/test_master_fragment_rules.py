@@ -17,7 +17,7 @@ import pytest
 from crawler import protocol as p
 from crawler.master.config import MasterConfig
 from crawler.master.server import Master
-from scripts.cluster import read_secret, write_secret
+from testkit.cluster import read_secret, write_secret
 from tests.fakes.rawpeer import RawPeer
 
 CONFIGURED = r"^https?://configured\.test/item/"

@@ -185,7 +185,7 @@ def _cut_frame(audio: bytes, empty: bool) -> bytes:
 
 
 def _sitegen(rng: random.Random) -> bytes:
-    from scripts import sitegen
+    from testkit import sitegen
     return sitegen._mp3(rng, 30_000, "Déjà Vu", "林夕月", "Northern Glass")
 
 

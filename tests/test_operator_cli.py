@@ -15,7 +15,7 @@ import yaml
 from crawler import __version__
 from crawler.master.store import MasterStore
 from crawler.worker.config import WorkerConfig
-from scripts.cluster import write_secret
+from testkit.cluster import write_secret
 
 
 def run(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:

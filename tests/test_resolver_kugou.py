@@ -501,7 +501,7 @@ async def test_backup_address_is_the_address_when_play_url_is_empty(env: Env) ->
 def test_the_master_settings_suggested_in_kugou_yaml_admit_every_page_kind_the_resolver_claims(tmp_path) -> None:
     from crawler.master.config import MasterConfig
     from crawler.web.urls import UrlPolicy
-    from scripts.cluster import write_secret
+    from testkit.cluster import write_secret
 
     text = (pathlib.Path(__file__).resolve().parent.parent / "configs" / "kugou.yaml").read_text("utf-8")
     snippet = [line[4:] for line in text.splitlines() if line.startswith("#   ")]

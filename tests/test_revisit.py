@@ -12,7 +12,7 @@ from crawler.config import ConfigError
 from crawler.master.config import MasterConfig
 from crawler.master.revisit import RevisitPolicy, changed, gone, revisit_policy
 from crawler.master.store import MasterStore, PageOutcome, listed_keys
-from scripts.cluster import write_secret
+from testkit.cluster import write_secret
 
 POLICY = RevisitPolicy(base=100.0, min=30.0, max=400.0)
 PAGE = "http://s/p"

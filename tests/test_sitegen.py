@@ -16,8 +16,8 @@ import pytest
 from protego import Protego
 from selectolax.lexbor import LexborHTMLParser as HTMLParser
 
-from scripts import sitegen
-from scripts.sitegen import MANIFEST_STYLES, Manifest
+from testkit import sitegen
+from testkit.sitegen import MANIFEST_STYLES, Manifest
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = {"songs": 120, "seed": 11, "page_size": 7, "audio_size": 1500, "large_files": 2, "large_size": 120_000}

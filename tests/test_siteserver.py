@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scripts import sitegen, siteserver
-from scripts.sitegen import Manifest
-from scripts.siteserver import Behaviour, RunningSite
+from testkit import sitegen, siteserver
+from testkit.sitegen import Manifest
+from testkit.siteserver import Behaviour, RunningSite
 
 REPO = Path(__file__).resolve().parent.parent
 

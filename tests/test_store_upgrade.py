@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from crawler.master.store import AUDIO_COLUMNS, MasterStore, PageOutcome, StoreError
-from scripts import cluster
+from testkit import cluster
 
 # The previous layout's tables, as that crawler created them.
 V1_SCHEMA = """

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import cluster
+from testkit import cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "scripts" / "systemd"

@@ -6,7 +6,7 @@ from crawler.web.page import FetchedPage
 from crawler.worker.config import WorkerConfig
 from crawler.worker.fetcher import SNIFF_BYTES
 from crawler.worker.server import Worker, _started
-from scripts.cluster import write_secret
+from testkit.cluster import write_secret
 
 
 def worker(tmp_path, resolvers=None) -> Worker:

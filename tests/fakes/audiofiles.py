@@ -17,7 +17,7 @@ import mutagen.id3
 import mutagen.mp4
 import mutagen.oggvorbis
 
-from scripts import sitegen
+from testkit import sitegen
 
 
 def _box(kind: bytes, payload: bytes) -> bytes:

@@ -1,0 +1,63 @@
+"""Tests side by side (tests/parallel.py): a test that runs alone has no neighbour, the others do run in parallel,
+and every test the ALONE table names still exists."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.parallel import ALONE
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SUITE = '''
+import os, time
+from pathlib import Path
+import pytest
+
+def _spell(name, seconds):
+    start = time.monotonic()
+    time.sleep(seconds)
+    Path(os.environ["SPELLS"], name).write_text(f"{start} {time.monotonic()}")
+
+@pytest.mark.alone
+def test_alone():
+    _spell("alone", 0.6)
+
+@pytest.mark.parametrize("n", range(8))
+def test_beside(n):
+    _spell(f"beside-{n}", 0.3)
+'''
+
+
+def test_a_test_marked_alone_has_no_neighbour_and_the_rest_run_side_by_side(tmp_path: Path) -> None:
+    pytest.importorskip("xdist")
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "suite" / "test_suite.py").write_text(SUITE)
+    (tmp_path / "suite" / "pytest.ini").write_text("[pytest]\nmarkers = alone: runs alone\n")
+    spells = tmp_path / "spells"
+    spells.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}   # this run's own workers
+    env.update(SPELLS=str(spells), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "tests.parallel", "-p",
+                           "no:cacheprovider", "--basetemp", str(tmp_path / "tmp"), "test_suite.py"],
+                          cwd=tmp_path / "suite", env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    span = {f.name: tuple(map(float, f.read_text().split())) for f in spells.iterdir()}
+    assert len(span) == 9, sorted(span)
+    a0, a1 = span.pop("alone")
+    assert all(end <= a0 or start >= a1 for start, end in span.values()), (a0, a1, span)
+    beside = sorted(span.values())
+    assert any(b[0] < a[1] for a, b in zip(beside, beside[1:])), "no two tests ran side by side"
+
+
+@pytest.mark.parametrize("key", sorted(ALONE))
+def test_every_test_listed_to_run_alone_exists(key: str) -> None:
+    path, _, name = key.partition("::")
+    source = (ROOT / path).read_text()
+    assert not name or re.search(rf"^(async )?def {re.escape(name)}\(", source, re.M), key
