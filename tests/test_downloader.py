@@ -569,7 +569,8 @@ async def test_files_waiting_to_be_stored_are_bounded_in_bytes(tmp_path):
     assert not first.done()
     second = committer.commit(entry(blob(7000, 51)))   # past the bound: the batch goes at once
     waiting = asyncio.ensure_future(committer.room())
-    await asyncio.sleep(0.2)
+    for _ in range(10):               # loop turns: the batch goes to its thread, which the disk holds
+        await asyncio.sleep(0)
     assert not waiting.done() and not first.done()    # no room while the batch is being stored
     disk.set()
     done = await asyncio.gather(first, second)
