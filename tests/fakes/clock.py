@@ -18,7 +18,7 @@ import asyncio
 import heapq
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 
 class FakeAlarm:
@@ -69,10 +69,17 @@ class FakeClock:
         self.now = target
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "the condition") -> None:
-    """Return once predicate() holds; AssertionError if it still does not after ``timeout`` seconds."""
+async def until(predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0,
+                what: str = "the condition", *, interval: float = 0.005) -> None:
+    """Return once predicate() holds (it may be a coroutine function: an HTTP look, say); AssertionError if it still
+    does not after ``timeout`` seconds. ``interval``: the pause between looks, longer for a look that costs."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        held = predicate()
+        if not isinstance(held, bool):
+            held = await held
+        if held:
+            return
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(interval)
