@@ -175,7 +175,7 @@ async def test_silence_is_a_read_timeout_and_the_total_timeout_covers_the_body()
         started = loop.time()
         with pytest.raises(httpx.ReadTimeout, match="total timeout"):
             await get(transport, server.url, timeout=(2.0, 0.3, 2.0, 0.8))   # each byte in time, the whole not
-        assert loop.time() - started < 3
+        assert loop.time() - started < 10      # far short of the trickle's 50 s: a loaded machine passes too
         await transport.aclose()
 
 
