@@ -112,3 +112,15 @@ async def test_without_a_clock_the_running_loops_time_is_used():
     loop = asyncio.get_running_loop()
     before = loop.time()
     assert before <= deadlines.now() <= loop.time()
+
+
+def test_the_fake_clock_runs_what_falls_due_in_time_order_at_its_own_time():
+    clock, ran = FakeClock(start=0.0), []
+    clock.call_at(3.0, lambda: ran.append(("c", clock.time())))
+    clock.call_at(1.0, lambda: (ran.append(("a", clock.time())), clock.call_at(2.0, lambda: ran.append(("b", 2.0)))))
+    clock.call_at(2.5, lambda: ran.append(("never", clock.time()))).cancel()
+    clock.advance(2.0)
+    assert ran == [("a", 1.0), ("b", 2.0)] and clock.time() == 2.0
+    assert clock.alarms() == [3.0]
+    clock.advance(5.0)
+    assert ran[-1] == ("c", 3.0) and clock.time() == 7.0 and clock.alarms() == []
