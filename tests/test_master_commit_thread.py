@@ -88,7 +88,7 @@ async def test_a_slow_commit_holds_neither_the_event_loop_nor_the_store(tmp_path
                          links=(f"{t.url}/a", f"{t.url}/b"))
                 for t in m.tasks)), p.Credit(len(m.tasks)))
             reported.update(t.url for t in m.tasks)
-        await until(lambda: master.crawl.totals.pages >= len(reported), 30, "the last reports recorded")
+        await until(lambda: master.statistics().run_pages >= len(reported), 30, "the last reports recorded")
     finally:
         peer.close()
         master.stop()
