@@ -55,3 +55,17 @@ def master_store(request) -> dict:
     if request.param == "sqlite":
         return {}
     return {"store": request.getfixturevalue("pg_dsn")}
+
+
+@pytest.fixture
+def fake_clock():
+    """A monotonic clock that moves only when the test says (tests/fakes/clock.py): deadlines without sleeping."""
+    from tests.fakes.clock import FakeClock
+    return FakeClock()
+
+
+@pytest.fixture
+def until():
+    """Poll for a condition nothing signals, with a deadline (tests/fakes/clock.py): ``await until(pred, 5, what)``."""
+    from tests.fakes.clock import until
+    return until

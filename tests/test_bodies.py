@@ -128,7 +128,7 @@ async def encoded_server():
         await resp.prepare(request)
         for _ in range(600):
             await resp.write(b"<")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)      # the behaviour under test: a byte in time for the read timeout, 60 s in all
         return resp
 
     app = web.Application()
@@ -194,7 +194,7 @@ async def test_the_kugou_api_client_is_bounded_through_the_workers_transport():
         await resp.prepare(request)
         for _ in range(600):
             await resp.write(b" ")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)      # the behaviour under test: a byte in time for the read timeout, 60 s in all
         return resp
 
     app = web.Application()

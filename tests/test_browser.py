@@ -210,15 +210,14 @@ async def test_navigation_to_another_host_is_not_followed(site, ctx, make):
     assert not [e for e in site.log if e.host == "127.0.0.2"], site.log
 
 
-async def test_a_crashed_browser_is_replaced_and_the_page_visited_again(site, ctx, make):
+async def test_a_crashed_browser_is_replaced_and_the_page_visited_again(site, ctx, make, until):
     r = make(page_timeout=8)
     await visit(r, ctx, site.base + "/song/1")
     first = r._browser
     assert first is not None
     # Kill it in the middle of a page: the visit starts again in a new browser.
     task = asyncio.create_task(visit(r, ctx, site.base + "/hang"))
-    while site.paths().count("/static/hang.js") < 1:
-        await asyncio.sleep(0.05)
+    await until(lambda: "/static/hang.js" in site.paths(), 30, "the browser to be in the page")
     os.killpg(first.pid, signal.SIGKILL)
     await task
     assert r.stats["restarts"] == 1 and site.paths().count("/static/hang.js") == 2
@@ -290,7 +289,7 @@ uvloop.run(main())
 """
 
 
-async def test_no_browser_outlives_a_killed_worker(tmp_path):
+async def test_no_browser_outlives_a_killed_worker(tmp_path, until):
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _CHILD, TEST_BROWSER_USER, *TEST_ARGS, cwd=REPO,
                                                 stdout=asyncio.subprocess.PIPE,
                                                 env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -302,10 +301,8 @@ async def test_no_browser_outlives_a_killed_worker(tmp_path):
     finally:
         proc.kill()
         await proc.wait()
-    deadline = time.monotonic() + 30
-    while tree_pids(browser_pid) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)     # the kernel's signal, then the browser's own exit: another process's events
-    assert tree_pids(browser_pid) == []
+    # The kernel's signal, then the browser's own exit: another process's events, seen by polling.
+    await until(lambda: not tree_pids(browser_pid), 30, "the browser's processes to exit")
     # Its profile directory is left behind; the next worker's first browser sweeps it away.
     assert profile.is_dir()
     live = tmp_path / f"{PROFILE_PREFIX}live"
@@ -333,13 +330,16 @@ async def test_quiet_waits_for_requests_in_flight():
 async def test_quiet_after_an_action_waits_a_whole_window_from_the_action():
     """A click's requests reach us as events a little after the click: the quiet spell must count from the
     click, or a page that was quiet before it is judged quiet at once and its player's requests are missed."""
-    loop = asyncio.get_running_loop()
-    traffic = Traffic()
-    await asyncio.sleep(0.1)                               # quiet for longer than the window before the click
+    now = [0.0]                                            # the test's clock: times in binary fractions, exact
+    traffic = Traffic(clock=lambda: now[0])
+    now[0] += 0.125                                        # quiet for longer than the window before the click
     traffic.acted()
-    began = loop.time()
-    await asyncio.wait_for(traffic.quiet(0.05), 5)
-    assert loop.time() - began >= 0.045
+    waiting = asyncio.create_task(traffic.quiet(0.0625))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done()                              # the window counts from the click
+    now[0] += 0.0625
+    await asyncio.wait_for(waiting, 5)                     # a whole window after the click: quiet
 
 
 # -- confinement: the browser's user and sandbox, its connections, its memory -------------------------------
@@ -355,11 +355,10 @@ def _cmdline(pid: int) -> list[str]:
         return fh.read().decode(errors="replace").split("\0")
 
 
-async def test_the_browser_runs_sandboxed_as_an_unprivileged_user(site, ctx, make):
+async def test_the_browser_runs_sandboxed_as_an_unprivileged_user(site, ctx, make, until):
     r = make(page_timeout=3)
     task = asyncio.create_task(visit(r, ctx, site.base + "/hang"))     # a page open while we look
-    while "/static/hang.js" not in site.paths():
-        await asyncio.sleep(0.05)
+    await until(lambda: "/static/hang.js" in site.paths(), 30, "the browser to be in the page")
     browser = r._browser
     assert browser is not None
     uid = pwd.getpwnam(TEST_BROWSER_USER).pw_uid

@@ -569,7 +569,8 @@ async def test_files_waiting_to_be_stored_are_bounded_in_bytes(tmp_path):
     assert not first.done()
     second = committer.commit(entry(blob(7000, 51)))   # past the bound: the batch goes at once
     waiting = asyncio.ensure_future(committer.room())
-    await asyncio.sleep(0.2)
+    for _ in range(10):               # loop turns: the batch goes to its thread, which the disk holds
+        await asyncio.sleep(0)
     assert not waiting.done() and not first.done()    # no room while the batch is being stored
     disk.set()
     done = await asyncio.gather(first, second)
@@ -989,35 +990,47 @@ async def test_a_body_that_is_not_audio_is_failed_not_catalogued(server, client,
     assert leftovers(tmp_path) == [] and not list((tmp_path / "audio").rglob("*.mp3"))
 
 
-async def test_a_trickling_download_is_cut_off_by_its_deadline_and_kept_for_later(server, client, tmp_path):
+async def test_a_trickling_download_is_cut_off_by_its_deadline_and_kept_for_later(server, client, tmp_path,
+                                                                                    fake_clock):
     data = blob(1_000_000, 40)
     res = server.add("/slow.mp3", data)
-    res.rate = 50_000                     # 20 s for the file
+    res.pause_at = 3 * CHUNK              # then nothing more: the slowest trickle
     cfg = dataclasses.replace(CFG, deadline_base=0.5, min_rate=1_000_000)    # 0.5 s + 1 s for its size
-    started = time.monotonic()
-    got = await Downloader(client, tmp_path, cfg).fetch(AudioItem(url=server.url("/slow.mp3"), page="p"))
+    item = AudioItem(url=server.url("/slow.mp3"), page="p")
+    kept = AudioStore(tmp_path).part_path(partial_key(item))
+    fetch = asyncio.ensure_future(Downloader(client, tmp_path, cfg, deadline_clock=fake_clock).fetch(item))
+    await wait_for_size(kept, CHUNK)      # bytes arrive, and go on disk
+    fake_clock.advance(1.4)
+    await asyncio.sleep(0)
+    assert not fetch.done()               # its deadline is not yet due
+    fake_clock.advance(0.2)
+    got = await asyncio.wait_for(fetch, 10)
     assert got.status == FAILED and got.reason.startswith("download too slow"), got.reason
-    assert time.monotonic() - started < 10
-    kept = AudioStore(tmp_path).part_path(partial_key(AudioItem(url=server.url("/slow.mp3"), page="p")))
-    assert 0 < kept.stat().st_size < len(data)      # the bytes so far stay for a later resume
+    assert got.reason.endswith("in 2 s (deadline 0 s + size at 1000000 B/s)"), got.reason   # the clock's 1.6 s
+    assert CHUNK <= kept.stat().st_size < len(data)      # the bytes so far stay for a later resume
 
 
-async def test_a_short_deadline_is_kept_while_a_long_download_holds_a_far_one(server, client, tmp_path):
+async def test_a_short_deadline_is_kept_while_a_long_download_holds_a_far_one(server, client, tmp_path, fake_clock):
     # One timer keeps every download's deadline: a large file's deadline stretched far ahead must not hold
     # back a small file's deadline that comes due long before it.
     big, small = blob(1_000_000, 41), blob(2_000, 42)
-    server.add("/big.mp3", big).rate = 50_000          # 20 s; its deadline: 0.5 s + 100 s for its size
-    server.add("/small.mp3", small).pause_at = 100     # held after 100 bytes; its deadline: 0.5 s + 0.2 s
+    server.add("/big.mp3", big).pause_at = 3 * CHUNK    # its deadline: 0.5 s + 100 s for its size
+    server.add("/small.mp3", small).pause_at = 100      # held after 100 bytes; its deadline: 0.5 s + 0.2 s
     cfg = dataclasses.replace(CFG, deadline_base=0.5, min_rate=10_000)
-    dl = Downloader(client, tmp_path, cfg)
-    long = asyncio.ensure_future(dl.fetch(AudioItem(url=server.url("/big.mp3"), page="p")))
+    dl = Downloader(client, tmp_path, cfg, deadline_clock=fake_clock)
+    big_item = AudioItem(url=server.url("/big.mp3"), page="p")
+    long = asyncio.ensure_future(dl.fetch(big_item))
     try:
-        await asyncio.sleep(1.0)     # past the big one's first deadline: the timer is now set ~100 s ahead
+        await wait_for_size(AudioStore(tmp_path).part_path(partial_key(big_item)), CHUNK)   # its size is known
+        fake_clock.advance(1.0)      # past the big one's first deadline: the timer is now set ~100 s ahead
+        await asyncio.sleep(0)
         assert not long.done()
-        started = time.monotonic()
-        got = await dl.fetch(AudioItem(url=server.url("/small.mp3"), page="p"))
+        assert fake_clock.alarms() == [pytest.approx(fake_clock.now - 1.0 + 100.5)]
+        short = asyncio.ensure_future(dl.fetch(AudioItem(url=server.url("/small.mp3"), page="p")))
+        await server.wait_until(lambda: bool(requests_to(server, "/small.mp3")))   # its deadline is kept
+        fake_clock.advance(0.8)
+        got = await asyncio.wait_for(short, 10)
         assert got.status == FAILED and got.reason.startswith("download too slow"), got.reason
-        assert time.monotonic() - started < 8
         assert not long.done()       # the other download goes on
     finally:
         long.cancel()
@@ -1025,18 +1038,18 @@ async def test_a_short_deadline_is_kept_while_a_long_download_holds_a_far_one(se
             await long
 
 
-async def test_a_download_cancelled_from_outside_is_cancelled_not_timed_out(server, client, tmp_path):
-    server.add("/slow.mp3", blob(1_000_000, 43)).rate = 50_000
+async def test_a_download_cancelled_from_outside_is_cancelled_not_timed_out(server, client, tmp_path, fake_clock):
+    server.add("/slow.mp3", blob(1_000_000, 43)).pause_at = 3 * CHUNK
     cfg = dataclasses.replace(CFG, deadline_base=0.3, min_rate=1_000_000)
-    dl = Downloader(client, tmp_path, cfg)
+    dl = Downloader(client, tmp_path, cfg, deadline_clock=fake_clock)
     task = asyncio.ensure_future(dl.fetch(AudioItem(url=server.url("/slow.mp3"), page="p")))
-    await asyncio.sleep(0.2)
+    await server.wait_until(lambda: bool(requests_to(server, "/slow.mp3")))
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     # Its deadline went with it: a later download is not cancelled by it.
     server.add("/ok.mp3", blob(3_000, 44))
-    await asyncio.sleep(1.5)
+    fake_clock.advance(1.5)
     got = await dl.fetch(AudioItem(url=server.url("/ok.mp3"), page="p"))
     assert got.status == OK, got.reason
 

@@ -52,7 +52,7 @@ async def crawl(tmp_path: Path, site: HostileSite, scenario: str, *, obey_robots
         while True:
             peak["master"] = max(peak["master"], rss(master.proc.pid))
             peak["worker"] = max(peak["worker"], rss(worker.proc.pid))
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)     # the sampling period of the peak memory measured, not a wait for anything
 
     watcher = asyncio.ensure_future(watch())
     try:

@@ -27,7 +27,8 @@ def site(tmp_path_factory):
     return out, sitegen.generate(out, songs=200)
 
 
-async def test_master_sigkill_mid_crawl_then_restart_completes_with_bounded_duplicates(site, tmp_path, master_store):
+async def test_master_sigkill_mid_crawl_then_restart_completes_with_bounded_duplicates(site, tmp_path, master_store,
+                                                                                        until):
     site_dir, manifest = site
     slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.1}, record_log=True)
     concurrency, downloads = 4, 4
@@ -47,13 +48,15 @@ async def test_master_sigkill_mid_crawl_then_restart_completes_with_bounded_dupl
         await cluster.until(lambda: sum(e.path.endswith(".html") for e in server.log) >= html // 3, 120, "a third")
         # While it runs, the operator commands read the live database.
         # The running master writes its live view every 2 s: wait for one taken after both workers joined.
-        for _ in range(60):
+        live: dict = {}
+
+        def both_joined() -> bool:
             status = cli("status", "--config", str(config), "--json")
             assert status.returncode == 0, status.stderr
-            live = json.loads(status.stdout)
-            if live["nodes_connected"] == 2:
-                break
-            await asyncio.sleep(0.5)
+            live.update(json.loads(status.stdout))
+            return live["nodes_connected"] == 2
+
+        await until(both_joined, 60, "a live view with both workers", interval=0.5)
         assert live["urls"]["done"] > 0 and [n["node"] for n in live["nodes"]] == ["w1", "w2"]
         assert live["master"]["running"] and live["nodes_connected"] == 2
         assert sum(n["links"] for n in live["nodes"]) > 0

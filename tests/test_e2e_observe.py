@@ -227,7 +227,7 @@ def html_gets(server) -> int:
     return sum(1 for e in server.log if e.path.endswith(".html"))
 
 
-async def test_a_paused_crawl_says_paused_in_status_the_table_metrics_and_the_progress_line(site, tmp_path):
+async def test_a_paused_crawl_says_paused_in_status_the_table_metrics_and_the_progress_line(site, tmp_path, until):
     site_dir, manifest = site
     slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.3}, record_log=True)
     async with await siteserver.start(site_dir, behaviour=slow) as server:
@@ -249,8 +249,13 @@ async def test_a_paused_crawl_says_paused_in_status_the_table_metrics_and_the_pr
                 await cluster.until(lambda: "progress (paused): " in master.log()[mark:], 30,
                                     "a paused progress line")
                 # What the worker held at the pause finishes; then nothing moves, the figures hold still.
-                while (api := (await client.get("/api/status")).json())["urls"]["at_workers"]:
-                    await asyncio.sleep(0.2)
+                api: dict = {}
+
+                async def nothing_at_workers() -> bool:
+                    api.update((await client.get("/api/status")).json())
+                    return not api["urls"]["at_workers"]
+
+                await until(nothing_at_workers, 60, "the work held at the pause to finish", interval=0.2)
                 metrics_text = (await client.get("/metrics")).text
                 assert (await client.get("/api/status")).json()["urls"] == api["urls"]
                 assert api["paused"] is True and api["urls"]["queued"] > 0

@@ -161,13 +161,13 @@ async def test_pause_resume_seed_and_retry_on_a_running_master(tmp_path, master_
         # What the worker held when the pause came (at most its credit of 2*4 + 2*8 tasks) still finishes.
         settled = at_pause
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)     # settled is a second without a fetch: an absence only time can show
             if html_gets(server) == settled:
                 break
             settled = html_gets(server)
         assert settled - at_pause <= 24, (at_pause, settled)
         assert settled < len(manifest.pages) - 10, "nothing left to hold back: the test proves nothing"
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)         # the behaviour under test: nothing more for a while (two heartbeats)
         assert html_gets(server) == settled, "work was handed out while paused"
 
         r = await master_cmd_async(config, "resume")
@@ -225,7 +225,7 @@ async def test_commands_on_a_stopped_crawl_apply_at_once_and_pause_survives_a_re
         await cluster.until(lambda: "the crawl is paused" in master.log(), 30, "the master to start paused")
         worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path)
         await cluster.until(lambda: "worker w1 joined" in master.log(), 30, "the worker to join")
-        await asyncio.sleep(1.0)   # two heartbeats: nothing may be handed out
+        await asyncio.sleep(1.0)   # two heartbeats: nothing may be handed out (an absence: only time shows it)
         assert not any(e.path.startswith("/artists/") for e in server.log)
         r = await master_cmd_async(config, "resume")
         assert r.returncode == 0 and "applied by the running master" in r.stdout, r

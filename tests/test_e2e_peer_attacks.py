@@ -59,7 +59,7 @@ class RssWatch:
                 self.peak = max(self.peak, rss_bytes(self.pid))
             except (OSError, AssertionError):
                 return
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)     # the sampling period of the peak memory measured, not a wait for anything
 
     def stop(self) -> None:
         self._task.cancel()

@@ -49,7 +49,7 @@ class Flood:
             try:
                 reader, writer = await asyncio.open_connection(self.host, self.port, local_addr=(ATTACKER, 0))
             except OSError:
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)     # refused: the attacker tries again at once, as a real one would
                 continue
             self.opened += 1
             self.held.add(writer)

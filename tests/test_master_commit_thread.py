@@ -26,7 +26,7 @@ SLOW = 0.3        # seconds each COMMIT takes
 TRAFFIC = 2.5     # seconds of reports
 
 
-async def test_a_slow_commit_holds_neither_the_event_loop_nor_the_store(tmp_path, monkeypatch):
+async def test_a_slow_commit_holds_neither_the_event_loop_nor_the_store(tmp_path, monkeypatch, until):
     committing = threading.Event()     # set while a COMMIT runs on a thread other than the loop's
     commits: list[float] = []
     overlaps: list[str] = []
@@ -38,7 +38,7 @@ async def test_a_slow_commit_holds_neither_the_event_loop_nor_the_store(tmp_path
             return
         committing.set()
         try:
-            time.sleep(SLOW)
+            time.sleep(SLOW)     # the behaviour under test: a slow disk's COMMIT
             real_end(self)
         finally:
             committing.clear()
@@ -74,8 +74,8 @@ async def test_a_slow_commit_holds_neither_the_event_loop_nor_the_store(tmp_path
     try:
         peer.keep_alive(0.5)
         peer.send(p.Credit(64))
-        until = time.monotonic() + TRAFFIC
-        while time.monotonic() < until:
+        traffic_ends = time.monotonic() + TRAFFIC
+        while time.monotonic() < traffic_ends:
             try:
                 m = await peer.recv(timeout=0.5)
             except TimeoutError:
@@ -88,7 +88,7 @@ async def test_a_slow_commit_holds_neither_the_event_loop_nor_the_store(tmp_path
                          links=(f"{t.url}/a", f"{t.url}/b"))
                 for t in m.tasks)), p.Credit(len(m.tasks)))
             reported.update(t.url for t in m.tasks)
-        await asyncio.sleep(2 * SLOW)   # the last reports recorded
+        await until(lambda: master.statistics().run_pages >= len(reported), 30, "the last reports recorded")
     finally:
         peer.close()
         master.stop()

@@ -151,7 +151,7 @@ def test_sigkill_at_any_moment_leaves_frontier_and_url_table_consistent(store_lo
     db = store_location
     proc = subprocess.Popen([sys.executable, "-c", CRASHER, str(db), str(seed)], stdout=subprocess.PIPE)
     assert proc.stdout.readline().strip() == b"ready"
-    time.sleep(0.3 + 0.2 * seed)
+    time.sleep(0.3 + 0.2 * seed)     # the behaviour under test: a kill at some moment of the writes, one per seed
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     s = MasterStore(db)

@@ -40,19 +40,24 @@ def test_the_grafana_dashboard_reads_only_metrics_that_exist():
     assert used and used <= names, used - names
 
 
-async def test_the_lag_probe_sees_a_blocked_loop_and_keeps_the_worst():
+async def test_the_lag_probe_sees_a_blocked_loop_and_keeps_the_worst(until):
     """A callback that holds the loop 200 ms shows as a worst lag of at least 150 ms (the probe wakes every 50 ms),
     and the worst stays after the loop is free again."""
     import asyncio
     import time
 
     lag = MasterMetrics().lag
+
+    def samples() -> float:
+        return next(s.value for s in lag.hist.collect()[0].samples if s.name.endswith("_count"))
+
     probe = asyncio.create_task(lag.run())
     try:
-        await asyncio.sleep(0.2)
+        await until(lambda: samples() >= 2, 10, "the probe's first samples")
         quiet = lag.worst
+        seen = samples()
         time.sleep(0.2)   # noqa: ASYNC251 -- the loop held on purpose, as a synchronous disk write would hold it
-        await asyncio.sleep(0.2)
+        await until(lambda: samples() >= seen + 2, 10, "the probe's samples after the block")
     finally:
         probe.cancel()
     assert lag.worst >= 0.15 > quiet

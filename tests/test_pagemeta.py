@@ -90,7 +90,8 @@ class _Pages:
 
     async def __call__(self, url: str) -> FetchedPage | None:
         self.fetched.append(url)
-        await asyncio.sleep(0.01)   # a fetch takes time: others arrive meanwhile
+        for _ in range(20):         # a fetch takes a while: others arrive meanwhile (loop turns, not time)
+            await asyncio.sleep(0)
         return self.pages.get(url)
 
 

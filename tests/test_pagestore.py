@@ -117,7 +117,7 @@ store = WarcPageStore(Path(sys.argv[1]))
 for i in range(200):
     store.save(f"http://site.test/{i}", f"http://site.test/{i}", 200, "text/html", b"<html>%d</html>" % i)
 print("saved", flush=True)
-time.sleep(60)
+time.sleep(60)      # alive, its store still open, until the test kills it
 """
 
 

@@ -61,7 +61,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import httpx
 import yarl
@@ -318,8 +318,10 @@ class _DownloadSlots:
 
 class Downloader:
     def __init__(self, client: httpx.AsyncClient, data_dir: Path, cfg: DownloadConfig, *,
-                 clock: Callable[[], float] = time.time, file_tags: bool = False) -> None:
-        """file_tags: every item fetched comes back with what its file says about itself (filetags.py)."""
+                 clock: Callable[[], float] = time.time, file_tags: bool = False,
+                 deadline_clock: DeadlineClock | None = None) -> None:
+        """file_tags: every item fetched comes back with what its file says about itself (filetags.py).
+        deadline_clock: the monotonic time downloads' deadlines are kept in (the running loop's by default)."""
         self.client = client
         self.cfg = cfg
         self._limits = plan.Limits(max_size=cfg.max_size, chunk_size=cfg.chunk_size, max_attempts=cfg.max_attempts,
@@ -341,7 +343,7 @@ class Downloader:
         self._get = transport.get if isinstance(transport, AiohttpTransport) else None
         self._timeouts = (cfg.timeout, cfg.timeout, cfg.timeout, getattr(transport, "total_timeout", None))
         self._committer = _Committer(self.store)
-        self._deadlines = _Deadlines()
+        self._deadlines = _Deadlines(deadline_clock)
         self._file_tags = file_tags
         # Tags read while a file's bytes were in memory, for its fetch to take at once (one entry a download).
         self._fresh_tags: dict[str, dict[str, Any]] = {}
@@ -490,8 +492,7 @@ class Downloader:
                 if is_local(exc):
                     raise
                 return item.replace(status=FAILED, reason=f"storage: {exc}")
-        loop = asyncio.get_running_loop()
-        deadline = Deadline(loop.time(), self.cfg)
+        deadline = Deadline(self._deadlines.now(), self.cfg)
         self._deadlines.keep(deadline)
         try:
             try:
@@ -517,8 +518,8 @@ class Downloader:
                 raise
             await partial.aclose()
             partial.checkpoint()
-            return item.replace(status=FAILED, reason=_too_slow(partial.received, loop.time() - deadline.started,
-                                                                self.cfg))
+            elapsed = self._deadlines.now() - deadline.started
+            return item.replace(status=FAILED, reason=_too_slow(partial.received, elapsed, self.cfg))
         except OSError as exc:
             if is_local(exc):
                 raise
@@ -529,8 +530,7 @@ class Downloader:
     async def _fetch_hls(self, item: AudioItem, key: str, known: Finished | None) -> AudioItem:
         """An HLS item under the same whole-download deadline as a plain download: hls.py stretches it by the
         bytes it has written, and saves its progress when the deadline's cancel reaches it."""
-        loop = asyncio.get_running_loop()
-        deadline = Deadline(loop.time(), self.cfg)
+        deadline = Deadline(self._deadlines.now(), self.cfg)
         self._deadlines.keep(deadline)
         try:
             result = await self.hls.fetch(item, key, known, deadline)
@@ -539,8 +539,8 @@ class Downloader:
         except asyncio.CancelledError:
             if not deadline.timed_out():
                 raise
-            return item.replace(status=FAILED, reason=_too_slow(deadline.received, loop.time() - deadline.started,
-                                                                self.cfg))
+            elapsed = self._deadlines.now() - deadline.started
+            return item.replace(status=FAILED, reason=_too_slow(deadline.received, elapsed, self.cfg))
         finally:
             self._deadlines.drop(deadline)
         return result
@@ -741,15 +741,35 @@ class Downloader:
         return _filled(item, record)
 
 
+class DeadlineClock(Protocol):
+    """What the deadlines need of a clock: its time, and a callback at a time of its own. The running loop is
+    one (the default); a test's fake clock is another, and moves time without sleeping."""
+
+    def time(self) -> float: ...
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> _Alarm: ...
+
+
+class _Alarm(Protocol):
+    def when(self) -> float: ...
+
+    def cancel(self) -> None: ...
+
+
 class _Deadlines:
     """The deadlines of the downloads in progress under one timer, set for the earliest of them when it fires.
 
     Deadlines only move later, and a new one is rarely earlier than the timer (all start from
-    ``deadline_base``), so keeping one costs a dict entry, not a timer of its own."""
+    ``deadline_base``), so keeping one costs a dict entry, not a timer of its own. Time is ``clock``'s: the
+    running loop's unless one is given."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: DeadlineClock | None = None) -> None:
         self._live: dict[Deadline, None] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: _Alarm | None = None
+        self._clock = clock
+
+    def now(self) -> float:
+        return (self._clock or asyncio.get_running_loop()).time()
 
     def keep(self, deadline: Deadline) -> None:
         self._live[deadline] = None
@@ -763,11 +783,11 @@ class _Deadlines:
     def _arm(self, at: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_at(at, self._fire)
+        self._timer = (self._clock or asyncio.get_running_loop()).call_at(at, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
-        now = asyncio.get_running_loop().time()
+        now = self.now()
         for deadline in [d for d in self._live if d.at <= now]:
             del self._live[deadline]
             deadline.expire()
