@@ -20,7 +20,6 @@ import re
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
