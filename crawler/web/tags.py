@@ -134,8 +134,9 @@ def read_id3v2(data: bytes, wanted: Collection[str], *, exact: bool) -> tuple[di
 
     A frame kind's first frame that mutagen keeps gives it (a later one only appends values). exact: mutagen's
     answer for the whole tag in data, or Decline (ID3v2.2, header or frame flags, a tag running past the data,
-    text mutagen would repair). Lenient: what the data holds of the tag, values mutagen would repair read with
-    replacement characters; compressed and encrypted frames skipped.
+    text mutagen would repair). Lenient: the frames the data holds whole (a tag cut short by the data's end is
+    read up to the cut), values mutagen would repair read with replacement characters; compressed and
+    encrypted frames skipped.
     """
     if len(data) < 10 or data[:3] != b"ID3":
         if exact:
@@ -153,8 +154,8 @@ def read_id3v2(data: bytes, wanted: Collection[str], *, exact: bool) -> tuple[di
         return {}, size   # mutagen does not read other versions
     body = data[10:size]
     unsync = bool(flags & 0x80)
-    if unsync and major < 4:
-        body = _undo_unsync(body)   # whole-tag unsynchronisation
+    if unsync and major < 4:   # whole-tag unsynchronisation; a cut may leave half of an escaped \xff
+        body = _undo_unsync(body[:-1] if size > len(data) and body[-1:] == b"\xff" else body)
     pos = 0
     if major > 2 and flags & 0x40 and body[:4].decode("ascii", "replace") not in _KNOWN_FRAMES:
         # An extended header (a frame name instead: some taggers set the flag without writing one).
@@ -162,7 +163,7 @@ def read_id3v2(data: bytes, wanted: Collection[str], *, exact: bool) -> tuple[di
         pos = _syncsafe(ext) if major == 4 else 4 + ext   # v2.4 counts the size's own 4 bytes, v2.3 does not
     v24 = major == 4
     # Each frame's payload is read in place: slicing off each frame would copy the rest of the tag.
-    syncsafe = v24 and (_v24_sizes_are_syncsafe(body) if size <= len(data) else True)
+    syncsafe = v24 and _v24_sizes_are_syncsafe(body)
     found: dict[str, str] = {}
     header_len = 6 if major == 2 else 10
     while pos + header_len <= len(body):
@@ -182,6 +183,8 @@ def read_id3v2(data: bytes, wanted: Collection[str], *, exact: bool) -> tuple[di
         if major > 2 and name[3] == 0 and exact:
             raise Decline   # a v2.2 name in a v2.3/4 tag: mutagen maps it
         start, pos = pos + header_len, pos + header_len + fsize
+        if pos > len(body) and size > len(data):
+            break   # cut short by the end of the bytes at hand (lenient): the rest of the tag is not here
         if fsize == 0 or key not in wanted or key in found:
             # mutagen drops empty frames; other frames are skipped undecoded; a later frame of a kind
             # already read only appends values after the first (TextFrame._merge_frame), which is all we keep.

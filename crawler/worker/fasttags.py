@@ -6,16 +6,16 @@ keeps only the title, artist, album, duration and bitrate. These read them strai
 mutagen 1.48 only where the outcome is certain:
 
 - FLAC (flac.py FLAC.load, StreamInfo, VCFLACDict, Picture): the stream must start with "fLaC" (no ID3 tag
-  before it); blocks are walked as mutagen walks them, the comment and picture blocks by their contents (mutagen
-  distrusts their declared sizes, so one whose contents end elsewhere is declined). Declined: a cue sheet, a
-  second STREAMINFO, comment or seek table block, anything cut short.
+  before it); crawler/web/tags.py's read_flac_meta walks the blocks as mutagen walks them, the comment and
+  picture blocks by their contents (mutagen distrusts their declared sizes, so one whose contents end elsewhere
+  is declined). Declined: a cue sheet, a second STREAMINFO, comment or seek table block, anything cut short.
 - Ogg Vorbis (oggvorbis.py OggVorbisInfo and OggVCommentDict, ogg.py OggPage, to_packets and find_last): the
-  identification header alone on the first page, the comment packet from the next pages (it may span several),
-  the length from the last page's granule position, found as find_last finds it. Pages' CRCs are not checked,
-  as mutagen does not check them. Declined: Opus or FLAC in Ogg (read_file_tags' hint list asks OggVorbis
-  first only when its header says vorbis), pages of another logical stream before the first one ends
-  (multiplexed; a chained stream after it is never read), page sequence or continuation gaps, a comment packet
-  without its framing bit.
+  identification header alone on the first page, the comment packet from the next pages (it may span several;
+  tags.py's read_vorbis_comment reads it), the length from the last page's granule position, found as find_last
+  finds it. Pages' CRCs are not checked, as mutagen does not check them. Declined: Opus or FLAC in Ogg
+  (read_file_tags' hint list asks OggVorbis first only when its header says vorbis), pages of another logical
+  stream before the first one ends (multiplexed; a chained stream after it is never read), page sequence or
+  continuation gaps, a comment packet without its framing bit.
 - WAVE (wave.py WaveStreamInfo, _riff.py, _iff.py): the RIFF's direct chunks walked as IffContainerChunkMixin
   walks them, the length from the "data" chunk's declared size and the "fmt " chunk. mutagen's WAVE reads tags
   only from an ID3 chunk, and read_file_tags' keys never name an ID3 frame, so a WAVE file gives no text fields;
