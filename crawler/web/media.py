@@ -310,10 +310,10 @@ def read_tags(head: bytes) -> dict[str, str | float]:
             frames, _ = read_id3v2(head, _ID3_FIELDS, exact=False)
             found = {_ID3_FIELDS[key]: value.strip() for key, value in frames.items()}
         elif head[:4] == b"fLaC":
-            meta = read_flac_meta(head, _VORBIS_FIELDS, exact=False)
-            found = {_VORBIS_FIELDS[key]: value.strip() for key, value in (meta.comments or {}).items()}
-            if meta.sample_rate and meta.total_samples:
-                found["duration"] = meta.total_samples / meta.sample_rate
+            rate, samples, comments, _ = read_flac_meta(head, _VORBIS_FIELDS, exact=False)
+            found = {_VORBIS_FIELDS[key]: value.strip() for key, value in (comments or {}).items()}
+            if rate and samples:
+                found["duration"] = samples / rate
         else:
             return {}
     except (IndexError, ValueError, struct.error, Decline):

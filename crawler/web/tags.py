@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Collection
-from dataclasses import dataclass
 
 from mutagen.id3 import Frames
 
@@ -165,12 +164,14 @@ def read_id3v2(data: bytes, wanted: Collection[str], *, exact: bool) -> tuple[di
     # Each frame's payload is read in place: slicing off each frame would copy the rest of the tag.
     syncsafe = v24 and _v24_sizes_are_syncsafe(body)
     found: dict[str, str] = {}
-    header_len = 6 if major == 2 else 10
+    v22 = major == 2
+    header_len = 6 if v22 else 10
+    cut = size > len(data)
     while pos + header_len <= len(body):
-        frame_flags = 0
-        if major == 2:
+        if v22:
             name = body[pos:pos + 3]
             fsize = int.from_bytes(body[pos + 3:pos + 6], "big")
+            frame_flags = 0
             key = _V22_NAMES.get(name, "")
         else:
             name = body[pos:pos + 4]
@@ -180,10 +181,10 @@ def read_id3v2(data: bytes, wanted: Collection[str], *, exact: bool) -> tuple[di
             key = name.decode("latin-1")
         if not name.strip(b"\x00"):
             break   # padding
-        if major > 2 and name[3] == 0 and exact:
-            raise Decline   # a v2.2 name in a v2.3/4 tag: mutagen maps it
+        if name[-1] == 0 and exact:
+            raise Decline   # a v2.2 name in a v2.3/4 tag: mutagen maps it (the lenient mode skips it)
         start, pos = pos + header_len, pos + header_len + fsize
-        if pos > len(body) and size > len(data):
+        if cut and pos > len(body):
             break   # cut short by the end of the bytes at hand (lenient): the rest of the tag is not here
         if fsize == 0 or key not in wanted or key in found:
             # mutagen drops empty frames; other frames are skipped undecoded; a later frame of a kind
@@ -299,12 +300,10 @@ def read_vorbis_comment(data: bytes, pos: int, end: int, wanted: Collection[byte
 _MAX_BLOCKS = 64
 
 
-@dataclass(frozen=True)
-class FlacMeta:
-    sample_rate: int | None              # STREAMINFO's, None without one
-    total_samples: int
-    comments: dict[bytes, str] | None    # the wanted keys' first values, None without a comment block
-    end: int                             # where the metadata ends (the audio starts)
+# What a FLAC stream's metadata blocks say: STREAMINFO's sample rate (None without one) and total samples, the
+# wanted comment keys' first values (None without a comment block), and where the metadata ends (the audio
+# starts). A plain tuple: it is read for every FLAC download and must cost nothing to make.
+FlacMeta = tuple[int | None, int, dict[bytes, str] | None, int]
 
 
 def _flac_picture_end(data: bytes, pos: int) -> int:
@@ -330,7 +329,7 @@ def read_flac_meta(data: bytes, wanted: Collection[bytes], *, exact: bool) -> Fl
     exact: FLAC.load's answer for the whole file, or Decline (a cue sheet, a second STREAMINFO, comment or seek
     table block, a comment or picture block whose contents end elsewhere than its declared size, no STREAMINFO
     or a zero sample rate, anything cut short). Lenient: the blocks the data holds, a repeated one ignored."""
-    if data[:4] != b"fLaC":
+    if not data.startswith(b"fLaC"):
         raise Decline
     pos = 4
     rate: int | None = None
@@ -339,9 +338,10 @@ def read_flac_meta(data: bytes, wanted: Collection[bytes], *, exact: bool) -> Fl
     seen: set[int] = set()
     last = False
     blocks = 0
+    n = len(data)
     while not last:
         blocks += 1
-        if pos + 4 > len(data) or blocks > _MAX_BLOCKS:
+        if pos + 4 > n or blocks > _MAX_BLOCKS:
             if exact:
                 raise Decline
             break
@@ -383,4 +383,4 @@ def read_flac_meta(data: bytes, wanted: Collection[bytes], *, exact: bool) -> Fl
                 raise Decline   # mutagen raises on a zero sample rate
     if exact and rate is None:
         raise Decline   # no STREAMINFO: mutagen raises
-    return FlacMeta(rate, total, comments, pos)
+    return rate, total, comments, pos

@@ -83,13 +83,13 @@ def read_flac(data: bytes) -> dict[str, Any] | None:
     if not data.startswith(b"fLaC"):
         return None   # an ID3 tag first, or no FLAC at all
     try:
-        meta = read_flac_meta(data, _WANTED, exact=True)
+        sample_rate, total_samples, comments, end = read_flac_meta(data, _WANTED, exact=True)
     except (Decline, IndexError, ValueError, struct.error):
         return None
-    assert meta.sample_rate   # exact mode declines a missing STREAMINFO and a zero rate
-    length = meta.total_samples / float(meta.sample_rate)
-    bitrate = int(float(len(data) - meta.end) * 8 / length) if length else 0
-    raw = _fields(meta.comments) if meta.comments is not None else {}
+    assert sample_rate   # exact mode declines a missing STREAMINFO and a zero rate
+    length = total_samples / float(sample_rate)
+    bitrate = int(float(len(data) - end) * 8 / length) if length else 0
+    raw = _fields(comments) if comments is not None else {}
     return stream_facts(raw, length, bitrate)
 
 
