@@ -161,13 +161,12 @@ def read_id3v2(data: bytes, wanted: Collection[str], *, exact: bool) -> tuple[di
         ext = struct.unpack_from(">L", body)[0]
         pos = _syncsafe(ext) if major == 4 else 4 + ext   # v2.4 counts the size's own 4 bytes, v2.3 does not
     v24 = major == 4
-    # Each frame's payload is read in place: slicing off each frame would copy the rest of the tag.
     syncsafe = v24 and _v24_sizes_are_syncsafe(body)
     found: dict[str, str] = {}
     v22 = major == 2
     header_len = 6 if v22 else 10
     cut = size > len(data)
-    while pos + header_len <= len(body):
+    while pos + header_len <= len(body):   # by position: slicing off each frame would copy the rest of the tag
         if v22:
             name = body[pos:pos + 3]
             fsize = int.from_bytes(body[pos + 3:pos + 6], "big")
