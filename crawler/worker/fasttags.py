@@ -6,16 +6,16 @@ keeps only the title, artist, album, duration and bitrate. These read them strai
 mutagen 1.48 only where the outcome is certain:
 
 - FLAC (flac.py FLAC.load, StreamInfo, VCFLACDict, Picture): the stream must start with "fLaC" (no ID3 tag
-  before it); blocks are walked as mutagen walks them, the comment and picture blocks by their contents (mutagen
-  distrusts their declared sizes, so one whose contents end elsewhere is declined). Declined: a cue sheet, a
-  second STREAMINFO, comment or seek table block, anything cut short.
+  before it); crawler/web/tags.py's read_flac_meta walks the blocks as mutagen walks them, the comment and
+  picture blocks by their contents (mutagen distrusts their declared sizes, so one whose contents end elsewhere
+  is declined). Declined: a cue sheet, a second STREAMINFO, comment or seek table block, anything cut short.
 - Ogg Vorbis (oggvorbis.py OggVorbisInfo and OggVCommentDict, ogg.py OggPage, to_packets and find_last): the
-  identification header alone on the first page, the comment packet from the next pages (it may span several),
-  the length from the last page's granule position, found as find_last finds it. Pages' CRCs are not checked,
-  as mutagen does not check them. Declined: Opus or FLAC in Ogg (read_file_tags' hint list asks OggVorbis
-  first only when its header says vorbis), pages of another logical stream before the first one ends
-  (multiplexed; a chained stream after it is never read), page sequence or continuation gaps, a comment packet
-  without its framing bit.
+  identification header alone on the first page, the comment packet from the next pages (it may span several;
+  tags.py's read_vorbis_comment reads it), the length from the last page's granule position, found as find_last
+  finds it. Pages' CRCs are not checked, as mutagen does not check them. Declined: Opus or FLAC in Ogg
+  (read_file_tags' hint list asks OggVorbis first only when its header says vorbis), pages of another logical
+  stream before the first one ends (multiplexed; a chained stream after it is never read), page sequence or
+  continuation gaps, a comment packet without its framing bit.
 - WAVE (wave.py WaveStreamInfo, _riff.py, _iff.py): the RIFF's direct chunks walked as IffContainerChunkMixin
   walks them, the length from the "data" chunk's declared size and the "fmt " chunk. mutagen's WAVE reads tags
   only from an ID3 chunk, and read_file_tags' keys never name an ID3 frame, so a WAVE file gives no text fields;
@@ -36,9 +36,7 @@ import re
 import struct
 from typing import Any
 
-
-class Decline(Exception):
-    """The file has something only mutagen should judge (here and in mp3tags.py)."""
+from crawler.web.tags import Decline, read_flac_meta, read_vorbis_comment
 
 
 # How mutagen's case-insensitive VCommentDict answers read_file_tags' _KEYS, per field and in order: keys that
@@ -53,44 +51,6 @@ _WANTED = frozenset(key for keys in VORBIS_KEYS.values() for key in keys)
 _U32 = struct.Struct("<I")
 # More chunks or pages than a real file has before its audio: mutagen's to read (the fast path's work stays small).
 _MAX_CHUNKS = 64
-
-
-def _vorbis_comment(data: bytes, pos: int, end: int, framing: bool) -> tuple[dict[bytes, str], int]:
-    """The first value of each wanted (lower-cased) key of a Vorbis comment at data[pos:end], and where it ends.
-
-    VComment.load: a read past `end` fails there (a strict file in FLAC, a short uint or a missing framing byte
-    in Ogg), so it declines here."""
-    if pos + 4 > end:
-        raise Decline
-    pos += 4 + _U32.unpack_from(data, pos)[0]   # the vendor string, decoded with "replace": never fails
-    if pos + 4 > end:
-        raise Decline
-    count = _U32.unpack_from(data, pos)[0]
-    pos += 4
-    found: dict[bytes, str] = {}
-    for _ in range(count):   # each comment takes at least 4 bytes: the loop is bounded by the data
-        if pos + 4 > end:
-            raise Decline
-        start = pos + 4
-        pos = start + _U32.unpack_from(data, pos)[0]
-        if pos > end:
-            raise Decline
-        eq = data.find(b"=", start, pos)
-        if eq == -1:
-            continue   # mutagen names it "unknownN": never a wanted key
-        # mutagen decodes the key, replaces non-ASCII by "?" and compares it lower-cased: a wanted key
-        # matches exactly when the bytes, ASCII-lower-cased, are it.
-        key = data[start:eq].lower()
-        if key in _WANTED and key not in found:
-            try:
-                found[key] = data[eq + 1:pos].decode("utf-8")
-            except UnicodeDecodeError:
-                raise Decline from None   # mutagen substitutes U+FFFD; let it
-    if framing:
-        if pos >= end or not data[pos] & 1:
-            raise Decline
-        pos += 1
-    return found, pos
 
 
 def _fields(comments: dict[bytes, str]) -> dict[str, Any]:
@@ -118,74 +78,17 @@ def stream_facts(raw: dict[str, Any], length: float, bitrate: int) -> dict[str, 
 
 # -- FLAC ---------------------------------------------------------------------------------------------------
 
-def _flac_picture_end(data: bytes, pos: int) -> int:
-    """Where Picture.load, reading a strict file from pos, stops: type and MIME type, description, then the
-    image's dimensions and data."""
-    if pos + 8 > len(data):
-        raise Decline
-    pos += 8 + struct.unpack_from(">I", data, pos + 4)[0]
-    if pos + 4 > len(data):
-        raise Decline
-    pos += 4 + struct.unpack_from(">I", data, pos)[0]
-    if pos + 20 > len(data):
-        raise Decline
-    pos += 20 + struct.unpack_from(">I", data, pos + 16)[0]
-    if pos > len(data):
-        raise Decline
-    return pos
-
-
 def read_flac(data: bytes) -> dict[str, Any] | None:
     """read_file_tags' raw fields (before normalise) for a FLAC file in memory, or None to ask mutagen."""
     if not data.startswith(b"fLaC"):
         return None   # an ID3 tag first, or no FLAC at all
     try:
-        pos = 4
-        info: tuple[float, int] | None = None   # (length, sample rate)
-        comments: dict[bytes, str] | None = None
-        seen: set[int] = set()
-        last = False
-        blocks = 0
-        while not last:
-            blocks += 1
-            if pos + 4 > len(data) or blocks > _MAX_CHUNKS:
-                raise Decline
-            byte = data[pos]
-            size = int.from_bytes(data[pos + 1:pos + 4], "big")
-            code, last = byte & 0x7F, bool(byte & 0x80)
-            start = pos + 4
-            if code in seen and code in (0, 3, 4):
-                raise Decline   # a second STREAMINFO, seek table or comment block
-            seen.add(code)
-            if code == 5:
-                raise Decline   # a cue sheet: its reader has checks of its own
-            if code == 4:
-                comments, pos = _vorbis_comment(data, start, len(data), framing=False)
-                if pos != start + size:
-                    raise Decline   # mutagen goes on from where the comments end, not the declared size
-            elif code == 6:
-                pos = _flac_picture_end(data, start)
-                if pos != start + size:
-                    raise Decline
-            else:
-                pos = start + size
-                if pos > len(data):
-                    raise Decline   # a strict read runs short: mutagen fails
-                if code == 0:
-                    if size < 34:
-                        raise Decline
-                    rate_channels_bits = int.from_bytes(data[start + 10:start + 18], "big")
-                    sample_rate = rate_channels_bits >> 44
-                    if not sample_rate:
-                        raise Decline   # mutagen raises on a zero sample rate
-                    total_samples = rate_channels_bits & 0xFFFFFFFFF
-                    info = (total_samples / float(sample_rate), sample_rate)
-        if info is None:
-            raise Decline   # no STREAMINFO: mutagen raises
+        sample_rate, total_samples, comments, end = read_flac_meta(data, _WANTED, exact=True)
     except (Decline, IndexError, ValueError, struct.error):
         return None
-    length = info[0]
-    bitrate = int(float(len(data) - pos) * 8 / length) if length else 0
+    assert sample_rate   # exact mode declines a missing STREAMINFO and a zero rate
+    length = total_samples / float(sample_rate)
+    bitrate = int(float(len(data) - end) * 8 / length) if length else 0
     raw = _fields(comments) if comments is not None else {}
     return stream_facts(raw, length, bitrate)
 
@@ -306,7 +209,7 @@ def read_ogg_vorbis(data: bytes) -> dict[str, Any] | None:
         packet = b"".join(parts)
         if not packet.startswith(b"\x03vorbis"):
             raise Decline
-        comments, _ = _vorbis_comment(packet, 7, len(packet), framing=True)
+        comments, _ = read_vorbis_comment(packet, 7, len(packet), _WANTED, framing=True, exact=True)
         granule = _ogg_last_granule(data, serial)
         if granule is None:
             raise Decline   # mutagen raises

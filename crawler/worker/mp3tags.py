@@ -2,14 +2,13 @@
 
 mutagen costs about 100 µs of CPU per small MP3: it builds an object per ID3 frame (cover art included)
 and syncs MPEG frame headers through a file object. MP3 is most of what the crawler downloads, so this
-reads just the four text frames the catalogue keeps (TIT2, TPE1, TPE2, TALB) and the first MPEG frames
-straight from the bytes. It mirrors mutagen 1.48 (id3/_tags.py read_frames and determine_bpi, the text
-specs in id3/_specs.py, id3/_id3v1.py, mp3/__init__.py MPEGInfo and MPEGFrame, mp3/_util.py's Xing and
-LAME headers) only where the outcome is certain; anything else -- ID3v2.2, unsynchronisation, extended
+reads just the four text frames the catalogue keeps (TIT2, TPE1, TPE2, TALB), with the ID3 readers of
+crawler/web/tags.py in their exact mode, and the first MPEG frames straight from the bytes. It mirrors
+mutagen 1.48 (mp3/__init__.py MPEGInfo and MPEGFrame, mp3/_util.py's Xing and LAME headers; the tags as
+tags.py says) only where the outcome is certain; anything else -- ID3v2.2, unsynchronisation, extended
 headers, flagged text frames, text that does not decode cleanly, a stream that does not start right
 after the tag, VBRI, stray "TAG" bytes near the end -- returns None and read_file_tags asks mutagen as
-before. tests/test_mp3tags.py holds the two to the same output.
-"""
+before. tests/test_mp3tags.py holds the two to the same output."""
 
 from __future__ import annotations
 
@@ -17,139 +16,17 @@ import struct
 from typing import Any
 
 from mutagen._util import intround
-from mutagen.id3 import Frames
 
-from crawler.worker.fasttags import Decline, stream_facts
+from crawler.web.tags import Decline, read_id3v1, read_id3v2
+from crawler.worker.fasttags import stream_facts
 
-_KNOWN_FRAMES = frozenset(Frames)
 _WANTED = ("TIT2", "TPE1", "TPE2", "TALB")
-_EMPTY_HEADER = b"\x00" * 10
-# A text frame longer than this is no title: mutagen reads it (and the fast path's work stays small).
-_MAX_TEXT = 4096
 
 # (version, layer 3) -> kbit/s per index, and version -> sample rates (MPEGFrame's tables).
 _BITRATES = {1.0: (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
              2.0: (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)}
 _BITRATES[2.5] = _BITRATES[2.0]
 _RATES = {1.0: (44100, 48000, 32000), 2.0: (22050, 24000, 16000), 2.5: (11025, 12000, 8000)}
-
-
-def _syncsafe(n: int) -> int:
-    # BitPaddedInt of a 32-bit int: 7 low bits of each byte.
-    return ((n >> 24) & 0x7F) << 21 | ((n >> 16) & 0x7F) << 14 | ((n >> 8) & 0x7F) << 7 | (n & 0x7F)
-
-
-def _walk(data: bytes, syncsafe: bool) -> tuple[int, int]:
-    """determine_bpi's count of known frame names and how far past the end the walk lands."""
-    o = found = 0
-    while o < len(data) - 10:
-        part = data[o:o + 10]
-        if part == _EMPTY_HEADER:
-            return found, -((len(data) - o) % 10)
-        size = struct.unpack_from(">L", part, 4)[0]
-        o += 10 + (_syncsafe(size) if syncsafe else size)
-        try:
-            name = part[:4].decode("ascii")
-        except UnicodeDecodeError:
-            continue
-        found += name in _KNOWN_FRAMES
-    return found, o - len(data)
-
-
-def _v24_sizes_are_syncsafe(data: bytes) -> bool:
-    # iTunes once wrote plain sizes in v2.4 tags; mutagen guesses which reading finds more frames.
-    asbpi, bpioff = _walk(data, True)
-    asint, intoff = _walk(data, False)
-    return not (asint > asbpi or (asint == asbpi and (bpioff >= 1 and intoff <= 1)))
-
-
-def _first_value(payload: bytes, v24: bool) -> str | None:
-    """The first of a text frame's values as mutagen's MultiSpec(EncodedTextSpec) reads them, having checked
-    that all of them decode (else mutagen tries fix-ups or drops the frame); None: mutagen drops the frame."""
-    if len(payload) < 2 or payload[0] > 3:
-        return None   # cut short by the tag's end, a bad encoding or no text: mutagen drops the frame as junk
-    if len(payload) > _MAX_TEXT:
-        raise Decline
-    enc, pos, size = payload[0], 1, len(payload)
-    codec = ("latin-1", "utf-16", "utf-16-be", "utf-8")[enc]
-    # v2.3 had no multiple values: mutagen stops where only zero padding is left rather than read empty ones.
-    last = len(payload.rstrip(b"\x00")) if not v24 else size
-    first: str | None = None
-    while pos < size:
-        start = pos
-        if enc in (0, 3):
-            end = payload.find(b"\x00", pos)
-            stop, pos = (size, size) if end == -1 else (end, end + 1)
-        else:
-            if enc == 1 and payload[pos:pos + 2] not in (b"\xff\xfe", b"\xfe\xff"):
-                raise Decline   # mutagen's BOM-less fix-ups
-            end = payload.find(b"\x00\x00", pos)
-            while end != -1 and (end - pos) % 2:   # a NUL code unit starts on an even byte
-                end = payload.find(b"\x00\x00", end + 1)
-            if end == -1 and (size - pos) % 2:
-                raise Decline   # half a code unit at the end: mutagen's fix-ups again
-            stop, pos = (size, size) if end == -1 else (end, end + 2)
-        try:
-            value = payload[start:stop].decode(codec)
-        except UnicodeDecodeError:
-            raise Decline from None
-        if first is None:
-            first = value
-        if pos >= last:
-            break
-    return first
-
-
-def _id3v2(data: bytes) -> tuple[dict[str, str], int]:
-    """The first value of each wanted frame kind, and the tag's size."""
-    vmaj, flags = data[3], data[5]
-    if vmaj not in (3, 4) or flags or any(b & 0x80 for b in data[6:10]):
-        raise Decline
-    size = _syncsafe(struct.unpack_from(">L", data, 6)[0]) + 10
-    if size > len(data):
-        raise Decline   # mutagen's read_full fails on a short tag
-    body = data[10:size]
-    v24 = vmaj == 4
-    syncsafe = v24 and _v24_sizes_are_syncsafe(body)
-    found: dict[str, str] = {}
-    pos = 0
-    while pos + 10 <= len(body):   # by position: slicing off each frame would copy the rest of the tag
-        name = body[pos:pos + 4]
-        if not name.strip(b"\x00"):
-            break   # padding
-        if name[3] == 0:
-            raise Decline   # a v2.2 name in a v2.3/4 tag: mutagen maps it
-        fsize, frame_flags = struct.unpack_from(">LH", body, pos + 4)
-        if syncsafe:
-            fsize = _syncsafe(fsize)
-        start, pos = pos + 10, pos + 10 + fsize
-        key = name.decode("latin-1")
-        if fsize == 0 or key not in _WANTED or key in found:
-            # mutagen drops empty frames; other frames are skipped undecoded; a later frame of a kind
-            # already read only appends values after the first (TextFrame._merge_frame), which is all we keep.
-            continue
-        if frame_flags:
-            raise Decline   # compressed, encrypted, grouped or unsynchronised text
-        value = _first_value(body[start:pos], v24)
-        if value is not None:
-            found[key] = value
-    return found, size
-
-
-def _id3v1(data: bytes) -> dict[str, str] | None:
-    """ID3v1 title, artist and album (non-empty ones), None without a v1 tag."""
-    window = data[-131:]   # find_id3v1 reads 128 bytes plus len("APE") before them
-    at = window.find(b"TAG")
-    if at == -1:
-        return None
-    if at != len(window) - 128 or len(window) < 131 or b"APETAGEX" in window:
-        raise Decline   # "TAG" elsewhere: mutagen may take stray bytes for a short v1 tag
-    fields = {}
-    for key, start in (("TIT2", 3), ("TPE1", 33), ("TALB", 63)):
-        text = window[at + start:at + start + 30].split(b"\x00")[0].strip().decode("latin-1")
-        if text:
-            fields[key] = text
-    return fields
 
 
 def _lame_delays(data: bytes, pos: int) -> tuple[int, int]:
@@ -252,8 +129,8 @@ def read_mp3(data: bytes) -> dict[str, Any] | None:
         if data.startswith(b"ID3"):
             if len(data) < 10:
                 return None
-            frames, start = _id3v2(data)
-        v1 = _id3v1(data)
+            frames, start = read_id3v2(data, _WANTED, exact=True)
+        v1 = read_id3v1(data)
         if v1 is not None:
             # mutagen adds a v1 field only where the v2 tag has no frame of that kind.
             frames = frames if frames is not None else {}
