@@ -714,7 +714,7 @@ class MasterStore:
         self.close()
 
     def limit_time(self, seconds: float) -> None:
-        """Queries from now on are cut off after `seconds` with a StoreError (sqlite3.OperationalError on SQLite)."""
+        """Queries from now on are cut off after `seconds` with a StoreError."""
         self.db.limit_time(seconds)
 
     def _move(self, state_from: int | None, node_from: str | None, state_to: int, node_to: str | None,
