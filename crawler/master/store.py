@@ -184,10 +184,8 @@ _LINK_META_TABLE = """CREATE TABLE link_meta (
 # The parent's text: its own when it is not in the table, else the text of the row its key names.
 _PARENT = ("coalesce(u.parent_url, (SELECT po.origin || p.path FROM url_state p JOIN origins po ON po.id = p.origin "
            "WHERE p.id = u.parent))")
-# The URL columns as callers name them (url_info, failed, lookups); read through the view below.
+# What a fetch said of a URL: the result columns of ``pages`` a finished fetch writes.
 _FETCH_COLUMNS = ("last_crawl", "http_status", "final_url", "content_type", "size", "error")
-_URL_COLUMNS = ("url", "id", "depth", "priority", "seq", "slot", "state", "node", "parent", "attempts",
-                "last_crawl", "http_status", "final_url", "content_type", "size", "error", "lastmod")
 
 _SCHEMA = f"""
 CREATE TABLE meta (
@@ -662,21 +660,6 @@ class MasterStore:
         self.db.execute("COMMIT")
         if self._index is not None:
             self._index.after_commit(self._next_id - 1, time.monotonic())
-
-    def rollback(self) -> None:
-        """Drop everything since the last commit (after a failed write), and the counters with it."""
-        if self.readonly:
-            return
-        if self.db.in_transaction:
-            self.db.execute("ROLLBACK")
-        self._load_counts()
-        self._load_audio_counts()
-        self._load_names()
-        self._next_id = _next_id_of(self.db)
-        self._next_seq = int(self.get_meta("next_seq", 0))
-        self._seq_dirty = False
-        self._cycle = dict(self.get_meta("cycle", {}))
-        self._cycle_dirty = False
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
@@ -1310,13 +1293,6 @@ class MasterStore:
             for row in rows:
                 yield dict(zip(cols, row))
 
-    def due_for_refresh(self, now: float, older_than: float, limit: int) -> list[tuple[str, int]]:
-        """Done pages last crawled before now - older_than, oldest first: (url, depth)."""
-        return [tuple(r) for r in self.db.execute(
-            f"SELECT o.origin || u.path, u.depth FROM pages p JOIN url_state u ON u.id = p.id "
-            f"JOIN origins o ON o.id = u.origin WHERE p.last_crawl < ? AND u.state = {DONE} "
-            f"ORDER BY p.last_crawl LIMIT ?", (now - older_than, limit))]
-
     def requeue_refresh(self, rows: Sequence[tuple[str, int]], route: Route) -> int:
         """Put done pages back at the end of the line for a fresh crawl (past the Bloom filter)."""
         self._begin()
@@ -1370,17 +1346,6 @@ class MasterStore:
             f"UPDATE pages SET next_visit = coalesce(last_crawl, 0) WHERE next_visit IS NULL "
             f"AND id IN (SELECT id FROM url_state WHERE state = {DONE})").rowcount)
 
-    def page_visit(self, url: str) -> dict[str, Any] | None:
-        """The revisit record of one fetched page (for the operator and for tests)."""
-        found = self._lookup([url], "url, id").get(url)
-        if found is None:
-            return None
-        cols = ("next_visit", "etag", "last_modified", "digest", "interval", "hub", "changed_at", "gone_at")
-        row = self.db.execute(
-            "SELECT p.next_visit, v.etag, v.last_modified, v.digest, v.interval, v.hub, v.changed_at, v.gone_at "
-            "FROM page_visits v LEFT JOIN pages p ON p.id = v.id WHERE v.id = ?", (found[1],)).fetchone()
-        return None if row is None else dict(zip(cols, row))
-
     def lower_depths(self, pairs: Sequence[tuple[str, int]]) -> list[tuple[str, int, int]]:
         """Known URLs found on a shorter path: (url, depth) rows whose recorded depth is larger get this one.
         Returns (url, old depth, new depth) of the done pages lowered, which the crawl may fetch again."""
@@ -1401,16 +1366,6 @@ class MasterStore:
         """Every URL, in batches, to rebuild the Bloom filter."""
         for rows in _url_rows(self.db, None, batch):
             yield [u for _, u in rows]
-
-    def url_info(self, url: str) -> dict[str, Any] | None:
-        """Everything the table holds about one URL (for the operator and for tests)."""
-        cols = [c for c in _URL_COLUMNS if c not in ("id", "seq", "slot")]
-        row = self._lookup([url], ", ".join(cols)).get(url)
-        if row is None:
-            return None
-        d = dict(zip(cols, row))
-        d["state"] = STATE_NAMES[d["state"]]
-        return d
 
     # -- catalogue -----------------------------------------------------------------------------------
 
@@ -1632,14 +1587,6 @@ class MasterStore:
                     d["change"] = "new"
                 yield d
 
-    def audio_history(self, audio_url: str) -> list[dict[str, Any]]:
-        """The bytes an address served before they changed, oldest first."""
-        cols = ("page", "sha256", "size", "path", "replaced_at")
-        rows = self.db.execute(
-            "SELECT a.page, h.sha256, h.size, h.path, h.replaced_at FROM audio_history h "
-            "JOIN audio a ON a.id = h.audio_id WHERE a.url = ? ORDER BY h.id", (audio_url,)).fetchall()
-        return [dict(zip(cols, row)) for row in rows]
-
     @staticmethod
     def _audio_dict(row: Sequence[Any]) -> dict[str, Any]:
         d = dict(zip(AUDIO_COLUMNS, row))
@@ -1664,10 +1611,6 @@ class MasterStore:
         """Every catalogue row in the order found, for export (streams; does not load the table). settled: only
         the rows whose download is not pending (the catalogue file takes a row once its download ended)."""
         return self._audio_rows(f"status != '{PENDING}'") if settled else self._audio_rows()
-
-    def audio_by_sha(self, sha256: str) -> list[dict[str, Any]]:
-        """Every place one content was found."""
-        return list(self._audio_rows("sha256 = ?", (sha256,)))
 
     def search_audio(self, query: str, limit: int = 50) -> list[dict[str, Any]]:
         """Catalogue rows whose title, artist, audio URL or page contains `query` (case-insensitive for
