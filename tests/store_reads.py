@@ -15,7 +15,7 @@ _URL_COLUMNS = ("url", "depth", "priority", "state", "node", "parent", "attempts
 
 def url_info(store: MasterStore, url: str) -> dict[str, Any] | None:
     """Everything the table holds about one URL (the urls view's columns, the state by name)."""
-    row = store._lookup([url], ", ".join(_URL_COLUMNS)).get(url)
+    row = store.core.lookup([url], ", ".join(_URL_COLUMNS)).get(url)
     if row is None:
         return None
     d = dict(zip(_URL_COLUMNS, row))
@@ -25,7 +25,7 @@ def url_info(store: MasterStore, url: str) -> dict[str, Any] | None:
 
 def page_visit(store: MasterStore, url: str) -> dict[str, Any] | None:
     """The revisit record of one fetched page."""
-    found = store._lookup([url], "url, id").get(url)
+    found = store.core.lookup([url], "url, id").get(url)
     if found is None:
         return None
     cols = ("next_visit", "etag", "last_modified", "digest", "interval", "hub", "changed_at", "gone_at")

@@ -99,7 +99,7 @@ def test_an_old_store_is_refused_in_one_line_then_upgraded_with_nothing_lost(tmp
         assert s.requeue_leased(lambda urls: ["w1"] * len(urls)) == 2           # a.html and c.html
         assert s.finish([PageOutcome("http://s/c.html", "done", 200, None, None, 1, None, "w1", 80.0)]) == [True]
         assert s.push([("http://s/a.html", 0, 0, "w1", None), ("http://s/new", 2, 0, "w1", "http://s/a.html")]) == 1
-        assert s._next_seq > 4
+        assert s.core.next_seq > 4
     again = cli("upgrade-store", "--config", str(config))
     assert again.returncode == 0 and "nothing to upgrade" in again.stdout and again.stderr == "", again
 

@@ -146,7 +146,7 @@ def test_a_killed_master_loses_no_entry(tmp_path):
     with MasterStore(db) as s:
         assert s.known([u for u, *_ in urls(3000)]) == {u for u, *_ in urls(3000)}
         assert s.push(urls(3000)) == 0 and s.url_count() == 3000
-        assert sum(s._index.counts) == 3000                     # indexing the rows again added nothing twice
+        assert sum(s.core.index.counts) == 3000                     # indexing the rows again added nothing twice
 
 
 def test_entries_lost_with_the_machine_are_indexed_again(tmp_path):
@@ -200,8 +200,8 @@ def test_ingest_touches_the_index_once_per_url_whatever_its_size(tmp_path, monke
     # unseen pushes add entries without probing the tables: a lookup would cost one probe per table.
     with MasterStore(tmp_path / "m.db") as s:
         calls = []
-        real = s._index.find
-        monkeypatch.setattr(s._index, "find", lambda hs: calls.append(len(hs)) or real(hs))
+        real = s.core.index.find
+        monkeypatch.setattr(s.core.index, "find", lambda hs: calls.append(len(hs)) or real(hs))
         s.push(urls(1000), unseen=True)
         assert calls == [] and s.url_count() == 1000
         s.push(urls(1000))
