@@ -145,7 +145,6 @@ class Observer:
         while True:
             wait = min(SNAPSHOT_INTERVAL, max(0.0, next_line - time.monotonic()))
             await asyncio.sleep(wait)
-            await m.store_ready()
             now_mono = time.monotonic()
             if now_mono >= next_line:
                 span = now_mono - last_line

@@ -14,9 +14,8 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Generator, Iterator
-from concurrent import futures
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Coroutine, Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +39,7 @@ from crawler.master.dedup import Dedup
 from crawler.master.downloads import DownloadBoard
 from crawler.master.observe import Observer
 from crawler.master.store import MasterStore
+from crawler.master.storegate import StoreGate
 from crawler.politeness import (
     ROBOTS_MAX_BYTES,
     HostGate,
@@ -176,14 +176,6 @@ class Master:
         self._unanswered: set[str] = set()   # commands applied whose file could not be removed
         # Writes Bloom snapshots off the event loop; one thread, so snapshots are written one at a time.
         self._bloom_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bloom-snapshot")
-        # The store's transactions end on this thread (a COMMIT, and on SQLite the WAL checkpoint it runs every
-        # few thousand pages, 80-100 ms on a big crawl), so the event loop keeps serving the workers meanwhile.
-        # While one runs the gate is closed: every task that uses the store waits for it after each await, so
-        # the store is used by one thread at a time (see store_ready).
-        self._store_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-commit")
-        self._store_free = asyncio.Event()
-        self._store_free.set()
-        self._ending: Future[None] | None = None
 
     # ------------------------------------------------------------------ state
     def _open_core(self) -> None:
@@ -193,6 +185,8 @@ class Master:
         self.table = NodeTable(cfg.nodes, key=cfg.scheduling.key)
         self.store = MasterStore(cfg.store_location, max_attempts=cfg.crawl.max_attempts,
                                  slot_of=self.table.slot_of)
+        # Every task that uses the store runs through the gate; the store's commits end on its thread.
+        self.store_gate = StoreGate(self.store)
         self.bloom_path = cfg.data_dir / "urls.bloom"
         self.bloom = self._load_bloom()
         self.dedup = Dedup(self.bloom, cfg.dedup.whitelist, self.store.known)
@@ -377,28 +371,22 @@ class Master:
 
     def _commit(self) -> None:
         """A commit on the calling thread: at start-up and shutdown, when nothing else runs."""
-        if self._ending is not None:
-            futures.wait([self._ending])   # one still running on the store thread ends first
+        self.store_gate.wait_ended()   # one still running on the commit thread ends first
         self._commit_state()
         self.catalogue.flush()
 
     async def _commit_off_loop(self) -> None:
         """The running master's commit. The counters go into the transaction here; the COMMIT itself runs on the
-        store thread with the gate closed, and the gate opens when it has ended, even if this task is cancelled
-        meanwhile (a stop): the thread's use of the store is never overlapped."""
+        commit thread, the store lent to it, while the guarded tasks wait (crawler/master/storegate.py)."""
         if self._stage_commit():
-            self._store_free.clear()
-            self._ending = self._store_thread.submit(self.store.end_transaction)
-            ending = asyncio.wrap_future(self._ending)
-            ending.add_done_callback(lambda _: self._store_free.set())
-            await asyncio.shield(ending)
+            await self.store_gate.end_transaction()
         self.catalogue.flush()
 
-    async def store_ready(self) -> None:
-        """Returns once no commit is running on the store thread: called after each await by every task that
-        uses the store (a check of a flag while the gate is open, which is nearly always)."""
-        if not self._store_free.is_set():
-            await self._store_free.wait()
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A task of the master's TaskGroup that may use the store: run through the store gate, so that it never
+        runs while a commit holds the store."""
+        assert self._tg is not None, "called only while serve() runs its TaskGroup"
+        return self._tg.create_task(self.store_gate.guard(coro))
 
     # ------------------------------------------------------------------ serve
     def stop(self) -> None:
@@ -452,8 +440,8 @@ class Master:
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
-                background = [tg.create_task(self._dispatcher()), tg.create_task(self._housekeeping()),
-                              tg.create_task(self._heartbeats()), tg.create_task(self.observer.run()),
+                background = [self._spawn(self._dispatcher()), self._spawn(self._housekeeping()),
+                              tg.create_task(self._heartbeats()), self._spawn(self.observer.run()),
                               tg.create_task(self.observer.metrics.lag.run())]
                 early, self._early = self._early, []
                 for reader, writer, key in early:
@@ -516,7 +504,6 @@ class Master:
         credit are dispatched at once by their handlers; this covers the gates that open with time."""
         loop = asyncio.get_running_loop()
         while True:
-            await self.store_ready()
             self._wake.clear()
             self._sleep_until = -math.inf   # this pass looks at every gate itself
             self._dispatch_all()
@@ -545,7 +532,6 @@ class Master:
         last_snapshot = time.monotonic()
         while True:
             await asyncio.sleep(COMMIT_INTERVAL)
-            await self.store_ready()   # a stop cancelled the last commit's wait, not the commit
             now = self.clock()
             self.crawl.expire(now)
             self.crawl.expire_away(now)
@@ -635,8 +621,7 @@ class Master:
     # ------------------------------------------------------------------ robots.txt
     def _fetch_robots(self) -> None:
         for origin in self.crawl.robots_to_fetch():
-            assert self._tg is not None, "called only while serve() runs its TaskGroup"
-            self._tg.create_task(self._robots_one(origin))
+            self._spawn(self._robots_one(origin))
 
     async def _robots_one(self, origin: str) -> None:
         # The workers' transport: the body cut at the cap after decoding (stacked encodings refused), a total
@@ -658,7 +643,6 @@ class Master:
         except (httpx.HTTPError, TimeoutError) as e:
             status = body = parsed = None
             log.info("robots.txt of %s not fetched: %s", origin, str(e) or type(e).__name__)
-        await self.store_ready()
         self.crawl.robots_fetched(origin, status, body, self.clock(), parsed)
         self._wake.set()
 
@@ -697,8 +681,7 @@ class Master:
                         _hostport(peer), what, self._excess_refused, self._admission.evicted)
 
     def _start_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: int) -> None:
-        assert self._tg is not None
-        task = self._tg.create_task(self._connection(reader, writer, key))
+        task = self._spawn(self._connection(reader, writer, key))
         self._connections.add(task)
         task.add_done_callback(self._connections.discard)
 
@@ -722,7 +705,8 @@ class Master:
         hs = p.MasterHandshake(self.cfg.secret)
         conn = FramedConnection(reader, writer, self.cfg.max_frame, recv_limit=hs.recv_limit)
         try:
-            hello = await asyncio.wait_for(self._handshake(conn, hs, key), HANDSHAKE_TIMEOUT)
+            # wait_for runs the handshake as a task of its own: guarded like every task that may use the store.
+            hello = await asyncio.wait_for(self.store_gate.guard(self._handshake(conn, hs, key)), HANDSHAKE_TIMEOUT)
         except p.HandshakeFailed as e:
             log.warning("connection from %s refused: %s", conn.peer, e)
             if e.reply is not None:
@@ -747,13 +731,11 @@ class Master:
         conn.recv_limit = hs.recv_limit
         s = Session(hello.worker_id, conn, hello.capacity, last_seen=self.clock())
         s.tasks = asyncio.current_task()
-        await self.store_ready()
         self._attach(s)
         try:
             while True:
                 msg = hs.receive(await conn.recv())
                 s.last_seen = self.clock()
-                await self.store_ready()
                 if isinstance(msg, p.Fetched):
                     if self.crawl.fetched(s.node, msg.fetches, s.last_seen):
                         self._dispatch_all()     # the host slots it freed may be waited on by any node
@@ -806,7 +788,6 @@ class Master:
             log.info("worker %s disconnected: %s", s.node, e)
         finally:
             try:
-                await self.store_ready()
                 self._detach(s)
             finally:
                 await conn.close()
@@ -817,7 +798,6 @@ class Master:
             if i:
                 await asyncio.sleep(0)
                 s.last_seen = self.clock()
-                await self.store_ready()
             try:
                 rows = self.crawl.complete(s.node, part, s.last_seen)
             except ReportRejected as e:
@@ -848,7 +828,6 @@ class Master:
                                       p.DUPLICATE_ID))
             return None
         if hs.keep_fragment:
-            await self.store_ready()
             try:
                 self._add_fragment_rules(hello.worker_id, hs.keep_fragment)
             except ValueError as e:

@@ -75,6 +75,7 @@ from crawler.master.store_core import (
     STATE_NAMES,
     PageOutcome,
     Route,
+    StoreInUse,
     node_of,
     split_url,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "ReadOnlyStoreError",
     "StoreBusy",
     "StoreError",
+    "StoreInUse",
     "StoreValueError",
     "listed_keys",
     "split_url",
@@ -172,7 +174,8 @@ class MasterStore:
         """commit()'s second half: COMMIT, the part that waits on the disk (on SQLite the WAL is written, and
         every few thousand pages checkpointed into the database file, with fsyncs), then the URL index's upkeep
         (now and then an fsync). It changes no state the loop reads, so it may run on another thread, provided
-        nothing uses the store until it returns (the master closes its store gate for that time)."""
+        nothing uses the store until it returns (the master lends the store to its commit thread for that time:
+        crawler/master/storegate.py)."""
         self.core.end_transaction()
 
     def atomic(self) -> contextlib.AbstractContextManager[None]:

@@ -141,13 +141,34 @@ class Part(Protocol):
         """Back to a copy save() made."""
 
 
+class StoreInUse(RuntimeError):
+    """The store was used while its connection is lent to the commit thread (see crawler/master/storegate.py):
+    a task of the master started without the store gate."""
+
+
+class _Lent(Backend):
+    """Stands in for the connection while the commit thread has it: any use of the store meets it and raises."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in ("where", "__class__", "__dict__"):
+            return object.__getattribute__(self, name)
+        raise StoreInUse(f"{object.__getattribute__(self, 'where')}: the store was used while a commit runs on "
+                         "the commit thread (a task started without the store gate)")
+
+
 class StoreCore:
     """The backend, its open transaction and the URL table's names, shared by the store's parts. Used from one
     thread at a time (see end_transaction for the one method that may run on another)."""
 
     def __init__(self, db: Backend, location: Path | str, *, readonly: bool,
                  slot_of: Callable[[str], int] | None = None) -> None:
+        # The connection every part uses: `backend` itself, or a stand-in that refuses every use while the
+        # connection is lent to the commit thread (lend, take_back).
         self.db = db
+        self.backend = db
         self.location = location
         self.readonly = readonly
         # The scheduler's first hash (URL -> slot of the node table), recorded at push (see reroute_slots).
@@ -262,10 +283,19 @@ class StoreCore:
         """commit()'s second half: COMMIT, the part that waits on the disk (on SQLite the WAL is written, and
         every few thousand pages checkpointed into the database file, with fsyncs), then the URL index's upkeep
         (now and then an fsync). It changes no state the loop reads, so it may run on another thread, provided
-        nothing uses the store until it returns (the master closes its store gate for that time)."""
-        self.db.execute("COMMIT")
+        nothing uses the store until it returns (the master lends the store to its commit thread for that time:
+        crawler/master/storegate.py)."""
+        self.backend.execute("COMMIT")
         if self.index is not None:
             self.index.after_commit(self.next_id - 1, time.monotonic())
+
+    def lend(self) -> None:
+        """The connection goes to another thread for end_transaction: until take_back(), any other use of the
+        store raises StoreInUse rather than interleave its statements with the COMMIT."""
+        self.db = _Lent(describe(self.location))
+
+    def take_back(self) -> None:
+        self.db = self.backend
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
@@ -295,7 +325,7 @@ class StoreCore:
                 self.index.sync(self.next_id - 1)          # a master that stops leaves its index durable
         finally:
             self.close_index()
-            self.db.close()
+            self.backend.close()
 
     def limit_time(self, seconds: float) -> None:
         """Queries from now on are cut off after `seconds` with a StoreError."""

@@ -193,8 +193,8 @@ class WebServer:
     async def _auth(self, request: web.Request,
                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         if request.path in ("/login", "/status.js", "/status.css") or self._authorised(request):
-            await self.obs.master.store_ready()   # the status reads the master's store: not mid-commit
-            resp = await handler(request)
+            # The status reads the master's store: run through the store gate, never mid-commit.
+            resp = await self.obs.master.store_gate.guard(handler(request))
             resp.headers.setdefault("Cache-Control", "no-store")
             return resp
         if request.path == "/":
