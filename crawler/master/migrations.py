@@ -9,12 +9,13 @@ catalogue started (crawler/master/store.py builds its facade on them; the upgrad
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crawler.master.backend import StoreError, describe, is_postgres, open_backend
+from crawler.master.backend import SqliteBackend, StoreError, describe, is_postgres, open_backend, take_lock
 from crawler.master.store_audio import (
     AUDIO_COLUMNS,
     AUDIO_TABLE,
@@ -295,10 +296,6 @@ def upgrade_layout(path: Path, *, chunk: int = 20_000,
     and where the old file is now.
     Refuses while a master holds the store. Every row keeps its state, node, place in line, attempts and results.
     """
-    import sqlite3
-
-    from crawler.master.backend import SqliteBackend, take_lock
-
     path = Path(path)
     new_path = path.with_name(path.name + ".upgrading")
     SqliteBackend(path, readonly=True).close()      # it exists and is an SQLite file

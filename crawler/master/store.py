@@ -45,7 +45,7 @@ import contextlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from crawler.master.backend import (
     Backend,
@@ -64,6 +64,7 @@ from crawler.master.migrations import (
     upgrade_layout,
     upgrade_postgres,
 )
+from crawler.master.revisit import RevisitPolicy
 from crawler.master.store_audio import AUDIO_COLUMNS, AUDIO_TIMES, CHANGE_KINDS, listed_keys
 from crawler.master.store_core import (
     CHUNK,
@@ -82,9 +83,6 @@ from crawler.master.store_core import (
 from crawler.master.store_frontier import LOST_LEASE_FACTOR, ROBOTS_BLOCKED, Frontier
 from crawler.master.store_visits import Visits
 from crawler.master.urlindex import url_hash
-
-if TYPE_CHECKING:
-    from crawler.master.revisit import RevisitPolicy
 
 __all__ = [
     "AUDIO_COLUMNS",

@@ -85,7 +85,8 @@ CREATE INDEX audio_refs_item ON audio_refs(audio_id)"""
 
 
 def listed_keys(rows: Iterable[Mapping[str, Any]]) -> frozenset[tuple[str, str]]:
-    """The catalogue keys, (item key, page), of the audio a visit reported: what its URL lists (see AudioCatalogue.follow_refs)."""
+    """The catalogue keys, (item key, page), of the audio a visit reported: what its URL lists (see
+    AudioCatalogue.follow_refs)."""
     return frozenset(_row_key(r) for r in rows)
 
 
@@ -129,7 +130,7 @@ class AudioCatalogue:
 
     def __init__(self, core: StoreCore, *, audio_select: str, event_at: str, has_pending: bool) -> None:
         self.core = core
-        # What the layout has (see migrations.open_layout): a reader of an older store sees missing columns as null.
+        # What the layout has (migrations.Layout): a reader of an older store sees missing columns as null.
         self._audio_select = audio_select
         self._event_at = event_at
         self.has_pending = has_pending
@@ -194,7 +195,7 @@ class AudioCatalogue:
             new_sha = values["sha256"]
             if old_sha and new_sha and new_sha != old_sha:
                 self.core.db.execute("INSERT INTO audio_history(audio_id, sha256, size, path, replaced_at) "
-                                "SELECT id, sha256, size, path, ? FROM audio WHERE id = ?", (at, old_id))
+                                     "SELECT id, sha256, size, path, ? FROM audio WHERE id = ?", (at, old_id))
                 self.core.db.execute(
                     f"UPDATE audio SET sha256 = ?, size = ?, path = ?, content_type = coalesce(?, content_type), "
                     f"status = '{CHANGED}', reason = NULL, changed_at = ?, last_seen = ?, removed_at = NULL, "
@@ -213,7 +214,7 @@ class AudioCatalogue:
                 new_status = old_status
             self._count_audio(old_status, new_status)
             self.core.db.execute(_UPDATE_AUDIO, (*(values[c] for c in _COALESCED), values["url"], status,
-                                            status, status, at, at, old_id))
+                                                 status, status, at, at, old_id))
         return out
 
     def settle_audio(self, settled: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict[str, Any] | None]:
@@ -227,7 +228,7 @@ class AudioCatalogue:
             ukey = _audio_ukey(reported).replace("\x00", "")
             page = str(reported.get("page") or "").replace("\x00", "")
             found = self.core.db.execute("SELECT id, status FROM audio WHERE ukey = ? AND page = ?",
-                                    (ukey, page)).fetchone()
+                                         (ukey, page)).fetchone()
             if found is None or found[1] != PENDING:
                 # A download is no listing: an item nothing lists any more stays removed when its last download
                 # ends after that.
@@ -239,7 +240,7 @@ class AudioCatalogue:
             values = _audio_values({**final, "page": page})
             cols = [c for c in AUDIO_COLUMNS if c not in AUDIO_TIMES and c != "page"]
             self.core.db.execute(f"UPDATE audio SET {', '.join(f'{c} = ?' for c in cols)} WHERE id = ?",
-                            (*(values[c] for c in cols), row_id))
+                                 (*(values[c] for c in cols), row_id))
             self._count_audio(PENDING, values["status"])
             out.append(next(self._audio_rows("id = ?", (row_id,))))
         return out
@@ -253,17 +254,17 @@ class AudioCatalogue:
             return
         self.core.begin()
         self.core.db.executemany("INSERT INTO pending_downloads(page, url, node, item, since) VALUES (?, ?, ?, ?, ?) "
-                            "ON CONFLICT(page, url) DO UPDATE SET node = excluded.node, item = excluded.item, "
-                            "since = excluded.since",
-                            [(pg.replace("\x00", ""), u.replace("\x00", ""), n, item, t)
-                             for pg, u, n, item, t in rows])
+                                 "ON CONFLICT(page, url) DO UPDATE SET node = excluded.node, item = excluded.item, "
+                                 "since = excluded.since",
+                                 [(pg.replace("\x00", ""), u.replace("\x00", ""), n, item, t)
+                                  for pg, u, n, item, t in rows])
 
     def pending_holders(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[str | None, str]]:
         """(page, url) -> (node, item JSON) of those of keys still pending."""
         out = {}
         for page, url in keys:
             row = self.core.db.execute("SELECT node, item FROM pending_downloads WHERE page = ? AND url = ?",
-                                  (page, url)).fetchone()
+                                       (page, url)).fetchone()
             if row is not None:
                 out[(page, url)] = (row[0], row[1])
         return out
@@ -277,11 +278,12 @@ class AudioCatalogue:
         """(page, url, node, item JSON) of the downloads the nodes hold, and with unheld those no node holds."""
         out: list[tuple[str, str, str | None, str]] = []
         if nodes:
-            out += self.core.db.execute(f"SELECT page, url, node, item FROM pending_downloads WHERE {self.core.db.in_list('node')} "
-                                   "ORDER BY since", (self.core.db.list_arg(list(nodes)),)).fetchall()
+            db = self.core.db
+            out += db.execute(f"SELECT page, url, node, item FROM pending_downloads WHERE {db.in_list('node')} "
+                              "ORDER BY since", (db.list_arg(list(nodes)),)).fetchall()
         if unheld:
             out += self.core.db.execute("SELECT page, url, node, item FROM pending_downloads WHERE node IS NULL "
-                                   "ORDER BY since").fetchall()
+                                        "ORDER BY since").fetchall()
         return [tuple(r) for r in out]   # type: ignore[misc]
 
     def move_pending(self, moves: Sequence[tuple[str | None, str, str]]) -> None:
@@ -295,7 +297,8 @@ class AudioCatalogue:
 
     def pending_nodes(self) -> list[str]:
         """The nodes that hold pending downloads."""
-        return [r[0] for r in self.core.db.execute("SELECT DISTINCT node FROM pending_downloads WHERE node IS NOT NULL")]
+        return [r[0] for r in self.core.db.execute(
+            "SELECT DISTINCT node FROM pending_downloads WHERE node IS NOT NULL")]
 
     def follow_refs(self, listed: Mapping[int, tuple[frozenset[tuple[str, str]], bool]], confirmed: Sequence[int],
                      at: float) -> None:
@@ -320,14 +323,15 @@ class AudioCatalogue:
             if full:
                 drops.extend((ref, a) for a in sorted(before - now))
         if adds:
-            self.core.db.executemany("INSERT INTO audio_refs(referrer, audio_id) VALUES (?, ?) ON CONFLICT DO NOTHING", adds)
+            self.core.db.executemany(
+                "INSERT INTO audio_refs(referrer, audio_id) VALUES (?, ?) ON CONFLICT DO NOTHING", adds)
         if drops:
             self.core.db.executemany("DELETE FROM audio_refs WHERE referrer = ? AND audio_id = ?", drops)
             self._remove_orphans(sorted({a for _, a in drops}), at)
         for chunk in chunks(list(confirmed)):
             self.core.db.execute(f"UPDATE audio SET last_seen = ? WHERE status != '{REMOVED}' AND id IN "
-                            f"(SELECT audio_id FROM audio_refs WHERE {self.core.db.in_list('referrer')})",
-                            (at, self.core.db.list_arg(chunk)))
+                                 f"(SELECT audio_id FROM audio_refs WHERE {self.core.db.in_list('referrer')})",
+                                 (at, self.core.db.list_arg(chunk)))
 
     def _audio_ids(self, keys: Collection[tuple[str, str]]) -> dict[tuple[str, str], int]:
         """Catalogue row ids of (item key, page) keys, those that exist."""
@@ -357,8 +361,9 @@ class AudioCatalogue:
                 (self.core.db.list_arg(chunk),)))
         if not gone:
             return
-        self.core.db.executemany(f"UPDATE audio SET status = '{REMOVED}', removed_at = ?, returned_at = NULL WHERE id = ?",
-                            [(at, i) for i, _ in gone])
+        self.core.db.executemany(
+            f"UPDATE audio SET status = '{REMOVED}', removed_at = ?, returned_at = NULL WHERE id = ?",
+            [(at, i) for i, _ in gone])
         for _, status in gone:
             self._count_audio(status, REMOVED)
         self._note_change(REMOVED, len(gone))
@@ -380,11 +385,12 @@ class AudioCatalogue:
             last = rows[-1][0]
             want = {i: (pl if fi == "playlist" and pl else url if fi == "response" and url else page, page)
                     for i, url, page, fi, pl in rows}
-            known = {u: r[1] for u, r in self.core.lookup({u for pair in want.values() for u in pair}, "url, id").items()}
+            wanted = {u for pair in want.values() for u in pair}
+            known = {u: r[1] for u, r in self.core.lookup(wanted, "url, id").items()}
             refs = [(known.get(ref, known.get(page)), i) for i, (ref, page) in want.items()]
             refs = [r for r in refs if r[0] is not None]
             self.core.db.executemany("INSERT INTO audio_refs(referrer, audio_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                                refs)
+                                     refs)
             made += len(refs)
 
     def _count_audio(self, old: str | None, new: str) -> None:
@@ -457,7 +463,7 @@ class AudioCatalogue:
             else:
                 cond, args = f"({when}, id) > (?, ?)", last
             rows = self.core.db.execute(f"SELECT {self._audio_select}, {when}, id FROM audio WHERE {cond} "
-                                   f"ORDER BY {when}, id LIMIT 1000", args).fetchall()
+                                        f"ORDER BY {when}, id LIMIT 1000", args).fetchall()
             if not rows:
                 return
             last = (rows[-1][-2], rows[-1][-1])
@@ -486,7 +492,7 @@ class AudioCatalogue:
         cond = f"({where}) AND " if where else ""
         while True:
             rows = self.core.db.execute(f"SELECT {self._audio_select}, id FROM audio WHERE {cond}id > ? "
-                                   f"ORDER BY id LIMIT 1000", (*args, last)).fetchall()
+                                        f"ORDER BY id LIMIT 1000", (*args, last)).fetchall()
             if not rows:
                 return
             last = rows[-1][-1]

@@ -263,7 +263,8 @@ class StoreCore:
 
     def prepare_commit(self) -> bool:
         """commit()'s first half, on the store's own thread: the counters the store keeps in memory (its own and
-        its parts') are written into the open transaction. True when there is a transaction for end_transaction() to end."""
+        its parts') are written into the open transaction. True when there is a transaction for end_transaction()
+        to end."""
         if self.readonly or not self.db.in_transaction:
             return False
         if self.dirty_counts:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from crawler.master.backend import StoreError
+from crawler.master.revisit import RevisitPolicy
 from crawler.master.store_audio import AudioCatalogue
 from crawler.master.store_core import (
     CHUNK,
@@ -33,9 +34,6 @@ from crawler.master.store_core import (
     url_rows,
 )
 from crawler.master.store_visits import Visits
-
-if TYPE_CHECKING:
-    from crawler.master.revisit import RevisitPolicy
 
 ROBOTS_BLOCKED = "robots"                  # the PageOutcome state of a URL robots.txt refused
 # A URL whose lease keeps being lost (its worker dies on it) is given up after max_attempts times this many.
@@ -108,7 +106,7 @@ class Frontier:
             named = [(row[0], link_meta[url]) for url, row in zip(fresh, inserts) if url in link_meta]
             if named:
                 self.core.db.executemany("INSERT INTO link_meta(id, meta) VALUES (?, ?) ON CONFLICT(id) DO NOTHING",
-                                    named)
+                                         named)
         return len(inserts)
 
     def pop(self, node: str | None, n: int, now: float, max_depth: int | None = None, *,
@@ -144,7 +142,7 @@ class Frontier:
         if not rows:
             return []
         self.core.db.executemany(f"UPDATE url_state SET state = {LEASED} WHERE id = ?",
-                            [(r[0],) for r in rows])
+                                 [(r[0],) for r in rows])
         self.core.move(QUEUED, node, LEASED, node, len(rows))
         named: tuple[Any, ...] = ()
         out = []
@@ -170,7 +168,7 @@ class Frontier:
                     f"SELECT min(depth) FROM url_state WHERE state = {QUEUED} AND node IS NULL").fetchone()
             elif node in self.core.node_ids:
                 row = self.core.db.execute(f"SELECT min(depth) FROM url_state WHERE state = {QUEUED} AND node = ?",
-                                      (self.core.node_ids[node],)).fetchone()
+                                           (self.core.node_ids[node],)).fetchone()
             else:
                 continue
             if row[0] is not None and (best is None or row[0] < best):
@@ -238,7 +236,7 @@ class Frontier:
                 return moved
             targets = route([r[1] for r in rows])
             self.core.db.executemany("UPDATE url_state SET node = ? WHERE id = ?",
-                                [(self.core.node_id(t), r[0]) for r, t in zip(rows, targets, strict=True)])
+                                     [(self.core.node_id(t), r[0]) for r, t in zip(rows, targets, strict=True)])
             for (_, _, parked), target in zip(rows, targets):
                 old_id = -1 - parked
                 old = self.core.node_names[old_id] if old_id else None
@@ -257,9 +255,9 @@ class Frontier:
         doomed = [r for r in rows if r[4] + 1 >= limit]
         if doomed:
             self.core.db.executemany(f"UPDATE url_state SET state = {ERROR}, attempts = attempts + 1 WHERE id = ?",
-                                [(r[1],) for r in doomed])
+                                     [(r[1],) for r in doomed])
             self.core.write_pages(("error",), [(r[1], "lease lost too often (a worker may be dying on it)")
-                                           for r in doomed])
+                                               for r in doomed])
             for r in doomed:
                 self.core.move(LEASED, r[2], ERROR, r[2])
         return self._requeue_rows([r for r in rows if r[4] + 1 < limit], route, attempt=True)
@@ -302,13 +300,13 @@ class Frontier:
         "throttled" (the site said 429/503) requeues on the same node without counting an attempt.
 
         With a revisit policy (refresh on), a done page also gets its next visit and its page_visits row, and
-        a visit of a page seen before updates the catalogue: see Visits.visited(). Whatever the policy, a done result
-        records which catalogue items its URL lists (audio_keys; their rows must exist: add_audio first).
+        a visit of a page seen before updates the catalogue: see Visits.visited(). Whatever the policy, a done
+        result records which catalogue items its URL lists (audio_keys; their rows must exist: add_audio first).
         """
         self.core.begin()
         current = {u: [i, st, node, att, status, last] for u, i, st, node, att, status, last in
                    self.core.lookup([r.url for r in results],
-                                "url, id, state, node, attempts, http_status, last_crawl").values()}
+                                    "url, id, state, node, attempts, http_status, last_crawl").values()}
         visits: list[tuple[PageOutcome, int, int | None, float | None]] = []
         listings: dict[int, tuple[frozenset[tuple[str, str]], bool]] = {}
         out: list[bool] = []
@@ -344,7 +342,7 @@ class Frontier:
             if new_state == QUEUED:
                 args.append(self.core.take_seq())
             self.core.db.execute(f"UPDATE url_state SET state = ?, node = ?, attempts = ?{seq_sql} WHERE id = ?",
-                            (*args, row_id))
+                                 (*args, row_id))
             fetched.append((row_id, res.at, res.http_status, res.final_url, res.content_type, res.size, res.error))
             self.core.move(state, node, new_state, new_node)
             row[1], row[2], row[3] = new_state, new_node, attempts

@@ -8,13 +8,13 @@ validators, a digest of its body, the wait before the next visit, when it change
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from crawler.master.revisit import RevisitPolicy
+from crawler.master.revisit import changed as page_changed
+from crawler.master.revisit import gone as page_gone
 from crawler.master.store_audio import AudioCatalogue
 from crawler.master.store_core import CHUNK, DONE, QUEUED, PageOutcome, Route, StoreCore, chunks
-
-if TYPE_CHECKING:
-    from crawler.master.revisit import RevisitPolicy
 
 
 class Visits:
@@ -27,11 +27,9 @@ class Visits:
     def visited(self, visits: Sequence[tuple[PageOutcome, int, int | None, float | None]],
                  policy: RevisitPolicy) -> None:
         """Done pages (result, url id, last HTTP status, last crawl): their next visit and page_visits row; the
-        catalogue follows what each URL lists (AudioCatalogue.follow_refs): a 304 confirms its items, a gone page lists none,
-        a full answer lists what it reported (all of it, unless its resolver failed: then it only adds)."""
-        from crawler.master.revisit import changed as page_changed
-        from crawler.master.revisit import gone as page_gone
-
+        catalogue follows what each URL lists (AudioCatalogue.follow_refs): a 304 confirms its items, a gone page
+        lists none, a full answer lists what it reported (all of it, unless its resolver failed: then it only
+        adds)."""
         prev: dict[int, tuple[Any, ...]] = {}
         ids = [v[1] for v in visits]
         for chunk in chunks(ids):
