@@ -480,3 +480,19 @@ def test_sigkill_at_any_instant_leaves_a_consistent_store_that_loses_no_commit(s
             assert s.requeue_leased(to("a")) == in_flight
             assert s.status()["states"]["leased"] == 0
         check_invariants(path).close()
+
+
+def test_a_search_cut_off_by_its_time_limit_is_a_store_error_whenever_it_is_cut(tmp_path):
+    # SQLite may cut a query off when it starts (nothing matches: the whole scan runs there) or while its rows are
+    # fetched (the first ones came at once): either way it is our StoreError, not sqlite3's.
+    with MasterStore(tmp_path / "m.db") as s:
+        s.add_audio([{"url": f"http://a/{i}.mp3", "page": f"http://p/{i}", "title": "song", "found_at": 1.0,
+                      "node": "n"} for i in range(20_000)])
+    reader = MasterStore.open_readonly(tmp_path / "m.db")
+    try:
+        reader.limit_time(0)
+        for query, limit in (("no such text", 10), ("song", 20_000)):
+            with pytest.raises(StoreError, match="interrupt"):
+                reader.search_audio(query, limit)
+    finally:
+        reader.close()

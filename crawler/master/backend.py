@@ -138,6 +138,11 @@ class Backend:
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         raise NotImplementedError
 
+    def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        """Every row of a query, its errors mapped to ours wherever they arise (SQLite may raise one while the rows
+        are fetched, a query cut off by limit_time, say, not only when the query starts)."""
+        return list(self.execute(sql, args).fetchall())
+
     def script(self, sql: str) -> None:
         raise NotImplementedError
 
@@ -247,6 +252,12 @@ class SqliteBackend(Backend):
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         try:
             self.db.executemany(sql, rows)
+        except _SQLITE_ERRORS as e:
+            raise self._wrap(e) from e
+
+    def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return self.db.execute(sql, args).fetchall()
         except _SQLITE_ERRORS as e:
             raise self._wrap(e) from e
 

@@ -517,4 +517,4 @@ class AudioCatalogue:
             cond = " OR ".join(f"{c} {self.core.db.like} ? ESCAPE '\\'" for c in ("title", "artist", "url", "page"))
             sql, args = f"SELECT {cols} FROM audio WHERE {cond} ORDER BY id DESC LIMIT ?", (like,) * 4 + (limit,)
         names = [c.strip() for c in cols.split(",")]
-        return [dict(zip(names, row)) for row in self.core.db.execute(sql, args).fetchall()]
+        return [dict(zip(names, row)) for row in self.core.db.fetchall(sql, args)]

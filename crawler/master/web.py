@@ -28,7 +28,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -247,7 +246,7 @@ class WebServer:
         async with self._search_lock:
             try:
                 rows = await asyncio.to_thread(_search, self.db_path, query, limit)
-            except (sqlite3.OperationalError, StoreError) as e:
+            except StoreError as e:
                 msg = "the search took too long; try a longer text" if "interrupt" in str(e) else str(e)
                 return _json({"error": msg}, status=503)
         for row in rows:
