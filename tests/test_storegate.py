@@ -52,7 +52,7 @@ async def test_a_guarded_task_waits_for_the_commit_and_the_store_refuses_others(
     guarded = asyncio.create_task(gate.guard(task()))
     await asyncio.sleep(0)
     commit = await _committing(gate, store, committing)
-    assert not gate.free
+    assert not gate._free.is_set()
     with pytest.raises(StoreInUse):
         store.known(["http://s/1"])              # an unguarded use meets the lent store
     step.set()
@@ -61,7 +61,7 @@ async def test_a_guarded_task_waits_for_the_commit_and_the_store_refuses_others(
     release.set()
     await commit
     await guarded
-    assert seen == [1] and gate.free
+    assert seen == [1] and gate._free.is_set()
 
 
 async def test_a_cancellation_during_a_commit_is_delivered_after_it(held):
@@ -73,7 +73,7 @@ async def test_a_cancellation_during_a_commit_is_delivered_after_it(held):
         try:
             await asyncio.Event().wait()
         finally:
-            cleaned.append(gate.free)
+            cleaned.append(gate._free.is_set())
             store.known(["http://s/1"])          # its cleanup uses the store: after the commit
 
     guarded = asyncio.create_task(gate.guard(task()))

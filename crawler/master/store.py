@@ -148,15 +148,6 @@ class MasterStore:
         """The open connection, for the reports' SQL (crawler/master/reports.py) and ad hoc reads."""
         return self.core.db
 
-    @property
-    def max_attempts(self) -> int:
-        return self.frontier.max_attempts
-
-    @property
-    def index_path(self) -> Path | None:
-        """The URL index file of an SQLite store (None on PostgreSQL, whose index is a table)."""
-        return self.core.index_path
-
     # -- the transaction (store_core.py) --------------------------------------------------------------
 
     def commit(self) -> None:

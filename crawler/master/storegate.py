@@ -39,11 +39,6 @@ class StoreGate:
         self._free.set()
         self._ending: Future[None] | None = None
 
-    @property
-    def free(self) -> bool:
-        """No commit runs on the commit thread."""
-        return self._free.is_set()
-
     async def guard(self, work: Awaitable[T]) -> T:
         """Await `work` (a coroutine, in the calling task) so that none of its steps begins while a commit holds
         the store."""
