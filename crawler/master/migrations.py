@@ -168,7 +168,7 @@ class Layout:
 
 
 def open_store(location: Path | str, *, readonly: bool, slot_of: Callable[[str], int] | None = None,
-               cache_mb: int = 64, checkpoint_pages: int = 10_000) -> tuple[StoreCore, AudioCatalogue, Layout]:
+               cache_mb: int = 64, checkpoint_pages: int = 10_000) -> tuple[StoreCore, AudioCatalogue]:
     """Open (or create) a store: its backend, its layout checked and brought up to date, the shared core and the
     catalogue started. StoreError when it is not ours, newer, of an older layout, or held by another master."""
     db = open_backend(location, readonly=readonly, cache_mb=cache_mb, checkpoint_pages=checkpoint_pages)
@@ -195,7 +195,7 @@ def open_store(location: Path | str, *, readonly: bool, slot_of: Callable[[str],
         core.close_index()
         db.close()
         raise
-    return core, audio, layout
+    return core, audio
 
 
 def _open_layout(core: StoreCore) -> Layout:
@@ -312,7 +312,7 @@ def upgrade_layout(path: Path, *, chunk: int = 20_000,
                     f"{path}: layout {version}, nothing to upgrade (this crawler reads {SCHEMA_VERSION})")
             for suffix in ("", "-wal", "-shm", ".urlidx"):
                 Path(f"{new_path}{suffix}").unlink(missing_ok=True)
-            core, audio, _ = open_store(new_path, readonly=False)
+            core, audio = open_store(new_path, readonly=False)
             if version == 1:
                 moved = _copy_v1(core, audio, old, chunk, progress)
             else:

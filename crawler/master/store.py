@@ -128,8 +128,8 @@ class MasterStore:
         self.location = location if is_postgres(location) else Path(location)
         self.path = self.location       # the name older callers use
         self.readonly = _readonly
-        self.core, self.audio, _ = open_store(self.location, readonly=_readonly, slot_of=slot_of, cache_mb=cache_mb,
-                                              checkpoint_pages=checkpoint_pages)
+        self.core, self.audio = open_store(self.location, readonly=_readonly, slot_of=slot_of, cache_mb=cache_mb,
+                                           checkpoint_pages=checkpoint_pages)
         self.visits = Visits(self.core, self.audio)
         self.frontier = Frontier(self.core, self.visits, self.audio, max_attempts=max_attempts)
 
