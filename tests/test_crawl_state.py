@@ -15,6 +15,7 @@ from crawler.master.store import MasterStore
 from crawler.politeness import SLACK_CAP, HostGate, PolitenessConfig
 from crawler.scheduler import NodeTable
 from testkit.cluster import write_secret
+from tests.store_reads import url_info
 
 SITE = "http://music.example.org"
 
@@ -136,7 +137,7 @@ def test_a_hosts_next_request_is_chained_after_one_in_flight_and_takes_its_slot_
     again = c.take("a", 5, 6.3)
     assert again[0].after is None and {second.url, third.url} <= {t.url for t in c.leases.values()} | {
         h.url for h in c.held["a"]}
-    assert c.store.url_info(third.url)["attempts"] == 0
+    assert url_info(c.store, third.url)["attempts"] == 0
 
 
 def test_nothing_is_chained_where_a_delay_must_be_kept(tmp_path):
@@ -157,7 +158,7 @@ def test_urls_held_back_by_politeness_cost_no_attempt_when_their_node_goes(tmp_p
     assert len(c.held["a"]) == 9
     c.node_away("a", now=11.0, grace=5.0)
     held_back = [f"{SITE}/p{i}" for i in range(10) if f"{SITE}/p{i}" != sent.url]
-    assert all(c.store.url_info(u)["attempts"] == 0 and c.store.url_info(u)["state"] == "queued"
+    assert all(url_info(c.store, u)["attempts"] == 0 and url_info(c.store, u)["state"] == "queued"
                for u in held_back)
     c.node_up("b")                               # and a node that joins gets them
     assert len(c.take("b", 50, 20.0)) == 1 and len(c.held["b"]) == 8
@@ -243,9 +244,9 @@ def test_a_report_the_store_refuses_is_undone_alone_and_its_urls_go_back(tmp_pat
         c.complete("a", (good, bad_result), now=4.0)
     # Nothing of the bad report stayed (not even its good result's links), the earlier report did, and the
     # report's URLs are queued again, not leased; the lease not in the report is still out.
-    assert c.in_flight("a") == 1 and c.store.url_info(SITE + "/new") is None
-    assert c.store.url_info(t1.url)["state"] == "done"
-    assert c.store.url_info(t2.url)["state"] == "queued" and c.store.url_info(t3.url)["state"] == "queued"
+    assert c.in_flight("a") == 1 and url_info(c.store, SITE + "/new") is None
+    assert url_info(c.store, t1.url)["state"] == "done"
+    assert url_info(c.store, t2.url)["state"] == "queued" and url_info(c.store, t3.url)["state"] == "queued"
     after = c.store.status()
     assert after["states"]["done"] == before["states"]["done"]
     assert after["states"]["leased"] == 1 and after["audio"] == before["audio"]
@@ -280,8 +281,8 @@ def test_robots_sitemap_lines_enter_the_frontier_through_the_url_policy_and_site
     result = p.Result(task.id, task.url, p.DONE, 200, task.url, "application/xml", 100, None,
                       (SITE + "/song/1.html",), (), lastmod=((SITE + "/song/1.html", 2.0),))
     c.complete("a", (result,), now=3.0)
-    assert c.store.url_info(SITE + "/song/1.html")["lastmod"] == 2.0
-    assert c.store.url_info(SITE + "/song/1.html")["depth"] == 1
+    assert url_info(c.store, SITE + "/song/1.html")["lastmod"] == 2.0
+    assert url_info(c.store, SITE + "/song/1.html")["depth"] == 1
 
 
 @pytest.mark.parametrize("refresh", [None, 3600.0])
@@ -308,7 +309,7 @@ def test_a_page_the_sitemap_says_changed_since_its_crawl_is_queued_again_when_th
         (sitemap,) = c.take("a", 10, now=now)
 
     assert sitemap_says(2.5, now=4.0) == []                   # unchanged since the crawl
-    assert c.store.url_info(page)["lastmod"] == 2.5
+    assert url_info(c.store, page)["lastmod"] == 2.5
     fetch_sitemap_again(now=55.0)
     again = sitemap_says(50.0, now=60.0)                      # changed at t=50, after the crawl at t=3
     assert again == ([page] if refresh else [])
@@ -335,7 +336,7 @@ def test_a_local_fault_gives_leases_back_without_an_attempt_and_routes_around_th
     theirs = c.take(other, 100, now=4.0)
     assert {t.url for t in mine} <= {t.url for t in theirs}
     assert c.store.status()["states"]["error"] == 0
-    assert all(c.store.url_info(t.url)["attempts"] == 0 for t in mine)
+    assert all(url_info(c.store, t.url)["attempts"] == 0 for t in mine)
     # Space returns: the node takes its share again.
     for t in theirs:
         c.complete(other, (done(t),), now=5.0)
@@ -360,7 +361,7 @@ def test_failed_urls_go_back_to_the_queue_on_retry_optionally_by_reason(tmp_path
     assert c.store.retry_errors(c.route, "HTTP 5", after, limit=2) == (0, None)
     assert sorted(f["error"] for f in c.store.failed()) == ["timeout"] * 3
     again = c.take("a", 10, now=4.0)
-    assert len(again) == 3 and all(c.store.url_info(t.url)["attempts"] == 0 for t in again)
+    assert len(again) == 3 and all(url_info(c.store, t.url)["attempts"] == 0 for t in again)
     assert c.store.retry_errors(c.route)[0] == 3
     assert list(c.store.failed()) == []
 
@@ -482,9 +483,9 @@ def test_a_page_found_later_on_a_shorter_path_is_lowered_and_fetched_again_for_i
     assert c.seed_more([SITE + "/new"])["added"] == 1
     (new,) = c.take("a", 10, 6.0)
     c.complete("a", (done(new, [SITE + "/c", SITE + "/a"]),), now=7.0)
-    assert c.store.url_info(SITE + "/a")["depth"] == 1     # as it was: nothing to lower, nothing fetched again
+    assert url_info(c.store, SITE + "/a")["depth"] == 1     # as it was: nothing to lower, nothing fetched again
     (again,) = c.take("a", 10, 8.0)
-    assert (again.url, again.depth) == (SITE + "/c", 1) and c.store.url_info(SITE + "/c")["depth"] == 1
+    assert (again.url, again.depth) == (SITE + "/c", 1) and url_info(c.store, SITE + "/c")["depth"] == 1
     c.complete("a", (done(again, [SITE + "/d"]),), now=9.0)
     (d,) = c.take("a", 10, 10.0)
     assert (d.url, d.depth) == (SITE + "/d", 2)

@@ -17,6 +17,7 @@ import yaml
 from testkit import cluster
 from tests.browser import TEST_BROWSER_ARGS, TEST_BROWSER_USER
 from tests.fakes import playersite
+from tests.store_reads import url_info
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -87,10 +88,10 @@ async def test_a_browser_that_cannot_run_gives_pages_back_to_be_retried(tmp_path
     store = MasterStore.open_readonly(tmp_path / "master" / "master.db")
     try:
         for song in ("/song/1", "/song/2", "/song/3"):
-            info = store.url_info(base + song)
+            info = url_info(store, base + song)
             assert info is not None and info["state"] == "error" and info["attempts"] == 2, info
             assert "resolver unavailable" in (info["error"] or ""), info
-        about = store.url_info(base + "/about")
+        about = url_info(store, base + "/about")
         assert about is not None and about["state"] == "done", about
     finally:
         store.close()

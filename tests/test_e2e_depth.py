@@ -8,6 +8,7 @@ import pytest
 
 from crawler.master.store import MasterStore
 from testkit import cluster, sitegen, siteserver
+from tests.store_reads import url_info
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -47,7 +48,7 @@ async def test_four_workers_with_max_depth_at_the_sites_depth_find_every_audio_i
     try:
         wrong = {}
         for path, depth in manifest.depth.items():
-            info = store.url_info(base + path)
+            info = url_info(store, base + path)
             if info is None or info["depth"] != depth:
                 wrong[path] = (depth, info and info["depth"])
     finally:

@@ -13,6 +13,7 @@ from crawler.master.store import MasterStore
 from testkit import cluster, siteserver
 from testkit.sitegen_named import generate_named, write_sitemaps
 from tests.fakes import audiofiles
+from tests.store_reads import url_info
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -83,7 +84,7 @@ async def test_names_from_plain_text_tags_from_files_feeds_and_sitemaps(tmp_path
     store = MasterStore.open_readonly(tmp_path / "master" / "master.db")
     try:
         page, lastmod = next(iter(manifest.sitemap_lastmod.items()))
-        info = store.url_info(base + page)
+        info = url_info(store, base + page)
     finally:
         store.close()
     assert info is not None and info["lastmod"] is not None

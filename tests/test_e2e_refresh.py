@@ -16,6 +16,7 @@ from crawler.master.store import MasterStore
 from testkit import cluster
 from tests.fakes.hostile import mp3
 from tests.fakes.rangeserver import RangeServer
+from tests.store_reads import audio_history, page_visit
 
 HTML = "text/html; charset=utf-8"
 
@@ -94,9 +95,9 @@ async def test_a_revisit_finds_what_appeared_changed_and_went_and_asks_condition
 
     rows, store = snapshot(db)
     try:
-        gone = store.page_visit(srv.url("/gone.html"))
-        history = store.audio_history(srv.url("/audio/a1.mp3"))
-        static = store.page_visit(srv.url("/static.html"))
+        gone = page_visit(store, srv.url("/gone.html"))
+        history = audio_history(store, srv.url("/audio/a1.mp3"))
+        static = page_visit(store, srv.url("/static.html"))
     finally:
         store.close()
     edit_iso = iso_utc(t_edit)
@@ -234,7 +235,7 @@ async def test_an_unchanged_site_reports_no_change_over_cycles_node_changes_and_
         assert {k: r["status"] for k, r in rows.items()} == {str(i): "ok" for i in range(SONGS)}
         assert all(r["removed_at"] is None and r["changed_at"] is None for r in rows.values())
         assert all(r["last_seen"] > r["found_at"] for r in rows.values())   # seen again, by its playlist's visits
-        songs = [store.page_visit(srv.url(f"/song/{i}.html")) for i in range(SONGS)]
+        songs = [page_visit(store, srv.url(f"/song/{i}.html")) for i in range(SONGS)]
         status = store.status()
     finally:
         store.close()
@@ -278,7 +279,7 @@ async def test_a_file_replaced_behind_a_page_that_answers_304_is_changed(tmp_pat
 
     rows, store = snapshot(db)
     try:
-        history = store.audio_history(srv.url("/audio/x.mp3"))
+        history = audio_history(store, srv.url("/audio/x.mp3"))
     finally:
         store.close()
     assert rows["x"]["changed_at"] >= t_edit and rows["x"]["sha256"] != before["sha256"]

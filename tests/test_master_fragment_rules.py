@@ -19,6 +19,7 @@ from crawler.master.config import MasterConfig
 from crawler.master.server import Master
 from testkit.cluster import read_secret, write_secret
 from tests.fakes.rawpeer import RawPeer
+from tests.store_reads import url_info
 
 CONFIGURED = r"^https?://configured\.test/item/"
 SONGS = r"^https?://127\.0\.0\.1:9/song/"
@@ -62,8 +63,8 @@ async def test_a_joining_workers_rules_join_the_crawl_and_reach_the_workers_alre
         # The master keys those URLs with their fragment now: a song named in it is one URL per song.
         assert master.crawl.seed_more(["http://127.0.0.1:9/song/#hash=A", "http://127.0.0.1:9/song/#hash=B",
                                        "http://127.0.0.1:9/page#top"])["added"] == 3
-        assert master.store.url_info("http://127.0.0.1:9/song/#hash=A") is not None
-        assert master.store.url_info("http://127.0.0.1:9/page") is not None
+        assert url_info(master.store, "http://127.0.0.1:9/song/#hash=A") is not None
+        assert url_info(master.store, "http://127.0.0.1:9/page") is not None
         a.close()
         b.close()
     # Kept in the store: a restarted master keys URLs as before, and says so to the first worker.
@@ -90,7 +91,7 @@ async def test_a_rule_the_operator_did_not_approve_is_ignored_and_the_worker_joi
         t0 = time.monotonic()
         assert master.crawl.seed_more(["http://127.0.0.1:9/x/" + "a" * 40 + "!#frag"])["added"] == 1
         assert time.monotonic() - t0 < 1
-        assert master.store.url_info("http://127.0.0.1:9/x/" + "a" * 40 + "!") is not None
+        assert url_info(master.store, "http://127.0.0.1:9/x/" + "a" * 40 + "!") is not None
         a.close()
         c.close()
     ignored = [r for r in caplog.records if "not in crawl.approved_fragment_rules" in r.getMessage()]

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from crawler.master.store import MasterStore, PageOutcome, StoreError
+from tests.store_reads import audio_by_sha, due_for_refresh, url_info
 
 
 def route_to(node):
@@ -71,7 +72,7 @@ def test_known_due_for_refresh_and_requeue(store):
     store.pop("a", 5, now=0.0)
     store.finish([fin("p0", at=10.0), fin("p1", at=50.0)])
     assert store.known(["p0", "p3", "zz"]) == {"p0", "p3"}
-    due = store.due_for_refresh(now=100.0, older_than=60.0, limit=10)
+    due = due_for_refresh(store, now=100.0, older_than=60.0, limit=10)
     assert due == [("p0", 1)]
     assert store.requeue_refresh(due, route_to("b")) == 1
     assert store.pop("b", 5, now=101.0) == [("p0", 1, None)]
@@ -82,7 +83,7 @@ def test_catalogue_rows_unique_per_source_and_page_and_filled_in_later(store):
     assert store.add_audio([row, dict(row)]) == [True, False]
     assert store.add_audio([dict(row, sha256="ab" * 32)]) == [False]
     assert [r["sha256"] for r in store.catalogue()] == ["ab" * 32]
-    assert len(store.audio_by_sha("ab" * 32)) == 1
+    assert len(audio_by_sha(store, "ab" * 32)) == 1
     # One song from a resolver with a site id: a fresh signed URL is still the same item on that page.
     k = {"url": "http://cdn/1?sig=1", "page": "http://a/q", "resolver": "kugou", "source_id": "H1"}
     assert store.add_audio([k, dict(k, url="http://cdn/1?sig=2")]) == [True, False]
@@ -205,6 +206,6 @@ def test_a_store_from_before_the_new_fields_gains_their_columns(tmp_path):
         store.add_audio([{"url": "http://a/y.mp3", "page": "http://a/p", "codec": "mp3", "meta_source": {"a": "b"}}])
         store.note_lastmod([("http://a/", 1700000000.0), ("http://a/unknown", 1.0)])
         assert [r["codec"] for r in store.catalogue()] == [None, "mp3"]
-        assert store.url_info("http://a/")["lastmod"] == 1700000000.0
+        assert url_info(store, "http://a/")["lastmod"] == 1700000000.0
     finally:
         store.close()

@@ -13,6 +13,7 @@ from crawler.master.config import MasterConfig
 from crawler.master.revisit import RevisitPolicy, changed, gone, revisit_policy
 from crawler.master.store import MasterStore, PageOutcome, listed_keys
 from testkit.cluster import write_secret
+from tests.store_reads import page_visit
 
 POLICY = RevisitPolicy(base=100.0, min=30.0, max=400.0)
 PAGE = "http://s/p"
@@ -82,7 +83,7 @@ def test_a_policy_from_the_config_and_its_one_line_errors(tmp_path):
 def test_a_revisit_records_validators_and_when_to_come_back(store):
     lease(store)
     store.finish([visit(etag='"e1"', last_modified="Tue, 01 Dec 2026 00:00:00 GMT", digest=7)], POLICY)
-    v = store.page_visit(PAGE)
+    v = page_visit(store, PAGE)
     assert (v["etag"], v["digest"], v["interval"], v["next_visit"], v["gone_at"]) == ('"e1"', 7, 100.0, 1100.0, None)
     assert store.requeue_due(1099.0, to("b")) == []
     assert store.requeue_due(1130.0, to("b")) == [30.0]       # 30 s late
@@ -90,12 +91,12 @@ def test_a_revisit_records_validators_and_when_to_come_back(store):
     assert store.pop("b", 5, 1130.0, validators=True) == [
         (PAGE, 1, None, ('"e1"', "Tue, 01 Dec 2026 00:00:00 GMT"))]
     store.finish([visit(status=304, at=1200.0, digest=None)], POLICY)     # unchanged: waits longer
-    v = store.page_visit(PAGE)
+    v = page_visit(store, PAGE)
     assert (v["etag"], v["digest"], v["interval"], v["next_visit"]) == ('"e1"', 7, 150.0, 1350.0)
     store.requeue_due(1400.0, to("b"))
     store.pop("b", 5, 1400.0)
     store.finish([visit(at=1400.0, digest=8)], POLICY)                     # changed, and no validators now
-    v = store.page_visit(PAGE)
+    v = page_visit(store, PAGE)
     assert (v["etag"], v["digest"], v["interval"], v["changed_at"]) == (None, 8, 100.0, 1400.0)
     store.requeue_due(2000.0, to("b"))
     assert store.pop("b", 5, 2000.0, validators=True) == [(PAGE, 1, None, None)]
@@ -104,7 +105,7 @@ def test_a_revisit_records_validators_and_when_to_come_back(store):
 def test_without_refresh_a_page_gets_no_visit_record(store):
     lease(store)
     store.finish([visit()])
-    assert store.page_visit(PAGE) is None and store.requeue_due(1e12, to("a")) == []
+    assert page_visit(store, PAGE) is None and store.requeue_due(1e12, to("a")) == []
     assert store.schedule_unscheduled(False) == 0
     assert store.schedule_unscheduled(True) == 1              # refresh switched on later: due from its last crawl
     assert store.schedule_unscheduled(True) == 0              # once
@@ -149,7 +150,7 @@ def test_the_catalogue_follows_its_pages(store):
     lease(store)
     store.finish([visit(status=404, at=4000.0, digest=None)], POLICY)
     assert {r["status"] for r in store.catalogue()} == {"removed"}
-    assert store.page_visit(PAGE)["gone_at"] == 4000.0
+    assert page_visit(store, PAGE)["gone_at"] == 4000.0
     assert store.status()["audio"] == {"removed": 3}
     assert [(r["url"][11:12], r["change"]) for r in store.changes_since(1500.0)] == [
         ("y", "removed"), ("x", "removed"), ("z", "removed")]
@@ -158,7 +159,7 @@ def test_the_catalogue_follows_its_pages(store):
     lease(store)
     store.add_audio([item("x", at=5000.0)])
     store.finish([visit(at=5000.0, digest=9, keys=keys("x"))], POLICY)
-    assert store.page_visit(PAGE)["gone_at"] is None
+    assert page_visit(store, PAGE)["gone_at"] is None
     assert {r["url"][11:12]: r["status"] for r in store.catalogue()} == {"x": "ok", "y": "removed", "z": "removed"}
     assert store.status()["audio"] == {"ok": 1, "removed": 2}
     # An export of the changes since it went says it is there again.

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from crawler.master.store import MasterStore, PageOutcome, ReadOnlyStoreError, StoreError
+from tests.store_reads import audio_by_sha, audio_history, due_for_refresh, url_info
 
 
 def to(node):
@@ -72,7 +73,7 @@ def test_pop_serves_each_node_its_own_entries_depth_first_then_priority_then_ins
     assert [u for u, _, _ in rest] == ["http://s/d1-low", "http://s/d1-low-later", "http://s/d2", "http://s/new"]
     assert store.pop("a", 10, now=1.0) == []
     assert store.frontier_size() == 1 and store.frontier_size("b") == 1 and store.frontier_size("a") == 0
-    assert store.url_info("http://s/d0")["state"] == "leased"
+    assert url_info(store, "http://s/d0")["state"] == "leased"
     assert store.status()["states"] == {"queued": 1, "leased": 6, "done": 0, "error": 0, "robots": 0}
 
 
@@ -102,7 +103,7 @@ def test_reroute_moves_only_the_named_nodes_entries(store):
     assert store.frontier_size("b") == 10 and store.frontier_size("c") == 10
     assert store.frontier_size("a") + store.frontier_size("d") == 11 and store.frontier_size(None) == 0
     assert moved == store.frontier_size("d")
-    assert store.pop("b", 100, now=0.0) and all(store.url_info(f"http://s/{i}")["node"] == "b"
+    assert store.pop("b", 100, now=0.0) and all(url_info(store, f"http://s/{i}")["node"] == "b"
                                                  for i in range(1, 30, 3))
     assert store.reroute([], to("x")) == 0
 
@@ -125,7 +126,7 @@ def test_release_keeps_depth_parent_and_place_and_gives_up_on_a_url_that_keeps_l
         assert s.release(["http://s/x"], to("a")) == 1
         s.pop("a", 1, now=3.0)
         assert s.release(["http://s/x"], to("a")) == 0
-        info = s.url_info("http://s/x")
+        info = url_info(s, "http://s/x")
         assert info["state"] == "error" and info["attempts"] == 3 and "lease lost" in info["error"]
 
 
@@ -137,7 +138,7 @@ def test_requeue_leased_at_start_up_returns_every_lease(store_location):
         assert s.status()["states"]["leased"] == 4500
         assert s.requeue_leased(to("b")) == 4500
         assert s.frontier_size("b") == 4500 and s.frontier_size("a") == 500
-        assert s.url_info("http://s/0")["attempts"] == 0            # the master died, not the fetch
+        assert url_info(s, "http://s/0")["attempts"] == 0            # the master died, not the fetch
 
 
 # -- results -------------------------------------------------------------------------------------------
@@ -148,7 +149,7 @@ def test_finish_counts_the_first_result_only(store):
     store.pop("a", 2, now=1.0)
     assert store.finish([fin("http://s/ok"), fin("http://s/ok", node="b")]) == [True, False]
     assert store.finish([fin("http://s/ok", "error")]) == [False]
-    assert store.url_info("http://s/ok")["state"] == "done"
+    assert url_info(store, "http://s/ok")["state"] == "done"
     # The lease of "late" was given up, but its result still arrives: it is taken once, not fetched again.
     store.release(["http://s/late"], to("b"))
     assert store.finish([fin("http://s/late", node="a")]) == [True]
@@ -163,12 +164,12 @@ def test_retry_goes_back_to_the_same_node_until_max_attempts(store):
     for attempt in (1, 2):
         assert store.pop("a", 5, now=float(attempt)) == [("http://s/flaky", 2, "http://s/")]
         assert store.finish([fin("http://s/flaky", "retry", error="timeout")]) == [True]
-        assert store.url_info("http://s/flaky")["attempts"] == attempt
+        assert url_info(store, "http://s/flaky")["attempts"] == attempt
     store.pop("a", 5, now=3.0)
     # A retry from a node that does not hold the lease changes nothing.
     assert store.finish([fin("http://s/flaky", "retry", node="z")]) == [False]
     assert store.finish([fin("http://s/flaky", "retry", error="timeout")]) == [True]
-    info = store.url_info("http://s/flaky")
+    info = url_info(store, "http://s/flaky")
     assert info["state"] == "error" and info["attempts"] == 3 and info["error"] == "timeout"
     assert store.frontier_empty()
 
@@ -193,8 +194,9 @@ def test_counts_survive_reopen_and_match_the_rows(store_location):
 def test_a_failed_write_rolls_back_with_its_counters(store):
     store.push([("http://s/1", 0, 0, "a", None)])
     store.commit()
-    store.push([("http://s/2", 0, 0, "a", None)])
-    store.rollback()
+    with pytest.raises(RuntimeError), store.atomic():
+        store.push([("http://s/2", 0, 0, "a", None)])
+        raise RuntimeError("a failed write")
     assert store.frontier_size() == 1 and store.known(["http://s/2"]) == set()
 
 
@@ -206,13 +208,13 @@ def test_due_for_refresh_oldest_first_and_requeue_puts_them_back(store):
     store.pop("a", 5, now=0.0)
     store.finish([fin("http://s/0", at=30.0), fin("http://s/1", at=10.0), fin("http://s/2", at=90.0),
                   fin("http://s/3", "error", at=1.0)])
-    due = store.due_for_refresh(now=100.0, older_than=60.0, limit=10)
+    due = due_for_refresh(store, now=100.0, older_than=60.0, limit=10)
     assert due == [("http://s/1", 1), ("http://s/0", 1)]
-    assert store.due_for_refresh(now=100.0, older_than=60.0, limit=1) == [("http://s/1", 1)]
+    assert due_for_refresh(store, now=100.0, older_than=60.0, limit=1) == [("http://s/1", 1)]
     assert store.requeue_refresh(due + [("http://s/4", 1)], to("b")) == 2       # s/4 is leased, not done
     # Back in line in the order asked: the oldest crawl first.
     assert store.pop("b", 5, now=101.0) == [("http://s/1", 1, None), ("http://s/0", 1, None)]
-    assert store.due_for_refresh(now=100.0, older_than=60.0, limit=10) == []
+    assert due_for_refresh(store, now=100.0, older_than=60.0, limit=10) == []
 
 
 # -- catalogue, figures, meta ------------------------------------------------------------------------
@@ -233,7 +235,7 @@ def test_add_audio_is_unique_per_item_and_page_and_fills_gaps_later(store):
     rows = list(store.catalogue())
     assert [(r["page"], r["sha256"], r["size"], r["title"], r["status"]) for r in rows] == [
         ("http://s/p", "ab" * 32, 123, "T", "ok"), ("http://s/q", None, None, "T", "ok")]
-    assert [r["page"] for r in store.audio_by_sha("ab" * 32)] == ["http://s/p"]
+    assert [r["page"] for r in audio_by_sha(store, "ab" * 32)] == ["http://s/p"]
 
 
 def test_new_bytes_at_the_same_address_are_a_change_and_the_old_ones_are_kept(store):
@@ -242,7 +244,7 @@ def test_new_bytes_at_the_same_address_are_a_change_and_the_old_ones_are_kept(st
     (row,) = store.catalogue()
     assert (row["sha256"], row["size"], row["status"], row["found_at"], row["changed_at"], row["last_seen"]) == (
         "cd" * 32, 9, "changed", 10.0, 20.0, 20.0)
-    assert [(h["sha256"], h["size"], h["replaced_at"]) for h in store.audio_history(row["url"])] == [
+    assert [(h["sha256"], h["size"], h["replaced_at"]) for h in audio_history(store, row["url"])] == [
         ("ab" * 32, 123, 20.0)]
     assert store.status()["audio"] == {"changed": 1}
     assert store.add_audio([audio(sha256="cd" * 32, size=9, found_at=30.0)]) == [False]   # the same bytes again
@@ -419,10 +421,10 @@ CRASH_WRITER = textwrap.dedent("""
         elif op < 0.75 and leased:
             pick = rnd.sample(sorted(leased), min(len(leased), rnd.randrange(1, 40)))
             res = [PageOutcome(u, rnd.choice(["done", "done", "error", "retry"]), 200, None, None, 1, None,
-                            s.url_info(u)["node"] or "a", 50.0) for u in pick]
+                            url_info(s, u)["node"] or "a", 50.0) for u in pick]
             for r, ok in zip(res, s.finish(res + res[:3])):
                 leased.discard(r.url)
-                if ok and s.url_info(r.url)["state"] in ("done", "error"):
+                if ok and url_info(s, r.url)["state"] in ("done", "error"):
                     settled.append(r.url)
         elif op < 0.82 and leased:
             pick = rnd.sample(sorted(leased), min(len(leased), rnd.randrange(1, 20)))
@@ -431,7 +433,7 @@ CRASH_WRITER = textwrap.dedent("""
         elif op < 0.87:
             s.reroute([rnd.choice(nodes)], route)
         elif op < 0.9:
-            due = s.due_for_refresh(100.0, 10.0, 30)
+            due = due_for_refresh(s, 100.0, 10.0, 30)
             s.requeue_refresh(due, route)
             requeued.extend(u for u, _ in due)
         else:
@@ -478,3 +480,19 @@ def test_sigkill_at_any_instant_leaves_a_consistent_store_that_loses_no_commit(s
             assert s.requeue_leased(to("a")) == in_flight
             assert s.status()["states"]["leased"] == 0
         check_invariants(path).close()
+
+
+def test_a_search_cut_off_by_its_time_limit_is_a_store_error_whenever_it_is_cut(tmp_path):
+    # SQLite may cut a query off when it starts (nothing matches: the whole scan runs there) or while its rows are
+    # fetched (the first ones came at once): either way it is our StoreError, not sqlite3's.
+    with MasterStore(tmp_path / "m.db") as s:
+        s.add_audio([{"url": f"http://a/{i}.mp3", "page": f"http://p/{i}", "title": "song", "found_at": 1.0,
+                      "node": "n"} for i in range(20_000)])
+    reader = MasterStore.open_readonly(tmp_path / "m.db")
+    try:
+        reader.limit_time(0)
+        for query, limit in (("no such text", 10), ("song", 20_000)):
+            with pytest.raises(StoreError, match="interrupt"):
+                reader.search_audio(query, limit)
+    finally:
+        reader.close()

@@ -11,6 +11,7 @@ import pytest
 
 from crawler.master.store import AUDIO_COLUMNS, MasterStore, PageOutcome, StoreError
 from testkit import cluster
+from tests.store_reads import url_info
 
 # The previous layout's tables, as that crawler created them.
 V1_SCHEMA = """
@@ -89,16 +90,16 @@ def test_an_old_store_is_refused_in_one_line_then_upgraded_with_nothing_lost(tmp
         assert s.status()["discards"] == {"depth": 7} and [r["title"] for r in s.catalogue()] == ["X"]
         # The item is listed by its page (the references a refresh follows), as if the page had said so.
         assert refs_of(s) == [("http://s/a.html", "http://s/x.mp3")]
-        assert s.url_info("http://s/")["http_status"] == 200
-        info = s.url_info("http://s/b.html")
+        assert url_info(s, "http://s/")["http_status"] == 200
+        info = url_info(s, "http://s/b.html")
         assert (info["state"], info["error"], info["attempts"], info["parent"]) == ("error", "HTTP 500", 3,
                                                                                      "http://s/")
-        assert s.url_info("http://s/c.html")["parent"] == "http://gone/"      # a parent never in the table
+        assert url_info(s, "http://s/c.html")["parent"] == "http://gone/"      # a parent never in the table
         assert s.pop("w1", 10, 1.0) == [("http://s/a.html", 1, "http://s/")]
         assert s.requeue_leased(lambda urls: ["w1"] * len(urls)) == 2           # a.html and c.html
         assert s.finish([PageOutcome("http://s/c.html", "done", 200, None, None, 1, None, "w1", 80.0)]) == [True]
         assert s.push([("http://s/a.html", 0, 0, "w1", None), ("http://s/new", 2, 0, "w1", "http://s/a.html")]) == 1
-        assert s._next_seq > 4
+        assert s.core.next_seq > 4
     again = cli("upgrade-store", "--config", str(config))
     assert again.returncode == 0 and "nothing to upgrade" in again.stdout and again.stderr == "", again
 
@@ -140,14 +141,14 @@ def test_a_layout_2_store_gets_ids_in_line_order_and_its_index(tmp_path):
         ids = s.db.execute("SELECT id FROM url_state ORDER BY seq").fetchall()
         assert [i for (i,) in ids] == [1, 2, 3, 4]              # in line order, from 1
         assert s.status()["states"] == {"queued": 3, "leased": 0, "done": 1, "error": 0, "robots": 0}
-        assert s.url_info("http://s/")["http_status"] == 200
-        assert s.url_info("http://s/a.html")["parent"] == "http://s/"
-        assert s.url_info("http://s/c.html")["parent"] == "http://gone/"
+        assert url_info(s, "http://s/")["http_status"] == 200
+        assert url_info(s, "http://s/a.html")["parent"] == "http://s/"
+        assert url_info(s, "http://s/c.html")["parent"] == "http://gone/"
         assert [r["title"] for r in s.catalogue()] == ["X"]
         assert refs_of(s) == [("http://s/a.html", "http://s/x.mp3")]
         assert [u for u, *_ in s.pop("w1", 10, 2.0)] == ["http://s/a.html", "http://s/b.html", "http://s/c.html"]
         assert s.push([("http://s/a.html", 2, 0, "w1", None), ("http://s/d", 2, 0, "w1", "http://s/b.html")]) == 1
-        assert s.url_info("http://s/d")["parent"] == "http://s/b.html"
+        assert url_info(s, "http://s/d")["parent"] == "http://s/b.html"
         assert s.db.execute("SELECT max(id) FROM url_state").fetchone()[0] == 5
 
 
@@ -193,7 +194,7 @@ def test_robots_refused_urls_of_an_older_store_move_to_their_own_state(store_loc
         assert s.status()["states"]["error"] == 2
     with MasterStore(store_location) as s:
         assert s.status()["states"] == {"queued": 0, "leased": 0, "done": 1, "error": 1, "robots": 1}
-        assert s.url_info("http://s/private/x")["state"] == "robots"
+        assert url_info(s, "http://s/private/x")["state"] == "robots"
         assert [r["url"] for r in s.failed()] == ["http://s/broken"]
         assert s.retry_errors(lambda urls: ["w1"] * len(urls))[0] == 1     # the refused URL stays refused
     with MasterStore(store_location) as s:   # the step runs once

@@ -13,6 +13,7 @@ from tests.disks import small_tmpfs
 from crawler.master import urlindex
 from crawler.master.store import MasterStore, StoreError
 from crawler.master.urlindex import FileUrlIndex
+from tests.store_reads import url_info
 
 
 @pytest.fixture
@@ -145,7 +146,7 @@ def test_a_killed_master_loses_no_entry(tmp_path):
     with MasterStore(db) as s:
         assert s.known([u for u, *_ in urls(3000)]) == {u for u, *_ in urls(3000)}
         assert s.push(urls(3000)) == 0 and s.url_count() == 3000
-        assert sum(s._index.counts) == 3000                     # indexing the rows again added nothing twice
+        assert sum(s.core.index.counts) == 3000                     # indexing the rows again added nothing twice
 
 
 def test_entries_lost_with_the_machine_are_indexed_again(tmp_path):
@@ -175,18 +176,19 @@ def test_a_missing_index_is_rebuilt_by_the_master_and_a_reader_says_what_is_miss
     reader = MasterStore.open_readonly(db)
     assert reader.status()["states"]["queued"] == 500          # what needs no lookup by text still reads
     with pytest.raises(StoreError, match="URL index is missing"):
-        reader.url_info("http://h0.example/u/0")
+        url_info(reader, "http://h0.example/u/0")
     reader.close()
     with MasterStore(db) as s:
         assert len(s.known([u for u, *_ in urls(500)])) == 500
     with MasterStore.open_readonly(db) as r:
-        assert r.url_info("http://h0.example/u/0")["state"] == "queued"
+        assert url_info(r, "http://h0.example/u/0")["state"] == "queued"
 
 
 def test_rows_rolled_back_leave_entries_that_name_other_urls_harmlessly(tmp_path):
     with MasterStore(tmp_path / "m.db") as s:
-        s.push(urls(10, "gone"))
-        s.rollback()                                   # ids 1-10 are handed out again below
+        with pytest.raises(RuntimeError), s.atomic():
+            s.push(urls(10, "gone"))
+            raise RuntimeError("a failed write")       # ids 1-10 are handed out again below
         s.push(urls(10, "kept"))
         s.commit()
         assert s.known([u for u, *_ in urls(10, "gone")]) == set()
@@ -198,8 +200,8 @@ def test_ingest_touches_the_index_once_per_url_whatever_its_size(tmp_path, monke
     # unseen pushes add entries without probing the tables: a lookup would cost one probe per table.
     with MasterStore(tmp_path / "m.db") as s:
         calls = []
-        real = s._index.find
-        monkeypatch.setattr(s._index, "find", lambda hs: calls.append(len(hs)) or real(hs))
+        real = s.core.index.find
+        monkeypatch.setattr(s.core.index, "find", lambda hs: calls.append(len(hs)) or real(hs))
         s.push(urls(1000), unseen=True)
         assert calls == [] and s.url_count() == 1000
         s.push(urls(1000))

@@ -48,6 +48,10 @@ class StoreValueError(StoreError, ValueError):
     """The database refused a value (an integer past 64 bits, say): the caller's data, not the store, is at fault."""
 
 
+# What sqlite3 raises for a statement: its own errors, and OverflowError for an integer it cannot bind.
+_SQLITE_ERRORS = (sqlite3.Error, OverflowError)
+
+
 def is_postgres(location: str | Path) -> bool:
     return isinstance(location, str) and location.startswith(_PG_SCHEMES)
 
@@ -133,6 +137,11 @@ class Backend:
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         raise NotImplementedError
+
+    def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        """Every row of a query, its errors mapped to ours wherever they arise (SQLite may raise one while the rows
+        are fetched, a query cut off by limit_time, say, not only when the query starts)."""
+        return list(self.execute(sql, args).fetchall())
 
     def script(self, sql: str) -> None:
         raise NotImplementedError
@@ -235,13 +244,39 @@ class SqliteBackend(Backend):
         self.db.execute(f"PRAGMA wal_autocheckpoint = {self._checkpoint_pages}")
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
-        return self.db.execute(sql, args)
+        try:
+            return self.db.execute(sql, args)
+        except _SQLITE_ERRORS as e:
+            raise self._wrap(e) from e
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        self.db.executemany(sql, rows)
+        try:
+            self.db.executemany(sql, rows)
+        except _SQLITE_ERRORS as e:
+            raise self._wrap(e) from e
+
+    def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return self.db.execute(sql, args).fetchall()
+        except _SQLITE_ERRORS as e:
+            raise self._wrap(e) from e
 
     def script(self, sql: str) -> None:
-        self.db.executescript(sql)
+        try:
+            self.db.executescript(sql)
+        except _SQLITE_ERRORS as e:
+            raise self._wrap(e) from e
+
+    def _wrap(self, e: Exception) -> Exception:
+        """sqlite3's errors as ours, as PostgresBackend._wrap maps psycopg's: a value the database cannot hold
+        (an integer past 64 bits, a broken constraint) is StoreValueError, anything else a StoreError."""
+        if isinstance(e, (OverflowError, sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.DataError)):
+            return StoreValueError(f"{self.where}: value refused ({_first_line(e)})")
+        if isinstance(e, sqlite3.OperationalError):
+            if self.readonly and "readonly" in str(e):
+                return ReadOnlyStoreError(f"{self.where}: opened read-only")
+            return StoreError(f"{self.where}: {_first_line(e)}")
+        return StoreError(f"{self.where}: not a crawl database ({_first_line(e)})")
 
     @property
     def in_transaction(self) -> bool:

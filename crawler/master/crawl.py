@@ -11,7 +11,6 @@ import json
 import logging
 import math
 import re
-import sqlite3
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -25,7 +24,14 @@ from crawler.master.config import MasterConfig
 from crawler.master.dedup import Dedup
 from crawler.master.limits import MAX_BYTES, MAX_DURATION, STARTED_META, Limits, limit_reached
 from crawler.master.revisit import revisit_policy
-from crawler.master.store import ROBOTS_BLOCKED, ROBOTS_REASON, MasterStore, PageOutcome, listed_keys
+from crawler.master.store import (
+    ROBOTS_BLOCKED,
+    ROBOTS_REASON,
+    MasterStore,
+    PageOutcome,
+    StoreValueError,
+    listed_keys,
+)
 from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, robots_url
 from crawler.scheduler import NodeTable
 from crawler.web.urls import (
@@ -68,9 +74,9 @@ class ReportRejected(Exception):
 
 
 # What the store raises for values it cannot hold (an integer past 64 bits, a non-JSON value): the report's
-# fault, not the store's. I/O errors are not among them.
-_BAD_VALUES = (OverflowError, ValueError, TypeError, sqlite3.IntegrityError, sqlite3.InterfaceError,
-               sqlite3.DataError)
+# fault, not the store's. Either database's refusal arrives as StoreValueError (a ValueError; see backend.py);
+# I/O errors are not among them.
+_BAD_VALUES = (StoreValueError, OverflowError, ValueError, TypeError)
 
 
 @dataclass(slots=True)

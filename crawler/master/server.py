@@ -14,12 +14,11 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Generator, Iterator
-from concurrent import futures
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -41,6 +40,7 @@ from crawler.master.downloads import DownloadBoard
 from crawler.master.observe import FIGURES_META, Observer
 from crawler.master.statistics import MasterStatistics, NodeStatistics
 from crawler.master.store import MasterStore
+from crawler.master.storegate import StoreGate
 from crawler.politeness import (
     ROBOTS_MAX_BYTES,
     HostGate,
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from crawler.master.web import WebServer
 
 log = logging.getLogger("crawler.master")
+T = TypeVar("T")
 
 HANDSHAKE_TIMEOUT = 10.0          # seconds a peer has to prove the secret
 # Connections still in their handshake, shared out by source address, and the rate each source may open them at
@@ -170,7 +171,7 @@ class Master:
         self._excess_refused = 0
         self._excess_logged_at = -math.inf
         self.summary = Summary(data_dir=str(cfg.data_dir))
-        self.observer = Observer(self.statistics, ready=self.store_ready, clock=clock, nodes=cfg.nodes,
+        self.observer = Observer(self.statistics, clock=clock, nodes=cfg.nodes,
                                  data_dir=cfg.data_dir, log_interval=cfg.log_interval)
         # The private addresses the crawl may reach: its seeds' and the configured networks (told to workers).
         self.targets = TargetPolicy.for_crawl(cfg.seeds, cfg.crawl.allowed_networks)
@@ -178,14 +179,6 @@ class Master:
         self._unanswered: set[str] = set()   # commands applied whose file could not be removed
         # Writes Bloom snapshots off the event loop; one thread, so snapshots are written one at a time.
         self._bloom_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bloom-snapshot")
-        # The store's transactions end on this thread (a COMMIT, and on SQLite the WAL checkpoint it runs every
-        # few thousand pages, 80-100 ms on a big crawl), so the event loop keeps serving the workers meanwhile.
-        # While one runs the gate is closed: every task that uses the store waits for it after each await, so
-        # the store is used by one thread at a time (see store_ready).
-        self._store_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-commit")
-        self._store_free = asyncio.Event()
-        self._store_free.set()
-        self._ending: Future[None] | None = None
 
     # ------------------------------------------------------------------ state
     def _open_core(self) -> None:
@@ -195,6 +188,8 @@ class Master:
         self.table = NodeTable(cfg.nodes, key=cfg.scheduling.key)
         self.store = MasterStore(cfg.store_location, max_attempts=cfg.crawl.max_attempts,
                                  slot_of=self.table.slot_of)
+        # Every task that uses the store runs through the gate; the store's commits end on its thread.
+        self.store_gate = StoreGate(self.store)
         self.bloom_path = cfg.data_dir / "urls.bloom"
         self.bloom = self._load_bloom()
         self.dedup = Dedup(self.bloom, cfg.dedup.whitelist, self.store.known)
@@ -380,28 +375,29 @@ class Master:
 
     def _commit(self) -> None:
         """A commit on the calling thread: at start-up and shutdown, when nothing else runs."""
-        if self._ending is not None:
-            futures.wait([self._ending])   # one still running on the store thread ends first
+        self.store_gate.wait_ended()   # one still running on the commit thread ends first
         self._commit_state()
         self.catalogue.flush()
 
     async def _commit_off_loop(self) -> None:
         """The running master's commit. The counters go into the transaction here; the COMMIT itself runs on the
-        store thread with the gate closed, and the gate opens when it has ended, even if this task is cancelled
-        meanwhile (a stop): the thread's use of the store is never overlapped."""
+        commit thread, the store lent to it, while the guarded tasks wait (crawler/master/storegate.py)."""
         if self._stage_commit():
-            self._store_free.clear()
-            self._ending = self._store_thread.submit(self.store.end_transaction)
-            ending = asyncio.wrap_future(self._ending)
-            ending.add_done_callback(lambda _: self._store_free.set())
-            await asyncio.shield(ending)
+            await self.store_gate.end_transaction()
         self.catalogue.flush()
 
-    async def store_ready(self) -> None:
-        """Returns once no commit is running on the store thread: called after each await by every task that
-        uses the store (a check of a flag while the gate is open, which is nearly always)."""
-        if not self._store_free.is_set():
-            await self._store_free.wait()
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A task of the master's TaskGroup that may use the store: run through the store gate, so that it never
+        runs while a commit holds the store."""
+        assert self._tg is not None, "called only while serve() runs its TaskGroup"
+        return self._tg.create_task(self.store_gate.guard(coro))
+
+    async def _guard_request(self, work: Awaitable[T]) -> T:
+        """A status page request's work: the page answers from the start, while the state opens too. Until the
+        store is open no commit can run; from then on the work runs through the store gate."""
+        if "store_gate" not in vars(self):
+            return await work
+        return await self.store_gate.guard(work)
 
     def statistics(self) -> MasterStatistics:
         """The figures the observer, the status page and /metrics read, as they are now."""
@@ -465,8 +461,8 @@ class Master:
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
-                background = [tg.create_task(self._dispatcher()), tg.create_task(self._housekeeping()),
-                              tg.create_task(self._heartbeats()), tg.create_task(self.observer.run()),
+                background = [self._spawn(self._dispatcher()), self._spawn(self._housekeeping()),
+                              tg.create_task(self._heartbeats()), self._spawn(self.observer.run()),
                               tg.create_task(self.observer.metrics.lag.run())]
                 early, self._early = self._early, []
                 for reader, writer, key in early:
@@ -501,7 +497,7 @@ class Master:
             return None
         from crawler.master.web import WebServer
 
-        web = WebServer(self.observer, self.cfg.store_location, self.cfg.web.token, ready=self.store_ready,
+        web = WebServer(self.observer, self.cfg.store_location, self.cfg.web.token, guard=self._guard_request,
                         hosts=self.cfg.web.allowed_hosts)
         addr = await web.start(*self.cfg.web.listen)
         self.observer.web_addr = addr
@@ -530,7 +526,6 @@ class Master:
         credit are dispatched at once by their handlers; this covers the gates that open with time."""
         loop = asyncio.get_running_loop()
         while True:
-            await self.store_ready()
             self._wake.clear()
             self._sleep_until = -math.inf   # this pass looks at every gate itself
             self._dispatch_all()
@@ -559,7 +554,6 @@ class Master:
         last_snapshot = time.monotonic()
         while True:
             await asyncio.sleep(COMMIT_INTERVAL)
-            await self.store_ready()   # a stop cancelled the last commit's wait, not the commit
             now = self.clock()
             self.crawl.expire(now)
             self.crawl.expire_away(now)
@@ -649,8 +643,7 @@ class Master:
     # ------------------------------------------------------------------ robots.txt
     def _fetch_robots(self) -> None:
         for origin in self.crawl.robots_to_fetch():
-            assert self._tg is not None, "called only while serve() runs its TaskGroup"
-            self._tg.create_task(self._robots_one(origin))
+            self._spawn(self._robots_one(origin))
 
     async def _robots_one(self, origin: str) -> None:
         # The workers' transport: the body cut at the cap after decoding (stacked encodings refused), a total
@@ -672,7 +665,6 @@ class Master:
         except (httpx.HTTPError, TimeoutError) as e:
             status = body = parsed = None
             log.info("robots.txt of %s not fetched: %s", origin, str(e) or type(e).__name__)
-        await self.store_ready()
         self.crawl.robots_fetched(origin, status, body, self.clock(), parsed)
         self._wake.set()
 
@@ -711,8 +703,7 @@ class Master:
                         _hostport(peer), what, self._excess_refused, self._admission.evicted)
 
     def _start_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: int) -> None:
-        assert self._tg is not None
-        task = self._tg.create_task(self._connection(reader, writer, key))
+        task = self._spawn(self._connection(reader, writer, key))
         self._connections.add(task)
         task.add_done_callback(self._connections.discard)
 
@@ -736,7 +727,8 @@ class Master:
         hs = p.MasterHandshake(self.cfg.secret)
         conn = FramedConnection(reader, writer, self.cfg.max_frame, recv_limit=hs.recv_limit)
         try:
-            hello = await asyncio.wait_for(self._handshake(conn, hs, key), HANDSHAKE_TIMEOUT)
+            # wait_for runs the handshake as a task of its own: guarded like every task that may use the store.
+            hello = await asyncio.wait_for(self.store_gate.guard(self._handshake(conn, hs, key)), HANDSHAKE_TIMEOUT)
         except p.HandshakeFailed as e:
             log.warning("connection from %s refused: %s", conn.peer, e)
             if e.reply is not None:
@@ -761,13 +753,11 @@ class Master:
         conn.recv_limit = hs.recv_limit
         s = Session(hello.worker_id, conn, hello.capacity, last_seen=self.clock())
         s.tasks = asyncio.current_task()
-        await self.store_ready()
         self._attach(s)
         try:
             while True:
                 msg = hs.receive(await conn.recv())
                 s.last_seen = self.clock()
-                await self.store_ready()
                 if isinstance(msg, p.Fetched):
                     if self.crawl.fetched(s.node, msg.fetches, s.last_seen):
                         self._dispatch_all()     # the host slots it freed may be waited on by any node
@@ -820,7 +810,6 @@ class Master:
             log.info("worker %s disconnected: %s", s.node, e)
         finally:
             try:
-                await self.store_ready()
                 self._detach(s)
             finally:
                 await conn.close()
@@ -831,7 +820,6 @@ class Master:
             if i:
                 await asyncio.sleep(0)
                 s.last_seen = self.clock()
-                await self.store_ready()
             try:
                 rows = self.crawl.complete(s.node, part, s.last_seen)
             except ReportRejected as e:
@@ -862,7 +850,6 @@ class Master:
                                       p.DUPLICATE_ID))
             return None
         if hs.keep_fragment:
-            await self.store_ready()
             try:
                 self._add_fragment_rules(hello.worker_id, hs.keep_fragment)
             except ValueError as e:

@@ -28,7 +28,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -43,6 +42,9 @@ from crawler.master.store import MasterStore, StoreError
 from crawler.metrics import metrics_response
 
 log = logging.getLogger("crawler.master.web")
+
+# Runs a request's handler through the master's store gate (StoreGate.guard).
+Guard = Callable[[Awaitable[web.StreamResponse]], Awaitable[web.StreamResponse]]
 
 COOKIE = "crawler_token"
 SESSION_SECONDS = 12 * 3600     # a login cookie's life; signing in again gives a new one
@@ -121,12 +123,12 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 
 class WebServer:
     def __init__(self, observer: Observer, db_path: Path | str, token: str | None, *,
-                 ready: Callable[[], Awaitable[None]], hosts: tuple[str, ...] = (),
+                 guard: Guard, hosts: tuple[str, ...] = (),
                  clock: Callable[[], float] = time.time) -> None:
         """observer: answers the status, chart and metrics; db_path: the store searches open read-only;
-        ready: returns once the master's store may be read (no commit running)."""
+        guard: runs a request's handler so that it never reads the master's store mid-commit (the store gate)."""
         self.obs = observer
-        self.ready = ready
+        self.guard = guard
         self.db_path = db_path
         self.token = token
         self.hosts = hosts               # web.allowed_hosts
@@ -197,8 +199,8 @@ class WebServer:
     async def _auth(self, request: web.Request,
                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         if request.path in ("/login", "/status.js", "/status.css") or self._authorised(request):
-            await self.ready()   # the status reads the master's store: not mid-commit
-            resp = await handler(request)
+            # The status reads the master's store: run through the store gate, never mid-commit.
+            resp = await self.guard(handler(request))
             resp.headers.setdefault("Cache-Control", "no-store")
             return resp
         if request.path == "/":
@@ -251,7 +253,7 @@ class WebServer:
         async with self._search_lock:
             try:
                 rows = await asyncio.to_thread(_search, self.db_path, query, limit)
-            except (sqlite3.OperationalError, StoreError) as e:
+            except StoreError as e:
                 msg = "the search took too long; try a longer text" if "interrupt" in str(e) else str(e)
                 return _json({"error": msg}, status=503)
         for row in rows:
