@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import itertools
 import logging
 import os
 import random
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 import msgspec
@@ -45,6 +44,7 @@ from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader, Started
 from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, describe, is_local
 from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher, build_client, build_transport
+from crawler.worker.ledger import DownloadLedger, Key, Outgoing
 from crawler.worker.linkcache import LinkCache
 from crawler.worker.revisit import PageAudio, content_digest
 from crawler.worker.pagestore import open_page_store
@@ -57,10 +57,6 @@ REPORT_BYTES = 2 * 1024 * 1024
 MAX_LINK_LENGTH = 4096
 MAX_VALIDATOR = 256   # characters of an ETag or a Last-Modified date kept for the next visit
 REPORT_DELAY = 0.02
-# Download asks wait this long for others to share their frame. They come one at a time (a download's ask slot
-# frees as its bytes arrive), and a frame each, with the master's grant frame back, cost more CPU than the rest of
-# the exchange; a worker asks twice its downloads ahead, so the wait costs no download its start.
-ASK_DELAY = 0.005
 ENDED_KEPT = 4096   # page requests whose outcome is remembered for tasks chained after them
 # How often the data dir is checked for free space, and, after a local fault, whether it can be written again.
 DISK_CHECK_INTERVAL = 1.0
@@ -120,6 +116,11 @@ def _within_limits(r: p.Result) -> p.Result:
         return p.Result(r.lease, r.url, p.ERROR, error=f"result out of the wire's limits: {why}")
 
 
+def _now() -> float:
+    """The loop's clock, which the ledger's times are in (the flush timer runs on it)."""
+    return asyncio.get_running_loop().time()
+
+
 class MasterRefused(Exception):
     """The master refused this worker (bad secret, unknown id, id in use): retrying will not help without a fix."""
 
@@ -174,29 +175,15 @@ class Worker:
         self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
         self._fetched: list[p.PageFetch] = []
-        # Downloads the master grants (protocol.DownloadAsk): asks and ends not yet sent (one frame for those of
-        # a loop turn after an end, of ASK_DELAY after an ask), and the asks waiting for their grant, by ticket.
-        self._tickets = itertools.count(1)
-        self._asks: list[tuple[int, str]] = []
-        self._ends: list[p.DownloadEnd] = []
+        # Downloads, as the master must hear of them (ledger.py): what is asked, ended, pending, settled. Here
+        # the asyncio side of it: the asks waiting for their grant, by ticket; the jobs, by download (they
+        # outlive a session: a short absence of the master costs none of them); the flush arranged.
+        self.ledger = DownloadLedger(cfg.pending_downloads)
         self._grants: dict[int, asyncio.Future[p.Grant | None]] = {}   # None: its session ended, ask again
-        self._send_downloads: Callable[[], None] | None = None   # set while a session is up
-        self._ends_due = False                                     # a send of asks and ends is due this turn
-        self._ask_timer: asyncio.TimerHandle | None = None         # or one is due within ASK_DELAY
+        self._jobs: dict[Key, asyncio.Task[None]] = {}
+        self._flush_timer: asyncio.Handle | None = None
+        self._send_downloads: Callable[[Outgoing], None] | None = None   # set while a session is up
         self._send_fetched: Callable[[], None] | None = None   # set while a session is up
-        # Downloads run as this worker's own jobs, apart from the page that found them (whose report says
-        # "pending" and does not wait): (page, address as reported) -> the job. At most cfg.pending_downloads
-        # (about: a page's items start together); while that many are pending the worker grants no credit, so
-        # it takes no new pages. They outlive a session: a short absence of the master costs none of them.
-        self._jobs: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._outcomes: list[tuple[str, it.AudioItem]] = []   # ended, not yet sent (kept across a reconnect)
-        # Recent outcomes, for a download the master hands back after a reconnect: sent again, not fetched.
-        self._settled: OrderedDict[tuple[str, str], it.AudioItem] = OrderedDict()
-        # An outcome goes to the master only after the page that reported its item pending (else it would find
-        # nothing pending): the downloads whose page's report is not sent yet, and the outcomes held for them.
-        self._unreported: set[tuple[str, str]] = set()
-        self._held: dict[tuple[str, str], it.AudioItem] = {}
-        self._send_outcomes: Callable[[], None] | None = None   # set while a session is up
         self._room: Callable[[], None] | None = None            # the session's: a pending download ended
         self._session_up = asyncio.Event()
         self._tg: asyncio.TaskGroup   # serve()'s, which the download jobs belong to
@@ -372,7 +359,7 @@ class Worker:
         # Credit this worker owes the master but holds back while it cannot store anything, or while as many
         # downloads as it may hold are pending.
         withheld = 0
-        if self.fault is None and not self._downloads_full():
+        if self.fault is None and not self.ledger.full:
             await conn.send(p.Credit(self.cfg.max_tasks))
         else:
             withheld = self.cfg.max_tasks
@@ -382,25 +369,12 @@ class Worker:
         def room() -> None:
             # A pending download ended: the credit held back for them goes out once there is room again.
             nonlocal withheld
-            if withheld and self.fault is None and not self._downloads_full() and not conn.writer.is_closing():
+            if withheld and self.fault is None and not self.ledger.full and not conn.writer.is_closing():
                 n, withheld = withheld, 0
                 try:
                     conn.send_nowait(p.Credit(n))
                 except (OSError, ConnectionError):
                     pass
-
-        def send_outcomes() -> None:
-            # The downloads that ended in this turn of the event loop share a frame (or a few).
-            batch, self._outcomes = self._outcomes, []
-            if not batch:
-                return
-            if conn.writer.is_closing():
-                self._outcomes = batch + self._outcomes   # for the next session
-                return
-            try:
-                conn.send_bytes_nowait(_outcome_frames(batch, conn.max_frame))
-            except (OSError, ConnectionError):
-                self._outcomes = batch + self._outcomes
 
         def send_fetched() -> None:
             # Every page request that ended in this turn of the event loop shares one frame.
@@ -466,7 +440,7 @@ class Worker:
                 if back:
                     self.stats.handed_back += len(back)
                     frames += p.encode(p.Fault(self.fault or "local fault", tuple(back)), conn.max_frame)
-                if self.fault is None and not self._downloads_full():
+                if self.fault is None and not self.ledger.full:
                     frames += p.encode(p.Credit(len(batch) + withheld))
                     withheld = 0
                 else:
@@ -494,7 +468,7 @@ class Worker:
                     # A Credit, of none while pending downloads hold it back, tells the master the fault is over
                     # (its clock stops: the downloads stay this node's).
                     credit = 0
-                    if not self._downloads_full():
+                    if not self.ledger.full:
                         credit, withheld = withheld, 0
                     await conn.send(p.Credit(credit))
                 await asyncio.sleep(DISK_CHECK_INTERVAL)
@@ -511,29 +485,29 @@ class Worker:
             await self._stop.wait()
             raise ConnectionClosed("worker stopping")
 
-        def send_downloads() -> None:
-            asks, self._asks = self._asks, []
-            ends, self._ends = self._ends, []
+        def send_downloads(out: Outgoing) -> None:
+            # Asks and ends go unsent with a closing connection (its asks are made again); outcomes stay for the
+            # next session. The outcomes that ended in this turn of the event loop share a frame (or a few).
             if conn.writer.is_closing():
+                self.ledger.unsent(out.outcomes)
                 return
             try:
-                if ends:   # first: a slot freed may be what an ask of this frame waits for
-                    conn.send_nowait(p.DownloadDone(tuple(ends)))
-                if asks:
-                    conn.send_nowait(p.DownloadAsk(tuple(asks)))
+                if out.ends:
+                    conn.send_nowait(p.DownloadDone(out.ends))
+                if out.asks:
+                    conn.send_nowait(p.DownloadAsk(out.asks))
+                if out.outcomes:
+                    conn.send_bytes_nowait(_outcome_frames(list(out.outcomes), conn.max_frame))
             except (OSError, ConnectionError):
-                pass
+                self.ledger.unsent(out.outcomes)
 
         ended = False
         self._fetched = []
         self._send_fetched = send_fetched
-        self._asks, self._ends = [], []
         self._send_downloads = send_downloads
-        self._send_outcomes = send_outcomes
         self._room = room
         self._session_up.set()
-        if self._outcomes:   # downloads that ended while the master was away
-            asyncio.get_running_loop().call_soon(send_outcomes)
+        self._arrange(self.ledger.connect(_now()))   # downloads that ended while the master was away
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(reader(tg))
@@ -553,12 +527,12 @@ class Worker:
         finally:
             self._send_fetched = None
             self._send_downloads = None
-            self._send_outcomes = None
             self._room = None
             self._session_up.clear()
-            # Reports this session did not send are lost with it (their pages are fetched again): the outcomes
-            # held for them go to the next session, where the master takes those it still waits for.
-            self._page_reported(list(self._unreported))
+            self.ledger.disconnect()
+            if self._flush_timer is not None:
+                self._flush_timer.cancel()
+                self._flush_timer = None
             # Asks this session will never answer: their downloads ask the next one.
             for waiter in self._grants.values():
                 if not waiter.done():
@@ -672,17 +646,7 @@ class Worker:
         jobs = [job for key in keys if (job := self._jobs.get(key)) is not None]
         if jobs:
             await asyncio.wait(jobs, timeout=self.cfg.report_wait)
-        ended: dict[tuple[str, str], it.AudioItem] = {}
-        for key in keys:
-            done = self._held.pop(key, None)
-            if done is not None:
-                self._unreported.discard(key)
-            elif key not in self._jobs:
-                # Ended, and its outcome taken by another report naming the same download (a page leased
-                # again while its first visit waited): the latest outcome of the key is the same.
-                done = self._settled.get(key)
-            if done is not None:
-                ended[key] = done
+        ended = self.ledger.outcomes_of(keys)
         if not ended:
             return result
         audio = tuple(ended.get((a.page, a.url), a) if a.status == it.PENDING else a for a in result.audio)
@@ -902,25 +866,25 @@ class Worker:
                                if u and u not in audio and not generic.audio_link(u))
         return list(normed)[: self.cfg.max_links_per_page]
 
-    def _flush_downloads(self, *, ask: bool) -> None:
-        """Have the asks and ends queued go out in one frame: at the end of this loop turn after an end (it frees
-        its host's slot for the whole cluster), within ASK_DELAY after an ask."""
-        if self._send_downloads is None:
+    def _arrange(self, at: float | None) -> None:
+        """Have what the ledger holds for the master go out by `at` (the loop's time, None: a flush is arranged
+        already): at the end of this loop turn when it is due, else on a timer."""
+        if at is None:
             return
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
         loop = asyncio.get_running_loop()
-        if not ask and not self._ends_due:
-            self._ends_due = True
-            loop.call_soon(self._flush_soon)
-        elif ask and self._ask_timer is None:
-            self._ask_timer = loop.call_later(ASK_DELAY, self._flush_soon)
+        self._flush_timer = loop.call_soon(self._flush) if at <= loop.time() else loop.call_at(at, self._flush)
 
-    def _flush_soon(self) -> None:
-        self._ends_due = False
-        if self._ask_timer is not None:
-            self._ask_timer.cancel()
-            self._ask_timer = None
+    def _flush(self) -> None:
+        self._flush_timer = None
+        out = self.ledger.flush()
+        if not (out.ends or out.asks or out.outcomes):
+            return
         if self._send_downloads is not None:
-            self._send_downloads()
+            self._send_downloads(out)
+        else:
+            self.ledger.unsent(out.outcomes)
 
     async def _grant(self, url: str) -> tuple[int | None, p.Grant]:
         """The master's leave to download url (its host has a free slot), or the place of the copy another node
@@ -928,15 +892,14 @@ class Worker:
         (and is made again: the session that did not answer is gone). Without a master (a task run on its own)
         the answer is yes at once."""
         while True:
-            if self._send_downloads is None:
+            if not self.ledger.connected:
                 if not self._was_connected:
                     return None, p.Grant(0, p.GRANT_GO)
                 await self._session_up.wait()
                 continue
-            ticket = next(self._tickets)
+            ticket, at = self.ledger.ask(url, _now())
             waiter = self._grants[ticket] = asyncio.get_running_loop().create_future()
-            self._flush_downloads(ask=True)
-            self._asks.append((ticket, url))
+            self._arrange(at)
             try:
                 grant = await waiter
             finally:
@@ -945,26 +908,16 @@ class Worker:
                 return ticket, grant
 
     def _download_ended(self, ticket: int | None, done: it.AudioItem | None) -> None:
-        if ticket is None or self._send_downloads is None:
-            return   # the session that granted it is gone, and with it the master's count of this download
-        self._flush_downloads(ask=False)
-        if done is not None and done.status == it.OK and done.sha256:
-            self._ends.append(p.DownloadEnd(ticket, done.sha256, done.size, done.path))
-        else:
-            self._ends.append(p.DownloadEnd(ticket))
+        self._arrange(self.ledger.end(ticket, done, _now()))
 
     # ------------------------------------------------------------------ downloads, apart from their pages
-    def _downloads_full(self) -> bool:
-        return len(self._jobs) >= self.cfg.pending_downloads
-
     def _start_download(self, item: it.AudioItem, resolver: Resolver, start: Started | None = None) -> it.AudioItem:
         """Start item's download as a job of this worker's own; returns the item as its page reports it.
         start: the file's first bytes, when the page fetch was the file (held until the download starts: at most
         fetcher.SNIFF_BYTES for each of cfg.pending_downloads)."""
-        reported = item.replace(status=it.PENDING)
-        key = (item.page, item.url)
-        self._unreported.add(key)
-        if key not in self._jobs:
+        reported, fresh = self.ledger.start(item)
+        if fresh:
+            key = (item.page, item.url)
             self._jobs[key] = self._tg.create_task(self._download_job(key, item, resolver, start))
         return reported
 
@@ -980,17 +933,15 @@ class Worker:
         """Download-only work from the master (protocol.DownloadWork): another node's pending download, or one
         of this node's own sent again after it rejoined (a job still running, or ended already, is not
         started twice)."""
+        fresh, at = self.ledger.take(item, _now())
+        self._arrange(at)
+        if not fresh:
+            return
         key = (item.page, item.url)
-        if key in self._jobs:
-            return
-        done = self._settled.get(key)
-        if done is not None:
-            self._queue_outcome(key[1], done)
-            return
         resolver = next((r for r in self.resolvers if r.name == item.resolver), self.resolvers[-1])
         self._jobs[key] = self._tg.create_task(self._download_job(key, item.replace(status=it.OK), resolver))
 
-    async def _download_job(self, key: tuple[str, str], item: it.AudioItem, resolver: Resolver,
+    async def _download_job(self, key: Key, item: it.AudioItem, resolver: Resolver,
                             start: Started | None = None) -> None:
         done: it.AudioItem | None = None
         try:
@@ -1010,43 +961,23 @@ class Worker:
             done = item.replace(status=it.FAILED, reason=f"worker error: {type(e).__name__}: {e}"[:500])
         finally:
             self._jobs.pop(key, None)
+            if done is None:   # cancelled: the worker stops
+                self.ledger.dropped(key)
         self._ended_download(key, done)
 
-    def _ended_download(self, key: tuple[str, str], done: it.AudioItem) -> None:
-        if done.status not in (it.OK, it.FAILED):
-            done = done.replace(status=it.FAILED, reason=done.reason or f"download ended {done.status}")
-        done = _outcome_within_limits(key[1], done)
-        self._settled[key] = done
-        self._settled.move_to_end(key)
-        while len(self._settled) > ENDED_KEPT:
-            self._settled.popitem(last=False)
+    def _ended_download(self, key: Key, done: it.AudioItem) -> None:
+        done, at = self.ledger.ended(key, done, _now())
         self.metrics.audio.labels(self.cfg.id, done.status).inc()
         if done.sha256 and done.size and "stored_on" not in done.extra:
             self.metrics.audio_bytes.inc(done.size)
             self.stats.bytes += done.size
-        if key in self._unreported:
-            self._held[key] = done
-        else:
-            self._queue_outcome(key[1], done)
+        self._arrange(at)
         if self._room is not None:
             self._room()
 
-    def _queue_outcome(self, url: str, done: it.AudioItem) -> None:
-        if not self._outcomes and self._send_outcomes is not None:
-            asyncio.get_running_loop().call_soon(self._flush_outcomes)
-        self._outcomes.append((url, done))
-
-    def _page_reported(self, keys: Collection[tuple[str, str]]) -> None:
+    def _page_reported(self, keys: set[Key]) -> None:
         """The reports naming these downloads as pending were sent: their outcomes may follow."""
-        for key in keys:
-            self._unreported.discard(key)
-            done = self._held.pop(key, None)
-            if done is not None:
-                self._queue_outcome(key[1], done)
-
-    def _flush_outcomes(self) -> None:
-        if self._send_outcomes is not None:
-            self._send_outcomes()
+        self._arrange(self.ledger.reported(keys, _now()))
 
     async def _download(self, item: it.AudioItem, resolver: Resolver, start: Started | None = None) -> it.AudioItem:
         async def reresolve(item: it.AudioItem) -> it.AudioItem | None:
@@ -1091,7 +1022,7 @@ class Worker:
                 self._download_ended(ticket, done)
 
 
-def _pending_keys(results: Iterable[p.Result]) -> set[tuple[str, str]]:
+def _pending_keys(results: Iterable[p.Result]) -> set[Key]:
     return {(a.page, a.url) for r in results for a in r.audio if a.status == it.PENDING}
 
 
@@ -1101,23 +1032,6 @@ def _outcome_frames(batch: list[tuple[str, it.AudioItem]], max_frame: int) -> by
         return p.encode(p.DownloadReport(tuple(batch)), max_frame)
     except ValueError:
         return b"".join(p.encode(p.DownloadReport((o,)), max_frame) for o in batch)
-
-
-def _outcome_within_limits(url: str, done: it.AudioItem) -> it.AudioItem:
-    """The outcome as the master will take it: what a file's tags add past the wire's limits is dropped (the
-    item as its page reported it passed them already), so a hostile file cannot cost the connection."""
-    try:
-        p.check_result(p.Result(0, url, p.DONE, audio=(done,)))
-        return done
-    except p.ProtocolError:
-        pass
-    trimmed = done.replace(file_tags={}, lyrics=None, description=None, meta_source={})
-    try:
-        p.check_result(p.Result(0, url, p.DONE, audio=(trimmed,)))
-        return trimmed
-    except p.ProtocolError as e:
-        return it.AudioItem(url=done.url, page=done.page, status=it.FAILED, resolver=done.resolver,
-                            reason=f"outcome out of the wire's limits: {str(e)[:200]}")
 
 
 def _validators(page: FetchedPage | None, digest: int) -> tuple[str | None, str | None, int | None] | None:
