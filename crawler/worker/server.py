@@ -39,11 +39,12 @@ from crawler.web import html
 from crawler.web.links import audio_candidates, count_links, extract_links
 from crawler.web.media import is_audio_url, is_playlist_url
 from crawler.web.page import FetchedPage
-from crawler.web.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
+from crawler.web.urls import NormalizeOptions, normalize_many
 from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader, Started
 from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, describe, is_local
 from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher, build_client, build_transport
+from crawler.worker import page_plan
 from crawler.worker.ledger import DownloadLedger, Key, Outgoing
 from crawler.worker.linkcache import LinkCache
 from crawler.worker.revisit import PageAudio, content_digest
@@ -674,8 +675,8 @@ class Worker:
         # At the crawl's depth limit the page's links would only be dropped by the master: not even extracted.
         # Its audio references (a playlist, a stream) are still reported: resolving its audio is part of the page.
         # Past the limit a task is itself such a reference: what it names in turn is one too.
-        follow = self.max_depth is None or task.depth < self.max_depth
-        beyond = self.max_depth is not None and task.depth > self.max_depth
+        where = page_plan.depth(task.depth, self.max_depth)
+        follow, beyond = where.follow, where.beyond
         refs: list[str] = []
         resolver = pick(self.resolvers, url)
         page: FetchedPage | None = None
@@ -706,38 +707,31 @@ class Worker:
                                       time.monotonic() - started):
                     await asyncio.sleep(0)   # the chained request goes out before this page is parsed
             page.link_meta = task.link_meta   # what the linking page said: names audio found here
-            if page.status == 304:   # unchanged since the visit the validators came from: nothing to parse
+            answer = page_plan.Answer(page.status, page.final_url, page.headers.get("location", "").strip(),
+                                      page.is_html())
+            action = page_plan.decide(answer, where)
+            if isinstance(action, page_plan.Check):
+                refused = await self._too_complex(page.body)
+                action = page_plan.decide(replace(answer, checked=True, refused=refused), where)
+                if refused and isinstance(action, page_plan.Report):
+                    self.stats.refused[refused.split(":", 1)[0]] += 1
+            if isinstance(action, page_plan.Unchanged):
                 # Its audio, as its last full answer listed it, goes through the downloader again: revalidated
                 # once revalidate_after has passed, and a change at its address found (revisit.py).
                 again = self._revalidate(self.page_audio.known(url, task.validators) or ())
                 return p.Result(task.lease, url, p.DONE, 304, page.final_url, page.content_type, 0, audio=again,
                                 validators=(_header_value(page.headers.get("etag")),
                                             _header_value(page.headers.get("last-modified")), None))
-            if page.status == 429 or page.status >= 500:
-                return p.Result(task.lease, url, p.RETRY, page.status, page.final_url, page.content_type,
-                                len(page.body), f"HTTP {page.status}")
-            if page.status in p.REDIRECT_STATUSES:
-                location = page.headers.get("location", "").strip()
-                try:
-                    target = resolve(page.final_url, location) if location else ""
-                except InvalidURL:
-                    target = ""
-                # The target is the same resource, at the same depth (the master queues it there): followed
-                # even at the limit; past it, it is the reference this task was.
-                links = self._links_to_report([target] if target and not beyond else [], [], task.depth)
-                refs = self._links_to_report([target] if target and beyond else [], [], task.depth)
+            if isinstance(action, page_plan.Report):
+                return p.Result(task.lease, url, action.status, page.status, page.final_url, page.content_type,
+                                len(page.body), action.error)
+            if isinstance(action, page_plan.Redirect):
+                # The target is the same resource, at the same depth (the master queues it there).
+                target = [action.target] if action.target else []
+                links = self._links_to_report([] if action.ref else target, [], task.depth)
+                refs = self._links_to_report(target if action.ref else [], [], task.depth)
                 return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
-                                len(page.body), None if target else "redirect without a usable Location",
-                                tuple(links), refs=tuple(refs))
-            if page.status >= 400:
-                return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
-                                len(page.body))
-            if page.is_html():
-                refused = await self._too_complex(page.body)
-                if refused:
-                    self.stats.refused[refused.split(":", 1)[0]] += 1
-                    return p.Result(task.lease, url, p.ERROR, page.status, page.final_url, page.content_type,
-                                    len(page.body), refused)
+                                len(page.body), action.error, tuple(links), refs=tuple(refs))
             if len(page.body) > html.PARSE_INLINE_BYTES and page.is_html():
                 await asyncio.to_thread(page.tree)     # the parse releases the GIL: the loop goes on
             tree = page.tree()
