@@ -14,7 +14,7 @@ import os
 import random
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import msgspec
@@ -175,7 +175,6 @@ class Worker:
         self.norm = NormalizeOptions(keep_fragment=self._fragment_rules)
         self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
-        self._fetched: list[p.PageFetch] = []
         # Downloads, as the master must hear of them (ledger.py): what is asked, ended, pending, settled. Here
         # the asyncio side of it: the asks waiting for their grant, by ticket; the jobs, by download (they
         # outlive a session: a short absence of the master costs none of them); the flush arranged.
@@ -183,9 +182,7 @@ class Worker:
         self._grants: dict[int, asyncio.Future[p.Grant | None]] = {}   # None: its session ended, ask again
         self._jobs: dict[Key, asyncio.Task[None]] = {}
         self._flush_timer: asyncio.Handle | None = None
-        self._send_downloads: Callable[[Outgoing], None] | None = None   # set while a session is up
-        self._send_fetched: Callable[[], None] | None = None   # set while a session is up
-        self._room: Callable[[], None] | None = None            # the session's: a pending download ended
+        self._session: Session | None = None    # the connection to the master, while one is up
         self._session_up = asyncio.Event()
         self._tg: asyncio.TaskGroup   # serve()'s, which the download jobs belong to
         # Chained tasks (protocol.Task.after): how recent page requests ended (lease -> the next may start),
@@ -310,7 +307,7 @@ class Worker:
                 delay = 0.2
                 self._was_connected = True
                 log.info("worker %s connected to master %s:%d", self.cfg.id, host, port)
-                if await self._session(conn, hs, welcome):
+                if await self._serve_session(conn, hs, welcome):
                     return 0
             except MasterRefused as e:
                 if e.code == p.DUPLICATE_ID and self._was_connected:
@@ -348,187 +345,22 @@ class Worker:
         except p.PeerRefused as e:
             raise MasterRefused(e.reason, e.code) from None
 
-    async def _session(self, conn: FramedConnection, hs: p.WorkerHandshake, welcome: p.Welcome) -> bool:
+    async def _serve_session(self, conn: FramedConnection, hs: p.WorkerHandshake, welcome: p.Welcome) -> bool:
         """Serve one connection. True when the master ended the crawl."""
         self._normalise_as(welcome)
         self.links.forget()
         self.max_depth = welcome.max_depth
         self._allow_targets(welcome)
         conn.max_frame = min(conn.max_frame, welcome.max_frame)
-        # A Result to report, or the lease id of a task handed back unfinished after a local fault.
-        results: asyncio.Queue[p.Result | int] = asyncio.Queue()
-        # Credit this worker owes the master but holds back while it cannot store anything, or while as many
-        # downloads as it may hold are pending.
-        withheld = 0
-        if self.fault is None and not self.ledger.full:
-            await conn.send(p.Credit(self.cfg.max_tasks))
-        else:
-            withheld = self.cfg.max_tasks
-            if self.fault is not None:
-                await conn.send(p.Fault(self.fault))
-
-        def room() -> None:
-            # A pending download ended: the credit held back for them goes out once there is room again.
-            nonlocal withheld
-            if withheld and self.fault is None and not self.ledger.full and not conn.writer.is_closing():
-                n, withheld = withheld, 0
-                try:
-                    conn.send_nowait(p.Credit(n))
-                except (OSError, ConnectionError):
-                    pass
-
-        def send_fetched() -> None:
-            # Every page request that ended in this turn of the event loop shares one frame.
-            batch, self._fetched = self._fetched, []
-            if batch and not conn.writer.is_closing():
-                try:
-                    conn.send_nowait(p.Fetched(tuple(batch)))
-                except (OSError, ConnectionError):
-                    pass
-        last_heard = time.monotonic()
-        timeout = max(3 * welcome.heartbeat_interval, 5.0)
-
-        async def reader(tg: asyncio.TaskGroup) -> None:
-            nonlocal last_heard
-            while True:
-                msg = hs.receive(await conn.recv())
-                last_heard = time.monotonic()
-                if isinstance(msg, p.Assign):
-                    for task in msg.tasks:
-                        tg.create_task(self._run_task(task, results))
-                elif isinstance(msg, p.DownloadWork):
-                    for item in msg.items:
-                        self._take_download(item)
-                elif isinstance(msg, p.FragmentRules):
-                    # A worker joined whose resolvers brought rules: links are keyed with them from now on, and
-                    # those seen already are reported again under their new keys.
-                    self.norm = replace(self.norm, keep_fragment=msg.keep_fragment)
-                    self.links.forget()
-                elif isinstance(msg, p.DownloadGrant):
-                    for g in msg.grants:
-                        waiter = self._grants.pop(g.ticket, None)
-                        if waiter is not None and not waiter.done():
-                            waiter.set_result(g)
-                elif isinstance(msg, p.Shutdown):
-                    log.info("master ended the crawl: %s", msg.reason)
-                    raise _Shutdown()
-
-        async def reporter() -> None:
-            nonlocal withheld
-            while True:
-                batch = [await results.get()]
-                await asyncio.sleep(REPORT_DELAY)   # let a burst of results share one frame
-                size = _wire_size(batch[0])
-                while len(batch) < REPORT_BATCH and size < REPORT_BYTES and not results.empty():
-                    batch.append(results.get_nowait())
-                    size += _wire_size(batch[-1])
-                pending = _pending_keys(r for r in batch if isinstance(r, p.Result))
-                try:
-                    self.pages.flush()   # the index lines of these pages reach the disk before the master hears
-                except OSError as e:
-                    if not is_local(e):
-                        raise
-                    self._enter_fault(describe(e))
-                    # Their pages may not be indexed: the whole batch is fetched again elsewhere. The link cache
-                    # took their links as reported: it forgets, or a page fetched again here (its slot's node)
-                    # would hold back the links the master never heard of (a song's playlist, and its audio).
-                    if any(isinstance(r, p.Result) for r in batch):
-                        self.links.forget()
-                    batch = [r.lease if isinstance(r, p.Result) else r for r in batch]
-                done = [r for r in batch if isinstance(r, p.Result)]
-                back = [r for r in batch if isinstance(r, int)]
-                frames = _report_frames(done, conn.max_frame) if done else b""
-                if back:
-                    self.stats.handed_back += len(back)
-                    frames += p.encode(p.Fault(self.fault or "local fault", tuple(back)), conn.max_frame)
-                if self.fault is None and not self.ledger.full:
-                    frames += p.encode(p.Credit(len(batch) + withheld))
-                    withheld = 0
-                else:
-                    withheld += len(batch)
-                await conn.send_bytes(frames)
-                if pending:   # their outcomes may follow now
-                    self._page_reported(pending)
-
-        async def disk_watch() -> None:
-            nonlocal withheld
-            # A fault a download ran into is said here too: the master times how long a node cannot store, and
-            # past scheduling.fault_timeout hands its pending downloads on.
-            told = self.fault is not None
-            while True:
-                need = self.cfg.min_free_bytes + (RESUME_HEADROOM if self.fault is not None else 0)
-                reason = await asyncio.to_thread(check_data_dir, self.cfg.data_dir, need)
-                if reason is not None and (self.fault is None or not told):
-                    self._enter_fault(reason)
-                    told = True
-                    await conn.send(p.Fault(self.fault or reason))
-                elif reason is None and self.fault is not None:
-                    log.info("worker %s can store again: taking tasks", self.cfg.id)
-                    self.fault = None
-                    told = False
-                    # A Credit, of none while pending downloads hold it back, tells the master the fault is over
-                    # (its clock stops: the downloads stay this node's).
-                    credit = 0
-                    if not self.ledger.full:
-                        credit, withheld = withheld, 0
-                    await conn.send(p.Credit(credit))
-                await asyncio.sleep(DISK_CHECK_INTERVAL)
-
-        async def heartbeat() -> None:
-            while True:
-                await asyncio.sleep(welcome.heartbeat_interval)
-                if time.monotonic() - last_heard > timeout:
-                    raise ConnectionClosed(f"master silent for {time.monotonic() - last_heard:.1f} s")
-                # The leases still worked on, so the master renews them: a slow resolve keeps its page's.
-                await conn.send(p.Heartbeat(time.time(), tuple(self._running)))
-
-        async def stopper() -> None:
-            await self._stop.wait()
-            raise ConnectionClosed("worker stopping")
-
-        def send_downloads(out: Outgoing) -> None:
-            # Asks and ends go unsent with a closing connection (its asks are made again); outcomes stay for the
-            # next session. The outcomes that ended in this turn of the event loop share a frame (or a few).
-            if conn.writer.is_closing():
-                self.ledger.unsent(out.outcomes)
-                return
-            try:
-                if out.ends:
-                    conn.send_nowait(p.DownloadDone(out.ends))
-                if out.asks:
-                    conn.send_nowait(p.DownloadAsk(out.asks))
-                if out.outcomes:
-                    conn.send_bytes_nowait(_outcome_frames(list(out.outcomes), conn.max_frame))
-            except (OSError, ConnectionError):
-                self.ledger.unsent(out.outcomes)
-
-        ended = False
-        self._fetched = []
-        self._send_fetched = send_fetched
-        self._send_downloads = send_downloads
-        self._room = room
+        session = Session(self, conn, hs, welcome)
+        await session.open()
+        self._session = session
         self._session_up.set()
         self._arrange(self.ledger.connect(_now()))   # downloads that ended while the master was away
         try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(reader(tg))
-                tg.create_task(reporter())
-                tg.create_task(heartbeat())
-                tg.create_task(disk_watch())
-                tg.create_task(stopper())
-        except* _Shutdown:
-            ended = True
-        except* p.ProtocolError as eg:      # a frame that fails its tag too: something on the path spoke
-            log.warning("master broke the protocol: %s; connecting again", eg.exceptions[0])
-        except* (ConnectionClosed, OSError) as eg:   # OSError: a local fault (disk) ends it too
-            if self._stop.is_set():
-                log.info("worker %s stopping: connection to the master closed", self.cfg.id)
-            else:
-                log.info("connection to the master lost: %s", eg.exceptions[0])
+            return await session.run()
         finally:
-            self._send_fetched = None
-            self._send_downloads = None
-            self._room = None
+            self._session = None
             self._session_up.clear()
             self.ledger.disconnect()
             if self._flush_timer is not None:
@@ -538,7 +370,13 @@ class Worker:
             for waiter in self._grants.values():
                 if not waiter.done():
                     waiter.set_result(None)
-        return ended
+
+    def _granted(self, grants: Iterable[p.Grant]) -> None:
+        """The master's answers to asks (_grant): each wakes the download that waits for it."""
+        for g in grants:
+            waiter = self._grants.pop(g.ticket, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(g)
 
     def _allow_targets(self, welcome: p.Welcome) -> None:
         origins, networks = [], []
@@ -557,11 +395,9 @@ class Worker:
         """Tell the master at once that a page request ended (see protocol.Fetched), in one frame per loop turn,
         and release the task chained after it, if any (then True: the caller should let it start first)."""
         woke = self._request_ended(lease, status not in THROTTLE_STATUSES)
-        if self._send_fetched is not None:
+        if self._session is not None:
             wait = parse_retry_after(retry_after, time.time()) if status in THROTTLE_STATUSES else None
-            if not self._fetched:
-                asyncio.get_running_loop().call_soon(self._send_fetched)
-            self._fetched.append(p.PageFetch(lease, status, wait, latency))
+            self._session.page_fetched(p.PageFetch(lease, status, wait, latency))
         return woke
 
     def _request_ended(self, lease: int, go: bool) -> bool:
@@ -875,8 +711,8 @@ class Worker:
         out = self.ledger.flush()
         if not (out.ends or out.asks or out.outcomes):
             return
-        if self._send_downloads is not None:
-            self._send_downloads(out)
+        if self._session is not None:
+            self._session.send_downloads(out)
         else:
             self.ledger.unsent(out.outcomes)
 
@@ -966,8 +802,8 @@ class Worker:
             self.metrics.audio_bytes.inc(done.size)
             self.stats.bytes += done.size
         self._arrange(at)
-        if self._room is not None:
-            self._room()
+        if self._session is not None:
+            self._session.room()
 
     def _page_reported(self, keys: set[Key]) -> None:
         """The reports naming these downloads as pending were sent: their outcomes may follow."""
@@ -1014,6 +850,197 @@ class Worker:
             transferred()
             if go:
                 self._download_ended(ticket, done)
+
+
+class Session:
+    """One connection to the master, from its Welcome to its end: the state its tasks share (the results to
+    report, the credit held back, when the master was last heard) and the tasks themselves (reader, reporter,
+    heartbeat, disk watch, stopper), all in one TaskGroup cancelled when the connection goes. The worker sends
+    through the session up (Worker._session) what its page requests and downloads produce."""
+
+    def __init__(self, worker: Worker, conn: FramedConnection, hs: p.WorkerHandshake, welcome: p.Welcome) -> None:
+        self.worker = worker
+        self.conn = conn
+        self.hs = hs
+        self.welcome = welcome
+        # A Result to report, or the lease id of a task handed back unfinished after a local fault.
+        self.results: asyncio.Queue[p.Result | int] = asyncio.Queue()
+        # Credit this worker owes the master but holds back while it cannot store anything, or while as many
+        # downloads as it may hold are pending.
+        self.withheld = 0
+        self.fetched: list[p.PageFetch] = []   # page requests that ended this loop turn, not sent yet
+        self.last_heard = time.monotonic()
+        self.timeout = max(3 * welcome.heartbeat_interval, 5.0)
+
+    async def open(self) -> None:
+        """The master's first credit, or (the worker cannot take tasks) the fault and the credit held back."""
+        w = self.worker
+        if w.fault is None and not w.ledger.full:
+            await self.conn.send(p.Credit(w.cfg.max_tasks))
+        else:
+            self.withheld = w.cfg.max_tasks
+            if w.fault is not None:
+                await self.conn.send(p.Fault(w.fault))
+
+    async def run(self) -> bool:
+        """Until the connection ends: True when the master ended the crawl."""
+        w = self.worker
+        ended = False
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.reader(tg))
+                tg.create_task(self.reporter())
+                tg.create_task(self.heartbeat())
+                tg.create_task(self.disk_watch())
+                tg.create_task(self.stopper())
+        except* _Shutdown:
+            ended = True
+        except* p.ProtocolError as eg:      # a frame that fails its tag too: something on the path spoke
+            log.warning("master broke the protocol: %s; connecting again", eg.exceptions[0])
+        except* (ConnectionClosed, OSError) as eg:   # OSError: a local fault (disk) ends it too
+            if w._stop.is_set():
+                log.info("worker %s stopping: connection to the master closed", w.cfg.id)
+            else:
+                log.info("connection to the master lost: %s", eg.exceptions[0])
+        return ended
+
+    # ------------------------------------------------------------------ what the worker sends through it
+    def room(self) -> None:
+        """A pending download ended: the credit held back for them goes out once there is room again."""
+        w, conn = self.worker, self.conn
+        if self.withheld and w.fault is None and not w.ledger.full and not conn.writer.is_closing():
+            n, self.withheld = self.withheld, 0
+            try:
+                conn.send_nowait(p.Credit(n))
+            except (OSError, ConnectionError):
+                pass
+
+    def page_fetched(self, fetch: p.PageFetch) -> None:
+        """Every page request that ends in this turn of the event loop shares one frame."""
+        if not self.fetched:
+            asyncio.get_running_loop().call_soon(self._send_fetched)
+        self.fetched.append(fetch)
+
+    def _send_fetched(self) -> None:
+        batch, self.fetched = self.fetched, []
+        if batch and not self.conn.writer.is_closing():
+            try:
+                self.conn.send_nowait(p.Fetched(tuple(batch)))
+            except (OSError, ConnectionError):
+                pass
+
+    def send_downloads(self, out: Outgoing) -> None:
+        """Asks and ends go unsent with a closing connection (their asks are made again); outcomes stay for the
+        next session. The outcomes that ended in this turn of the event loop share a frame (or a few)."""
+        conn, ledger = self.conn, self.worker.ledger
+        if conn.writer.is_closing():
+            ledger.unsent(out.outcomes)
+            return
+        try:
+            if out.ends:
+                conn.send_nowait(p.DownloadDone(out.ends))
+            if out.asks:
+                conn.send_nowait(p.DownloadAsk(out.asks))
+            if out.outcomes:
+                conn.send_bytes_nowait(_outcome_frames(list(out.outcomes), conn.max_frame))
+        except (OSError, ConnectionError):
+            ledger.unsent(out.outcomes)
+
+    # ------------------------------------------------------------------ its tasks
+    async def reader(self, tg: asyncio.TaskGroup) -> None:
+        w = self.worker
+        while True:
+            msg = self.hs.receive(await self.conn.recv())
+            self.last_heard = time.monotonic()
+            if isinstance(msg, p.Assign):
+                for task in msg.tasks:
+                    tg.create_task(w._run_task(task, self.results))
+            elif isinstance(msg, p.DownloadWork):
+                for item in msg.items:
+                    w._take_download(item)
+            elif isinstance(msg, p.FragmentRules):
+                # A worker joined whose resolvers brought rules: links are keyed with them from now on, and
+                # those seen already are reported again under their new keys.
+                w.norm = replace(w.norm, keep_fragment=msg.keep_fragment)
+                w.links.forget()
+            elif isinstance(msg, p.DownloadGrant):
+                w._granted(msg.grants)
+            elif isinstance(msg, p.Shutdown):
+                log.info("master ended the crawl: %s", msg.reason)
+                raise _Shutdown()
+
+    async def reporter(self) -> None:
+        w, conn, results = self.worker, self.conn, self.results
+        while True:
+            batch = [await results.get()]
+            await asyncio.sleep(REPORT_DELAY)   # let a burst of results share one frame
+            size = _wire_size(batch[0])
+            while len(batch) < REPORT_BATCH and size < REPORT_BYTES and not results.empty():
+                batch.append(results.get_nowait())
+                size += _wire_size(batch[-1])
+            pending = _pending_keys(r for r in batch if isinstance(r, p.Result))
+            try:
+                w.pages.flush()   # the index lines of these pages reach the disk before the master hears
+            except OSError as e:
+                if not is_local(e):
+                    raise
+                w._enter_fault(describe(e))
+                # Their pages may not be indexed: the whole batch is fetched again elsewhere. The link cache
+                # took their links as reported: it forgets, or a page fetched again here (its slot's node)
+                # would hold back the links the master never heard of (a song's playlist, and its audio).
+                if any(isinstance(r, p.Result) for r in batch):
+                    w.links.forget()
+                batch = [r.lease if isinstance(r, p.Result) else r for r in batch]
+            done = [r for r in batch if isinstance(r, p.Result)]
+            back = [r for r in batch if isinstance(r, int)]
+            frames = _report_frames(done, conn.max_frame) if done else b""
+            if back:
+                w.stats.handed_back += len(back)
+                frames += p.encode(p.Fault(w.fault or "local fault", tuple(back)), conn.max_frame)
+            if w.fault is None and not w.ledger.full:
+                frames += p.encode(p.Credit(len(batch) + self.withheld))
+                self.withheld = 0
+            else:
+                self.withheld += len(batch)
+            await conn.send_bytes(frames)
+            if pending:   # their outcomes may follow now
+                w._page_reported(pending)
+
+    async def disk_watch(self) -> None:
+        w, cfg = self.worker, self.worker.cfg
+        # A fault a download ran into is said here too: the master times how long a node cannot store, and
+        # past scheduling.fault_timeout hands its pending downloads on.
+        told = w.fault is not None
+        while True:
+            need = cfg.min_free_bytes + (RESUME_HEADROOM if w.fault is not None else 0)
+            reason = await asyncio.to_thread(check_data_dir, cfg.data_dir, need)
+            if reason is not None and (w.fault is None or not told):
+                w._enter_fault(reason)
+                told = True
+                await self.conn.send(p.Fault(w.fault or reason))
+            elif reason is None and w.fault is not None:
+                log.info("worker %s can store again: taking tasks", cfg.id)
+                w.fault = None
+                told = False
+                # A Credit, of none while pending downloads hold it back, tells the master the fault is over
+                # (its clock stops: the downloads stay this node's).
+                credit = 0
+                if not w.ledger.full:
+                    credit, self.withheld = self.withheld, 0
+                await self.conn.send(p.Credit(credit))
+            await asyncio.sleep(DISK_CHECK_INTERVAL)
+
+    async def heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.welcome.heartbeat_interval)
+            if time.monotonic() - self.last_heard > self.timeout:
+                raise ConnectionClosed(f"master silent for {time.monotonic() - self.last_heard:.1f} s")
+            # The leases still worked on, so the master renews them: a slow resolve keeps its page's.
+            await self.conn.send(p.Heartbeat(time.time(), tuple(self.worker._running)))
+
+    async def stopper(self) -> None:
+        await self.worker._stop.wait()
+        raise ConnectionClosed("worker stopping")
 
 
 def _pending_keys(results: Iterable[p.Result]) -> set[Key]:
