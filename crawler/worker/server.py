@@ -166,8 +166,9 @@ class Worker:
         self.resolvers: list[Resolver] = load_resolvers(cfg.resolvers)
         self.links = LinkCache(cfg.link_cache)
         self.page_audio = PageAudio()     # the audio pages listed, for their visits answered 304 (revisit.py)
-        # Until a master says how the crawl keys URLs (its Welcome, see _session), the resolvers' fragment rules:
-        # a task run on its own keeps the fragments its resolvers need. The master is told them in the handshake.
+        # Until a master says how the crawl keys URLs (its Welcome, see _serve_session), the resolvers' fragment
+        # rules: a task run on its own keeps the fragments its resolvers need. The master is told them in the
+        # handshake.
         self._fragment_rules = tuple(dict.fromkeys(pat for r in self.resolvers for pat in r.keep_fragment))
         if len(self._fragment_rules) > p.MAX_RULES or any(len(r) > p.MAX_RULE for r in self._fragment_rules):
             raise ResolverConfigError(f"resolvers: their fragment rules must be at most {p.MAX_RULES}, each at most "
