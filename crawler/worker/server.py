@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import itertools
 import logging
 import os
 import random
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import msgspec
@@ -40,11 +39,13 @@ from crawler.web import html
 from crawler.web.links import audio_candidates, count_links, extract_links
 from crawler.web.media import is_audio_url, is_playlist_url
 from crawler.web.page import FetchedPage
-from crawler.web.urls import InvalidURL, NormalizeOptions, normalize_many, resolve
+from crawler.web.urls import NormalizeOptions, normalize_many
 from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader, Started
 from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, describe, is_local
 from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher, build_client, build_transport
+from crawler.worker import page_plan
+from crawler.worker.ledger import DownloadLedger, Key, Outgoing
 from crawler.worker.linkcache import LinkCache
 from crawler.worker.revisit import PageAudio, content_digest
 from crawler.worker.pagestore import open_page_store
@@ -57,10 +58,6 @@ REPORT_BYTES = 2 * 1024 * 1024
 MAX_LINK_LENGTH = 4096
 MAX_VALIDATOR = 256   # characters of an ETag or a Last-Modified date kept for the next visit
 REPORT_DELAY = 0.02
-# Download asks wait this long for others to share their frame. They come one at a time (a download's ask slot
-# frees as its bytes arrive), and a frame each, with the master's grant frame back, cost more CPU than the rest of
-# the exchange; a worker asks twice its downloads ahead, so the wait costs no download its start.
-ASK_DELAY = 0.005
 ENDED_KEPT = 4096   # page requests whose outcome is remembered for tasks chained after them
 # How often the data dir is checked for free space, and, after a local fault, whether it can be written again.
 DISK_CHECK_INTERVAL = 1.0
@@ -120,6 +117,11 @@ def _within_limits(r: p.Result) -> p.Result:
         return p.Result(r.lease, r.url, p.ERROR, error=f"result out of the wire's limits: {why}")
 
 
+def _now() -> float:
+    """The loop's clock, which the ledger's times are in (the flush timer runs on it)."""
+    return asyncio.get_running_loop().time()
+
+
 class MasterRefused(Exception):
     """The master refused this worker (bad secret, unknown id, id in use): retrying will not help without a fix."""
 
@@ -164,8 +166,9 @@ class Worker:
         self.resolvers: list[Resolver] = load_resolvers(cfg.resolvers)
         self.links = LinkCache(cfg.link_cache)
         self.page_audio = PageAudio()     # the audio pages listed, for their visits answered 304 (revisit.py)
-        # Until a master says how the crawl keys URLs (its Welcome, see _session), the resolvers' fragment rules:
-        # a task run on its own keeps the fragments its resolvers need. The master is told them in the handshake.
+        # Until a master says how the crawl keys URLs (its Welcome, see _serve_session), the resolvers' fragment
+        # rules: a task run on its own keeps the fragments its resolvers need. The master is told them in the
+        # handshake.
         self._fragment_rules = tuple(dict.fromkeys(pat for r in self.resolvers for pat in r.keep_fragment))
         if len(self._fragment_rules) > p.MAX_RULES or any(len(r) > p.MAX_RULE for r in self._fragment_rules):
             raise ResolverConfigError(f"resolvers: their fragment rules must be at most {p.MAX_RULES}, each at most "
@@ -173,31 +176,14 @@ class Worker:
         self.norm = NormalizeOptions(keep_fragment=self._fragment_rules)
         self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
-        self._fetched: list[p.PageFetch] = []
-        # Downloads the master grants (protocol.DownloadAsk): asks and ends not yet sent (one frame for those of
-        # a loop turn after an end, of ASK_DELAY after an ask), and the asks waiting for their grant, by ticket.
-        self._tickets = itertools.count(1)
-        self._asks: list[tuple[int, str]] = []
-        self._ends: list[p.DownloadEnd] = []
+        # Downloads, as the master must hear of them (ledger.py): what is asked, ended, pending, settled. Here
+        # the asyncio side of it: the asks waiting for their grant, by ticket; the jobs, by download (they
+        # outlive a session: a short absence of the master costs none of them); the flush arranged.
+        self.ledger = DownloadLedger(cfg.pending_downloads)
         self._grants: dict[int, asyncio.Future[p.Grant | None]] = {}   # None: its session ended, ask again
-        self._send_downloads: Callable[[], None] | None = None   # set while a session is up
-        self._ends_due = False                                     # a send of asks and ends is due this turn
-        self._ask_timer: asyncio.TimerHandle | None = None         # or one is due within ASK_DELAY
-        self._send_fetched: Callable[[], None] | None = None   # set while a session is up
-        # Downloads run as this worker's own jobs, apart from the page that found them (whose report says
-        # "pending" and does not wait): (page, address as reported) -> the job. At most cfg.pending_downloads
-        # (about: a page's items start together); while that many are pending the worker grants no credit, so
-        # it takes no new pages. They outlive a session: a short absence of the master costs none of them.
-        self._jobs: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._outcomes: list[tuple[str, it.AudioItem]] = []   # ended, not yet sent (kept across a reconnect)
-        # Recent outcomes, for a download the master hands back after a reconnect: sent again, not fetched.
-        self._settled: OrderedDict[tuple[str, str], it.AudioItem] = OrderedDict()
-        # An outcome goes to the master only after the page that reported its item pending (else it would find
-        # nothing pending): the downloads whose page's report is not sent yet, and the outcomes held for them.
-        self._unreported: set[tuple[str, str]] = set()
-        self._held: dict[tuple[str, str], it.AudioItem] = {}
-        self._send_outcomes: Callable[[], None] | None = None   # set while a session is up
-        self._room: Callable[[], None] | None = None            # the session's: a pending download ended
+        self._jobs: dict[Key, asyncio.Task[None]] = {}
+        self._flush_timer: asyncio.Handle | None = None
+        self._session: Session | None = None    # the connection to the master, while one is up
         self._session_up = asyncio.Event()
         self._tg: asyncio.TaskGroup   # serve()'s, which the download jobs belong to
         # Chained tasks (protocol.Task.after): how recent page requests ended (lease -> the next may start),
@@ -322,7 +308,7 @@ class Worker:
                 delay = 0.2
                 self._was_connected = True
                 log.info("worker %s connected to master %s:%d", self.cfg.id, host, port)
-                if await self._session(conn, hs, welcome):
+                if await self._serve_session(conn, hs, welcome):
                     return 0
             except MasterRefused as e:
                 if e.code == p.DUPLICATE_ID and self._was_connected:
@@ -360,210 +346,38 @@ class Worker:
         except p.PeerRefused as e:
             raise MasterRefused(e.reason, e.code) from None
 
-    async def _session(self, conn: FramedConnection, hs: p.WorkerHandshake, welcome: p.Welcome) -> bool:
+    async def _serve_session(self, conn: FramedConnection, hs: p.WorkerHandshake, welcome: p.Welcome) -> bool:
         """Serve one connection. True when the master ended the crawl."""
         self._normalise_as(welcome)
         self.links.forget()
         self.max_depth = welcome.max_depth
         self._allow_targets(welcome)
         conn.max_frame = min(conn.max_frame, welcome.max_frame)
-        # A Result to report, or the lease id of a task handed back unfinished after a local fault.
-        results: asyncio.Queue[p.Result | int] = asyncio.Queue()
-        # Credit this worker owes the master but holds back while it cannot store anything, or while as many
-        # downloads as it may hold are pending.
-        withheld = 0
-        if self.fault is None and not self._downloads_full():
-            await conn.send(p.Credit(self.cfg.max_tasks))
-        else:
-            withheld = self.cfg.max_tasks
-            if self.fault is not None:
-                await conn.send(p.Fault(self.fault))
-
-        def room() -> None:
-            # A pending download ended: the credit held back for them goes out once there is room again.
-            nonlocal withheld
-            if withheld and self.fault is None and not self._downloads_full() and not conn.writer.is_closing():
-                n, withheld = withheld, 0
-                try:
-                    conn.send_nowait(p.Credit(n))
-                except (OSError, ConnectionError):
-                    pass
-
-        def send_outcomes() -> None:
-            # The downloads that ended in this turn of the event loop share a frame (or a few).
-            batch, self._outcomes = self._outcomes, []
-            if not batch:
-                return
-            if conn.writer.is_closing():
-                self._outcomes = batch + self._outcomes   # for the next session
-                return
-            try:
-                conn.send_bytes_nowait(_outcome_frames(batch, conn.max_frame))
-            except (OSError, ConnectionError):
-                self._outcomes = batch + self._outcomes
-
-        def send_fetched() -> None:
-            # Every page request that ended in this turn of the event loop shares one frame.
-            batch, self._fetched = self._fetched, []
-            if batch and not conn.writer.is_closing():
-                try:
-                    conn.send_nowait(p.Fetched(tuple(batch)))
-                except (OSError, ConnectionError):
-                    pass
-        last_heard = time.monotonic()
-        timeout = max(3 * welcome.heartbeat_interval, 5.0)
-
-        async def reader(tg: asyncio.TaskGroup) -> None:
-            nonlocal last_heard
-            while True:
-                msg = hs.receive(await conn.recv())
-                last_heard = time.monotonic()
-                if isinstance(msg, p.Assign):
-                    for task in msg.tasks:
-                        tg.create_task(self._run_task(task, results))
-                elif isinstance(msg, p.DownloadWork):
-                    for item in msg.items:
-                        self._take_download(item)
-                elif isinstance(msg, p.FragmentRules):
-                    # A worker joined whose resolvers brought rules: links are keyed with them from now on, and
-                    # those seen already are reported again under their new keys.
-                    self.norm = replace(self.norm, keep_fragment=msg.keep_fragment)
-                    self.links.forget()
-                elif isinstance(msg, p.DownloadGrant):
-                    for g in msg.grants:
-                        waiter = self._grants.pop(g.ticket, None)
-                        if waiter is not None and not waiter.done():
-                            waiter.set_result(g)
-                elif isinstance(msg, p.Shutdown):
-                    log.info("master ended the crawl: %s", msg.reason)
-                    raise _Shutdown()
-
-        async def reporter() -> None:
-            nonlocal withheld
-            while True:
-                batch = [await results.get()]
-                await asyncio.sleep(REPORT_DELAY)   # let a burst of results share one frame
-                size = _wire_size(batch[0])
-                while len(batch) < REPORT_BATCH and size < REPORT_BYTES and not results.empty():
-                    batch.append(results.get_nowait())
-                    size += _wire_size(batch[-1])
-                pending = _pending_keys(r for r in batch if isinstance(r, p.Result))
-                try:
-                    self.pages.flush()   # the index lines of these pages reach the disk before the master hears
-                except OSError as e:
-                    if not is_local(e):
-                        raise
-                    self._enter_fault(describe(e))
-                    # Their pages may not be indexed: the whole batch is fetched again elsewhere. The link cache
-                    # took their links as reported: it forgets, or a page fetched again here (its slot's node)
-                    # would hold back the links the master never heard of (a song's playlist, and its audio).
-                    if any(isinstance(r, p.Result) for r in batch):
-                        self.links.forget()
-                    batch = [r.lease if isinstance(r, p.Result) else r for r in batch]
-                done = [r for r in batch if isinstance(r, p.Result)]
-                back = [r for r in batch if isinstance(r, int)]
-                frames = _report_frames(done, conn.max_frame) if done else b""
-                if back:
-                    self.stats.handed_back += len(back)
-                    frames += p.encode(p.Fault(self.fault or "local fault", tuple(back)), conn.max_frame)
-                if self.fault is None and not self._downloads_full():
-                    frames += p.encode(p.Credit(len(batch) + withheld))
-                    withheld = 0
-                else:
-                    withheld += len(batch)
-                await conn.send_bytes(frames)
-                if pending:   # their outcomes may follow now
-                    self._page_reported(pending)
-
-        async def disk_watch() -> None:
-            nonlocal withheld
-            # A fault a download ran into is said here too: the master times how long a node cannot store, and
-            # past scheduling.fault_timeout hands its pending downloads on.
-            told = self.fault is not None
-            while True:
-                need = self.cfg.min_free_bytes + (RESUME_HEADROOM if self.fault is not None else 0)
-                reason = await asyncio.to_thread(check_data_dir, self.cfg.data_dir, need)
-                if reason is not None and (self.fault is None or not told):
-                    self._enter_fault(reason)
-                    told = True
-                    await conn.send(p.Fault(self.fault or reason))
-                elif reason is None and self.fault is not None:
-                    log.info("worker %s can store again: taking tasks", self.cfg.id)
-                    self.fault = None
-                    told = False
-                    # A Credit, of none while pending downloads hold it back, tells the master the fault is over
-                    # (its clock stops: the downloads stay this node's).
-                    credit = 0
-                    if not self._downloads_full():
-                        credit, withheld = withheld, 0
-                    await conn.send(p.Credit(credit))
-                await asyncio.sleep(DISK_CHECK_INTERVAL)
-
-        async def heartbeat() -> None:
-            while True:
-                await asyncio.sleep(welcome.heartbeat_interval)
-                if time.monotonic() - last_heard > timeout:
-                    raise ConnectionClosed(f"master silent for {time.monotonic() - last_heard:.1f} s")
-                # The leases still worked on, so the master renews them: a slow resolve keeps its page's.
-                await conn.send(p.Heartbeat(time.time(), tuple(self._running)))
-
-        async def stopper() -> None:
-            await self._stop.wait()
-            raise ConnectionClosed("worker stopping")
-
-        def send_downloads() -> None:
-            asks, self._asks = self._asks, []
-            ends, self._ends = self._ends, []
-            if conn.writer.is_closing():
-                return
-            try:
-                if ends:   # first: a slot freed may be what an ask of this frame waits for
-                    conn.send_nowait(p.DownloadDone(tuple(ends)))
-                if asks:
-                    conn.send_nowait(p.DownloadAsk(tuple(asks)))
-            except (OSError, ConnectionError):
-                pass
-
-        ended = False
-        self._fetched = []
-        self._send_fetched = send_fetched
-        self._asks, self._ends = [], []
-        self._send_downloads = send_downloads
-        self._send_outcomes = send_outcomes
-        self._room = room
+        session = Session(self, conn, hs, welcome)
+        await session.open()
+        self._session = session
         self._session_up.set()
-        if self._outcomes:   # downloads that ended while the master was away
-            asyncio.get_running_loop().call_soon(send_outcomes)
+        self._arrange(self.ledger.connect(_now()))   # downloads that ended while the master was away
         try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(reader(tg))
-                tg.create_task(reporter())
-                tg.create_task(heartbeat())
-                tg.create_task(disk_watch())
-                tg.create_task(stopper())
-        except* _Shutdown:
-            ended = True
-        except* p.ProtocolError as eg:      # a frame that fails its tag too: something on the path spoke
-            log.warning("master broke the protocol: %s; connecting again", eg.exceptions[0])
-        except* (ConnectionClosed, OSError) as eg:   # OSError: a local fault (disk) ends it too
-            if self._stop.is_set():
-                log.info("worker %s stopping: connection to the master closed", self.cfg.id)
-            else:
-                log.info("connection to the master lost: %s", eg.exceptions[0])
+            return await session.run()
         finally:
-            self._send_fetched = None
-            self._send_downloads = None
-            self._send_outcomes = None
-            self._room = None
+            self._session = None
             self._session_up.clear()
-            # Reports this session did not send are lost with it (their pages are fetched again): the outcomes
-            # held for them go to the next session, where the master takes those it still waits for.
-            self._page_reported(list(self._unreported))
+            self.ledger.disconnect()
+            if self._flush_timer is not None:
+                self._flush_timer.cancel()
+                self._flush_timer = None
             # Asks this session will never answer: their downloads ask the next one.
             for waiter in self._grants.values():
                 if not waiter.done():
                     waiter.set_result(None)
-        return ended
+
+    def _granted(self, grants: Iterable[p.Grant]) -> None:
+        """The master's answers to asks (_grant): each wakes the download that waits for it."""
+        for g in grants:
+            waiter = self._grants.pop(g.ticket, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(g)
 
     def _allow_targets(self, welcome: p.Welcome) -> None:
         origins, networks = [], []
@@ -582,11 +396,9 @@ class Worker:
         """Tell the master at once that a page request ended (see protocol.Fetched), in one frame per loop turn,
         and release the task chained after it, if any (then True: the caller should let it start first)."""
         woke = self._request_ended(lease, status not in THROTTLE_STATUSES)
-        if self._send_fetched is not None:
+        if self._session is not None:
             wait = parse_retry_after(retry_after, time.time()) if status in THROTTLE_STATUSES else None
-            if not self._fetched:
-                asyncio.get_running_loop().call_soon(self._send_fetched)
-            self._fetched.append(p.PageFetch(lease, status, wait, latency))
+            self._session.page_fetched(p.PageFetch(lease, status, wait, latency))
         return woke
 
     def _request_ended(self, lease: int, go: bool) -> bool:
@@ -672,17 +484,7 @@ class Worker:
         jobs = [job for key in keys if (job := self._jobs.get(key)) is not None]
         if jobs:
             await asyncio.wait(jobs, timeout=self.cfg.report_wait)
-        ended: dict[tuple[str, str], it.AudioItem] = {}
-        for key in keys:
-            done = self._held.pop(key, None)
-            if done is not None:
-                self._unreported.discard(key)
-            elif key not in self._jobs:
-                # Ended, and its outcome taken by another report naming the same download (a page leased
-                # again while its first visit waited): the latest outcome of the key is the same.
-                done = self._settled.get(key)
-            if done is not None:
-                ended[key] = done
+        ended = self.ledger.outcomes_of(keys)
         if not ended:
             return result
         audio = tuple(ended.get((a.page, a.url), a) if a.status == it.PENDING else a for a in result.audio)
@@ -710,8 +512,8 @@ class Worker:
         # At the crawl's depth limit the page's links would only be dropped by the master: not even extracted.
         # Its audio references (a playlist, a stream) are still reported: resolving its audio is part of the page.
         # Past the limit a task is itself such a reference: what it names in turn is one too.
-        follow = self.max_depth is None or task.depth < self.max_depth
-        beyond = self.max_depth is not None and task.depth > self.max_depth
+        where = page_plan.depth(task.depth, self.max_depth)
+        follow, beyond = where.follow, where.beyond
         refs: list[str] = []
         resolver = pick(self.resolvers, url)
         page: FetchedPage | None = None
@@ -742,38 +544,31 @@ class Worker:
                                       time.monotonic() - started):
                     await asyncio.sleep(0)   # the chained request goes out before this page is parsed
             page.link_meta = task.link_meta   # what the linking page said: names audio found here
-            if page.status == 304:   # unchanged since the visit the validators came from: nothing to parse
+            answer = page_plan.Answer(page.status, page.final_url, page.headers.get("location", "").strip(),
+                                      page.is_html())
+            action = page_plan.decide(answer, where)
+            if isinstance(action, page_plan.Check):
+                refused = await self._too_complex(page.body)
+                action = page_plan.decide(replace(answer, checked=True, refused=refused), where)
+                if refused and isinstance(action, page_plan.Report):
+                    self.stats.refused[refused.split(":", 1)[0]] += 1
+            if isinstance(action, page_plan.Unchanged):
                 # Its audio, as its last full answer listed it, goes through the downloader again: revalidated
                 # once revalidate_after has passed, and a change at its address found (revisit.py).
                 again = self._revalidate(self.page_audio.known(url, task.validators) or ())
                 return p.Result(task.lease, url, p.DONE, 304, page.final_url, page.content_type, 0, audio=again,
                                 validators=(_header_value(page.headers.get("etag")),
                                             _header_value(page.headers.get("last-modified")), None))
-            if page.status == 429 or page.status >= 500:
-                return p.Result(task.lease, url, p.RETRY, page.status, page.final_url, page.content_type,
-                                len(page.body), f"HTTP {page.status}")
-            if page.status in p.REDIRECT_STATUSES:
-                location = page.headers.get("location", "").strip()
-                try:
-                    target = resolve(page.final_url, location) if location else ""
-                except InvalidURL:
-                    target = ""
-                # The target is the same resource, at the same depth (the master queues it there): followed
-                # even at the limit; past it, it is the reference this task was.
-                links = self._links_to_report([target] if target and not beyond else [], [], task.depth)
-                refs = self._links_to_report([target] if target and beyond else [], [], task.depth)
+            if isinstance(action, page_plan.Report):
+                return p.Result(task.lease, url, action.status, page.status, page.final_url, page.content_type,
+                                len(page.body), action.error)
+            if isinstance(action, page_plan.Redirect):
+                # The target is the same resource, at the same depth (the master queues it there).
+                target = [action.target] if action.target else []
+                links = self._links_to_report([] if action.ref else target, [], task.depth)
+                refs = self._links_to_report(target if action.ref else [], [], task.depth)
                 return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
-                                len(page.body), None if target else "redirect without a usable Location",
-                                tuple(links), refs=tuple(refs))
-            if page.status >= 400:
-                return p.Result(task.lease, url, p.DONE, page.status, page.final_url, page.content_type,
-                                len(page.body))
-            if page.is_html():
-                refused = await self._too_complex(page.body)
-                if refused:
-                    self.stats.refused[refused.split(":", 1)[0]] += 1
-                    return p.Result(task.lease, url, p.ERROR, page.status, page.final_url, page.content_type,
-                                    len(page.body), refused)
+                                len(page.body), action.error, tuple(links), refs=tuple(refs))
             if len(page.body) > html.PARSE_INLINE_BYTES and page.is_html():
                 await asyncio.to_thread(page.tree)     # the parse releases the GIL: the loop goes on
             tree = page.tree()
@@ -902,25 +697,25 @@ class Worker:
                                if u and u not in audio and not generic.audio_link(u))
         return list(normed)[: self.cfg.max_links_per_page]
 
-    def _flush_downloads(self, *, ask: bool) -> None:
-        """Have the asks and ends queued go out in one frame: at the end of this loop turn after an end (it frees
-        its host's slot for the whole cluster), within ASK_DELAY after an ask."""
-        if self._send_downloads is None:
+    def _arrange(self, at: float | None) -> None:
+        """Have what the ledger holds for the master go out by `at` (the loop's time, None: a flush is arranged
+        already): at the end of this loop turn when it is due, else on a timer."""
+        if at is None:
             return
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
         loop = asyncio.get_running_loop()
-        if not ask and not self._ends_due:
-            self._ends_due = True
-            loop.call_soon(self._flush_soon)
-        elif ask and self._ask_timer is None:
-            self._ask_timer = loop.call_later(ASK_DELAY, self._flush_soon)
+        self._flush_timer = loop.call_soon(self._flush) if at <= loop.time() else loop.call_at(at, self._flush)
 
-    def _flush_soon(self) -> None:
-        self._ends_due = False
-        if self._ask_timer is not None:
-            self._ask_timer.cancel()
-            self._ask_timer = None
-        if self._send_downloads is not None:
-            self._send_downloads()
+    def _flush(self) -> None:
+        self._flush_timer = None
+        out = self.ledger.flush()
+        if not (out.ends or out.asks or out.outcomes):
+            return
+        if self._session is not None:
+            self._session.send_downloads(out)
+        else:
+            self.ledger.unsent(out.outcomes)
 
     async def _grant(self, url: str) -> tuple[int | None, p.Grant]:
         """The master's leave to download url (its host has a free slot), or the place of the copy another node
@@ -928,15 +723,14 @@ class Worker:
         (and is made again: the session that did not answer is gone). Without a master (a task run on its own)
         the answer is yes at once."""
         while True:
-            if self._send_downloads is None:
+            if not self.ledger.connected:
                 if not self._was_connected:
                     return None, p.Grant(0, p.GRANT_GO)
                 await self._session_up.wait()
                 continue
-            ticket = next(self._tickets)
+            ticket, at = self.ledger.ask(url, _now())
             waiter = self._grants[ticket] = asyncio.get_running_loop().create_future()
-            self._flush_downloads(ask=True)
-            self._asks.append((ticket, url))
+            self._arrange(at)
             try:
                 grant = await waiter
             finally:
@@ -945,26 +739,16 @@ class Worker:
                 return ticket, grant
 
     def _download_ended(self, ticket: int | None, done: it.AudioItem | None) -> None:
-        if ticket is None or self._send_downloads is None:
-            return   # the session that granted it is gone, and with it the master's count of this download
-        self._flush_downloads(ask=False)
-        if done is not None and done.status == it.OK and done.sha256:
-            self._ends.append(p.DownloadEnd(ticket, done.sha256, done.size, done.path))
-        else:
-            self._ends.append(p.DownloadEnd(ticket))
+        self._arrange(self.ledger.end(ticket, done, _now()))
 
     # ------------------------------------------------------------------ downloads, apart from their pages
-    def _downloads_full(self) -> bool:
-        return len(self._jobs) >= self.cfg.pending_downloads
-
     def _start_download(self, item: it.AudioItem, resolver: Resolver, start: Started | None = None) -> it.AudioItem:
         """Start item's download as a job of this worker's own; returns the item as its page reports it.
         start: the file's first bytes, when the page fetch was the file (held until the download starts: at most
         fetcher.SNIFF_BYTES for each of cfg.pending_downloads)."""
-        reported = item.replace(status=it.PENDING)
-        key = (item.page, item.url)
-        self._unreported.add(key)
-        if key not in self._jobs:
+        reported, fresh = self.ledger.start(item)
+        if fresh:
+            key = (item.page, item.url)
             self._jobs[key] = self._tg.create_task(self._download_job(key, item, resolver, start))
         return reported
 
@@ -980,17 +764,15 @@ class Worker:
         """Download-only work from the master (protocol.DownloadWork): another node's pending download, or one
         of this node's own sent again after it rejoined (a job still running, or ended already, is not
         started twice)."""
+        fresh, at = self.ledger.take(item, _now())
+        self._arrange(at)
+        if not fresh:
+            return
         key = (item.page, item.url)
-        if key in self._jobs:
-            return
-        done = self._settled.get(key)
-        if done is not None:
-            self._queue_outcome(key[1], done)
-            return
         resolver = next((r for r in self.resolvers if r.name == item.resolver), self.resolvers[-1])
         self._jobs[key] = self._tg.create_task(self._download_job(key, item.replace(status=it.OK), resolver))
 
-    async def _download_job(self, key: tuple[str, str], item: it.AudioItem, resolver: Resolver,
+    async def _download_job(self, key: Key, item: it.AudioItem, resolver: Resolver,
                             start: Started | None = None) -> None:
         done: it.AudioItem | None = None
         try:
@@ -1010,43 +792,23 @@ class Worker:
             done = item.replace(status=it.FAILED, reason=f"worker error: {type(e).__name__}: {e}"[:500])
         finally:
             self._jobs.pop(key, None)
+            if done is None:   # cancelled: the worker stops
+                self.ledger.dropped(key)
         self._ended_download(key, done)
 
-    def _ended_download(self, key: tuple[str, str], done: it.AudioItem) -> None:
-        if done.status not in (it.OK, it.FAILED):
-            done = done.replace(status=it.FAILED, reason=done.reason or f"download ended {done.status}")
-        done = _outcome_within_limits(key[1], done)
-        self._settled[key] = done
-        self._settled.move_to_end(key)
-        while len(self._settled) > ENDED_KEPT:
-            self._settled.popitem(last=False)
+    def _ended_download(self, key: Key, done: it.AudioItem) -> None:
+        done, at = self.ledger.ended(key, done, _now())
         self.metrics.audio.labels(self.cfg.id, done.status).inc()
         if done.sha256 and done.size and "stored_on" not in done.extra:
             self.metrics.audio_bytes.inc(done.size)
             self.stats.bytes += done.size
-        if key in self._unreported:
-            self._held[key] = done
-        else:
-            self._queue_outcome(key[1], done)
-        if self._room is not None:
-            self._room()
+        self._arrange(at)
+        if self._session is not None:
+            self._session.room()
 
-    def _queue_outcome(self, url: str, done: it.AudioItem) -> None:
-        if not self._outcomes and self._send_outcomes is not None:
-            asyncio.get_running_loop().call_soon(self._flush_outcomes)
-        self._outcomes.append((url, done))
-
-    def _page_reported(self, keys: Collection[tuple[str, str]]) -> None:
+    def _page_reported(self, keys: set[Key]) -> None:
         """The reports naming these downloads as pending were sent: their outcomes may follow."""
-        for key in keys:
-            self._unreported.discard(key)
-            done = self._held.pop(key, None)
-            if done is not None:
-                self._queue_outcome(key[1], done)
-
-    def _flush_outcomes(self) -> None:
-        if self._send_outcomes is not None:
-            self._send_outcomes()
+        self._arrange(self.ledger.reported(keys, _now()))
 
     async def _download(self, item: it.AudioItem, resolver: Resolver, start: Started | None = None) -> it.AudioItem:
         async def reresolve(item: it.AudioItem) -> it.AudioItem | None:
@@ -1091,7 +853,198 @@ class Worker:
                 self._download_ended(ticket, done)
 
 
-def _pending_keys(results: Iterable[p.Result]) -> set[tuple[str, str]]:
+class Session:
+    """One connection to the master, from its Welcome to its end: the state its tasks share (the results to
+    report, the credit held back, when the master was last heard) and the tasks themselves (reader, reporter,
+    heartbeat, disk watch, stopper), all in one TaskGroup cancelled when the connection goes. The worker sends
+    through the session up (Worker._session) what its page requests and downloads produce."""
+
+    def __init__(self, worker: Worker, conn: FramedConnection, hs: p.WorkerHandshake, welcome: p.Welcome) -> None:
+        self.worker = worker
+        self.conn = conn
+        self.hs = hs
+        self.welcome = welcome
+        # A Result to report, or the lease id of a task handed back unfinished after a local fault.
+        self.results: asyncio.Queue[p.Result | int] = asyncio.Queue()
+        # Credit this worker owes the master but holds back while it cannot store anything, or while as many
+        # downloads as it may hold are pending.
+        self.withheld = 0
+        self.fetched: list[p.PageFetch] = []   # page requests that ended this loop turn, not sent yet
+        self.last_heard = time.monotonic()
+        self.timeout = max(3 * welcome.heartbeat_interval, 5.0)
+
+    async def open(self) -> None:
+        """The master's first credit, or (the worker cannot take tasks) the fault and the credit held back."""
+        w = self.worker
+        if w.fault is None and not w.ledger.full:
+            await self.conn.send(p.Credit(w.cfg.max_tasks))
+        else:
+            self.withheld = w.cfg.max_tasks
+            if w.fault is not None:
+                await self.conn.send(p.Fault(w.fault))
+
+    async def run(self) -> bool:
+        """Until the connection ends: True when the master ended the crawl."""
+        w = self.worker
+        ended = False
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.reader(tg))
+                tg.create_task(self.reporter())
+                tg.create_task(self.heartbeat())
+                tg.create_task(self.disk_watch())
+                tg.create_task(self.stopper())
+        except* _Shutdown:
+            ended = True
+        except* p.ProtocolError as eg:      # a frame that fails its tag too: something on the path spoke
+            log.warning("master broke the protocol: %s; connecting again", eg.exceptions[0])
+        except* (ConnectionClosed, OSError) as eg:   # OSError: a local fault (disk) ends it too
+            if w._stop.is_set():
+                log.info("worker %s stopping: connection to the master closed", w.cfg.id)
+            else:
+                log.info("connection to the master lost: %s", eg.exceptions[0])
+        return ended
+
+    # ------------------------------------------------------------------ what the worker sends through it
+    def room(self) -> None:
+        """A pending download ended: the credit held back for them goes out once there is room again."""
+        w, conn = self.worker, self.conn
+        if self.withheld and w.fault is None and not w.ledger.full and not conn.writer.is_closing():
+            n, self.withheld = self.withheld, 0
+            try:
+                conn.send_nowait(p.Credit(n))
+            except (OSError, ConnectionError):
+                pass
+
+    def page_fetched(self, fetch: p.PageFetch) -> None:
+        """Every page request that ends in this turn of the event loop shares one frame."""
+        if not self.fetched:
+            asyncio.get_running_loop().call_soon(self._send_fetched)
+        self.fetched.append(fetch)
+
+    def _send_fetched(self) -> None:
+        batch, self.fetched = self.fetched, []
+        if batch and not self.conn.writer.is_closing():
+            try:
+                self.conn.send_nowait(p.Fetched(tuple(batch)))
+            except (OSError, ConnectionError):
+                pass
+
+    def send_downloads(self, out: Outgoing) -> None:
+        """Asks and ends go unsent with a closing connection (their asks are made again); outcomes stay for the
+        next session. The outcomes that ended in this turn of the event loop share a frame (or a few)."""
+        conn, ledger = self.conn, self.worker.ledger
+        if conn.writer.is_closing():
+            ledger.unsent(out.outcomes)
+            return
+        try:
+            if out.ends:
+                conn.send_nowait(p.DownloadDone(out.ends))
+            if out.asks:
+                conn.send_nowait(p.DownloadAsk(out.asks))
+            if out.outcomes:
+                conn.send_bytes_nowait(_outcome_frames(list(out.outcomes), conn.max_frame))
+        except (OSError, ConnectionError):
+            ledger.unsent(out.outcomes)
+
+    # ------------------------------------------------------------------ its tasks
+    async def reader(self, tg: asyncio.TaskGroup) -> None:
+        w = self.worker
+        while True:
+            msg = self.hs.receive(await self.conn.recv())
+            self.last_heard = time.monotonic()
+            if isinstance(msg, p.Assign):
+                for task in msg.tasks:
+                    tg.create_task(w._run_task(task, self.results))
+            elif isinstance(msg, p.DownloadWork):
+                for item in msg.items:
+                    w._take_download(item)
+            elif isinstance(msg, p.FragmentRules):
+                # A worker joined whose resolvers brought rules: links are keyed with them from now on, and
+                # those seen already are reported again under their new keys.
+                w.norm = replace(w.norm, keep_fragment=msg.keep_fragment)
+                w.links.forget()
+            elif isinstance(msg, p.DownloadGrant):
+                w._granted(msg.grants)
+            elif isinstance(msg, p.Shutdown):
+                log.info("master ended the crawl: %s", msg.reason)
+                raise _Shutdown()
+
+    async def reporter(self) -> None:
+        w, conn, results = self.worker, self.conn, self.results
+        while True:
+            batch = [await results.get()]
+            await asyncio.sleep(REPORT_DELAY)   # let a burst of results share one frame
+            size = _wire_size(batch[0])
+            while len(batch) < REPORT_BATCH and size < REPORT_BYTES and not results.empty():
+                batch.append(results.get_nowait())
+                size += _wire_size(batch[-1])
+            pending = _pending_keys(r for r in batch if isinstance(r, p.Result))
+            try:
+                w.pages.flush()   # the index lines of these pages reach the disk before the master hears
+            except OSError as e:
+                if not is_local(e):
+                    raise
+                w._enter_fault(describe(e))
+                # Their pages may not be indexed: the whole batch is fetched again elsewhere. The link cache
+                # took their links as reported: it forgets, or a page fetched again here (its slot's node)
+                # would hold back the links the master never heard of (a song's playlist, and its audio).
+                if any(isinstance(r, p.Result) for r in batch):
+                    w.links.forget()
+                batch = [r.lease if isinstance(r, p.Result) else r for r in batch]
+            done = [r for r in batch if isinstance(r, p.Result)]
+            back = [r for r in batch if isinstance(r, int)]
+            frames = _report_frames(done, conn.max_frame) if done else b""
+            if back:
+                w.stats.handed_back += len(back)
+                frames += p.encode(p.Fault(w.fault or "local fault", tuple(back)), conn.max_frame)
+            if w.fault is None and not w.ledger.full:
+                frames += p.encode(p.Credit(len(batch) + self.withheld))
+                self.withheld = 0
+            else:
+                self.withheld += len(batch)
+            await conn.send_bytes(frames)
+            if pending:   # their outcomes may follow now
+                w._page_reported(pending)
+
+    async def disk_watch(self) -> None:
+        w, cfg = self.worker, self.worker.cfg
+        # A fault a download ran into is said here too: the master times how long a node cannot store, and
+        # past scheduling.fault_timeout hands its pending downloads on.
+        told = w.fault is not None
+        while True:
+            need = cfg.min_free_bytes + (RESUME_HEADROOM if w.fault is not None else 0)
+            reason = await asyncio.to_thread(check_data_dir, cfg.data_dir, need)
+            if reason is not None and (w.fault is None or not told):
+                w._enter_fault(reason)
+                told = True
+                await self.conn.send(p.Fault(w.fault or reason))
+            elif reason is None and w.fault is not None:
+                log.info("worker %s can store again: taking tasks", cfg.id)
+                w.fault = None
+                told = False
+                # A Credit, of none while pending downloads hold it back, tells the master the fault is over
+                # (its clock stops: the downloads stay this node's).
+                credit = 0
+                if not w.ledger.full:
+                    credit, self.withheld = self.withheld, 0
+                await self.conn.send(p.Credit(credit))
+            await asyncio.sleep(DISK_CHECK_INTERVAL)
+
+    async def heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.welcome.heartbeat_interval)
+            if time.monotonic() - self.last_heard > self.timeout:
+                raise ConnectionClosed(f"master silent for {time.monotonic() - self.last_heard:.1f} s")
+            # The leases still worked on, so the master renews them: a slow resolve keeps its page's.
+            await self.conn.send(p.Heartbeat(time.time(), tuple(self.worker._running)))
+
+    async def stopper(self) -> None:
+        await self.worker._stop.wait()
+        raise ConnectionClosed("worker stopping")
+
+
+def _pending_keys(results: Iterable[p.Result]) -> set[Key]:
     return {(a.page, a.url) for r in results for a in r.audio if a.status == it.PENDING}
 
 
@@ -1101,23 +1054,6 @@ def _outcome_frames(batch: list[tuple[str, it.AudioItem]], max_frame: int) -> by
         return p.encode(p.DownloadReport(tuple(batch)), max_frame)
     except ValueError:
         return b"".join(p.encode(p.DownloadReport((o,)), max_frame) for o in batch)
-
-
-def _outcome_within_limits(url: str, done: it.AudioItem) -> it.AudioItem:
-    """The outcome as the master will take it: what a file's tags add past the wire's limits is dropped (the
-    item as its page reported it passed them already), so a hostile file cannot cost the connection."""
-    try:
-        p.check_result(p.Result(0, url, p.DONE, audio=(done,)))
-        return done
-    except p.ProtocolError:
-        pass
-    trimmed = done.replace(file_tags={}, lyrics=None, description=None, meta_source={})
-    try:
-        p.check_result(p.Result(0, url, p.DONE, audio=(trimmed,)))
-        return trimmed
-    except p.ProtocolError as e:
-        return it.AudioItem(url=done.url, page=done.page, status=it.FAILED, resolver=done.resolver,
-                            reason=f"outcome out of the wire's limits: {str(e)[:200]}")
 
 
 def _validators(page: FetchedPage | None, digest: int) -> tuple[str | None, str | None, int | None] | None:
