@@ -25,11 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from crawler.http.targets import TargetPolicy
+from crawler.http.transport import build_client, build_transport
 from crawler.resolvers.base import ResolveContext
 from crawler.resolvers.browser import BrowserResolver
 from crawler.resolvers.chromium import LOOPBACK_ONLY_ARGS, rss_bytes, tree_pids
-from crawler.targets import TargetPolicy
-from crawler.worker.fetcher import PageFetcher, build_client, build_transport
+from crawler.worker.fetcher import PageFetcher
 from tests.browser import TEST_BROWSER_USER
 from tests.fakes import playersite
 

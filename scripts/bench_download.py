@@ -37,7 +37,7 @@ _CHILD = r"""
 import asyncio, json, resource, sys, time
 from pathlib import Path
 import httpx
-from crawler.worker.fetcher import build_transport
+from crawler.http.transport import build_transport
 from crawler.items import AudioItem
 from crawler.worker.downloader import Downloader, DownloadConfig
 
@@ -62,7 +62,7 @@ _SMALL_CHILD = r"""
 import asyncio, cProfile, json, os, sys, time
 from pathlib import Path
 import httpx
-from crawler.worker.fetcher import build_client, build_transport
+from crawler.http.transport import build_client, build_transport
 from crawler.items import AudioItem
 from crawler.worker.downloader import Downloader, DownloadConfig
 

@@ -9,8 +9,9 @@ import httpx
 import pytest
 from aiohttp import web
 
-from crawler.bodies import ACCEPT_ENCODING, BodyError, BoundedDecoder, content_coding
-from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
+from crawler.http.bodies import ACCEPT_ENCODING, BodyError, BoundedDecoder, content_coding
+from crawler.http.transport import build_client, build_transport
+from crawler.worker.fetcher import FetchError, PageFetcher
 from tests.fakes import hostile
 
 MiB = 1024 * 1024
@@ -66,7 +67,7 @@ def _brotli_zeros(size: int) -> bytes:
 
 
 def _zstd_zeros(size: int, window_log: int | None = None) -> bytes:
-    from crawler.bodies import zstd
+    from crawler.http.bodies import zstd
     options = {zstd.CompressionParameter.window_log: window_log} if window_log else None
     c = zstd.ZstdCompressor(options=options)
     return b"".join(c.compress(b"\0" * MiB) for _ in range(size // MiB)) + c.flush()
@@ -86,7 +87,7 @@ def test_brotli_and_zstd_bombs_are_bounded_the_same_way(coding):
     small = b"hello " * 1000
     import brotli
 
-    from crawler.bodies import zstd
+    from crawler.http.bodies import zstd
     wire = brotli.compress(small) if coding == "br" else zstd.compress(small)
     assert feed_all(BoundedDecoder(coding, 10_000, cut=False), wire, chunk=7) == small
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from crawler.http.targets import TargetPolicy
+from crawler.http.transport import build_client, build_transport
 from crawler.items import AudioItem
 from crawler.resolvers.base import (
     Resolution,
@@ -41,9 +43,8 @@ from crawler.resolvers.chromium import (
     tree_pids,
 )
 from crawler.resolvers.registry import followers, load_resolvers, pick
-from crawler.targets import TargetPolicy
 from crawler.web.page import FetchedPage
-from crawler.worker.fetcher import PageFetcher, build_client, build_transport
+from crawler.worker.fetcher import PageFetcher
 from tests.browser import TEST_BROWSER_USER
 from tests.fakes import playersite
 

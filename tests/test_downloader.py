@@ -1,7 +1,7 @@
 """Resumable downloads against a loopback server that counts the bytes it serves and misbehaves on demand.
 
 Most tests run with both transports: httpx's own (httpcore) and the worker's aiohttp
-transport (crawler/worker/transport.py), which is what production uses.
+transport (crawler/http/transport.py), which is what production uses.
 Where a test bounds the bytes served by a chunk per cut, the server is rate limited so that, as on the internet,
 the link and not the disk is the slow side. test_cut_connections_cost_no_byte_twice is not: at full loopback speed
 every byte received before a cut must be kept, so the file is served exactly once in all.
@@ -29,10 +29,10 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
+from crawler.http.transport import build_transport
 from crawler.items import FAILED, OK, AudioItem, RequestIdentity
 from crawler.worker.audiostore import AudioStore, Finished, extension_for, partial_key
 from crawler.worker.downloader import DownloadConfig, Downloader, HostSlots, Started, _Commit, _Committer
-from crawler.worker.fetcher import build_transport
 from tests.fakes.rangeserver import RangeServer, ThreadedRangeServer, _etag_for
 
 KiB = 1024
@@ -227,7 +227,7 @@ _CHILD = r"""
 import asyncio, sys
 from pathlib import Path
 import httpx
-from crawler.worker.fetcher import build_transport
+from crawler.http.transport import build_transport
 from crawler.items import AudioItem
 from crawler.worker.downloader import Downloader, DownloadConfig
 

@@ -198,7 +198,8 @@ async def test_a_deep_gzip_sitemap_from_a_server_costs_little_memory_and_keeps_w
 
     import httpx
 
-    from crawler.worker.fetcher import PageFetcher, build_transport
+    from crawler.worker.fetcher import PageFetcher
+    from crawler.http.transport import build_transport
     from tests.fakes.rangeserver import RangeServer
 
     inflated = 4 * 1024 * 1024
@@ -548,7 +549,8 @@ def test_dates_that_are_no_w3c_date_are_still_dropped(bad: str) -> None:
 async def test_feeds_and_a_robots_named_text_sitemap_through_a_real_server_and_fetcher() -> None:
     import httpx
 
-    from crawler.worker.fetcher import PageFetcher, build_transport
+    from crawler.worker.fetcher import PageFetcher
+    from crawler.http.transport import build_transport
     from tests.fakes.rangeserver import RangeServer
 
     async with RangeServer() as server:

@@ -7,7 +7,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher, build_client, build_transport
+from crawler.http.transport import build_client, build_transport
+from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher
 from tests.test_http1 import answer
 from tests.test_transport import RawServer, read_request
 

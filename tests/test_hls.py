@@ -14,11 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from crawler.http.targets import TargetPolicy
+from crawler.http.transport import build_transport
 from crawler.items import FAILED, OK, AudioItem, RequestIdentity
-from crawler.targets import TargetPolicy
 from crawler.worker.audiostore import partial_key
 from crawler.worker.downloader import DownloadConfig, Downloader
-from crawler.worker.fetcher import build_transport
 from crawler.worker.hls import (
     MAX_DURATION,
     PROGRESS_EVERY,

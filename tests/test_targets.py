@@ -7,9 +7,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-from crawler.targets import TargetPolicy, TargetRefused, is_public, parse_network
+from crawler.http.targets import TargetPolicy, TargetRefused, is_public, parse_network
+from crawler.http.transport import build_client, build_transport
 from crawler.web.urls import host_port
-from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
+from crawler.worker.fetcher import FetchError, PageFetcher
 
 
 @pytest.mark.parametrize(("address", "public"), [

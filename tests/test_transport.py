@@ -5,7 +5,7 @@ import asyncio
 import httpx
 import pytest
 
-from crawler.worker.fetcher import build_client, build_transport
+from crawler.http.transport import build_client, build_transport
 
 
 class RawServer:

@@ -23,10 +23,10 @@ from crawler.config import (
     setting,
 )
 from crawler.extras import missing_extra
+from crawler.http.targets import parse_network
 from crawler.master.backend import dsn_problem
 from crawler.politeness import PolitenessConfig
 from crawler.resolvers.kugou import SEARCH_HOST, KugouConfig, search_url, song_fragment_rule
-from crawler.targets import parse_network
 from crawler.web.urls import host_port
 
 # Kugou song pages name the song in the fragment; it must survive normalisation even before a worker with the
@@ -148,7 +148,7 @@ class CrawlLimits:
     allowed_hosts: tuple[str, ...] = setting("list[str]", ())    # empty: the seeds' hosts and ports
     # Networks outside the public internet (loopback, private, link-local ...) the crawl may fetch from;
     # a seed given by IP address always may reach its own host:port (a seed given by name: only public addresses
-    # unless listed here). See crawler/targets.py.
+    # unless listed here). See crawler/http/targets.py.
     allowed_networks: tuple[str, ...] = setting("list[str]", (), _networks_check)
     allow_patterns: tuple[str, ...] = setting("list[str]", (), regexes)
     deny_patterns: tuple[str, ...] = setting("list[str]", (), regexes)

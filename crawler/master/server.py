@@ -26,8 +26,10 @@ import httpx
 from crawler import protocol as p
 from crawler import sdnotify
 from crawler.bloom import BloomFileError, BloomFilter, GrowingBloomFilter
-from crawler.bodies import ACCEPT_ENCODING
 from crawler.connection import ConnectionClosed, FramedConnection
+from crawler.http.bodies import ACCEPT_ENCODING
+from crawler.http.targets import TargetPolicy
+from crawler.http.transport import build_transport
 from crawler.items import PENDING
 from crawler.master import steering
 from crawler.master.admission import Admission, Limits, source_of
@@ -49,8 +51,6 @@ from crawler.politeness import (
     robots_url,
 )
 from crawler.scheduler import NodeTable
-from crawler.targets import TargetPolicy
-from crawler.worker.fetcher import build_transport
 
 if TYPE_CHECKING:
     from crawler.master.web import WebServer

@@ -18,8 +18,8 @@ from typing import Any, ClassVar, TypeVar
 import httpx
 
 from crawler.config import unknown_key
+from crawler.http.targets import TargetPolicy
 from crawler.items import AudioItem, LinkMeta
-from crawler.targets import TargetPolicy
 from crawler.web.page import FetchedPage
 
 

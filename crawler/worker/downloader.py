@@ -67,16 +67,16 @@ import aiohttp
 import httpx
 import yarl
 
-from crawler.bodies import BodyError
+from crawler.http.bodies import BodyError
+from crawler.http.http1 import Answer, header_list, parse_url
+from crawler.http.targets import TargetRefused
+from crawler.http.transport import AiohttpTransport
 from crawler.items import FAILED, OK, AudioItem
-from crawler.targets import TargetRefused
 from crawler.web.urls import host_of, resolve
 from crawler.worker import download_plan as plan
 from crawler.worker.audiostore import AudioStore, Finished, Partial, extension_for, partial_key
 from crawler.worker.faults import is_local
 from crawler.worker.filetags import read_file_tags
-from crawler.worker.http1 import Answer, header_list, parse_url
-from crawler.worker.transport import AiohttpTransport
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -25,6 +25,8 @@ from crawler import protocol as p
 from crawler import sdnotify
 from crawler.config import ConfigError
 from crawler.connection import ConnectionClosed, FramedConnection
+from crawler.http.targets import TargetPolicy, parse_network
+from crawler.http.transport import build_client, build_transport
 from crawler.metrics import WorkerMetrics, serve_metrics
 from crawler.politeness import THROTTLE_STATUSES, parse_retry_after
 from crawler.resolvers.base import (
@@ -35,7 +37,6 @@ from crawler.resolvers.base import (
     ResolverUnavailable,
 )
 from crawler.resolvers.registry import followers, load_resolvers, pick
-from crawler.targets import TargetPolicy, parse_network
 from crawler.web import html
 from crawler.web.links import audio_candidates, count_links, extract_links
 from crawler.web.media import is_audio_url, is_playlist_url
@@ -44,7 +45,7 @@ from crawler.web.urls import InvalidURL, NormalizeOptions, normalize_many, resol
 from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader, Started
 from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, describe, is_local
-from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher, build_client, build_transport
+from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher
 from crawler.worker.linkcache import LinkCache
 from crawler.worker.revisit import PageAudio, content_digest
 from crawler.worker.pagestore import open_page_store

@@ -15,7 +15,7 @@ lean path ``get`` opens to http1.py; the httpx path serves resolvers' API calls.
   gigabyte costs a few thousand iterations, not sixty thousand);
 - when a connection breaks mid-body, the bytes aiohttp had already received are handed out before the error
   (an undecoded body only): a download keeps every byte it got and resumes where they end;
-- every body bounded after decoding (crawler/bodies.py): the transport decodes the one Content-Encoding it
+- every body bounded after decoding (crawler/http/bodies.py): the transport decodes the one Content-Encoding it
   accepts itself, refuses stacks of them, and hands httpx the decoded body without the Content-Encoding and
   Content-Length headers (they described the wire, not these bytes; the original coding is in the response's
   ``content_encoding`` extension). The limit is the transport's ``max_body``, or a request's ``max_body``
@@ -33,6 +33,7 @@ a URL that is not http(s) UnsupportedProtocol.
 from __future__ import annotations
 
 import asyncio
+import http.cookiejar
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
@@ -40,10 +41,13 @@ import aiohttp
 import httpx
 import yarl
 
-from crawler.bodies import BodyError, BoundedDecoder
-from crawler.worker.http1 import Answer, Http1Client, Timeouts, body_coding
+from crawler.http.bodies import ACCEPT_ENCODING, BodyError, BoundedDecoder
+from crawler.http.http1 import Answer, Http1Client, Timeouts, body_coding
+from crawler.http.targets import TargetConnector, TargetPolicy
 
 _SCHEMES = frozenset(("http", "https"))
+# Host names whose addresses are remembered (for dns_ttl), least recently used out.
+DNS_CACHE_SIZE = 10_000
 
 
 def map_error(exc: BaseException) -> httpx.TransportError:
@@ -233,3 +237,44 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+class _NoCookieJar(http.cookiejar.CookieJar):
+    """A crawler keeps no cookie jar: it would grow with every site visited, and parsing every response's
+    Set-Cookie costs more than parsing some pages. Resolvers that need cookies send them per request.
+
+    httpx takes a CookieJar as its jar (``cookies=``) and asks it to extract and to store; this one does
+    neither, so nothing is parsed and the jar stays empty (an empty jar adds no Cookie header).
+    """
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        pass
+
+    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
+        pass
+
+
+def build_transport(*, max_connections: int, dns_ttl: float, max_body: int = 5 * 1024 * 1024,
+                    total_timeout: float | None = None, policy: TargetPolicy | None = None,
+                    dns_cache_size: int = DNS_CACHE_SIZE,
+                    resolver: aiohttp.abc.AbstractResolver | None = None) -> AiohttpTransport:
+    """The transport; max_body bounds every body it hands out (decoded), total_timeout every exchange, policy
+    the addresses it connects to (None: any; only tests of the transport itself go without)."""
+    def session() -> aiohttp.ClientSession:
+        connector = TargetConnector(policy=policy, limit=max_connections, limit_per_host=0,
+                                    ttl_dns_cache=int(dns_ttl), use_dns_cache=True,
+                                    dns_cache_max_size=dns_cache_size, enable_cleanup_closed=True,
+                                    resolver=resolver)
+        return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
+
+    return AiohttpTransport(session, max_body=max_body, total_timeout=total_timeout)
+
+
+def build_client(transport: AiohttpTransport, *, user_agent: str, connect_timeout: float, read_timeout: float,
+                 max_redirects: int) -> httpx.AsyncClient:
+    """The client for resolvers' API calls and downloads: redirects followed up to the limit."""
+    timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=None)
+    # Accept-Encoding names exactly the codings the transport decodes within its bounds (crawler/http/bodies.py).
+    return httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=True,
+                             max_redirects=max_redirects, cookies=_NoCookieJar(),
+                             headers={"User-Agent": user_agent, "Accept-Encoding": ACCEPT_ENCODING})
