@@ -10,8 +10,8 @@ stay on aiohttp under httpx (transport.py).
 
 What a fetch needs, and nothing more:
 
-- connections to the addresses the crawl may reach: resolved by the caller's ``resolve`` (the worker's
-  TargetConnector: its DNS cache and its target policy, the same check as every other connection), TLS
+- connections to the addresses the crawl may reach: resolved by the caller's ``resolve`` (targets.py's
+  TargetResolver: its DNS cache and its target policy, the same check as every other connection), TLS
   verified against the system's certificates with the host name;
 - keep-alive: a connection goes back to its (scheme, host, port) pool once its answer was read to the end and
   neither side said ``Connection: close``; a pooled connection the server closed meanwhile is retried once on a

@@ -33,17 +33,20 @@ a URL that is not http(s) UnsupportedProtocol.
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.cookiejar
-from collections.abc import AsyncIterator, Callable
+import socket
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import aiohttp
+import aiohttp.abc
 import httpx
 import yarl
 
 from crawler.http.bodies import ACCEPT_ENCODING, BodyError, BoundedDecoder
 from crawler.http.http1 import Answer, Http1Client, Timeouts, body_coding
-from crawler.http.targets import TargetConnector, TargetPolicy
+from crawler.http.targets import TargetPolicy, TargetResolver
 
 _SCHEMES = frozenset(("http", "https"))
 # Host names whose addresses are remembered (for dns_ttl), least recently used out.
@@ -128,7 +131,9 @@ class _Body(httpx.AsyncByteStream):
 
 def _salvage(content: aiohttp.StreamReader) -> bytes:
     """The bytes a failed StreamReader still buffers. aiohttp offers no public call for them once its
-    exception is set, so this reads its buffer (a deque of bytes, the first consumed up to an offset)."""
+    exception is set, so this reads its buffer (a deque of bytes, the first consumed up to an offset): the one
+    place the crawler touches another library's private attributes. tests/test_transport.py's
+    test_the_bytes_a_failed_aiohttp_stream_holds_are_salvaged fails if aiohttp changes them."""
     buffer = getattr(content, "_buffer", None)
     if not buffer:
         return b""
@@ -141,19 +146,32 @@ def _salvage(content: aiohttp.StreamReader) -> bytes:
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
-    def __init__(self, session: Callable[[], aiohttp.ClientSession], *, max_body: int,
+    def __init__(self, resolver: TargetResolver, *, max_connections: int, max_body: int,
                  total_timeout: float | None = None) -> None:
-        """session makes the aiohttp session; it is called on the first request, inside the running loop.
+        """resolver: DNS and the target policy of every connection, aiohttp's and the lean client's; the aiohttp
+        session is made on the first request, inside the running loop.
 
         max_body bounds every body (decoded) unless a request's ``max_body`` extension says otherwise;
         total_timeout bounds every exchange, body included, unless a request's ``total_timeout`` does.
         """
-        self._make_session = session
+        self.resolver = resolver
+        self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._lean: Http1Client | None = None
         self._timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
         self.max_body = max_body
         self.total_timeout = total_timeout
+
+    def _open(self) -> aiohttp.ClientSession:
+        session = self._session
+        if session is None:
+            # aiohttp's DNS cache off: the resolver keeps its own, and checks every answer, cached or not.
+            connector = aiohttp.TCPConnector(resolver=self.resolver, use_dns_cache=False,
+                                             limit=self._max_connections, limit_per_host=0,
+                                             enable_cleanup_closed=True)
+            session = self._session = aiohttp.ClientSession(connector=connector,
+                                                            cookie_jar=aiohttp.DummyCookieJar())
+        return session
 
     def _timeout(self, key: Timeouts) -> aiohttp.ClientTimeout:
         """key: (connect, read, pool, total) in seconds, each None for no limit."""
@@ -195,21 +213,18 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         (connect, read, pool, total); max_body, read_size and cut as the extensions max_body, read_size and
         cut_body."""
         if self._lean is None:
-            session = self._session
-            if session is None:
-                session = self._session = self._make_session()
-            connector = session.connector
-            assert isinstance(connector, aiohttp.TCPConnector)
-            # The connector's DNS cache and target check; as many idle connections as the connector may hold.
-            self._lean = Http1Client(connector._resolve_host, max_idle=connector.limit or 100,
-                                     max_idle_per_host=connector.limit_per_host or connector.limit or 100)
+            # The same resolver (DNS cache and target check) as aiohttp's connections; as many idle connections as
+            # the transport may hold open.
+            idle = self._max_connections or 100
+            self._lean = Http1Client(functools.partial(self.resolver.resolve, family=socket.AF_UNSPEC),
+                                     max_idle=idle, max_idle_per_host=idle)
         return await self._lean.get(url, headers, timeout=timeout, max_body=max_body, read_size=read_size, cut=cut)
 
     async def _send(self, method: str, url: yarl.URL, headers: list[tuple[str, str]], body: bytes | None,
                     timeout: Timeouts, max_body: int, cut: bool, read_size: int) -> Answer:
-        session = self._session
-        if session is None:
-            session = self._session = self._make_session()
+        session = self._open()
+        # aiohttp asks no resolver about an IP literal: the policy judges it here, on every hop.
+        self.resolver.check_literal(url.raw_host or "", url.port or 0)
         try:
             response = await session.request(
                 method, url, headers=headers, data=body, allow_redirects=False, auto_decompress=False,
@@ -237,6 +252,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         if self._session is not None:
             await self._session.close()
             self._session = None
+        await self.resolver.close()
 
 
 class _NoCookieJar(http.cookiejar.CookieJar):
@@ -259,15 +275,10 @@ def build_transport(*, max_connections: int, dns_ttl: float, max_body: int = 5 *
                     dns_cache_size: int = DNS_CACHE_SIZE,
                     resolver: aiohttp.abc.AbstractResolver | None = None) -> AiohttpTransport:
     """The transport; max_body bounds every body it hands out (decoded), total_timeout every exchange, policy
-    the addresses it connects to (None: any; only tests of the transport itself go without)."""
-    def session() -> aiohttp.ClientSession:
-        connector = TargetConnector(policy=policy, limit=max_connections, limit_per_host=0,
-                                    ttl_dns_cache=int(dns_ttl), use_dns_cache=True,
-                                    dns_cache_max_size=dns_cache_size, enable_cleanup_closed=True,
-                                    resolver=resolver)
-        return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
-
-    return AiohttpTransport(session, max_body=max_body, total_timeout=total_timeout)
+    the addresses it connects to (None: any; only tests of the transport itself go without); resolver the DNS
+    behind the transport's cache (aiohttp's default when None)."""
+    return AiohttpTransport(TargetResolver(policy, ttl=dns_ttl, max_size=dns_cache_size, resolver=resolver),
+                            max_connections=max_connections, max_body=max_body, total_timeout=total_timeout)
 
 
 def build_client(transport: AiohttpTransport, *, user_agent: str, connect_timeout: float, read_timeout: float,
