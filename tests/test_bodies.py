@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 
 from crawler.http.bodies import ACCEPT_ENCODING, BodyError, BoundedDecoder, content_coding
+from crawler.http.getter import Stack
 from crawler.http.transport import build_client, build_transport
 from crawler.worker.fetcher import FetchError, PageFetcher
 from tests.fakes import hostile
@@ -149,7 +150,7 @@ async def test_stacked_encodings_are_a_permanent_page_error(encoded_server):
     try:
         for path in ("/stacked", "/two-lines"):
             with pytest.raises(FetchError, match="stacked") as e:
-                await PageFetcher(transport, client).fetch(encoded_server + path, max_bytes=MiB)
+                await PageFetcher(Stack(transport, client)).fetch(encoded_server + path, max_bytes=MiB)
             assert not e.value.transient
         # An API call through the same client: refused, not expanded.
         with pytest.raises(httpx.DecodingError, match="stacked"):
@@ -166,7 +167,7 @@ async def test_a_trickling_server_is_cut_off_by_the_total_deadline(encoded_serve
     try:
         started = time.monotonic()
         with pytest.raises(FetchError) as e:
-            await PageFetcher(transport, client).fetch(encoded_server + "/trickle", max_bytes=MiB)
+            await PageFetcher(Stack(transport, client)).fetch(encoded_server + "/trickle", max_bytes=MiB)
         assert e.value.transient and time.monotonic() - started < 10   # the read timeout alone never fires
         with pytest.raises(httpx.TimeoutException):
             await client.get(encoded_server + "/trickle")
@@ -208,7 +209,7 @@ async def test_the_kugou_api_client_is_bounded_through_the_workers_transport():
     client = build_client(transport, user_agent="t", connect_timeout=5, read_timeout=5, max_redirects=2)
     resolver = KugouResolver({"api_base": base, "mobile_api_base": base, "www_hosts": ["127.0.0.1"],
                               "mobile_hosts": ["127.0.0.1"], "referer": base + "/", "retry_delay": 0})
-    ctx = ResolveContext(http=client, user_agent="t")
+    ctx = ResolveContext(http=Stack(transport, client), user_agent="t")
     try:
         for song, words in (("STACKED", "BodyError"), ("SINGLE", "BodyError"), ("TRICKLE", "Timeout")):
             started = time.monotonic()

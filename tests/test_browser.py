@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from crawler.http.getter import Stack
 from crawler.http.targets import TargetPolicy
 from crawler.http.transport import build_client, build_transport
 from crawler.items import AudioItem
@@ -169,7 +170,8 @@ async def ctx(site):
     targets = TargetPolicy.for_crawl([site.base + "/"], [])
     transport = build_transport(max_connections=8, dns_ttl=60)
     http = build_client(transport, user_agent=UA, connect_timeout=5, read_timeout=10, max_redirects=3)
-    yield ResolveContext(http=http, user_agent=UA, targets=targets), PageFetcher(transport, http)
+    stack = Stack(transport, http)
+    yield ResolveContext(http=stack, user_agent=UA, targets=targets), PageFetcher(stack)
     await http.aclose()
 
 

@@ -29,6 +29,7 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
+from crawler.http.getter import ClientGetter, Stack
 from crawler.http.transport import build_transport
 from crawler.items import FAILED, OK, AudioItem, RequestIdentity
 from crawler.worker.audiostore import AudioStore, Finished, extension_for, partial_key
@@ -62,9 +63,10 @@ async def server():
 
 @pytest.fixture(params=["aiohttp", "httpcore"])
 async def client(request):
+    """The stack the downloader is handed: the worker's, or a Getter over a plain httpx client."""
     transport = build_transport(max_connections=16, dns_ttl=60) if request.param == "aiohttp" else None
     async with httpx.AsyncClient(transport=transport) as c:
-        yield c
+        yield ClientGetter(c) if transport is None else Stack(transport, c)
 
 
 def requests_to(srv: RangeServer, path: str) -> list:
@@ -227,14 +229,16 @@ _CHILD = r"""
 import asyncio, sys
 from pathlib import Path
 import httpx
+from crawler.http.getter import Stack
 from crawler.http.transport import build_transport
 from crawler.items import AudioItem
 from crawler.worker.downloader import Downloader, DownloadConfig
 
 async def main():
-    async with httpx.AsyncClient(transport=build_transport(max_connections=16, dns_ttl=60)) as client:
+    transport = build_transport(max_connections=16, dns_ttl=60)
+    async with httpx.AsyncClient(transport=transport) as client:
         cfg = DownloadConfig(chunk_size=int(sys.argv[3]), retry_backoff=0)
-        dl = Downloader(client, Path(sys.argv[2]), cfg)
+        dl = Downloader(Stack(transport, client), Path(sys.argv[2]), cfg)
         await dl.fetch(AudioItem(url=sys.argv[1], page="p", source_id="song-1"))
 
 asyncio.run(main())
@@ -261,8 +265,9 @@ async def test_process_killed_mid_download_resumes_after_restart(server, tmp_pat
     sidecar = json.loads(AudioStore(tmp_path).sidecar_path(partial_key(item)).read_text())
     assert sidecar["expected_size"] == len(data) and sidecar["etag"] == res.etag
 
-    async with httpx.AsyncClient(transport=build_transport(max_connections=16, dns_ttl=60)) as client:
-        got = await Downloader(client, tmp_path, CFG).fetch(item)
+    transport = build_transport(max_connections=16, dns_ttl=60)
+    async with httpx.AsyncClient(transport=transport) as client:
+        got = await Downloader(Stack(transport, client), tmp_path, CFG).fetch(item)
     assert got.status == OK and got.sha256 == sha(data)
     assert (tmp_path / got.path).read_bytes() == data
     resumed = requests_to(server, "/a.mp3")[-1]
@@ -887,12 +892,13 @@ _FINISH_THEN_HANG = r"""
 import asyncio, sys
 from pathlib import Path
 import httpx
+from crawler.http.getter import ClientGetter
 from crawler.items import AudioItem
 from crawler.worker.downloader import Downloader, DownloadConfig
 
 async def main():
     async with httpx.AsyncClient() as client:
-        got = await Downloader(client, Path(sys.argv[2]), DownloadConfig()).fetch(
+        got = await Downloader(ClientGetter(client), Path(sys.argv[2]), DownloadConfig()).fetch(
             AudioItem(url=sys.argv[1], page="p", source_id="song-9"))
         print(got.status, flush=True)
         await asyncio.Event().wait()
@@ -916,7 +922,7 @@ async def test_the_record_outlives_a_killed_process(server, tmp_path):
     assert line.strip() == b"ok" and await proc.wait() == -signal.SIGKILL
 
     async with httpx.AsyncClient() as client:
-        got = await Downloader(client, tmp_path, CFG).fetch(item)
+        got = await Downloader(ClientGetter(client), tmp_path, CFG).fetch(item)
     assert got.status == OK and got.sha256 == sha(data) and len(server.log) == 1
 
 

@@ -8,6 +8,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from crawler.http.getter import Stack
 from crawler.http.targets import TargetPolicy, TargetRefused, TargetResolver, is_public, parse_network
 from crawler.http.transport import build_client, build_transport
 from crawler.web.urls import host_port
@@ -101,7 +102,7 @@ async def test_redirects_and_names_to_unnamed_private_addresses_are_refused(serv
         with pytest.raises(TargetRefused, match="localhost"):
             await client.get(site + "/by-name")        # a name for loopback is loopback
         with pytest.raises(FetchError) as e:
-            await PageFetcher(transport, client).fetch(inner + "/secret", max_bytes=1000)
+            await PageFetcher(Stack(transport, client)).fetch(inner + "/secret", max_bytes=1000)
         assert not e.value.transient                   # refused for good, not retried
     finally:
         await client.aclose()

@@ -15,9 +15,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-import httpx
-
 from crawler.config import unknown_key
+from crawler.http.getter import Getter
 from crawler.http.targets import TargetPolicy
 from crawler.items import AudioItem, LinkMeta
 from crawler.web.page import FetchedPage
@@ -34,9 +33,10 @@ class ResolverUnavailable(Exception):
 
 @dataclass(frozen=True)
 class ResolveContext:
-    """What a resolver may use while resolving: the worker's HTTP client and its defaults."""
+    """What a resolver may use while resolving: the worker's HTTP stack and its defaults."""
 
-    http: httpx.AsyncClient
+    # API calls through http.client (httpx's API over the worker's stack: its timeouts, body cap, target policy).
+    http: Getter
     user_agent: str
     clock: Callable[[], float] = time.time
     # A page fetch within the worker's limits (size, time, concurrency), for a page other than the one being

@@ -716,7 +716,7 @@ class BrowserResolver(Resolver):
                                   headers=(("Referer", f.referer),) if f.referer else ()).request_headers()
         headers["Range"] = "bytes=0-8191"
         try:
-            async with ctx.http.stream("GET", f.url, headers=headers) as response:
+            async with ctx.http.client.stream("GET", f.url, headers=headers) as response:
                 if response.status_code not in (200, 206):
                     return None
                 kind = classify(f.url, response.headers.get("content-type"))

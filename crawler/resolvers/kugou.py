@@ -450,8 +450,8 @@ class KugouResolver(Resolver):
 
     async def _get_json(self, url: str, params: Mapping[str, str], ctx: ResolveContext) -> Any:
         try:
-            resp = await ctx.http.get(url, params=params, headers=self.identity(ctx).request_headers(),
-                                      timeout=self.settings.timeout)
+            resp = await ctx.http.client.get(url, params=params, headers=self.identity(ctx).request_headers(),
+                                             timeout=self.settings.timeout)
         except httpx.HTTPError as exc:
             raise LiteralError(f"{url}: request failed: {type(exc).__name__}") from exc
         if resp.status_code != 200:
@@ -536,8 +536,8 @@ class KugouResolver(Resolver):
         attempts = 1 + self.settings.verify_retries
         for attempt in range(attempts):
             try:
-                resp = await ctx.http.get(endpoint, params=self._play_params(song, ctx),
-                                          headers=identity.request_headers(), timeout=self.settings.timeout)
+                resp = await ctx.http.client.get(endpoint, params=self._play_params(song, ctx),
+                                                 headers=identity.request_headers(), timeout=self.settings.timeout)
             except httpx.HTTPError as exc:
                 return listed.replace(status=FAILED, reason=f"play-data request failed: {type(exc).__name__}")
             if resp.status_code != 200:

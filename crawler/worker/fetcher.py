@@ -1,10 +1,10 @@
 """Fetching one page with the bounds a hostile site cannot push past.
 
-Pages take the lean HTTP/1.1 path downloads take (http1.py, reached through AiohttpTransport.get): a keep-alive
+Pages take the lean HTTP/1.1 path downloads take (http1.py, reached through the Getter's ``get``): a keep-alive
 pool and llhttp's parser, nothing built per request beyond the request's bytes and the answer's headers.
-Resolvers' API calls keep the httpx client over the aiohttp transport (build_client, transport.py): they want
-its redirects, query building and JSON. Both share the transport's connector, so a host's DNS answer is
-cached for `dns_ttl` seconds and every connection is checked by the same target policy.
+Resolvers' API calls keep the httpx client over the aiohttp transport (the Getter's ``client``): they want
+its redirects, query building and JSON. Both share the transport's resolver, so a host's DNS answer is
+cached for `dns_ttl` seconds and every connection is checked by the same target policy (crawler/http/).
 
 Bounds: a body cap counted on the *decoded* bytes, a stack of encodings refused (crawler/http/bodies.py), connect
 and read timeouts, a total deadline for the whole exchange, an answer's head at most http1.MAX_HEAD bytes, a
@@ -24,9 +24,9 @@ from collections.abc import Sequence
 import httpx
 
 from crawler.http.bodies import BodyError
+from crawler.http.getter import Getter
 from crawler.http.http1 import header_list, parse_url
 from crawler.http.targets import TargetRefused
-from crawler.http.transport import AiohttpTransport
 from crawler.web.media import media_type
 from crawler.web.page import FetchedPage
 
@@ -52,21 +52,20 @@ def is_document(mt: str) -> bool:
 
 
 class PageFetcher:
-    """Page GETs on the transport's lean path (AiohttpTransport.get: http1.py's keep-alive pool and llhttp parser,
-    the connector's DNS cache and target policy), the one downloads take.
+    """Page GETs on the lean path of the Getter it is handed (the worker's: http1.py's keep-alive pool and llhttp
+    parser, the transport's DNS cache and target policy), the one downloads take.
 
     A page fetch needs none of a client's per-request machinery (URL and header merging, the auth flow, the
     redirect loop, cookies, event hooks), nor httpx's request and response objects, nor aiohttp's session: those
     cost more CPU than writing the request and parsing the answer. Redirects are reported, not followed; there is
-    no cookie jar. The headers are the client's (User-Agent, Accept, Accept-Encoding), built once; the timeouts
-    the client's, with the transport's total deadline over the whole exchange.
+    no cookie jar. The headers are the Getter's client's (User-Agent, Accept, Accept-Encoding), built once; the
+    timeouts the Getter's, its total deadline over the whole exchange.
     """
 
-    def __init__(self, transport: AiohttpTransport, client: httpx.AsyncClient) -> None:
-        self._transport = transport
-        self._headers = header_list(client.headers)
-        t = client.timeout
-        self._timeouts = (t.connect, t.read, t.pool, transport.total_timeout)
+    def __init__(self, http: Getter) -> None:
+        self._http = http
+        self._headers = header_list(http.client.headers)
+        self._timeouts = http.timeouts
 
     async def fetch(self, url: str, *, max_bytes: int, referrer: str | None = None,
                     validators: tuple[str | None, str | None] | None = None) -> tuple[FetchedPage, bool]:
@@ -88,8 +87,8 @@ class PageFetcher:
                     headers.append(("If-Modified-Since", last_modified))
         try:
             # A page is cut at its cap, not refused: one byte past it tells the fetch it was cut.
-            r = await self._transport.get(parse_url(request_url), headers, timeout=self._timeouts, max_body=max_bytes + 1,
-                                          read_size=_READ_SIZE, cut=True)
+            r = await self._http.get(parse_url(request_url), headers, timeout=self._timeouts, max_body=max_bytes + 1,
+                                     read_size=_READ_SIZE, cut=True)
             try:
                 fields = header_fields(r.raw_headers)
                 mt = media_type(fields.get("content-type"))
