@@ -38,7 +38,7 @@ import math
 import random
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -328,6 +328,19 @@ class KugouResolver(Resolver):
         self.settings = parse_section(KugouConfig, self.name, config)
         self.mid = self.settings.mid or uuid.uuid4().hex
         self.keep_fragment = song_fragment_rule(self.settings.www_hosts)
+
+    @classmethod
+    def seed_url(cls, kind: str, words: str) -> str:
+        return search_url(words)       # kugou-search: the first page of the keyword search
+
+    @classmethod
+    def default_keep_fragment(cls) -> tuple[str, ...]:
+        return song_fragment_rule(KugouConfig.www_hosts)
+
+    @classmethod
+    def scope_hosts(cls, seed_hosts: Sequence[str]) -> tuple[str, ...]:
+        # A keyword search leads to Kugou's song pages.
+        return (KugouConfig.www_hosts[0],) if SEARCH_HOST in seed_hosts else ()
 
     # Which URLs are ours.
     def _kind(self, url: str) -> str | None:
