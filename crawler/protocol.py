@@ -273,7 +273,7 @@ class Welcome(Message, tag=4, frozen=True):
     # anyway, the master would drop them, and the worker's link cache would then hold back the same links found
     # later on a shallower page.) None: no limit.
     max_depth: Depth | None = None
-    # Addresses outside the public internet the crawl may reach (crawler/targets.py): the seeds' "host:port"
+    # Addresses outside the public internet the crawl may reach (crawler/http/targets.py): the seeds' "host:port"
     # and the configured networks ("10.0.0.0/8"). Everything else private is refused after DNS.
     allowed_origins: Many[Name] = ()
     allowed_networks: Many[Name] = ()

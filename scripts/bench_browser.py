@@ -25,11 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from crawler.http.getter import build_stack
+from crawler.http.targets import TargetPolicy
 from crawler.resolvers.base import ResolveContext
 from crawler.resolvers.browser import BrowserResolver
 from crawler.resolvers.chromium import LOOPBACK_ONLY_ARGS, rss_bytes, tree_pids
-from crawler.targets import TargetPolicy
-from crawler.worker.fetcher import PageFetcher, build_client, build_transport
+from crawler.worker.fetcher import PageFetcher
 from tests.browser import TEST_BROWSER_USER
 from tests.fakes import playersite
 
@@ -51,11 +52,11 @@ def pss_bytes(pids: list[int]) -> int:
 
 
 async def round_(base: str, pages: int, tabs: int) -> dict[str, float]:
-    transport = build_transport(max_connections=16, dns_ttl=60)
-    http = build_client(transport, user_agent=UA, connect_timeout=10, read_timeout=30, max_redirects=3)
+    http = build_stack(max_connections=16, dns_ttl=60, user_agent=UA, connect_timeout=10, read_timeout=30,
+                       max_redirects=3)
     # The site is the crawl's seed, so the browser's proxy lets it through as a worker's would.
     ctx = ResolveContext(http=http, user_agent=UA, targets=TargetPolicy.for_crawl([base + "/"], []))
-    fetcher = PageFetcher(transport, http)
+    fetcher = PageFetcher(http)
     resolver = BrowserResolver({"max_pages": tabs, "args": list(LOOPBACK_ONLY_ARGS), "page_timeout": 60,
                                 "user": TEST_BROWSER_USER})
     peak = {"rss": 0, "pss": 0, "driver": 0}

@@ -37,16 +37,19 @@ _CHILD = r"""
 import asyncio, json, resource, sys, time
 from pathlib import Path
 import httpx
-from crawler.worker.fetcher import build_transport
+from crawler.http.getter import ClientGetter, Stack
+from crawler.http.transport import build_transport
 from crawler.items import AudioItem
 from crawler.worker.downloader import Downloader, DownloadConfig
 
 url, data_dir, transport = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 
 async def main():
-    client = httpx.AsyncClient(transport=build_transport(max_connections=16, dns_ttl=60, max_body=1 << 40) if transport == "aiohttp" else None)
+    ours = build_transport(max_connections=16, dns_ttl=60, max_body=1 << 40) if transport == "aiohttp" else None
+    client = httpx.AsyncClient(transport=ours)
     async with client:
-        dl = Downloader(client, data_dir, DownloadConfig(max_size=1 << 40))
+        dl = Downloader(ClientGetter(client) if ours is None else Stack(ours, client), data_dir,
+                        DownloadConfig(max_size=1 << 40))
         t0 = time.perf_counter()
         item = await dl.fetch(AudioItem(url=url, page="bench"))
         elapsed = time.perf_counter() - t0
@@ -62,7 +65,7 @@ _SMALL_CHILD = r"""
 import asyncio, cProfile, json, os, sys, time
 from pathlib import Path
 import httpx
-from crawler.worker.fetcher import build_client, build_transport
+from crawler.http.getter import build_stack
 from crawler.items import AudioItem
 from crawler.worker.downloader import Downloader, DownloadConfig
 
@@ -71,8 +74,8 @@ from crawler.eventloop import run
 urls, data_dir, in_flight, profile = json.loads(sys.stdin.read()), Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 
 async def main():
-    client = build_client(build_transport(max_connections=2 * in_flight, dns_ttl=60, max_body=1 << 30),
-                          user_agent="bench", connect_timeout=10, read_timeout=30, max_redirects=5)
+    client = build_stack(max_connections=2 * in_flight, dns_ttl=60, max_body=1 << 30,
+                         user_agent="bench", connect_timeout=10, read_timeout=30, max_redirects=5)
     async with client:
         dl = Downloader(client, data_dir, DownloadConfig(max_downloads=in_flight, max_per_host=in_flight),
                         file_tags=True)

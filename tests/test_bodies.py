@@ -9,8 +9,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-from crawler.bodies import ACCEPT_ENCODING, BodyError, BoundedDecoder, content_coding
-from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
+from crawler.http.bodies import ACCEPT_ENCODING, BodyError, BoundedDecoder, content_coding
+from crawler.http.getter import Stack
+from crawler.http.transport import build_client, build_transport
+from crawler.worker.fetcher import FetchError, PageFetcher
 from tests.fakes import hostile
 
 MiB = 1024 * 1024
@@ -66,7 +68,7 @@ def _brotli_zeros(size: int) -> bytes:
 
 
 def _zstd_zeros(size: int, window_log: int | None = None) -> bytes:
-    from crawler.bodies import zstd
+    from crawler.http.bodies import zstd
     options = {zstd.CompressionParameter.window_log: window_log} if window_log else None
     c = zstd.ZstdCompressor(options=options)
     return b"".join(c.compress(b"\0" * MiB) for _ in range(size // MiB)) + c.flush()
@@ -86,7 +88,7 @@ def test_brotli_and_zstd_bombs_are_bounded_the_same_way(coding):
     small = b"hello " * 1000
     import brotli
 
-    from crawler.bodies import zstd
+    from crawler.http.bodies import zstd
     wire = brotli.compress(small) if coding == "br" else zstd.compress(small)
     assert feed_all(BoundedDecoder(coding, 10_000, cut=False), wire, chunk=7) == small
 
@@ -148,7 +150,7 @@ async def test_stacked_encodings_are_a_permanent_page_error(encoded_server):
     try:
         for path in ("/stacked", "/two-lines"):
             with pytest.raises(FetchError, match="stacked") as e:
-                await PageFetcher(transport, client).fetch(encoded_server + path, max_bytes=MiB)
+                await PageFetcher(Stack(transport, client)).fetch(encoded_server + path, max_bytes=MiB)
             assert not e.value.transient
         # An API call through the same client: refused, not expanded.
         with pytest.raises(httpx.DecodingError, match="stacked"):
@@ -165,7 +167,7 @@ async def test_a_trickling_server_is_cut_off_by_the_total_deadline(encoded_serve
     try:
         started = time.monotonic()
         with pytest.raises(FetchError) as e:
-            await PageFetcher(transport, client).fetch(encoded_server + "/trickle", max_bytes=MiB)
+            await PageFetcher(Stack(transport, client)).fetch(encoded_server + "/trickle", max_bytes=MiB)
         assert e.value.transient and time.monotonic() - started < 10   # the read timeout alone never fires
         with pytest.raises(httpx.TimeoutException):
             await client.get(encoded_server + "/trickle")
@@ -207,7 +209,7 @@ async def test_the_kugou_api_client_is_bounded_through_the_workers_transport():
     client = build_client(transport, user_agent="t", connect_timeout=5, read_timeout=5, max_redirects=2)
     resolver = KugouResolver({"api_base": base, "mobile_api_base": base, "www_hosts": ["127.0.0.1"],
                               "mobile_hosts": ["127.0.0.1"], "referer": base + "/", "retry_delay": 0})
-    ctx = ResolveContext(http=client, user_agent="t")
+    ctx = ResolveContext(http=Stack(transport, client), user_agent="t")
     try:
         for song, words in (("STACKED", "BodyError"), ("SINGLE", "BodyError"), ("TRICKLE", "Timeout")):
             started = time.monotonic()

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from crawler.http.getter import Stack
+from crawler.http.targets import TargetPolicy
+from crawler.http.transport import build_client, build_transport
 from crawler.items import AudioItem
 from crawler.resolvers.base import (
     Resolution,
@@ -41,9 +44,8 @@ from crawler.resolvers.chromium import (
     tree_pids,
 )
 from crawler.resolvers.registry import followers, load_resolvers, pick
-from crawler.targets import TargetPolicy
 from crawler.web.page import FetchedPage
-from crawler.worker.fetcher import PageFetcher, build_client, build_transport
+from crawler.worker.fetcher import PageFetcher
 from tests.browser import TEST_BROWSER_USER
 from tests.fakes import playersite
 
@@ -168,7 +170,8 @@ async def ctx(site):
     targets = TargetPolicy.for_crawl([site.base + "/"], [])
     transport = build_transport(max_connections=8, dns_ttl=60)
     http = build_client(transport, user_agent=UA, connect_timeout=5, read_timeout=10, max_redirects=3)
-    yield ResolveContext(http=http, user_agent=UA, targets=targets), PageFetcher(transport, http)
+    stack = Stack(transport, http)
+    yield ResolveContext(http=stack, user_agent=UA, targets=targets), PageFetcher(stack)
     await http.aclose()
 
 

@@ -1,7 +1,7 @@
 """Resumable downloads against a loopback server that counts the bytes it serves and misbehaves on demand.
 
 Most tests run with both transports: httpx's own (httpcore) and the worker's aiohttp
-transport (crawler/worker/transport.py), which is what production uses.
+transport (crawler/http/transport.py), which is what production uses.
 Where a test bounds the bytes served by a chunk per cut, the server is rate limited so that, as on the internet,
 the link and not the disk is the slow side. test_cut_connections_cost_no_byte_twice is not: at full loopback speed
 every byte received before a cut must be kept, so the file is served exactly once in all.
@@ -28,10 +28,11 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
+from crawler.http.getter import ClientGetter, Stack
+from crawler.http.transport import build_transport
 from crawler.items import FAILED, OK, AudioItem, RequestIdentity
 from crawler.worker.audiostore import AudioStore, Finished, extension_for, partial_key
 from crawler.worker.downloader import DownloadConfig, Downloader, HostSlots, Started, _Commit, _Committer
-from crawler.worker.fetcher import build_transport
 from tests.fakes.rangeserver import RangeServer, ThreadedRangeServer, _etag_for
 
 KiB = 1024
@@ -61,9 +62,10 @@ async def server():
 
 @pytest.fixture(params=["aiohttp", "httpcore"])
 async def client(request):
+    """The stack the downloader is handed: the worker's, or a Getter over a plain httpx client."""
     transport = build_transport(max_connections=16, dns_ttl=60) if request.param == "aiohttp" else None
     async with httpx.AsyncClient(transport=transport) as c:
-        yield c
+        yield ClientGetter(c) if transport is None else Stack(transport, c)
 
 
 def requests_to(srv: RangeServer, path: str) -> list:
@@ -226,14 +228,16 @@ _CHILD = r"""
 import asyncio, sys
 from pathlib import Path
 import httpx
-from crawler.worker.fetcher import build_transport
+from crawler.http.getter import Stack
+from crawler.http.transport import build_transport
 from crawler.items import AudioItem
 from crawler.worker.downloader import Downloader, DownloadConfig
 
 async def main():
-    async with httpx.AsyncClient(transport=build_transport(max_connections=16, dns_ttl=60)) as client:
+    transport = build_transport(max_connections=16, dns_ttl=60)
+    async with httpx.AsyncClient(transport=transport) as client:
         cfg = DownloadConfig(chunk_size=int(sys.argv[3]), retry_backoff=0)
-        dl = Downloader(client, Path(sys.argv[2]), cfg)
+        dl = Downloader(Stack(transport, client), Path(sys.argv[2]), cfg)
         await dl.fetch(AudioItem(url=sys.argv[1], page="p", source_id="song-1"))
 
 asyncio.run(main())
@@ -260,8 +264,9 @@ async def test_process_killed_mid_download_resumes_after_restart(server, tmp_pat
     sidecar = json.loads(AudioStore(tmp_path).sidecar_path(partial_key(item)).read_text())
     assert sidecar["expected_size"] == len(data) and sidecar["etag"] == res.etag
 
-    async with httpx.AsyncClient(transport=build_transport(max_connections=16, dns_ttl=60)) as client:
-        got = await Downloader(client, tmp_path, CFG).fetch(item)
+    transport = build_transport(max_connections=16, dns_ttl=60)
+    async with httpx.AsyncClient(transport=transport) as client:
+        got = await Downloader(Stack(transport, client), tmp_path, CFG).fetch(item)
     assert got.status == OK and got.sha256 == sha(data)
     assert (tmp_path / got.path).read_bytes() == data
     resumed = requests_to(server, "/a.mp3")[-1]
@@ -887,12 +892,13 @@ _FINISH_THEN_HANG = r"""
 import asyncio, sys
 from pathlib import Path
 import httpx
+from crawler.http.getter import ClientGetter
 from crawler.items import AudioItem
 from crawler.worker.downloader import Downloader, DownloadConfig
 
 async def main():
     async with httpx.AsyncClient() as client:
-        got = await Downloader(client, Path(sys.argv[2]), DownloadConfig()).fetch(
+        got = await Downloader(ClientGetter(client), Path(sys.argv[2]), DownloadConfig()).fetch(
             AudioItem(url=sys.argv[1], page="p", source_id="song-9"))
         print(got.status, flush=True)
         await asyncio.Event().wait()
@@ -916,7 +922,7 @@ async def test_the_record_outlives_a_killed_process(server, tmp_path):
     assert line.strip() == b"ok" and await proc.wait() == -signal.SIGKILL
 
     async with httpx.AsyncClient() as client:
-        got = await Downloader(client, tmp_path, CFG).fetch(item)
+        got = await Downloader(ClientGetter(client), tmp_path, CFG).fetch(item)
     assert got.status == OK and got.sha256 == sha(data) and len(server.log) == 1
 
 

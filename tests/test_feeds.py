@@ -198,7 +198,9 @@ async def test_a_deep_gzip_sitemap_from_a_server_costs_little_memory_and_keeps_w
 
     import httpx
 
-    from crawler.worker.fetcher import PageFetcher, build_transport
+    from crawler.http.getter import Stack
+    from crawler.http.transport import build_transport
+    from crawler.worker.fetcher import PageFetcher
     from tests.fakes.rangeserver import RangeServer
 
     inflated = 4 * 1024 * 1024
@@ -209,8 +211,8 @@ async def test_a_deep_gzip_sitemap_from_a_server_costs_little_memory_and_keeps_w
         server.add("/sitemap.xml.gz", body, content_type="application/gzip")
         transport = build_transport(max_connections=4, dns_ttl=60)
         async with httpx.AsyncClient(transport=transport) as client:
-            fetched, cut = await PageFetcher(transport, client).fetch(server.url("/sitemap.xml.gz"),
-                                                                      max_bytes=5 * 1024 * 1024)
+            fetched, cut = await PageFetcher(Stack(transport, client)).fetch(server.url("/sitemap.xml.gz"),
+                                                                             max_bytes=5 * 1024 * 1024)
             assert not cut and fetched.body == body
             tracemalloc.start()
             try:
@@ -548,7 +550,9 @@ def test_dates_that_are_no_w3c_date_are_still_dropped(bad: str) -> None:
 async def test_feeds_and_a_robots_named_text_sitemap_through_a_real_server_and_fetcher() -> None:
     import httpx
 
-    from crawler.worker.fetcher import PageFetcher, build_transport
+    from crawler.http.getter import Stack
+    from crawler.http.transport import build_transport
+    from crawler.worker.fetcher import PageFetcher
     from tests.fakes.rangeserver import RangeServer
 
     async with RangeServer() as server:
@@ -561,7 +565,7 @@ async def test_feeds_and_a_robots_named_text_sitemap_through_a_real_server_and_f
         transport = build_transport(max_connections=4, dns_ttl=60)
         resolver = GenericResolver({})
         async with httpx.AsyncClient(transport=transport) as client:
-            fetcher = PageFetcher(transport, client)
+            fetcher = PageFetcher(Stack(transport, client))
             fetched, _ = await fetcher.fetch(server.url("/feeds/podcast.xml"), max_bytes=1 << 20)
             podcast = await resolver.resolve(fetched.url, fetched, None)  # type: ignore[arg-type]
             fetched, _ = await fetcher.fetch(server.url("/feeds/atom.xml"), max_bytes=1 << 20)

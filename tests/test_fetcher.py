@@ -7,7 +7,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher, build_client, build_transport
+from crawler.http.getter import Stack
+from crawler.http.transport import build_client, build_transport
+from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher
 from tests.test_http1 import answer
 from tests.test_transport import RawServer, read_request
 
@@ -19,7 +21,7 @@ class Http:
         transport = build_transport(max_connections=kw.pop("max_connections"), dns_ttl=kw.pop("dns_ttl"),
                                     resolver=kw.pop("resolver", None))
         self.client = build_client(transport, connect_timeout=5, read_timeout=5, max_redirects=3, **kw)
-        self.pages = PageFetcher(transport, self.client)
+        self.pages = PageFetcher(Stack(transport, self.client))
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -14,11 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from crawler.http.getter import Stack
+from crawler.http.targets import TargetPolicy
+from crawler.http.transport import build_transport
 from crawler.items import FAILED, OK, AudioItem, RequestIdentity
-from crawler.targets import TargetPolicy
 from crawler.worker.audiostore import partial_key
 from crawler.worker.downloader import DownloadConfig, Downloader
-from crawler.worker.fetcher import build_transport
 from crawler.worker.hls import (
     MAX_DURATION,
     PROGRESS_EVERY,
@@ -56,8 +57,9 @@ async def server():
 
 @pytest.fixture
 async def client():
-    async with httpx.AsyncClient(transport=build_transport(max_connections=8, dns_ttl=60)) as c:
-        yield c
+    transport = build_transport(max_connections=8, dns_ttl=60)
+    async with httpx.AsyncClient(transport=transport) as c:
+        yield Stack(transport, c)
 
 
 def serve_stream(srv: RangeServer, stream, folder: str = "/hls") -> str:
@@ -300,13 +302,14 @@ _CHILD = r"""
 import asyncio, sys
 from pathlib import Path
 import httpx
+from crawler.http.getter import ClientGetter
 from crawler.items import AudioItem
 from crawler.worker.downloader import DownloadConfig, Downloader
 
 async def main():
     async with httpx.AsyncClient() as client:
         item = AudioItem(url=sys.argv[1], page="http://site.test/song", resolver="browser", extra={"format": "hls"})
-        downloader = Downloader(client, Path(sys.argv[2]), DownloadConfig(retry_backoff=0))
+        downloader = Downloader(ClientGetter(client), Path(sys.argv[2]), DownloadConfig(retry_backoff=0))
         downloader.hls.progress_every = 0     # a record after every segment: the kill lands after the 4th
         await downloader.fetch(item)
 
@@ -428,7 +431,7 @@ async def test_progress_is_saved_every_few_seconds_not_per_segment(server, clien
     progress_file = tmp_path / "audio" / "partial" / f"{partial_key(item)}.hls.json"
     downloader = Downloader(client, tmp_path, CFG)
     # One second passes per segment: a record every PROGRESS_EVERY (5) segments, not after each.
-    downloader.hls = HlsDownloader(client, downloader.store, CFG, monotonic=Ticks())
+    downloader.hls = HlsDownloader(client.client, downloader.store, CFG, monotonic=Ticks())
     assert downloader.hls.progress_every == PROGRESS_EVERY == 5.0
 
     task = asyncio.create_task(downloader.fetch(item))
@@ -462,8 +465,9 @@ async def test_a_key_or_segment_at_a_refused_address_fails_the_item_with_one_log
     url = serve_stream(server, stream)
     caplog.set_level(logging.DEBUG)
 
-    async with httpx.AsyncClient(transport=build_transport(max_connections=8, dns_ttl=60, policy=policy)) as c:
-        got = await Downloader(c, tmp_path, CFG).fetch(hls_item(url))
+    transport = build_transport(max_connections=8, dns_ttl=60, policy=policy)
+    async with httpx.AsyncClient(transport=transport) as c:
+        got = await Downloader(Stack(transport, c), tmp_path, CFG).fetch(hls_item(url))
 
     assert got.status == FAILED and got.reason.startswith("hls: ") and "outside the public internet" in got.reason
     assert not [r for r in server.log if r.path.startswith("/hls/inside")]

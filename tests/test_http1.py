@@ -1,4 +1,4 @@
-"""The downloads' HTTP/1.1 client (crawler/worker/http1.py) through the worker's transport, against raw loopback
+"""The downloads' HTTP/1.1 client (crawler/http/http1.py) through the worker's transport, against raw loopback
 servers that misbehave on purpose, and a TLS server with a certificate made here."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from crawler.targets import TargetPolicy, TargetRefused
-from crawler.worker import http1
-from crawler.worker.fetcher import build_transport
-from crawler.worker.transport import AiohttpTransport
+from crawler.http import http1
+from crawler.http.targets import TargetPolicy, TargetRefused
+from crawler.http.transport import build_transport
+from crawler.http.transport import AiohttpTransport
 from tests.test_transport import RawServer, read_request
 
 TIMEOUTS = (2.0, 2.0, 2.0, None)

@@ -1,4 +1,4 @@
-"""The lean HTTP/1.1 client's reading of answers (crawler/worker/http1.py), one byte a read and in random splits.
+"""The lean HTTP/1.1 client's reading of answers (crawler/http/http1.py), one byte a read and in random splits.
 
 As h11's tests do, every answer is fed to the connection whole, one byte at a time and in seeded random pieces,
 and must read the same however the reads fall: status line, headers, Content-Length and chunked bodies (chunk
@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yarl
 
-from crawler.worker import http1
+from crawler.http import http1
 
 SEEDS = range(6)
 SPLITS = ["whole", "bytewise"] + [f"random{seed}" for seed in SEEDS]

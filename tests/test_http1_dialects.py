@@ -1,4 +1,4 @@
-"""The dialects of real servers through the lean HTTP/1.1 client (crawler/worker/http1.py): unusual answers a
+"""The dialects of real servers through the lean HTTP/1.1 client (crawler/http/http1.py): unusual answers a
 browser reads are read, framing that enables smuggling is refused, trailers are never headers. Every answer is
 served by a raw loopback server whole and one byte a write, and fed to the connection one byte a read."""
 
@@ -12,9 +12,9 @@ import httpx
 import pytest
 import yarl
 
-from crawler.bodies import BodyError
-from crawler.worker import http1
-from crawler.worker.fetcher import build_transport
+from crawler.http import http1
+from crawler.http.bodies import BodyError
+from crawler.http.transport import build_transport
 from tests.test_transport import RawServer, read_request
 
 TIMEOUTS = (2.0, 2.0, 2.0, None)

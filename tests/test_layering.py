@@ -1,4 +1,5 @@
-"""The package's layers: the web layer sits below the resolvers, and both below the daemons."""
+"""The package's layers: the web layer and the HTTP package sit below the resolvers, and all below the daemons;
+the master reaches the worker's code through nothing and site plugins through the resolver registry only."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ def imported(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("package, forbidden", [
-    ("web", ("crawler.worker", "crawler.master", "crawler.resolvers")),
+    ("web", ("crawler.worker", "crawler.master", "crawler.resolvers", "crawler.http")),
+    ("http", ("crawler.worker", "crawler.master", "crawler.resolvers")),
     ("resolvers", ("crawler.worker", "crawler.master")),
+    ("master", ("crawler.worker",)),
 ])
 def test_a_layer_imports_nothing_from_the_layers_above(package: str, forbidden: tuple[str, ...]) -> None:
     files = sorted((ROOT / package).glob("*.py"))
@@ -161,4 +164,15 @@ def test_the_tests_and_the_harness_import_nothing_from_scripts() -> None:
              for name in imported(f) if name == "scripts" or name.startswith("scripts.")}
     wrong |= {f"{f.relative_to(repo)}: {name}" for f in harness for name in imported(f)
               if name == "tests" or name.startswith("tests.")}
+
+
+# What the master may import from the resolvers: the registry (which loads plugins by name) and the package itself.
+_REGISTRY = {"crawler.resolvers", "crawler.resolvers.registry"}
+
+
+def test_the_master_reaches_site_plugins_through_the_registry_only() -> None:
+    files = sorted((ROOT / "master").glob("*.py"))
+    assert files
+    wrong = {f"{f.name}: {name}" for f in files for name in imported(f)
+             if name.startswith("crawler.resolvers") and name not in _REGISTRY}
     assert not wrong, sorted(wrong)

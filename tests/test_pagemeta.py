@@ -10,6 +10,7 @@ from html import escape
 import httpx
 import pytest
 
+from crawler.http.getter import ClientGetter
 from crawler.items import AudioItem
 from crawler.resolvers.base import ResolveContext
 from crawler.resolvers.generic import GenericResolver
@@ -102,7 +103,7 @@ async def test_audio_found_by_first_bytes_keeps_the_referring_pages_context() ->
     resolver = GenericResolver({})
     mp3 = b"\xff\xfb\x90\x64" + bytes(413)
     async with httpx.AsyncClient() as http:
-        ctx = ResolveContext(http=http, user_agent="t", fetch_page=pages)
+        ctx = ResolveContext(http=ClientGetter(http), user_agent="t", fetch_page=pages)
         # Extensionless links of one page, found at once: the page is fetched once for all of them.
         burst = [response(mp3, url=f"http://cdn.example.com/get/{n}") for n in range(123, 130)]
         results = await asyncio.gather(*(resolver.resolve(o.url, o, ctx) for o in burst))
@@ -117,7 +118,7 @@ async def test_file_tags_fill_gaps_and_disagreements_are_kept_beside() -> None:
     id3 = _id3({"TIT2": "Tag Title", "TALB": "Tag Album"})   # no artist: the page is read
     song = html_page('<span class="title">Page Title</span><a href="http://cdn.example.com/get/123">x</a>')
     async with httpx.AsyncClient() as http:
-        ctx = ResolveContext(http=http, user_agent="t", fetch_page=_Pages({PAGE: song}))
+        ctx = ResolveContext(http=ClientGetter(http), user_agent="t", fetch_page=_Pages({PAGE: song}))
         item = (await GenericResolver({}).resolve("", response(id3 + b"\xff\xfb\x90\x64" + bytes(413)), ctx)).items[0]
     assert (item.title, item.album) == ("Page Title", "Tag Album")
     assert item.meta_source == {"title": "class", "album": "file"}
@@ -129,7 +130,7 @@ async def test_a_referrer_that_cannot_be_fetched_costs_nothing() -> None:
         raise OSError("unreachable")
 
     async with httpx.AsyncClient() as http:
-        ctx = ResolveContext(http=http, user_agent="t", fetch_page=broken)
+        ctx = ResolveContext(http=ClientGetter(http), user_agent="t", fetch_page=broken)
         item = (await GenericResolver({}).resolve("", response(b"\xff\xfb\x90\x64" + bytes(413)), ctx)).items[0]
     assert item.url == "http://cdn.example.com/get/123" and item.title is None
 
@@ -165,7 +166,7 @@ async def test_a_file_that_names_itself_needs_no_second_look_at_its_page() -> No
     pages = _Pages({})
     body = _id3({"TIT2": "Tag Title", "TPE1": "Tag Artist"}) + b"\xff\xfb\x90\x64" + bytes(413)
     async with httpx.AsyncClient() as http:
-        ctx = ResolveContext(http=http, user_agent="t", fetch_page=pages)
+        ctx = ResolveContext(http=ClientGetter(http), user_agent="t", fetch_page=pages)
         item = (await GenericResolver({}).resolve("", response(body), ctx)).items[0]
     assert (item.title, item.artist, item.meta_source) == ("Tag Title", "Tag Artist",
                                                            {"title": "file", "artist": "file"})

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import yaml
 
+from crawler.http.getter import ClientGetter
 from crawler.items import FAILED, OK, UNAVAILABLE
 from crawler.resolvers import ResolveContext, ResolverConfigError, load_resolvers, pick
 from crawler.resolvers.kugou import DESKTOP_USER_AGENT, KugouResolver, search_url, unwrap_jsonp
@@ -60,7 +61,7 @@ async def env() -> AsyncIterator[Env]:
     app, kugou = make_kugou_app()
     async with serve(app) as base, httpx.AsyncClient(timeout=10) as http:
         resolver = KugouResolver(config_for(base))
-        yield Env(base, kugou, resolver, ResolveContext(http=http, user_agent=WORKER_UA, clock=kugou.clock), http)
+        yield Env(base, kugou, resolver, ResolveContext(http=ClientGetter(http), user_agent=WORKER_UA, clock=kugou.clock), http)
 
 
 def add_catalogue(kugou: KugouController):

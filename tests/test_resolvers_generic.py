@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from crawler.http.getter import ClientGetter
 from crawler.items import AudioItem, LinkMeta, RequestIdentity
 from crawler.resolvers import (
     Resolution,
@@ -439,7 +440,7 @@ async def test_error_status_and_missing_page_give_nothing() -> None:
     page = html_page('<a href="/a.mp3">a</a>')
     page.status = 404
     async with httpx.AsyncClient() as http:
-        ctx = ResolveContext(http=http, user_agent="t")
+        ctx = ResolveContext(http=ClientGetter(http), user_agent="t")
         assert (await GenericResolver({}).resolve(page.url, page, ctx)).items == []
         assert (await GenericResolver({}).resolve(page.url, None, ctx)).items == []
         page.status = 200
@@ -570,11 +571,12 @@ def test_load_resolvers_keeps_config_order_and_puts_generic_last(plugins: None) 
 async def test_a_plugin_resolves_through_the_interface(plugins: None) -> None:
     [minimal, _generic] = load_resolvers({"minimal": {}})
     async with httpx.AsyncClient() as http:
-        result = await minimal.resolve("https://tunes.example/track/7", None, ResolveContext(http, "UA/1"))
+        ctx = ResolveContext(ClientGetter(http), "UA/1")
+        result = await minimal.resolve("https://tunes.example/track/7", None, ctx)
     [item] = result.items
     assert (item.url, item.resolver, item.identity) == ("https://cdn.tunes.example/7.mp3", "minimal",
                                                         RequestIdentity(user_agent="UA/1"))
-    assert await minimal.reresolve(item, ResolveContext(http, "UA/1")) is None   # the base: cannot
+    assert await minimal.reresolve(item, ctx) is None   # the base: cannot
 
 
 def test_generic_is_present_even_when_not_named() -> None:
@@ -651,7 +653,7 @@ async def test_audio_found_by_its_first_bytes_takes_the_names_that_came_with_its
     stream = response(b"\xff\xfb\x90\x64" + bytes(413), url="http://music.example.com/stream/7")
     stream.link_meta = named
     async with httpx.AsyncClient() as http:
-        ctx = ResolveContext(http=http, user_agent="t", fetch_page=fetch_page)
+        ctx = ResolveContext(http=ClientGetter(http), user_agent="t", fetch_page=fetch_page)
         item = (await GenericResolver({}).resolve(stream.url, stream, ctx)).items[0]
     assert (item.title, item.artist, item.page) == ("Quiet Harbour", "Mia", PAGE)
     assert item.meta_source == {"title": "heading", "artist": "class"}

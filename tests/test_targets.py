@@ -1,5 +1,6 @@
 """Addresses the crawler may reach: checked after DNS, on every connection and redirect hop."""
 
+import asyncio
 import socket
 
 import aiohttp.abc
@@ -7,9 +8,11 @@ import httpx
 import pytest
 from aiohttp import web
 
-from crawler.targets import TargetPolicy, TargetRefused, is_public, parse_network
+from crawler.http.getter import Stack
+from crawler.http.targets import TargetPolicy, TargetRefused, TargetResolver, is_public, parse_network
+from crawler.http.transport import build_client, build_transport
 from crawler.web.urls import host_port
-from crawler.worker.fetcher import FetchError, PageFetcher, build_client, build_transport
+from crawler.worker.fetcher import FetchError, PageFetcher
 
 
 @pytest.mark.parametrize(("address", "public"), [
@@ -99,7 +102,7 @@ async def test_redirects_and_names_to_unnamed_private_addresses_are_refused(serv
         with pytest.raises(TargetRefused, match="localhost"):
             await client.get(site + "/by-name")        # a name for loopback is loopback
         with pytest.raises(FetchError) as e:
-            await PageFetcher(transport, client).fetch(inner + "/secret", max_bytes=1000)
+            await PageFetcher(Stack(transport, client)).fetch(inner + "/secret", max_bytes=1000)
         assert not e.value.transient                   # refused for good, not retried
     finally:
         await client.aclose()
@@ -174,3 +177,65 @@ async def test_a_seed_named_by_host_name_reaches_only_public_addresses_unless_a_
             await client.get(site + "/page")
     finally:
         await client.aclose()
+
+
+class CountingResolver(aiohttp.abc.AbstractResolver):
+    """Every name answers 93.184.215.14 (public); counts the queries that reach it."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.gate: asyncio.Event | None = None
+
+    async def resolve(self, host, port=0, family=socket.AF_INET):
+        self.asked.append(host)
+        if self.gate is not None:
+            await self.gate.wait()
+        return [{"hostname": host, "host": "93.184.215.14", "port": port, "family": socket.AF_INET, "proto": 0,
+                 "flags": socket.AI_NUMERICHOST}]
+
+    async def close(self):
+        pass
+
+
+async def test_the_resolver_caches_answers_for_their_ttl_within_its_size_and_checks_each_time():
+    now = [0.0]
+    dns = CountingResolver()
+    policy = TargetPolicy()
+    resolver = TargetResolver(policy, ttl=60, max_size=2, resolver=dns, clock=lambda: now[0])
+    for _ in range(3):
+        assert [h["host"] for h in await resolver.resolve("a.example", 80)] == ["93.184.215.14"]
+    assert dns.asked == ["a.example"]
+    now[0] = 61.0                                          # the answer expired: asked again
+    await resolver.resolve("a.example", 80)
+    assert dns.asked == ["a.example"] * 2
+    await resolver.resolve("b.example", 80)
+    await resolver.resolve("c.example", 80)                # three names in a cache of two: the oldest goes
+    await resolver.resolve("a.example", 80)
+    assert dns.asked == ["a.example", "a.example", "b.example", "c.example", "a.example"]
+    policy.allow([], [parse_network("93.184.0.0/16")])
+    dns.asked.clear()
+    await resolver.resolve("c.example", 80)
+    assert dns.asked == []
+    # The policy judges cached answers too, and IP literals without asking DNS.
+    resolver.policy = TargetPolicy([("127.0.0.1", 8080)], [])
+    with pytest.raises(TargetRefused):
+        await resolver.resolve("127.0.0.1", 8081)
+    assert [h["host"] for h in await resolver.resolve("127.0.0.1", 8080)] == ["127.0.0.1"]
+    resolver.check_literal("127.0.0.1", 8080)
+    resolver.check_literal("c.example", 80)                # a name is judged once resolved
+    with pytest.raises(TargetRefused):
+        resolver.check_literal("::1", 80)
+    assert dns.asked == []
+
+
+async def test_concurrent_look_ups_of_one_name_share_one_query_and_a_cancelled_one_leaves_it_to_the_rest():
+    dns = CountingResolver()
+    dns.gate = asyncio.Event()
+    resolver = TargetResolver(None, ttl=60, max_size=10, resolver=dns)
+    first = asyncio.create_task(resolver.resolve("a.example", 80))
+    second = asyncio.create_task(resolver.resolve("a.example", 80))
+    await asyncio.sleep(0)
+    first.cancel()
+    dns.gate.set()
+    assert [h["host"] for h in await second] == ["93.184.215.14"]
+    assert dns.asked == ["a.example"]

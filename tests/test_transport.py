@@ -2,10 +2,12 @@
 
 import asyncio
 
+import aiohttp
+import aiohttp.base_protocol
 import httpx
 import pytest
 
-from crawler.worker.fetcher import build_client, build_transport
+from crawler.http.transport import _salvage, build_client, build_transport
 
 
 class RawServer:
@@ -162,3 +164,16 @@ async def test_a_cut_body_hands_out_every_byte_received_before_the_error(read_si
         await response.aclose()
         await transport.aclose()
     assert bytes(got) == sent
+
+
+async def test_the_bytes_a_failed_aiohttp_stream_holds_are_salvaged():
+    """aiohttp offers no public call for what a StreamReader buffered once its exception is set; the transport reads
+    its buffer (transport._salvage). If aiohttp changes that buffer, this fails, not a download's resume."""
+    loop = asyncio.get_running_loop()
+    content = aiohttp.StreamReader(aiohttp.base_protocol.BaseProtocol(loop), 2**16, loop=loop)
+    content.feed_data(b"abc")
+    content.feed_data(b"def")
+    assert await content.read(1) == b"a"
+    content.set_exception(aiohttp.ClientPayloadError("cut"))
+    assert _salvage(content) == b"bcdef"
+    assert _salvage(content) == b""

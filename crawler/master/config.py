@@ -23,43 +23,50 @@ from crawler.config import (
     setting,
 )
 from crawler.extras import missing_extra
+from crawler.http.targets import parse_network
 from crawler.master.backend import dsn_problem
 from crawler.politeness import PolitenessConfig
-from crawler.resolvers.kugou import SEARCH_HOST, KugouConfig, search_url, song_fragment_rule
-from crawler.targets import parse_network
+from crawler.resolvers import registry
 from crawler.web.urls import host_port
 
-# Kugou song pages name the song in the fragment; it must survive normalisation even before a worker with the
-# Kugou resolver has joined.
-DEFAULT_KEEP_FRAGMENT = song_fragment_rule(KugouConfig.www_hosts)
+# Some sites' pages name their resource in the fragment (Kugou's songs); it must survive normalisation even before
+# a worker with their resolver has joined. Site plugins are reached through the resolver registry only.
+DEFAULT_KEEP_FRAGMENT = registry.default_keep_fragment()
 
 
 KUGOU_SEARCH = "kugou-search"
-KUGOU_SONG_HOST = KugouConfig.www_hosts[0]
 
 
 def expand_seeds(seeds: Any) -> Any:
-    """Seed entries that are not URLs, made into the URLs a worker task expands: ``kugou-search: WORDS``
-    (a mapping, or that text) becomes the first page of Kugou's keyword search, which the Kugou resolver
-    turns into song URLs. The master itself makes no request to Kugou."""
+    """Seed entries that are not URLs, made into the URLs a worker task expands (registry.SEED_KINDS):
+    ``kugou-search: WORDS`` (a mapping, or that text) becomes the first page of Kugou's keyword search, which the
+    Kugou resolver turns into song URLs. The master itself makes no request to Kugou."""
     if not isinstance(seeds, list):
         return seeds
     out = []
     for i, entry in enumerate(seeds):
+        kind = _seed_kind(entry)
         words: Any = None
-        if isinstance(entry, dict) and KUGOU_SEARCH in entry:
-            if len(entry) != 1:
-                raise ConfigError(f"seeds[{i}]", f"a {KUGOU_SEARCH} entry takes no other keys")
-            words = entry[KUGOU_SEARCH]
-        elif isinstance(entry, str) and entry.startswith(KUGOU_SEARCH + ":"):
-            words = entry[len(KUGOU_SEARCH) + 1:]
-        else:
+        if kind is None:
             out.append(entry)
             continue
+        if isinstance(entry, dict):
+            if len(entry) != 1:
+                raise ConfigError(f"seeds[{i}]", f"a {kind} entry takes no other keys")
+            words = entry[kind]
+        else:
+            words = entry[len(kind) + 1:]
         if not isinstance(words, (str, int)) or not str(words).strip():
-            raise ConfigError(f"seeds[{i}]", f"{KUGOU_SEARCH} needs the words to search for")
-        out.append(search_url(str(words)))
+            raise ConfigError(f"seeds[{i}]", f"{kind} needs the words to search for")
+        out.append(registry.seed_url(kind, str(words)))
     return out
+
+
+def _seed_kind(entry: Any) -> str | None:
+    for kind in registry.SEED_KINDS:
+        if (isinstance(entry, dict) and kind in entry) or (isinstance(entry, str) and entry.startswith(kind + ":")):
+            return kind
+    return None
 
 
 def _seeds_check(seeds: tuple[str, ...]) -> str | None:
@@ -148,7 +155,7 @@ class CrawlLimits:
     allowed_hosts: tuple[str, ...] = setting("list[str]", ())    # empty: the seeds' hosts and ports
     # Networks outside the public internet (loopback, private, link-local ...) the crawl may fetch from;
     # a seed given by IP address always may reach its own host:port (a seed given by name: only public addresses
-    # unless listed here). See crawler/targets.py.
+    # unless listed here). See crawler/http/targets.py.
     allowed_networks: tuple[str, ...] = setting("list[str]", (), _networks_check)
     allow_patterns: tuple[str, ...] = setting("list[str]", (), regexes)
     deny_patterns: tuple[str, ...] = setting("list[str]", (), regexes)
@@ -282,8 +289,7 @@ class MasterConfig:
         crawl = v["crawl"]
         if not crawl["allowed_hosts"]:
             hosts = [_seed_scope(s) for s in v["seeds"]]
-            if SEARCH_HOST in hosts:
-                hosts.append(KUGOU_SONG_HOST)   # a keyword search leads to Kugou's song pages
+            hosts.extend(registry.scope_hosts(hosts))   # a keyword search leads to Kugou's song pages
             crawl["allowed_hosts"] = tuple(dict.fromkeys(hosts))
         _check_refresh(crawl)
         _check_dedup(v["dedup"])

@@ -25,8 +25,9 @@ import httpx
 from crawler import protocol as p
 from crawler import sdnotify
 from crawler.bloom import BloomFileError, BloomFilter, GrowingBloomFilter
-from crawler.bodies import ACCEPT_ENCODING
 from crawler.connection import ConnectionClosed, FramedConnection
+from crawler.http.getter import Getter, build_stack
+from crawler.http.targets import TargetPolicy
 from crawler.items import PENDING
 from crawler.master import steering
 from crawler.master.admission import Admission, Limits, source_of
@@ -50,8 +51,6 @@ from crawler.politeness import (
     robots_url,
 )
 from crawler.scheduler import NodeTable
-from crawler.targets import TargetPolicy
-from crawler.worker.fetcher import build_transport
 
 if TYPE_CHECKING:
     from crawler.master.web import WebServer
@@ -646,19 +645,16 @@ class Master:
             self._spawn(self._robots_one(origin))
 
     async def _robots_one(self, origin: str) -> None:
-        # The workers' transport: the body cut at the cap after decoding (stacked encodings refused), a total
+        # The workers' HTTP stack: the body cut at the cap after decoding (stacked encodings refused), a total
         # deadline, and every address of every redirect hop checked against the crawl's targets.
-        transport = build_transport(max_connections=2, dns_ttl=60, max_body=ROBOTS_MAX_BYTES + 1,
-                                    total_timeout=self.cfg.politeness.robots_timeout, policy=self.targets)
         status = body = parsed = None
         try:
             async with asyncio.timeout(self.cfg.politeness.robots_timeout), \
-                    httpx.AsyncClient(transport=transport, timeout=10, follow_redirects=True, max_redirects=5,
-                                      headers={"User-Agent": self.cfg.politeness.user_agent,
-                                               "Accept-Encoding": ACCEPT_ENCODING}) as client, \
-                    client.stream("GET", robots_url(origin), extensions={"cut_body": True}) as r:
-                status = r.status_code
-                body = b"".join([chunk async for chunk in r.aiter_raw()])
+                    build_stack(max_connections=2, dns_ttl=60, max_body=ROBOTS_MAX_BYTES + 1,
+                                total_timeout=self.cfg.politeness.robots_timeout, policy=self.targets,
+                                user_agent=self.cfg.politeness.user_agent, connect_timeout=10, read_timeout=10,
+                                max_redirects=5) as http:
+                status, body = await fetch_robots(http, robots_url(origin))
             if 200 <= status < 300:
                 # Parsing a large file takes a while (pure Python): off the event loop, which serves workers.
                 parsed = await asyncio.to_thread(parse_robots, body, self.cfg.politeness.user_agent)
@@ -999,3 +995,9 @@ class Master:
         for s in sessions[self._turn:] + sessions[:self._turn]:
             self._dispatch(s)
 
+
+async def fetch_robots(http: Getter, url: str) -> tuple[int, bytes]:
+    """The status and body of a robots.txt: redirects followed up to the client's limit, the body cut at the
+    stack's cap (bodies past it end there, as a browser would stop reading)."""
+    async with http.client.stream("GET", url, extensions={"cut_body": True}) as r:
+        return r.status_code, b"".join([chunk async for chunk in r.aiter_raw()])

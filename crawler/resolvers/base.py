@@ -11,15 +11,14 @@ import dataclasses
 import time
 import types
 import typing
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-import httpx
-
 from crawler.config import unknown_key
+from crawler.http.getter import Getter
+from crawler.http.targets import TargetPolicy
 from crawler.items import AudioItem, LinkMeta
-from crawler.targets import TargetPolicy
 from crawler.web.page import FetchedPage
 
 
@@ -34,9 +33,10 @@ class ResolverUnavailable(Exception):
 
 @dataclass(frozen=True)
 class ResolveContext:
-    """What a resolver may use while resolving: the worker's HTTP client and its defaults."""
+    """What a resolver may use while resolving: the worker's HTTP stack and its defaults."""
 
-    http: httpx.AsyncClient
+    # API calls through http.client (httpx's API over the worker's stack: its timeouts, body cap, target policy).
+    http: Getter
     user_agent: str
     clock: Callable[[], float] = time.time
     # A page fetch within the worker's limits (size, time, concurrency), for a page other than the one being
@@ -95,6 +95,23 @@ class Resolver:
 
     def audio_link(self, url: str) -> bool:
         return False
+
+    # What a master asks of a site plugin, through the registry (registry.py), before any worker has joined.
+    @classmethod
+    def seed_url(cls, kind: str, words: str) -> str:
+        """The URL a seed entry ``kind: words`` stands for (``kind`` one of registry.SEED_KINDS naming this
+        resolver): the master makes it into a task, the resolver expands the page."""
+        raise NotImplementedError
+
+    @classmethod
+    def default_keep_fragment(cls) -> tuple[str, ...]:
+        """``keep_fragment`` under this resolver's default config: rules a master applies from the start."""
+        return ()
+
+    @classmethod
+    def scope_hosts(cls, seed_hosts: Sequence[str]) -> tuple[str, ...]:
+        """Hosts a crawl seeded on these hosts reaches through this site, beyond the seeds' own."""
+        return ()
 
 
 C = TypeVar("C")

@@ -55,6 +55,7 @@ from urllib.parse import urldefrag
 from selectolax.lexbor import LexborHTMLParser
 
 from crawler.extras import missing_extra
+from crawler.http.targets import TargetPolicy
 from crawler.items import AudioItem, RequestIdentity
 from crawler.resolvers import pagemeta
 from crawler.resolvers.base import (
@@ -76,7 +77,6 @@ from crawler.resolvers.chromium import (
     is_renderer,
     sweep_stale_profiles,
 )
-from crawler.targets import TargetPolicy
 from crawler.web import media
 from crawler.web.html import css
 from crawler.web.links import extract_links
@@ -716,7 +716,7 @@ class BrowserResolver(Resolver):
                                   headers=(("Referer", f.referer),) if f.referer else ()).request_headers()
         headers["Range"] = "bytes=0-8191"
         try:
-            async with ctx.http.stream("GET", f.url, headers=headers) as response:
+            async with ctx.http.client.stream("GET", f.url, headers=headers) as response:
                 if response.status_code not in (200, 206):
                     return None
                 kind = classify(f.url, response.headers.get("content-type"))

@@ -1,5 +1,5 @@
 """The browser's only way out: a forward proxy on loopback that resolves names itself and connects only where the
-crawl's target policy allows (``crawler/targets.py``, the rule every connection of the worker's own client obeys).
+crawl's target policy allows (``crawler/http/targets.py``, the rule every connection of the worker's own client obeys).
 
 Chromium is started with ``--proxy-server=http://127.0.0.1:PORT --proxy-bypass-list=<-loopback>``, so every
 request it makes goes here, loopback ones included: documents, scripts, fetch/XHR, WebSockets (Chromium tunnels
@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from crawler.targets import TargetPolicy
+from crawler.http.targets import TargetPolicy
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ import math
 import random
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -329,6 +329,19 @@ class KugouResolver(Resolver):
         self.mid = self.settings.mid or uuid.uuid4().hex
         self.keep_fragment = song_fragment_rule(self.settings.www_hosts)
 
+    @classmethod
+    def seed_url(cls, kind: str, words: str) -> str:
+        return search_url(words)       # kugou-search: the first page of the keyword search
+
+    @classmethod
+    def default_keep_fragment(cls) -> tuple[str, ...]:
+        return song_fragment_rule(KugouConfig.www_hosts)
+
+    @classmethod
+    def scope_hosts(cls, seed_hosts: Sequence[str]) -> tuple[str, ...]:
+        # A keyword search leads to Kugou's song pages.
+        return (KugouConfig.www_hosts[0],) if SEARCH_HOST in seed_hosts else ()
+
     # Which URLs are ours.
     def _kind(self, url: str) -> str | None:
         try:
@@ -450,8 +463,8 @@ class KugouResolver(Resolver):
 
     async def _get_json(self, url: str, params: Mapping[str, str], ctx: ResolveContext) -> Any:
         try:
-            resp = await ctx.http.get(url, params=params, headers=self.identity(ctx).request_headers(),
-                                      timeout=self.settings.timeout)
+            resp = await ctx.http.client.get(url, params=params, headers=self.identity(ctx).request_headers(),
+                                             timeout=self.settings.timeout)
         except httpx.HTTPError as exc:
             raise LiteralError(f"{url}: request failed: {type(exc).__name__}") from exc
         if resp.status_code != 200:
@@ -536,8 +549,8 @@ class KugouResolver(Resolver):
         attempts = 1 + self.settings.verify_retries
         for attempt in range(attempts):
             try:
-                resp = await ctx.http.get(endpoint, params=self._play_params(song, ctx),
-                                          headers=identity.request_headers(), timeout=self.settings.timeout)
+                resp = await ctx.http.client.get(endpoint, params=self._play_params(song, ctx),
+                                                 headers=identity.request_headers(), timeout=self.settings.timeout)
             except httpx.HTTPError as exc:
                 return listed.replace(status=FAILED, reason=f"play-data request failed: {type(exc).__name__}")
             if resp.status_code != 200:

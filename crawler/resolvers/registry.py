@@ -21,6 +21,12 @@ BUILTINS = {
     "browser": "crawler.resolvers.browser:BrowserResolver",
     GENERIC: "crawler.resolvers.generic:GenericResolver",
 }
+# Seed entries that are not URLs (``kugou-search: WORDS`` among a master's seeds), by key: the built-in that makes
+# them into URLs (Resolver.seed_url).
+SEED_KINDS = {"kugou-search": "kugou"}
+# Built-ins whose URL rules a master applies before any worker with them has joined: the fragments their pages
+# keep (Resolver.default_keep_fragment), the hosts their seeds lead to (Resolver.scope_hosts).
+MASTER_RULES = ("kugou",)
 
 
 def _load_class(name: str) -> type[Resolver]:
@@ -39,6 +45,21 @@ def _load_class(name: str) -> type[Resolver]:
     if not (isinstance(cls, type) and issubclass(cls, Resolver)):
         raise ResolverConfigError(f"{name}: {cls!r} is not a Resolver subclass")
     return cls
+
+
+def seed_url(kind: str, words: str) -> str:
+    """The URL the seed entry ``kind: words`` stands for; kind is one of SEED_KINDS."""
+    return _load_class(SEED_KINDS[kind]).seed_url(kind, words)
+
+
+def default_keep_fragment() -> tuple[str, ...]:
+    """The fragment rules a master keeps URLs by from the start (crawl.keep_fragment's default)."""
+    return tuple(rule for name in MASTER_RULES for rule in _load_class(name).default_keep_fragment())
+
+
+def scope_hosts(seed_hosts: Sequence[str]) -> tuple[str, ...]:
+    """Hosts a crawl seeded on these hosts reaches through the built-in sites, beyond the seeds' own."""
+    return tuple(host for name in MASTER_RULES for host in _load_class(name).scope_hosts(seed_hosts))
 
 
 def load_resolvers(sections: Mapping[str, Mapping[str, Any] | None]) -> list[Resolver]:

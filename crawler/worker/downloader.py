@@ -17,9 +17,9 @@ whatever length it has is a valid prefix. The sidecar's ``written`` is a checkpo
 Every byte received before a cut is written before the resume (the transport hands out what it had buffered
 before the error), so the resume asks for exactly the byte where the received data ends.
 
-Requests go straight to the client's transport, as page fetches do, and bodies are read in large pieces: per
-download there is one aiohttp request (on the worker's own transport no httpx request or response object at
-all: ``AiohttpTransport.get``), a few header look-ups and, per piece, a length check and the hash.
+Requests take the lean path of the Getter the downloader is handed (crawler/http/getter.py), as page fetches do,
+and bodies are read in large pieces: per download there is one request (on the worker's own stack no httpx request
+or response object at all: http1.py), a few header look-ups and, per piece, a length check and the hash.
 
 Pages are crawled again (refresh) and one song is linked from many pages, so the same audio comes back again
 and again. A finished download leaves a ``Finished`` record under its key (the site's id, else the address),
@@ -66,20 +66,20 @@ from typing import Any, Protocol, cast
 import httpx
 import yarl
 
-from crawler.bodies import BodyError
+from crawler.http.bodies import BodyError
+from crawler.http.getter import Getter
+from crawler.http.http1 import Answer, header_list, parse_url
+from crawler.http.targets import TargetRefused
 from crawler.items import FAILED, OK, AudioItem
-from crawler.targets import TargetRefused
 from crawler.web.urls import host_of, resolve
 from crawler.worker import download_plan as plan
 from crawler.worker.audiostore import AudioStore, Finished, Partial, extension_for, partial_key
 from crawler.worker.faults import is_local
 from crawler.worker.filetags import read_file_tags
 from crawler.worker.hls import HlsDownloader
-from crawler.worker.http1 import Answer, header_list, parse_url
 from crawler.worker.transfer import NETWORK_ERRORS, Deadline, MiB, identity_headers
 # The downloader's settings, defined beside what it shares with hls.py and still importable from here.
 from crawler.worker.transfer import DownloadConfig as DownloadConfig
-from crawler.worker.transport import AiohttpTransport
 
 # Body reads: aiohttp buffers twice this before it stops reading the socket.
 _READ_SIZE = 1 * MiB
@@ -317,31 +317,26 @@ class _DownloadSlots:
 
 
 class Downloader:
-    def __init__(self, client: httpx.AsyncClient, data_dir: Path, cfg: DownloadConfig, *,
+    def __init__(self, http: Getter, data_dir: Path, cfg: DownloadConfig, *,
                  clock: Callable[[], float] = time.time, file_tags: bool = False,
                  deadline_clock: DeadlineClock | None = None) -> None:
-        """file_tags: every item fetched comes back with what its file says about itself (filetags.py).
-        deadline_clock: the monotonic time downloads' deadlines are kept in (the running loop's by default)."""
-        self.client = client
+        """http: the stack downloads go through (crawler/http/getter.py); file_tags: every item fetched comes back
+        with what its file says about itself (filetags.py); deadline_clock: the monotonic time downloads'
+        deadlines are kept in (the running loop's by default)."""
+        self.http = http
         self.cfg = cfg
         self._limits = plan.Limits(max_size=cfg.max_size, chunk_size=cfg.chunk_size, max_attempts=cfg.max_attempts,
                                    max_restarts=cfg.max_restarts, retry_backoff=cfg.retry_backoff)
         self.store = AudioStore(data_dir)
-        # Requests go straight to the client's transport, as page fetches do (fetcher.PageFetcher): the client's
-        # per-request machinery (merging, auth flow, redirect loop, cookies, hooks) costs more than the request.
+        # Requests take the Getter's lean path, as page fetches do (fetcher.PageFetcher): a client's per-request
+        # machinery (merging, auth flow, redirect loop, cookies, hooks) costs more than the request.
         # The client's headers are the base; identity, Range and validators are added per request.
-        self._transport: httpx.AsyncBaseTransport = client._transport
-        headers = client.headers.copy()
+        headers = http.client.headers.copy()
         headers["Accept-Encoding"] = "identity"
         self._headers = header_list(headers)
-        # Read in large pieces (one per socket read, not per 16 KiB) and bound by our own cap, not the pages'.
-        self._extensions = {"timeout": httpx.Timeout(cfg.timeout).as_dict(), "max_body": cfg.max_size + 1,
-                            "read_size": _READ_SIZE}
-        # The worker's own transport also answers without httpx's request and response objects, which cost as
-        # much CPU as the rest of a small file's download (see AiohttpTransport.get); any other goes through httpx.
-        transport = self._transport
-        self._get = transport.get if isinstance(transport, AiohttpTransport) else None
-        self._timeouts = (cfg.timeout, cfg.timeout, cfg.timeout, getattr(transport, "total_timeout", None))
+        # Our own read timeout (and connect), the stack's total deadline; read in large pieces (one per socket
+        # read, not per 16 KiB) and bound by our own cap, not the pages'.
+        self._timeouts = (cfg.timeout, cfg.timeout, cfg.timeout, http.timeouts[3])
         self._committer = _Committer(self.store)
         self._deadlines = _Deadlines(deadline_clock)
         self._file_tags = file_tags
@@ -359,7 +354,7 @@ class Downloader:
         self.hosts = HostSlots(cfg.max_per_host)
         self.stats = DownloadStats()
         self._total = asyncio.Semaphore(cfg.max_downloads) if cfg.max_downloads is not None else None
-        self.hls = HlsDownloader(client, self.store, cfg, clock=clock)
+        self.hls = HlsDownloader(http.client, self.store, cfg, clock=clock)
 
     async def fetch(self, item: AudioItem, reresolve: Reresolve | None = None, *,
                     transferred: Callable[[], None] | None = None, start: Started | None = None) -> AudioItem:
@@ -644,11 +639,8 @@ class Downloader:
         return plan.Fail(f"more than {self.cfg.max_redirects} redirects")
 
     async def _send(self, url: yarl.URL, headers: list[tuple[str, str]]) -> Answer | httpx.Response:
-        if self._get is not None:
-            return await self._get(url, headers, timeout=self._timeouts, max_body=self.cfg.max_size + 1,
+        return await self.http.get(url, headers, timeout=self._timeouts, max_body=self.cfg.max_size + 1,
                                    read_size=_READ_SIZE)
-        request = httpx.Request("GET", str(url), extensions=self._extensions, headers=headers)
-        return await self._transport.handle_async_request(request)
 
     async def _read(self, response: Answer | httpx.Response, partial: Partial, body: plan.Body,
                     deadline: Deadline) -> plan.Outcome:

@@ -1,14 +1,14 @@
 """Fetching one page with the bounds a hostile site cannot push past.
 
-Pages take the lean HTTP/1.1 path downloads take (http1.py, reached through AiohttpTransport.get): a keep-alive
+Pages take the lean HTTP/1.1 path downloads take (http1.py, reached through the Getter's ``get``): a keep-alive
 pool and llhttp's parser, nothing built per request beyond the request's bytes and the answer's headers.
-Resolvers' API calls keep the httpx client over the aiohttp transport (build_client, transport.py): they want
-its redirects, query building and JSON. Both share the transport's connector, so a host's DNS answer is
-cached for `dns_ttl` seconds and every connection is checked by the same target policy.
+Resolvers' API calls keep the httpx client over the aiohttp transport (the Getter's ``client``): they want
+its redirects, query building and JSON. Both share the transport's resolver, so a host's DNS answer is
+cached for `dns_ttl` seconds and every connection is checked by the same target policy (crawler/http/).
 
-Bounds: a body cap counted on the *decoded* bytes, a stack of encodings refused (crawler/bodies.py), connect
+Bounds: a body cap counted on the *decoded* bytes, a stack of encodings refused (crawler/http/bodies.py), connect
 and read timeouts, a total deadline for the whole exchange, an answer's head at most http1.MAX_HEAD bytes, a
-redirect limit for API calls, and the addresses a request may reach (crawler/targets.py, checked after DNS on
+redirect limit for API calls, and the addresses a request may reach (crawler/http/targets.py, checked after DNS on
 every connection).
 
 Page fetches do not follow redirects: the worker reports the Location as a link, so the master's dedup sees it
@@ -18,27 +18,21 @@ redirects up to the limit.
 
 from __future__ import annotations
 
-import http.cookiejar
 import re
 from collections.abc import Sequence
-from typing import Any
 
-import aiohttp
-import aiohttp.abc
 import httpx
 
-from crawler.bodies import ACCEPT_ENCODING, BodyError
-from crawler.targets import TargetConnector, TargetPolicy, TargetRefused
+from crawler.http.bodies import BodyError
+from crawler.http.getter import Getter
+from crawler.http.http1 import header_list, parse_url
+from crawler.http.targets import TargetRefused
 from crawler.web.media import media_type
 from crawler.web.page import FetchedPage
-from crawler.worker.http1 import header_list, parse_url
-from crawler.worker.transport import AiohttpTransport
 
 SNIFF_BYTES = 64 * 1024
 # The bytes a page's connection may hold for its reader before reading pauses.
 _READ_SIZE = 256 * 1024
-# Host names whose addresses are remembered (for dns_ttl), least recently used out.
-DNS_CACHE_SIZE = 10_000
 # Bodies we read whole (up to the page cap): documents and playlists. Anything else is sniffed from its start.
 _DOCUMENT = re.compile(r"^(text/|application/(xhtml\+xml|xml|json|ld\+json|javascript|x-mpegurl|"
                        r"vnd\.apple\.mpegurl|pls\+xml|rss\+xml|atom\+xml)|audio/(x-)?mpegurl|audio/x-scpls|$)")
@@ -53,67 +47,25 @@ class FetchError(Exception):
         self.reason = reason
 
 
-class _NoCookieJar(http.cookiejar.CookieJar):
-    """A crawler keeps no cookie jar: it would grow with every site visited, and parsing every response's
-    Set-Cookie costs more than parsing some pages. Resolvers that need cookies send them per request.
-
-    httpx takes a CookieJar as its jar (``cookies=``) and asks it to extract and to store; this one does
-    neither, so nothing is parsed and the jar stays empty (an empty jar adds no Cookie header).
-    """
-
-    def extract_cookies(self, response: Any, request: Any) -> None:
-        pass
-
-    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
-        pass
-
-
-def build_transport(*, max_connections: int, dns_ttl: float, max_body: int = 5 * 1024 * 1024,
-                    total_timeout: float | None = None, policy: TargetPolicy | None = None,
-                    dns_cache_size: int = DNS_CACHE_SIZE,
-                    resolver: aiohttp.abc.AbstractResolver | None = None) -> AiohttpTransport:
-    """The transport; max_body bounds every body it hands out (decoded), total_timeout every exchange, policy
-    the addresses it connects to (None: any; only tests of the transport itself go without)."""
-    def session() -> aiohttp.ClientSession:
-        connector = TargetConnector(policy=policy, limit=max_connections, limit_per_host=0,
-                                    ttl_dns_cache=int(dns_ttl), use_dns_cache=True,
-                                    dns_cache_max_size=dns_cache_size, enable_cleanup_closed=True,
-                                    resolver=resolver)
-        return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
-
-    return AiohttpTransport(session, max_body=max_body, total_timeout=total_timeout)
-
-
-def build_client(transport: AiohttpTransport, *, user_agent: str, connect_timeout: float, read_timeout: float,
-                 max_redirects: int) -> httpx.AsyncClient:
-    """The client for resolvers' API calls and downloads: redirects followed up to the limit."""
-    timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=None)
-    # Accept-Encoding names exactly the codings the transport decodes within its bounds (crawler/bodies.py).
-    return httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=True,
-                             max_redirects=max_redirects, cookies=_NoCookieJar(),
-                             headers={"User-Agent": user_agent, "Accept-Encoding": ACCEPT_ENCODING})
-
-
 def is_document(mt: str) -> bool:
     return bool(_DOCUMENT.match(mt))
 
 
 class PageFetcher:
-    """Page GETs on the transport's lean path (AiohttpTransport.get: http1.py's keep-alive pool and llhttp parser,
-    the connector's DNS cache and target policy), the one downloads take.
+    """Page GETs on the lean path of the Getter it is handed (the worker's: http1.py's keep-alive pool and llhttp
+    parser, the transport's DNS cache and target policy), the one downloads take.
 
     A page fetch needs none of a client's per-request machinery (URL and header merging, the auth flow, the
     redirect loop, cookies, event hooks), nor httpx's request and response objects, nor aiohttp's session: those
     cost more CPU than writing the request and parsing the answer. Redirects are reported, not followed; there is
-    no cookie jar. The headers are the client's (User-Agent, Accept, Accept-Encoding), built once; the timeouts
-    the client's, with the transport's total deadline over the whole exchange.
+    no cookie jar. The headers are the Getter's client's (User-Agent, Accept, Accept-Encoding), built once; the
+    timeouts the Getter's, its total deadline over the whole exchange.
     """
 
-    def __init__(self, transport: AiohttpTransport, client: httpx.AsyncClient) -> None:
-        self._transport = transport
-        self._headers = header_list(client.headers)
-        t = client.timeout
-        self._timeouts = (t.connect, t.read, t.pool, transport.total_timeout)
+    def __init__(self, http: Getter) -> None:
+        self._http = http
+        self._headers = header_list(http.client.headers)
+        self._timeouts = http.timeouts
 
     async def fetch(self, url: str, *, max_bytes: int, referrer: str | None = None,
                     validators: tuple[str | None, str | None] | None = None) -> tuple[FetchedPage, bool]:
@@ -135,8 +87,8 @@ class PageFetcher:
                     headers.append(("If-Modified-Since", last_modified))
         try:
             # A page is cut at its cap, not refused: one byte past it tells the fetch it was cut.
-            r = await self._transport.get(parse_url(request_url), headers, timeout=self._timeouts, max_body=max_bytes + 1,
-                                          read_size=_READ_SIZE, cut=True)
+            r = await self._http.get(parse_url(request_url), headers, timeout=self._timeouts, max_body=max_bytes + 1,
+                                     read_size=_READ_SIZE, cut=True)
             try:
                 fields = header_fields(r.raw_headers)
                 mt = media_type(fields.get("content-type"))

@@ -62,9 +62,9 @@ from typing import Any, BinaryIO
 import httpx
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from crawler.bodies import BodyError
+from crawler.http.bodies import BodyError
+from crawler.http.targets import TargetRefused
 from crawler.items import FAILED, OK, AudioItem
-from crawler.targets import TargetRefused
 from crawler.web import media
 from crawler.web.urls import host_of, resolve
 from crawler.worker.audiostore import AudioStore, Finished, hash_prefix

@@ -24,6 +24,8 @@ from crawler import protocol as p
 from crawler import sdnotify
 from crawler.config import ConfigError
 from crawler.connection import ConnectionClosed, FramedConnection
+from crawler.http.targets import TargetPolicy, parse_network
+from crawler.http.getter import build_stack
 from crawler.metrics import WorkerMetrics, serve_metrics
 from crawler.politeness import THROTTLE_STATUSES, parse_retry_after
 from crawler.resolvers.base import (
@@ -34,7 +36,6 @@ from crawler.resolvers.base import (
     ResolverUnavailable,
 )
 from crawler.resolvers.registry import followers, load_resolvers, pick
-from crawler.targets import TargetPolicy, parse_network
 from crawler.web import html
 from crawler.web.links import audio_candidates, count_links, extract_links
 from crawler.web.media import is_audio_url, is_playlist_url
@@ -43,7 +44,7 @@ from crawler.web.urls import NormalizeOptions, normalize_many
 from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader, Started
 from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, describe, is_local
-from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher, build_client, build_transport
+from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher
 from crawler.worker import page_plan
 from crawler.worker.ledger import DownloadLedger, Key, Outgoing
 from crawler.worker.linkcache import LinkCache
@@ -207,17 +208,16 @@ class Worker:
         self.pages = open_page_store(cfg.data_dir, cfg.page_format, warc_file_bytes=cfg.warc_file_bytes)
         # Pages and API answers: bodies bounded by the page cap (cut for pages, refused for API answers), a total
         # deadline per exchange. Both clients reach only public addresses and those the master's Welcome names.
-        transport = build_transport(max_connections=cfg.concurrency * 2, dns_ttl=cfg.dns_ttl,
-                                    max_body=cfg.max_page_bytes, total_timeout=cfg.fetch_timeout,
-                                    policy=self.targets)
-        self.http = build_client(transport, user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
-                                 read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
-        self.fetcher = PageFetcher(transport, self.http)
+        self.http = build_stack(max_connections=cfg.concurrency * 2, dns_ttl=cfg.dns_ttl,
+                                max_body=cfg.max_page_bytes, total_timeout=cfg.fetch_timeout, policy=self.targets,
+                                user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
+                                read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
+        self.fetcher = PageFetcher(self.http)
         # Downloads: the downloader holds the size cap and a deadline that grows with the size.
-        self.dl_http = build_client(build_transport(max_connections=cfg.downloads * 2, dns_ttl=cfg.dns_ttl,
-                                                    max_body=cfg.max_audio_bytes + 1, policy=self.targets),
-                                    user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
-                                    read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
+        self.dl_http = build_stack(max_connections=cfg.downloads * 2, dns_ttl=cfg.dns_ttl,
+                                   max_body=cfg.max_audio_bytes + 1, policy=self.targets,
+                                   user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
+                                   read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
         self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent, fetch_page=self._fetch_other_page,
                                   targets=self.targets)
         # The downloader holds the download limits itself (overall and per host), so a queue for one busy CDN

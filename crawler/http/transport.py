@@ -15,7 +15,7 @@ lean path ``get`` opens to http1.py; the httpx path serves resolvers' API calls.
   gigabyte costs a few thousand iterations, not sixty thousand);
 - when a connection breaks mid-body, the bytes aiohttp had already received are handed out before the error
   (an undecoded body only): a download keeps every byte it got and resumes where they end;
-- every body bounded after decoding (crawler/bodies.py): the transport decodes the one Content-Encoding it
+- every body bounded after decoding (crawler/http/bodies.py): the transport decodes the one Content-Encoding it
   accepts itself, refuses stacks of them, and hands httpx the decoded body without the Content-Encoding and
   Content-Length headers (they described the wire, not these bytes; the original coding is in the response's
   ``content_encoding`` extension). The limit is the transport's ``max_body``, or a request's ``max_body``
@@ -33,17 +33,24 @@ a URL that is not http(s) UnsupportedProtocol.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import functools
+import http.cookiejar
+import socket
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import aiohttp
+import aiohttp.abc
 import httpx
 import yarl
 
-from crawler.bodies import BodyError, BoundedDecoder
-from crawler.worker.http1 import Answer, Http1Client, Timeouts, body_coding
+from crawler.http.bodies import ACCEPT_ENCODING, BodyError, BoundedDecoder
+from crawler.http.http1 import Answer, Http1Client, Timeouts, body_coding
+from crawler.http.targets import TargetPolicy, TargetResolver
 
 _SCHEMES = frozenset(("http", "https"))
+# Host names whose addresses are remembered (for dns_ttl), least recently used out.
+DNS_CACHE_SIZE = 10_000
 
 
 def map_error(exc: BaseException) -> httpx.TransportError:
@@ -124,7 +131,9 @@ class _Body(httpx.AsyncByteStream):
 
 def _salvage(content: aiohttp.StreamReader) -> bytes:
     """The bytes a failed StreamReader still buffers. aiohttp offers no public call for them once its
-    exception is set, so this reads its buffer (a deque of bytes, the first consumed up to an offset)."""
+    exception is set, so this reads its buffer (a deque of bytes, the first consumed up to an offset): the one
+    place the crawler touches another library's private attributes. tests/test_transport.py's
+    test_the_bytes_a_failed_aiohttp_stream_holds_are_salvaged fails if aiohttp changes them."""
     buffer = getattr(content, "_buffer", None)
     if not buffer:
         return b""
@@ -137,19 +146,32 @@ def _salvage(content: aiohttp.StreamReader) -> bytes:
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
-    def __init__(self, session: Callable[[], aiohttp.ClientSession], *, max_body: int,
+    def __init__(self, resolver: TargetResolver, *, max_connections: int, max_body: int,
                  total_timeout: float | None = None) -> None:
-        """session makes the aiohttp session; it is called on the first request, inside the running loop.
+        """resolver: DNS and the target policy of every connection, aiohttp's and the lean client's; the aiohttp
+        session is made on the first request, inside the running loop.
 
         max_body bounds every body (decoded) unless a request's ``max_body`` extension says otherwise;
         total_timeout bounds every exchange, body included, unless a request's ``total_timeout`` does.
         """
-        self._make_session = session
+        self.resolver = resolver
+        self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._lean: Http1Client | None = None
         self._timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
         self.max_body = max_body
         self.total_timeout = total_timeout
+
+    def _open(self) -> aiohttp.ClientSession:
+        session = self._session
+        if session is None:
+            # aiohttp's DNS cache off: the resolver keeps its own, and checks every answer, cached or not.
+            connector = aiohttp.TCPConnector(resolver=self.resolver, use_dns_cache=False,
+                                             limit=self._max_connections, limit_per_host=0,
+                                             enable_cleanup_closed=True)
+            session = self._session = aiohttp.ClientSession(connector=connector,
+                                                            cookie_jar=aiohttp.DummyCookieJar())
+        return session
 
     def _timeout(self, key: Timeouts) -> aiohttp.ClientTimeout:
         """key: (connect, read, pool, total) in seconds, each None for no limit."""
@@ -191,21 +213,18 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         (connect, read, pool, total); max_body, read_size and cut as the extensions max_body, read_size and
         cut_body."""
         if self._lean is None:
-            session = self._session
-            if session is None:
-                session = self._session = self._make_session()
-            connector = session.connector
-            assert isinstance(connector, aiohttp.TCPConnector)
-            # The connector's DNS cache and target check; as many idle connections as the connector may hold.
-            self._lean = Http1Client(connector._resolve_host, max_idle=connector.limit or 100,
-                                     max_idle_per_host=connector.limit_per_host or connector.limit or 100)
+            # The same resolver (DNS cache and target check) as aiohttp's connections; as many idle connections as
+            # the transport may hold open.
+            idle = self._max_connections or 100
+            self._lean = Http1Client(functools.partial(self.resolver.resolve, family=socket.AF_UNSPEC),
+                                     max_idle=idle, max_idle_per_host=idle)
         return await self._lean.get(url, headers, timeout=timeout, max_body=max_body, read_size=read_size, cut=cut)
 
     async def _send(self, method: str, url: yarl.URL, headers: list[tuple[str, str]], body: bytes | None,
                     timeout: Timeouts, max_body: int, cut: bool, read_size: int) -> Answer:
-        session = self._session
-        if session is None:
-            session = self._session = self._make_session()
+        session = self._open()
+        # aiohttp asks no resolver about an IP literal: the policy judges it here, on every hop.
+        self.resolver.check_literal(url.raw_host or "", url.port or 0)
         try:
             response = await session.request(
                 method, url, headers=headers, data=body, allow_redirects=False, auto_decompress=False,
@@ -233,3 +252,40 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         if self._session is not None:
             await self._session.close()
             self._session = None
+        await self.resolver.close()
+
+
+class _NoCookieJar(http.cookiejar.CookieJar):
+    """A crawler keeps no cookie jar: it would grow with every site visited, and parsing every response's
+    Set-Cookie costs more than parsing some pages. Resolvers that need cookies send them per request.
+
+    httpx takes a CookieJar as its jar (``cookies=``) and asks it to extract and to store; this one does
+    neither, so nothing is parsed and the jar stays empty (an empty jar adds no Cookie header).
+    """
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        pass
+
+    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
+        pass
+
+
+def build_transport(*, max_connections: int, dns_ttl: float, max_body: int = 5 * 1024 * 1024,
+                    total_timeout: float | None = None, policy: TargetPolicy | None = None,
+                    dns_cache_size: int = DNS_CACHE_SIZE,
+                    resolver: aiohttp.abc.AbstractResolver | None = None) -> AiohttpTransport:
+    """The transport; max_body bounds every body it hands out (decoded), total_timeout every exchange, policy
+    the addresses it connects to (None: any; only tests of the transport itself go without); resolver the DNS
+    behind the transport's cache (aiohttp's default when None)."""
+    return AiohttpTransport(TargetResolver(policy, ttl=dns_ttl, max_size=dns_cache_size, resolver=resolver),
+                            max_connections=max_connections, max_body=max_body, total_timeout=total_timeout)
+
+
+def build_client(transport: AiohttpTransport, *, user_agent: str, connect_timeout: float, read_timeout: float,
+                 max_redirects: int) -> httpx.AsyncClient:
+    """The client for resolvers' API calls and downloads: redirects followed up to the limit."""
+    timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=None)
+    # Accept-Encoding names exactly the codings the transport decodes within its bounds (crawler/http/bodies.py).
+    return httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=True,
+                             max_redirects=max_redirects, cookies=_NoCookieJar(),
+                             headers={"User-Agent": user_agent, "Accept-Encoding": ACCEPT_ENCODING})

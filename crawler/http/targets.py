@@ -4,7 +4,7 @@ A page, a redirect or a resolver's answer can name any URL, so a hostile site co
 its own machine, the local network or a cloud metadata service (server-side request forgery) and catalogue
 what they answer. The check runs where the address is finally known: after DNS resolution, on every connection
 the HTTP transport opens (every redirect hop, every download, the master's robots.txt fetch), inside the
-connector whose DNS cache the answers come from (TargetConnector below). A host name that resolves to a
+resolver whose DNS cache the answers come from (TargetResolver below). A host name that resolves to a
 loopback, private, link-local, multicast, reserved or otherwise special address is refused unless:
 
 - its host is an IP literal and it and the port are one of the crawl's seeds' (``host:port``; a crawl of an
@@ -20,18 +20,22 @@ Refusal raises TargetRefused, an httpx.RequestError: a permanent failure of that
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
-from collections.abc import Iterable, Sequence
-from typing import Any
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 
 import aiohttp
-import aiohttp.tracing
+import aiohttp.abc
 import httpx
 from aiohttp.abc import ResolveResult
 
 from crawler.web.urls import InvalidURL, host_port, normalize
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+_Key = tuple[str, int, socket.AddressFamily]     # host, port, address family
 
 
 class TargetRefused(httpx.RequestError):
@@ -119,22 +123,49 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-class TargetConnector(aiohttp.TCPConnector):
-    """aiohttp's connector with every resolved address checked against a TargetPolicy before connecting.
+class TargetResolver(aiohttp.abc.AbstractResolver):
+    """DNS with a bounded cache, every answer checked against a TargetPolicy: the one resolver of both HTTP paths.
 
-    aiohttp resolves once per (host, port) per DNS TTL and caches the answer (its cache is bounded:
-    ``dns_cache_max_size`` entries, least recently used out); the check runs on every connection, cached
-    answer or not, and on IP literals, which skip DNS.
+    aiohttp's connector takes it as its resolver (with aiohttp's own DNS cache off), and the lean client
+    (http1.py) calls it for every connection it opens, so the check runs on every connection, cached answer or
+    not. Answers are remembered per (host, port, family) for ``ttl`` seconds, at most ``max_size`` of them, least
+    recently used out; concurrent look-ups of one name share one query. An IP literal is judged as it is, without
+    DNS; aiohttp's connector never asks a resolver about one, so the transport asks ``check_literal`` before each
+    request it sends through aiohttp (every redirect hop is a request of its own).
     """
 
-    def __init__(self, *, policy: TargetPolicy | None, **kw: Any) -> None:
-        super().__init__(**kw)
-        self._policy = policy
+    def __init__(self, policy: TargetPolicy | None, *, ttl: float, max_size: int,
+                 resolver: aiohttp.abc.AbstractResolver | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """resolver: the DNS behind the cache (aiohttp's DefaultResolver when None); policy None: any address."""
+        self.policy = policy
+        self._ttl = ttl
+        self._max_size = max_size
+        self._inner = resolver
+        self._owns_inner = resolver is None
+        self._clock = clock
+        self._cache: OrderedDict[_Key, tuple[float, list[ResolveResult]]] = OrderedDict()
+        self._pending: dict[_Key, asyncio.Future[list[ResolveResult]]] = {}
 
-    async def _resolve_host(self, host: str, port: int,
-                            traces: Sequence[aiohttp.tracing.Trace] | None = None) -> list[ResolveResult]:
-        hosts = await super()._resolve_host(host, port, traces=traces)
-        policy = self._policy
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        if _is_ip(host):
+            literal = ipaddress.ip_address(host)
+            hosts: list[ResolveResult] = [{
+                "hostname": host, "host": host, "port": port, "proto": 0, "flags": socket.AI_NUMERICHOST,
+                "family": socket.AF_INET6 if literal.version == 6 else socket.AF_INET}]
+        else:
+            hosts = await self._lookup(host, port, family)
+        return self._permitted(host, port, hosts)
+
+    def check_literal(self, host: str, port: int) -> None:
+        """TargetRefused when host is an IP literal the policy refuses; a name is judged once it is resolved."""
+        if _is_ip(host):
+            self._permitted(host, port, [{"hostname": host, "host": host, "port": port, "family": 0, "proto": 0,
+                                          "flags": socket.AI_NUMERICHOST}])
+
+    def _permitted(self, host: str, port: int, hosts: list[ResolveResult]) -> list[ResolveResult]:
+        policy = self.policy
         if policy is None:
             return hosts
         allowed = [h for h in hosts if policy.permits(host, port, h["host"])]
@@ -143,3 +174,34 @@ class TargetConnector(aiohttp.TCPConnector):
             raise TargetRefused(f"{host}:{port} resolves to {refused}, outside the public internet and not "
                                 "named by the crawl (its seeds or crawl.allowed_networks)")
         return allowed
+
+    async def _lookup(self, host: str, port: int, family: socket.AddressFamily) -> list[ResolveResult]:
+        key = (host, port, family)
+        now = self._clock()
+        cached = self._cache.get(key)
+        if cached is not None and now < cached[0]:
+            self._cache.move_to_end(key)
+            return cached[1]
+        pending = self._pending.get(key)
+        if pending is None:
+            if self._inner is None:
+                self._inner = aiohttp.DefaultResolver()
+            pending = self._pending[key] = asyncio.ensure_future(self._inner.resolve(host, port, family=family))
+            pending.add_done_callback(lambda done: self._settle(key, done))
+        # Shielded: one caller cancelled (its request timed out) leaves the query to the others.
+        return list(await asyncio.shield(pending))
+
+    def _settle(self, key: _Key, done: asyncio.Future[list[ResolveResult]]) -> None:
+        del self._pending[key]
+        if done.cancelled() or done.exception() is not None:    # retrieved here: a failure is not cached
+            return
+        self._cache[key] = (self._clock() + self._ttl, done.result())
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._max_size:
+            self._cache.popitem(last=False)
+
+    async def close(self) -> None:
+        self._cache.clear()
+        if self._owns_inner and self._inner is not None:
+            await self._inner.close()
+            self._inner = None

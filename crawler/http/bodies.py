@@ -17,7 +17,7 @@ Past the limit the body either ends (``cut``: pages and robots.txt are cut, as a
 raises BodyError (API answers and downloads: half a JSON document is no answer). BodyError is an
 httpx.DecodingError, so every caller that handles httpx's errors already handles it, as a permanent failure.
 
-The transport (crawler/worker/transport.py) runs every response through a BoundedDecoder, so everything built on
+The transport (crawler/http/transport.py) runs every response through a BoundedDecoder, so everything built on
 it reads bounded bodies without doing anything: page fetches, resolvers' API calls and playlists, downloads, and
 the master's robots.txt fetch.
 """

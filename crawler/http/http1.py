@@ -10,8 +10,8 @@ stay on aiohttp under httpx (transport.py).
 
 What a fetch needs, and nothing more:
 
-- connections to the addresses the crawl may reach: resolved by the caller's ``resolve`` (the worker's
-  TargetConnector: its DNS cache and its target policy, the same check as every other connection), TLS
+- connections to the addresses the crawl may reach: resolved by the caller's ``resolve`` (targets.py's
+  TargetResolver: its DNS cache and its target policy, the same check as every other connection), TLS
   verified against the system's certificates with the host name;
 - keep-alive: a connection goes back to its (scheme, host, port) pool once its answer was read to the end and
   neither side said ``Connection: close``; a pooled connection the server closed meanwhile is retried once on a
@@ -19,7 +19,7 @@ What a fetch needs, and nothing more:
   and in all, the least recently used closed first, and dropped after ``keepalive`` seconds;
 - bounds: the answer's head at most ``MAX_HEAD`` bytes; a read timeout (no byte for that long while waiting),
   a connect timeout, and a total one over the whole exchange, body included; the body decoded and capped by
-  crawler/bodies.py as the other transport does (past the cap BodyError, or for a page the body just ends);
+  crawler/http/bodies.py as the other transport does (past the cap BodyError, or for a page the body just ends);
 - the body handed out in the pieces the socket gave, with reading paused while more than ``read_size`` bytes
   wait for the reader (a slow disk holds the sender back, not memory);
 - a cut connection's bytes: every byte received before the cut is handed out before the error, so a download
@@ -58,7 +58,7 @@ import httpx
 import yarl
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from crawler.bodies import BodyError, BoundedDecoder, content_coding
+from crawler.http.bodies import BodyError, BoundedDecoder, content_coding
 
 # The status line and headers of an answer: a server that sends more is not one we download from.
 MAX_HEAD = 64 * 1024
