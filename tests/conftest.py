@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.parallel import pytest_runtest_protocol  # noqa: F401  (the hook: who may run beside whom)
+# The hooks: long-running modules first; who may run beside whom.
+from tests.parallel import pytest_collection_modifyitems, pytest_runtest_protocol  # noqa: F401
 from testkit.pgcluster import PgCluster
 
 _names = itertools.count(1)

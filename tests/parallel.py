@@ -96,3 +96,18 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     # xdist gives each worker <the run's basetemp>/<worker id>: the parent is the run's, shared by its workers.
     with machine_share(Path(basetemp).resolve().parent, runs_alone(item)):
         yield
+
+
+# Modules that start real daemons, browsers or mypy take from seconds to minutes each; the rest take well under a
+# second a test. xdist hands modules out in collection order (--dist loadfile), so these go first: the long ones
+# then overlap each other and the short ones fill the gaps at the end, instead of one long module starting last and
+# running alone while the other processes idle.
+LONG_RUNNING = ("test_e2e_", "test_browser", "test_types", "test_install")
+
+
+def _long_running(item: pytest.Item) -> bool:
+    return item.path.name.startswith(LONG_RUNNING)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not _long_running(item))   # stable: each module's tests keep their order

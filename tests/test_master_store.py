@@ -135,15 +135,16 @@ CRASHER = textwrap.dedent("""
     rnd = random.Random(int(sys.argv[2]))
     route = lambda urls: ["a"] * len(urls)
     i = 0
-    print("ready", flush=True)
     while True:
         s.push([(f"u{i}-{j}", 1, 0, "a", None) for j in range(50)])
         got = s.pop("a", 30, 1.0)
         s.finish([PageOutcome(u, "done", 200, u, None, 1, None, "a", 1.0) for u, _, _ in got[:20]])
         s.release([u for u, _, _ in got[20:25]], route)
-        i += 1
-        if rnd.random() < 0.5:
+        if i == 0 or rnd.random() < 0.5:
             s.commit()
+        if i == 0:
+            print("ready", flush=True)   # something is committed: a kill from now on has a state to check
+        i += 1
 """)
 
 
