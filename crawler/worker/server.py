@@ -69,6 +69,7 @@ def _wire_size(r: p.Result | int) -> int:
     if isinstance(r, int):
         return 16
     return (512 + sum(len(u) + 4 for u in r.links) + 1024 * len(r.audio) + sum(len(u) + 16 for u, _ in r.lastmod)
+            + sum(len(a.fingerprint) for a in r.audio if a.fingerprint)
             + sum(len(u) + 4 for u in r.refs)
             + sum(len(u) + 64 + sum(len(v or "") for v in (m.title, m.artist, m.album)) for u, m in r.link_meta))
 
@@ -83,11 +84,25 @@ def _report_frames(batch: list[p.Result], max_frame: int) -> bytes:
     for r in batch:
         try:
             out.append(p.encode(p.Report((r,)), max_frame))
+            continue
+        except ValueError:
+            pass
+        try:
+            # Fingerprints first: the master hears of the items without them (the frame limit is below them).
+            out.append(p.encode(p.Report((_without_fingerprints(r),)), max_frame))
+            log.warning("result for %s is larger than a frame; reporting its audio without fingerprints", r.url)
         except ValueError:
             log.warning("result for %s is larger than a frame; reporting it without its links and audio", r.url)
             out.append(p.encode(p.Report((p.Result(r.lease, r.url, p.ERROR, r.http_status, r.final_url,
                                                    r.content_type, r.size, "result larger than the frame limit"),))))
     return b"".join(out)
+
+
+def _without_fingerprints(r: p.Result) -> p.Result:
+    if not any(a.fingerprint for a in r.audio):
+        return r
+    return msgspec.structs.replace(r, audio=tuple(a.replace(fingerprint=None) if a.fingerprint else a
+                                                  for a in r.audio))
 
 
 def _within_limits(r: p.Result) -> p.Result:
@@ -1053,7 +1068,18 @@ def _outcome_frames(batch: list[tuple[str, it.AudioItem]], max_frame: int) -> by
     try:
         return p.encode(p.DownloadReport(tuple(batch)), max_frame)
     except ValueError:
-        return b"".join(p.encode(p.DownloadReport((o,)), max_frame) for o in batch)
+        pass
+    out = []
+    for url, item in batch:
+        try:
+            out.append(p.encode(p.DownloadReport(((url, item),)), max_frame))
+        except ValueError:
+            if not item.fingerprint:
+                raise
+            # Below the frame limit only without its fingerprint (a master with a small max_frame).
+            log.warning("outcome of %s is larger than a frame; reporting it without its fingerprint", url)
+            out.append(p.encode(p.DownloadReport(((url, item.replace(fingerprint=None)),)), max_frame))
+    return b"".join(out)
 
 
 def _validators(page: FetchedPage | None, digest: int) -> tuple[str | None, str | None, int | None] | None:
