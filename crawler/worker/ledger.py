@@ -156,6 +156,22 @@ class DownloadLedger:
             return done, None
         return done, self._queue(key[1], done, now)
 
+    def refined(self, key: Key, done: it.AudioItem, now: float) -> float | None:
+        """A download's outcome made more complete after it ended (its file's fingerprint, made late): it takes
+        the place of the one held for an unsent report or waiting to go, else it goes to the master again (as
+        any outcome: the master takes it as a repeat). Returns when to flush."""
+        done = outcome_within_limits(key[1], done)
+        if key in self._settled:
+            self._settled[key] = done
+        if key in self._held:
+            self._held[key] = done
+            return None
+        for i, (url, queued) in enumerate(self._outcomes):
+            if url == key[1] and queued.page == key[0]:
+                self._outcomes[i] = (url, done)
+                return None
+        return self._queue(key[1], done, now)
+
     def dropped(self, key: Key) -> None:
         """A job stopped without an outcome (the worker stops)."""
         self._pending.discard(key)

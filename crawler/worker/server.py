@@ -26,6 +26,7 @@ from crawler.config import ConfigError
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.http.targets import TargetPolicy, parse_network
 from crawler.http.getter import build_stack
+from crawler.identify import fingerprint_file
 from crawler.metrics import WorkerMetrics, serve_metrics
 from crawler.politeness import THROTTLE_STATUSES, parse_retry_after
 from crawler.resolvers.base import (
@@ -45,6 +46,7 @@ from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader, Started
 from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, describe, is_local
 from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher
+from crawler.worker.fingerprints import Fingerprinter, FingerprintPool
 from crawler.worker import page_plan
 from crawler.worker.ledger import DownloadLedger, Key, Outgoing
 from crawler.worker.linkcache import LinkCache
@@ -172,10 +174,21 @@ def progress_line(interval: float, now: WorkerStats, before: WorkerStats) -> str
 
 
 class Worker:
-    def __init__(self, cfg: WorkerConfig) -> None:
+    def __init__(self, cfg: WorkerConfig, fingerprinter: Fingerprinter | None = None) -> None:
+        """fingerprinter: what the fingerprint pool runs on each stored audio file (absent:
+        crawler.identify.fingerprint_file); it must be picklable, a module's function."""
         self.cfg = cfg
         self.stats = WorkerStats()
         self.metrics = WorkerMetrics(cfg.id)
+        # Every stored audio file is fingerprinted off the loop, in processes of the pool's own (fingerprints.py).
+        self.fingerprints: FingerprintPool | None = None
+        if cfg.identify.enabled:
+            outcomes = {o: self.metrics.fingerprints.labels(cfg.id, o) for o in ("done", "error", "skipped")}
+            self.fingerprints = FingerprintPool(fingerprinter or fingerprint_file, processes=cfg.identify.processes,
+                                                max_backlog=cfg.identify.max_backlog,
+                                                on_outcome=lambda o: outcomes[o].inc())
+            pool = self.fingerprints
+            self.metrics.fingerprint_backlog.set_function(lambda: pool.backlog)
         self.metrics_addr: str | None = None
         self._debug = log.isEnabledFor(logging.DEBUG)
         self._stop = asyncio.Event()
@@ -279,6 +292,8 @@ class Worker:
         finally:
             if metrics_runner is not None:
                 await metrics_runner.cleanup()
+            if self.fingerprints is not None:
+                self.fingerprints.close()
             for resolver in self.resolvers:
                 await resolver.aclose()
             try:
@@ -791,9 +806,10 @@ class Worker:
                             start: Started | None = None) -> None:
         done: it.AudioItem | None = None
         try:
-            while done is None:
+            got: it.AudioItem | None = None
+            while got is None:
                 try:
-                    done = await self._download(item, resolver, start)
+                    got = await self._download(item, resolver, start)
                 except OSError as e:
                     if not is_local(e):
                         raise
@@ -802,6 +818,7 @@ class Worker:
                     self._enter_fault(describe(e))
                     while self.fault is not None:
                         await asyncio.sleep(DISK_CHECK_INTERVAL)
+            done = await self._fingerprinted(key, got)
         except Exception as e:   # a bug must cost one download, not the worker
             log.exception("download of %s failed unexpectedly", item.url)
             done = item.replace(status=it.FAILED, reason=f"worker error: {type(e).__name__}: {e}"[:500])
@@ -810,6 +827,33 @@ class Worker:
             if done is None:   # cancelled: the worker stops
                 self.ledger.dropped(key)
         self._ended_download(key, done)
+
+    async def _fingerprinted(self, key: Key, done: it.AudioItem) -> it.AudioItem:
+        """The outcome with its stored file's fingerprint, when the pool makes it within identify.wait (and
+        starts on it at once: behind a backlog the outcome does not wait). A fingerprint made later follows
+        the outcome (_late_fingerprint). A copy on another node, a failure, a file skipped: as it is."""
+        pool = self.fingerprints
+        if pool is None or done.status != it.OK or not done.path or not done.sha256 or "stored_on" in done.extra \
+                or done.fingerprint:
+            return done
+        wait = 0.0 if pool.busy() else self.cfg.identify.wait
+        job = pool.submit(done.sha256, self.cfg.data_dir / done.path)
+        if job is None:
+            return done
+        if not job.done() and wait > 0:
+            await asyncio.wait([job], timeout=wait)
+        if not job.done():
+            job.add_done_callback(lambda j: self._late_fingerprint(key, done, j))
+            return done
+        fp = job.result()
+        return done.replace(fingerprint=fp) if fp else done
+
+    def _late_fingerprint(self, key: Key, done: it.AudioItem, job: asyncio.Future[bytes | None]) -> None:
+        """A fingerprint made after its outcome went (or was held for its page's report): the outcome again,
+        with it."""
+        fp = None if job.cancelled() else job.result()
+        if fp:
+            self._arrange(self.ledger.refined(key, done.replace(fingerprint=fp), _now()))
 
     def _ended_download(self, key: Key, done: it.AudioItem) -> None:
         done, at = self.ledger.ended(key, done, _now())
@@ -1052,7 +1096,9 @@ class Session:
             if time.monotonic() - self.last_heard > self.timeout:
                 raise ConnectionClosed(f"master silent for {time.monotonic() - self.last_heard:.1f} s")
             # The leases still worked on, so the master renews them: a slow resolve keeps its page's.
-            await self.conn.send(p.Heartbeat(time.time(), tuple(self.worker._running)))
+            pool = self.worker.fingerprints
+            await self.conn.send(p.Heartbeat(time.time(), tuple(self.worker._running),
+                                             min(pool.backlog if pool else 0, p.MAX_CAPACITY)))
 
     async def stopper(self) -> None:
         await self.worker._stop.wait()
