@@ -15,8 +15,12 @@ jobs and says how many are in it (`backlog`, the crawler_fingerprint_backlog gau
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import multiprocessing
+import os
+import signal
+import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -59,9 +63,23 @@ def _run(fingerprint: Fingerprinter, path: Path) -> bytes:
         raise IdentifyError(f"{type(e).__name__}: {e}"[:300]) from None
 
 
+def _die_with(parent: int) -> None:
+    """In a pool process, first: it dies with the worker, even a killed one (a pool process outliving it would
+    hold its pipes and files open, and wait on its queue for ever)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)      # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:      # the worker died before the line above
+        os._exit(0)
+
+
 def process_pool(processes: int) -> Executor:
     # Spawned, not forked: a fork of the worker would copy its event loop, sockets and threads.
-    return ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn"))
+    return ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_die_with, initargs=(os.getpid(),))
 
 
 class FingerprintPool:
