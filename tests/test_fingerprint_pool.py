@@ -39,6 +39,8 @@ def _pool(**kw):
 async def test_a_file_is_fingerprinted_in_a_process_of_the_pools_own(tmp_path):
     pool = FingerprintPool(fake_fingerprint, processes=1)     # the default executor: spawned processes
     try:
+        pool.start()
+        assert pool.backlog == 0
         job = pool.submit("k", _file(tmp_path, "a.mp3", b"audio"))
         assert pool.backlog == 1
         assert await asyncio.wait_for(job, 60) == expected(b"audio")

@@ -76,6 +76,10 @@ def _die_with(parent: int) -> None:
         os._exit(0)
 
 
+def _warm() -> None:
+    """Nothing: run once in each pool process as the worker starts, so that it is up before the first file."""
+
+
 def process_pool(processes: int) -> Executor:
     # Spawned, not forked: a fork of the worker would copy its event loop, sockets and threads.
     return ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn"),
@@ -100,6 +104,19 @@ class FingerprintPool:
         self._cached = 0
         self._errors: OrderedDict[str, None] = OrderedDict()
         self._closed = False
+
+    def start(self) -> None:
+        """Start the pool's processes now: a spawned process takes a while to start (its imports), which the
+        first stored file would otherwise wait for."""
+        if self._executor is not None or self._closed:
+            return
+        try:
+            self._executor = self._make_executor(self.processes)
+            for _ in range(self.processes):
+                self._executor.submit(_warm)
+        except (RuntimeError, OSError) as e:
+            log.warning("fingerprint pool not started: %s (it is tried again at the first file)", e)
+            self._executor = None
 
     @property
     def backlog(self) -> int:

@@ -271,6 +271,8 @@ class Worker:
                 raise ConfigError("metrics_listen", f"cannot listen on {host}:{port}: {reason}") from None
             (cfg.data_dir / "metrics.addr").write_text(f"{self.metrics_addr}\n")
             log.info("worker %s metrics on http://%s/metrics", cfg.id, self.metrics_addr)
+        if self.fingerprints is not None:
+            self.fingerprints.start()
         sdnotify.ready(f"worker {cfg.id} started")
         # What start-up built (modules, clients, resolvers) lives as long as the process: out of the collector's
         # sight, so a full collection scans only what the crawl allocates (one held the loop 50-70 ms).
