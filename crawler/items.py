@@ -123,6 +123,8 @@ class AudioItem:
         # The field names once, from AUDIO_FIELD_KINDS: dataclasses.fields() per item was a hot spot.
         d = {name: getattr(self, name) for name in AUDIO_FIELD_KINDS}
         d["identity"] = self.identity.to_wire() if self.identity else None
+        if self.fingerprint is not None:   # JSON has no bytes: hex, as any peer's item must survive json.dumps
+            d["fingerprint"] = self.fingerprint.hex()
         return d
 
     @classmethod
@@ -130,6 +132,8 @@ class AudioItem:
         kw = {k: v for k, v in d.items() if k in AUDIO_FIELD_KINDS}
         if kw.get("identity") is not None:
             kw["identity"] = RequestIdentity.from_wire(kw["identity"])
+        if isinstance(kw.get("fingerprint"), str):
+            kw["fingerprint"] = bytes.fromhex(kw["fingerprint"])
         return cls(**kw)
 
     def with_meta(self, meta: dict[str, Any], sources: dict[str, str]) -> AudioItem:

@@ -157,9 +157,14 @@ async def test_an_outcome_carries_its_fingerprint_when_it_comes_in_time(tmp_path
     done = _stored(tmp_path, b"song")
     got = await w._fingerprinted((done.page, done.url), done)
     assert got.fingerprint == expected(b"song")
+    # A fingerprint the item came with (from the master, a page) is not the file's: the pool's own replaces it.
+    assert (await w._fingerprinted((done.page, done.url), done.replace(fingerprint=b"other"))) == got
     # Failures, copies on other nodes and files not stored here are not fingerprinted.
     for other in (done.replace(status=it.FAILED), done.replace(extra={"stored_on": "w2"}), done.replace(path=None)):
+        other = other.replace(fingerprint=b"other")
         assert (await w._fingerprinted((done.page, done.url), other)).fingerprint is None
+    # Nor does a page report name a download pending with one.
+    assert w.ledger.start(done.replace(fingerprint=b"other"))[0].fingerprint is None
     w.fingerprints.close()
 
 

@@ -125,7 +125,7 @@ class DownloadLedger:
         self._unreported.add(key)
         fresh = key not in self._pending
         self._pending.add(key)
-        return item.replace(status=it.PENDING), fresh
+        return item.replace(status=it.PENDING, fingerprint=None), fresh
 
     def take(self, item: it.AudioItem, now: float) -> tuple[bool, float | None]:
         """Download-only work from the master: another node's pending download, or one of this node's own sent

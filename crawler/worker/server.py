@@ -834,12 +834,17 @@ class Worker:
         """The outcome with its stored file's fingerprint, when the pool makes it within identify.wait (and
         starts on it at once: behind a backlog the outcome does not wait). A fingerprint made later follows
         the outcome (_late_fingerprint). A copy on another node, a failure, a file skipped: as it is."""
+        if done.fingerprint is not None:    # one the item came with is not this file's: the pool's own, or none
+            done = done.replace(fingerprint=None)
         pool = self.fingerprints
-        if pool is None or done.status != it.OK or not done.path or not done.sha256 or "stored_on" in done.extra \
-                or done.fingerprint:
+        if pool is None or done.status != it.OK or not done.path or not done.sha256 or "stored_on" in done.extra:
             return done
-        wait = 0.0 if pool.busy() else self.cfg.identify.wait
-        job = pool.submit(done.sha256, self.cfg.data_dir / done.path)
+        try:
+            wait = 0.0 if pool.busy() else self.cfg.identify.wait
+            job = pool.submit(done.sha256, self.cfg.data_dir / done.path)
+        except Exception:   # a bug here must cost the fingerprint, never the download
+            log.exception("fingerprint of %s not made", done.path)
+            return done
         if job is None:
             return done
         if not job.done() and wait > 0:
