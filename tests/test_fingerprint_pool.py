@@ -196,6 +196,8 @@ async def test_behind_a_backlog_an_outcome_does_not_wait(tmp_path):
     t0 = time.monotonic()
     got = await w._fingerprinted((done.page, done.url), done)
     assert got.fingerprint is None and time.monotonic() - t0 < 0.1
+    # Both wait: the backlog on the worker's /metrics.
+    assert b'crawler_fingerprint_backlog{node="w"} 2.0' in w.metrics.render()
     await ahead
     pool.close()
 

@@ -108,3 +108,18 @@ def test_report_batches_count_fingerprints_and_a_frame_too_small_for_one_drops_i
 
 def test_an_outcome_within_limits_keeps_its_fingerprint():
     assert outcome_within_limits("http://a/x.mp3", ITEM) is ITEM
+
+
+def test_the_master_shows_each_workers_fingerprint_backlog_from_its_heartbeats(tmp_path):
+    from crawler.master.live import build_status
+    from crawler.master.observe import Observer
+
+    obs = Observer(lambda: None, clock=lambda: 100.0, nodes=("w1", "w2"), data_dir=tmp_path, log_interval=30)
+    obs.joined("w1", 100.0)
+    obs.heartbeat("w1", _wire(p.Heartbeat(100.0, (), 42)))
+    view = obs.live.view(101.0, held=0, at_workers=0, in_flight={}, web=None, lag=0.0, run_pages=0)
+    assert view["nodes"]["w1"]["fingerprint_backlog"] == 42
+    db = {"states": {}, "nodes": {}, "figures": {}}
+    st = build_status(db, view, ["w1", "w2"], 101.0, running=True)
+    assert [(n["node"], n["fingerprint_backlog"]) for n in st["nodes"]] == [("w1", 42), ("w2", 0)]
+    assert b'crawler_fingerprint_backlog{node="w1"} 42.0' in obs.metrics.render()
