@@ -203,7 +203,8 @@ async def test_behind_a_backlog_an_outcome_does_not_wait(tmp_path):
 
 
 def test_a_late_fingerprint_replaces_an_outcome_still_held_or_unsent():
-    ledger = DownloadLedger(8)
+    cache = {}
+    ledger = DownloadLedger(8, fingerprint_of=cache.get)
     ledger.connect(0.0)
     item = it.AudioItem(url="http://cdn/a.mp3", page="http://site/", sha256="ab" * 32, path="audio/a.mp3")
     key = (item.page, item.url)
@@ -216,5 +217,11 @@ def test_a_late_fingerprint_replaces_an_outcome_still_held_or_unsent():
     # Sent already: it goes again, and the download handed back later answers with it.
     assert ledger.refined(key, item.replace(fingerprint=b"fp2"), 4.0) is not None
     assert [o.fingerprint for _, o in ledger.flush().outcomes] == [b"fp2"]
+    # Outcomes remembered keep no fingerprint (each may be as large as a frame): one sent again takes the
+    # pool's, while the pool still has it.
+    assert ledger._settled[key].fingerprint is None
     fresh, _ = ledger.take(reported, 5.0)
-    assert not fresh and [o.fingerprint for _, o in ledger.flush().outcomes] == [b"fp2"]
+    assert not fresh and [o.fingerprint for _, o in ledger.flush().outcomes] == [None]
+    cache[item.sha256] = b"fp2"
+    ledger.take(reported, 6.0)
+    assert [o.fingerprint for _, o in ledger.flush().outcomes] == [b"fp2"]

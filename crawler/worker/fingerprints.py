@@ -123,6 +123,10 @@ class FingerprintPool:
         """Files waiting for the pool or being fingerprinted."""
         return len(self._jobs)
 
+    def cached(self, key: str) -> bytes | None:
+        """The fingerprint of these bytes, when it is still in the cache."""
+        return self._cache.get(key)
+
     def busy(self) -> bool:
         """A file submitted now would wait for others (every process has one already)."""
         return len(self._jobs) >= self.processes

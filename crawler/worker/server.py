@@ -208,7 +208,8 @@ class Worker:
         # Downloads, as the master must hear of them (ledger.py): what is asked, ended, pending, settled. Here
         # the asyncio side of it: the asks waiting for their grant, by ticket; the jobs, by download (they
         # outlive a session: a short absence of the master costs none of them); the flush arranged.
-        self.ledger = DownloadLedger(cfg.pending_downloads)
+        self.ledger = DownloadLedger(cfg.pending_downloads,
+                                     fingerprint_of=self.fingerprints.cached if self.fingerprints else None)
         self._grants: dict[int, asyncio.Future[p.Grant | None]] = {}   # None: its session ended, ask again
         self._jobs: dict[Key, asyncio.Task[None]] = {}
         self._flush_timer: asyncio.Handle | None = None
