@@ -225,3 +225,18 @@ def test_a_late_fingerprint_replaces_an_outcome_still_held_or_unsent():
     cache[item.sha256] = b"fp2"
     ledger.take(reported, 6.0)
     assert [o.fingerprint for _, o in ledger.flush().outcomes] == [b"fp2"]
+
+
+def test_a_late_fingerprint_of_an_outcome_a_page_report_carries_waits_for_that_report():
+    ledger = DownloadLedger(8)
+    ledger.connect(0.0)
+    item = it.AudioItem(url="http://cdn/a.mp3", page="http://site/", sha256="ab" * 32, path="audio/a.mp3")
+    key = (item.page, item.url)
+    ledger.start(item)
+    ledger.ended(key, item, 1.0)
+    assert list(ledger.outcomes_of([key])) == [key]       # the page's result carries it
+    # The fingerprint comes before that result is sent: it must not reach the master first.
+    assert ledger.refined(key, item.replace(fingerprint=b"fp"), 2.0) is None
+    assert ledger.flush().outcomes == ()
+    assert ledger.reported([key], 3.0) is not None
+    assert [o.fingerprint for _, o in ledger.flush().outcomes] == [b"fp"]

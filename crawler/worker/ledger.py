@@ -167,7 +167,7 @@ class DownloadLedger:
         done = outcome_within_limits(key[1], done)
         if key in self._settled:
             self._remember(key, done)
-        if key in self._held:
+        if key in self._held or key in self._unreported:
             self._held[key] = done
             return None
         for i, (url, queued) in enumerate(self._outcomes):
@@ -193,12 +193,13 @@ class DownloadLedger:
 
     def outcomes_of(self, keys: Collection[Key]) -> dict[Key, it.AudioItem]:
         """The outcomes of these downloads that ended, for their page's report to carry in place of its pending
-        items: taken, so they are not sent apart as well."""
+        items: taken, so they are not sent apart as well. They stay unreported until that report is sent
+        (`reported`): a later refinement of one (its fingerprint) is held until then."""
         ended: dict[Key, it.AudioItem] = {}
         for key in keys:
             done = self._held.pop(key, None)
             if done is not None:
-                self._unreported.discard(key)
+                pass
             elif key not in self._pending:
                 # Ended, and its outcome taken by another report naming the same download (a page leased
                 # again while its first visit waited): the latest outcome of the key is the same.

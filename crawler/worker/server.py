@@ -212,6 +212,8 @@ class Worker:
                                      fingerprint_of=self.fingerprints.cached if self.fingerprints else None)
         self._grants: dict[int, asyncio.Future[p.Grant | None]] = {}   # None: its session ended, ask again
         self._jobs: dict[Key, asyncio.Task[None]] = {}
+        # The downloads whose outcomes a page's result carries, by the task's lease, until its report is sent.
+        self._carried: dict[int, set[Key]] = {}
         self._flush_timer: asyncio.Handle | None = None
         self._session: Session | None = None    # the connection to the master, while one is up
         self._session_up = asyncio.Event()
@@ -396,6 +398,7 @@ class Worker:
         finally:
             self._session = None
             self._session_up.clear()
+            self._carried.clear()     # their reports are lost with the session: the ledger lets them go
             self.ledger.disconnect()
             if self._flush_timer is not None:
                 self._flush_timer.cancel()
@@ -520,6 +523,7 @@ class Worker:
         ended = self.ledger.outcomes_of(keys)
         if not ended:
             return result
+        self._carried[result.lease] = set(ended)
         audio = tuple(ended.get((a.page, a.url), a) if a.status == it.PENDING else a for a in result.audio)
         return msgspec.structs.replace(result, audio=audio)
 
@@ -1047,6 +1051,8 @@ class Session:
                 batch.append(results.get_nowait())
                 size += _wire_size(batch[-1])
             pending = _pending_keys(r for r in batch if isinstance(r, p.Result))
+            for r in batch:
+                pending |= w._carried.pop(r if isinstance(r, int) else r.lease, set())
             try:
                 w.pages.flush()   # the index lines of these pages reach the disk before the master hears
             except OSError as e:
