@@ -19,6 +19,8 @@ asyncio objects (the job tasks, the futures an ask waits on, the timer) stay the
 |                                                | page that named it pending is unreported, once that is sent |
 | the master hands a download over (DownloadWork)| a job, unless one runs already or it ended lately (then its |
 |                                                | outcome goes again, the download is not fetched twice)      |
+| a job's file is fingerprinted after it ended   | the outcome with it takes the place of the one held or      |
+| (`refined`)                                    | unsent, else goes again (after the page report carrying it) |
 | the connection ends                            | asks and ends unsent are dropped (the asks are made again); |
 |                                                | outcomes held for unsent reports, and those unsent, stay    |
 |                                                | for the next session                                        |
