@@ -101,6 +101,9 @@ class MasterMetrics:
                                    "Workers connected but unable to store what they fetch (taking no work)",
                                    registry=r)
         self.paused = Gauge("crawler_paused", "1 while the crawl is paused by the operator", registry=r)
+        self.fingerprint_backlog = Gauge("crawler_fingerprint_backlog", "Stored audio files waiting for a "
+                                         "worker's fingerprint pool, as its last heartbeat said", ["node"],
+                                         registry=r)
         self.urls = Gauge("crawler_urls", "The crawl's URLs by state", ["state"], registry=r)
         self.dedup = Counter("crawler_dedup_urls", "Discovered URLs through the Bloom filter, by result", ["result"],
                              registry=r)
@@ -151,6 +154,11 @@ class WorkerMetrics:
         self.pages_by_outcome = {o: self.pages.labels(node, o) for o in ("done", "error", "retry")}
         self.page_bytes = self.download_bytes.labels(node, "page")
         self.audio_bytes = self.download_bytes.labels(node, "audio")
+        self.fingerprint_backlog = Gauge("crawler_fingerprint_backlog", "Stored audio files waiting for this "
+                                         "worker's fingerprint pool", ["node"], registry=r).labels(node)
+        self.fingerprints = Counter("crawler_fingerprints", "Stored audio files through the fingerprint pool, by "
+                                    "outcome (done, error, skipped: the backlog was full)", ["node", "outcome"],
+                                    registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

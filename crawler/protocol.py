@@ -97,8 +97,10 @@ from crawler.items import (
 # Auth carries its resolvers' fragment rules (bound by its MAC), and the master tells connected workers the crawl's
 # rules again in a FragmentRules when a worker brought new ones; 11: every frame after the Welcome carries a tag
 # (a MAC with an implicit sequence number); 12: Result may end with what the page says about its links that may
-# lead to audio (link_meta), and a Task carries it to the link's own fetch
-PROTOCOL_VERSION = 12
+# lead to audio (link_meta), and a Task carries it to the link's own fetch; 13: an audio item may carry its file's
+# acoustic fingerprint (one made after its outcome went comes in a DownloadReport of its own), and a worker's
+# Heartbeat its fingerprint backlog
+PROTOCOL_VERSION = 13
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
 PRE_AUTH_MAX_FRAME = 640
@@ -402,6 +404,8 @@ class Heartbeat(Message, tag=8, frozen=True):
 
     sent_at: Finite
     leases: Many[NonNeg] = ()
+    # Stored files waiting for the worker's fingerprint pool (the master's status shows it per node).
+    fingerprint_backlog: Capacity = 0
 
 
 class Credit(Message, tag=9, frozen=True):

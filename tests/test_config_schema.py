@@ -131,6 +131,7 @@ def test_the_yaml_keys_users_write_are_unchanged():
         "max_redirects", "dns_ttl", "link_cache", "max_links_per_page", "store_pages", "page_format",
         "warc_file_bytes", "min_free_bytes", "download_audio", "reconnect_max_delay", "resolvers",
         "metrics_listen", "log_interval",
+        *(f"identify.{k}" for k in ("enabled", "processes", "max_backlog", "wait")),
     ])
 
 

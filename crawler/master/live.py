@@ -81,6 +81,7 @@ class NodeLive:
     connected: bool = False
     last_heartbeat: float | None = None
     fault: str | None = None      # why the node cannot store, while it cannot
+    fingerprint_backlog: int = 0  # stored files waiting for the node's fingerprint pool, as its last heartbeat said
 
 
 @dataclass
@@ -119,6 +120,9 @@ class LiveStats:
         n.connected = connected
         n.last_heartbeat = now
         n.fault = fault if connected else None
+
+    def fingerprint_backlog(self, node: str, backlog: int) -> None:
+        self.nodes.setdefault(node, NodeLive()).fingerprint_backlog = backlog
 
     def gone(self, node: str) -> None:
         if node in self.nodes:
@@ -198,7 +202,8 @@ class LiveStats:
                          "pages_per_s": round(run_pages / elapsed, 2)},
             "rates": self.rates(now),
             "nodes": {n: {"connected": s.connected, "fault": s.fault,
-                          "last_heartbeat": iso_utc(s.last_heartbeat), "in_flight": in_flight.get(n, 0)}
+                          "last_heartbeat": iso_utc(s.last_heartbeat), "in_flight": in_flight.get(n, 0),
+                          "fingerprint_backlog": s.fingerprint_backlog}
                       for n, s in self.nodes.items()},
             "http_status": dict(self.http_status),
             "errors": dict(self.error_reasons),
@@ -248,6 +253,7 @@ def build_status(db: Mapping[str, Any], live: Mapping[str, Any] | None, nodes: I
             "connected": connected,
             "last_heartbeat": ln.get("last_heartbeat"),
             "in_flight": ln.get("in_flight", 0) if running else 0,
+            "fingerprint_backlog": ln.get("fingerprint_backlog", 0) if connected else 0,
             "queued": d.get("queued", 0),
             "pages": d.get("done", 0),
             "errors": d.get("error", 0),

@@ -95,6 +95,11 @@ class Observer:
         if audio_bytes:
             m.download_bytes.labels(node, "audio").inc(audio_bytes)
 
+    def heartbeat(self, node: str, msg: p.Heartbeat) -> None:
+        """A worker's heartbeat: its fingerprint backlog, for the status and /metrics."""
+        self.live.fingerprint_backlog(node, msg.fingerprint_backlog)
+        self.metrics.fingerprint_backlog.labels(node).set(msg.fingerprint_backlog)
+
     def joined(self, node: str, now: float) -> None:
         self.live.seen(node, now, connected=True)
 

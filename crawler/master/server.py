@@ -790,6 +790,7 @@ class Master:
                     self._fault(s, msg)
                     msg = p.Report(())      # its work may now route to any node
                 elif isinstance(msg, p.Heartbeat):
+                    self.observer.heartbeat(s.node, msg)
                     if msg.leases:   # the work in progress at the worker keeps its leases
                         self.crawl.renew(s.node, msg.leases, s.last_seen)
                     continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from crawler.config import (
     read_secret,
     setting,
 )
+from crawler.worker.fingerprints import IdentifyConfig
 from crawler.worker.pagestore import FORMATS
 
 DEFAULT_USER_AGENT = "Mozilla/5.0 (compatible; audio-crawler/0.1)"
@@ -111,6 +112,8 @@ class WorkerConfig:
     # host:port of this worker's /metrics; off by default
     metrics_listen: tuple[str, int] | None = setting("hostport|off", None)
     log_interval: float = setting("float", 30.0, positive)     # seconds between progress lines
+    # The fingerprint pool (crawler/worker/fingerprints.py): every stored audio file is fingerprinted.
+    identify: IdentifyConfig = field(default_factory=IdentifyConfig, kw_only=True)
 
     @classmethod
     def build(cls, yaml_path: Path | None, overrides: dict[str, Any]) -> WorkerConfig:

@@ -19,6 +19,8 @@ asyncio objects (the job tasks, the futures an ask waits on, the timer) stay the
 |                                                | page that named it pending is unreported, once that is sent |
 | the master hands a download over (DownloadWork)| a job, unless one runs already or it ended lately (then its |
 |                                                | outcome goes again, the download is not fetched twice)      |
+| a job's file is fingerprinted after it ended   | the outcome with it takes the place of the one held or      |
+| (`refined`)                                    | unsent, else goes again (after the page report carrying it) |
 | the connection ends                            | asks and ends unsent are dropped (the asks are made again); |
 |                                                | outcomes held for unsent reports, and those unsent, stay    |
 |                                                | for the next session                                        |
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from crawler import items as it
@@ -58,8 +60,12 @@ class Outgoing:
 
 
 class DownloadLedger:
-    def __init__(self, pending_max: int, ask_delay: float = ASK_DELAY, kept: int = SETTLED_KEPT) -> None:
+    def __init__(self, pending_max: int, ask_delay: float = ASK_DELAY, kept: int = SETTLED_KEPT,
+                 fingerprint_of: Callable[[str], bytes | None] | None = None) -> None:
+        """fingerprint_of: a stored file's fingerprint by its sha256, if still known (the fingerprint pool's
+        cache): outcomes remembered are kept without theirs, which may be as large as a frame."""
         self.pending_max = pending_max
+        self._fingerprint_of = fingerprint_of or (lambda sha256: None)
         self.ask_delay = ask_delay
         self.kept = kept
         self.connected = False                                 # a session with the master is up
@@ -70,6 +76,7 @@ class DownloadLedger:
         self._send_at: float | None = None                     # the flush the server has been asked for
         self._pending: set[Key] = set()                        # jobs running
         # Recent outcomes, for a download the master hands back after a reconnect: sent again, not fetched.
+        # Without their fingerprints (see _remember).
         self._settled: OrderedDict[Key, it.AudioItem] = OrderedDict()
         # An outcome goes to the master only after the page that reported its item pending (else it would find
         # nothing pending): the downloads whose page's report is not sent yet, and the outcomes held for them.
@@ -125,7 +132,7 @@ class DownloadLedger:
         self._unreported.add(key)
         fresh = key not in self._pending
         self._pending.add(key)
-        return item.replace(status=it.PENDING), fresh
+        return item.replace(status=it.PENDING, fingerprint=None), fresh
 
     def take(self, item: it.AudioItem, now: float) -> tuple[bool, float | None]:
         """Download-only work from the master: another node's pending download, or one of this node's own sent
@@ -136,7 +143,7 @@ class DownloadLedger:
             return False, None
         done = self._settled.get(key)
         if done is not None:
-            return False, self._queue(key[1], done, now)
+            return False, self._queue(key[1], self._recalled(done), now)
         self._pending.add(key)
         return True, None
 
@@ -147,14 +154,29 @@ class DownloadLedger:
         if done.status not in (it.OK, it.FAILED):
             done = done.replace(status=it.FAILED, reason=done.reason or f"download ended {done.status}")
         done = outcome_within_limits(key[1], done)
-        self._settled[key] = done
-        self._settled.move_to_end(key)
+        self._remember(key, done)
         while len(self._settled) > self.kept:
             self._settled.popitem(last=False)
         if key in self._unreported:
             self._held[key] = done
             return done, None
         return done, self._queue(key[1], done, now)
+
+    def refined(self, key: Key, done: it.AudioItem, now: float) -> float | None:
+        """A download's outcome made more complete after it ended (its file's fingerprint, made late): it takes
+        the place of the one held for an unsent report or waiting to go, else it goes to the master again (as
+        any outcome: the master takes it as a repeat). Returns when to flush."""
+        done = outcome_within_limits(key[1], done)
+        if key in self._settled:
+            self._remember(key, done)
+        if key in self._held or key in self._unreported:
+            self._held[key] = done
+            return None
+        for i, (url, queued) in enumerate(self._outcomes):
+            if url == key[1] and queued.page == key[0]:
+                self._outcomes[i] = (url, done)
+                return None
+        return self._queue(key[1], done, now)
 
     def dropped(self, key: Key) -> None:
         """A job stopped without an outcome (the worker stops)."""
@@ -173,16 +195,18 @@ class DownloadLedger:
 
     def outcomes_of(self, keys: Collection[Key]) -> dict[Key, it.AudioItem]:
         """The outcomes of these downloads that ended, for their page's report to carry in place of its pending
-        items: taken, so they are not sent apart as well."""
+        items: taken, so they are not sent apart as well. They stay unreported until that report is sent
+        (`reported`): a later refinement of one (its fingerprint) is held until then."""
         ended: dict[Key, it.AudioItem] = {}
         for key in keys:
             done = self._held.pop(key, None)
             if done is not None:
-                self._unreported.discard(key)
+                pass
             elif key not in self._pending:
                 # Ended, and its outcome taken by another report naming the same download (a page leased
                 # again while its first visit waited): the latest outcome of the key is the same.
                 done = self._settled.get(key)
+                done = done and self._recalled(done)
             if done is not None:
                 ended[key] = done
         return ended
@@ -202,6 +226,14 @@ class DownloadLedger:
         self._outcomes[:0] = outcomes
 
     # ------------------------------------------------------------------ inside
+    def _remember(self, key: Key, done: it.AudioItem) -> None:
+        self._settled[key] = done.replace(fingerprint=None) if done.fingerprint else done
+        self._settled.move_to_end(key)
+
+    def _recalled(self, done: it.AudioItem) -> it.AudioItem:
+        fp = self._fingerprint_of(done.sha256) if done.sha256 and done.status == it.OK else None
+        return done.replace(fingerprint=fp) if fp else done
+
     def _queue(self, url: str, done: it.AudioItem, now: float) -> float | None:
         self._outcomes.append((url, done))
         return self._due(now)

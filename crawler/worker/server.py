@@ -26,6 +26,7 @@ from crawler.config import ConfigError
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.http.targets import TargetPolicy, parse_network
 from crawler.http.getter import build_stack
+from crawler.identify import fingerprint_file
 from crawler.metrics import WorkerMetrics, serve_metrics
 from crawler.politeness import THROTTLE_STATUSES, parse_retry_after
 from crawler.resolvers.base import (
@@ -45,6 +46,7 @@ from crawler.worker.config import WorkerConfig
 from crawler.worker.downloader import DownloadConfig, Downloader, Started
 from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, describe, is_local
 from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher
+from crawler.worker.fingerprints import Fingerprinter, FingerprintPool
 from crawler.worker import page_plan
 from crawler.worker.ledger import DownloadLedger, Key, Outgoing
 from crawler.worker.linkcache import LinkCache
@@ -69,6 +71,7 @@ def _wire_size(r: p.Result | int) -> int:
     if isinstance(r, int):
         return 16
     return (512 + sum(len(u) + 4 for u in r.links) + 1024 * len(r.audio) + sum(len(u) + 16 for u, _ in r.lastmod)
+            + sum(len(a.fingerprint) for a in r.audio if a.fingerprint)
             + sum(len(u) + 4 for u in r.refs)
             + sum(len(u) + 64 + sum(len(v or "") for v in (m.title, m.artist, m.album)) for u, m in r.link_meta))
 
@@ -83,11 +86,25 @@ def _report_frames(batch: list[p.Result], max_frame: int) -> bytes:
     for r in batch:
         try:
             out.append(p.encode(p.Report((r,)), max_frame))
+            continue
+        except ValueError:
+            pass
+        try:
+            # Fingerprints first: the master hears of the items without them (the frame limit is below them).
+            out.append(p.encode(p.Report((_without_fingerprints(r),)), max_frame))
+            log.warning("result for %s is larger than a frame; reporting its audio without fingerprints", r.url)
         except ValueError:
             log.warning("result for %s is larger than a frame; reporting it without its links and audio", r.url)
             out.append(p.encode(p.Report((p.Result(r.lease, r.url, p.ERROR, r.http_status, r.final_url,
                                                    r.content_type, r.size, "result larger than the frame limit"),))))
     return b"".join(out)
+
+
+def _without_fingerprints(r: p.Result) -> p.Result:
+    if not any(a.fingerprint for a in r.audio):
+        return r
+    return msgspec.structs.replace(r, audio=tuple(a.replace(fingerprint=None) if a.fingerprint else a
+                                                  for a in r.audio))
 
 
 def _within_limits(r: p.Result) -> p.Result:
@@ -157,10 +174,21 @@ def progress_line(interval: float, now: WorkerStats, before: WorkerStats) -> str
 
 
 class Worker:
-    def __init__(self, cfg: WorkerConfig) -> None:
+    def __init__(self, cfg: WorkerConfig, fingerprinter: Fingerprinter | None = None) -> None:
+        """fingerprinter: what the fingerprint pool runs on each stored audio file (absent:
+        crawler.identify.fingerprint_file); it must be picklable, a module's function."""
         self.cfg = cfg
         self.stats = WorkerStats()
         self.metrics = WorkerMetrics(cfg.id)
+        # Every stored audio file is fingerprinted off the loop, in processes of the pool's own (fingerprints.py).
+        self.fingerprints: FingerprintPool | None = None
+        if cfg.identify.enabled:
+            outcomes = {o: self.metrics.fingerprints.labels(cfg.id, o) for o in ("done", "error", "skipped")}
+            self.fingerprints = FingerprintPool(fingerprinter or fingerprint_file, processes=cfg.identify.processes,
+                                                max_backlog=cfg.identify.max_backlog,
+                                                on_outcome=lambda o: outcomes[o].inc())
+            pool = self.fingerprints
+            self.metrics.fingerprint_backlog.set_function(lambda: pool.backlog)
         self.metrics_addr: str | None = None
         self._debug = log.isEnabledFor(logging.DEBUG)
         self._stop = asyncio.Event()
@@ -180,9 +208,12 @@ class Worker:
         # Downloads, as the master must hear of them (ledger.py): what is asked, ended, pending, settled. Here
         # the asyncio side of it: the asks waiting for their grant, by ticket; the jobs, by download (they
         # outlive a session: a short absence of the master costs none of them); the flush arranged.
-        self.ledger = DownloadLedger(cfg.pending_downloads)
+        self.ledger = DownloadLedger(cfg.pending_downloads,
+                                     fingerprint_of=self.fingerprints.cached if self.fingerprints else None)
         self._grants: dict[int, asyncio.Future[p.Grant | None]] = {}   # None: its session ended, ask again
         self._jobs: dict[Key, asyncio.Task[None]] = {}
+        # The downloads whose outcomes a page's result carries, by the task's lease, until its report is sent.
+        self._carried: dict[int, set[Key]] = {}
         self._flush_timer: asyncio.Handle | None = None
         self._session: Session | None = None    # the connection to the master, while one is up
         self._session_up = asyncio.Event()
@@ -243,6 +274,8 @@ class Worker:
                 raise ConfigError("metrics_listen", f"cannot listen on {host}:{port}: {reason}") from None
             (cfg.data_dir / "metrics.addr").write_text(f"{self.metrics_addr}\n")
             log.info("worker %s metrics on http://%s/metrics", cfg.id, self.metrics_addr)
+        if self.fingerprints is not None:
+            self.fingerprints.start()
         sdnotify.ready(f"worker {cfg.id} started")
         # What start-up built (modules, clients, resolvers) lives as long as the process: out of the collector's
         # sight, so a full collection scans only what the crawl allocates (one held the loop 50-70 ms).
@@ -264,6 +297,8 @@ class Worker:
         finally:
             if metrics_runner is not None:
                 await metrics_runner.cleanup()
+            if self.fingerprints is not None:
+                self.fingerprints.close()
             for resolver in self.resolvers:
                 await resolver.aclose()
             try:
@@ -363,6 +398,7 @@ class Worker:
         finally:
             self._session = None
             self._session_up.clear()
+            self._carried.clear()     # their reports are lost with the session: the ledger lets them go
             self.ledger.disconnect()
             if self._flush_timer is not None:
                 self._flush_timer.cancel()
@@ -487,6 +523,7 @@ class Worker:
         ended = self.ledger.outcomes_of(keys)
         if not ended:
             return result
+        self._carried[result.lease] = set(ended)
         audio = tuple(ended.get((a.page, a.url), a) if a.status == it.PENDING else a for a in result.audio)
         return msgspec.structs.replace(result, audio=audio)
 
@@ -776,9 +813,10 @@ class Worker:
                             start: Started | None = None) -> None:
         done: it.AudioItem | None = None
         try:
-            while done is None:
+            got: it.AudioItem | None = None
+            while got is None:
                 try:
-                    done = await self._download(item, resolver, start)
+                    got = await self._download(item, resolver, start)
                 except OSError as e:
                     if not is_local(e):
                         raise
@@ -787,6 +825,7 @@ class Worker:
                     self._enter_fault(describe(e))
                     while self.fault is not None:
                         await asyncio.sleep(DISK_CHECK_INTERVAL)
+            done = await self._fingerprinted(key, got)
         except Exception as e:   # a bug must cost one download, not the worker
             log.exception("download of %s failed unexpectedly", item.url)
             done = item.replace(status=it.FAILED, reason=f"worker error: {type(e).__name__}: {e}"[:500])
@@ -795,6 +834,38 @@ class Worker:
             if done is None:   # cancelled: the worker stops
                 self.ledger.dropped(key)
         self._ended_download(key, done)
+
+    async def _fingerprinted(self, key: Key, done: it.AudioItem) -> it.AudioItem:
+        """The outcome with its stored file's fingerprint, when the pool makes it within identify.wait (and
+        starts on it at once: behind a backlog the outcome does not wait). A fingerprint made later follows
+        the outcome (_late_fingerprint). A copy on another node, a failure, a file skipped: as it is."""
+        if done.fingerprint is not None:    # one the item came with is not this file's: the pool's own, or none
+            done = done.replace(fingerprint=None)
+        pool = self.fingerprints
+        if pool is None or done.status != it.OK or not done.path or not done.sha256 or "stored_on" in done.extra:
+            return done
+        try:
+            wait = 0.0 if pool.busy() else self.cfg.identify.wait
+            job = pool.submit(done.sha256, self.cfg.data_dir / done.path)
+        except Exception:   # a bug here must cost the fingerprint, never the download
+            log.exception("fingerprint of %s not made", done.path)
+            return done
+        if job is None:
+            return done
+        if not job.done() and wait > 0:
+            await asyncio.wait([job], timeout=wait)
+        if not job.done():
+            job.add_done_callback(lambda j: self._late_fingerprint(key, done, j))
+            return done
+        fp = job.result()
+        return done.replace(fingerprint=fp) if fp else done
+
+    def _late_fingerprint(self, key: Key, done: it.AudioItem, job: asyncio.Future[bytes | None]) -> None:
+        """A fingerprint made after its outcome went (or was held for its page's report): the outcome again,
+        with it."""
+        fp = None if job.cancelled() else job.result()
+        if fp:
+            self._arrange(self.ledger.refined(key, done.replace(fingerprint=fp), _now()))
 
     def _ended_download(self, key: Key, done: it.AudioItem) -> None:
         done, at = self.ledger.ended(key, done, _now())
@@ -980,6 +1051,8 @@ class Session:
                 batch.append(results.get_nowait())
                 size += _wire_size(batch[-1])
             pending = _pending_keys(r for r in batch if isinstance(r, p.Result))
+            for r in batch:
+                pending |= w._carried.pop(r if isinstance(r, int) else r.lease, set())
             try:
                 w.pages.flush()   # the index lines of these pages reach the disk before the master hears
             except OSError as e:
@@ -1037,7 +1110,9 @@ class Session:
             if time.monotonic() - self.last_heard > self.timeout:
                 raise ConnectionClosed(f"master silent for {time.monotonic() - self.last_heard:.1f} s")
             # The leases still worked on, so the master renews them: a slow resolve keeps its page's.
-            await self.conn.send(p.Heartbeat(time.time(), tuple(self.worker._running)))
+            pool = self.worker.fingerprints
+            await self.conn.send(p.Heartbeat(time.time(), tuple(self.worker._running),
+                                             min(pool.backlog if pool else 0, p.MAX_CAPACITY)))
 
     async def stopper(self) -> None:
         await self.worker._stop.wait()
@@ -1053,7 +1128,18 @@ def _outcome_frames(batch: list[tuple[str, it.AudioItem]], max_frame: int) -> by
     try:
         return p.encode(p.DownloadReport(tuple(batch)), max_frame)
     except ValueError:
-        return b"".join(p.encode(p.DownloadReport((o,)), max_frame) for o in batch)
+        pass
+    out = []
+    for url, item in batch:
+        try:
+            out.append(p.encode(p.DownloadReport(((url, item),)), max_frame))
+        except ValueError:
+            if not item.fingerprint:
+                raise
+            # Below the frame limit only without its fingerprint (a master with a small max_frame).
+            log.warning("outcome of %s is larger than a frame; reporting it without its fingerprint", url)
+            out.append(p.encode(p.DownloadReport(((url, item.replace(fingerprint=None)),)), max_frame))
+    return b"".join(out)
 
 
 def _validators(page: FetchedPage | None, digest: int) -> tuple[str | None, str | None, int | None] | None:

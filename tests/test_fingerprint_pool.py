@@ -1,0 +1,242 @@
+"""The worker's fingerprint pool (crawler/worker/fingerprints.py) with a fake fingerprinter (tests/fakes): files
+fingerprinted off the event loop, a bounded backlog, errors logged once and never raised, and the worker's side of
+it: an outcome waits a bounded time for its fingerprint, and one made later follows it."""
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from crawler import items as it
+from crawler.identify import MAX_FINGERPRINT_BYTES
+from crawler.worker.config import WorkerConfig
+from crawler.worker.fingerprints import DONE, ERROR, SKIPPED, FingerprintPool
+from crawler.worker.ledger import DownloadLedger
+from crawler.worker.server import Worker
+from testkit.cluster import write_secret
+from tests.fakes.fingerprinter import expected, fake_fingerprint, huge_fingerprint
+
+
+def _file(tmp_path, name, data: bytes):
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def _threads(n):
+    return ThreadPoolExecutor(max_workers=n)
+
+
+def _pool(**kw):
+    outcomes = []
+    kw.setdefault("executor", _threads)
+    pool = FingerprintPool(kw.pop("fingerprint", fake_fingerprint), on_outcome=outcomes.append, **kw)
+    return pool, outcomes
+
+
+async def test_a_file_is_fingerprinted_in_a_process_of_the_pools_own(tmp_path):
+    pool = FingerprintPool(fake_fingerprint, processes=1)     # the default executor: spawned processes
+    try:
+        pool.start()
+        assert pool.backlog == 0
+        job = pool.submit("k", _file(tmp_path, "a.mp3", b"audio"))
+        assert pool.backlog == 1
+        assert await asyncio.wait_for(job, 60) == expected(b"audio")
+        assert pool.backlog == 0
+        # The same bytes again: from the cache, at once.
+        again = pool.submit("k", tmp_path / "a.mp3")
+        assert again.done() and again.result() == expected(b"audio")
+    finally:
+        pool.close()
+
+
+async def test_the_loop_turns_while_files_are_fingerprinted(tmp_path):
+    pool, _ = _pool(processes=2)
+    gaps, stop = [], False
+
+    async def ticker():
+        last = time.monotonic()
+        while not stop:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    jobs = [pool.submit(str(i), _file(tmp_path, f"{i}.mp3", b"SLEEP 0.3\n%d" % i)) for i in range(4)]
+    assert [await j for j in jobs] == [expected(b"SLEEP 0.3\n%d" % i) for i in range(4)]
+    stop = True
+    await tick
+    assert len(gaps) > 20 and max(gaps) < 0.2
+    pool.close()
+
+
+async def test_the_backlog_is_bounded_and_a_file_past_it_is_skipped(tmp_path):
+    pool, outcomes = _pool(processes=1, max_backlog=3)
+    jobs = [pool.submit(str(i), _file(tmp_path, f"{i}.mp3", b"SLEEP 0.2\n%d" % i)) for i in range(3)]
+    assert pool.backlog == 3 and pool.busy()
+    assert pool.submit("more", _file(tmp_path, "more.mp3", b"x")) is None
+    assert outcomes == [SKIPPED]
+    # The same bytes as one in the backlog share its job: nothing skipped.
+    assert pool.submit("0", tmp_path / "0.mp3") is jobs[0]
+    await asyncio.gather(*jobs)
+    assert pool.backlog == 0 and outcomes.count(DONE) == 3
+    assert await pool.submit("more", tmp_path / "more.mp3") == expected(b"x")
+    pool.close()
+
+
+@pytest.mark.parametrize("data, why", [(b"BAD", "not audio"), (b"BOOM", "ValueError: decoder exploded")])
+async def test_an_error_is_logged_once_per_file_and_gives_no_fingerprint(tmp_path, caplog, data, why):
+    pool, outcomes = _pool(processes=1)
+    path = _file(tmp_path, "x.mp3", data)
+    with caplog.at_level(logging.WARNING, "crawler.worker.fingerprints"):
+        assert await pool.submit("x", path) is None
+        assert await pool.submit("x", path) is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and why in lines[0] and "x.mp3" in lines[0]
+    assert outcomes == [ERROR, ERROR]
+    pool.close()
+
+
+async def test_a_fingerprint_past_the_wire_limit_is_cut(tmp_path):
+    pool, _ = _pool(fingerprint=huge_fingerprint)
+    fp = await pool.submit("x", _file(tmp_path, "x.mp3", b"x"))
+    assert len(fp) == MAX_FINGERPRINT_BYTES
+    pool.close()
+
+
+async def test_a_dead_process_costs_its_file_and_the_next_file_gets_a_new_pool(tmp_path, caplog):
+    pool = FingerprintPool(fake_fingerprint, processes=1)
+    try:
+        with caplog.at_level(logging.WARNING, "crawler.worker.fingerprints"):
+            assert await asyncio.wait_for(pool.submit("d", _file(tmp_path, "d.mp3", b"DIE")), 60) is None
+        assert "died" in caplog.text
+        assert await asyncio.wait_for(pool.submit("ok", _file(tmp_path, "ok.mp3", b"ok")), 60) == expected(b"ok")
+    finally:
+        pool.close()
+
+
+async def test_closing_resolves_the_files_waiting_with_none(tmp_path):
+    pool, _ = _pool(processes=1)
+    jobs = [pool.submit(str(i), _file(tmp_path, f"{i}.mp3", b"SLEEP 0.2\n%d" % i)) for i in range(3)]
+    pool.close()
+    assert [await j for j in jobs] == [None, None, None]
+    assert pool.submit("after", tmp_path / "0.mp3") is None
+
+
+# ------------------------------------------------------------------ the worker's side
+def _worker(tmp_path, wait=0.5, **identify) -> Worker:
+    raw = {"master": "127.0.0.1:1", "id": "w", "data_dir": str(tmp_path), "secret_file": str(write_secret(tmp_path / "s")),
+           "identify": {"wait": wait, **identify}}
+    w = Worker(WorkerConfig.build(None, raw), fingerprinter=fake_fingerprint)
+    assert w.fingerprints is not None
+    w.fingerprints._make_executor = _threads
+    return w
+
+
+def _stored(tmp_path, data: bytes, name="a.mp3") -> it.AudioItem:
+    (tmp_path / "audio").mkdir(exist_ok=True)
+    (tmp_path / "audio" / name).write_bytes(data)
+    return it.AudioItem(url=f"http://cdn/{name}", page="http://site/", sha256=name * 8, size=len(data),
+                        path=f"audio/{name}")
+
+
+def test_the_identify_section_is_read_from_the_config(tmp_path):
+    w = _worker(tmp_path, wait=3, processes=2, max_backlog=7)
+    assert (w.cfg.identify.processes, w.cfg.identify.max_backlog, w.cfg.identify.wait) == (2, 7, 3.0)
+    assert w.fingerprints.processes == 2 and w.fingerprints.max_backlog == 7
+    off = Worker(WorkerConfig.build(None, {"master": "127.0.0.1:1", "id": "w", "data_dir": str(tmp_path),
+                                           "secret_file": str(tmp_path / "s"), "identify": {"enabled": False}}))
+    assert off.fingerprints is None
+
+
+async def test_an_outcome_carries_its_fingerprint_when_it_comes_in_time(tmp_path):
+    w = _worker(tmp_path)
+    done = _stored(tmp_path, b"song")
+    got = await w._fingerprinted((done.page, done.url), done)
+    assert got.fingerprint == expected(b"song")
+    # A fingerprint the item came with (from the master, a page) is not the file's: the pool's own replaces it.
+    assert (await w._fingerprinted((done.page, done.url), done.replace(fingerprint=b"other"))) == got
+    # Failures, copies on other nodes and files not stored here are not fingerprinted.
+    for other in (done.replace(status=it.FAILED), done.replace(extra={"stored_on": "w2"}), done.replace(path=None)):
+        other = other.replace(fingerprint=b"other")
+        assert (await w._fingerprinted((done.page, done.url), other)).fingerprint is None
+    # Nor does a page report name a download pending with one.
+    assert w.ledger.start(done.replace(fingerprint=b"other"))[0].fingerprint is None
+    w.fingerprints.close()
+
+
+async def test_an_outcome_waits_a_bounded_time_and_its_fingerprint_follows_it(tmp_path):
+    w = _worker(tmp_path, wait=0.1)
+    w.ledger = DownloadLedger(8)
+    w.ledger.connect(0.0)
+    done = _stored(tmp_path, b"SLEEP 0.4\nsong")
+    key = (done.page, done.url)
+    w.ledger.take(done.replace(status=it.PENDING), 0.0)    # a download handed over: no page report to wait for
+    t0 = time.monotonic()
+    got = await w._fingerprinted(key, done)
+    assert got.fingerprint is None and time.monotonic() - t0 < 0.35
+    w._ended_download(key, got)
+    await asyncio.sleep(0)
+    first = w.ledger.flush().outcomes
+    assert [o.fingerprint for _, o in first] == [None]
+    await asyncio.sleep(0.6)
+    again = w.ledger.flush().outcomes
+    assert [(u, o.fingerprint) for u, o in again] == [(done.url, expected(b"SLEEP 0.4\nsong"))]
+    w.fingerprints.close()
+
+
+async def test_behind_a_backlog_an_outcome_does_not_wait(tmp_path):
+    w = _worker(tmp_path, wait=5.0)
+    pool = w.fingerprints
+    ahead = pool.submit("ahead", _file(tmp_path, "ahead.mp3", b"SLEEP 0.3\n"))
+    done = _stored(tmp_path, b"song")
+    t0 = time.monotonic()
+    got = await w._fingerprinted((done.page, done.url), done)
+    assert got.fingerprint is None and time.monotonic() - t0 < 0.1
+    # Both wait: the backlog on the worker's /metrics.
+    assert b'crawler_fingerprint_backlog{node="w"} 2.0' in w.metrics.render()
+    await ahead
+    pool.close()
+
+
+def test_a_late_fingerprint_replaces_an_outcome_still_held_or_unsent():
+    cache = {}
+    ledger = DownloadLedger(8, fingerprint_of=cache.get)
+    ledger.connect(0.0)
+    item = it.AudioItem(url="http://cdn/a.mp3", page="http://site/", sha256="ab" * 32, path="audio/a.mp3")
+    key = (item.page, item.url)
+    # Held for its page's report: replaced there, nothing more goes.
+    reported, _ = ledger.start(item)
+    ledger.ended(key, item, 1.0)
+    assert ledger.refined(key, item.replace(fingerprint=b"fp"), 2.0) is None
+    assert ledger.reported([key], 3.0) is not None
+    assert [o.fingerprint for _, o in ledger.flush().outcomes] == [b"fp"]
+    # Sent already: it goes again, and the download handed back later answers with it.
+    assert ledger.refined(key, item.replace(fingerprint=b"fp2"), 4.0) is not None
+    assert [o.fingerprint for _, o in ledger.flush().outcomes] == [b"fp2"]
+    # Outcomes remembered keep no fingerprint (each may be as large as a frame): one sent again takes the
+    # pool's, while the pool still has it.
+    assert ledger._settled[key].fingerprint is None
+    fresh, _ = ledger.take(reported, 5.0)
+    assert not fresh and [o.fingerprint for _, o in ledger.flush().outcomes] == [None]
+    cache[item.sha256] = b"fp2"
+    ledger.take(reported, 6.0)
+    assert [o.fingerprint for _, o in ledger.flush().outcomes] == [b"fp2"]
+
+
+def test_a_late_fingerprint_of_an_outcome_a_page_report_carries_waits_for_that_report():
+    ledger = DownloadLedger(8)
+    ledger.connect(0.0)
+    item = it.AudioItem(url="http://cdn/a.mp3", page="http://site/", sha256="ab" * 32, path="audio/a.mp3")
+    key = (item.page, item.url)
+    ledger.start(item)
+    ledger.ended(key, item, 1.0)
+    assert list(ledger.outcomes_of([key])) == [key]       # the page's result carries it
+    # The fingerprint comes before that result is sent: it must not reach the master first.
+    assert ledger.refined(key, item.replace(fingerprint=b"fp"), 2.0) is None
+    assert ledger.flush().outcomes == ()
+    assert ledger.reported([key], 3.0) is not None
+    assert [o.fingerprint for _, o in ledger.flush().outcomes] == [b"fp"]
