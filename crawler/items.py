@@ -16,6 +16,8 @@ from typing import Annotated, Any
 
 from msgspec import Meta
 
+from crawler.identify import MAX_FINGERPRINT_BYTES
+
 # Caps on what a record may carry, enforced when it is decoded from a peer (protocol.py): strict JSON and
 # SQLite take every value that passes.
 INT64_MAX = (1 << 63) - 1
@@ -102,6 +104,9 @@ class AudioItem:
     # What the downloaded file's own tags say where they disagree with the page (the page's value is kept).
     file_tags: JsonMap = field(default_factory=dict)
     extra: JsonMap = field(default_factory=dict)
+    # The acoustic fingerprint of the stored file (crawler.identify.fingerprint_file), for the master to match
+    # against the references; kept apart from the catalogue row (see catalogue_row).
+    fingerprint: Annotated[bytes, Meta(max_length=MAX_FINGERPRINT_BYTES)] | None = None
 
     def replace(self, **changes: Any) -> AudioItem:
         # dataclasses.replace() walks fields() and checks each one on every call: a third of the cost, and an
@@ -149,6 +154,7 @@ class AudioItem:
         """What the catalogue records: everything but the client identity (cookies are secrets)."""
         d = self.to_wire()
         d.pop("identity", None)
+        d.pop("fingerprint", None)
         return d
 
 
@@ -177,7 +183,8 @@ def _same(page_value: Any, file_value: Any) -> bool:
 
 # What an audio item carries on the wire and in the catalogue, from its field types: protocol.py checks the
 # free-form maps, and the master's store makes its columns, from these kinds. "text" and "number" are scalars or
-# null, "map" a msgpack map (a JSON object in the store), "identity" the client identity (never stored).
+# null, "map" a msgpack map (a JSON object in the store), "identity" the client identity (never stored), "blob"
+# bytes kept apart from the catalogue's columns (the fingerprint: crawler/master/store_identify.py).
 def _kind(hint: Any) -> str:
     args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
         else (hint,)
@@ -186,6 +193,8 @@ def _kind(hint: Any) -> str:
         return "identity"
     if kinds == {dict}:
         return "map"
+    if kinds == {bytes}:
+        return "blob"
     if kinds <= {int, float}:
         return "number"
     assert kinds == {str}, f"an AudioItem field of type {hint} has no kind"
