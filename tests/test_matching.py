@@ -1,0 +1,114 @@
+"""The master's matcher (crawler/master/matching.py) with a fake index (tests/fakes/identify.py): new fingerprints
+matched, works added later matched against what was stored before (retroactive), recordings grouped, removed works
+forgotten, batches bounded."""
+
+from __future__ import annotations
+
+import asyncio
+
+from crawler.master.matching import Matcher
+from crawler.master.store import MasterStore, Reference
+from tests.fakes.identify import FakeIndex, fingerprint_of
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def drain(m: Matcher, now: float) -> list[dict]:
+    rows = []
+    while True:
+        n, fresh = await m.step(now)
+        rows += fresh
+        if not n:
+            return rows
+
+
+def test_new_and_retroactive_matches_and_recordings(tmp_path):
+    store = MasterStore(tmp_path / "m.db")
+    store.add_references([Reference("w1", fingerprint_of("a", "b", "c", "d"), "One")], 1.0)
+    store.add_fingerprints([
+        ("http://x/copy1.mp3", fingerprint_of("n", "b", "c", "d")),        # w1 from 1 s in
+        ("http://y/copy2.mp3", fingerprint_of("q", "n", "b", "c", "d")),   # the same recording, elsewhere
+        ("http://z/other.mp3", fingerprint_of("e", "f", "g", "h")),        # a work added later
+        ("http://z/noise.mp3", fingerprint_of("z", "z2", "z3")),           # nothing
+    ], 2.0)
+    m = Matcher(store, FakeIndex, batch=2)
+
+    async def go() -> None:
+        await m.load()
+        first = await drain(m, 3.0)
+        assert {(r["url"], r["work"], r["offset"]) for r in first} == {
+            ("http://x/copy1.mp3", "w1", 1.0), ("http://y/copy2.mp3", "w1", 1.0)}
+        assert m.matched == 4
+        # A work added while running: every stored fingerprint is matched against it, once.
+        store.add_references([Reference("w2", fingerprint_of("e", "f", "g"))], 4.0)
+        later = await drain(m, 5.0)
+        assert [(r["url"], r["work"], r["matched_at"]) for r in later] == [("http://z/other.mp3", "w2", 5.0)]
+        assert await drain(m, 6.0) == []
+        # Removed: no longer in the index, its matches gone.
+        store.remove_reference("w2")
+        store.add_fingerprints([("http://z/other2.mp3", fingerprint_of("e", "f", "g"))], 7.0)
+        assert await drain(m, 8.0) == []
+
+    run(go())
+    m.close()
+    store.commit()
+    rows = {r["url"]: r for r in store.identify.export_matches()}
+    assert set(rows) == {"http://x/copy1.mp3", "http://y/copy2.mp3"}
+    assert rows["http://x/copy1.mp3"]["recording"] == rows["http://y/copy2.mp3"]["recording"]
+    recs = {u: r for u, r, _ in store.recordings()}
+    assert "http://z/other.mp3" in recs and "http://z/noise.mp3" in recs
+    # copy1 and copy2 are one recording, other and other2 another, noise its own.
+    assert len(set(recs.values())) == 3 and "http://z/other2.mp3" not in recs
+    store.close()
+
+
+def test_a_restart_builds_the_indexes_from_the_store(tmp_path):
+    store = MasterStore(tmp_path / "m.db")
+    store.add_references([Reference("w1", fingerprint_of("a", "b", "c"))], 1.0)
+    store.add_fingerprints([("http://x/1.mp3", fingerprint_of("a", "b", "c"))], 1.0)
+    m = Matcher(store, FakeIndex)
+
+    async def first() -> None:
+        await m.load()
+        await drain(m, 2.0)
+
+    run(first())
+    m.close()
+    store.commit()
+    m2 = Matcher(store, FakeIndex)
+    store.add_fingerprints([("http://y/2.mp3", fingerprint_of("k", "a", "b", "c"))], 3.0)
+
+    async def second() -> list[dict]:
+        await m2.load()
+        assert len(m2.works) == 1 and len(m2.recordings) == 1
+        return await drain(m2, 4.0)
+
+    rows = run(second())
+    m2.close()
+    assert [(r["url"], r["work"]) for r in rows] == [("http://y/2.mp3", "w1")]
+    recs = dict((u, r) for u, r, _ in store.recordings())
+    assert list(recs) == ["http://x/1.mp3"]      # the new copy joined the recording of the first
+    store.close()
+
+
+def test_refused_fingerprint_is_not_retried_for_ever(tmp_path):
+    class Refusing(FakeIndex):
+        def match(self, fingerprint: bytes):
+            from crawler.identify import IdentifyError
+            raise IdentifyError("unreadable")
+
+    store = MasterStore(tmp_path / "m.db")
+    store.add_references([Reference("w1", fingerprint_of("a", "b", "c"))], 1.0)
+    store.add_fingerprints([("http://x/1.mp3", b"garbage")], 1.0)
+    m = Matcher(store, Refusing)
+
+    async def go() -> None:
+        await m.load()
+        assert await drain(m, 2.0) == []
+        assert (await m.step(3.0))[0] == 0
+
+    run(go())
+    m.close()
+    store.close()
