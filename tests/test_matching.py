@@ -112,3 +112,23 @@ def test_refused_fingerprint_is_not_retried_for_ever(tmp_path):
     run(go())
     m.close()
     store.close()
+
+
+def test_fingerprints_reported_with_items_and_with_downloads_are_kept(tmp_path):
+    from crawler import protocol as p
+    from crawler.items import OK, PENDING
+    from tests.test_pending_downloads import SONG, _item, _lease_song
+    from tests.test_crawl_state import make
+
+    c = make(tmp_path, nodes=("a",))
+    c.node_up("a")
+    task = _lease_song(c, "a")
+    stored = _item(1).replace(status=OK, sha256="ab" * 32, fingerprint=fingerprint_of("a", "b", "c"))
+    c.complete("a", (p.Result(task.lease, SONG, p.DONE, 200, audio=(stored, _item(2))),), 2.0)
+    assert [(u, fp) for u, fp, *_ in c.store.to_match(0, 10)] == [(stored.url, b"a b c")]
+    done = _item(2).replace(status=OK, sha256="cd" * 32, fingerprint=fingerprint_of("d", "e", "f"))
+    assert _item(2).status == PENDING
+    c.settle("a", ((done.url, done),), 3.0)
+    assert sorted(u for u, *_ in c.store.to_match(0, 10)) == sorted([stored.url, done.url])
+    # The catalogue rows never carry the fingerprint.
+    assert all("fingerprint" not in r and "fingerprint" not in r["extra"] for r in c.store.catalogue())

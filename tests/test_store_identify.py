@@ -138,3 +138,18 @@ def test_a_store_from_before_identification_gets_its_tables(tmp_path):
     with MasterStore(path) as s:
         s.add_references([Reference("w1", b"a b c")], 1.0)
         assert s.reference_state()[1] == 1
+
+
+def test_the_fingerprint_crosses_the_wire_within_its_limit():
+    from crawler import protocol as p
+    from crawler.identify import MAX_FINGERPRINT_BYTES
+
+    item = AudioItem(url="http://a/x.mp3", page="http://a/", fingerprint=b"\x00\xff" * 10)
+    msg = p.Report((p.Result(1, "http://a/", p.DONE, 200, audio=(item,)),))
+    frame = p.encode(msg, max_frame=8 << 20)
+    (back,) = p.decode_payload(frame[p.HEADER_SIZE:]).results
+    assert back.audio[0].fingerprint == item.fingerprint
+    big = AudioItem(url="http://a/x.mp3", page="http://a/", fingerprint=b"x" * (MAX_FINGERPRINT_BYTES + 1))
+    frame = p.encode(p.Report((p.Result(1, "http://a/", p.DONE, 200, audio=(big,)),)), max_frame=8 << 20)
+    with pytest.raises(p.ProtocolError, match="fingerprint"):
+        p.decode_payload(frame[p.HEADER_SIZE:])
