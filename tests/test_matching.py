@@ -132,3 +132,38 @@ def test_fingerprints_reported_with_items_and_with_downloads_are_kept(tmp_path):
     assert sorted(u for u, *_ in c.store.to_match(0, 10)) == sorted([stored.url, done.url])
     # The catalogue rows never carry the fingerprint.
     assert all("fingerprint" not in r and "fingerprint" not in r["extra"] for r in c.store.catalogue())
+
+
+async def test_the_running_master_matches_what_is_due_and_a_work_added_while_it_runs(tmp_path, until):
+    from crawler.master.config import MasterConfig
+    from crawler.master.server import Master
+    from testkit.cluster import write_secret
+
+    raw = {"listen": "127.0.0.1:0", "data_dir": str(tmp_path / "m"), "nodes": ["w1"],
+           "seeds": ["http://127.0.0.1:9/"], "secret_file": str(write_secret(tmp_path / "s")),
+           "exit_when_done": False, "politeness": {"obey_robots": False}, "web": {"listen": "off"},
+           "dedup": {"expected_urls": 1000}}
+    (tmp_path / "m").mkdir()
+    with MasterStore(tmp_path / "m" / "master.db") as s:
+        s.add_audio([{"url": "http://x/1.mp3", "page": "http://x/", "node": "w1", "found_at": 1.0},
+                     {"url": "http://x/2.mp3", "page": "http://x/", "node": "w1", "found_at": 1.0}])
+        s.add_references([Reference("w1", fingerprint_of("a", "b", "c"))], 1.0)
+        s.add_fingerprints([("http://x/1.mp3", fingerprint_of("z", "a", "b", "c")),
+                            ("http://x/2.mp3", fingerprint_of("d", "e", "f", "g"))], 1.0)
+    master = Master(MasterConfig.from_mapping(raw, tmp_path), new_index=FakeIndex)
+    listening = asyncio.Event()
+    serving = asyncio.create_task(master.serve(lambda _port: listening.set()))
+    await asyncio.wait({serving, asyncio.create_task(listening.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        await until(lambda: master.store.match_count() == 1, 20, "the match of a fingerprint stored before start")
+        async def add() -> None:   # between the master's commits, as its own tasks write
+            master.store.add_references([Reference("w2", fingerprint_of("e", "f", "g"))], 2.0)
+
+        await master.store_gate.guard(add())
+        await until(lambda: master.store.match_count() == 2, 20, "the retroactive match of a work added later")
+    finally:
+        master.stop()
+        await serving
+    with MasterStore.open_readonly(tmp_path / "m" / "master.db") as s:
+        assert sorted((m["url"], m["work"]) for m in s.export_matches()) == [("http://x/1.mp3", "w1"),
+                                                                            ("http://x/2.mp3", "w2")]
