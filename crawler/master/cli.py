@@ -207,10 +207,9 @@ def export(config_path: Path, fmt: str, output: Path | None, failed: bool, pages
         rows: Iterator[dict[str, Any]]
         if matches:
             from crawler.master.store import MATCH_COLUMNS
+            from crawler.master.store_identify import alert_row
 
-            _write_rows(out, ({**m, **{k: iso_utc(m[k]) for k in ("first_seen", "last_seen", "matched_at")
-                                       if m.get(k) is not None}} for m in store.export_matches()),
-                        fmt, MATCH_COLUMNS)
+            _write_rows(out, map(alert_row, store.export_matches()), fmt, MATCH_COLUMNS)
             return
         if pages:
             from crawler.master import reports

@@ -19,6 +19,7 @@ from typing import Any
 
 from crawler import protocol as p
 from crawler.logs import iso_utc
+from crawler.master.store_identify import alert_row
 
 RATE_BUCKET = 5.0            # seconds; 120 of them cover the 10-minute rate
 RATE_BUCKETS = 120
@@ -297,8 +298,7 @@ def build_status(db: Mapping[str, Any], live: Mapping[str, Any] | None, nodes: I
 
 def _matches(matches: Mapping[str, Any] | None) -> dict[str, Any]:
     m = matches or {}
-    latest = [{**row, **{k: iso_utc(row[k]) for k in ("first_seen", "last_seen", "matched_at")
-                         if row.get(k) is not None}} for row in m.get("latest", [])]
+    latest = [alert_row(row) for row in m.get("latest", [])]
     return {"count": int(m.get("count", 0)), "latest": latest}
 
 

@@ -47,8 +47,11 @@ class Matcher:
     The store is used only by the caller's task (through the master's store gate); the indexes only on the
     matcher's thread."""
 
-    def __init__(self, store: MasterStore, new_index: Callable[[], Index], *, batch: int = BATCH) -> None:
+    def __init__(self, store: MasterStore, new_index: Callable[[], Index], *, batch: int = BATCH,
+                 alert: bool = False) -> None:
+        """alert: each new match also goes to the alerts' outbox (crawler/master/alerts.py)."""
         self.store = store
+        self.alert = alert
         self.works = new_index()
         self.recordings = new_index()
         self.batch = batch
@@ -100,7 +103,7 @@ class Matcher:
         # Ids for the recordings this batch may start, given out here (the store's counter is the loop's).
         fresh_ids = [self.store.new_recording() for _, _, recording, _ in due if recording is None]
         checked = await self._off_loop(_match_batch, self.works, self.recordings, due, self._top, fresh_ids)
-        rows = self.store.record_checked(checked, now)
+        rows = self.store.record_checked(checked, now, alert=self.alert)
         self.matched += len(checked)
         return len(checked), rows
 

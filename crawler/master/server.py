@@ -66,6 +66,7 @@ ADMISSION = Limits()
 READER_LIMIT = 128 * 1024         # asyncio buffers at most twice this per connection before it stops reading
 REFRESH_BATCH = 5000      # due pages requeued per statement; the scan goes on batch after batch
 COMMIT_INTERVAL = 0.2     # the housekeeping cadence: commit, expiry, heartbeats, "is the crawl done"
+ALERTS_IDLE = 1.0         # how often the alerts' outbox is looked at when it had nothing due
 IDENTIFY_IDLE = 1.0       # how often the matcher looks for new fingerprints and references when it has none
 # A report is recorded a part at a time, the event loop served between the parts: at most REPORT_PART results,
 # and no more results once the part holds PART_LINKS links (a link costs the master several microseconds:
@@ -485,6 +486,8 @@ class Master:
                 background = [self._spawn(self._dispatcher()), self._spawn(self._housekeeping()),
                               tg.create_task(self._heartbeats()), self._spawn(self.observer.run()),
                               tg.create_task(self.observer.metrics.lag.run()), self._spawn(self._identify())]
+                if self.cfg.alerts.webhook is not None:
+                    background.append(self._spawn(self._alerts()))
                 early, self._early = self._early, []
                 for reader, writer, key in early:
                     self._start_connection(reader, writer, key)
@@ -608,7 +611,7 @@ class Master:
     async def _identify(self) -> None:
         """Match the fingerprints the workers send, and those a new reference makes due, batch after batch
         (crawler/master/matching.py); idle, look again every IDENTIFY_IDLE seconds."""
-        matcher = self.matcher = Matcher(self.store, self._new_index)
+        matcher = self.matcher = Matcher(self.store, self._new_index, alert=self.cfg.alerts.webhook is not None)
         try:
             await matcher.load()
             while True:
@@ -619,6 +622,20 @@ class Master:
                 await asyncio.sleep(0 if n else IDENTIFY_IDLE)
         finally:
             matcher.close()
+
+    async def _alerts(self) -> None:
+        """Deliver the alerts' outbox to the webhook (crawler/master/alerts.py): what is due, round after round."""
+        from crawler.master import alerts
+
+        url, secret = self.cfg.alerts.webhook, self.cfg.alerts.secret
+        assert url is not None and secret is not None
+        # The operator's own address: no crawl target policy, no redirect followed.
+        async with build_stack(max_connections=2, dns_ttl=60, max_body=64 * 1024, total_timeout=alerts.TIMEOUT,
+                               user_agent=self.cfg.politeness.user_agent, connect_timeout=10, read_timeout=10,
+                               max_redirects=0) as http:
+            while True:
+                n = await alerts.deliver_due(self.store, http.client, url, secret, self.clock)
+                await asyncio.sleep(0 if n >= alerts.BATCH else ALERTS_IDLE)
 
     def _limit_reached(self, key: str) -> None:
         """A limit ends the crawl (with exit_when_done) or pauses it; the log and `status --json` name its key."""

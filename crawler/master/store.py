@@ -341,8 +341,17 @@ class MasterStore:
     def new_recording(self) -> int:
         return self.identify.new_recording()
 
-    def record_checked(self, checked: Sequence[Checked], now: float) -> list[dict[str, Any]]:
-        return self.identify.record_checked(checked, now)
+    def record_checked(self, checked: Sequence[Checked], now: float, *, alert: bool = False) -> list[dict[str, Any]]:
+        return self.identify.record_checked(checked, now, alert=alert)
+
+    def due_alerts(self, now: float, limit: int) -> list[tuple[int, str, int]]:
+        return self.identify.due_alerts(now, limit)
+
+    def alert_delivered(self, ids: Sequence[int]) -> None:
+        self.identify.alert_delivered(ids)
+
+    def alert_failed(self, retries: Sequence[tuple[int, float]]) -> None:
+        self.identify.alert_failed(retries)
 
     def match_count(self) -> int:
         return self.identify.match_count()

@@ -14,10 +14,12 @@ transaction it shares with the other parts (crawler/master/store_core.py).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from crawler.logs import iso_utc
 from crawler.master.store_core import CHUNK, StoreCore, chunks
 
 REFERENCES_TABLE = """CREATE TABLE ref_works (
@@ -46,10 +48,19 @@ MATCHES_TABLE = """CREATE TABLE matches (
     PRIMARY KEY (url, work)
 );
 CREATE INDEX matches_time ON matches(matched_at)"""
+# Alerts to deliver (alerts.webhook): one row per new match, written in the transaction that found it and removed
+# once the webhook answered 2xx, so each is POSTed at least once, across restarts.
+OUTBOX_TABLE = """CREATE TABLE alert_outbox (
+    id          {AUTO_ID},
+    body        TEXT NOT NULL,         -- the JSON object POSTed (the matches export's row)
+    attempts    {INT} NOT NULL,
+    next_try    {REAL} NOT NULL
+);
+CREATE INDEX alert_outbox_due ON alert_outbox(next_try)"""
 # The catalogue rows of an address, for the matches' export and the rows' match.
 AUDIO_URL_INDEX = "CREATE INDEX IF NOT EXISTS audio_url ON audio(url)"
 IDENTIFY_TABLES = (("ref_works", REFERENCES_TABLE), ("fingerprints", FINGERPRINTS_TABLE),
-                   ("matches", MATCHES_TABLE))
+                   ("matches", MATCHES_TABLE), ("alert_outbox", OUTBOX_TABLE))
 SCHEMA = ";\n".join(ddl for _, ddl in IDENTIFY_TABLES) + ";\n" + AUDIO_URL_INDEX
 NEVER_MATCHED = -1
 
@@ -183,8 +194,9 @@ class Identification:
         self._next_recording += 1
         return n
 
-    def record_checked(self, checked: Sequence[Checked], now: float) -> list[dict[str, Any]]:
-        """Write what the matcher found; returns the new (address, work) matches as export rows."""
+    def record_checked(self, checked: Sequence[Checked], now: float, *, alert: bool = False) -> list[dict[str, Any]]:
+        """Write what the matcher found; returns the new (address, work) matches as export rows. alert: each new
+        match also goes to the alerts' outbox, as its export row (times in ISO-8601 UTC), in this transaction."""
         self.core.begin()
         db = self.core.db
         db.executemany("UPDATE fingerprints SET checked = ?, recording = ? WHERE url = ?",
@@ -203,7 +215,33 @@ class Identification:
         out: list[dict[str, Any]] = []
         for part in chunks(fresh, CHUNK):
             out.extend(self._export_rows(part))
+        if alert and out:
+            db.executemany("INSERT INTO alert_outbox(body, attempts, next_try) VALUES (?, 0, ?)",
+                           [(json.dumps(alert_row(row), ensure_ascii=False, sort_keys=True), now) for row in out])
         return out
+
+    # -- the alerts' outbox ----------------------------------------------------------------------------
+
+    def due_alerts(self, now: float, limit: int) -> list[tuple[int, str, int]]:
+        """(id, body, attempts) of the alerts due for delivery, oldest first."""
+        return [(int(i), str(b), int(a)) for i, b, a in self.core.db.fetchall(
+            "SELECT id, body, attempts FROM alert_outbox WHERE next_try <= ? ORDER BY next_try, id LIMIT ?",
+            (now, limit))]
+
+    def alert_delivered(self, ids: Sequence[int]) -> None:
+        self.core.begin()
+        self.core.db.executemany("DELETE FROM alert_outbox WHERE id = ?", [(i,) for i in ids])
+
+    def alert_failed(self, retries: Sequence[tuple[int, float]]) -> None:
+        """(id, next try) of alerts the webhook did not take: tried again then."""
+        self.core.begin()
+        self.core.db.executemany("UPDATE alert_outbox SET attempts = attempts + 1, next_try = ? WHERE id = ?",
+                                 [(at, i) for i, at in retries])
+
+    def alerts_waiting(self) -> int:
+        if not self.present:
+            return 0
+        return int(self.core.db.execute("SELECT count(*) FROM alert_outbox").fetchone()[0])
 
     # -- reads -----------------------------------------------------------------------------------------
 
@@ -268,3 +306,8 @@ class Identification:
                     "ORDER BY url, score DESC, work", (arg,)):
                 out.setdefault(url, {}).setdefault("match", {"work": work, "score": score, "offset": offset})
         return out
+
+
+def alert_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A matches export row as exports and alerts show it: times in ISO-8601 UTC."""
+    return {**row, **{k: iso_utc(row[k]) for k in ("first_seen", "last_seen", "matched_at") if row.get(k) is not None}}
