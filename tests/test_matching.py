@@ -167,3 +167,16 @@ async def test_the_running_master_matches_what_is_due_and_a_work_added_while_it_
     with MasterStore.open_readonly(tmp_path / "m" / "master.db") as s:
         assert sorted((m["url"], m["work"]) for m in s.export_matches()) == [("http://x/1.mp3", "w1"),
                                                                             ("http://x/2.mp3", "w2")]
+
+
+def test_a_pending_item_with_a_fingerprint_is_kept_pending_without_it(tmp_path):
+    from crawler import protocol as p
+    from tests.test_pending_downloads import SONG, _item, _lease_song
+    from tests.test_crawl_state import make
+
+    c = make(tmp_path, nodes=("a",))
+    c.node_up("a")
+    task = _lease_song(c, "a")
+    odd = _item(1).replace(fingerprint=b"\xff\x00")     # a peer's oddity: not JSON, not refused for it
+    c.complete("a", (p.Result(task.lease, SONG, p.DONE, 200, audio=(odd,)),), 2.0)
+    assert c.store.pending_count() == 1

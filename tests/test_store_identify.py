@@ -3,6 +3,7 @@ references, fingerprints kept from items, matches, the catalogue rows' match and
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
@@ -153,3 +154,19 @@ def test_the_fingerprint_crosses_the_wire_within_its_limit():
     frame = p.encode(p.Report((p.Result(1, "http://a/", p.DONE, 200, audio=(big,)),)), max_frame=8 << 20)
     with pytest.raises(p.ProtocolError, match="fingerprint"):
         p.decode_payload(frame[p.HEADER_SIZE:])
+
+
+def test_the_alerts_outbox_keeps_new_matches_until_delivered(store):
+    store.add_references([Reference("w1", b"a b c")], 1.0)
+    store.add_fingerprints([("http://a/1.mp3", b"a b c"), ("http://a/2.mp3", b"a b c")], 1.0)
+    store.record_checked([Checked("http://a/1.mp3", 1, 1, (("w1", 3.0, 0.0),))], 2.0)       # alerts off
+    store.record_checked([Checked("http://a/2.mp3", 1, 1, (("w1", 3.0, 0.0),))], 3.0, alert=True)
+    store.record_checked([Checked("http://a/2.mp3", 1, 1, (("w1", 3.0, 0.0),))], 4.0, alert=True)  # not new
+    (due,) = store.due_alerts(3.0, 10)
+    alert_id, body, attempts = due
+    assert attempts == 0 and json.loads(body)["url"] == "http://a/2.mp3"
+    assert json.loads(body)["matched_at"] == "1970-01-01T00:00:03Z"
+    store.alert_failed([(alert_id, 10.0)])
+    assert store.due_alerts(9.0, 10) == [] and store.due_alerts(10.0, 10)[0][2] == 1
+    store.alert_delivered([alert_id])
+    assert store.due_alerts(100.0, 10) == [] and store.identify.alerts_waiting() == 0

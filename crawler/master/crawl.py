@@ -800,7 +800,9 @@ class Crawl:
                 if a.fingerprint and a.url:
                     fingerprints.append((a.url, a.fingerprint))
                 if a.status == PENDING:
-                    pending.append((a.page, a.url, node, json.dumps(a.to_wire(), ensure_ascii=False), now))
+                    # (a fingerprint comes with the download's outcome, not with a pending item: never kept here)
+                    pending.append((a.page, a.url, node,
+                                    json.dumps({**a.to_wire(), "fingerprint": None}, ensure_ascii=False), now))
                 elif a.sha256:
                     with_page += 1
             if state == p.DONE:
