@@ -98,8 +98,8 @@ def test_a_removed_work_takes_its_matches_and_is_never_matched_after(store):
 def test_recordings_index_sources_are_one_address_per_recording(store_location):
     store = MasterStore(store_location)
     store.add_fingerprints([("http://a/1.mp3", b"a"), ("http://b/1.mp3", b"a2"), ("http://c/1.mp3", b"z")], 1.0)
-    store.record_checked([Checked("http://a/1.mp3", 0, 7), Checked("http://b/1.mp3", 0, 7),
-                          Checked("http://c/1.mp3", 0, 8)], 2.0)
+    store.record_checked([Checked("http://a/1.mp3", 0, 7, lead=True), Checked("http://b/1.mp3", 0, 7),
+                          Checked("http://c/1.mp3", 0, 8, lead=True)], 2.0)
     assert store.recordings() == [("http://a/1.mp3", 7, b"a"), ("http://c/1.mp3", 8, b"z")]
     store.commit()
     store.close()

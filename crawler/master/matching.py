@@ -134,6 +134,7 @@ def _match_batch(works: Index, recordings: Index, due: Sequence[tuple[str, bytes
     out = []
     ids = iter(fresh_ids)
     for url, fp, recording, _checked in due:
+        lead = False
         try:
             found = tuple((m.work, m.score, m.offset) for m in works.match(fp)) if len(works) else ()
             if recording is None:
@@ -141,11 +142,11 @@ def _match_batch(works: Index, recordings: Index, due: Sequence[tuple[str, bytes
                 if same and same[0].work.isdigit():
                     recording = int(same[0].work)
                 else:
-                    recording = next(ids)
+                    recording, lead = next(ids), True
                     recordings.add(str(recording), fp)
         except IdentifyError as e:
             # A fingerprint the index cannot read (a worker of another version): marked done, never retried.
             log.warning("identification: the fingerprint of %s is refused: %s", url, e)
             found = ()
-        out.append(Checked(url, top, recording, found))
+        out.append(Checked(url, top, recording, found, lead))
     return out

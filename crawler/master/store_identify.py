@@ -36,9 +36,11 @@ FINGERPRINTS_TABLE = """CREATE TABLE fingerprints (
     fingerprint {BLOB} NOT NULL,
     added_at    {REAL} NOT NULL,
     checked     {INT} NOT NULL,        -- the newest ref_works.id it was matched against (-1: never matched)
-    recording   {INT}                  -- the group of addresses whose fingerprints match each other
+    recording   {INT},                 -- the group of addresses whose fingerprints match each other
+    lead        {INT} NOT NULL         -- 1: the address whose fingerprint stands for its recording in the index
 );
-CREATE INDEX fingerprints_checked ON fingerprints(checked)"""
+CREATE INDEX fingerprints_due ON fingerprints(checked, url);
+CREATE INDEX fingerprints_leads ON fingerprints(url) WHERE lead = 1"""
 MATCHES_TABLE = """CREATE TABLE matches (
     url         TEXT NOT NULL,         -- the audio address
     work        TEXT NOT NULL,         -- ref_works.work
@@ -87,6 +89,7 @@ class Checked:
     upto: int
     recording: int | None
     works: tuple[tuple[str, float, float], ...] = ()
+    lead: bool = False        # it started its recording: it stands for it in the recordings index
 
 
 class Identification:
@@ -169,9 +172,10 @@ class Identification:
             return
         self.core.begin()
         self.core.db.executemany(
-            "INSERT INTO fingerprints(url, fingerprint, added_at, checked, recording) VALUES (?, ?, ?, ?, NULL) "
+            "INSERT INTO fingerprints(url, fingerprint, added_at, checked, recording, lead) VALUES (?, ?, ?, ?, NULL, 0) "
             "ON CONFLICT(url) DO UPDATE SET fingerprint = excluded.fingerprint, added_at = excluded.added_at, "
-            "checked = excluded.checked, recording = NULL WHERE fingerprints.fingerprint != excluded.fingerprint",
+            "checked = excluded.checked, recording = NULL, lead = 0 "
+            "WHERE fingerprints.fingerprint != excluded.fingerprint",
             [(url.replace("\x00", ""), fp, now, NEVER_MATCHED) for url, fp in rows if url])
 
     def to_match(self, upto: int, limit: int) -> list[tuple[str, bytes, int | None, int]]:
@@ -182,12 +186,11 @@ class Identification:
             "ORDER BY checked, url LIMIT ?", (max(upto, 0), limit))]
 
     def recordings(self, after: str = "", limit: int = CHUNK) -> list[tuple[str, int, bytes]]:
-        """(address, recording, fingerprint) of one address per recording (its first, by address), from
-        address `after` on: what the matcher's index of recordings is built from at start."""
+        """(address, recording, fingerprint) of the address that stands for each recording (the one that started
+        it), from address `after` on: what the matcher's index of recordings is built from at start."""
         return [(str(u), int(r), bytes(f)) for u, r, f in self.core.db.fetchall(
-            "SELECT f.url, f.recording, f.fingerprint FROM fingerprints f JOIN "
-            "(SELECT recording, min(url) AS first FROM fingerprints WHERE recording IS NOT NULL GROUP BY recording) g "
-            "ON f.url = g.first WHERE f.url > ? ORDER BY f.url LIMIT ?", (after, limit))]
+            "SELECT url, recording, fingerprint FROM fingerprints WHERE lead = 1 AND url > ? ORDER BY url LIMIT ?",
+            (after, limit))]
 
     def new_recording(self) -> int:
         n = self._next_recording
@@ -199,8 +202,10 @@ class Identification:
         match also goes to the alerts' outbox, as its export row (times in ISO-8601 UTC), in this transaction."""
         self.core.begin()
         db = self.core.db
-        db.executemany("UPDATE fingerprints SET checked = ?, recording = ? WHERE url = ?",
-                       [(c.upto, c.recording, c.url) for c in checked])
+        # A lead stays one when matched again (its recording known, it starts none then).
+        db.executemany("UPDATE fingerprints SET checked = ?, recording = ?, "
+                       "lead = CASE WHEN ? = 1 THEN 1 ELSE lead END WHERE url = ?",
+                       [(c.upto, c.recording, int(c.lead), c.url) for c in checked])
         fresh: list[tuple[str, str]] = []
         for c in checked:
             for work, score, offset in c.works:
