@@ -180,3 +180,32 @@ def test_a_pending_item_with_a_fingerprint_is_kept_pending_without_it(tmp_path):
     odd = _item(1).replace(fingerprint=b"\xff\x00")     # a peer's oddity: not JSON, not refused for it
     c.complete("a", (p.Result(task.lease, SONG, p.DONE, 200, audio=(odd,)),), 2.0)
     assert c.store.pending_count() == 1
+
+
+def test_a_recordings_index_that_refuses_takes_no_work_match_away(tmp_path):
+    class WorksOnly(FakeIndex):
+        made = 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            WorksOnly.made += 1
+            self.refuses = WorksOnly.made == 2      # the matcher makes the works index first, then the recordings'
+
+        def add(self, work: str, fingerprint: bytes) -> None:
+            if self.refuses:
+                from crawler.identify import IdentifyError
+                raise IdentifyError("not built")
+            super().add(work, fingerprint)
+
+    store = MasterStore(tmp_path / "m.db")
+    store.add_references([Reference("w1", fingerprint_of("a", "b", "c"))], 1.0)
+    store.add_fingerprints([("http://x/1.mp3", fingerprint_of("a", "b", "c"))], 1.0)
+    m = Matcher(store, WorksOnly)
+
+    async def go() -> list[dict]:
+        await m.load()
+        return await drain(m, 2.0)
+
+    assert [r["work"] for r in run(go())] == ["w1"]
+    m.close()
+    store.close()

@@ -135,18 +135,21 @@ def _match_batch(works: Index, recordings: Index, due: Sequence[tuple[str, bytes
     ids = iter(fresh_ids)
     for url, fp, recording, _checked in due:
         lead = False
+        found: tuple[tuple[str, float, float], ...] = ()
+        # A fingerprint an index cannot read (a worker of another version) is marked done, never retried.
         try:
             found = tuple((m.work, m.score, m.offset) for m in works.match(fp)) if len(works) else ()
-            if recording is None:
+        except IdentifyError as e:
+            log.warning("identification: the fingerprint of %s is refused: %s", url, e)
+        if recording is None:
+            try:
                 same = recordings.match(fp)
                 if same and same[0].work.isdigit():
                     recording = int(same[0].work)
                 else:
-                    recording, lead = next(ids), True
-                    recordings.add(str(recording), fp)
-        except IdentifyError as e:
-            # A fingerprint the index cannot read (a worker of another version): marked done, never retried.
-            log.warning("identification: the fingerprint of %s is refused: %s", url, e)
-            found = ()
+                    recordings.add(str(fresh := next(ids)), fp)
+                    recording, lead = fresh, True
+            except IdentifyError as e:
+                log.debug("identification: the fingerprint of %s starts no recording: %s", url, e)
         out.append(Checked(url, top, recording, found, lead))
     return out
