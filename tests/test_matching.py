@@ -8,7 +8,7 @@ import asyncio
 
 from crawler.master.matching import Matcher
 from crawler.master.store import MasterStore, Reference
-from tests.fakes.identify import FakeIndex, fingerprint_of
+from tests.fakes.identify import FakeIndex, StrictIndex, fingerprint_of
 
 
 def run(coro):
@@ -207,5 +207,23 @@ def test_a_recordings_index_that_refuses_takes_no_work_match_away(tmp_path):
         return await drain(m, 2.0)
 
     assert [r["work"] for r in run(go())] == ["w1"]
+    m.close()
+    store.close()
+
+
+def test_works_added_again_replace_their_fingerprint_in_the_index(tmp_path):
+    store = MasterStore(tmp_path / "m.db")
+    store.add_references([Reference("w1", fingerprint_of("a", "b", "c")), Reference("w2", fingerprint_of("d", "e", "f"))],
+                         1.0)
+    m = Matcher(store, StrictIndex)
+
+    async def go() -> None:
+        await m.load()
+        store.add_references([Reference("w1", fingerprint_of("x", "y", "z"))], 2.0)
+        store.remove_reference("w2")
+        await m.step(3.0)
+        assert m.works.works == {"w1": ["x", "y", "z"]}
+
+    run(go())
     m.close()
     store.close()

@@ -83,7 +83,9 @@ class Matcher:
         if top == self._top and count == self._count:
             return False
         while rows := self.store.reference_fingerprints(self._top, LOAD_BATCH):
-            await self._off_loop(_replace_all, self.works, [(work, fp) for _, work, fp in rows])
+            # A work added again replaces its fingerprint; a new one is only added.
+            await self._off_loop(_replace_all, self.works, [(work, fp) for _, work, fp in rows],
+                                 [work for _, work, _ in rows if work in self._works])
             self._works.update(work for _, work, _ in rows)
             self._top = rows[-1][0]
         gone = self._works - self.store.reference_works()
@@ -116,15 +118,17 @@ def _add_all(index: Index, rows: Sequence[tuple[str, bytes]]) -> None:
             log.warning("identification: %s not indexed: %s", work, e)
 
 
-def _replace_all(index: Index, rows: Sequence[tuple[str, bytes]]) -> None:
-    for work, _ in rows:
-        index.remove(work)
+def _replace_all(index: Index, rows: Sequence[tuple[str, bytes]], known: Sequence[str]) -> None:
+    _remove_all(index, known)
     _add_all(index, rows)
 
 
 def _remove_all(index: Index, works: Sequence[str]) -> None:
     for work in works:
-        index.remove(work)
+        try:
+            index.remove(work)
+        except (IdentifyError, KeyError) as e:
+            log.warning("identification: %s not removed from the index: %s", work, e)
 
 
 def _match_batch(works: Index, recordings: Index, due: Sequence[tuple[str, bytes, int | None, int]], top: int,

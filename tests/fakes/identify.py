@@ -55,3 +55,16 @@ class FakeIndex:
 
     def __len__(self) -> int:
         return len(self.works)
+
+
+class StrictIndex(FakeIndex):
+    """As FakeIndex, but adding a work it holds or removing one it does not is a mistake (a real index may refuse
+    both)."""
+
+    def add(self, work: str, fingerprint: bytes) -> None:
+        assert work not in self.works, f"{work} added twice"
+        super().add(work, fingerprint)
+
+    def remove(self, work: str) -> None:
+        assert work in self.works, f"{work} removed but not there"
+        super().remove(work)
