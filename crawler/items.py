@@ -36,6 +36,8 @@ Seconds = Annotated[float, Meta(ge=0.0, le=float(INT64_MAX))]
 # Free-form maps: their nested values are checked after decoding (protocol.check_json_value).
 JsonMap = Annotated[dict[Text, Any], Meta(max_length=MAX_MAP)]
 Pairs = Annotated[tuple[tuple[Name, Text], ...], Meta(max_length=MAX_MAP)]
+# An audio file's acoustic fingerprint (crawler.identify): opaque bytes, cut at MAX_FINGERPRINT_BYTES.
+Fingerprint = Annotated[bytes, Meta(max_length=MAX_FINGERPRINT_BYTES)]
 
 # Status of an audio item.
 OK = "ok"                     # real address known (and, once downloaded, stored)
@@ -104,9 +106,10 @@ class AudioItem:
     # What the downloaded file's own tags say where they disagree with the page (the page's value is kept).
     file_tags: JsonMap = field(default_factory=dict)
     extra: JsonMap = field(default_factory=dict)
-    # The acoustic fingerprint of the stored file (crawler.identify.fingerprint_file), for the master to match
-    # against the references; kept apart from the catalogue row (see catalogue_row).
-    fingerprint: Annotated[bytes, Meta(max_length=MAX_FINGERPRINT_BYTES)] | None = None
+    # The stored file's acoustic fingerprint, from the worker's fingerprint pool (crawler/worker/fingerprints.py);
+    # None when not (yet) made: a frame of an older peer has none. Not a catalogue column: the master keeps it
+    # apart, for matching.
+    fingerprint: Fingerprint | None = None
 
     def replace(self, **changes: Any) -> AudioItem:
         # dataclasses.replace() walks fields() and checks each one on every call: a third of the cost, and an
@@ -120,6 +123,8 @@ class AudioItem:
         # The field names once, from AUDIO_FIELD_KINDS: dataclasses.fields() per item was a hot spot.
         d = {name: getattr(self, name) for name in AUDIO_FIELD_KINDS}
         d["identity"] = self.identity.to_wire() if self.identity else None
+        if self.fingerprint is not None:   # JSON has no bytes: hex, as any peer's item must survive json.dumps
+            d["fingerprint"] = self.fingerprint.hex()
         return d
 
     @classmethod
@@ -127,6 +132,8 @@ class AudioItem:
         kw = {k: v for k, v in d.items() if k in AUDIO_FIELD_KINDS}
         if kw.get("identity") is not None:
             kw["identity"] = RequestIdentity.from_wire(kw["identity"])
+        if isinstance(kw.get("fingerprint"), str):
+            kw["fingerprint"] = bytes.fromhex(kw["fingerprint"])
         return cls(**kw)
 
     def with_meta(self, meta: dict[str, Any], sources: dict[str, str]) -> AudioItem:
@@ -183,8 +190,8 @@ def _same(page_value: Any, file_value: Any) -> bool:
 
 # What an audio item carries on the wire and in the catalogue, from its field types: protocol.py checks the
 # free-form maps, and the master's store makes its columns, from these kinds. "text" and "number" are scalars or
-# null, "map" a msgpack map (a JSON object in the store), "identity" the client identity (never stored), "blob"
-# bytes kept apart from the catalogue's columns (the fingerprint: crawler/master/store_identify.py).
+# null, "map" a msgpack map (a JSON object in the store), "identity" the client identity (never stored), "bytes"
+# opaque binary (the fingerprint: kept apart from the catalogue's columns).
 def _kind(hint: Any) -> str:
     args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
         else (hint,)
@@ -194,7 +201,7 @@ def _kind(hint: Any) -> str:
     if kinds == {dict}:
         return "map"
     if kinds == {bytes}:
-        return "blob"
+        return "bytes"
     if kinds <= {int, float}:
         return "number"
     assert kinds == {str}, f"an AudioItem field of type {hint} has no kind"

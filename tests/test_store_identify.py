@@ -27,7 +27,6 @@ def _row(url: str, page: str, at: float) -> dict:
 
 def test_fingerprint_travels_on_the_item_but_not_into_the_catalogue_row():
     item = AudioItem(url="http://a/x.mp3", page="http://a/", fingerprint=b"\x00\x01")
-    assert item.to_wire()["fingerprint"] == b"\x00\x01"
     assert "fingerprint" not in item.catalogue_row()
     assert AudioItem.from_wire(item.to_wire()) == item
 

@@ -19,7 +19,9 @@ CHANGE_KINDS = ("new", "changed", "removed")
 
 # Catalogue columns in export order, from the one field list of AudioItem (its client identity is never
 # stored: cookies are secrets), plus who found the item and when. Map fields are stored as JSON text.
-AUDIO_COLUMNS = (tuple(k for k, kind in AUDIO_FIELD_KINDS.items() if kind not in ("identity", "blob"))
+# The fingerprint ("bytes") is kept apart too: it is no catalogue column.
+_UNSTORED = ("identity", "bytes")
+AUDIO_COLUMNS = (tuple(k for k, kind in AUDIO_FIELD_KINDS.items() if kind not in _UNSTORED)
                  + ("node", "found_at", "last_seen", "changed_at", "removed_at", "returned_at"))
 # found_at is when the item first appeared (exports also call it first_seen); last_seen when a visit of its page
 # last showed it; changed_at when new bytes were last found at its address; removed_at when no page, playlist
@@ -32,7 +34,7 @@ EVENT_AT = "coalesce(removed_at, returned_at, changed_at, found_at)"
 CHANGED, REMOVED = "changed", "removed"
 _JSON_COLUMNS = frozenset(k for k, kind in AUDIO_FIELD_KINDS.items() if kind == "map")
 _SQL_TYPES = {"text": "TEXT", "map": "TEXT", "number": "{REAL}"}
-COLUMN_TYPES = {**{k: _SQL_TYPES[kind] for k, kind in AUDIO_FIELD_KINDS.items() if kind not in ("identity", "blob")},
+COLUMN_TYPES = {**{k: _SQL_TYPES[kind] for k, kind in AUDIO_FIELD_KINDS.items() if kind not in _UNSTORED},
                  "size": "{INT}", "bitrate": "{INT}", "node": "TEXT", "found_at": "{REAL}", "last_seen": "{REAL}",
                  "changed_at": "{REAL}", "removed_at": "{REAL}", "returned_at": "{REAL}"}
 _NOT_NULL = frozenset({"page", "url", "status"})
@@ -98,7 +100,7 @@ def _audio_values(row: Mapping[str, Any]) -> dict[str, Any]:
     """A catalogue row's column values as stored: maps as JSON text, fields not in the table kept in extra."""
     values = {c: row.get(c) for c in AUDIO_COLUMNS}
     extra = dict(row.get("extra") or {})
-    extra.update({k: v for k, v in row.items() if k not in _KNOWN_AUDIO and k not in _NOT_STORED})
+    extra.update({k: v for k, v in row.items() if k not in _KNOWN_AUDIO and k != "identity"})
     values["extra"] = extra
     for c in _JSON_COLUMNS:
         values[c] = json.dumps(values[c], sort_keys=True, ensure_ascii=False) if values[c] else None
@@ -112,8 +114,6 @@ def _audio_values(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _KNOWN_AUDIO = frozenset(AUDIO_COLUMNS)
-# Never in a catalogue row's extra: the client identity (secrets) and the fingerprint (its own table).
-_NOT_STORED = frozenset({"identity", "fingerprint"})
 
 
 def _audio_ukey(row: Mapping[str, Any]) -> str:
