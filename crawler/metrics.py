@@ -108,6 +108,9 @@ class MasterMetrics:
         self.dedup = Counter("crawler_dedup_urls", "Discovered URLs through the Bloom filter, by result", ["result"],
                              registry=r)
         self._dedup_counted: dict[str, int] = {}
+        self.matches = Counter("crawler_matches", "Copies of the references' works found: (audio URL, work) pairs",
+                               registry=r)
+        self._matches_counted = 0
         self.bloom_urls = Gauge("crawler_bloom_urls", "URLs in the Bloom filter", registry=r)
         self.bloom_capacity = Gauge("crawler_bloom_capacity_urls", "URLs the Bloom filter's layers take before it "
                                     "adds another", registry=r)
@@ -122,6 +125,12 @@ class MasterMetrics:
             if total > counted:
                 self.dedup.labels(result).inc(total - counted)
                 self._dedup_counted[result] = total
+
+    def count_matches(self, total: int) -> None:
+        """Bring the matches counter up to the store's count (read when /metrics is)."""
+        if total > self._matches_counted:
+            self.matches.inc(total - self._matches_counted)
+            self._matches_counted = total
 
     def set_bloom(self, figures: Mapping[str, float]) -> None:
         """The seen-set's gauges, from Dedup.figures()."""

@@ -122,7 +122,7 @@ def test_the_yaml_keys_users_write_are_unchanged():
                                       "audio_min_delay")),
         *(f"dedup.{k}" for k in ("expected_urls", "fp_rate", "bits_per_url", "hashes", "whitelist",
                                  "snapshot_interval")),
-        "web.listen", "web.token_file", "web.allowed_hosts",
+        "web.listen", "web.token_file", "web.allowed_hosts", "alerts.webhook", "alerts.secret_file",
     ])
     assert sorted(_dotted(WORKER_SPEC)) == sorted([
         "master", "id", "data_dir", "secret_file", "concurrency", "downloads", "pending_downloads", "report_wait", "max_tasks",

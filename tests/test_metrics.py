@@ -101,3 +101,13 @@ def test_paused_faulted_and_url_state_gauges():
     assert "crawler_paused 1.0" in text and "crawler_nodes_faulted 2.0" in text
     for state, n in (("queued", 5), ("leased", 3), ("done", 10), ("failed", 1), ("discarded", 0)):
         assert f'crawler_urls{{state="{state}"}} {n}.0' in text, state
+
+
+def test_the_matches_counter_follows_the_stores_count():
+    from crawler.metrics import MasterMetrics
+
+    m = MasterMetrics()
+    m.count_matches(3)
+    m.count_matches(2)     # a removed work took matches away: a counter never goes down
+    m.count_matches(5)
+    assert b"crawler_matches_total 5.0" in m.render()

@@ -127,7 +127,8 @@ class Backend:
     name = ""
     where = ""
     readonly = False
-    # Type names in the shared DDL: {INT} is a 64-bit integer, {REAL} a double, {AUTO_ID} an increasing key.
+    # Type names in the shared DDL: {INT} is a 64-bit integer, {REAL} a double, {AUTO_ID} an increasing key, {BLOB}
+    # bytes.
     types: ClassVar[dict[str, str]] = {}
     strpos = ""
     like = "LIKE"          # case-insensitive LIKE (SQLite's LIKE ignores ASCII case; PostgreSQL's does not)
@@ -196,7 +197,8 @@ class Backend:
 class SqliteBackend(Backend):
     name = "sqlite"
     types: ClassVar[dict[str, str]] = {
-        "INT": "INTEGER", "REAL": "REAL", "AUTO_ID": "INTEGER PRIMARY KEY", "WITHOUT_ROWID": "WITHOUT ROWID"}
+        "INT": "INTEGER", "REAL": "REAL", "AUTO_ID": "INTEGER PRIMARY KEY", "WITHOUT_ROWID": "WITHOUT ROWID",
+        "BLOB": "BLOB"}
     strpos = "instr"
 
     def __init__(self, path: Path, *, readonly: bool, cache_mb: int = 64, checkpoint_pages: int = 10_000) -> None:
@@ -340,7 +342,8 @@ class SqliteBackend(Backend):
 class PostgresBackend(Backend):
     name = "postgresql"
     types: ClassVar[dict[str, str]] = {
-        "INT": "BIGINT", "REAL": "DOUBLE PRECISION", "AUTO_ID": "BIGSERIAL PRIMARY KEY", "WITHOUT_ROWID": ""}
+        "INT": "BIGINT", "REAL": "DOUBLE PRECISION", "AUTO_ID": "BIGSERIAL PRIMARY KEY", "WITHOUT_ROWID": "",
+        "BLOB": "BYTEA"}
     strpos = "strpos"
     like = "ILIKE"
 

@@ -1,4 +1,5 @@
-"""crawler-master: run the master, look at its state (status, export) or steer it (pause, resume, seed, retry).
+"""crawler-master: run the master, look at its state (status, export) or steer it (pause, resume, seed, retry,
+references).
 Only this module exits the process."""
 
 from __future__ import annotations
@@ -158,15 +159,22 @@ def status(config_path: Path, as_json: bool) -> None:
 @click.option("--failed", is_flag=True, help="The URLs given up as errors, with the reason, not the catalogue.")
 @click.option("--pages", is_flag=True,
               help="The crawl log: every URL once, with its state, last HTTP status, depth, times and reason.")
+@click.option("--matches", is_flag=True,
+              help="The works identified: one row per audio URL and work, with the page, the times and the score.")
 @click.option("--changes-since", "since", metavar="TIME",
               help="Only the audio items that appeared, changed or were removed since TIME (ISO-8601, UTC unless "
                    "it says otherwise, or epoch seconds); each row's \"change\" says which.")
-def export(config_path: Path, fmt: str, output: Path | None, failed: bool, pages: bool, since: str | None) -> None:
-    """The audio catalogue (or with --failed the failed URLs, with --pages the crawl log), as JSON lines or CSV."""
+def export(config_path: Path, fmt: str, output: Path | None, failed: bool, pages: bool, matches: bool,
+           since: str | None) -> None:
+    """The audio catalogue (or with --failed the failed URLs, with --pages the crawl log, with --matches the works
+    identified), as JSON lines or CSV."""
     from crawler.logs import parse_time
 
-    if failed and pages:
-        click.echo(f"{PROG}: --failed and --pages are two different exports: choose one", err=True)
+    if failed + pages + matches > 1:
+        click.echo(f"{PROG}: --failed, --pages and --matches are different exports: choose one", err=True)
+        sys.exit(2)
+    if matches and since is not None:
+        click.echo(f"{PROG}: --changes-since lists catalogue changes; it does not go with --matches", err=True)
         sys.exit(2)
     if pages and since is not None:
         click.echo(f"{PROG}: --changes-since lists catalogue changes; it does not go with --pages", err=True)
@@ -197,6 +205,12 @@ def export(config_path: Path, fmt: str, output: Path | None, failed: bool, pages
         from crawler.master.catalogue import export_row
 
         rows: Iterator[dict[str, Any]]
+        if matches:
+            from crawler.master.store import MATCH_COLUMNS
+            from crawler.master.store_identify import alert_row
+
+            _write_rows(out, map(alert_row, store.export_matches()), fmt, MATCH_COLUMNS)
+            return
         if pages:
             from crawler.master import reports
 
@@ -352,6 +366,69 @@ def retry(config_path: Path, reason: str | None) -> None:
     """Put failed URLs (state error) back in the queue with their attempts reset."""
     r = _steer(config_path, {"command": "retry", "reason": reason})
     click.echo(f"{r['requeued']} failed URLs back in the queue ({r['by']})")
+
+
+# ---------------------------------------------------------------------------------------------- references
+@main.group()
+def references() -> None:
+    """The rights holder's reference works that the crawl's audio is matched against."""
+
+
+@references.command("add")
+@CONFIG
+@click.option("--meta", "meta_path", type=click.Path(path_type=Path),
+              help="A CSV with the columns path,work,title,artist naming the works (else a work is its file's stem).")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+def references_add(config_path: Path, meta_path: Path | None, paths: tuple[Path, ...]) -> None:
+    """Add works from audio files (or folders of them): fingerprinted here, then matched by the master against
+    everything the crawl collected, before and after."""
+    from crawler.master import references as refs
+
+    cfg = load_config(config_path)
+    _need_state(cfg)
+    try:
+        meta = refs.read_meta(meta_path) if meta_path else None
+        files = refs.work_files(paths, meta)
+        fingerprints = refs.fingerprint_all(files)
+    except refs.ReferenceInputError as e:
+        click.echo(f"{PROG}: {e}", err=True)
+        sys.exit(2)
+    added, r = 0, {}
+    for command in refs.commands(files, fingerprints):
+        r = _steer(config_path, command)
+        added += int(r.get("added", 0))
+    click.echo(f"added {added} reference works, {r.get('references', added)} in all ({r.get('by', '')})")
+
+
+@references.command("list")
+@CONFIG
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per work.")
+def references_list(config_path: Path, as_json: bool) -> None:
+    """The reference works, in the order added."""
+    from crawler.logs import iso_utc
+
+    cfg = load_config(config_path)
+    store = _open_store(cfg)
+    try:
+        rows = store.references()
+    finally:
+        store.close()
+    for row in rows:
+        row["added_at"] = iso_utc(row["added_at"])
+        if as_json:
+            click.echo(json.dumps(row, ensure_ascii=False, sort_keys=True))
+        else:
+            names = " - ".join(x for x in (row["artist"], row["title"]) if x)
+            click.echo(f"{row['work']}\t{names}\t{row['source'] or ''}\t{row['added_at']}")
+
+
+@references.command("remove")
+@CONFIG
+@click.argument("work")
+def references_remove(config_path: Path, work: str) -> None:
+    """Remove a work, and its matches."""
+    r = _steer(config_path, {"command": "remove-reference", "work": work})
+    click.echo(f"removed {r['removed']} ({r['by']})")
 
 
 @main.command("upgrade-store")

@@ -244,6 +244,29 @@ class WebSettings:
     allowed_hosts: tuple[str, ...] = setting("list[str]", (), _host_names_check)
 
 
+def _webhook_check(url: str | None) -> str | None:
+    if url is None:
+        return None
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r} is not an http(s) URL"
+    return None
+
+
+def _read_alert_secret(path: Path | None, key: str) -> bytes | None:
+    return None if path is None else read_secret(path, key)
+
+
+@dataclass(frozen=True)
+class AlertSettings:
+    # Each new (audio URL, work) match is POSTed here as a JSON object (the matches export's row), signed with the
+    # secret: X-Crawler-Signature: sha256=<hex HMAC-SHA256 of the body>. Off when absent.
+    webhook: str | None = setting("str", None, _webhook_check)
+    secret: bytes | None = setting("path", None, yaml="secret_file", convert=_read_alert_secret)
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -275,6 +298,7 @@ class MasterConfig:
     max_frame: int = setting("int", 16 * 1024 * 1024, positive)
     log_interval: float = setting("float", 30.0, positive)     # seconds between progress lines
     web: WebSettings
+    alerts: AlertSettings
 
     @property
     def store_location(self) -> Path | str:
@@ -306,6 +330,9 @@ class MasterConfig:
             raise ConfigError("politeness.backoff_max", "must not be below politeness.backoff_base")
         # PolitenessConfig's own checks (an empty user_agent, say) come out as "politeness: ..." errors.
         cfg = from_values(cls, v)
+        if (cfg.alerts.webhook is None) != (cfg.alerts.secret is None):
+            raise ConfigError("alerts.secret_file" if cfg.alerts.secret is None else "alerts.webhook",
+                              "alerts.webhook and alerts.secret_file go together")
         web = cfg.web
         if web.listen is not None and web.token is None and not _is_loopback(web.listen[0]):
             # The page shows the crawl's URLs and catalogue: never to the network without a token.

@@ -400,6 +400,7 @@ class Crawl:
         holders = self.store.pending_holders(keys)
         settled: list[tuple[dict[str, Any], dict[str, Any]]] = []
         ended: list[tuple[str, str]] = []
+        fingerprints: list[tuple[str, bytes]] = []
         for (_, item), key in zip(outcomes, keys, strict=True):
             held = holders.get(key)
             if held is None or held[0] != node:
@@ -411,12 +412,15 @@ class Crawl:
             row["found_at"] = now
             settled.append((_pending_item(held[1]).catalogue_row(), row))
             ended.append(key)
+            if item.fingerprint and item.url:
+                fingerprints.append((item.url, item.fingerprint))
         if not settled:
             return []
         try:
             with self.store.atomic():
                 rows = self.store.settle_audio(settled)
                 self.store.drop_pending(ended)
+                self.store.add_fingerprints(fingerprints, now)
                 audio_bytes = sum(_stored_bytes(new) for _, new in settled)
                 self.store.note_node(node, audio_bytes=audio_bytes)
         except _BAD_VALUES as e:
@@ -764,6 +768,7 @@ class Crawl:
         lastmod: list[tuple[str, float]] = []
         audio_rows: list[dict[str, Any]] = []
         pending: list[tuple[str, str, str | None, str, float]] = []
+        fingerprints: list[tuple[str, bytes]] = []   # (audio address, fingerprint) of the files stored
         cut = 0
         with_page = 0
         mine = self.leases_by_node.get(node, set())
@@ -792,8 +797,12 @@ class Crawl:
                 row["node"] = holder if isinstance(holder, str) and holder else node
                 row["found_at"] = now
                 audio_rows.append(row)
+                if a.fingerprint and a.url:
+                    fingerprints.append((a.url, a.fingerprint))
                 if a.status == PENDING:
-                    pending.append((a.page, a.url, node, json.dumps(a.to_wire(), ensure_ascii=False), now))
+                    # (a fingerprint comes with the download's outcome, not with a pending item: never kept here)
+                    pending.append((a.page, a.url, node,
+                                    json.dumps({**a.to_wire(), "fingerprint": None}, ensure_ascii=False), now))
                 elif a.sha256:
                     with_page += 1
             if state == p.DONE:
@@ -824,6 +833,7 @@ class Crawl:
             with self.store.atomic():
                 # The rows first: finish() records which URL lists which of them.
                 fresh = self.store.add_audio(audio_rows) if audio_rows else []
+                self.store.add_fingerprints(fingerprints, now)
                 firsts = self.store.finish(finished, self.revisit)
                 self.store.add_pending(pending)
                 # Per-worker figures for the status command, one row update per report.

@@ -19,6 +19,7 @@ from typing import Any
 
 from crawler import protocol as p
 from crawler.logs import iso_utc
+from crawler.master.store_identify import alert_row
 
 RATE_BUCKET = 5.0            # seconds; 120 of them cover the 10-minute rate
 RATE_BUCKETS = 120
@@ -293,10 +294,18 @@ def build_status(db: Mapping[str, Any], live: Mapping[str, Any] | None, nodes: I
         # Downloads found on pages already reported, still under way at the workers (items "pending").
         "downloads_pending": db.get("downloads_pending", 0),
         "changes": _changes(db.get("changes")),
+        # Copies of the references' works found: (audio URL, work) pairs, and the latest of them.
+        "matches": _matches(db.get("matches")),
         # The seen-set as the master last saw it (its state is saved with the master's, so a stopped master's
         # last view still holds).
         "dedup": live.get("dedup"),
     }
+
+
+def _matches(matches: Mapping[str, Any] | None) -> dict[str, Any]:
+    m = matches or {}
+    latest = [alert_row(row) for row in m.get("latest", [])]
+    return {"count": int(m.get("count", 0)), "latest": latest}
 
 
 def _changes(changes: Mapping[str, Any] | None) -> dict[str, Any]:

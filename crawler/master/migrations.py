@@ -38,6 +38,8 @@ from crawler.master.store_core import (
     url_rows,
 )
 from crawler.master.store_frontier import LINK_META_TABLE
+from crawler.master.store_identify import AUDIO_URL_INDEX, IDENTIFY_TABLES
+from crawler.master.store_identify import SCHEMA as IDENTIFY_SCHEMA
 from crawler.master.urlindex import SqlUrlIndex, url_hashes
 
 # 1: one row per URL with its text, a text index of keys. 2: compact rows keyed by a hash of host and URL.
@@ -152,7 +154,8 @@ CREATE INDEX audio_page ON audio(page);
 CREATE INDEX audio_events ON audio(({EVENT_AT}), id);
 {PENDING_TABLE};
 {REFS_TABLE};
-{LINK_META_TABLE}
+{LINK_META_TABLE};
+{IDENTIFY_SCHEMA}
 """
 
 
@@ -236,6 +239,15 @@ def _open_layout(core: StoreCore) -> Layout:
         # A store from before links carried their page's words: the table starts empty.
         core.db.begin()
         core.db.execute(core.db.ddl(LINK_META_TABLE))
+        core.db.execute("COMMIT")
+    if not core.readonly and not all(core.db.columns(table) for table, _ in IDENTIFY_TABLES):
+        # A store from before the works were identified: references, fingerprints and matches start empty.
+        core.db.begin()
+        for table, ddl in IDENTIFY_TABLES:
+            if not core.db.columns(table):
+                for statement in core.db.ddl(ddl).split(";"):
+                    core.db.execute(statement)
+        core.db.execute(AUDIO_URL_INDEX)
         core.db.execute("COMMIT")
     if not core.readonly and core.get_meta(_ROBOTS_STATE_META) is None:
         _robots_state(core)

@@ -148,6 +148,7 @@ class Observer:
         met.set_urls(self.store.url_counts())
         met.count_dedup(dict(m.dedup_counts))
         met.set_bloom(dict(m.dedup))
+        met.count_matches(self.store.match_count())
         return met.render()
 
     # ------------------------------------------------------------------ background tasks

@@ -28,6 +28,7 @@ PAGE = """<!doctype html>
 <h2 class="next">HTTP status</h2><div class="kv" id="http"></div>
 <h2 class="next">Discarded URLs</h2><div class="kv" id="discards"></div>
 <h2 class="next">Seen-set (Bloom filter)</h2><div class="kv" id="dedup"></div></section>
+<section class="matches"><h2>Works identified</h2><table id="matches"></table></section>
 <section class="audio"><h2>Audio found</h2>
 <form id="search"><input type="search" id="q" placeholder="Search the catalogue by title, artist or URL">
 <button>Search</button></form><div id="audiohint" class="s"></div><table id="audio"></table></section>
@@ -69,7 +70,7 @@ section h2 { font-size:13px; text-transform:uppercase; letter-spacing:.05em; col
 .tile .v.compact { font-size:20px; white-space:nowrap; overflow:hidden; text-overflow:ellipsis; }
 .chart { grid-column:1/-1; }
 .nodes { grid-column:1/8; } .side { grid-column:8/-1; }
-.audio { grid-column:1/-1; }
+.audio, .matches { grid-column:1/-1; }
 table { width:100%; border-collapse:collapse; font-variant-numeric:tabular-nums; }
 th, td { text-align:left; padding:5px 8px; border-bottom:1px solid var(--line); white-space:nowrap; }
 th { color:var(--mute); font-weight:500; font-size:12px; }
@@ -149,6 +150,7 @@ function drawStatus(st) {
     tile("audio items", fmt(audio), fmt(st.audio.ok || 0) + " ok"),
     tile("audio / min", rate(r.audio_per_min_1m), "10 min: " + rate(r.audio_per_min_10m)),
     changesTile((st.changes || {}).last_cycle, (st.changes || {}).this_cycle),
+    tile("works identified", fmt((st.matches || {}).count || 0), "audio URL and work pairs"),
     tile("errors / min", rate(r.errors_per_min_1m), fmt(u.error) + " URLs failed"),
     tile("waiting at master", fmt(u.waiting_at_master), fmt(u.held_at_master) + " held, " + fmt(u.queued) + " queued"),
     tile("at workers", fmt(u.at_workers), "loop lag " + ((st.master.event_loop_lag_s || 0) * 1000).toFixed(1) + " ms"),
@@ -161,6 +163,11 @@ function drawStatus(st) {
   kv("urls", {"queued": u.queued, "held at the master": u.held_at_master, "at workers": u.at_workers,
               "done": u.done, "failed": u.error, "total": u.total}, "");
   kv("reasons", st.errors, "none"); kv("http", st.http_status, "none"); kv("discards", st.discards, "none");
+  table("matches", [["work"], ["title"], ["score", "n"], ["offset (s)", "n"], ["audio URL"], ["found on page"],
+                    ["matched"]],
+    ((st.matches || {}).latest || []).map((m) => [[m.work], [m.title || "–"], [fmt(m.score), "n"],
+      [fmt(m.offset), "n"], [m.url, "url"], [m.page || "–", "url"], [(m.matched_at || "").slice(11, 19)]]),
+    "none yet");
   const d = st.dedup;
   kv("dedup", d ? {"URLs": d.urls, "capacity": d.capacity, "layers": d.layers,
                    "false positives (est.)": d.fp_estimate.toExponential(1), "target": String(d.fp_rate)} : {}, "–");

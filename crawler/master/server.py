@@ -36,11 +36,12 @@ from crawler.master.catalogue import CatalogueFile
 from crawler.master.config import MasterConfig
 from crawler.master.crawl import Crawl, ReportRejected
 from crawler.master.limits import LIMIT_META, MAX_PAGES
+from crawler.master.matching import Index, Matcher
 from crawler.master.dedup import Dedup
 from crawler.master.downloads import DownloadBoard
 from crawler.master.observe import FIGURES_META, Observer
 from crawler.master.statistics import MasterStatistics, NodeStatistics
-from crawler.master.store import MasterStore
+from crawler.master.store import MasterStore, Reference
 from crawler.master.storegate import StoreGate
 from crawler.politeness import (
     ROBOTS_MAX_BYTES,
@@ -65,6 +66,8 @@ ADMISSION = Limits()
 READER_LIMIT = 128 * 1024         # asyncio buffers at most twice this per connection before it stops reading
 REFRESH_BATCH = 5000      # due pages requeued per statement; the scan goes on batch after batch
 COMMIT_INTERVAL = 0.2     # the housekeeping cadence: commit, expiry, heartbeats, "is the crawl done"
+ALERTS_IDLE = 1.0         # how often the alerts' outbox is looked at when it had nothing due
+IDENTIFY_IDLE = 1.0       # how often the matcher looks for new fingerprints and references when it has none
 # A report is recorded a part at a time, the event loop served between the parts: at most REPORT_PART results,
 # and no more results once the part holds PART_LINKS links (a link costs the master several microseconds:
 # 16 link-heavy pages, 40,000 links, held the loop past 50 ms). Each part is one unit in the store: a part
@@ -149,9 +152,16 @@ class StartupError(Exception):
 
 
 class Master:
-    def __init__(self, cfg: MasterConfig, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, cfg: MasterConfig, *, clock: Callable[[], float] = time.time,
+                 new_index: Callable[[], Index] | None = None) -> None:
+        """new_index: makes an empty reference index (crawler.identify.ReferenceIndex unless a test gives one)."""
         self.cfg = cfg
         self.clock = clock
+        if new_index is None:
+            from crawler.identify import ReferenceIndex
+            new_index = ReferenceIndex
+        self._new_index = new_index
+        self.matcher: Matcher | None = None
         self.sessions: dict[str, Session] = {}
         self.port: int | None = None
         self._stop = asyncio.Event()
@@ -322,6 +332,19 @@ class Master:
             log.info("operator: seeded %d of %d URLs", result["added"], len(urls))
             self._wake.set()
             return result
+        if kind == "add-references":
+            refs = _references(cmd.get("references"))
+            n = self.store.add_references(refs, self.clock())
+            log.info("operator: %d reference works added", n)
+            return {"added": n, "references": self.store.reference_state()[1]}
+        if kind == "remove-reference":
+            work = cmd.get("work")
+            if not isinstance(work, str):
+                raise steering.CommandError("remove-reference: work must be text")
+            if not self.store.remove_reference(work):
+                raise steering.CommandError(f"no reference work {work!r}")
+            log.info("operator: reference work %r removed, with its matches", work)
+            return {"removed": work}
         # retry
         contains = cmd.get("reason")
         if contains is not None and not isinstance(contains, str):
@@ -462,7 +485,9 @@ class Master:
                 self._tg = tg
                 background = [self._spawn(self._dispatcher()), self._spawn(self._housekeeping()),
                               tg.create_task(self._heartbeats()), self._spawn(self.observer.run()),
-                              tg.create_task(self.observer.metrics.lag.run())]
+                              tg.create_task(self.observer.metrics.lag.run()), self._spawn(self._identify())]
+                if self.cfg.alerts.webhook is not None:
+                    background.append(self._spawn(self._alerts()))
                 early, self._early = self._early, []
                 for reader, writer, key in early:
                     self._start_connection(reader, writer, key)
@@ -582,6 +607,35 @@ class Master:
                 self._done = True
                 self._stop.set()
                 return
+
+    async def _identify(self) -> None:
+        """Match the fingerprints the workers send, and those a new reference makes due, batch after batch
+        (crawler/master/matching.py); idle, look again every IDENTIFY_IDLE seconds."""
+        matcher = self.matcher = Matcher(self.store, self._new_index, alert=self.cfg.alerts.webhook is not None)
+        try:
+            await matcher.load()
+            while True:
+                n, rows = await matcher.step(self.clock())
+                for row in rows:
+                    log.info("identified: %s is a copy of %s (score %.3g, from %.1f s), on %s", row["url"],
+                             row["work"], row["score"], row["offset"], row["page"])
+                await asyncio.sleep(0 if n else IDENTIFY_IDLE)
+        finally:
+            matcher.close()
+
+    async def _alerts(self) -> None:
+        """Deliver the alerts' outbox to the webhook (crawler/master/alerts.py): what is due, round after round."""
+        from crawler.master import alerts
+
+        url, secret = self.cfg.alerts.webhook, self.cfg.alerts.secret
+        assert url is not None and secret is not None
+        # The operator's own address: no crawl target policy, no redirect followed.
+        async with build_stack(max_connections=2, dns_ttl=60, max_body=64 * 1024, total_timeout=alerts.TIMEOUT,
+                               user_agent=self.cfg.politeness.user_agent, connect_timeout=10, read_timeout=10,
+                               max_redirects=0) as http:
+            while True:
+                n = await alerts.deliver_due(self.store, http.client, url, secret, self.clock)
+                await asyncio.sleep(0 if n >= alerts.BATCH else ALERTS_IDLE)
 
     def _limit_reached(self, key: str) -> None:
         """A limit ends the crawl (with exit_when_done) or pauses it; the log and `status --json` name its key."""
@@ -1002,3 +1056,28 @@ async def fetch_robots(http: Getter, url: str) -> tuple[int, bytes]:
     stack's cap (bodies past it end there, as a browser would stop reading)."""
     async with http.client.stream("GET", url, extensions={"cut_body": True}) as r:
         return r.status_code, b"".join([chunk async for chunk in r.aiter_raw()])
+
+
+def _references(value: object) -> list[Reference]:
+    """The works of an add-references command (crawler-master references add wrote it)."""
+    import base64
+    import binascii
+
+    from crawler.identify import MAX_FINGERPRINT_BYTES
+
+    if not isinstance(value, list):
+        raise steering.CommandError("add-references: expected a list of references")
+    refs = []
+    for r in value:
+        if not isinstance(r, dict) or not isinstance(r.get("work"), str) or not r["work"] \
+                or not isinstance(r.get("fingerprint"), str):
+            raise steering.CommandError("add-references: each reference needs a work id and a fingerprint")
+        try:
+            fp = base64.b64decode(r["fingerprint"], validate=True)
+        except (binascii.Error, ValueError):
+            raise steering.CommandError(f"add-references: the fingerprint of {r['work']!r} is not base64") from None
+        if not fp or len(fp) > MAX_FINGERPRINT_BYTES:
+            raise steering.CommandError(f"add-references: the fingerprint of {r['work']!r} is empty or too big")
+        text = {k: r.get(k) if isinstance(r.get(k), str) else None for k in ("title", "artist", "source")}
+        refs.append(Reference(r["work"], fp, **text))
+    return refs

@@ -81,6 +81,7 @@ from crawler.master.store_core import (
     split_url,
 )
 from crawler.master.store_frontier import LOST_LEASE_FACTOR, ROBOTS_BLOCKED, Frontier
+from crawler.master.store_identify import MATCH_COLUMNS, Checked, Identification, Reference
 from crawler.master.store_visits import Visits
 from crawler.master.urlindex import url_hash
 
@@ -91,10 +92,13 @@ __all__ = [
     "ERROR",
     "LEASED",
     "LOST_LEASE_FACTOR",
+    "MATCH_COLUMNS",
     "QUEUED",
     "ROBOTS",
     "ROBOTS_BLOCKED",
     "ROBOTS_REASON",
+    "Checked",
+    "Reference",
     "SCHEMA_VERSION",
     "STATE_NAMES",
     "MasterStore",
@@ -111,6 +115,10 @@ __all__ = [
     "upgrade_postgres",
     "url_hash",
 ]
+
+
+# The matches status() shows, newest first.
+LATEST_MATCHES = 10
 
 
 class MasterStore:
@@ -132,6 +140,7 @@ class MasterStore:
                                            checkpoint_pages=checkpoint_pages)
         self.visits = Visits(self.core, self.audio)
         self.frontier = Frontier(self.core, self.visits, self.audio, max_attempts=max_attempts)
+        self.identify = Identification(self.core)
 
     @classmethod
     def open_readonly(cls, location: Path | str) -> MasterStore:
@@ -295,10 +304,85 @@ class MasterStore:
         return self.audio.changes_since(since)
 
     def catalogue(self, settled: bool = False) -> Iterator[dict[str, Any]]:
-        return self.audio.catalogue(settled)
+        return self.with_identity(self.audio.catalogue(settled))
 
     def search_audio(self, query: str, limit: int = 50) -> list[dict[str, Any]]:
         return self.audio.search_audio(query, limit)
+
+    # -- identification (store_identify.py) -------------------------------------------------------------
+
+    def add_references(self, refs: Sequence[Reference], now: float) -> int:
+        return self.identify.add_references(refs, now)
+
+    def remove_reference(self, work: str) -> bool:
+        return self.identify.remove_reference(work)
+
+    def references(self) -> list[dict[str, Any]]:
+        return self.identify.references()
+
+    def reference_fingerprints(self, after: int = 0, limit: int = CHUNK) -> list[tuple[int, str, bytes]]:
+        return self.identify.reference_fingerprints(after, limit)
+
+    def reference_state(self) -> tuple[int, int]:
+        return self.identify.reference_state()
+
+    def reference_works(self) -> set[str]:
+        return self.identify.reference_works()
+
+    def add_fingerprints(self, rows: Sequence[tuple[str, bytes]], now: float) -> None:
+        self.identify.add_fingerprints(rows, now)
+
+    def to_match(self, upto: int, limit: int) -> list[tuple[str, bytes, int | None, int]]:
+        return self.identify.to_match(upto, limit)
+
+    def recordings(self, after: str = "", limit: int = CHUNK) -> list[tuple[str, int, bytes]]:
+        return self.identify.recordings(after, limit)
+
+    def new_recording(self) -> int:
+        return self.identify.new_recording()
+
+    def record_checked(self, checked: Sequence[Checked], now: float, *, alert: bool = False) -> list[dict[str, Any]]:
+        return self.identify.record_checked(checked, now, alert=alert)
+
+    def due_alerts(self, now: float, limit: int) -> list[tuple[int, str, int]]:
+        return self.identify.due_alerts(now, limit)
+
+    def alert_delivered(self, ids: Sequence[int]) -> None:
+        self.identify.alert_delivered(ids)
+
+    def alert_failed(self, retries: Sequence[tuple[int, float]]) -> None:
+        self.identify.alert_failed(retries)
+
+    def match_count(self) -> int:
+        return self.identify.match_count()
+
+    def latest_matches(self, limit: int = 20) -> list[dict[str, Any]]:
+        return self.identify.latest_matches(limit)
+
+    def export_matches(self) -> Iterator[dict[str, Any]]:
+        return self.identify.export_matches()
+
+    def with_identity(self, rows: Iterator[dict[str, Any]], batch: int = 1000) -> Iterator[dict[str, Any]]:
+        """Catalogue rows with their match ({"work", "score", "offset"}) and recording, when they have one."""
+        if not self.identify.present:
+            yield from rows
+            return
+        part: list[dict[str, Any]] = []
+        for row in rows:
+            part.append(row)
+            if len(part) >= batch:
+                yield from self._identified(part)
+                part = []
+        yield from self._identified(part)
+
+    def _identified(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not rows:
+            return rows
+        found = self.identify.identity_of([r.get("url") or "" for r in rows])
+        if found:
+            for r in rows:
+                r.update(found.get(r.get("url") or "", {}))
+        return rows
 
     # -- figures ---------------------------------------------------------------------------------------
 
@@ -328,6 +412,7 @@ class MasterStore:
 
         states: URLs by state; frontier: queued URLs; frontier_by_node: queued URLs by routed node ("None":
         not routed); nodes: per node, its URLs by state plus the note_node() counters; discards: by reason;
+        matches: the (audio URL, work) matches' count and the latest of them (export rows);
         audio: catalogue rows by status ("pending": the download is under way at a node); downloads_pending:
         the downloads the master waits for (pending_downloads rows); figures: what the master saved under the meta key "figures" (HTTP
         status and error reason counts, recent errors); paused: whether the operator paused the crawl. Cheap in
@@ -362,6 +447,7 @@ class MasterStore:
             changes = {"this_cycle": {"start": cycle.get("start"), "first": bool(cycle.get("first")),
                                       "due": cycle.get("due", 0), **{k: cycle.get(k, 0) for k in CHANGE_KINDS}},
                        "last_cycle": self.get_meta("last_cycle")}
+            matches = {"count": self.identify.match_count(), "latest": self.identify.latest_matches(LATEST_MATCHES)}
         finally:
             if snapshot:
                 db.execute("COMMIT")
@@ -377,6 +463,7 @@ class MasterStore:
             "changes": changes,
             "paused": paused,
             "limit": limit,
+            "matches": matches,
         }
 
     def url_counts(self) -> dict[str, int]:
