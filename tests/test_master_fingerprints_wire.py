@@ -68,6 +68,10 @@ async def test_the_master_takes_fingerprints_and_the_backlog(tmp_path, until):
         await asyncio.wait_for(serving, 30)
     with MasterStore.open_readonly(master.cfg.store_location) as store:
         assert store.status()["audio"].get("ok", 0) == 2, store.status()["audio"]
+        kept = dict(store.db.execute("SELECT url, fingerprint FROM fingerprints").fetchall())
+    # The repeat's fingerprint replaced the first: the late one is the file's and is what gets matched.
+    assert {u: bytes(f) for u, f in kept.items()} == {"http://cdn/ok.mp3": b"\x00fp-ok\xff",
+                                                      "http://cdn/later.mp3": b"fp2"}
 
 
 async def test_a_fingerprint_past_the_limit_closes_the_connection(tmp_path):

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from crawler import protocol as p
-from crawler.items import PENDING, AudioItem, LinkMeta
+from crawler.items import OK, PENDING, AudioItem, LinkMeta
 from crawler.master.config import MasterConfig
 from crawler.master.dedup import Dedup
 from crawler.master.limits import MAX_BYTES, MAX_DURATION, STARTED_META, Limits, limit_reached
@@ -404,7 +404,12 @@ class Crawl:
         for (_, item), key in zip(outcomes, keys, strict=True):
             held = holders.get(key)
             if held is None or held[0] != node:
-                self.totals.stale_downloads += 1
+                if item.fingerprint and item.url and item.status == OK:
+                    # A fingerprint the node made after it had sent the outcome (its pool was busy): the row is
+                    # settled already, the fingerprint is still the stored file's own.
+                    fingerprints.append((item.url, item.fingerprint))
+                else:
+                    self.totals.stale_downloads += 1
                 continue
             row = item.catalogue_row()
             holder = item.extra.get("stored_on")
@@ -414,11 +419,11 @@ class Crawl:
             ended.append(key)
             if item.fingerprint and item.url:
                 fingerprints.append((item.url, item.fingerprint))
-        if not settled:
+        if not settled and not fingerprints:
             return []
         try:
             with self.store.atomic():
-                rows = self.store.settle_audio(settled)
+                rows = self.store.settle_audio(settled) if settled else []
                 self.store.drop_pending(ended)
                 self.store.add_fingerprints(fingerprints, now)
                 audio_bytes = sum(_stored_bytes(new) for _, new in settled)
