@@ -118,7 +118,7 @@ class _Segment:
         return int(self.offsets.nbytes + self.work.nbytes + self.t1.nbytes + self.lf1.nbytes + self.dt.nbytes)
 
 
-def _build(parts: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.uint16],
+def _build(parts: list[tuple[npt.NDArray[np.uint32], npt.NDArray[np.int32], npt.NDArray[np.uint16],
                              npt.NDArray[np.uint8], npt.NDArray[np.uint8]]]) -> _Segment:
     hashes = np.concatenate([p[0] for p in parts])
     order = np.argsort(hashes, kind="stable")
@@ -142,7 +142,7 @@ class ReferenceIndex:
         self._alive = np.zeros(0, np.bool_)
         self._hop: float | None = None
         self._segments: list[_Segment] = []
-        self._pending: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.uint16],
+        self._pending: list[tuple[npt.NDArray[np.uint32], npt.NDArray[np.int32], npt.NDArray[np.uint16],
                                   npt.NDArray[np.uint8], npt.NDArray[np.uint8]]] = []
         self._pending_count = 0
 
@@ -152,7 +152,7 @@ class ReferenceIndex:
     @property
     def nbytes(self) -> int:
         """Memory held by the postings (the benchmark's figure)."""
-        return sum(s.nbytes for s in self._segments) + self._pending_count * 16
+        return sum(s.nbytes for s in self._segments) + self._pending_count * 12
 
     def add(self, work: str, fingerprint: bytes) -> None:
         """Index a reference; a work added again replaces its earlier fingerprint."""
@@ -171,7 +171,7 @@ class ReferenceIndex:
             self._alive = grown
         self._alive[number] = True
         recs = fp.triplets
-        self._pending.append((reference_hashes(recs), np.full(len(recs), number, np.int32),
+        self._pending.append((reference_hashes(recs).astype(np.uint32), np.full(len(recs), number, np.int32),
                               recs["t1"].astype(np.uint16), recs["lf1"].astype(np.uint8),
                               recs["dt"].astype(np.uint8)))
         self._pending_count += len(recs)
@@ -194,13 +194,18 @@ class ReferenceIndex:
             self._segments.append(_build(self._pending))
             self._pending = []
             self._pending_count = 0
-        if len(self._segments) > 4:
-            parts = []
-            for s in self._segments:
-                hashes = np.repeat(np.arange(_CELLS, dtype=np.int64), np.diff(s.offsets).astype(np.int64))
-                keep = self._alive[s.work]
-                parts.append((hashes[keep], s.work[keep], s.t1[keep], s.lf1[keep], s.dt[keep]))
-            self._segments = [_build(parts)]
+        # Tiered merging (a binary counter): a segment is merged with the one before it while that one is not
+        # more than twice its size, so a posting is rewritten O(log n) times and the segments stay few.
+        while len(self._segments) > 1 and len(self._segments[-2].work) <= 2 * len(self._segments[-1].work):
+            last = self._segments.pop()
+            self._segments[-1] = _build([self._parts(self._segments[-1]), self._parts(last)])
+
+    def _parts(self, seg: _Segment) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.int32], npt.NDArray[np.uint16],
+                                             npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+        """A segment's live postings, unpacked (removed works dropped)."""
+        hashes = np.repeat(np.arange(_CELLS, dtype=np.uint32), np.diff(seg.offsets).astype(np.int64))
+        keep = self._alive[seg.work]
+        return hashes[keep], seg.work[keep], seg.t1[keep], seg.lf1[keep], seg.dt[keep]
 
     def match(self, fingerprint: bytes) -> list[Match]:
         """The works the fingerprint's audio is a copy of, best first."""
