@@ -84,7 +84,7 @@ def _synthetic(rng: np.random.Generator, seconds: float, density: float, hop: fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--works", type=int, default=20, help="reference works synthesised (each copied 17 ways)")
+    parser.add_argument("--works", type=int, default=20, help="reference works synthesised (each copied by every transform)")
     parser.add_argument("--seconds", type=float, default=120.0, help="length of each work")
     parser.add_argument("--decoys", type=int, default=1000)
     parser.add_argument("--references", type=int, default=100_000, help="synthetic references in the index")

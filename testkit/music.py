@@ -110,6 +110,7 @@ TRANSFORMS = (
     Transform("aac", (), ("-c:a", "aac", "-b:a", "48k"), ".m4a", 0.0),
     Transform("vorbis", (), ("-c:a", "libvorbis", "-q:a", "0"), ".ogg", 0.0),
     Transform("opus", (), ("-c:a", "libopus", "-b:a", "24k"), ".opus", 0.0),
+    Transform("hls-ts", (), ("-c:a", "aac", "-b:a", "64k", "-f", "mpegts"), ".ts", 0.0),   # a joined HLS file
     Transform("flac-11k", (), ("-ar", "11025", "-c:a", "flac"), ".flac", 0.0),
     Transform("resample-44k", (), ("-ar", "44100"), ".wav", 0.0),
     Transform("quiet", (), ("-af", "volume=0.05"), ".wav", 0.0),
