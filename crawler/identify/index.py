@@ -38,7 +38,7 @@ SCALES = np.arange(0.94, 1.0601, 0.002)   # time scales the Hough search tries (
 _OFFSET_BIN = 5          # frames per offset cell in the Hough search (0.16 s)
 _LF_TOL = 4              # 1/50 octave: pairs off the copy's frequency shift by more are not inliers
 CANDIDATES = 10          # works verified per query (those sharing the most hashes)
-MIN_SCORE = 14           # consistent triplet pairs a match needs (unrelated audio stays far below)
+MIN_SCORE = 10           # consistent triplet pairs a match needs (unrelated audio scores 3 or less; a 20 s excerpt 16+)
 MAX_POSTINGS = 5000      # a hash with more postings than this (a stop word) is skipped in a query
 
 
