@@ -156,3 +156,29 @@ def test_decode_is_bounded_and_mono_at_the_low_rate(tmp_path: Path) -> None:
     assert abs(len(pcm) - 20 * 8000) < 800
     assert len(decode(path, max_seconds=5.0)) == 5 * 8000
     assert decode(path, rate=11025).shape[0] == pytest.approx(20 * 11025, abs=1200)
+
+
+def test_copies_still_match_among_many_references(library: tuple[Path, dict[str, Path], ReferenceIndex]) -> None:
+    # 3,000 references of random triplets at a real fingerprint's density beside the works: the index answers
+    # the works' copies as before and matches nothing to the random ones.
+    root, paths, _index = library
+    rng = np.random.default_rng(4)
+    real = {name: decode_fingerprint(fingerprint_file(path)) for name, path in paths.items()}
+    hop = real["aria"].hop
+    index = ReferenceIndex()
+    for k in range(3000):
+        n = 1000
+        rec = np.zeros(n, TRIPLET)
+        rec["t1"] = np.sort(rng.integers(0, 4000, n))
+        rec["lf1"], rec["dt"], rec["r"] = rng.integers(0, 233, n), rng.integers(3, 46, n), rng.integers(10, 245, n)
+        rec["d12"], rec["d13"] = rng.integers(-125, 126, n), rng.integers(-125, 126, n)
+        index.add(f"random{k}", encode(Fingerprint(hop=hop, triplets=rec), MAX_FINGERPRINT_BYTES))
+    for name, fp in real.items():
+        index.add_fingerprint(name, fp)
+    assert len(index) == 3003
+    transform = next(t for t in music.TRANSFORMS if t.name == "tempo-pitch-1.05")
+    copy = music.make_copy(paths["canon"], transform, root / f"canon.many{transform.suffix}")
+    found = index.match(fingerprint_file(copy))
+    assert [m.work for m in found] == ["canon"]
+    assert abs(found[0].offset - transform.offset) <= 0.5
+    assert index.match(fingerprint_file(music.write_wav(root / "speech.wav", music.speech(8, 30.0)))) == []
