@@ -12,6 +12,7 @@ for one frequency shift, are the score. Unrelated audio shares hashes with a wor
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,9 +134,11 @@ def _build(parts: list[tuple[npt.NDArray[np.uint32], npt.NDArray[np.int32], npt.
 
 
 class ReferenceIndex:
-    """The references' fingerprints, indexed for matching (not a scan)."""
+    """The references' fingerprints, indexed for matching (not a scan). Safe to share between threads: a lock
+    serialises changes and matches (a match may first turn the pending works into a segment)."""
 
     def __init__(self, min_score: int = MIN_SCORE) -> None:
+        self._lock = threading.RLock()
         self._min_score = min_score
         self._ids: dict[str, int] = {}          # live works -> their number
         self._names: list[str] = []             # number -> work id (removed numbers stay, marked dead)
@@ -159,6 +162,10 @@ class ReferenceIndex:
         self.add_fingerprint(work, decode_fingerprint(fingerprint))
 
     def add_fingerprint(self, work: str, fp: Fingerprint) -> None:
+        with self._lock:
+            self._add(work, fp)
+
+    def _add(self, work: str, fp: Fingerprint) -> None:
         self._check_hop(fp.hop)
         if work in self._ids:
             self.remove(work)
@@ -179,9 +186,10 @@ class ReferenceIndex:
             self._flush()
 
     def remove(self, work: str) -> None:
-        number = self._ids.pop(work, None)
-        if number is not None:
-            self._alive[number] = False
+        with self._lock:
+            number = self._ids.pop(work, None)
+            if number is not None:
+                self._alive[number] = False
 
     def _check_hop(self, hop: float) -> None:
         if self._hop is None:
@@ -212,6 +220,10 @@ class ReferenceIndex:
         return self.match_fingerprint(decode_fingerprint(fingerprint))
 
     def match_fingerprint(self, fp: Fingerprint) -> list[Match]:
+        with self._lock:
+            return self._match(fp)
+
+    def _match(self, fp: Fingerprint) -> list[Match]:
         self._flush()
         q = fp.triplets
         if len(q) == 0 or not self._segments:
