@@ -182,3 +182,19 @@ def test_copies_still_match_among_many_references(library: tuple[Path, dict[str,
     assert [m.work for m in found] == ["canon"]
     assert abs(found[0].offset - transform.offset) <= 0.5
     assert index.match(fingerprint_file(music.write_wav(root / "speech.wav", music.speech(8, 30.0)))) == []
+
+
+def test_merging_two_segments_equals_building_one() -> None:
+    from crawler.identify.index import _build, _merge
+
+    rng = np.random.default_rng(2)
+
+    def part(n: int, work: int) -> tuple[np.ndarray, ...]:
+        return (rng.integers(0, 1 << 22, n).astype(np.uint32), np.full(n, work, np.int32),
+                rng.integers(0, 60000, n).astype(np.uint16), rng.integers(0, 233, n).astype(np.uint8),
+                rng.integers(3, 46, n).astype(np.uint8))
+
+    first, second = [part(5000, 0), part(300, 1)], [part(7000, 2)]
+    merged, built = _merge(_build(first), _build(second)), _build(first + second)
+    for field in ("offsets", "work", "t1", "lf1", "dt"):
+        assert np.array_equal(getattr(merged, field), getattr(built, field)), field

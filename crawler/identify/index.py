@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -133,6 +134,22 @@ def _build(parts: list[tuple[npt.NDArray[np.uint32], npt.NDArray[np.int32], npt.
                     dt=np.concatenate([p[4] for p in parts])[order])
 
 
+def _merge(a: _Segment, b: _Segment) -> _Segment:
+    """Two segments as one, without sorting: within each hash cell a's postings come first, then b's."""
+    pos_a = np.arange(len(a.work)) + np.repeat(b.offsets[:-1].astype(np.int64), np.diff(a.offsets).astype(np.int64))
+    pos_b = np.arange(len(b.work)) + np.repeat(a.offsets[1:].astype(np.int64), np.diff(b.offsets).astype(np.int64))
+    n = len(a.work) + len(b.work)
+
+    def both(x: npt.NDArray[Any], y: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        out = np.empty(n, x.dtype)
+        out[pos_a] = x
+        out[pos_b] = y
+        return out
+
+    return _Segment(offsets=a.offsets + b.offsets, work=both(a.work, b.work), t1=both(a.t1, b.t1),
+                    lf1=both(a.lf1, b.lf1), dt=both(a.dt, b.dt))
+
+
 class ReferenceIndex:
     """The references' fingerprints, indexed for matching (not a scan). Safe to share between threads: a lock
     serialises changes and matches (a match may first turn the pending works into a segment)."""
@@ -206,14 +223,17 @@ class ReferenceIndex:
         # more than twice its size, so a posting is rewritten O(log n) times and the segments stay few.
         while len(self._segments) > 1 and len(self._segments[-2].work) <= 2 * len(self._segments[-1].work):
             last = self._segments.pop()
-            self._segments[-1] = _build([self._parts(self._segments[-1]), self._parts(last)])
+            self._segments[-1] = _merge(self._compact(self._segments[-1]), self._compact(last))
 
-    def _parts(self, seg: _Segment) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.int32], npt.NDArray[np.uint16],
-                                             npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
-        """A segment's live postings, unpacked (removed works dropped)."""
-        hashes = np.repeat(np.arange(_CELLS, dtype=np.uint32), np.diff(seg.offsets).astype(np.int64))
+    def _compact(self, seg: _Segment) -> _Segment:
+        """The segment without the postings of removed works (still in hash order)."""
         keep = self._alive[seg.work]
-        return hashes[keep], seg.work[keep], seg.t1[keep], seg.lf1[keep], seg.dt[keep]
+        if keep.all():
+            return seg
+        hashes = np.repeat(np.arange(_CELLS, dtype=np.uint32), np.diff(seg.offsets).astype(np.int64))
+        offsets = np.zeros(_CELLS + 1, np.uint32)
+        np.cumsum(np.bincount(hashes[keep], minlength=_CELLS), out=offsets[1:])
+        return _Segment(offsets=offsets, work=seg.work[keep], t1=seg.t1[keep], lf1=seg.lf1[keep], dt=seg.dt[keep])
 
     def match(self, fingerprint: bytes) -> list[Match]:
         """The works the fingerprint's audio is a copy of, best first."""
