@@ -17,7 +17,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import crawler, pytest, warcio, prometheus_client, playwright, cryptography, psycopg, msgspec, mypy, xdist" \
+if ! .venv/bin/python -c "import crawler, pytest, warcio, prometheus_client, playwright, cryptography, psycopg, msgspec, mypy, xdist, av" \
         2>/dev/null \
    || [ pyproject.toml -nt .venv/.installed ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
@@ -59,6 +59,18 @@ for knob in kernel.unprivileged_userns_clone=1 kernel.apparmor_restrict_unprivil
         fi
     fi
 done
+# Acoustic identification: the tests and the fingerprint benchmark make the copies of a work with ffmpeg's command
+# line, and the benchmark compares with Chromaprint's fpcalc (the daemons decode in-process with PyAV, whose wheel
+# brings its own FFmpeg libraries): install both when missing.
+if ! command -v ffmpeg >/dev/null 2>&1 || ! command -v fpcalc >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q >/dev/null
+        apt-get install -y -q --no-install-recommends ffmpeg libchromaprint-tools >/dev/null
+    else
+        echo "setup.sh: ffmpeg or fpcalc is missing; install the ffmpeg and libchromaprint-tools packages (as root)" >&2
+    fi
+fi
 # The crawl benchmark serves its site with nginx, and a test checks that nginx serves the generated site as the
 # test server does: install it when missing (the package's service is not started here).
 if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
