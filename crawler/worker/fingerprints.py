@@ -5,7 +5,9 @@ The pool is bounded: at most `max_backlog` files wait for it or are being finger
 skipped (counted, never waited for). A file's fingerprint is made once: files named by the same key (their
 sha256) share one job, and recent fingerprints are kept (up to `cache_bytes`) for the same file stored again (a
 revisit, a second address). A file that cannot be fingerprinted is logged once, and its future holds None: an
-item never fails for it. A worker process that dies (a decoder crash, the OOM killer) costs the files in flight
+item never fails for it. That the file is to blame (too short, not audio, undecodable: common on the web, and
+every file of the demo's site) is a DEBUG line and the metric's "error" count; the pool's own failures (a process
+died, the pool would not start, the fingerprinter raised something else than IdentifyError) are WARNINGs. A worker process that dies (a decoder crash, the OOM killer) costs the files in flight
 with it; the next file starts a new pool.
 
 The server decides how long an item waits for its fingerprint (see Worker._fingerprinted); the pool only runs the
@@ -52,15 +54,19 @@ class IdentifyConfig:
     wait: float = setting("float", 10.0, non_negative)
 
 
+class FingerprinterFailed(IdentifyError):
+    """The fingerprinter raised something else than IdentifyError: a fault of the code, not of the file."""
+
+
 def _run(fingerprint: Fingerprinter, path: Path) -> bytes:
     """In a pool process: the fingerprint, or IdentifyError with one line saying why (anything else the
-    fingerprinter raised, said the same way: the exception must cross back to the worker)."""
+    fingerprinter raised, said the same way as FingerprinterFailed: the exception must cross back to the worker)."""
     try:
         return fingerprint(path)
     except IdentifyError:
         raise
     except Exception as e:
-        raise IdentifyError(f"{type(e).__name__}: {e}"[:300]) from None
+        raise FingerprinterFailed(f"{type(e).__name__}: {e}"[:300]) from None
 
 
 def _die_with(parent: int) -> None:
@@ -175,7 +181,9 @@ class FingerprintPool:
                     broken.shutdown(wait=False, cancel_futures=True)
                 self._failed(key, path, "a fingerprinting process died")
             else:
-                self._failed(key, path, str(e) or type(e).__name__)
+                # IdentifyError: the file cannot be fingerprinted, which is the file's business, not the pool's.
+                file_only = isinstance(e, IdentifyError) and not isinstance(e, FingerprinterFailed)
+                self._failed(key, path, str(e) or type(e).__name__, level=logging.DEBUG if file_only else None)
         else:
             fp = bytes(running.result())[:MAX_FINGERPRINT_BYTES]
             if fp:
@@ -187,14 +195,15 @@ class FingerprintPool:
         if not job.done():
             job.set_result(fp)
 
-    def _failed(self, key: str, path: Path, why: str) -> None:
+    def _failed(self, key: str, path: Path, why: str, level: int | None = None) -> None:
+        """level: DEBUG when the file is to blame; a WARNING (the default) otherwise."""
         self._on_outcome(ERROR)
         if key in self._errors:
             return
         self._errors[key] = None
         if len(self._errors) > ERRORS_KEPT:
             self._errors.popitem(last=False)
-        log.warning("no fingerprint for %s: %s", path, why)
+        log.log(logging.WARNING if level is None else level, "no fingerprint for %s: %s", path, why)
 
     def _keep(self, key: str, fp: bytes) -> None:
         if len(fp) > self.cache_bytes:
