@@ -253,3 +253,21 @@ async def test_every_copy_is_identified_before_and_after_its_work_is_added(site,
     assert all(len(ids) == 1 for ids in recordings.values()), recordings
     firsts = [next(iter(ids)) for ids in recordings.values()]
     assert len(set(firsts)) == len(firsts), "two recordings share an id"
+
+
+async def test_a_crawl_that_ends_on_its_own_waits_for_the_fingerprints_of_what_it_stored(site, tmp_path):
+    """Outcomes go without their fingerprints while a worker's pool is busy, the fingerprints after them: a crawl
+    done (exit_when_done) ends once every worker said its pool is empty, so no stored file goes unfingerprinted."""
+    async with await siteserver.start(site.root) as server:
+        nodes = ["w1", "w2"]
+        config = cluster.master_config(tmp_path, [server.url + "/"], nodes)
+        master = await cluster.start_master(config, tmp_path)
+        addr = cluster.master_addr(config)
+        workers = [await cluster.start_worker(addr, n, tmp_path) for n in nodes]
+        assert await master.wait(150) == 0, master.log()[-3000:]
+        for w in workers:
+            assert await w.wait(30) == 0, w.log()[-2000:]
+    db = Path(cluster.store_of(config))
+    audio = len(site.copies) + len(site.decoys)
+    assert _db_count(db, "SELECT count(*) FROM audio") == audio
+    assert _db_count(db, "SELECT count(*) FROM fingerprints") == audio

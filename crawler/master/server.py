@@ -99,6 +99,9 @@ class Session:
     resend: list[p.Task] = field(default_factory=list)
     tasks: asyncio.Task[None] | None = None
     fault: str | None = None     # the worker cannot store anything (its disk): it gets no work until its Credit
+    # Every fingerprint the worker owes has come: its last heartbeat, later than its last report, said its
+    # fingerprint pool was empty (a fingerprint made after its outcome follows it in a report of its own).
+    fingerprints_in: bool = True
 
 
 @dataclass
@@ -162,6 +165,7 @@ class Master:
             new_index = ReferenceIndex
         self._new_index = new_index
         self.matcher: Matcher | None = None
+        self._said_fingerprints = False
         self.sessions: dict[str, Session] = {}
         self.port: int | None = None
         self._stop = asyncio.Event()
@@ -601,12 +605,24 @@ class Master:
             self.crawl.check_limits(now)
             if (reached := self.crawl.limit_news()) is not None:
                 self._limit_reached(reached)
-            if self.cfg.exit_when_done and self.crawl.done():
+            if self.cfg.exit_when_done and self.crawl.done() and self._fingerprints_in():
                 log.info("the crawl is done, at its limit" if self.crawl.limit is not None else
                          "frontier empty and nothing in flight: the crawl is done")
                 self._done = True
                 self._stop.set()
                 return
+
+    def _fingerprints_in(self) -> bool:
+        """Whether a crawl that is done may end: every connected worker has sent the fingerprints of the files
+        it stored (outcomes go without them while its pool is busy, the fingerprints after). A limit that ends
+        the crawl at once does not wait for them."""
+        if self.crawl.limit is not None and self.crawl.limit != MAX_PAGES:
+            return True
+        waiting = [s.node for s in self.sessions.values() if not s.fingerprints_in]
+        if waiting and not self._said_fingerprints:
+            self._said_fingerprints = True
+            log.info("the crawl is done; waiting for the fingerprints of %s", ", ".join(sorted(waiting)))
+        return not waiting
 
     async def _identify(self) -> None:
         """Match the fingerprints the workers send, and those a new reference makes due, batch after batch
@@ -818,6 +834,8 @@ class Master:
                 if isinstance(msg, p.DownloadDone):
                     self._send_grants(self.downloads.done(s.node, msg.ends, s.last_seen))
                     continue
+                if isinstance(msg, (p.DownloadReport, p.Report)):
+                    s.fingerprints_in = False      # until a heartbeat after it says the pool is empty
                 if isinstance(msg, p.DownloadReport):
                     try:
                         settled = self.crawl.settle(s.node, msg.outcomes, s.last_seen)
@@ -845,6 +863,7 @@ class Master:
                     msg = p.Report(())      # its work may now route to any node
                 elif isinstance(msg, p.Heartbeat):
                     self.observer.heartbeat(s.node, msg)
+                    s.fingerprints_in = msg.fingerprint_backlog == 0
                     if msg.leases:   # the work in progress at the worker keeps its leases
                         self.crawl.renew(s.node, msg.leases, s.last_seen)
                     continue
