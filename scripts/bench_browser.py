@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_browser.py [--pages 30] [--tabs 1 2]
 
-The player site of the tests (tests/fakes/playersite.py: a script-assembled address, a signed API address after
+The player site of the tests (testkit/playersite.py: a script-assembled address, a signed API address after
 a click, an HLS stream) is served on loopback; each round resolves ``--pages`` song pages, cycling over the three,
 through the worker's BrowserResolver with ``max_pages`` set to each ``--tabs`` value, all pages submitted at once
 as a worker with a full credit would. The first page of a round starts the browser; its time is counted.
@@ -31,8 +31,8 @@ from crawler.resolvers.base import ResolveContext
 from crawler.resolvers.browser import BrowserResolver
 from crawler.resolvers.chromium import LOOPBACK_ONLY_ARGS, rss_bytes, tree_pids
 from crawler.worker.fetcher import PageFetcher
-from tests.browser import TEST_BROWSER_USER
-from tests.fakes import playersite
+from testkit.browser import TEST_BROWSER_USER
+from testkit import playersite
 
 UA = "Mozilla/5.0 (compatible; audio-crawler/0.1)"
 

@@ -85,7 +85,7 @@ async def poll(url: str, stop: asyncio.Event, ready: Callable[[], None]) -> list
 async def browse(url: str, stop: asyncio.Event, ready: asyncio.Event) -> list[float]:
     from playwright.async_api import async_playwright
 
-    from tests.browser import chromium
+    from testkit.browser import chromium
 
     async with chromium() as ws, async_playwright() as pw:
         browser = await pw.chromium.connect_over_cdp(ws)

@@ -99,9 +99,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 # Modules that start real daemons, browsers or mypy take from seconds to minutes each; the rest take well under a
-# second a test. xdist hands modules out in collection order (--dist loadfile), so these go first: the long ones
-# then overlap each other and the short ones fill the gaps at the end, instead of one long module starting last and
-# running alone while the other processes idle.
+# second a test. xdist hands modules out in collection order (--dist loadfile --no-loadscope-reorder, as
+# scripts/test.sh runs it), so these go first: the long ones then overlap each other and the short ones fill the
+# gaps at the end, instead of one long module starting last and running alone while the other processes idle.
 LONG_RUNNING = ("test_e2e_", "test_browser", "test_types", "test_install")
 
 

@@ -46,8 +46,8 @@ from crawler.resolvers.chromium import (
 from crawler.resolvers.registry import followers, load_resolvers, pick
 from crawler.web.page import FetchedPage
 from crawler.worker.fetcher import PageFetcher
-from tests.browser import TEST_BROWSER_USER
-from tests.fakes import playersite
+from testkit.browser import TEST_BROWSER_USER
+from testkit import playersite
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -1,6 +1,6 @@
 """End to end with real Chromium: a real master and worker crawl a site whose audio appears only through scripts.
 
-The three songs of tests/fakes/playersite.py (an address assembled in JavaScript, a signed address an API hands
+The three songs of testkit/playersite.py (an address assembled in JavaScript, a signed address an API hands
 the player after a click, an AES-128 encrypted HLS stream) must all be catalogued and downloaded, with the right
 bytes; nothing else may become an item, and the browser must not visit pages without a player nor fetch
 images and fonts.
@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from testkit import cluster
-from tests.browser import TEST_BROWSER_ARGS, TEST_BROWSER_USER
-from tests.fakes import playersite
+from testkit.browser import TEST_BROWSER_ARGS, TEST_BROWSER_USER
+from testkit import playersite
 from tests.store_reads import url_info
 
 pytestmark = pytest.mark.timeout(240)

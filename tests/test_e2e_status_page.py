@@ -11,7 +11,7 @@ import pytest
 from playwright.async_api import async_playwright
 
 from testkit import cluster, sitegen, siteserver
-from tests.browser import chromium
+from testkit.browser import chromium
 from tests.disks import small_tmpfs
 from tests.test_e2e_faulted_node import fill
 

@@ -26,7 +26,7 @@ from crawler.worker import filetags
 from crawler.worker.fasttags import VORBIS_KEYS, read_aac, read_flac, read_ogg_vorbis, read_wave
 from crawler.worker.filetags import read_file_tags
 from testkit import sitegen
-from tests.fakes.hls import adts_frames
+from testkit.hls import adts_frames
 
 Reader = Callable[[bytes], "dict[str, Any] | None"]
 READERS: dict[str, Reader] = {".flac": read_flac, ".ogg": read_ogg_vorbis, ".wav": read_wave, ".aac": read_aac}

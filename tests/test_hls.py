@@ -34,7 +34,7 @@ from crawler.worker.hls import (
     parse,
     segment_iv,
 )
-from tests.fakes.hls import encrypt, make_stream
+from testkit.hls import encrypt, make_stream
 from tests.fakes.rangeserver import RangeServer
 
 pytestmark = pytest.mark.timeout(60)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from tests.fakes.hls import Stream, make_stream
+from testkit.hls import Stream, make_stream
 
 PAGE_SECRET = "page-secret-42"
 # A test browser's switch for /reach: internal.test resolves to loopback, any other name to nothing.

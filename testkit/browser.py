@@ -1,6 +1,6 @@
-"""A headless Chromium for tests that drive one themselves (the status page test): the worker's own launcher
-(crawler/resolvers/chromium.py, the switches that keep the browser quiet, its sandbox and its user, its
-process-tree kill), with the one switch more that a test's browser needs: it resolves no name, so it connects
+"""A headless Chromium for tests and benchmarks that drive one themselves (the status page test): the worker's
+own launcher (crawler/resolvers/chromium.py, the switches that keep the browser quiet, its sandbox and its user,
+its process-tree kill), with the one switch more that a test's browser needs: it resolves no name, so it connects
 nowhere but loopback."""
 
 from __future__ import annotations
