@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from crawler.archive import NO_ARCHIVE, Archive
 from crawler.config import unknown_key
 from crawler.http.getter import Getter
 from crawler.http.targets import TargetPolicy
@@ -45,6 +46,9 @@ class ResolveContext:
     # The addresses the worker's client may reach (its crawl's, learned from the master): the browser's
     # connections obey the same. None: the public internet only.
     targets: TargetPolicy | None = None
+    # Where the resolver's exchanges are recorded (crawler/archive/): API calls through ``http.client`` are
+    # recorded by the stack; what a resolver sees otherwise (a browser's traffic, its rendered page) it records.
+    archive: Archive = NO_ARCHIVE
 
 
 @dataclass

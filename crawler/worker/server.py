@@ -22,6 +22,7 @@ import msgspec
 from crawler import items as it
 from crawler import protocol as p
 from crawler import sdnotify
+from crawler.archive import NO_ARCHIVE, Archive
 from crawler.config import ConfigError
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.http.targets import TargetPolicy, parse_network
@@ -237,6 +238,8 @@ class Worker:
         cfg = self.cfg
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         self.pages = open_page_store(cfg.data_dir, cfg.page_format, warc_file_bytes=cfg.warc_file_bytes)
+        # Every exchange this node makes, as WARC records (crawler/archive/).
+        self.archive: Archive = NO_ARCHIVE
         # Pages and API answers: bodies bounded by the page cap (cut for pages, refused for API answers), a total
         # deadline per exchange. Both clients reach only public addresses and those the master's Welcome names.
         self.http = build_stack(max_connections=cfg.concurrency * 2, dns_ttl=cfg.dns_ttl,
@@ -250,7 +253,7 @@ class Worker:
                                    user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
                                    read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
         self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent, fetch_page=self._fetch_other_page,
-                                  targets=self.targets)
+                                  targets=self.targets, archive=self.archive)
         # The downloader holds the download limits itself (overall and per host), so a queue for one busy CDN
         # never blocks downloads from other hosts: one host takes at most half of them. It reads each file's
         # own tags too, from memory when it can.
