@@ -24,6 +24,8 @@ lean path ``get`` opens to http1.py; the httpx path serves resolvers' API calls.
 - a total deadline for the whole exchange, body included (``total_timeout``, per transport or per request), so
   a server that trickles a byte at a time is cut off;
 - no proxies, no cookies (the session's jar is a DummyCookieJar), no decompression by aiohttp.
+- for the archive (crawler/http/recording.py), when a request asks (``sent_headers``): the headers as aiohttp
+  sent them (Host and its defaults included) and the answer's as received, before a coding was taken off.
 
 aiohttp's errors become the httpx errors callers already handle: connect failures ConnectError, timeouts
 ConnectTimeout/ReadTimeout, a server that hangs up or sends garbage RemoteProtocolError, a cut body ReadError,
