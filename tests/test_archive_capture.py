@@ -245,3 +245,66 @@ async def test_hls_records_its_playlists_segments_and_the_joined_file(server: Ra
     [(target, fields, refers_to, page, role)] = col.metadatas
     assert (target, refers_to, page, role) == (url, f"<urn:uuid:exchange-{len(col.exchanges)}>", PAGE, "audio")
     assert dict(fields)["sha256"] == sha(stream.plain) == got.sha256
+
+
+async def test_the_masters_robots_txt_fetch_is_a_robots_exchange(server: RangeServer, tmp_path) -> None:
+    from crawler.master.config import MasterConfig
+    from crawler.master.server import Master
+    from testkit.cluster import write_secret
+
+    server.add("/robots.txt", b"User-agent: *\nDisallow: /private\n", content_type="text/plain")
+    origin = server.url("/").rstrip("/")
+    raw = {"listen": "127.0.0.1:0", "data_dir": str(tmp_path / "m"), "nodes": ["a"], "seeds": [origin + "/"],
+           "secret_file": str(write_secret(tmp_path / "s"))}
+    master = Master(MasterConfig.from_mapping(raw, tmp_path), clock=Clock())
+    assert master.archive is NO_ARCHIVE
+    master._open_state()
+    try:
+        master.archive = col = Collected()
+        await master._robots_one(origin)
+    finally:
+        master.store.close()
+    [ex] = col.exchanges
+    assert (ex.role, ex.page, ex.url, ex.status) == ("robots", "", origin + "/robots.txt", 200)
+    assert ex.body == b"User-agent: *\nDisallow: /private\n" and ex.started > 1_700_000_000
+
+
+async def test_the_worker_resolves_a_page_with_its_api_calls_in_the_pages_chain(server: RangeServer,
+                                                                                tmp_path) -> None:
+    from crawler.resolvers.base import Resolution, Resolver
+    from crawler.worker.config import WorkerConfig
+    from crawler.worker.server import Worker
+    from testkit.cluster import write_secret
+
+    server.add("/api/song", b'{"url": "x"}', content_type="application/json")
+
+    class Asks(Resolver):
+        name = "asks"
+
+        async def resolve(self, url, page, ctx):  # type: ignore[no-untyped-def]
+            await ctx.http.client.get(server.url("/api/song"))
+            return Resolution()
+
+    raw = {"master": "127.0.0.1:1", "id": "w", "data_dir": str(tmp_path),
+           "secret_file": str(write_secret(tmp_path / "s"))}
+    worker = Worker(WorkerConfig.build(None, raw))
+    col = Collected()
+    async with stack(col) as http:
+        worker.ctx = ResolveContext(http=http, user_agent=UA, archive=col)
+        await worker._resolve(Asks({}), PAGE, None)
+        await http.client.get(server.url("/api/song"))     # after it: no page's
+    [ex, after] = col.exchanges
+    assert (ex.role, ex.page, ex.url, ex.body) == ("api", PAGE, server.url("/api/song"), b'{"url": "x"}')
+    assert after.page == ""
+
+
+async def test_an_answer_refused_past_the_cap_is_recorded_as_far_as_it_was_read(server: RangeServer) -> None:
+    from crawler.http.bodies import BodyError
+
+    server.add("/big.json", b"[" + b"1," * 50_000 + b"1]", content_type="application/json")
+    col = Collected()
+    async with stack(col, max_body=1000) as http:
+        with pytest.raises(BodyError):
+            await http.client.get(server.url("/big.json"))
+    [ex] = col.exchanges
+    assert ex.truncated == "length" and ex.status == 200 and len(ex.body) <= 1001
