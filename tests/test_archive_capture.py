@@ -308,3 +308,28 @@ async def test_an_answer_refused_past_the_cap_is_recorded_as_far_as_it_was_read(
             await http.client.get(server.url("/big.json"))
     [ex] = col.exchanges
     assert ex.truncated == "length" and ex.status == 200 and len(ex.body) <= 1001
+
+
+async def test_a_coded_answer_is_recorded_decoded_with_its_headers_as_received() -> None:
+    import gzip
+
+    from aiohttp import web
+
+    plain = b'{"songs": []}' * 100
+
+    async def coded(request: web.Request) -> web.Response:
+        return web.Response(body=gzip.compress(plain), headers={"Content-Encoding": "gzip",
+                                                                "Content-Type": "application/json"})
+
+    app = web.Application()
+    app.router.add_get("/api", coded)
+    col = Collected()
+    async with serve(app) as base, stack(col) as http:
+        with recorded_as("api", PAGE):
+            answer = await http.client.get(f"{base}/api")
+    assert answer.content == plain
+    [ex] = col.exchanges
+    assert ex.body == plain and ex.decoded
+    assert header(ex.response_headers, "Content-Encoding") == "gzip"
+    assert header(ex.response_headers, "Content-Length") == str(len(gzip.compress(plain)))
+    assert header(ex.request_headers, "Accept-Encoding") is not None
