@@ -19,7 +19,8 @@ that hand a plain one.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -27,7 +28,9 @@ import aiohttp.abc
 import httpx
 import yarl
 
+from crawler.archive import NO_ARCHIVE, Archive, NoArchive
 from crawler.http.http1 import Answer, Timeouts
+from crawler.http.recording import RecordingTransport
 from crawler.http.targets import TargetPolicy
 from crawler.http.transport import DNS_CACHE_SIZE, AiohttpTransport, build_client, build_transport
 
@@ -84,12 +87,21 @@ class Stack:
 def build_stack(*, user_agent: str, connect_timeout: float, read_timeout: float, max_redirects: int,
                 max_connections: int, dns_ttl: float, max_body: int = 5 * 1024 * 1024,
                 total_timeout: float | None = None, policy: TargetPolicy | None = None,
-                dns_cache_size: int = DNS_CACHE_SIZE, resolver: aiohttp.abc.AbstractResolver | None = None) -> Stack:
-    """A stack as build_transport and build_client make its parts."""
+                dns_cache_size: int = DNS_CACHE_SIZE, resolver: aiohttp.abc.AbstractResolver | None = None,
+                archive: Archive = NO_ARCHIVE, role: str | None = "api",
+                clock: Callable[[], float] = time.time) -> Stack:
+    """A stack as build_transport and build_client make its parts.
+
+    archive: where the client's exchanges go (recording.py), each recorded as ``role`` unless the request or its
+    context names another (None: only those); clock its wall-clock time. With NO_ARCHIVE the client talks to the
+    transport directly. The lean path (``get``) is not recorded here: its callers record what they fetch."""
     transport = build_transport(max_connections=max_connections, dns_ttl=dns_ttl, max_body=max_body,
                                 total_timeout=total_timeout, policy=policy, dns_cache_size=dns_cache_size,
                                 resolver=resolver)
-    return Stack(transport, build_client(transport, user_agent=user_agent, connect_timeout=connect_timeout,
+    under: httpx.AsyncBaseTransport = transport
+    if not isinstance(archive, NoArchive):
+        under = RecordingTransport(transport, archive, role=role, clock=clock)
+    return Stack(transport, build_client(under, user_agent=user_agent, connect_timeout=connect_timeout,
                                          read_timeout=read_timeout, max_redirects=max_redirects))
 
 

@@ -619,6 +619,15 @@ class Http1Client:
         self._lru.clear()
 
 
+def sent_headers(url: yarl.URL, headers: list[tuple[str, str]]) -> RawHeaders:
+    """The header fields ``get`` sends for these headers, in its order (Host first, a caller's Host dropped):
+    what the archive records as sent."""
+    host = url.host_port_subcomponent or ""
+    return ((b"Host", host.encode("latin-1", "replace")),) + tuple(
+        (name.encode("latin-1", "replace"), value.encode("latin-1", "replace"))
+        for name, value in headers if name.lower() != "host")
+
+
 def _request(url: yarl.URL, headers: list[tuple[str, str]]) -> bytes:
     lines = [f"GET {url.raw_path_qs or '/'} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"]
     for name, value in headers:

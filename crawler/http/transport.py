@@ -24,6 +24,8 @@ lean path ``get`` opens to http1.py; the httpx path serves resolvers' API calls.
 - a total deadline for the whole exchange, body included (``total_timeout``, per transport or per request), so
   a server that trickles a byte at a time is cut off;
 - no proxies, no cookies (the session's jar is a DummyCookieJar), no decompression by aiohttp.
+- for the archive (crawler/http/recording.py), when a request asks (``sent_headers``): the headers as aiohttp
+  sent them (Host and its defaults included) and the answer's as received, before a coding was taken off.
 
 aiohttp's errors become the httpx errors callers already handle: connect failures ConnectError, timeouts
 ConnectTimeout/ReadTimeout, a server that hangs up or sends garbage RemoteProtocolError, a cut body ReadError,
@@ -128,6 +130,11 @@ class _Body(httpx.AsyncByteStream):
         # Back to the pool when the body was read to the end; closed when it was not (a capped page).
         self._response.release()
 
+    @property
+    def cut(self) -> bool:
+        """The body passed its cap and was cut there (``cut_body``): what was handed out is not all of it."""
+        return self._decoder.full
+
 
 def _salvage(content: aiohttp.StreamReader) -> bytes:
     """The bytes a failed StreamReader still buffers. aiohttp offers no public call for them once its
@@ -199,7 +206,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                                   (t.get("connect"), t.get("read"), t.get("pool"),
                                    ext.get("total_timeout", self.total_timeout)),
                                   ext.get("max_body", self.max_body), ext.get("cut_body", False),
-                                  ext.get("read_size") or _Body.CHUNK)
+                                  ext.get("read_size") or _Body.CHUNK, ext.get("sent_headers", False))
         return httpx.Response(answer.status_code, headers=answer.raw_headers, stream=cast(_Body, answer.stream),
                               request=request, extensions=answer.extensions)
 
@@ -221,7 +228,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return await self._lean.get(url, headers, timeout=timeout, max_body=max_body, read_size=read_size, cut=cut)
 
     async def _send(self, method: str, url: yarl.URL, headers: list[tuple[str, str]], body: bytes | None,
-                    timeout: Timeouts, max_body: int, cut: bool, read_size: int) -> Answer:
+                    timeout: Timeouts, max_body: int, cut: bool, read_size: int, sent: bool = False) -> Answer:
+        """sent: the answer's extensions also carry the request's headers as aiohttp sent them
+        (``request_headers``) and the answer's as received (``wire_headers``), for the archive (recording.py)."""
         session = self._open()
         # aiohttp asks no resolver about an IP literal: the policy judges it here, on every hop.
         self.resolver.check_literal(url.raw_host or "", url.port or 0)
@@ -235,6 +244,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
         if response.reason:
             extensions["reason_phrase"] = response.reason.encode("latin-1", "replace")
+        if sent:
+            extensions["request_headers"] = response.request_info.headers
+            extensions["wire_headers"] = raw_headers
         try:
             coding, raw_headers = body_coding(raw_headers, extensions)
         except BodyError:
@@ -281,7 +293,7 @@ def build_transport(*, max_connections: int, dns_ttl: float, max_body: int = 5 *
                             max_connections=max_connections, max_body=max_body, total_timeout=total_timeout)
 
 
-def build_client(transport: AiohttpTransport, *, user_agent: str, connect_timeout: float, read_timeout: float,
+def build_client(transport: httpx.AsyncBaseTransport, *, user_agent: str, connect_timeout: float, read_timeout: float,
                  max_redirects: int) -> httpx.AsyncClient:
     """The client for resolvers' API calls and downloads: redirects followed up to the limit."""
     timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=None)

@@ -24,6 +24,7 @@ import httpx
 
 from crawler import protocol as p
 from crawler import sdnotify
+from crawler.archive import NO_ARCHIVE, Archive
 from crawler.bloom import BloomFileError, BloomFilter, GrowingBloomFilter
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.http.getter import Getter, build_stack
@@ -188,6 +189,7 @@ class Master:
                                  data_dir=cfg.data_dir, log_interval=cfg.log_interval)
         # The private addresses the crawl may reach: its seeds' and the configured networks (told to workers).
         self.targets = TargetPolicy.for_crawl(cfg.seeds, cfg.crawl.allowed_networks)
+        self.archive: Archive = NO_ARCHIVE   # the master's exchanges (its robots.txt fetches) as WARC records
         self.paused = False
         self._unanswered: set[str] = set()   # commands applied whose file could not be removed
         # Writes Bloom snapshots off the event loop; one thread, so snapshots are written one at a time.
@@ -723,7 +725,7 @@ class Master:
                     build_stack(max_connections=2, dns_ttl=60, max_body=ROBOTS_MAX_BYTES + 1,
                                 total_timeout=self.cfg.politeness.robots_timeout, policy=self.targets,
                                 user_agent=self.cfg.politeness.user_agent, connect_timeout=10, read_timeout=10,
-                                max_redirects=5) as http:
+                                max_redirects=5, archive=self.archive, role="robots", clock=self.clock) as http:
                 status, body = await fetch_robots(http, robots_url(origin))
             if 200 <= status < 300:
                 # Parsing a large file takes a while (pure Python): off the event loop, which serves workers.

@@ -526,6 +526,17 @@ class Partial:
         """Hash the bytes already on disk once, off the event loop: a resumed partial can be a gigabyte."""
         self.hasher = await asyncio.to_thread(hash_prefix, self.store.part_path(self.key), self.offset)
 
+    async def taken_digest(self) -> hashlib._Hash:
+        """The sha256 of every byte taken in so far, as a copy (the running hash goes on): the batch in flight
+        hashed first, the pieces not yet handed over (at most a chunk) hashed here. A failed write's error stays
+        for the next ``flush`` to raise."""
+        if self._writing is not None:
+            await asyncio.wait({self._writing})
+        h = self.hasher.copy()
+        for piece in self._pieces:
+            h.update(piece)
+        return h
+
     def take(self, piece: bytes) -> bool:
         """Queue a piece; True when a batch is full and ``hand_over`` should be awaited."""
         self._pieces.append(piece)

@@ -66,6 +66,7 @@ from typing import Any, Protocol, cast
 import httpx
 import yarl
 
+from crawler.archive import NO_ARCHIVE, Archive, NoArchive
 from crawler.http.bodies import BodyError
 from crawler.http.getter import Getter
 from crawler.http.http1 import Answer, header_list, parse_url
@@ -73,6 +74,7 @@ from crawler.http.targets import TargetRefused
 from crawler.items import FAILED, OK, AudioItem
 from crawler.web.urls import host_of, resolve
 from crawler.worker import download_plan as plan
+from crawler.worker.archived import Sent, Trail
 from crawler.worker.audiostore import AudioStore, Finished, Partial, extension_for, partial_key
 from crawler.worker.faults import is_local
 from crawler.worker.filetags import read_file_tags
@@ -319,10 +321,13 @@ class _DownloadSlots:
 class Downloader:
     def __init__(self, http: Getter, data_dir: Path, cfg: DownloadConfig, *,
                  clock: Callable[[], float] = time.time, file_tags: bool = False,
-                 deadline_clock: DeadlineClock | None = None) -> None:
+                 deadline_clock: DeadlineClock | None = None, archive: Archive = NO_ARCHIVE,
+                 audio_payload: bool = False) -> None:
         """http: the stack downloads go through (crawler/http/getter.py); file_tags: every item fetched comes back
         with what its file says about itself (filetags.py); deadline_clock: the monotonic time downloads'
-        deadlines are kept in (the running loop's by default)."""
+        deadlines are kept in (the running loop's by default); archive: where each exchange of a download goes,
+        and a metadata record of each file stored or confirmed (archived.py), with the audio bytes themselves
+        only when ``audio_payload``."""
         self.http = http
         self.cfg = cfg
         self._limits = plan.Limits(max_size=cfg.max_size, chunk_size=cfg.chunk_size, max_attempts=cfg.max_attempts,
@@ -354,7 +359,10 @@ class Downloader:
         self.hosts = HostSlots(cfg.max_per_host)
         self.stats = DownloadStats()
         self._total = asyncio.Semaphore(cfg.max_downloads) if cfg.max_downloads is not None else None
-        self.hls = HlsDownloader(http.client, self.store, cfg, clock=clock)
+        self._archive = None if isinstance(archive, NoArchive) else archive
+        self._audio_payload = audio_payload
+        self.hls = HlsDownloader(http.client, self.store, cfg, clock=clock, archive=archive,
+                                 audio_payload=audio_payload)
 
     async def fetch(self, item: AudioItem, reresolve: Reresolve | None = None, *,
                     transferred: Callable[[], None] | None = None, start: Started | None = None) -> AudioItem:
@@ -489,9 +497,11 @@ class Downloader:
                 return item.replace(status=FAILED, reason=f"storage: {exc}")
         deadline = Deadline(self._deadlines.now(), self.cfg)
         self._deadlines.keep(deadline)
+        trail = None if self._archive is None else Trail(self._archive, item.page, keep_body=self._audio_payload,
+                                                         clock=self._clock)
         try:
             try:
-                result = await self._run(item, partial, reresolve, known, slots, deadline)
+                result = await self._run(item, partial, reresolve, known, slots, deadline, trail)
                 if deadline.expired:    # it ran out as the download ended: its cancel is taken here, not later
                     await asyncio.sleep(0)
             except asyncio.CancelledError:
@@ -520,6 +530,8 @@ class Downloader:
                 raise
             return item.replace(status=FAILED, reason=f"storage: {exc}")
         finally:
+            if trail is not None:   # an exchange whose file was not stored after all: its digest from the bytes
+                await trail.settle(partial)
             await partial.aclose()
 
     async def _fetch_hls(self, item: AudioItem, key: str, known: Finished | None) -> AudioItem:
@@ -541,7 +553,8 @@ class Downloader:
         return result
 
     async def _run(self, item: AudioItem, partial: Partial, reresolve: Reresolve | None,
-                   known: Finished | None, slots: _DownloadSlots, deadline: Deadline) -> AudioItem | plan.Fail:
+                   known: Finished | None, slots: _DownloadSlots, deadline: Deadline,
+                   trail: Trail | None = None) -> AudioItem | plan.Fail:
         """Attempts until the file is whole or the plan gives up: the loop of ``download_plan.after``."""
         current = item
         # A sidecar written for another address (the link was re-resolved since) is judged like a re-resolve.
@@ -553,9 +566,9 @@ class Downloader:
         tries = plan.Tries()
         while True:
             if plan.whole(partial.offset, partial.record.expected_size):
-                return await self._finish(current, partial, slots)
+                return await self._finish(current, partial, slots, trail)
             before = partial.offset
-            outcome = await self._attempt(current, partial, new_address, known, deadline)
+            outcome = await self._attempt(current, partial, new_address, known, deadline, trail)
             if isinstance(outcome, plan.Retry):
                 # Bytes that arrived before the break are kept, and count as progress.
                 await partial.flush()
@@ -565,7 +578,7 @@ class Downloader:
             if not isinstance(outcome, (plan.Retry, plan.Reresolve)):
                 new_address = False     # an answer was judged: the bytes held are this address's now
             if isinstance(step, plan.Finish):
-                return await self._finish(current, partial, slots)
+                return await self._finish(current, partial, slots, trail)
             if isinstance(step, plan.Retry):
                 if step.delay:
                     await asyncio.sleep(step.delay)
@@ -584,7 +597,7 @@ class Downloader:
             elif isinstance(step, plan.Confirmed):
                 await partial.discard()
                 assert known is not None
-                return self._confirmed(current, partial.key, known, step)
+                return self._confirmed(current, partial.key, known, step, trail)
             else:
                 return step
 
@@ -600,7 +613,7 @@ class Downloader:
         return fresh
 
     async def _attempt(self, item: AudioItem, partial: Partial, new_address: bool, known: Finished | None,
-                       deadline: Deadline) -> plan.Outcome:
+                       deadline: Deadline, trail: Trail | None = None) -> plan.Outcome:
         """One request, judged by ``download_plan.decide``, and its body if the plan keeps it."""
         record = partial.record
         held = plan.Held(offset=partial.offset, etag=record.etag, last_modified=record.last_modified,
@@ -615,7 +628,9 @@ class Downloader:
             for _ in range(self.cfg.max_redirects + 1):
                 headers = _merged_headers(self._headers, {
                     **identity_headers(item, same_host=url.host == origin_host), **asked.headers})
+                started = trail.now() if trail is not None else 0.0
                 response = await self._send(url, headers)
+                sent = Sent(url, headers, started, response) if trail is not None else None
                 try:
                     answer = plan.decide(held, _head(response, str(url), asked.conditional), self._limits)
                     if isinstance(answer, plan.Redirect):
@@ -624,12 +639,15 @@ class Downloader:
                             return plan.Fail(f"redirect to a non-http address: {str(url)[:200]!r}")
                         continue
                     if isinstance(answer, plan.Body):
-                        return await self._read(response, partial, answer, deadline)
+                        return await self._read(response, partial, answer, deadline, trail, sent)
                     if isinstance(answer, plan.Complete):
                         partial.expect(answer.size)
                     return answer
                 finally:
                     await response.aclose()
+                    if sent is not None:
+                        assert trail is not None
+                        await trail.ended(sent, partial)
         except NETWORK_ERRORS as exc:
             return plan.Retry(f"{type(exc).__name__}: {exc}"[:300])
         except (BodyError, TargetRefused) as exc:
@@ -643,13 +661,16 @@ class Downloader:
                                    read_size=_READ_SIZE)
 
     async def _read(self, response: Answer | httpx.Response, partial: Partial, body: plan.Body,
-                    deadline: Deadline) -> plan.Outcome:
+                    deadline: Deadline, trail: Trail | None = None, sent: Sent | None = None) -> plan.Outcome:
         """Take the body into the partial, as the plan said: appended, or from byte 0 in place of what was held."""
         if not body.append and partial.offset > 0:
             await partial.restart(partial.record.url)
         partial.describe(etag=body.etag, last_modified=body.last_modified, expected_size=body.expected_size,
                          content_type=body.content_type, final_url=body.final_url)
         partial.checkpoint()
+        if sent is not None:
+            assert trail is not None
+            trail.begin_body(sent, partial)
         expected = body.expected_size
         deadline.stretch(expected, partial.received)
         # A file that fits in one chunk stays in memory and is committed from there (_finish_from_memory).
@@ -657,11 +678,15 @@ class Downloader:
         first: bytes | None = b"" if body.sniff else None
         try:
             async for piece in cast(AsyncIterable[bytes], response.stream):
+                if sent is not None:
+                    sent.take(piece)
                 if first is not None:
                     first += piece[:plan.FIRST_BYTES - len(first)]
                     if len(first) >= plan.FIRST_BYTES:
                         refused = plan.check_start(first)
                         if refused is not None:
+                            if sent is not None:
+                                sent.untaken = piece
                             return refused
                         first = None
                 if partial.take(piece) and not in_memory:
@@ -669,17 +694,23 @@ class Downloader:
                     await partial.hand_over()
                 if partial.received > bound:
                     return plan.overrun(partial.received, body, self._limits)
-        except BaseException:
+        except BaseException as exc:
+            if sent is not None:
+                sent.truncated = "time" if isinstance(exc, (httpx.TimeoutException, asyncio.CancelledError)) \
+                    else "disconnect"
             # Bytes that arrived before a connection broke are valid: keep them for the resume.
             await partial.flush()
             raise
+        if sent is not None:
+            sent.truncated = ""
         if not (in_memory and partial.received == expected):
             await partial.flush()
         return plan.body_ended(partial.received, expected)
 
-    async def _finish(self, item: AudioItem, partial: Partial, slots: _DownloadSlots) -> AudioItem | plan.Fail:
+    async def _finish(self, item: AudioItem, partial: Partial, slots: _DownloadSlots,
+                      trail: Trail | None = None) -> AudioItem | plan.Fail:
         if not partial.on_disk:
-            return await self._finish_from_memory(item, partial, slots)
+            return await self._finish_from_memory(item, partial, slots, trail)
         await partial.flush()
         record = partial.record
         size = partial.offset
@@ -691,11 +722,14 @@ class Downloader:
         sha = partial.hasher.hexdigest()
         urls = [item.url] + ([record.final_url] if record.final_url else [])
         rel = await partial.commit(sha, extension_for(urls, record.content_type))
+        if trail is not None:
+            trail.stored(item.url, path=rel, sha256=sha, size=size, content_type=record.content_type)
         return self._finished(item, partial.key, Finished(
             url=item.url, sha256=sha, size=size, path=rel, etag=record.etag,
             last_modified=record.last_modified, content_type=record.content_type, verified_at=self._clock()))
 
-    async def _finish_from_memory(self, item: AudioItem, partial: Partial, slots: _DownloadSlots) -> AudioItem | plan.Fail:
+    async def _finish_from_memory(self, item: AudioItem, partial: Partial, slots: _DownloadSlots,
+                                  trail: Trail | None = None) -> AudioItem | plan.Fail:
         """A file that came whole in one chunk: hashed, stored and recorded in a batch, off the loop."""
         record = partial.record
         size = partial.received
@@ -712,6 +746,10 @@ class Downloader:
                             last_modified=record.last_modified, content_type=record.content_type,
                             verified_at=self._clock()), tags=self._file_tags))
         done, tags = committed
+        if trail is not None:
+            await trail.settle(sha256=done.sha256)
+            trail.stored(item.url, path=done.path, sha256=done.sha256, size=done.size,
+                         content_type=done.content_type)
         if tags is not None:
             if len(self._fresh_tags) >= 4096:   # only a fetch cancelled at its very end leaves one behind
                 self._fresh_tags.clear()
@@ -723,12 +761,16 @@ class Downloader:
         self.stats.fetched += 1
         return _filled(item, record)
 
-    def _confirmed(self, item: AudioItem, key: str, known: Finished, answer: plan.Confirmed) -> AudioItem:
+    def _confirmed(self, item: AudioItem, key: str, known: Finished, answer: plan.Confirmed,
+                   trail: Trail | None = None) -> AudioItem:
         # A 304 may carry fresher validators (RFC 9110 15.4.5); the address is the one that answered.
         record = dataclasses.replace(known, url=item.url, etag=answer.etag or known.etag,
                                      last_modified=answer.last_modified or known.last_modified,
                                      verified_at=self._clock())
         self._remember(key, record)
+        if trail is not None:    # the address still serves the stored file: the 304's metadata names it
+            trail.stored(item.url, path=known.path, sha256=known.sha256, size=known.size,
+                         content_type=known.content_type)
         self.stats.confirmed += 1
         return _filled(item, record)
 

@@ -62,11 +62,14 @@ from typing import Any, BinaryIO
 import httpx
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from crawler.archive import NO_ARCHIVE, Archive, NoArchive
 from crawler.http.bodies import BodyError
+from crawler.http.recording import EXTENSION, RECORD_ID, Recorded
 from crawler.http.targets import TargetRefused
 from crawler.items import FAILED, OK, AudioItem
 from crawler.web import media
 from crawler.web.urls import host_of, resolve
+from crawler.worker.archived import Trail
 from crawler.worker.audiostore import AudioStore, Finished, hash_prefix
 from crawler.worker.download_plan import backoff, transient
 from crawler.worker.transfer import NETWORK_ERRORS, Deadline, DownloadConfig, identity_headers
@@ -410,10 +413,16 @@ class HlsDownloader:
 
     def __init__(self, client: httpx.AsyncClient, store: AudioStore, cfg: DownloadConfig, *,
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
-                 progress_every: float = PROGRESS_EVERY) -> None:
-        """clock: wall-clock time for the records; monotonic: when progress was last saved."""
+                 progress_every: float = PROGRESS_EVERY, archive: Archive = NO_ARCHIVE,
+                 audio_payload: bool = False) -> None:
+        """clock: wall-clock time for the records; monotonic: when progress was last saved; archive: where the
+        stored file's metadata record goes (the exchanges themselves are the client's to record: it names
+        each request's role, ``playlist`` or ``segment``, and page), the segments' bytes too when
+        ``audio_payload``."""
         self.client, self.store, self.cfg, self._clock = client, store, cfg, clock
         self._monotonic, self.progress_every = monotonic, progress_every
+        self._archive = None if isinstance(archive, NoArchive) else archive
+        self._audio_payload = audio_payload
 
     def claims(self, item: AudioItem) -> bool:
         """Items the downloader hands to this module: HLS playlists (and DASH manifests, recorded only)."""
@@ -431,8 +440,9 @@ class HlsDownloader:
         item = item.replace(extra=extra)
         if extra["format"] == DASH:
             return item.replace(extra={**extra, "downloaded": False})
+        ids: list[str] = []     # the records of this item's exchanges, when they are archived
         try:
-            media = await self._media_playlist(item)
+            media = await self._media_playlist(item, ids)
             if not media.ended:
                 return item.replace(extra={**extra, "live": True})
             if not media.segments:
@@ -440,8 +450,9 @@ class HlsDownloader:
             check_length(media)
             if known is not None and self.store.holds(known):
                 # The same key finished before and its file is still there: an ended playlist does not change.
+                self._stored(item, known, ids)
                 return self._done(item, known, media)
-            return await self._download(item, key, media, deadline)
+            return await self._download(item, key, media, deadline, ids)
         except HlsError as exc:
             if isinstance(exc, HlsRefused):
                 log.info("hls %s refused: %s", item.url[:200], exc)
@@ -457,9 +468,19 @@ class HlsDownloader:
                             content_type=record.content_type, path=record.path,
                             duration=item.duration or (round(media.duration, 3) or None), extra=extra)
 
+    def _stored(self, item: AudioItem, record: Finished, ids: list[str]) -> None:
+        """The metadata record of the joined file, referring to the item's last exchange."""
+        if self._archive is not None:
+            Trail(self._archive, item.page, keep_body=False, clock=self._clock).stored(
+                item.url, path=record.path, sha256=record.sha256, size=record.size,
+                content_type=record.content_type, refers_to=ids[-1] if ids else "")
+
     # -- network --------------------------------------------------------------------------------------
-    async def _get(self, item: AudioItem, url: str, limit: int, byterange: ByteRange | None = None) -> bytes:
-        """A bounded GET with the item's identity, retried on network errors and 429/5xx."""
+    async def _get(self, item: AudioItem, url: str, limit: int, byterange: ByteRange | None = None, *,
+                   role: str = "segment", ids: list[str] | None = None, keep_body: bool = False) -> bytes:
+        """A bounded GET with the item's identity, retried on network errors and 429/5xx. With an archive, each
+        attempt is recorded as ``role`` of the item's page (a segment's bytes only when ``audio_payload`` or
+        ``keep_body``, a playlist's always), and its record's id appended to ``ids``."""
         if not url.lower().startswith(("http://", "https://")):
             raise HlsError(f"not an http(s) address: {url[:200]!r}")
         same_host = host_of(url) == host_of(item.url)
@@ -467,10 +488,13 @@ class HlsDownloader:
         headers["Accept-Encoding"] = "identity"
         if byterange is not None:
             headers["Range"] = f"bytes={byterange.offset}-{byterange.offset + byterange.length - 1}"
+        recorded = None
+        if self._archive is not None:
+            recorded = Recorded(role, item.page, keep_body=keep_body or role != "segment" or self._audio_payload)
         failures = 0
         while True:
             try:
-                return await self._get_once(url, headers, limit, byterange)
+                return await self._get_once(url, headers, limit, byterange, recorded, ids)
             except _Transient as exc:
                 failures += 1
                 if failures >= self.cfg.max_attempts:
@@ -478,14 +502,17 @@ class HlsDownloader:
                 if delay := backoff(failures, self.cfg.retry_backoff):
                     await asyncio.sleep(delay)
 
-    async def _get_once(self, url: str, headers: dict[str, str], limit: int,
-                        byterange: ByteRange | None) -> bytes:
+    async def _get_once(self, url: str, headers: dict[str, str], limit: int, byterange: ByteRange | None,
+                        recorded: Recorded | None = None, ids: list[str] | None = None) -> bytes:
+        # The transport's own body bound is the pages' one; this request's is ``limit``, checked below, with the
+        # transport's a read past it as the backstop.
+        extensions: dict[str, Any] = {"max_body": limit + _READ_SIZE, "read_size": _READ_SIZE}
+        if recorded is not None:
+            extensions[EXTENSION] = recorded
+        response: httpx.Response | None = None
         try:
-            # The transport's own body bound is the pages' one; this request's is ``limit``, checked below,
-            # with the transport's a read past it as the backstop.
             async with self.client.stream("GET", url, headers=headers, timeout=httpx.Timeout(self.cfg.timeout),
-                                          extensions={"max_body": limit + _READ_SIZE,
-                                                      "read_size": _READ_SIZE}) as response:
+                                          extensions=extensions) as response:
                 status = response.status_code
                 if transient(status):
                     raise _Transient(f"http {status}")
@@ -504,15 +531,19 @@ class HlsDownloader:
             raise HlsRefused(f"{url[:200]}: {exc}"[:300]) from None
         except httpx.InvalidURL as exc:
             raise HlsError(f"bad address: {exc}") from None
+        finally:
+            if ids is not None and response is not None and (record := response.extensions.get(RECORD_ID)):
+                ids.append(record)
         body = b"".join(chunks)
         if byterange is not None and status == 200:
             body = body[byterange.offset:byterange.offset + byterange.length]   # the server ignored the range
         return body
 
-    async def _media_playlist(self, item: AudioItem) -> MediaPlaylist:
+    async def _media_playlist(self, item: AudioItem, ids: list[str] | None = None) -> MediaPlaylist:
         url = item.url
         for _ in range(2):     # a master playlist names media playlists; one level, as the RFC allows
-            text = (await self._get(item, url, MAX_PLAYLIST_BYTES)).decode("utf-8", "replace")
+            text = (await self._get(item, url, MAX_PLAYLIST_BYTES, role="playlist", ids=ids)).decode(
+                "utf-8", "replace")
             # A big playlist is parsed off the loop: its size is the site's choice, up to the cap.
             playlist = parse(text, url) if len(text) < 65536 else await asyncio.to_thread(parse, text, url)
             if isinstance(playlist, MediaPlaylist):
@@ -522,7 +553,7 @@ class HlsDownloader:
 
     # -- the download ---------------------------------------------------------------------------------
     async def _download(self, item: AudioItem, key: str, media: MediaPlaylist,
-                        deadline: Deadline | None) -> AudioItem:
+                        deadline: Deadline | None, ids: list[str] | None = None) -> AudioItem:
         part = self.store.part_path(key)
         part.parent.mkdir(parents=True, exist_ok=True)
         progress = self._resume_point(key, media)
@@ -540,9 +571,10 @@ class HlsDownloader:
                     pieces: list[bytes] = []
                     if segment.init is not None and segment.init.uri != progress.init:
                         pieces.append(await self._get(item, segment.init.uri, self._budget(progress.size),
-                                                      segment.init.byterange))
-                    data = await self._get(item, segment.uri, self._budget(progress.size), segment.byterange)
-                    pieces.append(await self._plain(item, segment, data, keys))
+                                                      segment.init.byterange, ids=ids))
+                    data = await self._get(item, segment.uri, self._budget(progress.size), segment.byterange,
+                                           ids=ids)
+                    pieces.append(await self._plain(item, segment, data, keys, ids))
                     # Off the loop, and never abandoned: the file must not close under a writing thread.
                     writing = asyncio.ensure_future(asyncio.to_thread(_append, fh, hasher, pieces))
                     try:
@@ -577,6 +609,7 @@ class HlsDownloader:
                           verified_at=self._clock())
         with contextlib.suppress(OSError):
             self.store.save_finished(key, record)
+        self._stored(item, record, ids or [])
         return self._done(item, record, media)
 
     def _budget(self, size: int) -> int:
@@ -585,7 +618,8 @@ class HlsDownloader:
             raise HlsError(f"too large: more than {self.cfg.max_size} bytes")
         return min(left, MAX_SEGMENT_BYTES)
 
-    async def _plain(self, item: AudioItem, segment: Segment, data: bytes, keys: dict[str, bytes]) -> bytes:
+    async def _plain(self, item: AudioItem, segment: Segment, data: bytes, keys: dict[str, bytes],
+                     ids: list[str] | None = None) -> bytes:
         key = segment.key
         if key is None:
             return data
@@ -595,7 +629,8 @@ class HlsDownloader:
             raise HlsError("AES-128 key without a URI")
         secret = keys.get(key.uri)
         if secret is None:
-            secret = await self._get(item, key.uri, 64)
+            # Recorded as part of the segments it unlocks, with its bytes: they are read with it.
+            secret = await self._get(item, key.uri, 64, ids=ids, keep_body=True)
             if len(secret) != _KEY_BYTES:
                 raise HlsError(f"the key is {len(secret)} bytes, not {_KEY_BYTES}")
             keys[key.uri] = secret

@@ -27,6 +27,7 @@ from crawler.config import ConfigError
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.http.targets import TargetPolicy, parse_network
 from crawler.http.getter import build_stack
+from crawler.http.recording import recorded_as
 from crawler.identify import fingerprint_file
 from crawler.metrics import WorkerMetrics, serve_metrics
 from crawler.politeness import THROTTLE_STATUSES, parse_retry_after
@@ -245,13 +246,15 @@ class Worker:
         self.http = build_stack(max_connections=cfg.concurrency * 2, dns_ttl=cfg.dns_ttl,
                                 max_body=cfg.max_page_bytes, total_timeout=cfg.fetch_timeout, policy=self.targets,
                                 user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
-                                read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
+                                read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects,
+                                archive=self.archive)
         self.fetcher = PageFetcher(self.http)
         # Downloads: the downloader holds the size cap and a deadline that grows with the size.
         self.dl_http = build_stack(max_connections=cfg.downloads * 2, dns_ttl=cfg.dns_ttl,
                                    max_body=cfg.max_audio_bytes + 1, policy=self.targets,
                                    user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
-                                   read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects)
+                                   read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects,
+                                   archive=self.archive)
         self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent, fetch_page=self._fetch_other_page,
                                   targets=self.targets, archive=self.archive)
         # The downloader holds the download limits itself (overall and per host), so a queue for one busy CDN
@@ -264,7 +267,8 @@ class Worker:
                                                     deadline_base=cfg.download_timeout,
                                                     min_rate=cfg.download_min_rate,
                                                     revalidate_after=cfg.revalidate_after),
-                                     file_tags=True)
+                                     file_tags=True, archive=self.archive,
+                                     audio_payload=getattr(getattr(cfg, "archive", None), "audio_payload", False))
         self.page_sem = asyncio.Semaphore(cfg.concurrency)
         self.dl_slots = asyncio.Semaphore(2 * cfg.downloads)   # asks and downloads under way here (_download)
         metrics_runner = None
@@ -697,7 +701,9 @@ class Worker:
     async def _resolve(self, resolver: Resolver, url: str,
                        page: FetchedPage | None) -> tuple[Resolution | None, str | None]:
         try:
-            return await resolver.resolve(url, page, self.ctx), None
+            # The resolver's API calls are exchanges of this page's chain (crawler/http/recording.py).
+            with recorded_as("api", url):
+                return await resolver.resolve(url, page, self.ctx), None
         except ResolverUnavailable:
             raise
         except Exception as e:
@@ -886,7 +892,8 @@ class Worker:
 
     async def _download(self, item: it.AudioItem, resolver: Resolver, start: Started | None = None) -> it.AudioItem:
         async def reresolve(item: it.AudioItem) -> it.AudioItem | None:
-            return await resolver.reresolve(item, self.ctx)
+            with recorded_as("api", item.page):
+                return await resolver.reresolve(item, self.ctx)
 
         # A job asks the master only once it holds one of this worker's ask slots (twice its downloads): a grant
         # is a slot of the audio host for the whole cluster, and a worker holding many it cannot use yet would
