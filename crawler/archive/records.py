@@ -260,7 +260,7 @@ def _request_head(ex: Exchange) -> bytes:
     path = s.path or "/"
     if s.query:
         path += "?" + s.query
-    lines = [_token(ex.method) or b"GET", b" ", _uri(path).replace(b" ", b"%20"), b" HTTP/",
+    lines = [_token(ex.method) or b"GET", b" ", _uri(path), b" HTTP/",
              _token(ex.http_version) or b"1.1", b"\r\n"]
     for name, value in ex.request_headers:
         if _BAD_VALUE.search(value):
@@ -271,8 +271,10 @@ def _request_head(ex: Exchange) -> bytes:
 
 
 def _uri(url: str) -> bytes:
-    # A target URI is one header line: no control characters, whatever the page linked to.
-    return url.encode("utf-8", "surrogatepass").translate(None, _CONTROLS)
+    # A target URI is one header line: no control characters, whatever the page linked to; and a URI holds no
+    # space (readers refuse one).
+    b = url.encode("utf-8", "surrogatepass").translate(None, _CONTROLS)
+    return b.replace(b" ", b"%20") if b" " in b else b
 
 
 def _token(s: str) -> bytes:
