@@ -15,7 +15,7 @@ from crawler.archive.writer import ArchiveConfig, ArchiveWriter, iter_index, ope
 from tests.disks import small_tmpfs
 
 REPO = Path(__file__).resolve().parent.parent
-WARCIO = Path("/work/main/.venv/bin/warcio")
+WARCIO = Path(sys.executable).parent / "warcio"     # the venv's script, beside its python
 T = 1_790_000_000.0
 
 
@@ -224,3 +224,34 @@ def test_a_full_disk_leaves_no_half_record(tmp_path):
         w.close()
         check(disk)
         assert len([r for r in iter_index(disk) if r.kind == "response"]) == written
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_the_master_opens_its_archive_in_its_data_dir(tmp_path, enabled):
+    import asyncio
+
+    from crawler.archive import NO_ARCHIVE
+    from crawler.master.config import MasterConfig
+    from crawler.master.server import Master
+    from testkit.cluster import write_secret
+
+    raw = {"listen": "127.0.0.1:0", "data_dir": str(tmp_path / "m"), "nodes": ["w1"],
+           "seeds": ["http://127.0.0.1:9/"], "secret_file": str(write_secret(tmp_path / "s")),
+           "exit_when_done": False, "politeness": {"obey_robots": False}, "web": {"listen": "off"},
+           "dedup": {"expected_urls": 1000}, "archive": {"enabled": enabled}}
+    master = Master(MasterConfig.from_mapping(raw, tmp_path))
+    listening = asyncio.Event()
+    serving = asyncio.create_task(master.serve(lambda _port: listening.set()))
+    await asyncio.wait({serving, asyncio.create_task(listening.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    assert not serving.done()
+    if enabled:
+        assert isinstance(master.archive, ArchiveWriter) and master.archive.directory == tmp_path / "m" / "archive"
+        master.archive.exchange(page(1))
+    else:
+        assert master.archive is NO_ARCHIVE
+    master.stop()
+    await serving
+    files = list((tmp_path / "m" / "archive").glob("master-*.warc.gz"))
+    assert len(files) == (1 if enabled else 0)
+    if enabled:
+        check(tmp_path / "m" / "archive")
