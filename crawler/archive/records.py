@@ -224,7 +224,7 @@ def _compressor(size: int) -> zlib._Compress:
     # Setting up deflate's window and hash tables costs more than compressing a small record: the window
     # follows the record's size (gzip framing: wbits 16 + log2 of the window).
     if size < 1024:
-        return zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + 10, 3)
+        return zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + 11, 4)
     if size < 8192:
         return zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + 13, 5)
     return zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + 15, 8)

@@ -721,7 +721,10 @@ class Worker:
         """A page a resolver needs besides its task's own, within the same limits as any page fetch."""
         async with self.page_sem:
             page, _ = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes)
-        self._keep_page(url, page, False)
+        try:
+            self._keep_page(url, page, False)
+        except LocalFault:
+            pass    # a full disk: the task's own page meets it too, and the worker's fault is entered there
         return page
 
     def _keep_page(self, url: str, page: FetchedPage, store: bool) -> None:
