@@ -238,14 +238,7 @@ class Worker:
         this worker for good (returns 2; the reason is in self.refusal)."""
         cfg = self.cfg
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        # Every exchange this node makes, as WARC records in data_dir/archive (crawler/archive/). With archiving
-        # off, WARC pages still go there (the page store's format), alone.
-        writer = None
-        if cfg.archive.enabled or (cfg.store_pages and cfg.page_format == "warc"):
-            writer = ArchiveWriter.from_config(cfg.archive, cfg.data_dir / "archive", "worker")
-        self.archive_writer = writer
-        self.archive: Archive = writer if writer is not None and cfg.archive.enabled else NO_ARCHIVE
-        self.pages = open_page_store(cfg.data_dir, cfg.page_format, archive=writer)
+        self._open_archive()
         # Pages and API answers: bodies bounded by the page cap (cut for pages, refused for API answers), a total
         # deadline per exchange. Both clients reach only public addresses and those the master's Welcome names.
         self.http = build_stack(max_connections=cfg.concurrency * 2, dns_ttl=cfg.dns_ttl,
@@ -325,6 +318,17 @@ class Worker:
                 log.info("worker %s stopped: %d pages, %d errors, %d audio items; downloads: %s; pages refused: %s",
                          cfg.id, self.stats.pages, self.stats.errors, self.stats.audio, self.downloader.stats,
                          ", ".join(f"{k} {v}" for k, v in sorted(self.stats.refused.items())) or "none")
+
+    def _open_archive(self) -> None:
+        """Every exchange this node makes, as WARC records in data_dir/archive (crawler/archive/), and the page
+        store. With archiving off, WARC pages still go there (the page store's format), alone."""
+        cfg = self.cfg
+        writer = None
+        if cfg.archive.enabled or (cfg.store_pages and cfg.page_format == "warc"):
+            writer = ArchiveWriter.from_config(cfg.archive, cfg.data_dir / "archive", "worker")
+        self.archive_writer = writer
+        self.archive: Archive = writer if writer is not None and cfg.archive.enabled else NO_ARCHIVE
+        self.pages = open_page_store(cfg.data_dir, cfg.page_format, archive=writer)
 
     async def _progress(self) -> None:
         interval = self.cfg.log_interval
