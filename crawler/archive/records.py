@@ -93,15 +93,16 @@ class Maker:
     the records themselves depend on nothing but the arguments (and a random id)."""
 
     def __init__(self) -> None:
-        self._second = -1
-        self._date = b""
+        self._cached = (-1, b"")      # one tuple, replaced whole: a second thread never sees half of it
 
     def date(self, now: float) -> bytes:
         second = int(now)
-        if second != self._second:    # formatted once a second, not once a record
-            self._second = second
-            self._date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second)).encode()
-        return self._date
+        cached = self._cached
+        if second == cached[0]:        # formatted once a second, not once a record
+            return cached[1]
+        date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second)).encode()
+        self._cached = (second, date)
+        return date
 
     # ------------------------------------------------------------------ exchanges
     def exchange(self, ex: Exchange) -> tuple[Built, Built]:
