@@ -5,6 +5,7 @@ import gzip
 import hashlib
 import io
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from warcio.archiveiterator import ArchiveIterator
 from crawler.archive import Exchange
 from crawler.archive.records import Maker, http_payload, iter_records, parse_member, read_member, sha256_hex
 
-WARCIO = Path("/work/main/.venv/bin/warcio")
+WARCIO = Path(sys.executable).parent / "warcio"     # the venv's script, beside its python
 T = 1_790_000_000.0
 PAGE = Exchange(role="page", method="GET", url="http://site.test/a?b=1",
                 request_headers=((b"Host", b"site.test"), (b"User-Agent", b"audio-crawler/1"),
