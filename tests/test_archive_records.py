@@ -7,6 +7,7 @@ import io
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,17 @@ def test_a_payload_kept_apart_is_a_revisit_with_the_stored_files_digest(tmp_path
     assert rh.get_header("WARC-Crawler-Page") == "http://site.test/a?b=1"
     assert http.get_statuscode() == "206" and http.get_header("Content-Length") == "900" and body == b""
     assert qh.get_header("WARC-Concurrent-To") == response.record_id
+
+
+def test_audio_with_its_bytes_in_the_record_has_their_sha256(tmp_path):
+    maker = Maker()
+    whole = replace(AUDIO, body=b"the file", status=200)
+    response, request = maker.exchange(whole)
+    path = write(tmp_path / "a.warc.gz", [response.member, request.member])
+    warcio_check(path)
+    (rh, _, body), _ = read_all(path)
+    assert rh.get_header("WARC-Type") == "response" and body == b"the file"
+    assert sha256_hex(rh.get_header("WARC-Payload-Digest")) == hashlib.sha256(b"the file").hexdigest()
 
 
 def test_metadata_and_resource_records_refer_to_their_record(tmp_path):

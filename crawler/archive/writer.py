@@ -115,7 +115,7 @@ class ArchiveWriter:
     def exchange_refs(self, ex: Exchange) -> tuple[RecordRef, RecordRef]:
         """Records ``ex``; the index entries of its response (or revisit) record and its request record."""
         response, request = self._maker.exchange(ex)
-        sha = sha256_hex(ex.payload_digest) if ex.payload_digest else ""
+        sha = sha256_hex(response.digest) if ex.payload_digest else ""
         refs = self._append((response, request), ex.role, ex.page, (sha, ""))
         return refs[0], refs[1]
 
