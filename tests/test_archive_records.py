@@ -14,7 +14,15 @@ import pytest
 from warcio.archiveiterator import ArchiveIterator
 
 from crawler.archive import Exchange
-from crawler.archive.records import Maker, http_payload, iter_records, parse_member, read_member, sha256_hex
+from crawler.archive.records import (
+    Maker,
+    http_payload,
+    iter_records,
+    parse_member,
+    read_member,
+    sha256_hex,
+    with_payload,
+)
 
 WARCIO = Path(sys.executable).parent / "warcio"     # the venv's script, beside its python
 T = 1_790_000_000.0
@@ -95,6 +103,21 @@ def test_a_payload_kept_apart_is_a_revisit_with_the_stored_files_digest(tmp_path
     assert rh.get_header("WARC-Crawler-Page") == "http://site.test/a?b=1"
     assert http.get_statuscode() == "206" and http.get_header("Content-Length") == "900" and body == b""
     assert qh.get_header("WARC-Concurrent-To") == response.record_id
+
+
+def test_a_revisit_made_whole_with_the_stored_file_is_the_same_exchange_with_its_bytes(tmp_path):
+    maker = Maker()
+    revisit, request = maker.exchange(AUDIO)
+    whole = with_payload(revisit.member, b"the file")
+    path = write(tmp_path / "a.warc.gz", [whole, request.member])
+    warcio_check(path)
+    (rh, http, body), (qh, _, _) = read_all(path)
+    assert rh.get_header("WARC-Type") == "response" and body == b"the file"
+    assert rh.get_header("WARC-Payload-Digest") == revisit.digest       # the stored file's digest, now verified
+    assert rh.get_header("WARC-Record-ID") == qh.get_header("WARC-Concurrent-To") == revisit.record_id
+    assert rh.get_header("WARC-Crawler-Page") == AUDIO.page and http.get_statuscode() == "206"
+    with pytest.raises(ValueError):
+        with_payload(request.member, b"x")
 
 
 def test_audio_with_its_bytes_in_the_record_has_their_sha256(tmp_path):
