@@ -585,7 +585,7 @@ class Worker:
                     # A page whose audio this worker does not know is fetched in full: its audio is then both
                     # listed and revalidated (a 304 would leave it unlooked at).
                     known = self.page_audio.known(url, task.validators) is not None
-                    page, _ = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes,
+                    page, truncated = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes,
                                                                referrer=task.parent,
                                                                validators=task.validators if known else None)
                 except FetchError as e:
