@@ -204,3 +204,19 @@ def test_warcio_reads_a_file_written_whole_too():
     data = b"".join(b.member for b in maker.exchange(PAGE))
     types = [r.rec_headers.get_header("WARC-Type") for r in ArchiveIterator(io.BytesIO(data))]
     assert types == ["response", "request"]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 100, 4096])
+def test_the_walk_finds_every_member_whatever_the_reads_cut(tmp_path, monkeypatch, chunk):
+    from crawler.archive import records
+
+    monkeypatch.setattr(records, "READ_CHUNK", chunk)
+    maker = Maker()
+    built = [maker.warcinfo("x", T), *maker.exchange(PAGE), *maker.exchange(AUDIO), *maker.exchange(PAGE)]
+    path = write(tmp_path / "a.warc.gz", [b.member for b in built])
+    found = list(iter_records(path))
+    assert [r.header("WARC-Record-ID") for r in found] == [b.record_id for b in built]
+    assert [(r.offset, r.length) for r in found] == [
+        (sum(len(b.member) for b in built[:i]), len(built[i].member)) for i in range(len(built))]
+    cut = write(tmp_path / "cut.warc.gz", [b.member for b in built][:-1] + [built[-1].member[:30]])
+    assert len(list(iter_records(cut))) == len(built) - 1
