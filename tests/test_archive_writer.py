@@ -183,6 +183,30 @@ def test_an_index_line_a_crash_cut_is_skipped_and_a_torn_record_cut_off_at_the_n
     assert len([r for r in iter_index(tmp_path) if r.kind == "response"]) == 4
 
 
+def test_records_written_but_not_indexed_are_indexed_at_the_next_start_and_an_index_can_be_rebuilt(tmp_path):
+    from crawler.archive.writer import rebuild_index
+
+    clock = Clock()
+    w = ArchiveWriter(tmp_path, "worker", clock=clock)
+    w.exchange(page(1))
+    w.metadata("http://cdn.test/a.mp3", (("k", "v"),), refers_to="<urn:uuid:x>", page="http://site.test/1",
+               role="audio", now=T, sha256="cd" * 32)
+    w.exchange(Exchange(role="audio", method="GET", url="http://cdn.test/a.mp3", request_headers=(), status=200,
+                        response_headers=(), body=b"", started=T, page="http://site.test/1",
+                        payload_digest="sha256:" + "ef" * 32, payload_size=10))
+    w.close()
+    [index] = tmp_path.glob("*.index.tsv")
+    whole = index.read_bytes()
+    assert rebuild_index(next(tmp_path.glob("*.warc.gz"))) == 6 and index.read_bytes() == whole
+    # A crash after the last exchange's records were written, in the write of their index lines.
+    lines = whole.splitlines(keepends=True)
+    index.write_bytes(b"".join(lines[:-2]) + lines[-2][:25])
+    assert len(list(iter_index(tmp_path))) == 4
+    ArchiveWriter(tmp_path, "worker", clock=clock).close()
+    assert index.read_bytes() == whole
+    assert [r.sha256 for r in iter_index(tmp_path)][-3:] == ["cd" * 32, "ef" * 32, ""]
+
+
 _CHILD = r"""
 import sys, time
 from pathlib import Path

@@ -56,6 +56,7 @@ _NAME_DROP = _CONTROLS + b" :"
 _CRLF_RUN = re.compile(rb"[\r\n]+")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _VALUE_CONTROLS = bytes(c for c in range(32) if c != 9) + b"\x7f"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 REVISIT_PROFILE = b"http://netpreserve.org/warc/1.1/revisit/identical-payload-digest"
 GZIP_LEVEL = 1
 READ_CHUNK = 1024 * 1024
@@ -158,14 +159,17 @@ class Maker:
 
     # ------------------------------------------------------------------ the other kinds
     def metadata(self, target: str, fields: Sequence[tuple[str, str]], *, refers_to: str, page: str, role: str,
-                 now: float) -> Built:
-        """A ``metadata`` record (application/warc-fields: one "name: value" line a field) about ``target``."""
+                 now: float, sha256: str = "") -> Built:
+        """A ``metadata`` record (application/warc-fields: one "name: value" line a field) about ``target``;
+        ``sha256``: of the stored file it is about, kept as WARC-Crawler-SHA256 so the index can be rebuilt."""
         lines = []
         for name, value in fields:
             lines += [_name(name.encode("utf-8", "surrogatepass")), b": ",
                       _value(value.encode("utf-8", "surrogatepass")), b"\r\n"]
+        sha = sha256.lower()
+        extra = [b"WARC-Crawler-SHA256: ", sha.encode(), b"\r\n"] if _HEX64.match(sha) else []
         return self._plain(b"metadata", target, b"application/warc-fields", b"".join(lines), refers_to, page,
-                           role, now)
+                           role, now, extra)
 
     def resource(self, target: str, content_type: str, block: bytes, *, refers_to: str, page: str, role: str,
                  now: float) -> Built:
@@ -190,7 +194,7 @@ class Maker:
         return Built(member, "warcinfo", record_id.decode(), "", "", date.decode(), "sha1:" + digest.decode())
 
     def _plain(self, kind: bytes, target: str, content_type: bytes, block: bytes, refers_to: str, page: str,
-               role: str, now: float) -> Built:
+               role: str, now: float, more: Sequence[bytes] = ()) -> Built:
         record_id = b"<urn:uuid:" + _uuid4() + b">"
         date = self.date(now)
         uri = _uri(target)
@@ -198,6 +202,7 @@ class Maker:
         # The block is the payload of a metadata or resource record: one digest serves as both.
         digest = _base32_160(hashlib.sha1(block).digest())
         extra = [b"WARC-Refers-To: ", refers, b"\r\n"] if refers else []
+        extra += more
         member = _record(kind, record_id, date, uri,
                          [*extra, *_common(role, page), b"WARC-Block-Digest: sha1:", digest,
                           b"\r\nWARC-Payload-Digest: sha1:", digest, b"\r\n"], content_type, (block,))

@@ -12,8 +12,10 @@ after it); 0 keeps all. The file being written is never removed.
 Durability: one unbuffered append per exchange (its response and request members in one write), then one for
 their index lines. What ``exchange`` returned for is in the file even if the process is killed the next moment.
 A write that fails (disk full) is cut back off both files, so no record or line is left half written for the
-next to follow. A crash can still cut the last record or line of a file: the next start writes a new file, and
-cuts such a tail off the newest old file; the index readers skip a last line without its newline.
+next to follow. A crash can still cut the last record or line of a file: the next start writes a new file, cuts such a
+tail off the newest old file and its index, and indexes the whole records the index missed (every field of an
+entry is in the record's own headers: ``rebuild_index`` rewrites a lost index from its file); the index readers
+skip a last line without its newline.
 
 The index: one line per record, tab-separated, the fields of RecordRef in order. Every field is control-free by
 construction (target URIs and pages lose their control characters in the record too), so a line is a line.
@@ -38,7 +40,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from crawler.archive import Exchange, RecordRef
-from crawler.archive.records import Built, Maker, read_member, sha256_hex
+from crawler.archive.records import Built, Maker, Record, iter_records, parse_record, read_member, sha256_hex
 from crawler.config import non_negative, positive, setting
 
 log = logging.getLogger("crawler.archive")
@@ -121,7 +123,8 @@ class ArchiveWriter:
 
     def metadata(self, target: str, fields: tuple[tuple[str, str], ...], *, refers_to: str, page: str,
                  role: str, now: float, sha256: str = "") -> str:
-        built = self._maker.metadata(target, fields, refers_to=refers_to, page=page, role=role, now=now)
+        built = self._maker.metadata(target, fields, refers_to=refers_to, page=page, role=role, now=now,
+                                     sha256=sha256)
         return self._append((built,), role, page, (sha256,))[0].record_id
 
     def resource(self, target: str, content_type: str, block: bytes, *, refers_to: str, page: str, role: str,
@@ -305,13 +308,37 @@ def _size(path: Path) -> int:
         return 0
 
 
+def ref_of(name: str, record: Record) -> RecordRef:
+    """The index entry of a record read back from the file ``name``: everything the index keeps is in the
+    record's own headers."""
+    h = {k.lower(): v for k, v in record.headers}
+    digest = h.get("warc-payload-digest", "")
+    sha = h.get("warc-crawler-sha256", "") or sha256_hex(digest)
+    return RecordRef(name, record.offset, record.length, h.get("warc-type", ""), h.get("warc-crawler-role", ""),
+                     h.get("warc-target-uri", ""), h.get("warc-record-id", ""),
+                     h.get("warc-concurrent-to", "") or h.get("warc-refers-to", ""), h.get("warc-crawler-page", ""),
+                     h.get("warc-date", ""), digest, sha if _HEX64.match(sha) else "")
+
+
+def rebuild_index(warc: Path) -> int:
+    """Writes the index of a WARC file anew from its records (an index lost or damaged); returns their count."""
+    lines = [_line(ref_of(warc.name, r)) for r in iter_records(warc)]
+    index = _index_path(warc)
+    tmp = index.with_name(index.name + ".tmp")
+    tmp.write_text("".join(lines), encoding="utf-8", errors="surrogateescape")
+    os.replace(tmp, index)
+    return len(lines)
+
+
 def _cut_torn_tail(path: Path) -> None:
     """Cuts off the end of a file that is not whole gzip members (a record a crash cut short), from the end of
-    the last record its index names; a file whose index lost lines is walked from there."""
+    the last record its index names; whole records past that end (a crash between the record and its index
+    line) are indexed."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         return
+    _cut_torn_line(_index_path(path))
     start = 0
     for ref in _index_refs(_index_path(path)):
         if ref.file == path.name:
@@ -325,17 +352,30 @@ def _cut_torn_tail(path: Path) -> None:
             rest = fh.read()
     except OSError:
         return
+    found: list[RecordRef] = []
     while rest:
         z = zlib.decompressobj(31)
         try:
-            z.decompress(rest)
+            raw = z.decompress(rest)
         except zlib.error:
             break
         if not z.eof:
             break
         used = len(rest) - len(z.unused_data)
+        try:
+            headers, block = parse_record(raw)
+        except ValueError:
+            break
+        found.append(ref_of(path.name, Record(end, used, headers, block)))
         end += used
         rest = z.unused_data
+    if found:
+        try:
+            with open(_index_path(path), "a", encoding="utf-8", errors="surrogateescape") as index:
+                index.write("".join(_line(r) for r in found))
+            log.warning("archive: %d records of %s were not in its index: indexed", len(found), path.name)
+        except OSError as e:
+            log.warning("archive: cannot index the last records of %s: %s", path.name, e.strerror or e)
     if end < size:
         try:
             with open(path, "r+b") as fh:
@@ -344,6 +384,23 @@ def _cut_torn_tail(path: Path) -> None:
         except OSError as e:
             if e.errno != errno.EROFS:
                 log.warning("archive: cannot cut the torn end of %s: %s", path.name, e.strerror or e)
+
+
+def _cut_torn_line(index: Path) -> None:
+    """Cuts off a last index line without its newline (a crash in its write), so that lines can follow."""
+    try:
+        with open(index, "r+b") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            if not size:
+                return
+            fh.seek(max(0, size - 65536))
+            tail = fh.read()
+            if tail.endswith(b"\n"):
+                return
+            cut = tail.rfind(b"\n")
+            fh.truncate(size - len(tail) + cut + 1 if cut >= 0 else (0 if size <= 65536 else size))
+    except OSError:
+        return
 
 
 def _write_all(fd: int, data: bytes) -> None:
