@@ -189,8 +189,8 @@ def test_records_written_but_not_indexed_are_indexed_at_the_next_start_and_an_in
     clock = Clock()
     w = ArchiveWriter(tmp_path, "worker", clock=clock)
     w.exchange(page(1))
-    w.metadata("http://cdn.test/a.mp3", (("k", "v"),), refers_to="<urn:uuid:x>", page="http://site.test/1",
-               role="audio", now=T, sha256="cd" * 32)
+    w.metadata("http://cdn.test/a.mp3", (("k", "v"),), refers_to="<urn:uuid:x>", page="http://site.test/1 \t2",
+               role="au dio\r\n", now=T, sha256="cd" * 32)
     w.exchange(Exchange(role="audio", method="GET", url="http://cdn.test/a.mp3", request_headers=(), status=200,
                         response_headers=(), body=b"", started=T, page="http://site.test/1",
                         payload_digest="sha256:" + "ef" * 32, payload_size=10))

@@ -286,6 +286,16 @@ def _uri(url: str) -> bytes:
     return b.replace(b" ", b"%20") if b" " in b else b
 
 
+def uri_text(url: str) -> str:
+    """A URI as the records write it (in WARC-Target-URI, WARC-Crawler-Page): what the index keeps too."""
+    return _uri(url).decode("utf-8", "replace")
+
+
+def token_text(s: str) -> str:
+    """A token (a role) as the records write it."""
+    return _token(s).decode("ascii")
+
+
 def _token(s: str) -> bytes:
     return s.encode("ascii", "replace").translate(None, _NAME_DROP)
 

@@ -40,7 +40,17 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from crawler.archive import Exchange, RecordRef
-from crawler.archive.records import Built, Maker, Record, iter_records, parse_record, read_member, sha256_hex
+from crawler.archive.records import (
+    Built,
+    Maker,
+    Record,
+    iter_records,
+    parse_record,
+    read_member,
+    sha256_hex,
+    token_text,
+    uri_text,
+)
 from crawler.config import non_negative, positive, setting
 
 log = logging.getLogger("crawler.archive")
@@ -147,8 +157,8 @@ class ArchiveWriter:
                data: bytes) -> list[RecordRef]:
         offset = self._size
         refs = []
-        clean_role = _field(role)
-        clean_page = _field(page)
+        clean_role = token_text(role) if role else ""
+        clean_page = uri_text(page) if page else ""
         for b, sha in zip(built, sha256, strict=True):
             refs.append(RecordRef(self.name, offset, len(b.member), b.kind, clean_role, b.target, b.record_id,
                                   b.refers_to, clean_page, b.date, b.digest,
@@ -284,13 +294,6 @@ def read_record(archive_dir: Path, ref: RecordRef) -> bytes:
 
 def _line(ref: RecordRef) -> str:
     return "\t".join(str(getattr(ref, f)) for f in _FIELDS) + "\n"
-
-
-def _field(s: str) -> str:
-    return s.translate(_NO_CONTROLS) if s and not s.isprintable() else s
-
-
-_NO_CONTROLS = {c: None for c in [*range(32), 127]}
 
 
 def _index_path(warc: Path) -> Path:
