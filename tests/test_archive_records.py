@@ -102,6 +102,11 @@ def test_a_payload_kept_apart_is_a_revisit_with_the_stored_files_digest(tmp_path
     assert rh.get_header("WARC-Crawler-Payload-Length") == "900"
     assert rh.get_header("WARC-Crawler-Page") == "http://site.test/a?b=1"
     assert http.get_statuscode() == "206" and http.get_header("Content-Length") == "900" and body == b""
+    # Stored decoded (a gzip-coded answer): the wire's length aside, the stored payload's length in its place.
+    decoded, _ = maker.exchange(replace(AUDIO, decoded=True, response_headers=(
+        (b"Content-Encoding", b"gzip"), (b"Content-Length", b"500"))))
+    _, block = parse_member(decoded.member)
+    assert b"X-Archive-Orig-Content-Length: 500\r\n" in block and b"\r\nContent-Length: 900\r\n" in block
     assert qh.get_header("WARC-Concurrent-To") == response.record_id
 
 

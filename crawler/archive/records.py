@@ -114,8 +114,8 @@ class Maker:
         request_id = b"<urn:uuid:" + _uuid4() + b">"
         common = _common(ex.role, ex.page)
         # The response.
-        head = _response_head(ex)
         apart = not ex.body and ex.payload_digest.startswith("sha256:")
+        head = _response_head(ex, apart)
         if apart:
             kind = b"revisit"
             block_digest = _sha1(head)
@@ -246,7 +246,7 @@ def _common(role: str, page: str) -> list[bytes]:
     return out
 
 
-def _response_head(ex: Exchange) -> bytes:
+def _response_head(ex: Exchange, apart: bool) -> bytes:
     lines = [b"HTTP/", _token(ex.http_version) or b"1.1", b" ",
              _STATUS_LINES.get(ex.status) or f"{ex.status} ".encode(), b"\r\n"]
     decoded = ex.decoded
@@ -258,8 +258,10 @@ def _response_head(ex: Exchange) -> bytes:
             lines += [b"X-Archive-Orig-", name, b": ", value, b"\r\n"]
         else:
             lines += [name, b": ", value, b"\r\n"]
-    if decoded:
-        lines += [b"Content-Length: ", str(len(ex.body)).encode(), b"\r\n"]
+    # The length of the payload as stored: in this record, or (kept apart) beside it, when it is known.
+    length = ex.payload_size if apart else len(ex.body)
+    if decoded and length >= 0:
+        lines += [b"Content-Length: ", str(length).encode(), b"\r\n"]
     lines.append(b"\r\n")
     return b"".join(lines)
 
