@@ -245,9 +245,22 @@ def test_a_full_disk_leaves_no_half_record(tmp_path):
                 w.exchange(page(i, 4000))
                 written += 1
         assert e.value.errno == errno.ENOSPC and written > 10
+        files = sorted(disk.glob("*"))
+        sizes = [f.stat().st_size for f in files]
+        for _ in range(5):      # the disk stays full: appends fail, and leave nothing behind
+            with pytest.raises(OSError):
+                w.exchange(page(0, 4000))
+        assert sorted(disk.glob("*")) == files and [f.stat().st_size for f in files] == sizes
         w.close()
         check(disk)
         assert len([r for r in iter_index(disk) if r.kind == "response"]) == written
+        full = ArchiveWriter(disk, "worker", clock=Clock(T + 10))     # a restart on the full disk
+        for _ in range(3):
+            with pytest.raises(OSError):
+                full.exchange(page(0, 100_000))
+        full.close()
+        assert len(set(disk.glob("*")) - set(files)) <= 2     # at most one new file (and its index)...
+        check(disk)                                            # ...and no half record anywhere
 
 
 @pytest.mark.parametrize("enabled", [True, False])

@@ -193,9 +193,9 @@ class ArchiveWriter:
             except FileExistsError:      # a restart within the same second: the next number
                 continue
             break
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
         try:
-            index_fd = os.open(_index_path(self.directory / name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
-                               0o644)
+            index_fd = os.open(_index_path(self.directory / name), flags, 0o644)
         except OSError:
             os.close(fd)
             os.unlink(self.directory / name)
@@ -209,7 +209,12 @@ class ArchiveWriter:
         try:
             self._write((info,), "", "", ("",), info.member)
         except OSError:
-            self._close_files()
+            # A full disk: the empty files go, so that each append tried meanwhile leaves none behind.
+            os.close(self._fd)
+            os.close(self._index_fd)
+            self._fd = self._index_fd = -1
+            for path in (self.directory / name, _index_path(self.directory / name)):
+                path.unlink(missing_ok=True)
             raise
 
     def _close_files(self) -> None:
