@@ -97,6 +97,9 @@ def test_the_politeness_keys_are_the_settings_of_the_gates_config_and_the_master
         assert getattr(Politeness(), name) == key.default, name
 
 
+ARCHIVE_KEYS = ("enabled", "file_bytes", "file_seconds", "keep_bytes", "keep_seconds", "audio_payload")
+
+
 def _dotted(spec, prefix=""):
     for name, key in spec.items():
         yield from _dotted(key.section, f"{prefix}{name}.") if key.section is not None else [prefix + name]
@@ -123,15 +126,17 @@ def test_the_yaml_keys_users_write_are_unchanged():
         *(f"dedup.{k}" for k in ("expected_urls", "fp_rate", "bits_per_url", "hashes", "whitelist",
                                  "snapshot_interval")),
         "web.listen", "web.token_file", "web.allowed_hosts", "alerts.webhook", "alerts.secret_file",
+        *(f"archive.{k}" for k in ARCHIVE_KEYS),
     ])
     assert sorted(_dotted(WORKER_SPEC)) == sorted([
         "master", "id", "data_dir", "secret_file", "concurrency", "downloads", "pending_downloads", "report_wait", "max_tasks",
         "user_agent", "max_page_bytes", "max_audio_bytes", "connect_timeout", "read_timeout", "fetch_timeout",
         "download_timeout", "download_min_rate", "revalidate_after", "max_page_depth", "max_page_tags",
         "max_redirects", "dns_ttl", "link_cache", "max_links_per_page", "store_pages", "page_format",
-        "warc_file_bytes", "min_free_bytes", "download_audio", "reconnect_max_delay", "resolvers",
+        "min_free_bytes", "download_audio", "reconnect_max_delay", "resolvers",
         "metrics_listen", "log_interval",
         *(f"identify.{k}" for k in ("enabled", "processes", "max_backlog", "wait")),
+        *(f"archive.{k}" for k in ARCHIVE_KEYS),
     ])
 
 
@@ -154,3 +159,27 @@ def test_worker_values_derived_from_their_keys(tmp_path, monkeypatch):
         WorkerConfig.build(conf, {"secret_file": "s", "resolvers": {"generic": 1}})
     with pytest.raises(ConfigError, match="^master: expected host:port, got 'nowhere'"):
         WorkerConfig.build(conf, {"secret_file": "s", "master": "nowhere"})
+
+
+def test_the_archive_section_and_the_old_warc_file_bytes_key(tmp_path, monkeypatch):
+    write_secret(tmp_path / "s")
+    monkeypatch.chdir(tmp_path)
+    conf = tmp_path / "w.yaml"
+
+    def build(raw):
+        conf.write_text(yaml.safe_dump({"master": "m.example:7700", "secret_file": "s", **raw}))
+        return WorkerConfig.build(conf, {}).archive
+
+    a = build({})
+    assert (a.enabled, a.file_bytes, a.file_seconds, a.keep_bytes, a.keep_seconds, a.audio_payload) == (
+        True, 1024 ** 3, 86_400.0, 0, 0.0, False)
+    assert build({"archive": {"keep_bytes": 10, "audio_payload": True}}).keep_bytes == 10
+    # The key the WARC page store had is the archive's file size now; the section's own key wins.
+    assert build({"warc_file_bytes": 4096}).file_bytes == 4096
+    assert build({"warc_file_bytes": 4096, "archive": {"file_bytes": 8192}}).file_bytes == 8192
+    for raw, message in [({"archive": {"file_bytes": 0}}, "^archive.file_bytes: must be greater than 0$"),
+                         ({"archive": {"keep_seconds": -1}}, "^archive.keep_seconds: "),
+                         ({"archive": {"size": 1}}, "^archive.size: unknown key"),
+                         ({"warc_file_bytes": "big"}, "^archive.file_bytes: expected an integer")]:
+        with pytest.raises(ConfigError, match=message):
+            build(raw)

@@ -2,13 +2,17 @@
 
 import asyncio
 import struct
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from selectolax.lexbor import LexborHTMLParser
 
 from crawler import protocol as p
+from crawler.archive.writer import iter_index
 from crawler.worker.pagestore import read_page
 from testkit import cluster, sitegen, siteserver
 
@@ -90,11 +94,24 @@ async def test_two_workers_crawl_the_site_completely_and_a_wrong_secret_is_refus
                   for n in ("w1", "w2")]
     assert min(per_worker) > 0.3 * sum(per_worker), per_worker
 
-    # Each stored page is in its worker's WARC archive byte for byte as the site serves it.
+    # Every page fetch is in its worker's archive as a request and a response record tied together, every file
+    # passes warcio's check, and each stored page is there byte for byte as the site serves it.
+    archived: set[str] = set()
+    for n in ("w1", "w2"):
+        archive = tmp_path / f"worker-{n}" / "archive"
+        files = sorted(archive.glob("*.warc.gz"))
+        check = subprocess.run([str(Path(sys.executable).parent / "warcio"), "check", *map(str, files)],
+                               capture_output=True, text=True, check=False)
+        assert files and check.returncode == 0, check.stdout + check.stderr
+        refs = [r for r in iter_index(archive) if r.role == "page"]
+        responses = {r.record_id: r.target for r in refs if r.kind == "response"}
+        assert sorted(r.refers_to for r in refs if r.kind == "request") == sorted(responses)
+        assert not archived & set(responses.values())      # each page fetched once, by one worker
+        archived |= set(responses.values())
+    assert {base + path for path in manifest.pages} <= archived, sorted({base + p for p in manifest.pages} - archived)
     stored = 0
     for n in ("w1", "w2"):
         pages_dir = tmp_path / f"worker-{n}" / "pages"
-        assert list(pages_dir.glob("*.warc"))
         for line in (pages_dir / "index.tsv").read_text().splitlines():
             location, url, _final, status, *_ = line.split("\t")
             path = url.removeprefix(base)

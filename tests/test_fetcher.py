@@ -1,6 +1,7 @@
 """The worker's page fetch against a hostile little server on loopback: caps, bombs, redirects, cookies."""
 
 import gzip
+import time
 import zlib
 
 import aiohttp
@@ -209,3 +210,22 @@ async def test_repeated_headers_are_joined_and_utf8_values_decoded_as_httpx_does
             assert page.headers["x-name"] == "caf\u00e9"       # not UTF-8: Latin-1
     finally:
         await client.aclose()
+
+
+async def test_a_page_says_what_was_sent_and_when_for_the_archive(hostile):
+    client = Http(user_agent="sent-agent", max_connections=4, dns_ttl=60)
+    try:
+        async with RawServer(pages({"/p": html(b"<html>ok")})) as site:
+            before = time.time()
+            page, _ = await fetch_page(client, f"{site.url}/p#frag", max_bytes=1000, referrer="http://r.test/",
+                                       validators=('"e1"', "Sat, 01 Jan 2026 00:00:00 GMT"))
+    finally:
+        await client.aclose()
+    lines = [line for line in site.requests[0].split(b"\r\n")[1:] if line]
+    assert [b"%s: %s" % pair for pair in page.sent] == lines        # Host first, every header as sent
+    assert before <= page.started <= time.time() and not page.cut
+    base, hostile_client = hostile
+    audio, _ = await fetch_page(hostile_client, base + "/audio", max_bytes=10_000_000)
+    assert audio.cut      # only its start was read: the archive says the record is cut
+    big, _ = await fetch_page(hostile_client, base + "/page", max_bytes=100_000)
+    assert big.cut

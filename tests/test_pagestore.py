@@ -1,4 +1,5 @@
-"""The worker's page store: WARC files that standard tools read, and the one-file-per-page layout."""
+"""The worker's page store: pages as the archive's WARC records that standard tools read, and the
+one-file-per-page layout."""
 
 import base64
 import gzip
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from warcio.archiveiterator import ArchiveIterator
 
-from crawler.worker.pagestore import FilePageStore, WarcPageStore, open_page_store, read_page
+from crawler.worker.pagestore import FORMATS, FilePageStore, WarcPageStore, open_page_store, read_page
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE_URLS = ["http://../../etc/passwd", "http://evil.example/../../../../tmp/x", "http://a%2F..%2F..%2Fb/",
@@ -27,9 +28,18 @@ def index_rows(root: Path) -> list[list[str]]:
     return [line.split("\t") for line in (root / "pages" / "index.tsv").read_text().splitlines()]
 
 
-def records(path: Path) -> list:
+def records(path: Path, kind: str = "response") -> list:
     with open(path, "rb") as fh:
-        return [(r.rec_headers, r.http_headers, r.content_stream().read()) for r in ArchiveIterator(fh)]
+        return [(r.rec_headers, r.http_headers, r.content_stream().read())
+                for r in ArchiveIterator(fh, check_digests="raise") if r.rec_type == kind]
+
+
+def warcs(root: Path) -> list[Path]:
+    files = sorted((root / "archive").glob("*.warc.gz"))
+    done = subprocess.run([str(Path(sys.executable).parent / "warcio"), "check", *map(str, files)], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return files
 
 
 def test_warc_records_open_in_a_standard_reader(tmp_path):
@@ -39,11 +49,13 @@ def test_warc_records_open_in_a_standard_reader(tmp_path):
     store.save("http://site.test/gone#frag", "http://site.test/gone", 404, "text/html", b"no", ())
     store.close()
 
-    files = sorted((tmp_path / "pages").glob("*.warc"))
-    assert [f.name for f in files] == ["pages-20260921141320-00000.warc"]
-    got = records(files[0])
-    assert got[0][0].get_header("WARC-Type") == "warcinfo"
-    responses = got[1:]
+    files = warcs(tmp_path)
+    assert [f.name for f in files] == ["worker-20260921141320-00000.warc.gz"]
+    assert records(files[0], "warcinfo")
+    responses = records(files[0])
+    requests = records(files[0], "request")
+    assert [q[0].get_header("WARC-Concurrent-To") for q in requests] == [
+        r[0].get_header("WARC-Record-ID") for r in responses]
     assert [r[0].get_header("WARC-Target-URI") for r in responses] == [u for u, _ in pages] + ["http://site.test/gone"]
     assert [r[2] for r in responses[:5]] == [body for _, body in pages]
     warc_headers, http_headers, _ = responses[0]
@@ -68,16 +80,17 @@ def test_warc_records_open_in_a_standard_reader(tmp_path):
 def test_warc_files_roll_over_and_restarts_start_a_new_file(tmp_path):
     store = WarcPageStore(tmp_path, file_bytes=4096, clock=lambda: 1_790_000_000.0)
     for i in range(20):
-        store.save(f"http://site.test/{i}", f"http://site.test/{i}", 200, "text/html", b"x" * 1000)
+        store.save(f"http://site.test/{i}", f"http://site.test/{i}", 200, "text/html",
+                   os.urandom(1000).hex().encode())     # what gzip cannot shrink away
     store.close()
     again = WarcPageStore(tmp_path, file_bytes=4096, clock=lambda: 1_790_000_000.0)   # same second
     again.save("http://site.test/after", "http://site.test/after", 200, "text/html", b"y")
     again.close()
-    files = sorted((tmp_path / "pages").glob("*.warc"))
+    files = warcs(tmp_path)
     assert len(files) >= 6 and all(f.stat().st_size <= 4096 for f in files)
-    uris = [r[0].get_header("WARC-Target-URI") for f in files for r in records(f) if r[1] is not None]
+    uris = [r[0].get_header("WARC-Target-URI") for f in files for r in records(f)]
     assert sorted(uris) == sorted([f"http://site.test/{i}" for i in range(20)] + ["http://site.test/after"])
-    assert all(records(f)[0][0].get_header("WARC-Type") == "warcinfo" for f in files)
+    assert all(len(records(f, "warcinfo")) == 1 for f in files)
 
 
 def test_truncated_pages_say_so_and_headers_cannot_forge_records(tmp_path):
@@ -86,7 +99,7 @@ def test_truncated_pages_say_so_and_headers_cannot_forge_records(tmp_path):
     store.save("http://site.test/big\nWARC-Type: x", "http://site.test/big\r\nX:y", 200, "text/html",
                b"z" * 100, evil, truncated=True)
     store.close()
-    _info, (warc_headers, http_headers, body) = records(next((tmp_path / "pages").glob("*.warc")))
+    [(warc_headers, http_headers, body)] = records(warcs(tmp_path)[0])
     assert warc_headers.get_header("WARC-Truncated") == "length"
     assert warc_headers.get_header("WARC-Target-URI") == "http://site.test/bigX:y"
     assert http_headers.get_header("X-Evil") == "a WARC/1.1 WARC-Type: response" and body == b"z" * 100
@@ -101,9 +114,12 @@ def test_no_url_names_a_file_in_either_format(tmp_path):
             assert store.read(location) == b"<html></html>"
         store.close()
         for path in root.rglob("*"):
-            assert path.resolve().is_relative_to((root / "pages").resolve())
+            assert path.resolve().is_relative_to((root / "pages").resolve()) or path.resolve().is_relative_to(
+                (root / "archive").resolve()), path
+        assert all(f.name.startswith("worker-") for f in (root / "archive").glob("*")) if fmt == "warc" else True
         assert len(index_rows(root)) == len(HOSTILE_URLS)
-    for location in ("../../etc/passwd.warc:0:10", "../../etc/passwd", "/etc/passwd"):
+    for location in ("../../etc/passwd.warc:0:10", "../../etc/passwd", "/etc/passwd", "../x.warc.gz:0:10",
+                     "x.warc.gz:0:-1"):
         with pytest.raises(ValueError):
             read_page(tmp_path / "warc" / "pages", location)
     assert isinstance(open_page_store(tmp_path / "f", "files"), FilePageStore)
@@ -130,8 +146,8 @@ def test_pages_survive_a_killed_worker(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    [warc] = (tmp_path / "pages").glob("*.warc")
-    bodies = [r[2] for r in records(warc) if r[1] is not None]
+    [warc] = warcs(tmp_path)
+    bodies = [r[2] for r in records(warc)]
     assert bodies == [b"<html>%d</html>" % i for i in range(200)]
 
 
@@ -174,3 +190,36 @@ def test_index_times_are_iso_8601_utc(tmp_path):
     store.close()
     assert [r[5] for r in index_rows(tmp_path)] == ["2026-09-21T14:13:20.250Z", "2026-09-21T14:13:20.999Z",
                                                     "2026-09-21T14:14:21.000Z"]
+
+
+def test_pages_of_the_store_before_the_archive_are_still_read(tmp_path):
+    """An uncompressed WARC file in pages/ and its index line, as the page store wrote them before."""
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    body = b"<html>old</html>"
+    http = b"HTTP/1.1 200 OK\r\nContent-Length: 16\r\n\r\n" + body
+    record = (b"WARC/1.1\r\nWARC-Type: response\r\nContent-Length: " + str(len(http)).encode() + b"\r\n\r\n"
+              + http + b"\r\n\r\n")
+    (pages / "pages-20260101000000-00000.warc").write_bytes(b"x" * 10 + record)
+    assert read_page(pages, f"pages-20260101000000-00000.warc:10:{len(record)}") == body
+
+
+def test_pages_share_the_nodes_archive_and_files_are_an_extra_copy(tmp_path):
+    from crawler.archive.writer import ArchiveWriter, iter_index
+
+    writer = ArchiveWriter(tmp_path / "archive", "worker")
+    sent = ((b"Host", b"s.test"), (b"User-Agent", b"ua"))
+    for fmt in FORMATS:
+        store = open_page_store(tmp_path, fmt, archive=writer)
+        loc = store.save("http://s.test/" + fmt, "http://s.test/" + fmt, 200, "text/html", b"<html></html>",
+                         sent=sent, started=1_790_000_000.0)
+        assert store.read(loc) == b"<html></html>"
+        store.close()
+    writer.close()
+    refs = [r for r in iter_index(tmp_path / "archive") if r.kind != "warcinfo"]
+    assert [(r.kind, r.target) for r in refs] == [("response", "http://s.test/warc"), ("request", "http://s.test/warc"),
+                                                  ("response", "http://s.test/files"),
+                                                  ("request", "http://s.test/files")]
+    [request] = records(warcs(tmp_path)[0], "request")[:1]
+    assert request[1].get_header("User-Agent") == "ua" and request[1].get_header("Host") == "s.test"
+    assert request[0].get_header("WARC-Date") == "2026-09-21T14:13:20Z"

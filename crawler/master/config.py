@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from crawler.archive.writer import ArchiveConfig
 from crawler.bloom import GrowingBloomFilter
 from crawler.config import (
     ConfigError,
@@ -299,6 +300,8 @@ class MasterConfig:
     log_interval: float = setting("float", 30.0, positive)     # seconds between progress lines
     web: WebSettings
     alerts: AlertSettings
+    # The master's own exchanges (robots.txt fetches) as WARC records in data_dir/archive (crawler/archive/).
+    archive: ArchiveConfig = field(default_factory=ArchiveConfig)
 
     @property
     def store_location(self) -> Path | str:

@@ -25,6 +25,7 @@ import httpx
 from crawler import protocol as p
 from crawler import sdnotify
 from crawler.archive import NO_ARCHIVE, Archive
+from crawler.archive.writer import ArchiveWriter, open_archive
 from crawler.bloom import BloomFileError, BloomFilter, GrowingBloomFilter
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.http.getter import Getter, build_stack
@@ -189,11 +190,14 @@ class Master:
                                  data_dir=cfg.data_dir, log_interval=cfg.log_interval)
         # The private addresses the crawl may reach: its seeds' and the configured networks (told to workers).
         self.targets = TargetPolicy.for_crawl(cfg.seeds, cfg.crawl.allowed_networks)
-        self.archive: Archive = NO_ARCHIVE   # the master's exchanges (its robots.txt fetches) as WARC records
         self.paused = False
         self._unanswered: set[str] = set()   # commands applied whose file could not be removed
         # Writes Bloom snapshots off the event loop; one thread, so snapshots are written one at a time.
         self._bloom_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bloom-snapshot")
+        # The master's own exchanges (its robots.txt fetches) as WARC records in data_dir/archive (crawler/archive/),
+        # once serve() has opened the state; NO_ARCHIVE when the archive section turns it off.
+        self.archive: Archive = NO_ARCHIVE
+        self._archive_writer: ArchiveWriter | None = None
 
     # ------------------------------------------------------------------ state
     def _open_core(self) -> None:
@@ -253,6 +257,9 @@ class Master:
             self.store.set_meta(LIMIT_META, None)
         self.observer.opened(self.store)
         self.store.commit()
+        self._archive_writer = open_archive(cfg.archive, cfg.data_dir / "archive", "master", clock=self.clock)
+        if self._archive_writer is not None:
+            self.archive = self._archive_writer
 
     def _load_bloom(self) -> GrowingBloomFilter:
         d = self.cfg.dedup
@@ -519,6 +526,11 @@ class Master:
             self.observer.write_snapshot(running=False)
             self.catalogue.close()
             self.store.close()
+            if self._archive_writer is not None:
+                try:
+                    self._archive_writer.close()
+                except OSError as e:
+                    log.warning("archive not closed: %s", e.strerror or e)
         return self.summary
 
     async def _start_web(self) -> WebServer | None:

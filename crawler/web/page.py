@@ -32,6 +32,11 @@ class FetchedPage:
     raw_headers: Sequence[tuple[bytes, bytes]] = ()   # as received, for the page archive
     # What the page that linked this address said about the link (items.LinkMeta), when it came with the task.
     link_meta: LinkMeta | None = None
+    # The request as sent (Host first) and when, and whether the body read is less than the answer's (cut at a
+    # cap, or only its start sniffed): for the archive's records of the exchange.
+    sent: Sequence[tuple[bytes, bytes]] = ()
+    started: float = 0.0
+    cut: bool = False
     _text: str | None = field(default=None, init=False, repr=False, compare=False)
     _tree: LexborHTMLParser | None = field(default=None, init=False, repr=False, compare=False)
     _parsed: bool = field(default=False, init=False, repr=False, compare=False)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crawler.archive.writer import ArchiveConfig
 from crawler.config import (
     ConfigError,
     from_values,
@@ -103,7 +104,6 @@ class WorkerConfig:
     max_links_per_page: int = setting("int", 5000, positive)
     store_pages: bool = setting("bool", True)
     page_format: str = setting("str", "warc", one_of(*FORMATS))   # see crawler/worker/pagestore.py
-    warc_file_bytes: int = setting("int", 1024 ** 3, positive)      # a new WARC file past this size
     min_free_bytes: int = setting("int", 100 * 1024 ** 2, non_negative)   # less free in data_dir: take no work
     download_audio: bool = setting("bool", True)
     reconnect_max_delay: float = setting("float", 30.0, positive)
@@ -114,6 +114,8 @@ class WorkerConfig:
     log_interval: float = setting("float", 30.0, positive)     # seconds between progress lines
     # The fingerprint pool (crawler/worker/fingerprints.py): every stored audio file is fingerprinted.
     identify: IdentifyConfig = field(default_factory=IdentifyConfig, kw_only=True)
+    # Every exchange this node makes, as WARC records in data_dir/archive (crawler/archive/).
+    archive: ArchiveConfig = field(default_factory=ArchiveConfig, kw_only=True)
 
     @classmethod
     def build(cls, yaml_path: Path | None, overrides: dict[str, Any]) -> WorkerConfig:
@@ -126,6 +128,13 @@ class WorkerConfig:
             if k in given:
                 given[k] = str(Path(given[k]).expanduser().absolute())
         raw.update(given)
+        if "warc_file_bytes" in raw:    # the key before the archive section had one: the same setting
+            old = raw.pop("warc_file_bytes")
+            section = raw.get("archive")
+            if section is None:
+                raw["archive"] = {"file_bytes": old}
+            elif isinstance(section, dict):
+                raw["archive"] = {"file_bytes": old, **section}
         v = parse_keys(raw, SPEC, base)
         if v["max_tasks"] is None:
             v["max_tasks"] = 2 * v["concurrency"] + 2 * v["downloads"]

@@ -19,6 +19,7 @@ redirects up to the limit.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 
 import httpx
@@ -65,6 +66,7 @@ class PageFetcher:
     def __init__(self, http: Getter) -> None:
         self._http = http
         self._headers = header_list(http.client.headers)
+        self._sent = _encoded(self._headers)     # the same, as the archive records them
         self._timeouts = http.timeouts
 
     async def fetch(self, url: str, *, max_bytes: int, referrer: str | None = None,
@@ -86,8 +88,10 @@ class PageFetcher:
                 if last_modified:
                     headers.append(("If-Modified-Since", last_modified))
         try:
+            target = parse_url(request_url)
+            started = time.time()
             # A page is cut at its cap, not refused: one byte past it tells the fetch it was cut.
-            r = await self._http.get(parse_url(request_url), headers, timeout=self._timeouts, max_body=max_bytes + 1,
+            r = await self._http.get(target, headers, timeout=self._timeouts, max_body=max_bytes + 1,
                                      read_size=_READ_SIZE, cut=True)
             try:
                 fields = header_fields(r.raw_headers)
@@ -107,8 +111,12 @@ class PageFetcher:
                 # Back to the pool when the body was read to the end; closed when it was not (a capped page).
                 await r.aclose()
             body = b"".join(chunks)[:limit]
+            # What was sent: the lean path's request is Host and these headers, in this order.
+            sent = ((b"Host", (target.host_port_subcomponent or "").encode("latin-1", "replace")), *self._sent,
+                    *(_encoded(headers[len(self._headers):]) if headers is not self._headers else ()))
             page = FetchedPage(url=url, final_url=request_url, status=r.status_code, content_type=mt,
-                               headers=fields, body=body, referrer=referrer, raw_headers=r.raw_headers)
+                               headers=fields, body=body, referrer=referrer, raw_headers=r.raw_headers,
+                               sent=sent, started=started, cut=truncated or (not document and size >= limit))
             return page, truncated
         except httpx.UnsupportedProtocol as e:
             raise FetchError(f"unsupported URL: {e}", transient=False) from None
@@ -124,6 +132,10 @@ class PageFetcher:
             raise FetchError(f"cannot send the request: {e}", transient=False) from None
         except (httpx.TransportError, OSError) as e:
             raise FetchError(f"{type(e).__name__}: {e}".rstrip(": "), transient=True) from None
+
+
+def _encoded(headers: Sequence[tuple[str, str]]) -> tuple[tuple[bytes, bytes], ...]:
+    return tuple((k.encode("latin-1", "replace"), v.encode("latin-1", "replace")) for k, v in headers)
 
 
 def header_fields(raw: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:

@@ -23,6 +23,7 @@ from crawler import items as it
 from crawler import protocol as p
 from crawler import sdnotify
 from crawler.archive import NO_ARCHIVE, Archive
+from crawler.archive.writer import ArchiveWriter
 from crawler.config import ConfigError
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.http.targets import TargetPolicy, parse_network
@@ -53,7 +54,7 @@ from crawler.worker import page_plan
 from crawler.worker.ledger import DownloadLedger, Key, Outgoing
 from crawler.worker.linkcache import LinkCache
 from crawler.worker.revisit import PageAudio, content_digest
-from crawler.worker.pagestore import open_page_store
+from crawler.worker.pagestore import open_page_store, page_exchange
 
 log = logging.getLogger("crawler.worker")
 
@@ -238,9 +239,7 @@ class Worker:
         this worker for good (returns 2; the reason is in self.refusal)."""
         cfg = self.cfg
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        self.pages = open_page_store(cfg.data_dir, cfg.page_format, warc_file_bytes=cfg.warc_file_bytes)
-        # Every exchange this node makes, as WARC records (crawler/archive/).
-        self.archive: Archive = NO_ARCHIVE
+        self._open_archive()
         # Pages and API answers: bodies bounded by the page cap (cut for pages, refused for API answers), a total
         # deadline per exchange. Both clients reach only public addresses and those the master's Welcome names.
         self.http = build_stack(max_connections=cfg.concurrency * 2, dns_ttl=cfg.dns_ttl,
@@ -312,12 +311,28 @@ class Worker:
                 self.pages.close()
             except OSError as e:   # the last index lines on a full disk: those pages are fetched again elsewhere
                 log.warning("page index not flushed: %s", describe(e))
+            if self.archive_writer is not None:
+                try:
+                    self.archive_writer.close()
+                except OSError as e:
+                    log.warning("archive not closed: %s", describe(e))
             await self.http.aclose()
             await self.dl_http.aclose()
             if self._was_connected:
                 log.info("worker %s stopped: %d pages, %d errors, %d audio items; downloads: %s; pages refused: %s",
                          cfg.id, self.stats.pages, self.stats.errors, self.stats.audio, self.downloader.stats,
                          ", ".join(f"{k} {v}" for k, v in sorted(self.stats.refused.items())) or "none")
+
+    def _open_archive(self) -> None:
+        """Every exchange this node makes, as WARC records in data_dir/archive (crawler/archive/), and the page
+        store. With archiving off, WARC pages still go there (the page store's format), alone."""
+        cfg = self.cfg
+        writer = None
+        if cfg.archive.enabled or (cfg.store_pages and cfg.page_format == "warc"):
+            writer = ArchiveWriter.from_config(cfg.archive, cfg.data_dir / "archive", "worker")
+        self.archive_writer = writer
+        self.archive: Archive = writer if writer is not None and cfg.archive.enabled else NO_ARCHIVE
+        self.pages = open_page_store(cfg.data_dir, cfg.page_format, archive=writer)
 
     async def _progress(self) -> None:
         interval = self.cfg.log_interval
@@ -596,6 +611,9 @@ class Worker:
                 action = page_plan.decide(replace(answer, checked=True, refused=refused), where)
                 if refused and isinstance(action, page_plan.Report):
                     self.stats.refused[refused.split(":", 1)[0]] += 1
+            # Every page fetch is archived; the HTML pages parsed are the stored ones (pages/index.tsv).
+            self._keep_page(url, page, self.cfg.store_pages and isinstance(action, page_plan.Parse)
+                            and page.is_html())
             if isinstance(action, page_plan.Unchanged):
                 # Its audio, as its last full answer listed it, goes through the downloader again: revalidated
                 # once revalidate_after has passed, and a change at its address found (revisit.py).
@@ -629,14 +647,6 @@ class Worker:
                         refs = [u for u in audio_candidates(tree, page.final_url, 4 * self.cfg.max_links_per_page)
                                 if not is_audio_url(u)]
                         cut = max(0, cut - len(refs))
-                if self.cfg.store_pages:
-                    try:
-                        self.pages.save(url, page.final_url, page.status, page.content_type, page.body,
-                                        page.raw_headers, truncated)
-                    except OSError as e:
-                        if is_local(e):
-                            raise LocalFault(describe(e)) from None
-                        raise
         try:
             resolution, error = await self._resolve(resolver, url, page)
             for later in followers(self.resolvers, resolver, url, page, resolution):
@@ -721,7 +731,26 @@ class Worker:
         """A page a resolver needs besides its task's own, within the same limits as any page fetch."""
         async with self.page_sem:
             page, _ = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes)
+        try:
+            self._keep_page(url, page, False)
+        except LocalFault:
+            pass    # a full disk: the task's own page meets it too, and the worker's fault is entered there
         return page
+
+    def _keep_page(self, url: str, page: FetchedPage, store: bool) -> None:
+        """A fetched page into the archive (as a request and a response record) and, when ``store``, into the
+        page store (which archives it as it stores it)."""
+        try:
+            if store:
+                self.pages.save(url, page.final_url, page.status, page.content_type, page.body, page.raw_headers,
+                                page.cut, sent=page.sent, started=page.started)
+            elif self.archive is not NO_ARCHIVE:
+                self.archive.exchange(page_exchange(page.final_url, page.status, page.body, page.raw_headers,
+                                                    page.cut, page.sent, page.started))
+        except OSError as e:
+            if is_local(e):
+                raise LocalFault(describe(e)) from None
+            raise
 
     def _normalise_as(self, welcome: p.Welcome) -> None:
         """Links are normalised once, on the worker, with the crawl's own options (the master sends them): the
