@@ -1,0 +1,172 @@
+"""The browser resolver's view as evidence: a real headless Chromium against the player site on loopback records
+the exchanges it made (the signed API call whose answer held the audio address among them), the media request it
+was refused, the rendered DOM, a screenshot and a summary of the visit, all tied to the page; a worker that keeps
+no archive pays nothing for it. The bounds' decisions are checked without a browser."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from crawler.archive import NO_ARCHIVE, Exchange
+from crawler.http.getter import Stack
+from crawler.http.targets import TargetPolicy
+from crawler.http.transport import build_client, build_transport
+from crawler.resolvers import browser as browser_module
+from crawler.resolvers.base import ResolveContext, ResolverConfigError
+from crawler.resolvers.browser import BrowserResolver
+from crawler.resolvers.browsercapture import (
+    DOM_TARGET,
+    VIEW_TARGET,
+    body_allowance,
+    declared_length,
+    kept_body,
+    visit_fields,
+)
+from crawler.resolvers.chromium import LOOPBACK_ONLY_ARGS
+from crawler.worker.fetcher import PageFetcher
+from testkit import playersite
+from testkit.browser import TEST_BROWSER_USER
+from tests.fakes.archive import Collected
+
+pytestmark = pytest.mark.timeout(180)
+
+UA = "SiteTestBrowser/1.0"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+# -- decisions ---------------------------------------------------------------------------------------------
+
+
+def test_a_body_is_read_only_within_its_bounds():
+    assert body_allowance(100, left=1000, per_response=500) == 100
+    assert body_allowance(None, left=1000, per_response=500) == 500         # unknown size: read, then cut
+    assert body_allowance(None, left=300, per_response=500) == 300          # what is left of the page's bound
+    assert body_allowance(600, left=1000, per_response=500) is None         # declared too big: never read
+    assert body_allowance(10, left=0, per_response=500) is None             # the page's bound is spent
+    assert body_allowance(0, left=0, per_response=500) == 0                 # an empty body costs nothing
+    assert kept_body(b"abcdef", 4) == (b"abcd", "length") and kept_body(b"abc", 4) == (b"abc", "")
+    assert declared_length(((b"Content-Length", b" 42 "),)) == 42
+    assert declared_length(((b"content-length", b"-1"),)) is None and declared_length(()) is None
+
+
+def test_the_visit_record_is_one_line_a_field():
+    fields = visit_fields(browser_version="131.0", user_agent="UA", started=0.5, ended=1.25, outcome="complete",
+                          found=[("audio", "http://a.test/x.mp3"), ("hls", "http://a.test/i.m3u8")],
+                          kept={"dom": "whole", "note": "two\r\nlines"})
+    assert ("visit-started", "1970-01-01T00:00:00.500000Z") in fields
+    assert [v for n, v in fields if n == "found"] == ["audio http://a.test/x.mp3", "hls http://a.test/i.m3u8"]
+    assert ("note", "two lines") in fields
+
+
+def test_archive_bounds_are_checked():
+    with pytest.raises(ResolverConfigError, match=r"browser\.archive_max_bytes"):
+        BrowserResolver({"archive_max_bytes": -1})
+
+
+# -- real Chromium -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def site():
+    s = playersite.PlayerSite()
+    async with playersite.serve(s) as base:
+        s.base = base
+        yield s
+
+
+@pytest.fixture
+async def stack(site):
+    transport = build_transport(max_connections=8, dns_ttl=60)
+    http = build_client(transport, user_agent=UA, connect_timeout=5, read_timeout=10, max_redirects=3)
+    yield Stack(transport, http)
+    await http.aclose()
+
+
+async def visit(r: BrowserResolver, site, stack, path: str, archive):
+    page, _ = await PageFetcher(stack).fetch(site.base + path, max_bytes=1 << 20)
+    ctx = ResolveContext(http=stack, user_agent=UA, targets=TargetPolicy.for_crawl([site.base + "/"], []),
+                         archive=archive)
+    return page.final_url, await r.resolve(site.base + path, page, ctx)
+
+
+def by_url(exchanges: list[Exchange], part: str) -> list[Exchange]:
+    return [e for e in exchanges if part in e.url]
+
+
+async def test_a_visit_keeps_the_browsers_view_and_none_without_an_archive(site, stack, monkeypatch):
+    # One browser for the module's visits: starting one is the slow part.
+    r = BrowserResolver({"args": list(LOOPBACK_ONLY_ARGS), "user": TEST_BROWSER_USER, "page_timeout": 30})
+    try:
+        archive = Collected()
+        before = time.time()
+        page_url, got = await visit(r, site, stack, "/song/2", archive)
+        token = next(iter(site.sessions.values()))
+        assert [i.url for i in got.items] == [f"{site.base}/stream/{token}"]
+
+        assert archive.exchanges and all(e.role == "browser" and e.page == page_url for e in archive.exchanges)
+        # The signed API call that produced the address: the request as sent, the answer with its cookie and body.
+        (api,) = by_url(archive.exchanges, "/api/play?")
+        assert api.method == "GET" and api.status == 200 and not api.truncated
+        assert json.loads(api.body) == {"url": f"/stream/{token}"}
+        assert any(name.lower() == b"set-cookie" and b"play_session=" in value for name, value in api.response_headers)
+        assert any(name.lower() == b"referer" for name, _ in api.request_headers)
+        assert before - 1 <= api.started <= time.time()
+        # The document as the browser got it, and the script that made the call.
+        (document,) = [e for e in archive.exchanges if e.url == page_url]
+        assert document.status == 200 and b'class="play-button"' in document.body
+        assert b"fnv(" in by_url(archive.exchanges, "/static/song2.js")[0].body
+        # The media request it was refused: the request is kept, with word that it went unanswered.
+        assert not by_url(archive.exchanges, "/stream/")
+        refused = [m for m in archive.metadatas if "/stream/" in m[0]]
+        assert len(refused) == 1 and ("fetched", "no: its bytes are left to the downloader") in refused[0][1]
+        assert refused[0][3] == page_url and refused[0][2] == "<urn:uuid:exchange-1>"    # the document's record
+
+        # The rendered DOM (the player's state after the click), then the screenshot, tied to it.
+        dom, shot = archive.resources
+        assert dom[:2] == (DOM_TARGET + page_url, "text/html; charset=utf-8")
+        assert b"Signed Song" in dom[2] and f"/stream/{token}".encode() in dom[2]     # the src the script set
+        assert dom[3] == "<urn:uuid:exchange-1>" and dom[4] == page_url and dom[5] == "browser"
+        assert shot[:2] == (VIEW_TARGET + page_url, "image/png") and shot[2].startswith(PNG_SIGNATURE)
+        assert shot[3] == "<urn:uuid:resource-1>" and shot[4] == page_url
+        # The visit's summary: what it found, with what, when, and how it ended.
+        target, fields, refers_to, page, role = archive.metadatas[-1]
+        assert (target, refers_to, page, role) == (page_url, "<urn:uuid:resource-1>", page_url, "browser")
+        values = dict(fields)
+        assert ("found", f"audio {site.base}/stream/{token}") in fields
+        assert values["outcome"] == "complete" and values["user-agent"] == UA and values["browser"]
+        assert values["visit-started"] <= values["visit-ended"] and values["screenshot"] == "viewport"
+        assert int(values["exchanges"]) == len(archive.exchanges) and values["not-fetched"] == "1"
+
+        # A worker without an archive: the same visit, and no capture at all (no body read, no screenshot).
+        def no_capture(*args, **kwargs):
+            raise AssertionError("a visit without an archive must capture nothing")
+
+        monkeypatch.setattr(browser_module, "Capture", no_capture)
+        _, again = await visit(r, site, stack, "/song/1", NO_ARCHIVE)
+        assert [i.url for i in again.items] == [site.base + "/m/a7f3.mp3"]
+    finally:
+        await r.aclose()
+
+
+async def test_a_visit_cut_by_its_deadline_keeps_what_it_saw(site, stack):
+    r = BrowserResolver({"args": list(LOOPBACK_ONLY_ARGS), "user": TEST_BROWSER_USER, "page_timeout": 4,
+                         "archive_max_bytes": 200})
+    try:
+        archive = Collected()
+        started = time.monotonic()
+        page_url, got = await visit(r, site, stack, "/hang", archive)
+        assert time.monotonic() - started < 4 + 30         # the deadline, a tab close, and a loaded machine
+        assert [i.url for i in got.items] == [site.base + "/m/hang.mp3"]
+        # The page's bodies shared 200 bytes: the document (bigger) is kept cut, and marked so.
+        (document,) = [e for e in archive.exchanges if e.url == page_url]
+        assert len(document.body) <= 200 and document.truncated == "length"
+        assert sum(len(e.body) for e in archive.exchanges) <= 200
+        assert [m[0] for m in archive.metadatas] == [site.base + "/m/hang.mp3", page_url]
+        values = dict(archive.metadatas[-1][1])
+        assert values["outcome"] == "cut: its 4 s deadline" and values["dom"] == "none"
+        assert archive.resources == []                     # a hung tab is neither read nor drawn
+    finally:
+        await r.aclose()
