@@ -92,6 +92,19 @@ async def visit(r: BrowserResolver, site, stack, path: str, archive):
     return page.final_url, await r.resolve(site.base + path, page, ctx)
 
 
+class Broken(Collected):
+    """An archive whose disk fails on every call."""
+
+    def exchange(self, ex):
+        raise OSError("disk full")
+
+    def metadata(self, *args, **kwargs):
+        raise OSError("disk full")
+
+    def resource(self, *args, **kwargs):
+        raise OSError("disk full")
+
+
 def by_url(exchanges: list[Exchange], part: str) -> list[Exchange]:
     return [e for e in exchanges if part in e.url]
 
@@ -139,6 +152,10 @@ async def test_a_visit_keeps_the_browsers_view_and_none_without_an_archive(site,
         assert values["outcome"] == "complete" and values["user-agent"] == UA and values["browser"]
         assert values["visit-started"] <= values["visit-ended"] and values["screenshot"] == "viewport"
         assert int(values["exchanges"]) == len(archive.exchanges) and values["not-fetched"] == "1"
+
+        # An archive that fails: the page is resolved all the same.
+        _, despite = await visit(r, site, stack, "/song/1", Broken())
+        assert [i.url for i in despite.items] == [site.base + "/m/a7f3.mp3"]
 
         # A worker without an archive: the same visit, and no capture at all (no body read, no screenshot).
         def no_capture(*args, **kwargs):

@@ -656,22 +656,24 @@ class BrowserResolver(Resolver):
         rendered = html
         if broken is not None:
             if capture is not None:
-                self._archive_visit(capture, browser, rendered, [], visit_started, outcome, user_agent)
+                await self._archive_visit(capture, browser, rendered, [], visit_started, outcome, user_agent)
             raise _BrowserBroken(broken)
         if not html and page is not None:
             html = page.text()     # cut short before the page was read: what the server sent still says something
         resolution = await self._resolution(rec, url, page_url, html, cookies, ctx)
         if capture is not None:
             found = [(str(i.extra.get("format", "audio")), i.url) for i in resolution.items]
-            self._archive_visit(capture, browser, rendered, found, visit_started, outcome, user_agent)
+            await self._archive_visit(capture, browser, rendered, found, visit_started, outcome, user_agent)
         return resolution
 
-    def _archive_visit(self, capture: Capture, browser: ChromiumProcess, dom: str, found: list[tuple[str, str]],
-                       started: float, outcome: str, user_agent: str) -> None:
+    async def _archive_visit(self, capture: Capture, browser: ChromiumProcess, dom: str,
+                             found: list[tuple[str, str]], started: float, outcome: str, user_agent: str) -> None:
         version = ""
         with contextlib.suppress(Exception):     # a dead browser has no version to tell
             version = str(browser.browser.version)
-        block = dom.encode("utf-8", "replace")
+        # The page's size is the site's choice: a big DOM is encoded off the loop.
+        block = (dom.encode("utf-8", "replace") if len(dom) < 262144
+                 else await asyncio.to_thread(dom.encode, "utf-8", "replace"))
         capture.finish(dom=block[: self.settings.max_dom_bytes], dom_cut=len(block) > self.settings.max_dom_bytes,
                        found=found, started=started, outcome=outcome, browser_version=version, user_agent=user_agent)
 
