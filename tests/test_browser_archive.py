@@ -5,6 +5,7 @@ no archive pays nothing for it. The bounds' decisions are checked without a brow
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -19,12 +20,14 @@ from crawler.resolvers.base import ResolveContext, ResolverConfigError
 from crawler.resolvers.browser import BrowserResolver
 from crawler.resolvers.browsercapture import (
     DOM_TARGET,
+    Capture,
     VIEW_TARGET,
     body_allowance,
     declared_length,
     kept_body,
     visit_fields,
 )
+from crawler.resolvers.browserproxy import BrowserProxy, HostRules
 from crawler.resolvers.chromium import LOOPBACK_ONLY_ARGS
 from crawler.worker.fetcher import PageFetcher
 from testkit import playersite
@@ -105,11 +108,90 @@ class Broken(Collected):
         raise OSError("disk full")
 
 
+class FakeRequest:
+    """What a Capture reads of a Playwright request, for the decisions a browser seldom shows."""
+
+    method, resource_type, post_data_buffer, failure = "POST", "fetch", b"x", None
+    timing = {"startTime": 1_700_000_000_000.0}
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.headers = {"user-agent": UA}
+
+    async def headers_array(self):
+        return [{"name": "User-Agent", "value": UA}]
+
+    async def sizes(self):
+        return {"responseBodySize": 5}
+
+
+class FakeResponse:
+    def __init__(self, request: FakeRequest, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.request, self.url, self.status, self.headers, self._body = request, request.url, status, headers, body
+
+    async def headers_array(self):
+        return [{"name": k, "value": v} for k, v in self.headers.items()]
+
+    async def body(self):
+        return self._body
+
+
+async def test_the_proxys_own_answers_are_not_a_sites():
+    archive = Collected()
+    capture = Capture(archive, "http://a.test/p", max_bytes=100, max_body_bytes=100, screenshot=False,
+                      clock=lambda: 1.0, proxy_mark="m1")
+    capture.on_response(FakeResponse(FakeRequest("http://b.test/x"), 403, {"x-crawler-proxy": "m1"}, b""))
+    # A site that sends the header without the proxy's mark is recorded like any site.
+    capture.on_response(FakeResponse(FakeRequest("http://b.test/y"), 403, {"x-crawler-proxy": "guess"}, b"no"))
+    await capture.settle(5)
+    (forged,) = archive.exchanges
+    assert forged.url == "http://b.test/y" and forged.body == b"no" and forged.started == 1_700_000_000.0
+    ((target, fields, *_),) = archive.metadatas
+    assert target == "http://b.test/x" and dict(fields)["fetched"].startswith("no: the worker's proxy answered 403")
+
+
+async def test_the_proxy_marks_its_own_answers():
+    policy = TargetPolicy()                      # the public internet only
+    proxy = BrowserProxy(lambda: policy, HostRules.from_args(list(LOOPBACK_ONLY_ARGS)))
+    await proxy.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"GET http://127.0.0.1:9/x HTTP/1.1\r\nHost: 127.0.0.1:9\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(65536), 10)
+        writer.close()
+    finally:
+        await proxy.aclose()
+    assert answer.startswith(b"HTTP/1.1 403 ") and f"X-Crawler-Proxy: {proxy.mark}\r\n".encode() in answer
+
+
+class EndlessResponse(FakeResponse):
+    async def body(self):
+        await asyncio.Event().wait()      # a long poll: its body never ends
+
+
+async def test_a_body_unread_when_the_visit_ends_is_kept_without_it():
+    archive = Collected()
+    capture = Capture(archive, "http://a.test/p", max_bytes=100, max_body_bytes=100, screenshot=False,
+                      clock=lambda: 1.0)
+    capture.on_response(EndlessResponse(FakeRequest("http://a.test/poll"), 200, {"content-length": "4"}, b""))
+    await capture.settle(0.05)
+    await capture.stop()
+    (ex,) = archive.exchanges
+    assert ex.url == "http://a.test/poll" and ex.body == b"" and ex.truncated == "time" and ex.request_body == b"x"
+    assert capture.left == 100                 # what it had reserved is given back
+
+
 def by_url(exchanges: list[Exchange], part: str) -> list[Exchange]:
     return [e for e in exchanges if part in e.url]
 
 
-async def test_a_visit_keeps_the_browsers_view_and_none_without_an_archive(site, stack, monkeypatch):
+@pytest.fixture
+async def internal():
+    async with playersite.serve_internal() as served:
+        yield served
+
+
+async def test_a_visit_keeps_the_browsers_view_and_none_without_an_archive(site, stack, internal, monkeypatch):
     # One browser for the module's visits: starting one is the slow part.
     r = BrowserResolver({"args": list(LOOPBACK_ONLY_ARGS), "user": TEST_BROWSER_USER, "page_timeout": 30})
     try:
@@ -152,6 +234,16 @@ async def test_a_visit_keeps_the_browsers_view_and_none_without_an_archive(site,
         assert values["outcome"] == "complete" and values["user-agent"] == UA and values["browser"]
         assert values["visit-started"] <= values["visit-ended"] and values["screenshot"] == "viewport"
         assert int(values["exchanges"]) == len(archive.exchanges) and values["not-fetched"] == "1"
+
+        # What the worker's proxy refused is no site's answer: kept as requests that went unanswered.
+        port, hits = internal
+        reach_url, _ = await visit(r, site, stack, f"/reach?port={port}", archive := Collected())
+        assert hits == [] and "/static/reached" in site.paths()
+        assert not by_url(archive.exchanges, "/secret") and by_url(archive.exchanges, "/static/reached")
+        refused = {m[0]: dict(m[1]) for m in archive.metadatas if m[0].endswith("/secret")}
+        assert set(refused) == {f"http://internal.test:{port}/secret", f"http://127.0.0.1:{port}/secret"}
+        # (Chromium ends these no-cors requests on the proxy's 403 without a response of its own.)
+        assert all(f["fetched"].startswith("no: ") and f["method"] == "POST" for f in refused.values()), refused
 
         # An archive that fails: the page is resolved all the same.
         _, despite = await visit(r, site, stack, "/song/1", Broken())

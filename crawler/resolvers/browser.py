@@ -565,7 +565,7 @@ class BrowserResolver(Resolver):
         # and no screenshot taken.
         capture = None if isinstance(ctx.archive, NoArchive) else Capture(
             ctx.archive, page_url, max_bytes=s.archive_max_bytes, max_body_bytes=s.archive_max_response_bytes,
-            screenshot=s.archive_screenshot, clock=ctx.clock)
+            screenshot=s.archive_screenshot, clock=ctx.clock, proxy_mark=self._proxy.mark if self._proxy else "")
         visit_started = ctx.clock()
         outcome = "complete"
         try:
@@ -591,6 +591,8 @@ class BrowserResolver(Resolver):
             tab.on("request", traffic.started)
             tab.on("requestfinished", traffic.ended)
             tab.on("requestfailed", traffic.ended)
+            if capture is not None:
+                tab.on("requestfailed", capture.on_failed)
 
             async def route(route: Any, request: Any) -> None:
                 await self._route(rec, page_url, route, request, capture)
@@ -685,6 +687,8 @@ class BrowserResolver(Resolver):
         try:
             if not request_allowed(page_url, url, document=document):
                 rec.blocked += 1
+                if capture is not None:
+                    capture.out_of_scope(request)
                 await route.abort("blockedbyclient")
                 return
             if document:

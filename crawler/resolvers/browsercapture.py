@@ -9,8 +9,9 @@ For one visit, with role ``browser`` and the visited page as each record's page:
     at most ``max_body_bytes`` (a response declared larger is not read at all), the page's bodies together at
     most ``max_bytes``; a body kept in part or not at all is marked WARC-Truncated "length". A body still
     arriving when the visit ends is kept as far as it was read (nothing, with Playwright) and marked "time";
-  * every media request the browser was not let make (its bytes are the downloader's) as a ``metadata``
-    record saying so, with the request as the page made it;
+  * every request that went unanswered as a ``metadata`` record saying why, with the request as the page made
+    it: media the browser was not let fetch (its bytes are the downloader's), requests the worker's proxy
+    refused (its own answers carry its mark, browserproxy.py: they are not a site's), and requests that failed;
   * the rendered DOM as a ``resource`` record (text/html) at ``urn:dom:<page>``, and a viewport screenshot
     (image/png) at ``urn:view:<page>``, the target Browsertrix gives its page screenshots (its extracted text
     is ``urn:text:<page>``, its per-page summaries ``urn:pageinfo:<page>``); both refer to the browser's own
@@ -44,6 +45,10 @@ VIEW_TARGET = "urn:view:"        # Browsertrix's page screenshots
 SCREENSHOT_TIMEOUT = 5.0         # seconds a screenshot may take, within what is left of the page's deadline
 SCREENSHOT_MARGIN = 0.25         # seconds of the deadline left over for reading what the screenshot took
 SCREENSHOT_MAX_BYTES = 8 * 1024 * 1024   # a viewport's PNG is well under this; a bigger one is not kept
+# Exchanges and unanswered requests recorded a page: past this a page's requests are only counted ("dropped"),
+# so a script that makes thousands of small requests cannot fill the archive with their heads.
+MAX_RECORDS = 2000
+PROXY_MARK = "x-crawler-proxy"
 
 
 # ------------------------------------------------------------------------------------------ pure decisions
@@ -109,8 +114,9 @@ class Capture:
     bodies while the page settles, takes the screenshot, and ends it with ``stop`` and ``finish``."""
 
     def __init__(self, archive: Archive, page_url: str, *, max_bytes: int, max_body_bytes: int,
-                 screenshot: bool, clock: Callable[[], float]) -> None:
+                 screenshot: bool, clock: Callable[[], float], proxy_mark: str = "") -> None:
         self.archive = archive
+        self.proxy_mark = proxy_mark
         self.page_url = page_url
         self.max_body_bytes = max_body_bytes
         self.left = max_bytes                      # of the page's bodies, reserved before each read
@@ -121,22 +127,50 @@ class Capture:
         self.first_id = ""
         self.document_id = ""                      # the browser's fetch of the page itself
         self.png: bytes | None = None
-        self.counts = {"exchanges": 0, "body-bytes": 0, "truncated": 0, "not-fetched": 0, "failed": 0}
+        self.records = 0                           # reserved against MAX_RECORDS
+        self.counts = {"exchanges": 0, "body-bytes": 0, "truncated": 0, "not-fetched": 0, "dropped": 0,
+                       "failed": 0}
         self.notes: dict[str, str] = {}
 
     # -- while the page is open ---------------------------------------------------------------------------
     def on_response(self, response: Any) -> None:
-        if self.closed:
+        if self.closed or not self._room():
             return
         task = asyncio.ensure_future(self._record(response))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
     def not_fetched(self, request: Any, kind: str) -> None:
-        """A media request the browser was refused: the request as the page made it, and that it went unanswered."""
+        """A media request the browser was refused: its bytes are the downloader's."""
+        if self._room():
+            self._unanswered(request, "no: its bytes are left to the downloader", (("kind", kind),))
+
+    def out_of_scope(self, request: Any) -> None:
+        """A request the crawl's scope or address rules refused (a navigation to another host, say)."""
+        if self._room():
+            self._unanswered(request, "no: outside the crawl's scope or address rules")
+
+    def on_failed(self, request: Any) -> None:
+        """A request that got no answer: what the browser said of it (the ones we refused are recorded apart)."""
         try:
-            fields = [("fetched", "no: its bytes are left to the downloader"), ("kind", kind),
-                      ("method", request.method), ("request-type", request.resource_type)]
+            failure = str(request.failure or "")
+        except Exception:   # the tab went away under us
+            return
+        if self.closed or "ERR_BLOCKED_BY_CLIENT" in failure or not self._room():
+            return
+        self._unanswered(request, f"no: {failure or 'failed'}")
+
+    def _room(self) -> bool:
+        if self.records >= MAX_RECORDS:
+            self.counts["dropped"] += 1
+            return False
+        self.records += 1
+        return True
+
+    def _unanswered(self, request: Any, why: str, more: tuple[tuple[str, str], ...] = ()) -> None:
+        """A request and why it went unanswered, with the request as the page made it."""
+        try:
+            fields = [("fetched", why), *more, ("method", request.method), ("request-type", request.resource_type)]
             fields += [("request-header", f"{name}: {value}") for name, value in request.headers.items()]
             self.archive.metadata(request.url, tuple((n, " ".join(v.split())) for n, v in fields),
                                   refers_to=self.document_id, page=self.page_url, role=ROLE, now=self.clock())
@@ -210,6 +244,9 @@ class Capture:
     async def _record(self, response: Any) -> None:
         request = response.request
         status = int(response.status)
+        if self.proxy_mark and response.headers.get(PROXY_MARK) == self.proxy_mark:
+            self._unanswered(request, f"no: the worker's proxy answered {status} (refused, or no connection)")
+            return
         started = self._started(request)
         # What is known at once (Playwright's lower-cased view, without cookies), bettered by the exact lists.
         sent = as_headers(request.headers.items())
