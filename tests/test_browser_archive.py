@@ -181,6 +181,24 @@ async def test_a_body_unread_when_the_visit_ends_is_kept_without_it():
     assert capture.left == 100                 # what it had reserved is given back
 
 
+class NoResources(Collected):
+    def resource(self, *args, **kwargs):
+        raise OSError("disk full")
+
+
+def test_a_record_that_cannot_be_written_loses_only_itself():
+    archive = NoResources()
+    capture = Capture(archive, "http://a.test/p", max_bytes=100, max_body_bytes=100, screenshot=True,
+                      clock=lambda: 2.0)
+    capture.png = PNG_SIGNATURE
+    capture.finish(dom=b"<html></html>", dom_cut=False, found=[("audio", "http://a.test/a.mp3")], started=1.0,
+                   outcome="complete", browser_version="1", user_agent=UA)
+    ((target, fields, refers_to, page, role),) = archive.metadatas
+    values = dict(fields)
+    assert target == page == "http://a.test/p" and role == "browser" and refers_to == ""
+    assert values["dom"] == values["screenshot"] == "not kept" and values["failed"] == "2"
+
+
 def by_url(exchanges: list[Exchange], part: str) -> list[Exchange]:
     return [e for e in exchanges if part in e.url]
 

@@ -215,30 +215,38 @@ class Capture:
     # -- after it --------------------------------------------------------------------------------------------
     def finish(self, *, dom: bytes, dom_cut: bool, found: Sequence[tuple[str, str]], started: float, outcome: str,
                browser_version: str, user_agent: str) -> None:
-        """The rendered DOM, the screenshot and the visit's metadata record."""
+        """The rendered DOM, the screenshot and the visit's metadata record; each written or not on its own."""
+        now = self.clock()
+        anchor = self.document_id or self.first_id
+        dom_id = ""
+        if dom:
+            dom_id = self._keep("DOM", lambda: self.archive.resource(
+                DOM_TARGET + self.page_url, "text/html; charset=utf-8", dom, refers_to=anchor, page=self.page_url,
+                role=ROLE, now=now))
+            self.notes["dom"] = ("cut at browser.max_dom_bytes" if dom_cut else "whole") if dom_id else "not kept"
+        else:
+            self.notes["dom"] = "none"
+        png = self.png
+        if png is not None:
+            shot_id = self._keep("screenshot", lambda: self.archive.resource(
+                VIEW_TARGET + self.page_url, "image/png", png, refers_to=dom_id or anchor, page=self.page_url,
+                role=ROLE, now=now))
+            self.notes["screenshot"] = "viewport" if shot_id else "not kept"
+        self.notes.setdefault("screenshot", "none" if self.take_screenshot else "off")
+        kept = {name: str(value) for name, value in self.counts.items()}
+        kept.update(self.notes)
+        fields = visit_fields(browser_version=browser_version, user_agent=user_agent, started=started, ended=now,
+                              outcome=outcome, found=found, kept=kept)
+        self._keep("visit", lambda: self.archive.metadata(self.page_url, fields, refers_to=dom_id or anchor,
+                                                          page=self.page_url, role=ROLE, now=now))
+
+    def _keep(self, what: str, write: Callable[[], str]) -> str:
         try:
-            now = self.clock()
-            anchor = self.document_id or self.first_id
-            dom_id = ""
-            if dom:
-                dom_id = self.archive.resource(DOM_TARGET + self.page_url, "text/html; charset=utf-8", dom,
-                                               refers_to=anchor,
-                                               page=self.page_url, role=ROLE, now=now)
-                self.notes["dom"] = "cut at browser.max_dom_bytes" if dom_cut else "whole"
-            else:
-                self.notes["dom"] = "none"
-            if self.png is not None:
-                self.archive.resource(VIEW_TARGET + self.page_url, "image/png", self.png,
-                                      refers_to=dom_id or anchor, page=self.page_url, role=ROLE, now=now)
-                self.notes["screenshot"] = "viewport"
-            kept = {name: str(value) for name, value in self.counts.items()}
-            kept.update(self.notes)
-            self.archive.metadata(self.page_url, visit_fields(
-                browser_version=browser_version, user_agent=user_agent, started=started, ended=now,
-                outcome=outcome, found=found, kept=kept), refers_to=dom_id or anchor, page=self.page_url,
-                role=ROLE, now=now)
-        except Exception as exc:   # the resolution stands without its evidence
-            log.debug("browser archive: %s: %s", self.page_url[:200], exc)
+            return write()
+        except Exception as exc:   # the resolution and the other records stand without this one
+            self.counts["failed"] += 1
+            log.debug("browser archive: %s of %s: %s", what, self.page_url[:200], exc)
+            return ""
 
     # -- one response ----------------------------------------------------------------------------------------
     async def _record(self, response: Any) -> None:
