@@ -253,6 +253,16 @@ async def test_a_visit_keeps_the_browsers_view_and_none_without_an_archive(site,
         assert values["visit-started"] <= values["visit-ended"] and values["screenshot"] == "viewport"
         assert int(values["exchanges"]) == len(archive.exchanges) and values["not-fetched"] == "1"
 
+        # An HLS player: the manifests and the key as read, the segment it was not let fetch as a request only.
+        hls_url, streamed = await visit(r, site, stack, "/song/3", archive := Collected())
+        assert [i.url for i in streamed.items] == [site.base + "/hls/s3/index.m3u8"]
+        for name in ("/hls/s3/index.m3u8", "/hls/s3/audio/index.m3u8"):
+            (manifest,) = by_url(archive.exchanges, name)
+            assert manifest.body.startswith(b"#EXTM3U") and manifest.page == hls_url
+        assert by_url(archive.exchanges, "/hls/s3/key.bin")[0].body == playersite.HLS_KEY
+        assert [m[0] for m in archive.metadatas[:-1]] == [site.base + "/hls/s3/audio/seg0.aac"]
+        assert ("found", f"hls {site.base}/hls/s3/index.m3u8") in archive.metadatas[-1][1]
+
         # What the worker's proxy refused is no site's answer: kept as requests that went unanswered.
         port, hits = internal
         reach_url, _ = await visit(r, site, stack, f"/reach?port={port}", archive := Collected())
