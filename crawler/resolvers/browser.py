@@ -21,6 +21,10 @@ scripts, styles and API calls only. Each recorded address becomes an item whose 
 the browser's User-Agent, the Referer it sent, and the context's cookies for that address. Segments and
 variant playlists named by a recorded manifest are not items: the manifest is.
 
+Evidence: with the worker keeping an archive, a visit records what the browser asked and was answered (the
+API call that produced an address included), the media requests it was refused, the rendered DOM, a viewport
+screenshot and a summary of the visit, all tied to the page (browsercapture.py); without one, none of that runs.
+
 Scope: the page's frames may only load documents from the page's own host, so a script cannot take the browser
 anywhere the crawl did not send it; a page on a public address may not make the browser request a literal
 private or loopback address. Every connection the browser opens (WebSockets included) goes through the worker's
@@ -54,6 +58,7 @@ from urllib.parse import urldefrag
 
 from selectolax.lexbor import LexborHTMLParser
 
+from crawler.archive import NoArchive
 from crawler.extras import missing_extra
 from crawler.http.targets import TargetPolicy
 from crawler.items import AudioItem, RequestIdentity
@@ -66,6 +71,7 @@ from crawler.resolvers.base import (
     ResolverUnavailable,
     parse_section,
 )
+from crawler.resolvers.browsercapture import Capture
 from crawler.resolvers.browserproxy import BrowserProxy, HostRules
 from crawler.resolvers.chromium import (
     DEFAULT_USER,
@@ -157,6 +163,11 @@ class BrowserConfig:
     start_timeout: float = 30.0
     user: str = DEFAULT_USER                  # the unprivileged account the browser runs as
     max_memory_bytes: int = 1024 * MiB        # the browser's process tree; a page's V8 heap gets a quarter
+    # What a page's visit keeps in the worker's archive (browsercapture.py), when it keeps one: response bodies
+    # up to this many bytes a page in all, and a response's body only when it is at most the second bound.
+    archive_max_bytes: int = 8 * MiB
+    archive_max_response_bytes: int = 2 * MiB
+    archive_screenshot: bool = True           # a PNG of the tab's viewport beside the rendered DOM
 
     def __post_init__(self) -> None:
         for name in ("max_pages", "max_clicks", "max_items", "max_dom_bytes", "restart_after"):
@@ -165,8 +176,9 @@ class BrowserConfig:
         for name in ("page_timeout", "wait_timeout", "settle", "start_timeout"):
             if getattr(self, name) <= 0:
                 raise ResolverConfigError(f"browser.{name}: must be positive")
-        if self.max_probes < 0:
-            raise ResolverConfigError("browser.max_probes: must not be negative")
+        for name in ("max_probes", "archive_max_bytes", "archive_max_response_bytes"):
+            if getattr(self, name) < 0:
+                raise ResolverConfigError(f"browser.{name}: must not be negative")
         if self.max_memory_bytes < 256 * MiB:
             raise ResolverConfigError("browser.max_memory_bytes: must be at least 256 MiB (268435456)")
         if not self.user.strip():
@@ -549,6 +561,13 @@ class BrowserResolver(Resolver):
         cookies: dict[str, list[tuple[str, str]]] = {}
         user_agent = s.user_agent or ctx.user_agent
         self.stats["pages"] += 1
+        # The visit's evidence, only for a worker that keeps an archive: without one no body is read for it
+        # and no screenshot taken.
+        capture = None if isinstance(ctx.archive, NoArchive) else Capture(
+            ctx.archive, page_url, max_bytes=s.archive_max_bytes, max_body_bytes=s.archive_max_response_bytes,
+            screenshot=s.archive_screenshot, clock=ctx.clock, proxy_mark=self._proxy.mark if self._proxy else "")
+        visit_started = ctx.clock()
+        outcome = "complete"
         try:
             context = await asyncio.wait_for(
                 browser.browser.new_context(user_agent=user_agent, service_workers="block", accept_downloads=False),
@@ -572,14 +591,18 @@ class BrowserResolver(Resolver):
             tab.on("request", traffic.started)
             tab.on("requestfinished", traffic.ended)
             tab.on("requestfailed", traffic.ended)
+            if capture is not None:
+                tab.on("requestfailed", capture.on_failed)
 
             async def route(route: Any, request: Any) -> None:
-                await self._route(rec, page_url, route, request)
+                await self._route(rec, page_url, route, request, capture)
 
             def on_response(response: Any) -> None:
                 task = asyncio.ensure_future(self._response(rec, response))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
+                if capture is not None:
+                    capture.on_response(response)
 
             await context.route("**/*", route)
             tab.on("response", on_response)
@@ -595,44 +618,77 @@ class BrowserResolver(Resolver):
                         await traffic.quiet(s.settle)
                     if pending:
                         await asyncio.wait(set(pending))
+                    if capture is not None:     # bodies still arriving (a long poll) are kept without them
+                        await capture.settle(max(s.settle, 1.0))
                     html = await tab.content()
                     for f in [*rec.results()[: s.max_items], *rec.probes()]:
                         cookies[f.url] = [(c["name"], c["value"]) for c in await context.cookies(f.url)]
+                    if capture is not None:
+                        ends = deadline.when()
+                        await capture.screenshot(tab, s.page_timeout if ends is None
+                                                 else ends - asyncio.get_running_loop().time())
             except (TimeoutError, PlaywrightError) as exc:
                 if crashed.is_set() and browser.alive():
                     # Its renderer died (over the memory bound, or a crash the page caused): the page ends here
                     # with what it recorded, and a browser that lost a renderer is not trusted with more pages.
                     self.stats["crashes"] += 1
                     browser.worn = True
+                    outcome = "cut: the renderer crashed"
                     log.info("browser: %s: its renderer crashed; the browser is replaced", url)
                 elif isinstance(exc, TimeoutError):
                     self.stats["timeouts"] += 1
+                    outcome = f"cut: its {s.page_timeout:g} s deadline"
                     log.info("browser: %s hit its %.0f s deadline; keeping what it recorded", url, s.page_timeout)
                 elif not browser.alive():
                     broken = f"{exc}"[:300]
+                    outcome = "cut: the browser failed"
                 else:
+                    outcome = "cut: " + str(exc).splitlines()[0][:200]
                     log.info("browser: %s: %s", url, str(exc).splitlines()[0][:200])
         finally:
             for task in pending:
                 task.cancel()
+            if capture is not None:
+                await capture.stop()
             try:
                 await asyncio.wait_for(context.close(), 10)
             except (PlaywrightError, TimeoutError) as exc:
                 broken = broken or f"the browser did not close a tab: {exc or 'timeout'}"
             await self._done(browser)
+        rendered = html
         if broken is not None:
+            if capture is not None:
+                await self._archive_visit(capture, browser, rendered, [], visit_started, outcome, user_agent)
             raise _BrowserBroken(broken)
         if not html and page is not None:
             html = page.text()     # cut short before the page was read: what the server sent still says something
-        return await self._resolution(rec, url, page_url, html, cookies, ctx)
+        resolution = await self._resolution(rec, url, page_url, html, cookies, ctx)
+        if capture is not None:
+            found = [(str(i.extra.get("format", "audio")), i.url) for i in resolution.items]
+            await self._archive_visit(capture, browser, rendered, found, visit_started, outcome, user_agent)
+        return resolution
 
-    async def _route(self, rec: Recording, page_url: str, route: Any, request: Any) -> None:
+    async def _archive_visit(self, capture: Capture, browser: ChromiumProcess, dom: str,
+                             found: list[tuple[str, str]], started: float, outcome: str, user_agent: str) -> None:
+        version = ""
+        with contextlib.suppress(Exception):     # a dead browser has no version to tell
+            version = str(browser.browser.version)
+        # The page's size is the site's choice: a big DOM is encoded off the loop.
+        block = (dom.encode("utf-8", "replace") if len(dom) < 262144
+                 else await asyncio.to_thread(dom.encode, "utf-8", "replace"))
+        capture.finish(dom=block[: self.settings.max_dom_bytes], dom_cut=len(block) > self.settings.max_dom_bytes,
+                       found=found, started=started, outcome=outcome, browser_version=version, user_agent=user_agent)
+
+    async def _route(self, rec: Recording, page_url: str, route: Any, request: Any,
+                     capture: Capture | None = None) -> None:
         url = request.url
         rtype = request.resource_type
         document = rtype in ("document", "subframe") or request.is_navigation_request()
         try:
             if not request_allowed(page_url, url, document=document):
                 rec.blocked += 1
+                if capture is not None:
+                    capture.out_of_scope(request)
                 await route.abort("blockedbyclient")
                 return
             if document:
@@ -642,7 +698,10 @@ class BrowserResolver(Resolver):
             headers = request.headers
             if kind in ("audio", "playlist") or (kind is None and rtype == "media"):
                 # The address is what we want; its bytes are the downloader's business.
+                known = len(rec.found)
                 rec.add(url, kind or "probe", headers.get("user-agent"), headers.get("referer"), rtype)
+                if capture is not None and len(rec.found) > known:    # once an address, within max_items
+                    capture.not_fetched(request, kind or "probe")
                 await route.abort("blockedbyclient")
                 return
             if rtype in BLOCKED_TYPES or media.url_extension(url) in VIDEO_EXTENSIONS:

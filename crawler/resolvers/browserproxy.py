@@ -8,6 +8,11 @@ and checks each address after resolution against the policy (public internet, th
 ``crawl.allowed_networks``), then connects to that very address, so a name that resolves elsewhere on a second
 look (DNS rebinding) gains nothing. Refused: a 403 answer and nothing sent anywhere.
 
+The proxy's own answers (403 refused, 502 no connection, 400 no request it takes) carry ``X-Crawler-Proxy`` with
+a value made for this proxy (``mark``), so the browser's archive (browsercapture.py) records them as requests
+that were not let out, not as a site's answers; a site cannot forge the mark, so it cannot pass its own answers
+off as ours. Responses relayed for plain ``http:`` keep their heads but for ``Connection: close``.
+
 Host rules: the same ``--host-resolver-rules`` switch that keeps a test's browser off DNS (``MAP * ~NOTFOUND,
 EXCLUDE 127.0.0.1``, ``MAP name 127.0.0.1``) is applied here, since the names are now resolved here.
 
@@ -23,6 +28,7 @@ import contextlib
 import fnmatch
 import ipaddress
 import logging
+import secrets
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -145,6 +151,12 @@ class BrowserProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self.port = 0
         self.stats = {"connections": 0, "refused": 0}
+        self.mark = secrets.token_hex(12)
+
+    def _answer(self, status: bytes) -> bytes:
+        """One of the proxy's own answers: no body, the connection closed, and the proxy's mark."""
+        return (b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\nConnection: close\r\nX-Crawler-Proxy: "
+                + self.mark.encode() + b"\r\n\r\n")
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=MAX_HEAD)
@@ -188,14 +200,14 @@ class BrowserProxy:
                     head = await reader.readuntil(b"\r\n\r\n")
                 method, host, port, request = parse_target(head)
             except (ValueError, UnicodeDecodeError, asyncio.LimitOverrunError):   # no head we take
-                writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                writer.write(self._answer(b"400 Bad Request"))
                 return
             try:
                 up_reader, upstream = await self.open(host, port)
             except Refused as exc:
                 self.stats["refused"] += 1
                 log.info("browser: refused %s %s:%d: %s", method, host, port, exc)
-                writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                writer.write(self._answer(b"403 Forbidden"))
                 return
             self._writers.add(upstream)
             if request is None:
@@ -207,7 +219,7 @@ class BrowserProxy:
         except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             with contextlib.suppress(Exception):
                 if upstream is None:
-                    writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    writer.write(self._answer(b"502 Bad Gateway"))
         finally:
             for w in (writer, upstream):
                 if w is not None:
