@@ -523,6 +523,7 @@ class FragmentRules(Message, tag=26, frozen=True):
 # Evidence: the items an ask may name, and the largest piece of an answer in one frame (a frame stays under the
 # Welcome's max_frame too: the worker cuts its pieces to fit both).
 MAX_EVIDENCE_ITEMS = 256
+MAX_EVIDENCE_KNOWN = 16 * MAX_EVIDENCE_ITEMS   # catalogue rows told with an ask
 MAX_EVIDENCE_CHUNK = 1024 * 1024
 EVIDENCE_WARC = "warc"       # a piece of the record-compressed WARC stream of the chains' records
 EVIDENCE_CHAINS = "chains"   # a piece of the JSON of the chains (steps, times, stored files) and their pages
@@ -536,6 +537,13 @@ class EvidenceAsk(Message, tag=27, frozen=True):
     request: NonNeg
     wanted: Annotated[tuple[Url, ...], Meta(max_length=MAX_EVIDENCE_ITEMS)]
     records: bool = True     # False: only the chains (for the text of --show), no records
+    # What the master's catalogue knows of the items: (item's place in wanted, its page, its audio URL). A chain
+    # may lie on two nodes (the page fetched by one, the audio by another): the node with the page alone could
+    # not tie it to an audio URL or a sha256 without this.
+    known: Annotated[tuple[tuple[Annotated[int, Meta(ge=0, lt=MAX_EVIDENCE_ITEMS, title="item")],
+                                 Annotated[str, Meta(max_length=MAX_URL, title="page")],
+                                 Annotated[str, Meta(max_length=MAX_URL, title="audio")]], ...],
+                     Meta(max_length=MAX_EVIDENCE_KNOWN)] = ()
 
 
 class EvidenceRecords(Message, tag=28, frozen=True):

@@ -63,6 +63,10 @@ def warc_time(date: str) -> float:
     return whole + (float(m.group(7)) if m.group(7) else 0.0)
 
 
+# What the master's catalogue knows of the items asked for: (the item's place in the list, a page, an audio URL).
+Known = Sequence[tuple[int, str, str]]
+
+
 def _order(r: RecordRef) -> tuple[float, str, int]:
     return warc_time(r.date), r.file, r.offset
 
@@ -89,27 +93,26 @@ class _Anchor:
     all_audio: bool                   # a page was wanted: every audio record of its pages belongs
 
 
-def _anchor_matches(ref: RecordRef, wanted: str) -> tuple[str | None, str | None, bool]:
-    """(page, audio URL, page wanted) this record ties the wanted name to, if any."""
-    if ref.role == "audio" and (ref.target == wanted or (ref.sha256 and ref.sha256 == wanted.lower())):
-        return ref.page or None, ref.target, False
-    if ref.role == "page" and ref.target == wanted and not ref.page:
-        return wanted, None, True
-    return None, None, False
-
-
-def _anchors(refs: Iterable[RecordRef], wanted: Sequence[str]) -> list[_Anchor]:
+def _anchors(refs: Iterable[RecordRef], wanted: Sequence[str], known: Known) -> list[_Anchor]:
     pages: list[set[str]] = [set() for _ in wanted]
     audio: list[set[str]] = [set() for _ in wanted]
-    whole = [False] * len(wanted)
-    for ref in refs:
-        for i, w in enumerate(wanted):
-            page, url, is_page = _anchor_matches(ref, w)
+    for i, page, url in known:
+        if 0 <= i < len(wanted):
             if page:
                 pages[i].add(page)
             if url:
                 audio[i].add(url)
-            whole[i] |= is_page
+    whole = [False] * len(wanted)
+    shas = [w.lower() if is_sha256(w.lower()) else "" for w in wanted]
+    for ref in refs:
+        for i, w in enumerate(wanted):
+            if ref.role == "audio" and (ref.target == w or (shas[i] and ref.sha256 == shas[i])):
+                audio[i].add(ref.target)
+                if ref.page:
+                    pages[i].add(ref.page)
+            elif ref.page == w or (ref.role == "page" and not ref.page and ref.target == w):
+                pages[i].add(w)       # a page wanted: found by its own records or by those made for it
+                whole[i] = True
     return [_Anchor(frozenset(p), frozenset(a), w) for p, a, w in zip(pages, audio, whole)]
 
 
@@ -135,10 +138,11 @@ def _members(refs: Iterable[RecordRef], wanted: Sequence[str], anchors: Sequence
     return out
 
 
-def chain(refs: Iterable[RecordRef], wanted: str) -> Chain:
-    """The chain of the item named ``wanted`` (audio URL, page URL or sha256) among ``refs``."""
+def chain(refs: Iterable[RecordRef], wanted: str, known: Sequence[tuple[str, str]] = ()) -> Chain:
+    """The chain of the item named ``wanted`` (audio URL, page URL or sha256) among ``refs``; ``known``: (page,
+    audio URL) pairs of the item from elsewhere (the master's catalogue), for a chain that lies on two nodes."""
     many = refs if isinstance(refs, Collection) else list(refs)
-    return _members(many, [wanted], _anchors(many, [wanted]))[0]
+    return _members(many, [wanted], _anchors(many, [wanted], [(0, pg, u) for pg, u in known]))[0]
 
 
 class Index(Protocol):
@@ -149,9 +153,10 @@ class Index(Protocol):
     def read(self, ref: RecordRef) -> bytes: ...
 
 
-def find_chains(index: Index, wanted: Sequence[str]) -> list[Chain]:
-    """The chains of several items, in two passes over the index (keeping only the chains' records)."""
-    return _members(index.refs(), wanted, _anchors(index.refs(), wanted))
+def find_chains(index: Index, wanted: Sequence[str], known: Known = ()) -> list[Chain]:
+    """The chains of several items, in two passes over the index (keeping only the chains' records); ``known``:
+    (item's place in ``wanted``, page, audio URL) from elsewhere, as ``chain`` takes them."""
+    return _members(index.refs(), wanted, _anchors(index.refs(), wanted, known))
 
 
 class WriterIndex:
@@ -187,34 +192,55 @@ def heads(index: Index, records: Iterable[RecordRef]) -> dict[str, RecordHead]:
 
 
 # --------------------------------------------------------------------------------------------- as text
-def _step_text(r: RecordRef, head: RecordHead | None) -> str | None:
-    status = f" ({head.status})" if head is not None and head.status is not None else ""
-    if r.kind == "response" and r.role == "page":
-        return f"page {r.target} fetched at {r.date}{status}"
-    if r.kind == "response" and r.role == "audio":
-        return f"audio {r.target} at {r.date}{status}"
-    if r.kind == "response":
-        return f"{r.role} call {r.target} at {r.date}{status}"
-    if r.kind == "resource":
-        return f"{r.role} {head.get('Content-Type') if head else 'resource'} of {r.target} at {r.date}"
-    if r.kind == "metadata" and r.role == "audio" and head is not None:
-        f = head.fields()
-        return (f"stored {r.target} at {r.date}, sha256 {f.get('sha256', r.sha256)}, size {f.get('size', '?')}, "
+def _step_text(st: Mapping[str, Any]) -> str | None:
+    role, kind, target, date = st["role"], st["type"], st["target"], st["date"]
+    status = f" ({st['status']})" if st.get("status") is not None else ""
+    if kind == "response" and role == "page":
+        return f"page {target} fetched at {date}{status}"
+    if kind == "response" and role == "audio":
+        return f"audio {target} at {date}{status}"
+    if kind == "response":
+        return f"{role} call {target} at {date}{status}"
+    if kind == "resource":
+        return f"{role} {st.get('content_type') or 'resource'} of {target} at {date}"
+    if kind == "metadata" and role == "audio":
+        f = st.get("fields", {})
+        return (f"stored {target} at {date}, sha256 {f.get('sha256', '?')}, size {f.get('size', '?')}, "
                 f"stored as {f.get('stored-file', '?')}")
     return None
 
 
-def show(c: Chain, got: Mapping[str, RecordHead]) -> str:
-    """The chain as text, one step a line in time order: "page URL fetched at T (status)", "-> api call X at T
-    (status)", "-> audio URL at T (status)", "-> stored URL at T, sha256 S, size N, stored as P"."""
-    if not c.found:
-        return f"{c.wanted}: no archived records"
-    lines = [f"{c.wanted}:"]
-    for r in c.records:
-        text = _step_text(r, got.get(r.record_id))
+def show(s: Mapping[str, Any]) -> str:
+    """A chain's summary as text, one step a line in time order: "page URL fetched at T (status)", "-> api call
+    X at T (status)", "-> audio URL at T (status)", "-> stored URL at T, sha256 S, size N, stored as P"."""
+    if not s["steps"]:
+        return f"{s['wanted']}: no archived records"
+    lines = [f"{s['wanted']}:"]
+    for st in s["steps"]:
+        text = _step_text(st)
         if text is not None:
             lines.append(f"  {'' if text.startswith('page ') else '-> '}{text}")
+    for f in s.get("files", ()):
+        if str(f.get("bytes", "")).startswith("missing"):
+            lines.append(f"  !! the bytes of {f['target']} are {f['bytes']}")
     return "\n".join(lines)
+
+
+def merge(answers: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """The chains of the same items from several nodes (each node's list in the order asked) as one: a chain's
+    records may lie on more than one node (a page visited by one, its audio copied from another)."""
+    out: list[dict[str, Any]] = []
+    for parts in zip(*answers):
+        steps: dict[str, Mapping[str, Any]] = {}
+        for part in parts:
+            for st in part["steps"]:
+                steps.setdefault(st["record_id"], st)
+        out.append({"wanted": parts[0]["wanted"],
+                    "pages": sorted({x for part in parts for x in part["pages"]}),
+                    "audio": sorted({x for part in parts for x in part["audio"]}),
+                    "steps": sorted(steps.values(), key=lambda st: warc_time(st["date"])),   # stable: a request first
+                    "files": [f for part in parts for f in part.get("files", ())]})
+    return out
 
 
 # --------------------------------------------------------------------------------------------- a WARC of chains
@@ -334,6 +360,8 @@ def summary(c: Chain, got: Mapping[str, RecordHead], files: Mapping[str, Mapping
             step["payload_digest"] = r.digest
         if r.kind == "metadata" and head is not None:
             step["fields"] = head.fields()
+        if r.kind == "resource" and head is not None:
+            step["content_type"] = head.get("Content-Type")
         steps.append(step)
     return {"wanted": c.wanted, "pages": list(c.pages), "audio": list(c.audio), "steps": steps,
             "files": [files[r.record_id] for r in c.records if r.record_id in files]}
@@ -405,17 +433,15 @@ def _add_file(sink: _Counted, meta: RecordRef, got: dict[str, RecordHead], by_id
     return info
 
 
-def summaries_text(chains: Sequence[Chain], got: Mapping[str, RecordHead]) -> str:
-    return "\n".join(show(c, got) for c in chains)
+def summaries(index: Index, chains: Sequence[Chain]) -> list[dict[str, Any]]:
+    """The chains' summaries alone (no records copied, no stored file read): what --show prints."""
+    return [summary(c, heads(index, c.records), {}) for c in chains]
 
 
 def describe(index: Index, wanted: Sequence[str]) -> tuple[list[Chain], str]:
     """The chains of ``wanted`` and their text (for --show)."""
     chains = find_chains(index, wanted)
-    got: dict[str, RecordHead] = {}
-    for c in chains:
-        got.update(heads(index, c.records))
-    return chains, summaries_text(chains, got)
+    return chains, "\n".join(show(s) for s in summaries(index, chains))
 
 
 def software() -> str:
