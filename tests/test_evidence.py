@@ -299,3 +299,30 @@ def test_exchange_fields_reach_the_fake_archive(tmp_path):
     rid = a.exchange(Exchange("robots", "GET", "http://x.test/robots.txt", ((b"Host", b"x.test"),), 404, (), b"",
                               T0))
     assert rid.startswith("<urn:uuid:") and [r.kind for r in a.index] == ["request", "response"]
+
+
+def test_a_page_is_found_by_the_records_made_for_it_and_the_catalogue_ties_a_page_alone():
+    # The node that downloaded the audio has no page record: the page is found by the records made for it.
+    audio_only = [ref("audio", AUDIO, page=PAGE, kind="request"), ref("audio", AUDIO, page=PAGE)]
+    c = chain(audio_only, PAGE)
+    assert c.found and c.pages == (PAGE,) and c.audio == (AUDIO,)
+    # The node that fetched the page has nothing naming the audio: what the catalogue knows ties them.
+    page_only = [ref("page", PAGE), ref("api", API, page=PAGE), ref("page", "http://music.test/other")]
+    assert not chain(page_only, AUDIO).found
+    c = chain(page_only, AUDIO, known=[(PAGE, AUDIO)])
+    assert [r.target for r in c.records] == [PAGE, API] and c.audio == (AUDIO,)
+
+
+def test_chains_of_two_nodes_merge_by_item_in_time_order():
+    from crawler.archive.evidence import merge
+
+    def step(rid: str, date: str) -> dict:
+        return {"role": "page", "type": "response", "target": PAGE, "date": date, "record_id": rid}
+
+    a = [{"wanted": AUDIO, "pages": [PAGE], "audio": [], "steps": [step("1", "2026-01-01T00:00:02Z")],
+          "files": []}]
+    b = [{"wanted": AUDIO, "pages": [], "audio": [AUDIO],
+          "steps": [step("2", "2026-01-01T00:00:01Z"), step("1", "2026-01-01T00:00:02Z")], "files": [{"x": 1}]}]
+    [m] = merge([a, b])
+    assert m["pages"] == [PAGE] and m["audio"] == [AUDIO] and m["files"] == [{"x": 1}]
+    assert [s["record_id"] for s in m["steps"]] == ["2", "1"]

@@ -83,3 +83,26 @@ def test_a_data_dir_without_an_archive(tmp_path):
     assert code == 1 and "no archive in" in stderr and stderr.count("\n") == 1
     code, _, stderr = run("--data-dir", str(tmp_path / "none"), "--show", AUDIO)
     assert code == 2 and "no data dir" in stderr
+
+
+# --------------------------------------------------------------------------------------------- the master's
+def master_run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "crawler.master", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=60, check=False)
+
+
+def test_the_masters_evidence_on_a_stopped_crawl_points_to_the_workers_command(tmp_path):
+    from crawler.master.store import MasterStore
+    from tests.test_operator_cli import master_yaml, one_line
+
+    cfg = master_yaml(tmp_path)
+    MasterStore(tmp_path / "state" / "master.db").close()
+    one_line(master_run(["evidence", "--config", str(cfg), "--out", str(tmp_path / "e.wacz"), AUDIO], tmp_path),
+             "the master is not running, so no node can be asked for its records: on each node run "
+             "`crawler-worker evidence --data-dir DIR ...`")
+    assert not (tmp_path / "e.wacz").exists()
+    assert not list((tmp_path / "state" / "commands").iterdir())
+    for args, says in ((["--show"], "name at least one"), ([AUDIO], "one of them"),
+                       (["--show", "--out", "x.wacz", AUDIO], "one of them"),
+                       (["--out", "/nonexistent-dir/e.wacz", AUDIO], "no folder /nonexistent-dir")):
+        one_line(master_run(["evidence", "--config", str(cfg), *args], tmp_path), says)
