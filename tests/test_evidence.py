@@ -27,7 +27,7 @@ from crawler.archive.evidence import (
     write_bundle,
 )
 from crawler.archive.wacz import cdxj_line, member_head, parse_head, scan_members, surt, timestamp14
-from tests.fakes.warcs import WarcArchive, crawl_song
+from tests.fakes.warcs import WarcArchive, crawl_song, store_audio
 
 PAGE = "http://music.test/song/1"
 API = "http://api.music.test/play?id=1"
@@ -63,8 +63,8 @@ def test_chain_by_audio_page_and_sha_is_the_same_records(node):
     assert by_audio.records == by_page.records == by_sha.records
     assert by_audio.pages == (PAGE,) and by_audio.audio == (AUDIO,)
     kinds = [(r.role, r.kind) for r in by_audio.records]
-    assert kinds == [("page", "request"), ("page", "response"), ("api", "request"), ("api", "response"),
-                     ("audio", "request"), ("audio", "response"), ("audio", "metadata")]
+    assert kinds == [("page", "response"), ("page", "request"), ("api", "response"), ("api", "request"),
+                     ("audio", "revisit"), ("audio", "request"), ("audio", "metadata")]
     assert all("song/2" not in r.target and "2.mp3" not in r.target for r in by_audio.records)
 
 
@@ -130,7 +130,7 @@ def test_heads_and_index_lines_read_what_warcio_wrote(node):
     for (_, _, head), r in zip(scanned, archive.index):
         assert head.kind == r.kind and head.get("WARC-Record-ID") == r.record_id
         assert member_head(archive.read(r)) == head
-    page_resp = scanned[1][2]
+    page_resp = scanned[0][2]
     assert page_resp.status == 200 and page_resp.http_get("content-type") == "text/html"
     line = cdxj_line(page_resp, 10, 20, "data.warc.gz")
     assert line is not None
@@ -139,7 +139,9 @@ def test_heads_and_index_lines_read_what_warcio_wrote(node):
     assert json.loads(entry) == {"url": PAGE, "mime": "text/html", "status": "200",
                                  "digest": page_resp.get("WARC-Payload-Digest"), "length": "20", "offset": "10",
                                  "filename": "data.warc.gz"}
-    assert cdxj_line(scanned[0][2], 0, 1, "x") is None            # requests are not indexed
+    assert cdxj_line(scanned[1][2], 0, 1, "x") is None            # requests are not indexed
+    revisit = json.loads((cdxj_line(scanned[4][2], 0, 1, "x") or "").split(" ", 2)[2])
+    assert revisit["mime"] == "warc/revisit" and revisit["status"] == "200"
     assert cdxj_line(scanned[6][2], 0, 1, "x") is None            # nor warc-fields metadata
     assert scanned[6][2].fields()["stored-file"].startswith("audio/")
 
@@ -186,14 +188,14 @@ def test_collect_copies_the_records_and_adds_the_stored_bytes(node):
     buf = io.BytesIO()
     summaries, pages = collect(archive, chains, data, buf)
     recs = _records(buf.getvalue())
-    assert [r[0] for r in recs] == ["request", "response", "request", "response", "request", "response",
+    assert [r[0] for r in recs] == ["response", "request", "response", "request", "revisit", "request",
                                     "metadata", "response"]
     kind, warc, http, payload = recs[-1]
     assert payload == BODY and hashlib.sha256(payload).hexdigest() == sha
     assert warc.get_header("WARC-Payload-Digest") == f"sha256:{sha}"
-    original = recs[5][1]
+    original, request = recs[4][1], recs[5][1]
     assert warc.get_header("WARC-Refers-To") == original.get_header("WARC-Record-ID")
-    assert warc.get_header("WARC-Concurrent-To") == original.get_header("WARC-Concurrent-To")
+    assert warc.get_header("WARC-Concurrent-To") == request.get_header("WARC-Record-ID")
     assert warc.get_header("WARC-Date") == original.get_header("WARC-Date")
     assert http.get_statuscode() == "200" and http.get_header("Content-Type") == "audio/mpeg"
     # The archived records are the archive's own bytes.
@@ -201,7 +203,7 @@ def test_collect_copies_the_records_and_adds_the_stored_bytes(node):
     [s] = summaries
     assert s["wanted"] == AUDIO and s["pages"] == [PAGE]
     assert [st["role"] for st in s["steps"]] == ["page", "page", "api", "api", "audio", "audio", "audio"]
-    assert s["steps"][1]["status"] == 200 and s["steps"][6]["fields"]["sha256"] == sha
+    assert s["steps"][0]["status"] == 200 and s["steps"][6]["fields"]["sha256"] == sha
     assert s["files"] == [{"target": AUDIO, "sha256": sha, "stored_file": rel, "size": str(len(BODY)),
                            "metadata_record": chains[0].records[6].record_id, "bytes": "included",
                            "record_bytes": len(buf.getvalue()) - sum(r.length for r in chains[0].records)}]
@@ -298,7 +300,7 @@ def test_exchange_fields_reach_the_fake_archive(tmp_path):
     a = WarcArchive(tmp_path)
     rid = a.exchange(Exchange("robots", "GET", "http://x.test/robots.txt", ((b"Host", b"x.test"),), 404, (), b"",
                               T0))
-    assert rid.startswith("<urn:uuid:") and [r.kind for r in a.index] == ["request", "response"]
+    assert rid.startswith("<urn:uuid:") and [r.kind for r in a.index] == ["response", "request"]
 
 
 def test_a_page_is_found_by_the_records_made_for_it_and_the_catalogue_ties_a_page_alone():
@@ -326,3 +328,17 @@ def test_chains_of_two_nodes_merge_by_item_in_time_order():
     [m] = merge([a, b])
     assert m["pages"] == [PAGE] and m["audio"] == [AUDIO] and m["files"] == [{"x": 1}]
     assert [s["record_id"] for s in m["steps"]] == ["2", "1"]
+
+
+def test_audio_archived_with_its_payload_is_not_added_again(tmp_path):
+    data = tmp_path / "data"
+    archive = WarcArchive(data / "archive")
+    rel, sha = store_audio(data, BODY)
+    rid = archive.exchange(Exchange("audio", "GET", AUDIO, ((b"Host", b"cdn.music.test"),), 200,
+                                    ((b"Content-Type", b"audio/mpeg"),), BODY, T0, page=PAGE))
+    archive.metadata(AUDIO, (("stored-file", rel), ("sha256", sha), ("size", str(len(BODY)))), refers_to=rid,
+                     page=PAGE, role="audio", now=T0 + 1, sha256=sha)
+    buf = io.BytesIO()
+    summaries, _ = collect(archive, find_chains(archive, [sha]), data, buf)
+    assert [r[0] for r in _records(buf.getvalue())] == ["response", "request", "metadata"]
+    assert summaries[0]["files"][0]["bytes"] == f"in the archived response {rid}"

@@ -119,8 +119,8 @@ async def test_the_desk_merges_two_nodes_answers_into_one_valid_wacz(nodes, tmp_
         assert {"archive/a.warc.gz", "archive/b.warc.gz"} <= set(zf.namelist())
         [c] = json.loads(zf.read("evidence/chains.json"))
         assert [(st["role"], st["type"]) for st in c["steps"]] == [
-            ("page", "request"), ("page", "response"), ("api", "request"), ("api", "response"),
-            ("audio", "request"), ("audio", "response"), ("audio", "metadata")]
+            ("page", "response"), ("page", "request"), ("api", "response"), ("api", "request"),
+            ("audio", "revisit"), ("audio", "request"), ("audio", "metadata")]
         assert c["pages"] == [PAGE] and c["files"][0]["bytes"] == "included"
 
 

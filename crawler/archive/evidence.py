@@ -195,11 +195,12 @@ def heads(index: Index, records: Iterable[RecordRef]) -> dict[str, RecordHead]:
 def _step_text(st: Mapping[str, Any]) -> str | None:
     role, kind, target, date = st["role"], st["type"], st["target"], st["date"]
     status = f" ({st['status']})" if st.get("status") is not None else ""
-    if kind == "response" and role == "page":
+    answered = kind in ("response", "revisit")     # a revisit: the answer without its payload (kept apart)
+    if answered and role == "page":
         return f"page {target} fetched at {date}{status}"
-    if kind == "response" and role == "audio":
+    if answered and role == "audio":
         return f"audio {target} at {date}{status}"
-    if kind == "response":
+    if answered:
         return f"{role} call {target} at {date}{status}"
     if kind == "resource":
         return f"{role} {st.get('content_type') or 'resource'} of {target} at {date}"
@@ -271,13 +272,16 @@ def whole_file_http(original: RecordHead | None, size: int, content_type: str) -
         line = f"{line.split(' ', 1)[0]} 200 OK"
     out = [line]
     for k, v in original.http:
-        out.append(f"X-Archive-Orig-{k}: {v}" if k.lower() in _REWRITTEN else f"{k}: {v}")
+        low = k.lower()
+        if low == "content-length":
+            continue              # the wire's, if it differed, is an X-Archive-Orig-Content-Length already
+        out.append(f"X-Archive-Orig-{k}: {v}" if low in _REWRITTEN else f"{k}: {v}")
     out.append(f"Content-Length: {size}")
     return ("\r\n".join(out) + "\r\n\r\n").encode("utf-8", "surrogateescape")
 
 
 def whole_file_record(out: IO[bytes], path: Path, *, target: str, sha256: str, date: str, http_head: bytes,
-                      refers_to: str, concurrent_to: str, page: str, stored_file: str) -> int:
+                      refers_to: str, concurrent_to: str, page: str, stored_file: str, digest: str = "") -> int:
     """Writes one gzip member: a ``response`` record whose payload is the file at ``path`` (streamed, twice:
     once for the digests, once into the member). EvidenceError if the file's bytes are not ``sha256``.
     Returns the member's length."""
@@ -290,7 +294,8 @@ def whole_file_record(out: IO[bytes], path: Path, *, target: str, sha256: str, d
                ("WARC-Crawler-Role", "audio"), ("WARC-Crawler-Page", page),
                ("WARC-Crawler-Stored-File", stored_file),
                ("Content-Type", "application/http;msgtype=response"),
-               ("WARC-Payload-Digest", f"sha256:{sha256}"), ("WARC-Block-Digest", f"sha256:{block_sha}"),
+               ("WARC-Payload-Digest", digest or f"sha256:{sha256}"),
+               ("WARC-Block-Digest", f"sha256:{block_sha}"),
                ("Content-Length", str(len(http_head) + size))]
     head = ("WARC/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers if v) + "\r\n").encode()
     z = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
@@ -413,6 +418,13 @@ def _add_file(sink: _Counted, meta: RecordRef, got: dict[str, RecordHead], by_id
     original = got.get(meta.refers_to) if original_ref is not None else None
     if original_ref is not None and original is None:
         original = member_head(index.read(original_ref))
+    if original is not None and original.kind == "response" and original.payload_length > 0:
+        info["bytes"] = f"in the archived response {meta.refers_to}"     # archived with its payload
+        return info
+    # The request of the archived answer: named by the answer, or naming it.
+    request = (original_ref.refers_to if original_ref is not None and original_ref.refers_to else
+               next((r.record_id for r in by_id.values() if r.kind == "request" and r.refers_to == meta.refers_to),
+                    ""))
     try:
         path = stored_path(data_dir, rel)
         if not path.is_file():
@@ -426,8 +438,9 @@ def _add_file(sink: _Counted, meta: RecordRef, got: dict[str, RecordHead], by_id
     start = sink.n
     whole_file_record(cast(IO[bytes], sink), path, target=meta.target, sha256=sha,
                       date=original_ref.date if original_ref else meta.date, http_head=http_head,
-                      refers_to=meta.refers_to, concurrent_to=original_ref.refers_to if original_ref else "",
-                      page=meta.page, stored_file=rel)
+                      refers_to=meta.refers_to, concurrent_to=request, page=meta.page, stored_file=rel,
+                      digest=original_ref.digest if original_ref and original_ref.digest.startswith("sha256:")
+                      else "")
     info["bytes"] = "included"
     info["record_bytes"] = sink.n - start
     return info

@@ -49,6 +49,7 @@ class RecordHead:
     http: tuple[tuple[str, str], ...]       # the HTTP headers of a request or response record
     http_line: str                          # the HTTP status or request line
     block: bytes                            # what follows the HTTP head (or the WARC headers), up to HEAD_MAX
+    payload_length: int = 0                 # bytes of the block after the HTTP head (all of it without one)
 
     def get(self, name: str, default: str = "") -> str:
         low = name.lower()
@@ -101,8 +102,9 @@ def parse_head(data: bytes) -> RecordHead:
             if kind != "request":
                 parts = http_line.split(" ", 2)
                 status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-            return RecordHead(warc, status, _headers(http_raw), http_line, body)
-    return RecordHead(warc, None, (), "", rest)
+            payload = max(0, length - len(http_head) - len(sep2))
+            return RecordHead(warc, status, _headers(http_raw), http_line, body, payload)
+    return RecordHead(warc, None, (), "", rest, length)
 
 
 def member_head(member: bytes) -> RecordHead:
@@ -182,14 +184,18 @@ def cdxj_line(head: RecordHead, offset: int, length: int, filename: str) -> str 
         return None
     url = head.get("WARC-Target-URI")
     entry: dict[str, str] = {"url": url}
-    if kind in ("response", "revisit") and head.status is not None:
+    if kind == "revisit":
+        entry["mime"] = "warc/revisit"
+        if head.status is not None:
+            entry["status"] = str(head.status)
+    elif kind == "response" and head.status is not None:
         entry["mime"] = head.http_get("Content-Type").split(";")[0].strip() or "unk"
         entry["status"] = str(head.status)
     elif kind in ("resource", "metadata"):
         entry["mime"] = ctype.split(";")[0].strip() or "unk"
         entry["status"] = "200"
     else:
-        entry["mime"] = "warc/revisit"
+        entry["mime"] = "unk"
     digest = head.get("WARC-Payload-Digest") or head.get("WARC-Block-Digest")
     if digest:
         entry["digest"] = digest

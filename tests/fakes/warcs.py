@@ -66,24 +66,31 @@ class WarcArchive:
         return d
 
     def exchange(self, ex: Exchange) -> str:
+        """As the crawl's writer does: the response first, then the request naming it (WARC-Concurrent-To); an
+        answer whose payload is kept apart (audio stored beside the archive) is a ``revisit`` record with the
+        identical-payload-digest profile and the stored bytes' digest."""
         writer = WARCWriter(io.BytesIO(), gzip=True, warc_version="WARC/1.1")
+        apart = not ex.body and ex.payload_digest.startswith("sha256:")
+        resp_http = StatusAndHeaders(f"{ex.status} {'OK' if ex.status < 300 else 'Other'}",
+                                     [(k.decode(), v.decode()) for k, v in ex.response_headers],
+                                     protocol=f"HTTP/{ex.http_version}")
+        extra = {"WARC-Payload-Digest": ex.payload_digest,
+                 "WARC-Profile": "http://netpreserve.org/warc/1.1/revisit/identical-payload-digest"} if apart else {}
+        kind = "revisit" if apart else "response"
+        resp = writer.create_warc_record(ex.url, kind, payload=io.BytesIO(ex.body), length=len(ex.body),
+                                         http_headers=resp_http,
+                                         warc_headers_dict=self._headers(ex.role, ex.page, ex.started, extra))
+        resp_id = self._write(resp, kind=kind, role=ex.role, target=ex.url, refers_to="", page=ex.page,
+                              sha256=ex.payload_digest[7:] if apart else "")
         path = ex.url.split("/", 3)[3] if ex.url.count("/") >= 3 else ""
         req_http = StatusAndHeaders(f"{ex.method} /{path} HTTP/{ex.http_version}",
                                     [(k.decode(), v.decode()) for k, v in ex.request_headers], is_http_request=True)
         req = writer.create_warc_record(ex.url, "request", payload=io.BytesIO(ex.request_body),
                                         length=len(ex.request_body), http_headers=req_http,
-                                        warc_headers_dict=self._headers(ex.role, ex.page, ex.started, {}))
-        req_id = self._write(req, kind="request", role=ex.role, target=ex.url, refers_to="", page=ex.page)
-        extra = {"WARC-Concurrent-To": req_id}
-        if ex.payload_digest:
-            extra["WARC-Payload-Digest"] = ex.payload_digest
-        resp_http = StatusAndHeaders(f"{ex.status} {'OK' if ex.status < 300 else 'Other'}",
-                                     [(k.decode(), v.decode()) for k, v in ex.response_headers],
-                                     protocol=f"HTTP/{ex.http_version}")
-        resp = writer.create_warc_record(ex.url, "response", payload=io.BytesIO(ex.body), length=len(ex.body),
-                                         http_headers=resp_http,
-                                         warc_headers_dict=self._headers(ex.role, ex.page, ex.started, extra))
-        return self._write(resp, kind="response", role=ex.role, target=ex.url, refers_to=req_id, page=ex.page)
+                                        warc_headers_dict=self._headers(ex.role, ex.page, ex.started,
+                                                                        {"WARC-Concurrent-To": resp_id}))
+        self._write(req, kind="request", role=ex.role, target=ex.url, refers_to=resp_id, page=ex.page)
+        return resp_id
 
     def metadata(self, target: str, fields: tuple[tuple[str, str], ...], *, refers_to: str, page: str,
                  role: str, now: float, sha256: str = "") -> str:
