@@ -335,10 +335,47 @@ def test_audio_archived_with_its_payload_is_not_added_again(tmp_path):
     archive = WarcArchive(data / "archive")
     rel, sha = store_audio(data, BODY)
     rid = archive.exchange(Exchange("audio", "GET", AUDIO, ((b"Host", b"cdn.music.test"),), 200,
-                                    ((b"Content-Type", b"audio/mpeg"),), BODY, T0, page=PAGE))
+                                    ((b"Content-Type", b"audio/mpeg"),), BODY, T0, page=PAGE,
+                                    payload_digest=f"sha256:{sha}"))
     archive.metadata(AUDIO, (("stored-file", rel), ("sha256", sha), ("size", str(len(BODY)))), refers_to=rid,
                      page=PAGE, role="audio", now=T0 + 1, sha256=sha)
     buf = io.BytesIO()
     summaries, _ = collect(archive, find_chains(archive, [sha]), data, buf)
     assert [r[0] for r in _records(buf.getvalue())] == ["response", "request", "metadata"]
     assert summaries[0]["files"][0]["bytes"] == f"in the archived response {rid}"
+
+
+def test_digests_read_as_warc_files_write_them():
+    from crawler.archive.evidence import digest_hex
+
+    raw = hashlib.sha256(b"x").digest()
+    b32 = __import__("base64").b32encode(raw).decode()
+    assert digest_hex(f"sha256:{raw.hex()}") == digest_hex(f"sha256:{b32}") == digest_hex(f"sha256:{b32.rstrip('=')}")
+    assert digest_hex(f"sha256:{b32}") == raw.hex()
+    assert digest_hex("sha1:" + b32[:32]) == "" and digest_hex("sha256:!!") == "" and digest_hex("") == ""
+
+
+def test_a_stream_joined_from_segments_gets_a_record_of_its_own(tmp_path):
+    """The metadata of an HLS file refers to its last segment: the bundle's record of the whole file neither
+    borrows the segment's headers and digest nor refers to it."""
+    data = tmp_path / "data"
+    archive = WarcArchive(data / "archive")
+    rel, sha = store_audio(data, BODY)
+    stream = "http://cdn.music.test/s/index.m3u8"
+    archive.exchange(Exchange("playlist", "GET", stream, (), 200, ((b"Content-Type", b"application/x-mpegurl"),),
+                              b"#EXTM3U\n", T0, page=PAGE))
+    seg_digest = "sha256:" + hashlib.sha256(b"segment").hexdigest()
+    seg = archive.exchange(Exchange("segment", "GET", stream + "/1.ts", (), 200,
+                                    ((b"Content-Type", b"video/mp2t"),), b"", T0 + 1, page=PAGE,
+                                    payload_digest=seg_digest, payload_size=7))
+    meta = archive.metadata(stream, (("stored-file", rel), ("sha256", sha), ("size", str(len(BODY))),
+                                     ("content-type", "audio/aac")), refers_to=seg, page=PAGE, role="audio",
+                            now=T0 + 2, sha256=sha)
+    buf = io.BytesIO()
+    [s], _ = collect(archive, find_chains(archive, [sha]), data, buf)
+    assert [st["role"] for st in s["steps"]] == ["playlist", "playlist", "segment", "segment", "audio"]
+    kind, warc, http, payload = _records(buf.getvalue())[-1]
+    assert kind == "response" and payload == BODY and warc.get_header("WARC-Target-URI") == stream
+    assert warc.get_header("WARC-Refers-To") == meta and not warc.get_header("WARC-Concurrent-To")
+    assert warc.get_header("WARC-Payload-Digest") == f"sha256:{sha}"
+    assert http.get_header("Content-Type") == "audio/aac" and http.get_statuscode() == "200"

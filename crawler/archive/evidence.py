@@ -23,6 +23,8 @@ request (``WARC-Concurrent-To``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import calendar
 import hashlib
 import importlib
@@ -321,6 +323,20 @@ def whole_file_record(out: IO[bytes], path: Path, *, target: str, sha256: str, d
     return n
 
 
+def digest_hex(digest: str) -> str:
+    """The hex of a "sha256:..." digest (hex or base32, as WARC files write them); "" for any other."""
+    algo, _, value = digest.partition(":")
+    if algo.lower() != "sha256":
+        return ""
+    if re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        return value.lower()
+    try:
+        raw = base64.b32decode(value.upper() + "=" * (-len(value) % 8))
+    except (binascii.Error, ValueError):
+        return ""
+    return raw.hex() if len(raw) == 32 else ""
+
+
 def stored_path(data_dir: Path, rel: str) -> Path:
     """The stored file a metadata record names, refused if it would lie outside the data dir."""
     base = data_dir.resolve()
@@ -415,16 +431,23 @@ def _add_file(sink: _Counted, meta: RecordRef, got: dict[str, RecordHead], by_id
     info: dict[str, Any] = {"target": meta.target, "sha256": sha, "stored_file": rel, "size": fields.get("size"),
                             "metadata_record": meta.record_id}
     original_ref = by_id.get(meta.refers_to)
-    original = got.get(meta.refers_to) if original_ref is not None else None
-    if original_ref is not None and original is None:
-        original = member_head(index.read(original_ref))
-    if original is not None and original.kind == "response" and original.payload_length > 0:
+    # The archived answer the metadata refers to is the file's own when it is an answer for the same address (a
+    # download, its last ranged exchange); for a stream joined from segments it is the last segment's, which
+    # says nothing of the whole file.
+    same = original_ref is not None and original_ref.target == meta.target
+    original = None
+    if same and original_ref is not None:
+        original = got.get(original_ref.record_id) or member_head(index.read(original_ref))
+    digest_of_file = original_ref is not None and digest_hex(original_ref.digest) == sha
+    if (original is not None and original.kind == "response" and original.payload_length > 0
+            and digest_of_file):
         info["bytes"] = f"in the archived response {meta.refers_to}"     # archived with its payload
         return info
     # The request of the archived answer: named by the answer, or naming it.
-    request = (original_ref.refers_to if original_ref is not None and original_ref.refers_to else
-               next((r.record_id for r in by_id.values() if r.kind == "request" and r.refers_to == meta.refers_to),
-                    ""))
+    request = ""
+    if same and original_ref is not None:
+        request = original_ref.refers_to or next(
+            (r.record_id for r in by_id.values() if r.kind == "request" and r.refers_to == meta.refers_to), "")
     try:
         path = stored_path(data_dir, rel)
         if not path.is_file():
@@ -437,10 +460,10 @@ def _add_file(sink: _Counted, meta: RecordRef, got: dict[str, RecordHead], by_id
     http_head = whole_file_http(original, size, fields.get("content-type", ""))
     start = sink.n
     whole_file_record(cast(IO[bytes], sink), path, target=meta.target, sha256=sha,
-                      date=original_ref.date if original_ref else meta.date, http_head=http_head,
-                      refers_to=meta.refers_to, concurrent_to=request, page=meta.page, stored_file=rel,
-                      digest=original_ref.digest if original_ref and original_ref.digest.startswith("sha256:")
-                      else "")
+                      date=original_ref.date if same and original_ref else meta.date, http_head=http_head,
+                      refers_to=meta.refers_to if same else meta.record_id, concurrent_to=request,
+                      page=meta.page, stored_file=rel,
+                      digest=original_ref.digest if digest_of_file and original_ref else "")
     info["bytes"] = "included"
     info["record_bytes"] = sink.n - start
     return info

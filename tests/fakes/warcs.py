@@ -74,14 +74,15 @@ class WarcArchive:
         resp_http = StatusAndHeaders(f"{ex.status} {'OK' if ex.status < 300 else 'Other'}",
                                      [(k.decode(), v.decode()) for k, v in ex.response_headers],
                                      protocol=f"HTTP/{ex.http_version}")
-        extra = {"WARC-Payload-Digest": ex.payload_digest,
-                 "WARC-Profile": "http://netpreserve.org/warc/1.1/revisit/identical-payload-digest"} if apart else {}
+        extra = {"WARC-Payload-Digest": ex.payload_digest} if ex.payload_digest else {}   # audio: its SHA-256
+        if apart:
+            extra["WARC-Profile"] = "http://netpreserve.org/warc/1.1/revisit/identical-payload-digest"
         kind = "revisit" if apart else "response"
         resp = writer.create_warc_record(ex.url, kind, payload=io.BytesIO(ex.body), length=len(ex.body),
                                          http_headers=resp_http,
                                          warc_headers_dict=self._headers(ex.role, ex.page, ex.started, extra))
         resp_id = self._write(resp, kind=kind, role=ex.role, target=ex.url, refers_to="", page=ex.page,
-                              sha256=ex.payload_digest[7:] if apart else "")
+                              sha256=ex.payload_digest[7:] if ex.payload_digest else "")
         path = ex.url.split("/", 3)[3] if ex.url.count("/") >= 3 else ""
         req_http = StatusAndHeaders(f"{ex.method} /{path} HTTP/{ex.http_version}",
                                     [(k.decode(), v.decode()) for k, v in ex.request_headers], is_http_request=True)
