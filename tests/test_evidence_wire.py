@@ -5,6 +5,7 @@ worker spoken by hand (tests/fakes/rawpeer.py) for the records, refusing at once
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import json
 import random
@@ -114,7 +115,7 @@ async def test_the_desk_merges_two_nodes_answers_into_one_valid_wacz(nodes, tmp_
     desk.close(req)
     assert result == {"path": str(out), "items": 1, "records": 7, "nodes": ["a", "b"]}
     assert valid(out)
-    assert not (tmp_path / "work" / str(req.number)).exists()
+    assert list((tmp_path / "work").iterdir()) == []
     with zipfile.ZipFile(out) as zf:
         assert {"archive/a.warc.gz", "archive/b.warc.gz"} <= set(zf.namelist())
         [c] = json.loads(zf.read("evidence/chains.json"))
@@ -201,3 +202,16 @@ async def test_a_holder_that_is_not_connected_is_said_in_one_line(nodes, tmp_pat
                                   "machine run `crawler-worker evidence --data-dir DIR ...`"}
         cmd = steering.submit(master.cfg.data_dir, {"command": "evidence", "items": "x", "out": None})
         assert "expected 1 to" in (await wait_answer(cmd))["error"]
+
+
+async def test_an_ask_past_the_frame_limit_is_refused_not_sent(nodes, tmp_path):
+    async with running_master(tmp_path) as (master, addr, secret):
+        from tests.fakes.rawpeer import RawPeer
+
+        peer = await RawPeer.join(addr, "a", 4, secret)
+        master.cfg = dataclasses.replace(master.cfg, max_frame=64 * 1024)     # a crawl with small frames
+        long = [f"http://music.test/{i}/" + "x" * 1000 for i in range(100)]
+        cmd = steering.submit(master.cfg.data_dir, {"command": "evidence", "items": long, "out": None})
+        assert "too long for one request" in (await wait_answer(cmd))["error"]
+        assert master.evidence.requests == {}
+        peer.close()

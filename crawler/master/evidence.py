@@ -15,8 +15,10 @@ fails. ``EvidenceDesk`` holds the requests in flight and is synchronous: pieces 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,8 +84,9 @@ class EvidenceDesk:
         """A new request to ``nodes``: the request and the asks to send (one per node). ``known``: what the
         catalogue says of the items, (item's place in ``wanted``, page, audio URL)."""
         number, self._next = self._next, self._next + 1
-        folder = self.work_dir / str(number)
-        folder.mkdir(parents=True, exist_ok=True)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        # A folder of its own, never one a stopped master left behind.
+        folder = Path(tempfile.mkdtemp(prefix=f"{number}-", dir=self.work_dir))
         answers = {n: NodeAnswer(folder / f"{i:03d}-{_file_name(n)}.warc.gz") for i, n in enumerate(nodes)}
         req = Request(number, command, tuple(wanted), out, now, answers)
         self.requests[number] = req
@@ -152,10 +155,9 @@ class EvidenceDesk:
         for a in req.answers.values():
             a.end()
             a.warc.unlink(missing_ok=True)
-        try:
-            (self.work_dir / str(req.number)).rmdir()
-        except OSError:
-            pass
+        if req.answers:
+            with contextlib.suppress(OSError):
+                next(iter(req.answers.values())).warc.parent.rmdir()
 
 
 def finish(req: Request, *, created: float) -> dict[str, Any]:

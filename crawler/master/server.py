@@ -397,6 +397,13 @@ class Master:
                                          "`crawler-worker evidence --data-dir DIR ...`"})
             return
         req, asks = self.evidence.open(path, items, Path(out) if out else None, connected, self.clock(), known)
+        try:
+            p.encode(asks[0][1], self.cfg.max_frame)
+        except p.LocalProtocolError:
+            self.evidence.close(req)
+            self._answer(path, {"error": "evidence: the items' addresses are too long for one request: ask for "
+                                         "fewer at a time"})
+            return
         self._evidence_commands.add(path.name)
         log.info("operator: evidence of %d items asked of %s", len(items), ", ".join(connected))
         for node, ask in asks:
