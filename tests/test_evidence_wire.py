@@ -215,3 +215,23 @@ async def test_an_ask_past_the_frame_limit_is_refused_not_sent(nodes, tmp_path):
         assert "too long for one request" in (await wait_answer(cmd))["error"]
         assert master.evidence.requests == {}
         peer.close()
+
+
+async def test_an_answer_cut_off_by_the_end_of_its_session_leaves_no_file(nodes):
+    _, data = nodes["b"]
+
+    async def send(m: p.Message) -> None:
+        await asyncio.sleep(10)
+
+    task = asyncio.create_task(worker_evidence.answer(send, p.EvidenceAsk(1, (AUDIO,)), data, max_bytes=1 << 40,
+                                                      max_frame=p.DEFAULT_MAX_FRAME))
+    await asyncio.sleep(0)
+    task.cancel()                      # while the records are gathered in a thread
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.5)           # the thread finishes its file meanwhile (a few KiB)
+    for _ in range(100):
+        if not list(data.glob(".evidence-*")):
+            break
+        await asyncio.sleep(0.02)
+    assert not list(data.glob(".evidence-*"))

@@ -56,12 +56,21 @@ def prepare(data_dir: Path, ask: p.EvidenceAsk, max_bytes: int) -> tuple[Path | 
     return path, json.dumps({"chains": ordered, "pages": pages}).encode()
 
 
+def _discard(work: asyncio.Future[tuple[Path | None, bytes]]) -> None:
+    if not work.cancelled() and work.exception() is None and (path := work.result()[0]) is not None:
+        path.unlink(missing_ok=True)
+
+
 async def answer(send: Callable[[p.Message], Awaitable[None]], ask: p.EvidenceAsk, data_dir: Path, *,
                  max_bytes: int, max_frame: int) -> None:
     """Answers one ask through ``send`` (which waits for the connection to drain)."""
     req = ask.request
+    work = asyncio.ensure_future(asyncio.to_thread(prepare, data_dir, ask, max_bytes))
     try:
-        path, chains = await asyncio.to_thread(prepare, data_dir, ask, max_bytes)
+        path, chains = await asyncio.shield(work)
+    except asyncio.CancelledError:   # the session ended: the thread's file goes when it is done
+        work.add_done_callback(_discard)
+        raise
     except (ev.EvidenceError, OSError, ValueError, zlib.error) as e:   # a damaged record is a ValueError/zlib.error
         log.warning("evidence request %d: %s", req, e)
         await send(p.EvidenceRecords(req, p.EVIDENCE_CHAINS, last=True, error=str(e)[:MAX_TEXT]))
