@@ -131,3 +131,45 @@ async def test_every_ok_row_is_proved_by_the_master_and_by_a_killed_nodes_disk(t
             for w in workers.values():
                 await w.stop()
             await master.stop()
+
+
+async def test_a_resolver_api_chain_is_bundled_from_a_stopped_nodes_disk(tmp_path):
+    """Kugou (a fake on loopback): the song page led to the play-data API answer, which named the signed address
+    that served the bytes. After the crawl ended (the worker exited), its disk yields each song's chain with the
+    API exchange in it, as WACZ and as text."""
+    import yaml
+
+    from tests.fakes import kugou as fake
+
+    app, ctl = fake.make_kugou_app()
+    songs = [ctl.add_song("周杰伦", "晴天", album="叶惠美"), ctl.add_song("Adele", "Hello", album="25")]
+    special = ctl.add_special("1001", [s.hash for s in songs])
+    async with fake.serve(app) as base:
+        host = base.removeprefix("http://")
+        config = cluster.master_config(tmp_path, [base + special], ["k1"],
+                                       crawl={"max_depth": 1, "keep_fragment": [rf"^http://{host}/song/"]})
+        wcfg = tmp_path / "worker.yaml"
+        wcfg.write_text(yaml.safe_dump({"concurrency": 4, "resolvers": {
+            "kugou": {"api_base": base, "mobile_api_base": base, "www_hosts": [host], "mobile_hosts": [host],
+                      "referer": base + "/", "retry_delay": 0.0},
+            "generic": {}}}))
+        master = await cluster.start_master(config, tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "k1", tmp_path, config=wcfg)
+        assert await master.wait(120) == 0, master.log()[-3000:]
+        assert await worker.wait(30) == 0, worker.log()[-3000:]
+    rows = [r for r in cluster.catalogue(tmp_path) if r["status"] == "ok"]
+    assert len({r["sha256"] for r in rows}) == len(songs), rows
+    data = tmp_path / "worker-k1"
+    for row in rows:
+        [c] = evidence.find_chains(evidence.open_index(data), [row["sha256"]])
+        roles = [(r.role, r.kind) for r in c.records]
+        assert ("api", "response") in roles and ("audio", "metadata") in roles, roles
+        assert row["page"] in c.pages
+    out = tmp_path / "kugou.wacz"
+    r = await asyncio.to_thread(worker_evidence, "--data-dir", str(data), "--out", str(out),
+                                *sorted({x["sha256"] for x in rows}))
+    assert r.returncode == 0, r.stderr
+    valid(out)
+    assert {x["sha256"] for x in rows} <= payload_shas(out)
+    r = await asyncio.to_thread(worker_evidence, "--data-dir", str(data), "--show", rows[0]["url"])
+    assert r.returncode == 0 and "-> api call " in r.stdout and f"sha256 {rows[0]['sha256']}" in r.stdout, r.stdout
