@@ -95,7 +95,17 @@ class _Anchor:
     all_audio: bool                   # a page was wanted: every audio record of its pages belongs
 
 
+def _places(names: Iterable[tuple[int, str]]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for i, name in names:
+        if name:
+            out.setdefault(name, []).append(i)
+    return out
+
+
 def _anchors(refs: Iterable[RecordRef], wanted: Sequence[str], known: Known) -> list[_Anchor]:
+    """Each item's pages and audio addresses: from ``known`` and from the records that name the item. One look-up
+    a record, however many items are asked for."""
     pages: list[set[str]] = [set() for _ in wanted]
     audio: list[set[str]] = [set() for _ in wanted]
     for i, page, url in known:
@@ -105,16 +115,18 @@ def _anchors(refs: Iterable[RecordRef], wanted: Sequence[str], known: Known) -> 
             if url:
                 audio[i].add(url)
     whole = [False] * len(wanted)
-    shas = [w.lower() if is_sha256(w.lower()) else "" for w in wanted]
+    by_name = _places(enumerate(wanted))
+    by_sha = _places((i, w.lower()) for i, w in enumerate(wanted) if is_sha256(w.lower()))
     for ref in refs:
-        for i, w in enumerate(wanted):
-            if ref.role == "audio" and (ref.target == w or (shas[i] and ref.sha256 == shas[i])):
+        if ref.role == "audio":
+            for i in (*by_name.get(ref.target, ()), *(by_sha.get(ref.sha256, ()) if ref.sha256 else ())):
                 audio[i].add(ref.target)
                 if ref.page:
                     pages[i].add(ref.page)
-            elif ref.page == w or (ref.role == "page" and not ref.page and ref.target == w):
-                pages[i].add(w)       # a page wanted: found by its own records or by those made for it
-                whole[i] = True
+        for i in (*by_name.get(ref.page, ()),
+                  *(by_name.get(ref.target, ()) if ref.role == "page" and not ref.page else ())):
+            pages[i].add(wanted[i])       # a page wanted: found by its own records or by those made for it
+            whole[i] = True
     return [_Anchor(frozenset(p), frozenset(a), w) for p, a, w in zip(pages, audio, whole)]
 
 
@@ -128,9 +140,12 @@ def _belongs(ref: RecordRef, a: _Anchor) -> bool:
 
 def _members(refs: Iterable[RecordRef], wanted: Sequence[str], anchors: Sequence[_Anchor]) -> list[Chain]:
     found: list[list[RecordRef]] = [[] for _ in wanted]
+    # The anchors a record may belong to, found by its page or its target: one look-up a record.
+    by_page = _places((i, pg) for i, a in enumerate(anchors) for pg in a.pages)
+    by_audio = _places((i, u) for i, a in enumerate(anchors) for u in a.audio)
     for ref in refs:
-        for i, a in enumerate(anchors):
-            if _belongs(ref, a):
+        for i in {*by_page.get(ref.page or ref.target, ()), *by_audio.get(ref.target, ())}:
+            if _belongs(ref, anchors[i]):
                 found[i].append(ref)
     out = []
     for w, a, recs in zip(wanted, anchors, found):
