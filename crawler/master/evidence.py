@@ -183,7 +183,10 @@ def finish(req: Request, *, created: float) -> dict[str, Any]:
     if lost:
         return {"error": f"evidence: no archived records of {', '.join(lost)} on the connected nodes "
                          f"({', '.join(nodes)})"}
-    warcs = [(a.warc.name[4:], a.warc) for a in req.answers.values() if a.size]
+    # Each node's records as archive/<node>.warc.gz (with its place in front when two names would clash).
+    names = [a.warc.name[4:] for a in req.answers.values()]
+    warcs = [(name if names.count(name) == 1 else a.warc.name, a.warc)
+             for name, a in zip(names, req.answers.values()) if a.size]
     try:
         write_wacz(req.out, warcs, merged, pages=pages, created=created, software=ev.software(),
                    title=ev.bundle_title(req.wanted))

@@ -75,6 +75,10 @@ async def answer(send: Callable[[p.Message], Awaitable[None]], ask: p.EvidenceAs
         log.warning("evidence request %d: %s", req, e)
         await send(p.EvidenceRecords(req, p.EVIDENCE_CHAINS, last=True, error=str(e)[:MAX_TEXT]))
         return
+    except Exception as e:    # a fault of ours: said to the master, the session goes on
+        log.exception("evidence request %d failed", req)
+        await send(p.EvidenceRecords(req, p.EVIDENCE_CHAINS, last=True, error=f"the node failed: {e}"[:MAX_TEXT]))
+        return
     size = piece_size(max_frame)
     try:
         if path is not None:
