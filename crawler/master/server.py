@@ -414,8 +414,13 @@ class Master:
                     self._finish_evidence(done)
 
     def _finish_evidence(self, req: Request) -> None:
-        assert self._tg is not None
-        self._tg.create_task(self._write_evidence(req))
+        try:
+            assert self._tg is not None
+            self._tg.create_task(self._write_evidence(req))
+        except RuntimeError:     # the master's task group is shutting down: the request ends here
+            self.evidence.close(req)
+            self._answer(req.command, {"error": "evidence: the master stopped before it could write the bundle"})
+            self._evidence_commands.discard(req.command.name)
 
     async def _write_evidence(self, req: Request) -> None:
         """The bundle (or text) of a request every node has answered, written off the loop, then the answer."""
