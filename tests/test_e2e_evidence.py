@@ -62,7 +62,7 @@ def payload_shas(wacz: Path) -> set[str]:
     with zipfile.ZipFile(wacz) as zf:
         for name in zf.namelist():
             if name.startswith("archive/"):
-                for rec in ArchiveIterator(io.BytesIO(zf.read(name)), check_digests=True):
+                for rec in ArchiveIterator(io.BytesIO(zf.read(name)), check_digests="raise"):
                     if rec.rec_type == "response":
                         out.add(hashlib.sha256(rec.content_stream().read()).hexdigest())
     return out
