@@ -99,8 +99,9 @@ from crawler.items import (
 # (a MAC with an implicit sequence number); 12: Result may end with what the page says about its links that may
 # lead to audio (link_meta), and a Task carries it to the link's own fetch; 13: an audio item may carry its file's
 # acoustic fingerprint (one made after its outcome went comes in a DownloadReport of its own), and a worker's
-# Heartbeat its fingerprint backlog
-PROTOCOL_VERSION = 13
+# Heartbeat its fingerprint backlog; 14: EvidenceAsk and EvidenceRecords, an item's archived chain fetched from the
+# node that holds it
+PROTOCOL_VERSION = 14
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
 PRE_AUTH_MAX_FRAME = 640
@@ -519,9 +520,47 @@ class FragmentRules(Message, tag=26, frozen=True):
     keep_fragment: Many[Url]
 
 
+# Evidence: the items an ask may name, and the largest piece of an answer in one frame (a frame stays under the
+# Welcome's max_frame too: the worker cuts its pieces to fit both).
+MAX_EVIDENCE_ITEMS = 256
+MAX_EVIDENCE_KNOWN = 16 * MAX_EVIDENCE_ITEMS   # catalogue rows told with an ask
+MAX_EVIDENCE_CHUNK = 1024 * 1024
+EVIDENCE_WARC = "warc"       # a piece of the record-compressed WARC stream of the chains' records
+EVIDENCE_CHAINS = "chains"   # a piece of the JSON of the chains (steps, times, stored files) and their pages
+
+
+class EvidenceAsk(Message, tag=27, frozen=True):
+    """The master wants the archived chains of these items (audio URL, page URL or sha256) for an evidence
+    bundle: the worker answers with EvidenceRecords under the same request number. A worker answers one ask at
+    a time (another while one runs is answered with an error at once) and caps the bytes of an answer."""
+
+    request: NonNeg
+    wanted: Annotated[tuple[Url, ...], Meta(max_length=MAX_EVIDENCE_ITEMS)]
+    records: bool = True     # False: only the chains (for the text of --show), no records
+    # What the master's catalogue knows of the items: (item's place in wanted, its page, its audio URL). A chain
+    # may lie on two nodes (the page fetched by one, the audio by another): the node with the page alone could
+    # not tie it to an audio URL or a sha256 without this.
+    known: Annotated[tuple[tuple[Annotated[int, Meta(ge=0, lt=MAX_EVIDENCE_ITEMS, title="item")],
+                                 Annotated[str, Meta(max_length=MAX_URL, title="page")],
+                                 Annotated[str, Meta(max_length=MAX_URL, title="audio")]], ...],
+                     Meta(max_length=MAX_EVIDENCE_KNOWN)] = ()
+
+
+class EvidenceRecords(Message, tag=28, frozen=True):
+    """A piece of the answer to an EvidenceAsk: the WARC pieces first, in order, then the chains' JSON; the
+    last piece says so. An answer that failed (no archive, past the cap, a stored file that is not its bytes) is
+    one last piece carrying the error."""
+
+    request: NonNeg
+    part: Annotated[str, Meta(pattern=r"^(warc|chains)\Z")]     # EVIDENCE_WARC, EVIDENCE_CHAINS
+    chunk: Annotated[bytes, Meta(max_length=MAX_EVIDENCE_CHUNK)] = b""
+    last: bool = False
+    error: Text | None = None
+
+
 AnyMessage = (Hello | Challenge | Auth | Welcome | Refused | Assign | Report | Heartbeat | Credit | Shutdown
               | Fetched | Fault | DownloadAsk | DownloadGrant | DownloadDone | DownloadReport | DownloadWork
-              | FragmentRules)
+              | FragmentRules | EvidenceAsk | EvidenceRecords)
 MESSAGE_TYPES: dict[int, type[Message]] = {}
 for _cls in AnyMessage.__args__:
     _cls.TYPE = _cls.__struct_config__.tag
@@ -856,14 +895,15 @@ MASTER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {
     State.AWAIT_HELLO: (Hello,),
     State.AWAIT_AUTH: (Auth,),
     State.AUTHENTICATED: (),               # the worker waits for the Welcome
-    State.OPEN: (Report, Credit, Heartbeat, Fetched, Fault, DownloadAsk, DownloadDone, DownloadReport),
+    State.OPEN: (Report, Credit, Heartbeat, Fetched, Fault, DownloadAsk, DownloadDone, DownloadReport,
+                 EvidenceRecords),
     State.CLOSED: (),
 }
 WORKER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {
     State.SEND_HELLO: (),
     State.AWAIT_CHALLENGE: (Challenge, Refused),
     State.AWAIT_WELCOME: (Welcome, Refused),
-    State.OPEN: (Assign, Heartbeat, Shutdown, DownloadGrant, DownloadWork, FragmentRules),
+    State.OPEN: (Assign, Heartbeat, Shutdown, DownloadGrant, DownloadWork, FragmentRules, EvidenceAsk),
     State.CLOSED: (),
 }
 

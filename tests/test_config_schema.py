@@ -133,7 +133,7 @@ def test_the_yaml_keys_users_write_are_unchanged():
         "user_agent", "max_page_bytes", "max_audio_bytes", "connect_timeout", "read_timeout", "fetch_timeout",
         "download_timeout", "download_min_rate", "revalidate_after", "max_page_depth", "max_page_tags",
         "max_redirects", "dns_ttl", "link_cache", "max_links_per_page", "store_pages", "page_format",
-        "min_free_bytes", "download_audio", "reconnect_max_delay", "resolvers",
+        "min_free_bytes", "download_audio", "reconnect_max_delay", "evidence_max_bytes", "resolvers",
         "metrics_listen", "log_interval",
         *(f"identify.{k}" for k in ("enabled", "processes", "max_backlog", "wait")),
         *(f"archive.{k}" for k in ARCHIVE_KEYS),

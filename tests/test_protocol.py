@@ -48,6 +48,11 @@ MESSAGES = [
     p.Fetched((p.PageFetch(1, 200, None, 0.05), p.PageFetch(2, 429, 2.0, 0.001), p.PageFetch(3))),
     p.Fault("No space left on device", (3, 4, 5)),
     p.Fault("under min_free_bytes"),
+    p.EvidenceAsk(7, ("http://a/song/1", "ab" * 32)),
+    p.EvidenceAsk(8, ("http://a/1.mp3",), records=False),
+    p.EvidenceRecords(7, p.EVIDENCE_WARC, b"\x1f\x8b" + bytes(100)),
+    p.EvidenceRecords(7, p.EVIDENCE_CHAINS, b"[]", last=True),
+    p.EvidenceRecords(9, p.EVIDENCE_CHAINS, last=True, error="another evidence request is being answered"),
 ]
 
 
@@ -303,7 +308,7 @@ def test_session_messages_follow_the_table_of_legal_messages():
         for legal in state_table[p.State.OPEN]:
             assert legal in (p.Report, p.Credit, p.Heartbeat, p.Fetched, p.Fault, p.Assign, p.Shutdown,
                              p.DownloadAsk, p.DownloadGrant, p.DownloadDone, p.DownloadReport, p.DownloadWork,
-                             p.FragmentRules)
+                             p.FragmentRules, p.EvidenceAsk, p.EvidenceRecords)
         with pytest.raises(p.ProtocolError):
             side.receive(bad)                # a second handshake inside the session
         assert side.state is p.State.CLOSED
@@ -457,7 +462,8 @@ def test_new_audio_fields_are_type_checked(key, value):
 # Each limit a message type declares (msgspec.Meta on its fields and on the audio item's), found by walking the
 # types themselves, so a limit added later is tested too: a value at the limit is accepted, one past it is
 # refused with a ProtocolError naming the field. Payloads are built with msgpack, independently of our encoder.
-_PATTERN_VALUES = {r"^(done|error|retry)\Z": ("done", "finished"), r"^(go|copy)\Z": ("go", "steal")}
+_PATTERN_VALUES = {r"^(done|error|retry)\Z": ("done", "finished"), r"^(go|copy)\Z": ("go", "steal"),
+                   r"^(warc|chains)\Z": ("warc", "audio")}
 _LIST_PAST_CAP = "\0list past its cap\0"      # replaced by an array header announcing one entry too many
 
 
@@ -794,3 +800,31 @@ def test_what_a_page_says_about_a_link_travels_with_it_within_the_limits():
         wire[14] = [["http://a/stream/1", bad]]
         with pytest.raises(p.ProtocolError, match=rf"link_meta\[0\]\[1\]\.{where}"):
             p.Result.from_wire(wire)
+
+
+def test_evidence_asks_and_pieces_keep_their_limits():
+    ask = p.EvidenceAsk(1, tuple(f"http://a/{i}" for i in range(p.MAX_EVIDENCE_ITEMS)))
+    assert p.decode_payload(p.encode(ask)[p.HEADER_SIZE:]) == ask
+    biggest = p.EvidenceRecords(1, p.EVIDENCE_WARC, b"x" * p.MAX_EVIDENCE_CHUNK)
+    assert p.decode_payload(p.encode(biggest)[p.HEADER_SIZE:]) == biggest
+    for bad, field in (([p.EvidenceAsk.TYPE, 1, ["u"] * (p.MAX_EVIDENCE_ITEMS + 1)], "EvidenceAsk.wanted"),
+                       ([p.EvidenceAsk.TYPE, -1, ["u"]], "EvidenceAsk.request"),
+                       ([p.EvidenceRecords.TYPE, 1, "audio", b""], "EvidenceRecords.part"),
+                       ([p.EvidenceRecords.TYPE, 1, "warc", b"x" * (p.MAX_EVIDENCE_CHUNK + 1)],
+                        "EvidenceRecords.chunk")):
+        with pytest.raises(p.ProtocolError, match=field):
+            p.decode_payload(msgpack.packb(bad, use_bin_type=True))
+
+
+def test_evidence_goes_master_to_worker_and_back_only_in_the_session():
+    master = p.MasterHandshake(SECRET)
+    worker = p.WorkerHandshake(SECRET, "w1", 8)
+    ask, answer = p.EvidenceAsk(1, ("http://a/",)), p.EvidenceRecords(1, p.EVIDENCE_CHAINS, b"[]", last=True)
+    with pytest.raises(p.ProtocolError):
+        master.receive(answer)               # before the handshake
+    master = p.MasterHandshake(SECRET)
+    master.receive_auth(worker.receive_challenge(master.receive_hello(worker.hello())))
+    worker.receive_welcome(master.welcome(1.0))
+    assert master.receive(answer) == answer and worker.receive(ask) == ask
+    with pytest.raises(p.ProtocolError):
+        master.receive(ask)                  # the master is never asked

@@ -278,7 +278,7 @@ def report(config_path: Path, kind: str, fmt: str, output: Path | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- steering
-def _steer(config_path: Path, command: dict[str, Any]) -> dict[str, Any]:
+def _steer(config_path: Path, command: dict[str, Any], timeout: float = ANSWER_TIMEOUT) -> dict[str, Any]:
     """Queue a command; apply it here when no master runs, else wait for the running master's answer."""
     from crawler.master import steering
     from crawler.master.server import Master
@@ -301,7 +301,7 @@ def _steer(config_path: Path, command: dict[str, Any]) -> dict[str, Any]:
     except (StoreError, OSError) as e:
         click.echo(f"{PROG}: {e}", err=True)
         sys.exit(1)
-    deadline = time.monotonic() + ANSWER_TIMEOUT
+    deadline = time.monotonic() + timeout
     while (result := steering.take_answer(path)) is None:
         if time.monotonic() > deadline:
             click.echo(f"{PROG}: queued in {path}; the master applies it when it next runs its loop")
@@ -366,6 +366,43 @@ def retry(config_path: Path, reason: str | None) -> None:
     """Put failed URLs (state error) back in the queue with their attempts reset."""
     r = _steer(config_path, {"command": "retry", "reason": reason})
     click.echo(f"{r['requeued']} failed URLs back in the queue ({r['by']})")
+
+
+@main.command()
+@CONFIG
+@click.option("--out", type=click.Path(path_type=Path), help="Write the items' evidence here, as a WACZ file.")
+@click.option("--show", is_flag=True, help="Print each item's chain as text instead.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
+              help="Seconds to wait for the running master's answer.")
+@click.argument("items", nargs=-1, metavar="URL|SHA256...")
+def evidence(config_path: Path, out: Path | None, show: bool, timeout: float, items: tuple[str, ...]) -> None:
+    """The archived chain of each item (an audio URL, its page's URL or the stored file's sha256) from the
+    nodes that hold it: the page, the resolver's exchanges, the audio exchange and the stored bytes, bundled as
+    WACZ (--out, written by the running master) or shown as text (--show). For a node that is not connected, run
+    `crawler-worker evidence --data-dir` on its machine."""
+    from crawler.protocol import MAX_EVIDENCE_ITEMS
+
+    if not items:
+        click.echo(f"{PROG}: evidence: name at least one audio URL, page URL or sha256", err=True)
+        sys.exit(2)
+    if len(items) > MAX_EVIDENCE_ITEMS:
+        click.echo(f"{PROG}: evidence: at most {MAX_EVIDENCE_ITEMS} items at a time", err=True)
+        sys.exit(2)
+    if show == (out is not None):
+        click.echo(f"{PROG}: evidence: give --out FILE.wacz or --show (one of them)", err=True)
+        sys.exit(2)
+    if out is not None:
+        out = out.absolute()
+        if not out.parent.is_dir():
+            click.echo(f"{PROG}: cannot write {out}: no folder {out.parent}", err=True)
+            sys.exit(2)
+    r = _steer(config_path, {"command": "evidence", "items": list(items), "out": str(out) if out else None},
+               timeout=timeout)
+    if show:
+        click.echo(r["text"])
+        sys.exit(1 if r["missing"] else 0)
+    click.echo(f"wrote {r['path']}: {r['items']} items, {r['records']} archived records from "
+               f"{', '.join(r['nodes'])}")
 
 
 # ---------------------------------------------------------------------------------------------- references

@@ -30,7 +30,7 @@ from crawler.bloom import BloomFileError, BloomFilter, GrowingBloomFilter
 from crawler.connection import ConnectionClosed, FramedConnection
 from crawler.http.getter import Getter, build_stack
 from crawler.http.targets import TargetPolicy
-from crawler.items import PENDING
+from crawler.items import MAX_URL, PENDING
 from crawler.master import steering
 from crawler.master.admission import Admission, Limits, source_of
 from crawler.master.backend import StoreError, StoreUnreachable
@@ -40,6 +40,7 @@ from crawler.master.crawl import Crawl, ReportRejected
 from crawler.master.limits import LIMIT_META, MAX_PAGES
 from crawler.master.matching import Index, Matcher
 from crawler.master.dedup import Dedup
+from crawler.master.evidence import EvidenceDesk, Request, finish
 from crawler.master.downloads import DownloadBoard
 from crawler.master.observe import FIGURES_META, Observer
 from crawler.master.statistics import MasterStatistics, NodeStatistics
@@ -192,6 +193,9 @@ class Master:
         self.targets = TargetPolicy.for_crawl(cfg.seeds, cfg.crawl.allowed_networks)
         self.paused = False
         self._unanswered: set[str] = set()   # commands applied whose file could not be removed
+        # Evidence requests waiting for the nodes' records (crawler/master/evidence.py), by command file name.
+        self.evidence = EvidenceDesk(cfg.data_dir / "evidence")
+        self._evidence_commands: set[str] = set()
         # Writes Bloom snapshots off the event loop; one thread, so snapshots are written one at a time.
         self._bloom_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bloom-snapshot")
         # The master's own exchanges (its robots.txt fetches) as WARC records in data_dir/archive (crawler/archive/),
@@ -311,10 +315,13 @@ class Master:
         """Apply the waiting commands, committing each before answering. Yields between chunks of a long one
         (a retry over millions of URLs), so the running master's loop is never held for long."""
         for path in steering.pending(self.cfg.data_dir):
-            if path.name in self._unanswered:
+            if path.name in self._unanswered or path.name in self._evidence_commands:
                 continue
             try:
                 cmd = steering.read(path)
+                if cmd["command"] == "evidence" and self._tg is not None:
+                    self._start_evidence(path, cmd)   # answered when the nodes have answered
+                    continue
                 result = yield from self._command(cmd)
             except steering.CommandError as e:
                 log.warning("%s", e)
@@ -350,6 +357,9 @@ class Master:
             n = self.store.add_references(refs, self.clock())
             log.info("operator: %d reference works added", n)
             return {"added": n, "references": self.store.reference_state()[1]}
+        if kind == "evidence":   # no master runs (a running one starts it in _start_evidence)
+            raise steering.CommandError("evidence: the master is not running, so no node can be asked for its "
+                                        "records: on each node run `crawler-worker evidence --data-dir DIR ...`")
         if kind == "remove-reference":
             work = cmd.get("work")
             if not isinstance(work, str):
@@ -374,6 +384,73 @@ class Master:
                  f" (errors containing {contains!r})" if contains else "")
         self._wake.set()
         return {"requeued": total}
+
+    # ------------------------------------------------------------------ evidence
+    def _start_evidence(self, path: Path, cmd: dict[str, Any]) -> None:
+        """Ask the connected nodes for the items' chains; answered at once when a holder is not connected."""
+        items, out = cmd.get("items"), cmd.get("out")
+        if (not isinstance(items, list) or not 0 < len(items) <= p.MAX_EVIDENCE_ITEMS
+                or not all(isinstance(u, str) and 0 < len(u) <= MAX_URL for u in items)
+                or not (out is None or isinstance(out, str) and Path(out).is_absolute())):
+            self._answer(path, {"error": f"evidence: expected 1 to {p.MAX_EVIDENCE_ITEMS} items and an absolute "
+                                         "--out path"})
+            return
+        connected = sorted(n for n, s in self.sessions.items() if not s.conn.writer.is_closing())
+        rows = self.store.chain_rows(items)
+        away = sorted({node for item in rows for node, _, _ in item if node} - set(connected))
+        known = tuple((i, page, url) for i, item in enumerate(rows) for _, page, url in item)
+        if away or not connected:
+            where = (f"the records of these items are on {', '.join(away)}, not connected now" if away
+                     else "no node is connected")
+            self._answer(path, {"error": f"evidence: {where}: on the node's machine run "
+                                         "`crawler-worker evidence --data-dir DIR ...`"})
+            return
+        req, asks = self.evidence.open(path, items, Path(out) if out else None, connected, self.clock(), known)
+        try:
+            p.encode(asks[0][1], self.cfg.max_frame)
+        except p.LocalProtocolError:
+            self.evidence.close(req)
+            self._answer(path, {"error": "evidence: the items' addresses are too long for one request: ask for "
+                                         "fewer at a time"})
+            return
+        self._evidence_commands.add(path.name)
+        log.info("operator: evidence of %d items asked of %s", len(items), ", ".join(connected))
+        for node, ask in asks:
+            try:
+                self.sessions[node].conn.send_nowait(ask)
+            except ConnectionClosed:
+                for done in self.evidence.gone(node):
+                    self._finish_evidence(done)
+
+    def _finish_evidence(self, req: Request) -> None:
+        try:
+            assert self._tg is not None
+            self._tg.create_task(self._write_evidence(req))
+        except RuntimeError:     # the master's task group is shutting down: the request ends here
+            self.evidence.close(req)
+            self._answer(req.command, {"error": "evidence: the master stopped before it could write the bundle"})
+            self._evidence_commands.discard(req.command.name)
+
+    async def _write_evidence(self, req: Request) -> None:
+        """The bundle (or text) of a request every node has answered, written off the loop, then the answer."""
+        try:
+            result = await asyncio.to_thread(finish, req, created=time.time())
+        except Exception as e:   # a fault of ours: the operator hears of it, the crawl goes on
+            log.exception("evidence request %d failed", req.number)
+            result = {"error": f"evidence: {e}"}
+        finally:
+            self.evidence.close(req)
+        if "path" in result:
+            log.info("operator: evidence written to %s", result["path"])
+        self._answer(req.command, result)
+        self._evidence_commands.discard(req.command.name)
+
+    def _answer(self, path: Path, result: dict[str, Any]) -> None:
+        try:
+            steering.answer(path, result)
+        except OSError as e:
+            self._unanswered.add(path.name)
+            log.warning("operator command %s not answered (remove it by hand): %s", path.name, e)
 
     def _snapshot_bloom(self) -> None:
         """A snapshot now, waiting for it (at start-up and shutdown). It queues behind a periodic one still being
@@ -608,6 +685,8 @@ class Master:
                     await asyncio.sleep(0)   # a big site's backlog goes in batches, the workers served between
             for _ in self._apply_commands():
                 await asyncio.sleep(0)
+            for req in self.evidence.expire(now):
+                self._finish_evidence(req)
             self._wake.set()   # whatever the checks freed or requeued is handed out by the dispatcher
             self._fetch_robots()
             await asyncio.sleep(0)   # the checks above and the commit below each take the loop for a while
@@ -848,6 +927,10 @@ class Master:
                 if isinstance(msg, p.DownloadDone):
                     self._send_grants(self.downloads.done(s.node, msg.ends, s.last_seen))
                     continue
+                if isinstance(msg, p.EvidenceRecords):
+                    if (req := self.evidence.piece(s.node, msg)) is not None:
+                        self._finish_evidence(req)
+                    continue
                 if isinstance(msg, (p.DownloadReport, p.Report)):
                     s.fingerprints_in = False      # until a heartbeat after it says the pool is empty
                 if isinstance(msg, p.DownloadReport):
@@ -1008,6 +1091,8 @@ class Master:
             return
         del self.sessions[s.node]
         self.observer.left(s.node, s.last_seen)
+        for req in self.evidence.gone(s.node):
+            self._finish_evidence(req)
         self._send_grants(self.downloads.node_gone(s.node, self.clock()))
         if dead:   # silent past the heartbeat timeout: it had its grace already
             self.crawl.node_down(s.node, self.clock())

@@ -1,4 +1,4 @@
-"""Steering a crawl from the command line: pause, resume, seed, retry, add and remove reference works.
+"""Steering a crawl from the command line: pause, resume, seed, retry, add and remove reference works, evidence.
 
 A command is a small JSON file in ``<data_dir>/commands/``, written under a temporary name and renamed, so a reader
 never sees half of one. The running master applies waiting commands on its next tick (a fraction of a heartbeat),
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 COMMANDS_DIR = "commands"
-KINDS = ("pause", "resume", "seed", "retry", "add-references", "remove-reference")
+KINDS = ("pause", "resume", "seed", "retry", "add-references", "remove-reference", "evidence")
 # Commands read per tick: a flood of them cannot stall the master's loop.
 MAX_PER_TICK = 16
 _SUFFIX = ".json"

@@ -309,6 +309,9 @@ class MasterStore:
     def search_audio(self, query: str, limit: int = 50) -> list[dict[str, Any]]:
         return self.audio.search_audio(query, limit)
 
+    def chain_rows(self, wanted: Sequence[str], limit: int = 16) -> list[list[tuple[str | None, str, str]]]:
+        return self.audio.chain_rows(wanted, limit)
+
     # -- identification (store_identify.py) -------------------------------------------------------------
 
     def add_references(self, refs: Sequence[Reference], now: float) -> int:

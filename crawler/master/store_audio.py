@@ -506,6 +506,19 @@ class AudioCatalogue:
         the rows whose download is not pending (the catalogue file takes a row once its download ended)."""
         return self._audio_rows(f"status != '{PENDING}'") if settled else self._audio_rows()
 
+    def chain_rows(self, wanted: Sequence[str], limit: int = 16) -> list[list[tuple[str | None, str, str]]]:
+        """For each item (an audio URL, a page URL or a sha256): (node, page, audio URL) of its catalogue rows, at
+        most ``limit``: the nodes that reported it hold its chain in their archives. Indexed look-ups."""
+        out = []
+        for w in wanted:
+            rows: dict[tuple[str | None, str, str], None] = {}
+            for column in ("url", "page", "sha256"):
+                for node, page, url in self.core.db.fetchall(
+                        f"SELECT node, page, url FROM audio WHERE {column} = ? LIMIT ?", (w, limit)):
+                    rows.setdefault((node, page, url), None)
+            out.append(list(rows)[:limit])
+        return out
+
     def search_audio(self, query: str, limit: int = 50) -> list[dict[str, Any]]:
         """Catalogue rows whose title, artist, audio URL or page contains `query` (case-insensitive for
         ASCII), newest first; an empty query gives the newest rows. Bounded by `limit`; a query that matches

@@ -149,3 +149,46 @@ def page(data_dir: Path | None, output: Path | None, url: str) -> None:
             sys.exit(2)
     else:
         sys.stdout.buffer.write(body)
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(path_type=Path), envvar="CRAWLER_DATA_DIR",
+              help="The worker's data dir [$CRAWLER_DATA_DIR; default: $STATE_DIRECTORY or /var/lib/audio-crawler].")
+@click.option("--out", type=click.Path(path_type=Path), help="Write the items' evidence here, as a WACZ file.")
+@click.option("--show", is_flag=True, help="Print each item's chain as text instead.")
+@click.argument("items", nargs=-1, metavar="URL|SHA256...")
+def evidence(data_dir: Path | None, out: Path | None, show: bool, items: tuple[str, ...]) -> None:
+    """The archived chain of each item (an audio URL, its page's URL or the stored file's sha256): the page,
+    the resolver's exchanges, the audio exchange and the stored bytes, bundled as WACZ (--out) or shown as text
+    (--show). Reads the data dir only: works beside a running worker and on a stopped node's disk."""
+    import time
+
+    from crawler.archive import evidence as ev
+    from crawler.worker.config import default_data_dir
+
+    if not items:
+        click.echo(f"{PROG}: evidence: name at least one audio URL, page URL or sha256", err=True)
+        sys.exit(2)
+    if show == (out is not None):
+        click.echo(f"{PROG}: evidence: give --out FILE.wacz or --show (one of them)", err=True)
+        sys.exit(2)
+    data_dir = data_dir or default_data_dir()
+    if not data_dir.is_dir():
+        click.echo(f"{PROG}: evidence: no data dir at {data_dir}", err=True)
+        sys.exit(2)
+    try:
+        index = ev.open_index(data_dir)
+        if show:
+            chains, text = ev.describe(index, items)
+            click.echo(text)
+            sys.exit(1 if ev.missing(chains) else 0)
+        assert out is not None
+        if not out.parent.is_dir():
+            click.echo(f"{PROG}: cannot write {out}: no folder {out.parent}", err=True)
+            sys.exit(2)
+        chains = ev.write_bundle(index, data_dir, items, out, now=time.time())
+    except (ev.EvidenceError, OSError, ValueError) as e:   # nothing archived, a bad stored file, a disk error
+        click.echo(f"{PROG}: evidence: {e}", err=True)
+        sys.exit(1)
+    records = len({r.record_id for c in chains for r in c.records})
+    click.echo(f"wrote {out}: {len(chains)} items, {records} archived records")

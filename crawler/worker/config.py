@@ -107,6 +107,8 @@ class WorkerConfig:
     min_free_bytes: int = setting("int", 100 * 1024 ** 2, non_negative)   # less free in data_dir: take no work
     download_audio: bool = setting("bool", True)
     reconnect_max_delay: float = setting("float", 30.0, positive)
+    # The most bytes one answer to the master's evidence request may hold (records and stored files together).
+    evidence_max_bytes: int = setting("int", 8 * 1024 ** 3, positive)
     # name -> its own section, in the order they are tried (absent: the generic resolver alone)
     resolvers: dict[str, dict[str, Any]] = setting("map", None, convert=_resolver_sections)
     # host:port of this worker's /metrics; off by default

@@ -982,6 +982,7 @@ class Session:
         self.fetched: list[p.PageFetch] = []   # page requests that ended this loop turn, not sent yet
         self.last_heard = time.monotonic()
         self.timeout = max(3 * welcome.heartbeat_interval, 5.0)
+        self.evidence_task: asyncio.Task[None] | None = None   # the master's evidence ask being answered
 
     async def open(self) -> None:
         """The master's first credit, or (the worker cannot take tasks) the fault and the credit held back."""
@@ -1076,9 +1077,22 @@ class Session:
                 w.links.forget()
             elif isinstance(msg, p.DownloadGrant):
                 w._granted(msg.grants)
+            elif isinstance(msg, p.EvidenceAsk):
+                self.evidence(msg, tg)
             elif isinstance(msg, p.Shutdown):
                 log.info("master ended the crawl: %s", msg.reason)
                 raise _Shutdown()
+
+    def evidence(self, ask: p.EvidenceAsk, tg: asyncio.TaskGroup) -> None:
+        """The master asks for items' archived chains (crawler/worker/evidence.py): one answer at a time."""
+        from crawler.worker import evidence
+
+        if self.evidence_task is not None and not self.evidence_task.done():
+            self.conn.send_nowait(p.EvidenceRecords(ask.request, p.EVIDENCE_CHAINS, last=True, error=evidence.BUSY))
+            return
+        self.evidence_task = tg.create_task(evidence.answer(
+            self.conn.send, ask, self.worker.cfg.data_dir, max_bytes=self.worker.cfg.evidence_max_bytes,
+            max_frame=self.conn.max_frame))
 
     async def reporter(self) -> None:
         w, conn, results = self.worker, self.conn, self.results
