@@ -26,7 +26,8 @@ async def figures(page) -> dict:
                         "t.querySelector('.v').textContent]))")
     nodes = await page.eval_on_selector_all(
         "#nodes tr", "rs => rs.slice(1).map(r => Array.from(r.cells).map(c => c.textContent))")
-    return {"tiles": tiles, "nodes": nodes}
+    head = await page.eval_on_selector_all("#nodes tr:first-child > *", "cs => cs.map(c => c.textContent)")
+    return {"tiles": tiles, "nodes": nodes, "head": head}
 
 
 async def test_status_page_in_headless_chromium_shows_the_crawl_moving(tmp_path):
@@ -80,6 +81,8 @@ async def test_status_page_in_headless_chromium_shows_the_crawl_moving(tmp_path)
     as_int = lambda s: int(s.replace(",", ""))
     assert as_int(second["tiles"]["pages fetched"]) > as_int(first["tiles"]["pages fetched"]), (first, second)
     assert as_int(rows["w1"][5]) > as_int({r[0]: r for r in first["nodes"]}["w1"][5])
+    # Each worker's fingerprint backlog, as its last heartbeat said.
+    assert as_int(rows["w1"][second["head"].index("to fingerprint")]) >= 0, second
     assert second["tiles"]["pages / min"] != first["tiles"]["pages / min"], (first, second)
 
 

@@ -156,10 +156,11 @@ function drawStatus(st) {
     tile("at workers", fmt(u.at_workers), "loop lag " + ((st.master.event_loop_lag_s || 0) * 1000).toFixed(1) + " ms"),
   ].filter(Boolean));
   table("nodes", [["node"], ["state"], ["last heartbeat"], ["in flight", "n"], ["queued", "n"], ["pages", "n"],
-                  ["audio", "n"], ["bytes", "n"], ["errors", "n"]],
+                  ["audio", "n"], ["bytes", "n"], ["to fingerprint", "n"], ["errors", "n"]],
     st.nodes.map((n) => [[n.node], nodeState(n),
       [ago(n.last_heartbeat)], [fmt(n.in_flight), "n"], [fmt(n.queued), "n"], [fmt(n.pages), "n"],
-      [fmt(n.audio), "n"], [bytes(n.bytes), "n"], [fmt(n.errors), n.errors ? "n bad" : "n"]]), "no workers");
+      [fmt(n.audio), "n"], [bytes(n.bytes), "n"], [fmt(n.fingerprint_backlog || 0), "n"],
+      [fmt(n.errors), n.errors ? "n bad" : "n"]]), "no workers");
   kv("urls", {"queued": u.queued, "held at the master": u.held_at_master, "at workers": u.at_workers,
               "done": u.done, "failed": u.error, "total": u.total}, "");
   kv("reasons", st.errors, "none"); kv("http", st.http_status, "none"); kv("discards", st.discards, "none");
