@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("crawler.archive.writer")   # the crawl's archive writer (until it is part of this tree)
 
 from warcio.archiveiterator import ArchiveIterator  # noqa: E402
 

@@ -27,7 +27,6 @@ import base64
 import binascii
 import calendar
 import hashlib
-import importlib
 import re
 import time
 import uuid
@@ -37,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, cast
 
-from crawler.archive import RecordRef
+from crawler.archive import RecordRef, writer
 from crawler.archive.wacz import RecordHead, member_head
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -181,13 +180,12 @@ class WriterIndex:
 
     def __init__(self, archive_dir: Path) -> None:
         self.dir = archive_dir
-        self._writer = importlib.import_module("crawler.archive.writer")
 
     def refs(self) -> Iterator[RecordRef]:
-        return cast(Iterator[RecordRef], self._writer.iter_index(self.dir))
+        return writer.iter_index(self.dir)
 
     def read(self, ref: RecordRef) -> bytes:
-        return cast(bytes, self._writer.read_record(self.dir, ref))
+        return writer.read_record(self.dir, ref)
 
 
 def open_index(data_dir: Path) -> Index:
