@@ -9,17 +9,21 @@ images and fonts.
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from crawler.archive import evidence
 from testkit import cluster
 from testkit.browser import TEST_BROWSER_ARGS, TEST_BROWSER_USER
 from testkit import playersite
 from tests.store_reads import url_info
 
 pytestmark = pytest.mark.timeout(240)
+BIN = Path(sys.executable).parent
 
 
 
@@ -66,6 +70,31 @@ async def test_scripted_signed_and_hls_audio_are_catalogued_and_downloaded(tmp_p
     assert "/more" in paths          # linked only from what a script added to the page
     assert not any(p.startswith("/img/") or p.endswith(".woff2") for p in paths)
     assert not list(Path(data_dir / "audio" / "partial").glob("*.part"))
+    # Evidence: each row's chain is in the worker's archive (the page, the browser's view of it with the API call
+    # that signed the address, the rendered DOM and a screenshot, the audio or the HLS segments, the stored file),
+    # every archive file passes warcio's check, and a bundle of all rows passes wacz's.
+    for f in sorted((data_dir / "archive").glob("*.warc.gz")):
+        check = subprocess.run([str(BIN / "warcio"), "check", str(f)], capture_output=True, text=True, check=False)
+        assert check.returncode == 0, check.stdout + check.stderr
+    for row in rows:
+        [chain] = evidence.find_chains(evidence.open_index(data_dir), [row["sha256"]])
+        kinds = {(r.role, r.kind) for r in chain.records}
+        targets = {r.target for r in chain.records}
+        assert {("page", "response"), ("browser", "response"), ("browser", "resource"),
+                ("audio", "metadata")} <= kinds, (row["title"], kinds)
+        assert f"urn:view:{row['page']}" in targets and f"urn:dom:{row['page']}" in targets, targets
+        if row["title"] == "Signed Song":
+            assert any(r.role == "browser" and "/api/" in r.target for r in chain.records), targets
+        if row["title"] == "Streamed Song":
+            assert ("segment", "revisit") in kinds or ("segment", "response") in kinds, kinds
+    out = tmp_path / "player.wacz"
+    made = subprocess.run([sys.executable, "-m", "crawler.worker", "evidence", "--data-dir", str(data_dir),
+                           "--out", str(out), *sorted(r["sha256"] for r in rows)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert made.returncode == 0, made.stderr
+    valid = subprocess.run([str(BIN / "wacz"), "validate", "-f", str(out)], capture_output=True, text=True,
+                           timeout=120, check=False)
+    assert valid.returncode == 0, valid.stdout + valid.stderr
 
 
 async def test_a_browser_that_cannot_run_gives_pages_back_to_be_retried(tmp_path):
