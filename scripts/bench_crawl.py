@@ -364,6 +364,8 @@ def run_ours(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site, p
     worker_yaml = run_dir / "worker.yaml"
     worker_yaml.write_text(yaml.safe_dump({"concurrency": per_worker, "store_pages": True,
                                            "download_audio": download,
+                                           "archive": {"enabled": args.archive != "off",
+                                                       "audio_payload": args.archive == "full"},
                                            **({"downloads": args.downloads} if args.downloads else {})}))
     data_dir = Path(yaml.safe_load(config.read_text())["data_dir"])
     addr_file = data_dir / "master.addr"
@@ -622,6 +624,9 @@ def main(argv: list[str] | None = None) -> int:
                          "without, so the CPU a file costs is measured")
     ap.add_argument("--downloads", type=int, default=None,
                     help="the workers' downloads in flight (their `downloads` key; default: the worker's default)")
+    ap.add_argument("--archive", choices=["on", "off", "full"], default="on",
+                    help="the workers' archive: on (the default: every exchange, audio bytes kept apart), off (only "
+                         "the stored pages), full (audio bytes in the WARC too)")
     ap.add_argument("--profile", choices=["py-spy", "pyinstrument"], default=None)
     ap.add_argument("--top", type=int, default=15, help="hot spots printed per profile view")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-data")
@@ -653,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} before the runs (other work "
           "on the machine lowers pages/s more than CPU per page)")
     print(f"ours: {args.workers} workers, download_audio "
-          f"{'false, then true' if args.download_audio else 'false'}, store_pages true"
+          f"{'false, then true' if args.download_audio else 'false'}, store_pages true, archive {args.archive}"
           + (f", {downloads_per_worker} downloads in flight per worker" if args.download_audio else "") + "; Scrapy "
           f"{'without, then with FilesPipeline' if args.download_audio else 'without downloads'}; "
           "robots.txt obeyed by both\n")
