@@ -21,7 +21,6 @@ from crawler.archive.records import (
     parse_member,
     read_member,
     sha256_hex,
-    with_payload,
 )
 
 WARCIO = Path(sys.executable).parent / "warcio"     # the venv's script, beside its python
@@ -108,21 +107,6 @@ def test_a_payload_kept_apart_is_a_revisit_with_the_stored_files_digest(tmp_path
     _, block = parse_member(decoded.member)
     assert b"X-Archive-Orig-Content-Length: 500\r\n" in block and b"\r\nContent-Length: 900\r\n" in block
     assert qh.get_header("WARC-Concurrent-To") == response.record_id
-
-
-def test_a_revisit_made_whole_with_the_stored_file_is_the_same_exchange_with_its_bytes(tmp_path):
-    maker = Maker()
-    revisit, request = maker.exchange(AUDIO)
-    whole = with_payload(revisit.member, b"the file")
-    path = write(tmp_path / "a.warc.gz", [whole, request.member])
-    warcio_check(path)
-    (rh, http, body), (qh, _, _) = read_all(path)
-    assert rh.get_header("WARC-Type") == "response" and body == b"the file"
-    assert rh.get_header("WARC-Payload-Digest") == revisit.digest       # the stored file's digest, now verified
-    assert rh.get_header("WARC-Record-ID") == qh.get_header("WARC-Concurrent-To") == revisit.record_id
-    assert rh.get_header("WARC-Crawler-Page") == AUDIO.page and http.get_statuscode() == "206"
-    with pytest.raises(ValueError):
-        with_payload(request.member, b"x")
 
 
 def test_audio_with_its_bytes_in_the_record_has_their_sha256(tmp_path):

@@ -359,32 +359,6 @@ def _uuid4() -> bytes:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}".encode()
 
 
-def with_payload(member: bytes, payload: bytes) -> bytes:
-    """A ``revisit`` record of a payload kept apart (its gzip member), made whole for a bundle that carries the
-    bytes: the same record (id, date, target, role, page) as a ``response`` record holding ``payload`` after the
-    HTTP head, its digests those of what it now holds (the payload's SHA-256, which is the stored file's when
-    ``payload`` is that file). ValueError if ``member`` is not such a record."""
-    headers, head = parse_member(member)
-    if next((v for k, v in headers if k.lower() == "warc-type"), "") != "revisit":
-        raise ValueError("not a revisit record")
-    dropped = {"warc-type", "warc-profile", "warc-block-digest", "warc-payload-digest", "content-length",
-               "warc-crawler-payload-length", "content-type", "warc-refers-to", "warc-refers-to-target-uri",
-               "warc-refers-to-date"}
-    lines = [b"WARC/1.1\r\nWARC-Type: response\r\n"]
-    for name, value in headers:
-        if name.lower() not in dropped:
-            lines.append(_name(name.encode()) + b": " + _value(value.encode("utf-8", "surrogatepass")) + b"\r\n")
-    whole = hashlib.sha1(head)
-    whole.update(payload)
-    lines += [b"WARC-Block-Digest: sha1:", _base32_160(whole.digest()), b"\r\nWARC-Payload-Digest: sha256:",
-              base64.b32encode(hashlib.sha256(payload).digest()), b"\r\nContent-Type: ",
-              b"application/http;msgtype=response\r\nContent-Length: ", str(len(head) + len(payload)).encode(),
-              b"\r\n\r\n"]
-    z = _compressor(len(head) + len(payload))
-    return b"".join([z.compress(b"".join(lines)), z.compress(head), z.compress(payload), z.compress(b"\r\n\r\n"),
-                     z.flush()])
-
-
 # ---------------------------------------------------------------------- reading
 
 
