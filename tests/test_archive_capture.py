@@ -19,6 +19,7 @@ from crawler.items import OK, AudioItem, RequestIdentity
 from crawler.master.server import fetch_robots
 from crawler.resolvers import ResolveContext
 from crawler.resolvers.kugou import DESKTOP_USER_AGENT, KugouResolver
+from crawler.worker import archived
 from crawler.worker.downloader import DownloadConfig, Downloader
 from testkit.hls import make_stream
 from tests.fakes.archive import Collected
@@ -187,7 +188,7 @@ async def test_a_file_stored_from_memory_is_recorded_with_its_digest(server: Ran
 
 
 async def test_audio_payload_keeps_the_bytes_in_the_exchange(server: RangeServer, tmp_path) -> None:
-    data = blob(200_000, 3)
+    data = blob(300_000, 3)            # past OFF_LOOP: written from a thread
     server.add("/b.mp3", data)
     col = Collected()
     async with stack() as http:
@@ -196,6 +197,22 @@ async def test_audio_payload_keeps_the_bytes_in_the_exchange(server: RangeServer
     assert got.status == OK
     [ex] = col.exchanges
     assert ex.body == data and ex.payload_digest == "" and ex.payload_size == -1
+
+
+async def test_audio_payload_past_the_cap_is_recorded_by_its_digest(server: RangeServer, tmp_path,
+                                                                     monkeypatch) -> None:
+    """A download holds at most KEPT_MAX bytes for the archive: a bigger answer is recorded like a payload kept
+    apart (its digest and size; the stored file holds the bytes)."""
+    monkeypatch.setattr(archived, "KEPT_MAX", 50_000)
+    data = blob(200_000, 5)
+    server.add("/big.mp3", data)
+    col = Collected()
+    async with stack() as http:
+        got = await Downloader(http, tmp_path, CFG, archive=col, audio_payload=True).fetch(
+            item_for(server.url("/big.mp3")))
+    assert got.status == OK
+    [ex] = col.exchanges
+    assert (ex.body, ex.payload_digest, ex.payload_size) == (b"", f"sha256:{sha(data)}", len(data))
 
 
 async def test_a_304_that_confirms_the_stored_file_is_recorded_with_it(server: RangeServer, tmp_path) -> None:

@@ -18,6 +18,7 @@ crawler/http/recording.py; its metadata record is made here as well (``stored``)
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,12 @@ if TYPE_CHECKING:
 
 # Answers with no body to read: recording none of it leaves nothing out.
 _BODILESS = frozenset((204, 304))
+# With ``audio_payload``, an exchange's bytes are held until it is recorded: past this many, the exchange is
+# recorded as when the payload is kept apart (its digest; the stored file beside the archive holds the bytes),
+# so a download holds at most this much for the archive. A kept body past OFF_LOOP is compressed and written in
+# a thread, not on the event loop.
+KEPT_MAX = 16 * 1024 * 1024
+OFF_LOOP = 256 * 1024
 
 
 def stored_fields(path: str, sha256: str, size: int, content_type: str | None,
@@ -67,6 +74,11 @@ class Sent:
             self.hasher.update(piece)
         elif self.pieces is not None:
             self.pieces.append(piece)
+            if self.size > KEPT_MAX:      # too big to hold: its digest only, from here on
+                self.hasher = hashlib.sha256()
+                for held in self.pieces:
+                    self.hasher.update(held)
+                self.pieces = None
 
 
 class Trail:
@@ -98,17 +110,17 @@ class Trail:
         if not sent.read:
             status = sent.answer.status_code
             bodiless = status in _BODILESS or status < 200 or sent.answer.headers.get("content-length") == "0"
-            self._record(sent, truncated="" if bodiless else "length")
+            await self._record(sent, truncated="" if bodiless else "length")
         elif not sent.from_zero:
             digest = f"sha256:{sent.hasher.hexdigest()}" if sent.hasher is not None else ""
-            self._record(sent, digest=digest)
+            await self._record(sent, digest=digest)
         elif sent.truncated == "" and not partial.on_disk and partial.received == sent.size:
             self._waiting = sent      # the whole file, in memory: its hash is the stored file's
         else:
             h = await partial.taken_digest()
             if sent.untaken:
                 h.update(sent.untaken)
-            self._record(sent, digest=f"sha256:{h.hexdigest()}")
+            await self._record(sent, digest=f"sha256:{h.hexdigest()}")
 
     async def settle(self, partial: Partial | None = None, sha256: str = "") -> None:
         """The exchange waiting for its digest: the stored file's ``sha256``, else the partial's bytes."""
@@ -117,19 +129,23 @@ class Trail:
             return
         if not sha256 and partial is not None:
             sha256 = (await partial.taken_digest()).hexdigest()
-        self._record(sent, digest=f"sha256:{sha256}" if sha256 else "")
+        await self._record(sent, digest=f"sha256:{sha256}" if sha256 else "")
 
-    def _record(self, sent: Sent, *, digest: str = "", truncated: str | None = None) -> None:
+    async def _record(self, sent: Sent, *, digest: str = "", truncated: str | None = None) -> None:
         answer = sent.answer
         raw = answer.raw_headers if isinstance(answer, Answer) else tuple(answer.headers.raw)
         kept = sent.pieces is not None
-        self.last = self._archive.exchange(Exchange(
+        exchange = Exchange(
             role="audio", method="GET", url=str(sent.url), request_headers=sent_headers(sent.url, sent.headers),
             status=answer.status_code, response_headers=raw,
             body=b"".join(sent.pieces) if sent.pieces is not None else b"", started=sent.started, page=self._page,
             http_version=version_of(answer.extensions),
             truncated=sent.truncated if truncated is None else truncated,
-            payload_digest="" if kept else digest, payload_size=-1 if kept or not digest else sent.size))
+            payload_digest="" if kept else digest, payload_size=-1 if kept or not digest else sent.size)
+        if kept and sent.size > OFF_LOOP:
+            self.last = await asyncio.to_thread(self._archive.exchange, exchange)
+        else:
+            self.last = self._archive.exchange(exchange)
 
     def stored(self, target: str, *, path: str, sha256: str, size: int, content_type: str | None,
                refers_to: str | None = None) -> None:
