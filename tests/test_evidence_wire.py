@@ -160,7 +160,11 @@ async def wait_answer(path: Path, timeout: float = 30) -> dict:
 async def test_a_running_master_asks_the_connected_node_and_writes_the_wacz(nodes, tmp_path):
     archive, data = nodes["b"]
     crawl_song(archive, data, page=PAGE + "x", api=API + "x", audio=AUDIO + "x", body=BODY + b"x", t=T0 + 10)
+    stale = tmp_path / "m" / "evidence" / "3-abc"       # what a master killed mid-request left
+    stale.mkdir(parents=True)
+    (stale / "000-a.warc.gz").write_bytes(b"x" * 1000)
     async with running_master(tmp_path) as (master, addr, secret):
+        assert not stale.exists()                        # removed when the master took over its data dir
         from tests.fakes.rawpeer import RawPeer
 
         peer = await RawPeer.join(addr, "a", 4, secret)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -148,6 +149,18 @@ class EvidenceDesk:
                         a.end(f"node {node} did not answer within {self.timeout:.0f} s")
                 out.append(req)
         return out
+
+    def clear_leftovers(self) -> int:
+        """Removes what requests of an earlier run left in the work folder (a master stopped or killed while
+        nodes were answering); returns how many folders went. Only the running master calls it, before it takes
+        requests: a stopped one's command line must not touch a running one's files."""
+        gone = 0
+        with contextlib.suppress(FileNotFoundError):
+            for folder in self.work_dir.iterdir():
+                if folder.is_dir() and not folder.is_symlink():
+                    shutil.rmtree(folder, ignore_errors=True)
+                    gone += 1
+        return gone
 
     def close(self, req: Request) -> None:
         """The request is answered: its files go."""

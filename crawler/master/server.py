@@ -262,6 +262,8 @@ class Master:
         self.observer.opened(self.store)
         self.store.commit()
         self._archive_writer = open_archive(cfg.archive, cfg.data_dir / "archive", "master", clock=self.clock)
+        if left := self.evidence.clear_leftovers():
+            log.info("evidence: removed what %d unfinished requests of an earlier run left", left)
         if self._archive_writer is not None:
             self.archive = self._archive_writer
 
