@@ -17,7 +17,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import crawler, pytest, warcio, wacz, prometheus_client, playwright, cryptography, psycopg, msgspec, mypy, xdist, av" \
+if ! .venv/bin/python -c "import crawler, isal, pytest, warcio, wacz, prometheus_client, playwright, cryptography, psycopg, msgspec, mypy, xdist, av" \
         2>/dev/null \
    || [ pyproject.toml -nt .venv/.installed ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip

@@ -247,9 +247,9 @@ def test_a_full_disk_leaves_no_half_record(tmp_path):
         assert e.value.errno == errno.ENOSPC and written > 10
         files = sorted(disk.glob("*"))
         sizes = [f.stat().st_size for f in files]
-        for _ in range(5):      # the disk stays full: appends fail, and leave nothing behind
-            with pytest.raises(OSError):
-                w.exchange(page(0, 4000))
+        for _ in range(5):      # the disk stays full: appends (bigger than the room the failed one left) fail,
+            with pytest.raises(OSError):                  # and leave nothing behind
+                w.exchange(page(0, 40_000))
         assert sorted(disk.glob("*")) == files and [f.stat().st_size for f in files] == sizes
         w.close()
         check(disk)
