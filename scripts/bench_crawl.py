@@ -366,6 +366,7 @@ def run_ours(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site, p
                                            "download_audio": download,
                                            "archive": {"enabled": args.archive != "off",
                                                        "audio_payload": args.archive == "full"},
+                                           "identify": {"enabled": args.identify == "on"},
                                            **({"downloads": args.downloads} if args.downloads else {})}))
     data_dir = Path(yaml.safe_load(config.read_text())["data_dir"])
     addr_file = data_dir / "master.addr"
@@ -627,6 +628,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--archive", choices=["on", "off", "full"], default="on",
                     help="the workers' archive: on (the default: every exchange, audio bytes kept apart), off (only "
                          "the stored pages), full (audio bytes in the WARC too)")
+    ap.add_argument("--identify", choices=["on", "off"], default="on",
+                    help="the workers' fingerprints of downloaded audio: on (the default) or off, so the CPU a file "
+                         "costs with and without them is measured")
     ap.add_argument("--profile", choices=["py-spy", "pyinstrument"], default=None)
     ap.add_argument("--top", type=int, default=15, help="hot spots printed per profile view")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-data")
@@ -659,7 +663,8 @@ def main(argv: list[str] | None = None) -> int:
           "on the machine lowers pages/s more than CPU per page)")
     print(f"ours: {args.workers} workers, download_audio "
           f"{'false, then true' if args.download_audio else 'false'}, store_pages true, archive {args.archive}"
-          + (f", {downloads_per_worker} downloads in flight per worker" if args.download_audio else "") + "; Scrapy "
+          + (f", {downloads_per_worker} downloads in flight per worker, fingerprints {args.identify}"
+             if args.download_audio else "") + "; Scrapy "
           f"{'without, then with FilesPipeline' if args.download_audio else 'without downloads'}; "
           "robots.txt obeyed by both\n")
     ours: dict[int, RunResult] = {}

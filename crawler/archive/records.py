@@ -111,10 +111,18 @@ class Maker:
     # ------------------------------------------------------------------ exchanges
     def exchange(self, ex: Exchange) -> tuple[Built, Built]:
         """The response (or revisit) record of ``ex`` and its request record, in the order they are written."""
+        response, request = self._exchange(ex, True)
+        assert request is not None
+        return response, request
+
+    def response(self, ex: Exchange) -> Built:
+        """The response (or revisit) record of ``ex`` alone (a page store that keeps pages, not exchanges)."""
+        return self._exchange(ex, False)[0]
+
+    def _exchange(self, ex: Exchange, with_request: bool) -> tuple[Built, Built | None]:
         date = self.date(ex.started)
         target = _uri(ex.url)
         response_id = b"<urn:uuid:" + _uuid4() + b">"
-        request_id = b"<urn:uuid:" + _uuid4() + b">"
         common = _common(ex.role, ex.page)
         # The response.
         apart = not ex.body and ex.payload_digest.startswith("sha256:")
@@ -145,7 +153,13 @@ class Maker:
                            [*extra, *common, b"WARC-Block-Digest: sha1:", block_digest,
                             b"\r\nWARC-Payload-Digest: ", payload_digest, b"\r\n"],
                            b"application/http;msgtype=response", block)
+        d, t = date.decode(), target.decode("utf-8", "replace")
+        rid = response_id.decode()
+        built = Built(response, kind.decode(), rid, t, "", d, payload_digest.decode())
+        if not with_request:
+            return built, None
         # The request.
+        request_id = b"<urn:uuid:" + _uuid4() + b">"
         request_head = _request_head(ex)
         request_payload = (_base32_160(hashlib.sha1(ex.request_body).digest()) if ex.request_body
                            else _EMPTY_SHA1)
@@ -156,10 +170,7 @@ class Maker:
                            b"WARC-Block-Digest: sha1:", _base32_160(whole.digest()),
                            b"\r\nWARC-Payload-Digest: sha1:", request_payload, b"\r\n"],
                           b"application/http;msgtype=request", (request_head, ex.request_body))
-        d, t = date.decode(), target.decode("utf-8", "replace")
-        rid = response_id.decode()
-        return (Built(response, kind.decode(), rid, t, "", d, payload_digest.decode()),
-                Built(request, "request", request_id.decode(), t, rid, d, "sha1:" + request_payload.decode()))
+        return built, Built(request, "request", request_id.decode(), t, rid, d, "sha1:" + request_payload.decode())
 
     # ------------------------------------------------------------------ the other kinds
     def metadata(self, target: str, fields: Sequence[tuple[str, str]], *, refers_to: str, page: str, role: str,

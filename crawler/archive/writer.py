@@ -131,6 +131,12 @@ class ArchiveWriter:
         refs = self._append((response, request), ex.role, ex.page, (sha, ""))
         return refs[0], refs[1]
 
+    def response_ref(self, ex: Exchange) -> RecordRef:
+        """Records the response (or revisit) record of ``ex`` alone; its index entry."""
+        built = self._maker.response(ex)
+        sha = sha256_hex(built.digest) if ex.payload_digest else ""
+        return self._append((built,), ex.role, ex.page, (sha,))[0]
+
     def metadata(self, target: str, fields: tuple[tuple[str, str], ...], *, refers_to: str, page: str,
                  role: str, now: float, sha256: str = "") -> str:
         built = self._maker.metadata(target, fields, refers_to=refers_to, page=page, role=role, now=now,

@@ -7,7 +7,8 @@ stored are the HTML pages a task parses (store_pages); `crawler-worker page URL`
 warc (the default): a page is its request and response records in the node's archive (crawler/archive/:
   record-compressed WARC 1.1 in <data dir>/archive/, rotated and retired by the `archive` settings); the location
   is "<file>:<offset>:<length>" of the response record's gzip member there. With archiving off (archive.enabled
-  false) the page store keeps a writer of its own in the same place, for the pages alone. WARC is the archive
+  false) the page store keeps a writer of its own in the same place, for the pages alone (response records, no
+  request records). WARC is the archive
   format of web crawls (Heritrix, Common Crawl, the Internet Archive): standard tools (warcio, pywb) read and
   replay it, each record carries its fetch time and its digests, and a crawl of millions of pages makes a few
   large files instead of millions of small ones. One unbuffered append per page: a page the master heard about is
@@ -143,7 +144,8 @@ class FilePageStore(_Store):
 
 class WarcPageStore(_Store):
     """Pages as the archive's records: each page a request and a response record of the node's ArchiveWriter
-    (given, or one of its own in <data dir>/archive/ when the node archives nothing else)."""
+    (given), or its response record alone in a writer of its own in <data dir>/archive/ when the node archives
+    nothing else."""
 
     def __init__(self, data_dir: Path, archive: ArchiveWriter | None = None, *, file_bytes: int = 1024 ** 3,
                  clock: Callable[[], float] = time.time) -> None:
@@ -159,7 +161,9 @@ class WarcPageStore(_Store):
         "<file>:<offset>:<length>" in the archive directory."""
         ex = page_exchange(final_url, status, body, headers, truncated, sent,
                            self._clock() if started is None else started)
-        response, _request = self.archive.exchange_refs(ex)
+        # The node's archive keeps the exchange (request and response); a writer of the page store's own (archiving
+        # off) keeps the page: its response record alone, half the cost.
+        response = self.archive.response_ref(ex) if self._own else self.archive.exchange_refs(ex)[0]
         location = f"{response.file}:{response.offset}:{response.length}"
         self._index.add(location, url, final_url, status, content_type, self._clock())
         return location
