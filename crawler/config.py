@@ -21,16 +21,14 @@ from typing import Any, TypeVar, get_type_hints
 
 import yaml
 
+from crawler.errors import ConfigError
+
 REQUIRED = object()
 
 
-class ConfigError(Exception):
-    """A config problem; str() is one line: 'key.path: what is wrong'."""
-
-    def __init__(self, key: str, problem: str) -> None:
-        super().__init__(f"{key}: {problem}" if key else problem)
-        self.key = key
-        self.problem = problem
+# ConfigError lives in crawler/errors.py so that modules below the config layer (crawler/http/proxies.py,
+# crawler/sites.py) raise it without importing this module; it is re-exported here for everyone else.
+__all__ = ["ConfigError"]
 
 
 @dataclass(frozen=True)
@@ -40,10 +38,15 @@ class Key:
     default: Any = REQUIRED
     check: Callable[[Any], str | None] | None = None   # returns a problem, or None
     section: Mapping[str, Key] | None = None    # for kind="section"
+    # kind="custom": the key's own parser (dotted name, raw YAML value, the config file's folder) -> value;
+    # it raises ConfigError itself (the proxies list, the sites table).
+    parser: Callable[[str, Any, Path], Any] | None = None
 
     def parse(self, name: str, value: Any, base: Path) -> Any:
-        parse = _PARSERS[self.kind]
-        out = parse(name, value, base, self)
+        if self.parser is not None:
+            out = self.parser(name, value, base)
+        else:
+            out = _PARSERS[self.kind](name, value, base, self)
         if self.check is not None and out is not None:
             problem = self.check(out)
             if problem:
@@ -188,7 +191,8 @@ T = TypeVar("T")
 
 
 def setting(kind: str, default: Any = REQUIRED, check: Callable[[Any], str | None] | None = None, *,
-            yaml: str | None = None, convert: Callable[[Any, str], Any] | None = None) -> Any:
+            yaml: str | None = None, convert: Callable[[Any, str], Any] | None = None,
+            parser: Callable[[str, Any, Path], Any] | None = None) -> Any:
     """A config dataclass field that is also a YAML key: its kind, default and check, as for `Key`.
 
     yaml: the key's name in the file when the field holds something else (`secret_file` for `secret`).
@@ -196,8 +200,9 @@ def setting(kind: str, default: Any = REQUIRED, check: Callable[[Any], str | Non
     key's dotted name for its errors (the secret read from that file); such a field has no dataclass default, as
     the YAML default is not a value it can hold. Otherwise the default is the field's too, so code that builds the
     dataclass with some fields gets the same defaults as the YAML. Keyword-only, so the fields may come in the
-    order their keys are best read in, required or not."""
-    meta = {_SETTING: Setting(Key(kind, default, check), yaml, convert)}
+    order their keys are best read in, required or not.
+    parser: the key's own parser, for a kind the table above has no parser for ("custom")."""
+    meta = {_SETTING: Setting(Key(kind, default, check, parser=parser), yaml, convert)}
     if default is REQUIRED or convert is not None:
         return field(kw_only=True, metadata=meta)
     return field(default=default, kw_only=True, metadata=meta)

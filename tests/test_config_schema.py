@@ -110,7 +110,7 @@ def test_the_yaml_keys_users_write_are_unchanged():
     # silently drop its key.
     assert sorted(_dotted(MASTER_SPEC)) == sorted([
         "listen", "data_dir", "store", "secret_file", "nodes", "seeds", "exit_when_done", "max_frame",
-        "log_interval",
+        "log_interval", "proxies", "sites",
         *(f"crawl.{k}" for k in ("max_depth", "max_pages", "max_bytes", "max_duration", "max_url_length",
                                  "max_query_params",
                                  "max_separator_ratio", "allowed_hosts", "allowed_networks", "allow_patterns",
@@ -134,7 +134,7 @@ def test_the_yaml_keys_users_write_are_unchanged():
         "download_timeout", "download_min_rate", "revalidate_after", "max_page_depth", "max_page_tags",
         "max_redirects", "dns_ttl", "link_cache", "max_links_per_page", "store_pages", "page_format",
         "min_free_bytes", "download_audio", "reconnect_max_delay", "evidence_max_bytes", "resolvers",
-        "metrics_listen", "log_interval",
+        "metrics_listen", "log_interval", "proxies",
         *(f"identify.{k}" for k in ("enabled", "processes", "max_backlog", "wait")),
         *(f"archive.{k}" for k in ARCHIVE_KEYS),
     ])

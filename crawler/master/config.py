@@ -24,10 +24,12 @@ from crawler.config import (
     setting,
 )
 from crawler.extras import missing_extra
+from crawler.http.proxies import Proxy, parse_proxies
 from crawler.http.targets import parse_network
 from crawler.master.backend import dsn_problem
 from crawler.politeness import PolitenessConfig
 from crawler.resolvers import registry
+from crawler.sites import SiteTable, parse_sites
 from crawler.web.urls import host_port
 
 # Some sites' pages name their resource in the fragment (Kugou's songs); it must survive normalisation even before
@@ -302,6 +304,11 @@ class MasterConfig:
     alerts: AlertSettings
     # The master's own exchanges (robots.txt fetches) as WARC records in data_dir/archive (crawler/archive/).
     archive: ArchiveConfig = field(default_factory=ArchiveConfig)
+    # Where requests leave from (crawler/http/proxies.py): the whole crawl's, sent to every worker and used for
+    # the master's own robots.txt fetches; a site's entry or a worker's own config overrides it.
+    proxies: tuple[Proxy, ...] = setting("custom", (), parser=parse_proxies)
+    # Per-site policy (crawler/sites.py), keyed by host, host:port or *.domain.
+    sites: SiteTable = setting("custom", SiteTable(), parser=parse_sites)
 
     @property
     def store_location(self) -> Path | str:

@@ -23,6 +23,7 @@ from crawler.config import (
     read_secret,
     setting,
 )
+from crawler.http.proxies import Proxy, parse_proxies
 from crawler.worker.fingerprints import IdentifyConfig
 from crawler.worker.pagestore import FORMATS
 
@@ -114,6 +115,9 @@ class WorkerConfig:
     # host:port of this worker's /metrics; off by default
     metrics_listen: tuple[str, int] | None = setting("hostport|off", None)
     log_interval: float = setting("float", 30.0, positive)     # seconds between progress lines
+    # This node's own proxies (crawler/http/proxies.py), over the crawl's and every site's; absent: those the
+    # master sends; an empty list: this node goes direct.
+    proxies: tuple[Proxy, ...] | None = setting("custom", None, parser=parse_proxies)
     # The fingerprint pool (crawler/worker/fingerprints.py): every stored audio file is fingerprinted.
     identify: IdentifyConfig = field(default_factory=IdentifyConfig, kw_only=True)
     # Every exchange this node makes, as WARC records in data_dir/archive (crawler/archive/).
