@@ -100,8 +100,9 @@ from crawler.items import (
 # lead to audio (link_meta), and a Task carries it to the link's own fetch; 13: an audio item may carry its file's
 # acoustic fingerprint (one made after its outcome went comes in a DownloadReport of its own), and a worker's
 # Heartbeat its fingerprint backlog; 14: EvidenceAsk and EvidenceRecords, an item's archived chain fetched from the
-# node that holds it
-PROTOCOL_VERSION = 14
+# node that holds it; 15: Welcome carries the crawl's proxies and the sites' policies (crawler/sites.py), and the
+# master's proof covers every setting of the Welcome, not only the fragment rules
+PROTOCOL_VERSION = 15
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
 PRE_AUTH_MAX_FRAME = 640
@@ -109,8 +110,9 @@ PRE_AUTH_MAX_FRAME = 640
 MAX_RULES = 8                  # fragment rules a worker brings
 MAX_RULE = 512                 # characters in one
 AUTH_MAX_FRAME = 4608
-# The largest frame the worker reads before the master proved the secret (a Welcome carries URL patterns).
-HANDSHAKE_MAX_FRAME = 64 * 1024
+# The largest frame the worker reads before the master proved the secret (a Welcome carries URL patterns, and the
+# sites' policies with their cookies: the master refuses at load a sites table whose Welcome would not fit).
+HANDSHAKE_MAX_FRAME = 4 * 1024 * 1024
 NONCE_SIZE = 32
 MAC_SIZE = 32
 TAG_SIZE = 16                  # bytes of a session frame's tag: 128 bits, one tag per frame
@@ -264,6 +266,38 @@ class Auth(Message, tag=3, frozen=True):
     keep_fragment: Rules = ()
 
 
+class CookieWire(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    """One record of a site's cookies file (crawler/web/cookies.py CookieRecord, field for field)."""
+
+    domain: Name
+    include_subdomains: bool
+    path: Url
+    secure: bool
+    expires: NonNeg
+    name: Name
+    value: Text
+    http_only: bool = False
+
+
+class LoginWire(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    url: Url
+    fields: Many[tuple[Name, Text]]
+    success: Text
+
+
+class SiteWire(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    """What a worker needs of one site's policy (crawler/sites.py SitePolicy; its politeness is the master's
+    own). proxies None: the crawl's; () : direct."""
+
+    pattern: Name
+    user_agent: Text | None = None
+    headers: Many[tuple[Name, Text]] = ()
+    max_depth: Depth | None = None
+    proxies: Many[Url] | None = None
+    cookies: Many[CookieWire] = ()
+    login: LoginWire | None = None
+
+
 class Welcome(Message, tag=4, frozen=True):
     """The master accepts the worker, proves it knows the secret, and tells it the settings the crawl shares."""
 
@@ -284,6 +318,14 @@ class Welcome(Message, tag=4, frozen=True):
     # links exactly as the master does.
     sort_query: bool = False
     drop_params: Many[Name] = ()
+    # Where the crawl's requests leave from (crawler/http/proxies.py Proxy.wire, credentials included) and the
+    # sites' own policies. The master's proof covers them with every other setting here.
+    proxies: Many[Url] = ()
+    sites: Many[SiteWire] = ()
+
+    def settings(self) -> bytes:
+        """Every field but the proof, encoded: what the master's proof covers besides the transcript."""
+        return _ENCODER.encode(self.fields()[1:])
 
 
 # Refused.code values: why, in a form the worker can act on (the reason is for people).
@@ -799,8 +841,11 @@ def worker_proof(secret: bytes, hello: Hello, master_nonce: bytes, rules: tuple[
     return hmac.new(secret, b"crawler-worker\0" + _transcript(hello, master_nonce, rules), hashlib.sha256).digest()
 
 
-def master_proof(secret: bytes, hello: Hello, master_nonce: bytes, rules: tuple[str, ...] = ()) -> bytes:
-    return hmac.new(secret, b"crawler-master\0" + _transcript(hello, master_nonce, rules), hashlib.sha256).digest()
+def master_proof(secret: bytes, hello: Hello, master_nonce: bytes, rules: tuple[str, ...] = (),
+                 settings: bytes = b"") -> bytes:
+    """settings: the Welcome's own (Welcome.settings()): a Welcome altered on the way fails the proof."""
+    return hmac.new(secret, b"crawler-master\0" + _transcript(hello, master_nonce, rules)
+                    + struct.pack(">Q", len(settings)) + settings, hashlib.sha256).digest()
 
 
 def check_proof(expected: bytes, got: bytes) -> bool:
@@ -979,13 +1024,15 @@ class MasterHandshake(_Handshake):
     def welcome(self, heartbeat_interval: float, keep_fragment: tuple[str, ...] = (),
                 max_frame: int = DEFAULT_MAX_FRAME, max_depth: int | None = None,
                 allowed_origins: tuple[str, ...] = (), allowed_networks: tuple[str, ...] = (),
-                sort_query: bool = False, drop_params: tuple[str, ...] = ()) -> Welcome:
+                sort_query: bool = False, drop_params: tuple[str, ...] = (), proxies: tuple[str, ...] = (),
+                sites: tuple[SiteWire, ...] = ()) -> Welcome:
         self._step(State.AUTHENTICATED, "welcome")
         assert self.hello is not None
         self.state = State.OPEN
-        return Welcome(master_proof(self.secret, self.hello, self.nonce, self.keep_fragment), heartbeat_interval,
-                       keep_fragment,
-                       max_frame, max_depth, allowed_origins, allowed_networks, sort_query, drop_params)
+        unsigned = Welcome(bytes(MAC_SIZE), heartbeat_interval, keep_fragment, max_frame, max_depth,
+                           allowed_origins, allowed_networks, sort_query, drop_params, proxies, sites)
+        proof = master_proof(self.secret, self.hello, self.nonce, self.keep_fragment, unsigned.settings())
+        return msgspec.structs.replace(unsigned, proof=proof)
 
     def refuse(self, reason: str, code: str = "") -> Refused:
         """Refuse an authenticated worker (unknown id, duplicate ...). Unauthenticated peers learn nothing more
@@ -1047,8 +1094,8 @@ class WorkerHandshake(_Handshake):
         self._step(State.AWAIT_WELCOME, "receive_welcome")
         self._refused(self.receive(msg))
         assert isinstance(msg, Welcome)
-        if not check_proof(master_proof(self.secret, self._hello, self._master_nonce, self.keep_fragment),
-                           msg.proof):
+        if not check_proof(master_proof(self.secret, self._hello, self._master_nonce, self.keep_fragment,
+                                        msg.settings()), msg.proof):
             self.state = State.CLOSED
             raise HandshakeFailed("the master could not prove it knows the shared secret")
         self.state = State.OPEN

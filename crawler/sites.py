@@ -20,7 +20,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from crawler.errors import ConfigError
-from crawler.http.proxies import Proxy, parse_proxies
+from crawler.http.proxies import Proxy, parse_proxies, parse_wire
+from crawler.protocol import CookieWire, LoginWire, SiteWire
 from crawler.web.cookies import CookieRecord, parse_cookie_file
 
 # A sites table longer than this is not a config a person keeps; each entry costs state on every node.
@@ -260,4 +261,28 @@ def parse_sites(key: str, value: Any, base: Path) -> SiteTable:
             raise ConfigError(pkey, f"the same site as {seen[pattern]!r}")
         seen[pattern] = str(raw_pattern)
         out.append(parse_site(pkey, pattern, entry, base))
+    return SiteTable(out)
+
+
+# ----------------------------------------------------------------------------------------------- the wire
+def to_wire(table: SiteTable) -> tuple[SiteWire, ...]:
+    """The sites' policies as a Welcome carries them (what the workers need; politeness stays at the master)."""
+    out = []
+    for p in table.policies:
+        login = None if p.login is None else LoginWire(p.login.url, p.login.fields, p.login.success)
+        out.append(SiteWire(p.pattern, p.user_agent, p.headers, p.max_depth,
+                            None if p.proxies is None else tuple(x.wire for x in p.proxies),
+                            tuple(CookieWire(*c) for c in p.cookies), login))
+    return tuple(out)
+
+
+def from_wire(sites: Iterable[SiteWire]) -> SiteTable:
+    """A Welcome's sites back as a SiteTable; ConfigError for a proxy URL that is not one."""
+    out = []
+    for w in sites:
+        login = None if w.login is None else LoginSpec(w.login.url, tuple(w.login.fields), w.login.success)
+        out.append(SitePolicy(w.pattern, SitePoliteness(), w.user_agent, tuple(w.headers), w.max_depth,
+                              None if w.proxies is None else parse_wire(w.proxies),
+                              tuple(CookieRecord(c.domain, c.include_subdomains, c.path, c.secure, c.expires, c.name,
+                                                 c.value, c.http_only) for c in w.cookies), login))
     return SiteTable(out)

@@ -5,6 +5,7 @@ import tracemalloc
 
 import msgpack
 import msgspec.inspect as mi
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -275,6 +276,30 @@ def test_replayed_welcome_fails_against_a_fresh_worker_nonce():
     again.receive_challenge(p.Challenge(master.nonce))       # an impostor replays the same nonce and Welcome
     with pytest.raises(p.ProtocolError, match="could not prove"):
         again.receive_welcome(welcome)
+
+
+@pytest.mark.parametrize("change", [
+    {"proxies": ("http://127.0.0.9:8080",)},                               # traffic sent through an attacker
+    {"sites": (p.SiteWire("a.example", headers=(("X-Leak", "1"),)),)},
+    {"sites": ()},                                                          # a site's policy dropped
+    {"max_depth": 1},
+], ids=["proxies", "site headers", "sites dropped", "max_depth"])
+def test_the_masters_proof_covers_every_setting_of_its_welcome(change):
+    site = p.SiteWire("a.example", proxies=("socks5://127.0.0.1:1080",),
+                      login=p.LoginWire("http://a.example/login", (("user", "u"),), "Log out"))
+    worker = p.WorkerHandshake(SECRET, "w1", 8)
+    master = p.MasterHandshake(SECRET)
+    master.receive_auth(worker.receive_challenge(master.receive_hello(worker.hello())))
+    welcome = master.welcome(1.0, proxies=("http://127.0.0.1:3128",), sites=(site,))
+    tampered = p.decode_payload(p.encode(msgspec.structs.replace(welcome, **change))[p.HEADER_SIZE:])
+    with pytest.raises(p.ProtocolError, match="could not prove"):
+        worker.receive_welcome(tampered)
+    worker = p.WorkerHandshake(SECRET, "w1", 8)                   # the Welcome as sent checks out, settings whole
+    master = p.MasterHandshake(SECRET)
+    master.receive_auth(worker.receive_challenge(master.receive_hello(worker.hello())))
+    welcome = master.welcome(1.0, proxies=("http://127.0.0.1:3128",), sites=(site,))
+    got = worker.receive_welcome(p.decode_payload(p.encode(welcome)[p.HEADER_SIZE:]))
+    assert got.proxies == ("http://127.0.0.1:3128",) and got.sites == (site,)
 
 
 def test_other_protocol_version_is_refused_with_a_reason():

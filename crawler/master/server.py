@@ -35,6 +35,7 @@ from crawler.master import steering
 from crawler.master.admission import Admission, Limits, source_of
 from crawler.master.backend import StoreError, StoreUnreachable
 from crawler.master.catalogue import CatalogueFile
+from crawler.sites import to_wire as sites_to_wire
 from crawler.master.config import MasterConfig
 from crawler.master.crawl import Crawl, ReportRejected
 from crawler.master.limits import LIMIT_META, MAX_PAGES
@@ -191,6 +192,7 @@ class Master:
                                  data_dir=cfg.data_dir, log_interval=cfg.log_interval)
         # The private addresses the crawl may reach: its seeds' and the configured networks (told to workers).
         self.targets = TargetPolicy.for_crawl(cfg.seeds, cfg.crawl.allowed_networks)
+        self.site_wire = sites_to_wire(cfg.sites)      # what every Welcome tells the workers of the sites
         self.paused = False
         self._unanswered: set[str] = set()   # commands applied whose file could not be removed
         # Evidence requests waiting for the nodes' records (crawler/master/evidence.py), by command file name.
@@ -1030,7 +1032,8 @@ class Master:
                                    self.cfg.max_frame, self.cfg.crawl.max_depth,
                                    tuple(f"{h}:{port}" for h, port in sorted(self.targets.origins)),
                                    self.cfg.crawl.allowed_networks, self.cfg.crawl.sort_query,
-                                   tuple(self.cfg.crawl.drop_params)))
+                                   tuple(self.cfg.crawl.drop_params), tuple(x.wire for x in self.cfg.proxies),
+                                   self.site_wire))
         conn.start_session(hs.session_keys())
         return hello
 

@@ -26,6 +26,7 @@ from crawler.archive import NO_ARCHIVE, Archive
 from crawler.archive.writer import ArchiveWriter
 from crawler.config import ConfigError
 from crawler.connection import ConnectionClosed, FramedConnection
+from crawler.http.proxies import Proxy, parse_wire
 from crawler.http.targets import TargetPolicy, parse_network
 from crawler.http.getter import build_stack
 from crawler.http.recording import recorded_as
@@ -40,6 +41,8 @@ from crawler.resolvers.base import (
     ResolverUnavailable,
 )
 from crawler.resolvers.registry import followers, load_resolvers, pick
+from crawler.sites import SiteTable
+from crawler.sites import from_wire as sites_from_wire
 from crawler.web import html
 from crawler.web.links import audio_candidates, count_links, extract_links
 from crawler.web.media import is_audio_url, is_playlist_url
@@ -207,6 +210,10 @@ class Worker:
                                       f"{p.MAX_RULE} characters (the master takes no more in a handshake)")
         self.norm = NormalizeOptions(keep_fragment=self._fragment_rules)
         self.max_depth: int | None = None   # the crawl's depth limit, from the master's Welcome
+        # The crawl's proxies and the sites' policies, from the master's Welcome (this node's own proxies, in
+        # cfg.proxies, win over both).
+        self.crawl_proxies: tuple[Proxy, ...] = ()
+        self.sites = SiteTable()
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
         # Downloads, as the master must hear of them (ledger.py): what is asked, ended, pending, settled. Here
         # the asyncio side of it: the asks waiting for their grant, by ticket; the jobs, by download (they
@@ -408,6 +415,8 @@ class Worker:
         self._normalise_as(welcome)
         self.links.forget()
         self.max_depth = welcome.max_depth
+        self.crawl_proxies = parse_wire(welcome.proxies)
+        self.sites = sites_from_wire(welcome.sites)
         self._allow_targets(welcome)
         conn.max_frame = min(conn.max_frame, welcome.max_frame)
         session = Session(self, conn, hs, welcome)
