@@ -12,6 +12,7 @@ import datetime
 import email.utils
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from crawler import robots
@@ -99,11 +100,28 @@ class PolitenessConfig:
             raise ValueError("user_agent must not be empty")
 
 
-class _HostState:
-    __slots__ = ("adaptive_delay", "crawl_delay", "in_flight", "last_start", "paused_until", "throttled_at",
-                 "throttles", "touched")
+@dataclass(frozen=True, slots=True)
+class HostLimits:
+    """A host's own concurrency limit and spacing, where a site's policy (crawler/sites.py) sets them: they take
+    the place of PolitenessConfig.max_per_host and min_delay for that host. A Crawl-delay, the adaptive delay and
+    the 429/503 backoff apply on top, as for any host."""
 
-    def __init__(self, now: float) -> None:
+    max_per_host: int | None
+    min_delay: float
+
+
+# A host's limits, by the gate's host key (an origin, scheme://host[:port]); None: the crawl's. Called once per
+# host the gate starts keeping, not per request.
+LimitsOf = Callable[[str], HostLimits | None]
+
+
+class _HostState:
+    __slots__ = ("adaptive_delay", "crawl_delay", "in_flight", "last_start", "max_per_host", "min_delay",
+                 "paused_until", "throttled_at", "throttles", "touched")
+
+    def __init__(self, now: float, limits: HostLimits) -> None:
+        self.max_per_host = limits.max_per_host
+        self.min_delay = limits.min_delay
         self.in_flight = 0
         self.last_start = -math.inf             # when the latest start was due (see SLACK_SHARE)
         self.crawl_delay: float | None = None   # already capped
@@ -121,10 +139,19 @@ class HostGate:
     hosts in use, not every host ever seen. A host with a Crawl-delay is kept robots_ttl after its last use
     instead of host_idle_ttl, the lifetime of the robots.txt it came from, so forgetting it does not shorten
     its spacing while those rules are in force.
+
+    limits_of gives a host's own limits (a site's policy); it is asked when the gate starts keeping a host, and
+    the answer stays with the host's state, so the per-request path costs no lookup. longest_delay: the largest
+    min_delay limits_of can answer, so no host is forgotten before its spacing has passed.
     """
 
-    def __init__(self, cfg: PolitenessConfig) -> None:
+    def __init__(self, cfg: PolitenessConfig, limits_of: LimitsOf | None = None, longest_delay: float = 0.0) -> None:
         self.cfg = cfg
+        self._crawl_limits = HostLimits(cfg.max_per_host, cfg.min_delay)
+        self._limits_of = limits_of
+        self._longest = max(cfg.crawl_delay_cap, cfg.min_delay, longest_delay)
+        # Whether any host can have a concurrency limit: what the master's slot hand-over looks at.
+        self.limited = cfg.max_per_host is not None or limits_of is not None
         self._hosts: OrderedDict[str, _HostState] = OrderedDict()
         self._delayed: OrderedDict[str, _HostState] = OrderedDict()   # idle hosts kept for their Crawl-delay
         self._clock = -math.inf   # the latest `now` seen, for set_crawl_delay, which is not given one
@@ -132,10 +159,21 @@ class HostGate:
     def __len__(self) -> int:
         return len(self._hosts) + len(self._delayed)
 
+    def limits(self, host: str) -> HostLimits:
+        """host's concurrency limit and min_delay: its site's where a site sets them, else the crawl's."""
+        st = self._peek(host)
+        if st is not None:
+            return HostLimits(st.max_per_host, st.min_delay)
+        return self._limits_for(host)
+
     def delay(self, host: str) -> float:
         """The spacing in force for host: max(min_delay, its capped Crawl-delay, its adaptive delay)."""
         st = self._peek(host)
-        return self.cfg.min_delay if st is None else self._delay_of(st)
+        return self._limits_for(host).min_delay if st is None else self._delay_of(st)
+
+    def max_per_host(self, host: str) -> int | None:
+        st = self._peek(host)
+        return self._limits_for(host).max_per_host if st is None else st.max_per_host
 
     def paused_until(self, host: str) -> float:
         """Until when a 429/503 stops every start to host (-inf: not paused)."""
@@ -150,7 +188,7 @@ class HostGate:
         """True if a request to host may start now; it then counts as in flight until release()."""
         self._expire(now)
         st = self._touch(host, now)
-        limit = self.cfg.max_per_host
+        limit = st.max_per_host
         if limit is not None and st.in_flight >= limit:
             return False
         delay = self._delay_of(st)
@@ -175,7 +213,7 @@ class HostGate:
         st = self._peek(host)
         if st is None:
             return now
-        limit = self.cfg.max_per_host
+        limit = st.max_per_host
         if limit is not None and st.in_flight >= limit:
             return math.inf
         return max(now, _earliest(st.last_start, self._delay_of(st)), st.paused_until)
@@ -220,10 +258,10 @@ class HostGate:
         cfg = self.cfg
         if not cfg.adaptive or latency is None or not latency >= 0 or math.isinf(latency):
             return
-        current = st.adaptive_delay if st.adaptive_delay is not None else cfg.min_delay
+        current = st.adaptive_delay if st.adaptive_delay is not None else st.min_delay
         target = latency / cfg.target_concurrency
         new = max(target, (current + target) / 2.0)
-        new = min(max(cfg.min_delay, new), cfg.max_delay)
+        new = min(max(st.min_delay, new), max(cfg.max_delay, st.min_delay))
         if not ok and new < current:
             return
         st.adaptive_delay = new
@@ -236,11 +274,17 @@ class HostGate:
         if st is None:
             if delay is None:
                 return
-            st = self._hosts[host] = _HostState(self._clock)
+            st = self._hosts[host] = _HostState(self._clock, self._limits_for(host))
         st.crawl_delay = None if delay is None else min(delay, self.cfg.crawl_delay_cap)
 
+    def _limits_for(self, host: str) -> HostLimits:
+        if self._limits_of is None:
+            return self._crawl_limits
+        own = self._limits_of(host)
+        return self._crawl_limits if own is None else own
+
     def _delay_of(self, st: _HostState) -> float:
-        d = self.cfg.min_delay
+        d = st.min_delay
         if st.crawl_delay is not None and st.crawl_delay > d:
             d = st.crawl_delay
         if st.adaptive_delay is not None and st.adaptive_delay > d:
@@ -254,7 +298,7 @@ class HostGate:
     def _touch(self, host: str, now: float) -> _HostState:
         st = self._hosts.get(host)
         if st is None:
-            st = self._delayed.pop(host, None) or _HostState(now)
+            st = self._delayed.pop(host, None) or _HostState(now, self._limits_for(host))
             self._hosts[host] = st
         else:
             self._hosts.move_to_end(host)
@@ -267,7 +311,7 @@ class HostGate:
         # forgotten before the longest spacing any Crawl-delay could ask for has passed since its last start,
         # so a delay learnt later (a refetched robots.txt) finds nothing it should have remembered.
         self._clock = max(self._clock, now)
-        longest = max(self.cfg.crawl_delay_cap, self.cfg.min_delay)
+        longest = self._longest
         hosts = self._hosts
         # At most 8 hosts in use are moved back per call, and none twice (a crawl of one site has one host).
         idle_ttl, skips = max(self.cfg.host_idle_ttl, longest), min(8, len(hosts))

@@ -7,12 +7,16 @@ its own ``politeness`` (min_delay, max_per_host, audio_max_per_host, audio_min_d
 (politeness, depth) and sends the rest to the workers in its Welcome.
 
 SiteTable.lookup finds the entry of a URL's host and port: ``host:port`` first, then ``host``, then the longest
-``*.domain`` that covers the host.
+``*.domain`` that covers the host (overlapping patterns are fine: the most specific wins).
+
+A site's ``user_agent`` is what its requests send; robots.txt is still read for the product token of
+``politeness.user_agent`` (the crawl's name for itself), whatever a site's requests call themselves.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +25,17 @@ from urllib.parse import urlsplit
 
 from crawler.errors import ConfigError
 from crawler.http.proxies import Proxy, parse_proxies, parse_wire
-from crawler.protocol import CookieWire, LoginWire, SiteWire
+from crawler.politeness import HostLimits, LimitsOf
+from crawler.protocol import (
+    HANDSHAKE_MAX_FRAME,
+    HEADER_SIZE,
+    MAC_SIZE,
+    CookieWire,
+    LoginWire,
+    SiteWire,
+    Welcome,
+    encode,
+)
 from crawler.web.cookies import CookieRecord, parse_cookie_file
 
 # A sites table longer than this is not a config a person keeps; each entry costs state on every node.
@@ -286,3 +300,118 @@ def from_wire(sites: Iterable[SiteWire]) -> SiteTable:
                               tuple(CookieRecord(c.domain, c.include_subdomains, c.path, c.secure, c.expires, c.name,
                                                  c.value, c.http_only) for c in w.cookies), login))
     return SiteTable(out)
+
+
+def check_welcome_fits(key: str, table: SiteTable, proxies: tuple[str, ...] = (), *,
+                       rules: tuple[str, ...] = (), origins: tuple[str, ...] = (),
+                       networks: tuple[str, ...] = (), drop_params: tuple[str, ...] = ()) -> None:
+    """ConfigError(key) when a Welcome carrying this sites table would not fit HANDSHAKE_MAX_FRAME, the most a
+    worker reads before the master has proved the secret (so a worker could never join)."""
+    if not table and not proxies:
+        return
+    # The widest values of the numbers, so the real Welcome is never bigger than this one.
+    w = Welcome(bytes(MAC_SIZE), 1e300, rules, 2**62, 2**62, origins, networks, True, drop_params, proxies,
+                to_wire(table))
+    size = len(encode(w, max_frame=1 << 62)) - HEADER_SIZE
+    if size > HANDSHAKE_MAX_FRAME:
+        raise ConfigError(key, f"the sites' policies take {size} bytes in the master's Welcome, more than the "
+                               f"{HANDSHAKE_MAX_FRAME} a worker reads before the master proved the secret: "
+                               f"fewer sites, headers or cookies")
+
+
+# ----------------------------------------------------------------------------------------------- the master's
+def _origin_host(origin: str) -> tuple[str, int] | None:
+    try:
+        parts = urlsplit(origin)
+        return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+
+
+def gate_limits(table: SiteTable, *, audio: bool, max_per_host: int | None,
+                min_delay: float) -> tuple[LimitsOf | None, float]:
+    """What a master's HostGate takes for the sites' own politeness (crawler/politeness.py HostGate): the
+    limits of a host key (an origin), from its site where the site sets politeness, else None (the crawl's);
+    and the largest min_delay any site sets. audio: the downloads' gate (audio_max_per_host, audio_min_delay),
+    else the pages'. A site that sets one of the pair keeps the crawl's other (max_per_host / min_delay given).
+    (None, 0.0) when no site sets any, so the gate costs nothing more than it did."""
+    own: list[SitePolicy] = []
+    for p in table.policies:
+        sp = p.politeness
+        n, d = (sp.audio_max_per_host, sp.audio_min_delay) if audio else (sp.max_per_host, sp.min_delay)
+        if n is not None or d is not None:
+            own.append(p)
+    if not own:
+        return None, 0.0
+    by_pattern = {p.pattern: p for p in own}
+
+    def limits_of(origin: str) -> HostLimits | None:
+        hp = _origin_host(origin)
+        if hp is None:
+            return None
+        p = table.lookup(*hp)
+        if p is None or p.pattern not in by_pattern:
+            return None
+        sp = p.politeness
+        n, d = (sp.audio_max_per_host, sp.audio_min_delay) if audio else (sp.max_per_host, sp.min_delay)
+        return HostLimits(max_per_host if n is None else n, min_delay if d is None else d)
+
+    longest = max((d for p in own
+                   if (d := (p.politeness.audio_min_delay if audio else p.politeness.min_delay)) is not None),
+                  default=0.0)
+    return limits_of, longest
+
+
+class DepthLimits:
+    """The depth limit of a URL: its site's max_depth where the site sets one, else the crawl's (None: none).
+
+    Cheap where it is asked most: a depth at or below every limit (floor) passes and one past every limit
+    (ceiling) is cut without a lookup; only between them is the URL's site looked up, once per origin (a
+    bounded cache, least recently used out)."""
+
+    CACHE = 4096
+
+    def __init__(self, crawl: int | None, table: SiteTable) -> None:
+        self.crawl = crawl
+        self.table = table
+        own = [p.max_depth for p in table.policies if p.max_depth is not None]
+        limits = [crawl, *own]
+        self.per_site = bool(own)
+        # None is no limit: the floor is the smallest limit, the ceiling the largest (None if any is None).
+        finite = [x for x in limits if x is not None]
+        self.floor: int | None = min(finite) if finite else None
+        self.ceiling: int | None = None if any(x is None for x in limits) else max(finite)
+        self._cache: OrderedDict[str, int | None] = OrderedDict()
+
+    def limit(self, url: str) -> int | None:
+        """url's depth limit (None: no limit)."""
+        if not self.per_site:
+            return self.crawl
+        try:
+            parts = urlsplit(url)
+            key = f"{parts.scheme}://{parts.netloc}"
+        except ValueError:
+            return self.crawl
+        cache = self._cache
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            port = None
+        p = self.table.lookup(parts.hostname or "", port)
+        out = self.crawl if p is None or p.max_depth is None else p.max_depth
+        cache[key] = out
+        if len(cache) > self.CACHE:
+            cache.popitem(last=False)
+        return out
+
+    def allows(self, url: str, depth: int, extra: int = 0) -> bool:
+        """Whether url at depth is within its limit plus extra (the hops an audio reference may go past it)."""
+        if self.floor is None or depth <= self.floor + extra:
+            return True
+        if self.ceiling is not None and depth > self.ceiling + extra:
+            return False
+        lim = self.limit(url)
+        return lim is None or depth <= lim + extra

@@ -29,7 +29,7 @@ from crawler.http.targets import parse_network
 from crawler.master.backend import dsn_problem
 from crawler.politeness import PolitenessConfig
 from crawler.resolvers import registry
-from crawler.sites import SiteTable, parse_sites
+from crawler.sites import SiteTable, check_welcome_fits, parse_sites
 from crawler.web.urls import host_port
 
 # Some sites' pages name their resource in the fragment (Kugou's songs); it must survive normalisation even before
@@ -348,6 +348,10 @@ class MasterConfig:
             # The page shows the crawl's URLs and catalogue: never to the network without a token.
             raise ConfigError("web.listen", f"{web.listen[0]} is not a loopback address: set web.token_file "
                                             "to serve the status page and metrics beyond this machine")
+        # A Welcome a worker cannot read would keep every worker out: the sites table must fit in it.
+        check_welcome_fits("sites", cfg.sites, tuple(x.wire for x in cfg.proxies),
+                           rules=tuple(cfg.crawl.keep_fragment), networks=tuple(cfg.crawl.allowed_networks),
+                           drop_params=tuple(cfg.crawl.drop_params))
         return cfg
 
     @classmethod

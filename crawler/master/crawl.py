@@ -33,6 +33,7 @@ from crawler.master.store import (
     listed_keys,
 )
 from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, robots_url
+from crawler.sites import DepthLimits
 from crawler.scheduler import NodeTable
 from crawler.web.urls import (
     AUDIO_REF_HOPS,
@@ -183,7 +184,10 @@ class Crawl:
         self.ignored_rules: dict[str, str] = {}     # an unapproved rule a worker brought -> the first such node
         self.norm = NormalizeOptions(sort_query=c.sort_query, drop_params=frozenset(c.drop_params),
                                      keep_fragment=tuple(dict.fromkeys((*c.keep_fragment, *learnt))))
-        self.policy = UrlPolicy(max_length=c.max_url_length, max_depth=c.max_depth,
+        # The depth limit of each URL: its site's max_depth (cfg.sites) or the crawl's. The URL policy holds
+        # links to the deepest of them; add_links cuts each at its own.
+        self.depths = DepthLimits(c.max_depth, cfg.sites)
+        self.policy = UrlPolicy(max_length=c.max_url_length, max_depth=self.depths.ceiling,
                                 max_query_params=c.max_query_params, max_separator_ratio=c.max_separator_ratio,
                                 allowed_hosts=frozenset(h.lower() for h in c.allowed_hosts),
                                 allow_patterns=c.allow_patterns, deny_patterns=c.deny_patterns)
@@ -489,18 +493,24 @@ class Crawl:
         kept with the new ones for their tasks. Returns how many new URLs entered the frontier."""
         urls: list[str] = []
         meta: dict[str, tuple[int, str]] = {}
-        max_depth = self.cfg.crawl.max_depth
+        depths = self.depths
+        max_depth = depths.ceiling
         ref_limit = max_depth + AUDIO_REF_HOPS if max_depth is not None else None
         is_ref: set[str] = set()
         for kind, limit, entries in ((0, max_depth, batches), (1, ref_limit, refs or ())):
+            extra = AUDIO_REF_HOPS if kind else 0
             for parent, depth, links in entries:
                 self.totals.links_seen += len(links)
                 if limit is not None and depth > limit:
                     self.discards[DISCARD_TOO_DEEP] += len(links)
                     continue
+                # Past the shallowest limit a link is held to its own site's (or the crawl's).
+                own = depths.floor is not None and depth > depths.floor + extra
                 for u in normalize_many(links, self.norm):
                     if u is None:
                         self.discards[DISCARD_INVALID] += 1
+                    elif own and not depths.allows(u, depth, extra):
+                        self.discards[DISCARD_TOO_DEEP] += 1
                     elif u not in meta:
                         meta[u] = (depth, parent)
                         urls.append(u)
@@ -599,8 +609,8 @@ class Crawl:
         if not pairs:
             return
         lowered = self.store.lower_depths(pairs)
-        max_depth = self.cfg.crawl.max_depth
-        again = [(u, new_depth) for u, _, new_depth in lowered if max_depth is None or new_depth < max_depth]
+        allows = self.depths.allows
+        again = [(u, new_depth) for u, _, new_depth in lowered if allows(u, new_depth + 1)]
         if again:
             n = self.store.requeue_refresh(again, self.route)
             log.info("%d pages found on a shorter path: fetched again for their links at the lower depth", n)
@@ -685,7 +695,7 @@ class Crawl:
         gate = self.gate
         assert gate is not None
         cfg = gate.cfg
-        return (cfg.max_per_host is not None and not cfg.adaptive and gate.delay(host) == 0
+        return (gate.max_per_host(host) is not None and not cfg.adaptive and gate.delay(host) == 0
                 and gate.paused_until(host) <= now)
 
     def _drop_head(self, node: str, host: str, lease_id: int) -> None:
@@ -731,7 +741,7 @@ class Crawl:
                          until - now)
             elif f.http_status is not None:
                 gate.responded(lease.host, lease.start, now, f.latency, ok=f.http_status < 400)
-        return freed and gate is not None and gate.cfg.max_per_host is not None
+        return freed and gate is not None and gate.limited
 
     def robots_to_fetch(self) -> list[str]:
         """The robots.txt fetches to start now: each origin once, until robots_fetched() says how it went."""

@@ -35,6 +35,7 @@ from crawler.master import steering
 from crawler.master.admission import Admission, Limits, source_of
 from crawler.master.backend import StoreError, StoreUnreachable
 from crawler.master.catalogue import CatalogueFile
+from crawler.sites import gate_limits
 from crawler.sites import to_wire as sites_to_wire
 from crawler.master.config import MasterConfig
 from crawler.master.crawl import Crawl, ReportRejected
@@ -220,11 +221,15 @@ class Master:
         self.dedup = Dedup(self.bloom, cfg.dedup.whitelist, self.store.known)
         pol = cfg.politeness
         # The gate also carries the 429/503 backoff, so it is always on; with no limits set it only counts.
-        gate = HostGate(pol)
+        # A site's own politeness (cfg.sites) takes the crawl's place for its hosts, in both gates.
+        gate = HostGate(pol, *gate_limits(cfg.sites, audio=False, max_per_host=pol.max_per_host,
+                                          min_delay=pol.min_delay))
         robots = RobotsRules(pol) if pol.obey_robots else None
         # Downloads have their own gate: audio hosts (CDNs) are not the pages' hosts, nor paced like them.
         self.downloads = DownloadBoard(HostGate(PolitenessConfig(
-            max_per_host=pol.audio_max_per_host, min_delay=pol.audio_min_delay, obey_robots=False)),
+            max_per_host=pol.audio_max_per_host, min_delay=pol.audio_min_delay, obey_robots=False),
+            *gate_limits(cfg.sites, audio=True, max_per_host=pol.audio_max_per_host,
+                         min_delay=pol.audio_min_delay)),
             max_age=cfg.crawl.refresh_interval, fault_timeout=cfg.scheduling.fault_timeout)
         self.crawl = Crawl(cfg, self.store, self.dedup, self.table, gate, robots,
                            first_lease=int(self.clock() * 1000) % (1 << 40) * 1000 + 1)

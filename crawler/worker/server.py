@@ -41,7 +41,7 @@ from crawler.resolvers.base import (
     ResolverUnavailable,
 )
 from crawler.resolvers.registry import followers, load_resolvers, pick
-from crawler.sites import SiteTable
+from crawler.sites import DepthLimits, SiteTable
 from crawler.sites import from_wire as sites_from_wire
 from crawler.web import html
 from crawler.web.links import audio_candidates, count_links, extract_links
@@ -214,6 +214,7 @@ class Worker:
         # cfg.proxies, win over both).
         self.crawl_proxies: tuple[Proxy, ...] = ()
         self.sites = SiteTable()
+        self.depths = DepthLimits(None, self.sites)
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
         # Downloads, as the master must hear of them (ledger.py): what is asked, ended, pending, settled. Here
         # the asyncio side of it: the asks waiting for their grant, by ticket; the jobs, by download (they
@@ -414,9 +415,12 @@ class Worker:
         """Serve one connection. True when the master ended the crawl."""
         self._normalise_as(welcome)
         self.links.forget()
-        self.max_depth = welcome.max_depth
         self.crawl_proxies = parse_wire(welcome.proxies)
         self.sites = sites_from_wire(welcome.sites)
+        # A page's links may lead to a site with a deeper limit than the crawl's: they are extracted up to the
+        # deepest limit, and the master holds each link to its own site's.
+        self.depths = DepthLimits(welcome.max_depth, self.sites)
+        self.max_depth = self.depths.ceiling
         self._allow_targets(welcome)
         conn.max_frame = min(conn.max_frame, welcome.max_frame)
         session = Session(self, conn, hs, welcome)
@@ -581,6 +585,8 @@ class Worker:
         # Its audio references (a playlist, a stream) are still reported: resolving its audio is part of the page.
         # Past the limit a task is itself such a reference: what it names in turn is one too.
         where = page_plan.depth(task.depth, self.max_depth)
+        if self.depths.per_site:   # past its own site's limit a task is a reference, whatever the deepest is
+            where = page_plan.Depth(where.follow, page_plan.depth(task.depth, self.depths.limit(url)).beyond)
         follow, beyond = where.follow, where.beyond
         refs: list[str] = []
         resolver = pick(self.resolvers, url)
