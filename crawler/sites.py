@@ -45,7 +45,8 @@ MAX_LOGIN_FIELDS = 32
 MAX_SECRET_FILE = 64 * 1024
 # Headers a site entry may not set: the HTTP layer owns them.
 RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "range", "if-range",
-                              "cookie", "accept-encoding", "te", "upgrade", "proxy-authorization"})
+                              "cookie", "accept-encoding", "te", "upgrade", "proxy-authorization",
+                              "if-none-match", "if-modified-since"})
 
 
 @dataclass(frozen=True)

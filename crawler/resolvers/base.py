@@ -49,6 +49,16 @@ class ResolveContext:
     # Where the resolver's exchanges are recorded (crawler/archive/): API calls through ``http.client`` are
     # recorded by the stack; what a resolver sees otherwise (a browser's traffic, its rendered page) it records.
     archive: Archive = NO_ARCHIVE
+    # The user agent a site's policy gives a URL (crawler/worker/siterules.py), None where it names none. API
+    # calls through ``http.client`` get the sites' headers from the client itself; this is for what does not go
+    # through it (a browser's context).
+    site_user_agent: Callable[[str], str | None] | None = None
+
+    def user_agent_for(self, url: str) -> str:
+        """The user agent for a request to url with no identity of its own: its site's, else the worker's."""
+        if self.site_user_agent is not None and (ua := self.site_user_agent(url)):
+            return ua
+        return self.user_agent
 
 
 @dataclass

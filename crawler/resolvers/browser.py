@@ -559,7 +559,7 @@ class BrowserResolver(Resolver):
         pending: set[asyncio.Task[None]] = set()
         html = ""
         cookies: dict[str, list[tuple[str, str]]] = {}
-        user_agent = s.user_agent or ctx.user_agent
+        user_agent = s.user_agent or ctx.user_agent_for(url)
         self.stats["pages"] += 1
         # The visit's evidence, only for a worker that keeps an archive: without one no body is read for it
         # and no screenshot taken.

@@ -79,6 +79,7 @@ from crawler.worker.audiostore import AudioStore, Finished, Partial, extension_f
 from crawler.worker.faults import is_local
 from crawler.worker.filetags import read_file_tags
 from crawler.worker.hls import HlsDownloader
+from crawler.worker.siterules import SiteRules
 from crawler.worker.transfer import NETWORK_ERRORS, Deadline, MiB, identity_headers
 # The downloader's settings, defined beside what it shares with hls.py and still importable from here.
 from crawler.worker.transfer import DownloadConfig as DownloadConfig
@@ -339,6 +340,7 @@ class Downloader:
         headers = http.client.headers.copy()
         headers["Accept-Encoding"] = "identity"
         self._headers = header_list(headers)
+        self.sites = SiteRules()   # the sites' own headers (siterules.py): the worker sets its own
         # Our own read timeout (and connect), the stack's total deadline; read in large pieces (one per socket
         # read, not per 16 KiB) and bound by our own cap, not the pages'.
         self._timeouts = (cfg.timeout, cfg.timeout, cfg.timeout, http.timeouts[3])
@@ -626,8 +628,9 @@ class Downloader:
             url = parse_url(item.url)
             origin_host = url.host
             for _ in range(self.cfg.max_redirects + 1):
+                site = self.sites.of(url.host, url.port) if self.sites else None
                 headers = _merged_headers(self._headers, {
-                    **identity_headers(item, same_host=url.host == origin_host), **asked.headers})
+                    **identity_headers(item, same_host=url.host == origin_host, site=site), **asked.headers})
                 started = trail.now() if trail is not None else 0.0
                 response = await self._send(url, headers)
                 sent = Sent(url, headers, started, response) if trail is not None else None

@@ -29,6 +29,7 @@ from crawler.http.getter import Getter
 from crawler.http.http1 import header_list, parse_url
 from crawler.http.targets import TargetRefused
 from crawler.web.media import media_type
+from crawler.worker.siterules import SiteRules
 from crawler.web.page import FetchedPage
 
 SNIFF_BYTES = 64 * 1024
@@ -59,8 +60,9 @@ class PageFetcher:
     A page fetch needs none of a client's per-request machinery (URL and header merging, the auth flow, the
     redirect loop, cookies, event hooks), nor httpx's request and response objects, nor aiohttp's session: those
     cost more CPU than writing the request and parsing the answer. Redirects are reported, not followed; there is
-    no cookie jar. The headers are the Getter's client's (User-Agent, Accept, Accept-Encoding), built once; the
-    timeouts the Getter's, its total deadline over the whole exchange.
+    no cookie jar. The headers are the Getter's client's (User-Agent, Accept, Accept-Encoding), built once, with a
+    site's own user agent and headers set over them (siterules.py); the timeouts the Getter's, its total deadline
+    over the whole exchange.
     """
 
     def __init__(self, http: Getter) -> None:
@@ -68,6 +70,8 @@ class PageFetcher:
         self._headers = header_list(http.client.headers)
         self._sent = _encoded(self._headers)     # the same, as the archive records them
         self._timeouts = http.timeouts
+        # The sites' own headers (siterules.py), from the master's Welcome; empty until then.
+        self.sites = SiteRules()
 
     async def fetch(self, url: str, *, max_bytes: int, referrer: str | None = None,
                     validators: tuple[str | None, str | None] | None = None) -> tuple[FetchedPage, bool]:
@@ -89,6 +93,9 @@ class PageFetcher:
                     headers.append(("If-Modified-Since", last_modified))
         try:
             target = parse_url(request_url)
+            site = self.sites.of(target.host, target.port) if self.sites else None
+            if site is not None:
+                headers = site.over(headers)
             started = time.time()
             # A page is cut at its cap, not refused: one byte past it tells the fetch it was cut.
             r = await self._http.get(target, headers, timeout=self._timeouts, max_body=max_bytes + 1,
@@ -112,8 +119,12 @@ class PageFetcher:
                 await r.aclose()
             body = b"".join(chunks)[:limit]
             # What was sent: the lean path's request is Host and these headers, in this order.
-            sent = ((b"Host", (target.host_port_subcomponent or "").encode("latin-1", "replace")), *self._sent,
-                    *(_encoded(headers[len(self._headers):]) if headers is not self._headers else ()))
+            host = (b"Host", (target.host_port_subcomponent or "").encode("latin-1", "replace"))
+            if site is not None:
+                sent = (host, *_encoded(headers))
+            else:
+                sent = (host, *self._sent,
+                        *(_encoded(headers[len(self._headers):]) if headers is not self._headers else ()))
             page = FetchedPage(url=url, final_url=request_url, status=r.status_code, content_type=mt,
                                headers=fields, body=body, referrer=referrer, raw_headers=r.raw_headers,
                                sent=sent, started=started, cut=truncated or (not document and size >= limit))

@@ -42,6 +42,8 @@ from crawler.resolvers.base import (
 )
 from crawler.resolvers.registry import followers, load_resolvers, pick
 from crawler.sites import DepthLimits, SiteTable
+from crawler.worker import siterules
+from crawler.worker.siterules import SiteRules
 from crawler.sites import from_wire as sites_from_wire
 from crawler.web import html
 from crawler.web.links import audio_candidates, count_links, extract_links
@@ -256,6 +258,9 @@ class Worker:
                                 read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects,
                                 archive=self.archive)
         self.fetcher = PageFetcher(self.http)
+        # The sites' own request headers (siterules.py), one object every request path holds: set at each Welcome.
+        self.site_rules = SiteRules()
+        self.fetcher.sites = self.site_rules
         # Downloads: the downloader holds the size cap and a deadline that grows with the size.
         self.dl_http = build_stack(max_connections=cfg.downloads * 2, dns_ttl=cfg.dns_ttl,
                                    max_body=cfg.max_audio_bytes + 1, policy=self.targets,
@@ -263,7 +268,8 @@ class Worker:
                                    read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects,
                                    archive=self.archive)
         self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent, fetch_page=self._fetch_other_page,
-                                  targets=self.targets, archive=self.archive)
+                                  targets=self.targets, archive=self.archive,
+                                  site_user_agent=self.site_rules.user_agent)
         # The downloader holds the download limits itself (overall and per host), so a queue for one busy CDN
         # never blocks downloads from other hosts: one host takes at most half of them. It reads each file's
         # own tags too, from memory when it can.
@@ -276,6 +282,7 @@ class Worker:
                                                     revalidate_after=cfg.revalidate_after),
                                      file_tags=True, archive=self.archive,
                                      audio_payload=getattr(getattr(cfg, "archive", None), "audio_payload", False))
+        self.downloader.sites = self.site_rules
         self.page_sem = asyncio.Semaphore(cfg.concurrency)
         self.dl_slots = asyncio.Semaphore(2 * cfg.downloads)   # asks and downloads under way here (_download)
         metrics_runner = None
@@ -420,6 +427,9 @@ class Worker:
         # A page's links may lead to a site with a deeper limit than the crawl's: they are extracted up to the
         # deepest limit, and the master holds each link to its own site's.
         self.depths = DepthLimits(welcome.max_depth, self.sites)
+        self.site_rules.set_table(self.sites)
+        for client in (self.http.client, self.dl_http.client):   # API calls, playlists, HLS/DASH segments
+            siterules.install(client, self.site_rules)
         self.max_depth = self.depths.ceiling
         self._allow_targets(welcome)
         conn.max_frame = min(conn.max_frame, welcome.max_frame)

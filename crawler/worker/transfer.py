@@ -15,6 +15,7 @@ import aiohttp
 import httpx
 
 from crawler.items import AudioItem
+from crawler.worker.siterules import SiteHeaders
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -85,10 +86,15 @@ class Deadline:
         return self.expired and self._task is not None and self._task.uncancel() <= self._cancelling
 
 
-def identity_headers(item: AudioItem, *, same_host: bool) -> dict[str, str]:
-    """The item's client identity, but across hosts only the User-Agent: cookies must not leak to a CDN."""
+def identity_headers(item: AudioItem, *, same_host: bool, site: SiteHeaders | None = None) -> dict[str, str]:
+    """The item's client identity, but across hosts only the User-Agent: cookies must not leak to a CDN.
+
+    site: the request's host's own headers (crawler/worker/siterules.py), laid under the identity: a resolver's
+    identity wins, as a signed address is bound to the client that resolved it."""
     if item.identity is None:
-        return {}
+        return {} if site is None else site.overrides()
     if same_host:
-        return item.identity.request_headers()
-    return {"User-Agent": item.identity.user_agent} if item.identity.user_agent else {}
+        own = item.identity.request_headers()
+    else:
+        own = {"User-Agent": item.identity.user_agent} if item.identity.user_agent else {}
+    return own if site is None else {**site.overrides(), **own}

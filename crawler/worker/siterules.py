@@ -1,0 +1,139 @@
+"""The request headers of a URL by its site: one definition for every request a worker makes.
+
+A site's policy (crawler/sites.py, from the master's Welcome) may name its own ``user_agent`` and extra
+``headers``. They go on every request to that site, whatever kind: page fetches (fetcher.py), downloads
+(downloader.py, and HLS/DASH segments and playlists through the client), resolvers' API calls and the
+browser's context. What wins, from first to last:
+
+1. the HTTP layer's own headers (Host, Range, validators, Accept-Encoding, Cookie): a site cannot set them
+   (crawler/sites.py RESERVED_HEADERS);
+2. a resolver's client identity for an item (items.RequestIdentity: Kugou's user agent, a Referer): a signed
+   address is bound to the client that resolved it, so it is fetched as that client, site or not; likewise a
+   header a resolver sets on its own API request;
+3. the site's ``user_agent`` and ``headers``;
+4. the worker's own (its config's ``user_agent``, the client's defaults).
+
+robots.txt is read by the master for the crawl's product token (politeness.user_agent), not a site's user agent.
+
+Cheap when no site matches (the common case): the lookup is one check of an empty table, and nothing is built per
+request; a site's headers are worked out once per origin and kept (a bounded cache).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+
+from crawler.sites import SiteTable
+
+CACHE = 4096   # origins whose site headers are kept
+
+
+@dataclass(frozen=True, slots=True)
+class SiteHeaders:
+    """A site's own request headers: its user agent (None: the worker's) and its extra headers."""
+
+    user_agent: str | None
+    headers: tuple[tuple[str, str], ...]
+
+    def overrides(self) -> dict[str, str]:
+        """As a mapping to lay under an identity's (a dict update order: the site's first, then the identity)."""
+        out = dict(self.headers)
+        if self.user_agent:
+            out["User-Agent"] = self.user_agent
+        return out
+
+    def over(self, base: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        """base (the worker's headers, as a list) with the site's set over it."""
+        names = {k.lower() for k, _ in self.headers}
+        if self.user_agent:
+            names.add("user-agent")
+        out = [(k, v) for k, v in base if k.lower() not in names]
+        if self.user_agent:
+            out.append(("User-Agent", self.user_agent))
+        out.extend(self.headers)
+        return out
+
+
+class SiteRules:
+    """The sites' request headers, looked up by host and port (the URL's, default included)."""
+
+    def __init__(self, table: SiteTable | None = None) -> None:
+        self.table = table if table is not None else SiteTable()
+        self._cache: OrderedDict[tuple[str, int | None], SiteHeaders | None] = OrderedDict()
+
+    def set_table(self, table: SiteTable) -> None:
+        """A new Welcome's sites: every holder of this object sees them at once."""
+        self.table = table
+        self._cache.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self.table)
+
+    def of(self, host: str | None, port: int | None) -> SiteHeaders | None:
+        """The site headers for a request to host:port, or None (no site, or one that sets neither)."""
+        if not self.table or not host:
+            return None
+        key = (host.lower(), port)
+        cache = self._cache
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        p = self.table.lookup(key[0].strip("[]"), port)
+        out = None if p is None or (p.user_agent is None and not p.headers) else SiteHeaders(p.user_agent, p.headers)
+        cache[key] = out
+        if len(cache) > CACHE:
+            cache.popitem(last=False)
+        return out
+
+    def of_url(self, url: str) -> SiteHeaders | None:
+        if not self.table:
+            return None
+        try:
+            parts = urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            return None
+        return self.of(parts.hostname, port)
+
+    def user_agent(self, url: str) -> str | None:
+        """The site's user agent for a request to url (None: the worker's), where no resolver's identity names
+        one."""
+        site = self.of_url(url)
+        return site.user_agent if site is not None else None
+
+    def hook(self, default_user_agent: str) -> Callable[[httpx.Request], Awaitable[None]]:
+        """An httpx request hook that puts the site's headers on a client's requests (resolvers' API calls,
+        playlists, HLS/DASH segments): the site's user agent where the request carries the client's default,
+        the site's headers where the request has not set the same one (a resolver's own, or an identity's,
+        wins)."""
+        default = default_user_agent
+
+        async def on_request(request: httpx.Request) -> None:
+            url = request.url
+            site = self.of(url.host, url.port or (443 if url.scheme == "https" else 80))
+            if site is None:
+                return
+            h = request.headers
+            if site.user_agent and h.get("user-agent", default) == default:
+                h["User-Agent"] = site.user_agent
+            for k, v in site.headers:
+                if k not in h:
+                    h[k] = v
+
+        return on_request
+
+
+def install(client: httpx.AsyncClient, rules: SiteRules) -> None:
+    """Put rules' hook on client (once; none while no site sets headers, so the client costs what it did)."""
+    hooks = client.event_hooks
+    kept = [h for h in hooks.get("request", []) if not getattr(h, "_site_rules", False)]
+    if any(p.user_agent is not None or p.headers for p in rules.table.policies):
+        hook = rules.hook(str(client.headers.get("user-agent", "")))
+        hook._site_rules = True   # type: ignore[attr-defined]
+        kept.append(hook)
+    client.event_hooks = {**hooks, "request": kept}
