@@ -185,7 +185,7 @@ class LiveStats:
 
     def view(self, now: float, *, held: int, at_workers: int, in_flight: Mapping[str, int],
              web: str | None, lag: float, run_pages: int, lag_worst: float = 0.0,
-             paused: bool = False) -> dict[str, Any]:
+             paused: bool = False, sites: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The live half of the status object (JSON-able); build_status joins it with the store's figures."""
         elapsed = max(now - self.started, 1e-9)
         return {
@@ -208,6 +208,7 @@ class LiveStats:
                       for n, s in self.nodes.items()},
             "http_status": dict(self.http_status),
             "errors": dict(self.error_reasons),
+            "sites": dict(sites or {}),
         }
 
 
@@ -299,6 +300,9 @@ def build_status(db: Mapping[str, Any], live: Mapping[str, Any] | None, nodes: I
         # The seen-set as the master last saw it (its state is saved with the master's, so a stopped master's
         # last view still holds).
         "dedup": live.get("dedup"),
+        # The sites of the sites: table, by pattern (crawler/master/sitestats.py): this run's figures, and the
+        # gates' now; those of a stopped master's last view.
+        "sites": live.get("sites") or {},
     }
 
 
@@ -374,6 +378,16 @@ def _counts(title: str, counts: Mapping[str, int], empty: str = "none") -> list[
     return [f"{title}:"] + _table(["", "count"], [[k, v] for k, v in counts.items()], right={1})[1:]
 
 
+def _of(n: int, limit: int | None) -> str:
+    """In flight against its limit: "1/2", or "1" with none."""
+    return f"{n}/{limit}" if limit is not None else str(n)
+
+
+def _delay(now: float, own: float | None) -> str:
+    """The delay in force, and the site's own min_delay when a Crawl-delay or the adaptive delay is longer."""
+    return f"{now:g}" if own is None or now == own else f"{now:g} (min {own:g})"
+
+
 def node_state_text(n: Mapping[str, Any]) -> str:
     """A node's state for the table: its name, and for a fault the reason the node gave."""
     state = str(n.get("state") or (CONNECTED if n.get("connected") else DISCONNECTED))
@@ -441,6 +455,15 @@ def status_text(st: Mapping[str, Any]) -> str:
         lines.append(f"seen-set (Bloom filter): {d['urls']} URLs in {d['layers']} "
                      f"layer{'s' if d['layers'] != 1 else ''} for {d['capacity']}, estimated false-positive rate "
                      f"{d['fp_estimate']:.2g} (target {d['fp_rate']:g}), {human_bytes(d['bytes'])}")
+        lines.append("")
+    sites = st.get("sites") or {}
+    if sites:
+        lines.append("sites (their own policy; this run):")
+        lines += _table(["site", "done", "failed", "in flight", "audio", "audio in flight", "delay (s)"],
+                        [[name, f["pages_done"], f["pages_failed"], _of(f["pages_in_flight"], f["max_per_host"]),
+                          f["audio"], _of(f["audio_in_flight"], f["audio_max_per_host"]),
+                          _delay(f["delay_s"], f["min_delay_s"])]
+                         for name, f in sites.items()], right={1, 2, 3, 4, 5, 6})
         lines.append("")
     lines += _counts("top error reasons", st["errors"])
     lines += _counts("HTTP status", st["http_status"])

@@ -121,7 +121,7 @@ class Observer:
             self.live.seen(s.node, s.last_seen, connected=True, fault=s.fault)
         view = self.live.view(now, held=m.held, at_workers=m.at_workers, in_flight=dict(m.in_flight),
                               web=self.web_addr, lag=self.metrics.lag.last, lag_worst=self.metrics.lag.worst,
-                              run_pages=m.run_pages, paused=m.paused)
+                              run_pages=m.run_pages, paused=m.paused, sites=m.sites)
         view["dedup"] = dict(m.dedup)
         return view
 

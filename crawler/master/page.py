@@ -28,6 +28,8 @@ PAGE = """<!doctype html>
 <h2 class="next">HTTP status</h2><div class="kv" id="http"></div>
 <h2 class="next">Discarded URLs</h2><div class="kv" id="discards"></div>
 <h2 class="next">Seen-set (Bloom filter)</h2><div class="kv" id="dedup"></div></section>
+<section class="sites" id="sitesbox" hidden><h2>Sites with their own policy (this run)</h2><table id="sites"></table>
+</section>
 <section class="matches"><h2>Works identified</h2><table id="matches"></table></section>
 <section class="audio"><h2>Audio found</h2>
 <form id="search"><input type="search" id="q" placeholder="Search the catalogue by title, artist or URL">
@@ -70,7 +72,7 @@ section h2 { font-size:13px; text-transform:uppercase; letter-spacing:.05em; col
 .tile .v.compact { font-size:20px; white-space:nowrap; overflow:hidden; text-overflow:ellipsis; }
 .chart { grid-column:1/-1; }
 .nodes { grid-column:1/8; } .side { grid-column:8/-1; }
-.audio, .matches { grid-column:1/-1; }
+.audio, .matches, .sites { grid-column:1/-1; }
 table { width:100%; border-collapse:collapse; font-variant-numeric:tabular-nums; }
 th, td { text-align:left; padding:5px 8px; border-bottom:1px solid var(--line); white-space:nowrap; }
 th { color:var(--mute); font-weight:500; font-size:12px; }
@@ -169,6 +171,15 @@ function drawStatus(st) {
     ((st.matches || {}).latest || []).map((m) => [[m.work], [m.title || "–"], [fmt(m.score), "n"],
       [fmt(m.offset), "n"], [m.url, "url"], [m.page || "–", "url"], [(m.matched_at || "").slice(11, 19)]]),
     "none yet");
+  // The sites of the sites: table: in flight against the site's max_per_host, the delay in force against its own.
+  const sites = Object.entries(st.sites || {});
+  $("sitesbox").hidden = !sites.length;
+  const of = (n, lim) => fmt(n) + (lim == null ? "" : " / " + fmt(lim));
+  if (sites.length) table("sites", [["site"], ["done", "n"], ["failed", "n"], ["in flight", "n"], ["audio", "n"],
+                                    ["audio in flight", "n"], ["delay (s)", "n"], ["min delay (s)", "n"]],
+    sites.map(([name, f]) => [[name], [fmt(f.pages_done), "n"], [fmt(f.pages_failed), f.pages_failed ? "n bad" : "n"],
+      [of(f.pages_in_flight, f.max_per_host), "n"], [fmt(f.audio), "n"], [of(f.audio_in_flight, f.audio_max_per_host), "n"],
+      [String(f.delay_s), "n"], [f.min_delay_s == null ? "–" : String(f.min_delay_s), "n"]]), "");
   const d = st.dedup;
   kv("dedup", d ? {"URLs": d.urls, "capacity": d.capacity, "layers": d.layers,
                    "false positives (est.)": d.fp_estimate.toExponential(1), "target": String(d.fp_rate)} : {}, "–");

@@ -35,6 +35,7 @@ from crawler.master import steering
 from crawler.master.admission import Admission, Limits, source_of
 from crawler.master.backend import StoreError, StoreUnreachable
 from crawler.master.catalogue import CatalogueFile
+from crawler.master.sitestats import SiteStats
 from crawler.sites import gate_limits
 from crawler.sites import to_wire as sites_to_wire
 from crawler.master.config import MasterConfig
@@ -194,6 +195,7 @@ class Master:
         # The private addresses the crawl may reach: its seeds' and the configured networks (told to workers).
         self.targets = TargetPolicy.for_crawl(cfg.seeds, cfg.crawl.allowed_networks)
         self.site_wire = sites_to_wire(cfg.sites)      # what every Welcome tells the workers of the sites
+        self.site_stats = SiteStats(cfg.sites)          # the sites' figures for the status
         self.paused = False
         self._unanswered: set[str] = set()   # commands applied whose file could not be removed
         # Evidence requests waiting for the nodes' records (crawler/master/evidence.py), by command file name.
@@ -528,7 +530,8 @@ class Master:
             in_flight={n: len(ids) for n, ids in crawl.leases_by_node.items()},
             held=sum(len(q) for q in crawl.held.values()), at_workers=crawl.in_flight(),
             run_pages=crawl.totals.pages, paused=self.paused, dedup=self.dedup.figures(),
-            dedup_counts=self.dedup.stats.as_dict())
+            dedup_counts=self.dedup.stats.as_dict(),
+            sites=self.site_stats.view(crawl.gate, self.downloads.gate) if self.site_stats else {})
 
     # ------------------------------------------------------------------ serve
     def stop(self) -> None:
@@ -1004,6 +1007,9 @@ class Master:
                 # The file takes a row once its download ended (a DownloadReport for pending ones).
                 self.catalogue.add([r for r in rows if r.get("status") != PENDING])
             self.observer.report(s.node, part, rows, s.last_seen)
+            if self.site_stats:
+                self.site_stats.pages(part)
+                self.site_stats.audio(rows)
 
     async def _handshake(self, conn: FramedConnection, hs: p.MasterHandshake, key: int) -> p.Hello | None:
         """The worker proves the secret first (see protocol.py); only then does this master prove its own."""

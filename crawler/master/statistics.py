@@ -9,7 +9,7 @@ change the crawl.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
@@ -32,6 +32,8 @@ class MasterStatistics:
     paused: bool                             # the operator paused the crawl
     dedup: Mapping[str, Any]                 # the Bloom filter's size and health (Dedup.figures)
     dedup_counts: Mapping[str, int]          # the dedup decisions so far (DedupStats)
+    # The sites' figures by pattern (crawler/master/sitestats.py), for sites of the sites: table; {} with none.
+    sites: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def connected(self) -> int:
