@@ -36,6 +36,7 @@ settings.load_profile("suite")
 ALONE = {
     "tests/test_e2e_failures.py": "network namespaces of fixed names (acn-*); request spacing, heartbeat deadlines",
     "tests/test_e2e_politeness.py": "achieved request rates, spacing and backoff waits against the allowed ones",
+    "tests/test_e2e_sites.py": "a site's request spacing and concurrency against its own politeness",
     "tests/test_master_commit_thread.py": "the master's worst event-loop lag, bounded in wall-clock time",
     "tests/test_e2e_downloads.py::test_more_workers_finish_a_politeness_bound_crawl_sooner_when_downloads_dominate":
         "compares the wall-clock time of two crawls",
