@@ -32,6 +32,8 @@ async def two_sites():
     for _ in range(2):
         async def handle(request, runners=runners):
             seen.append((request.url.port, request.path, dict(request.headers)))
+            if "to" in request.query:
+                return web.Response(status=302, headers={"Location": request.query["to"]})
             return web.Response(text="<html>ok</html>", content_type="text/html")
         app = web.Application()
         app.router.add_get("/{tail:.*}", handle)
@@ -80,6 +82,16 @@ async def test_the_clients_requests_carry_them_unless_the_request_set_its_own(tw
     assert h1["User-Agent"] == "site-a/2" and h1["X-Site"] == "A" and h1["Referer"] == "r"
     assert h2["User-Agent"] == "resolver/9" and h2["Referer"] == "mine" and h2["X-Site"] == "A"
     assert h3["User-Agent"] == UA and "X-Site" not in h3
+    # A redirect from A to B takes none of A's along; one from B to A gets A's.
+    seen.clear()
+    r1 = await stack.client.get(a + "/go", params={"to": b + "/landing"})
+    r2 = await stack.client.get(b + "/go", params={"to": a + "/landing"})
+    assert r1.status_code == r2.status_code == 200
+    (_, _, ga), (_, _, gb), (_, _, fb), (_, _, fa) = seen
+    assert ga["User-Agent"] == "site-a/2" and ga["X-Site"] == "A"
+    assert gb["User-Agent"] == UA and "X-Site" not in gb and "Referer" not in gb
+    assert fb["User-Agent"] == UA and "X-Site" not in fb
+    assert fa["User-Agent"] == "site-a/2" and fa["X-Site"] == "A"
     # A table with no headers takes the hook off.
     siterules.install(stack.client, rules({"127.0.0.1": {"max_depth": 3}}))
     assert stack.client.event_hooks["request"] == []

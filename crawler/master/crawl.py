@@ -609,8 +609,9 @@ class Crawl:
         if not pairs:
             return
         lowered = self.store.lower_depths(pairs)
-        allows = self.depths.allows
-        again = [(u, new_depth) for u, _, new_depth in lowered if allows(u, new_depth + 1)]
+        # Its links may be of any site: wanted while below the deepest limit (the master cuts each at its own).
+        ceiling = self.depths.ceiling
+        again = [(u, new_depth) for u, _, new_depth in lowered if ceiling is None or new_depth < ceiling]
         if again:
             n = self.store.requeue_refresh(again, self.route)
             log.info("%d pages found on a shorter path: fetched again for their links at the lower depth", n)

@@ -31,6 +31,7 @@ import httpx
 from crawler.sites import SiteTable
 
 CACHE = 4096   # origins whose site headers are kept
+_APPLIED = "crawler.site_headers"   # a request extension: the SiteHeaders the hook put on it
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,14 +117,25 @@ class SiteRules:
         async def on_request(request: httpx.Request) -> None:
             url = request.url
             site = self.of(url.host, url.port or (443 if url.scheme == "https" else 80))
-            if site is None:
+            # A redirect's request starts as a copy of the one before, headers and extensions alike: what a site
+            # put on it must not follow it to another host (an API key, say).
+            before = request.extensions.get(_APPLIED)
+            if before is site:
                 return
             h = request.headers
-            if site.user_agent and h.get("user-agent", default) == default:
-                h["User-Agent"] = site.user_agent
-            for k, v in site.headers:
-                if k not in h:
-                    h[k] = v
+            if before is not None:
+                if before.user_agent and h.get("user-agent") == before.user_agent:
+                    h["User-Agent"] = default
+                for k, v in before.headers:
+                    if h.get(k) == v:
+                        del h[k]
+            if site is not None:
+                if site.user_agent and h.get("user-agent", default) == default:
+                    h["User-Agent"] = site.user_agent
+                for k, v in site.headers:
+                    if k not in h:
+                        h[k] = v
+            request.extensions = {**request.extensions, _APPLIED: site}
 
         return on_request
 
