@@ -47,7 +47,7 @@ def test_the_first_request_logs_in_and_the_others_wait_for_that_one_login():
 def test_a_site_with_cookies_and_no_login_never_waits():
     m = LoginMachine(False)
     assert m.ask(0.0).step is Step.GO
-    assert m.judge("http://s/x", 0, 403, b"", None) is Verdict.OK
+    assert m.judge_head(0, 403, None) is Verdict.OK
 
 
 def test_a_failed_login_backs_off_doubling_up_to_the_bound_and_only_the_first_failure_opens_an_episode():
@@ -69,7 +69,7 @@ def test_a_failed_login_backs_off_doubling_up_to_the_bound_and_only_the_first_fa
     assert m.ask(now).step is Step.LOGIN
     m.login_ended(now, True)
     assert m.ask(now).step is Step.GO
-    m.judge("http://s/p", m.generation, 401, b"", None)
+    m.judge_head(m.generation, 401, None)
     assert m.ask(now).step is Step.LOGIN
     assert m.login_ended(now, False, "down") is True
     assert m.ask(now).retry_at == now + LOGIN_BACKOFF_BASE
@@ -79,44 +79,45 @@ def test_a_failed_login_backs_off_doubling_up_to_the_bound_and_only_the_first_fa
 def test_401_and_403_mean_the_session_is_gone_and_the_next_request_logs_in(status):
     m = LoginMachine(True, SUCCESS, "/login")
     gen = logged_in(m)
-    assert m.judge("http://s/p", gen, status, b"no", None) is Verdict.EXPIRED
+    assert m.judge_head(gen, status, None) is Verdict.EXPIRED
     assert m.state is State.OUT and m.ask(5.0).step is Step.LOGIN
 
 
 def test_a_redirect_to_the_login_form_means_the_session_is_gone():
     m = LoginMachine(True, SUCCESS, "/login")
     gen = logged_in(m)
-    assert m.judge("http://s/p", gen, 302, b"", "http://s/elsewhere") is Verdict.OK
-    assert m.judge("http://s/p", gen, 302, b"", "/login?next=/p") is Verdict.EXPIRED
+    assert m.judge_head(gen, 302, "http://s/elsewhere") is Verdict.OK
+    assert m.judge_head(gen, 302, "/login?next=/p") is Verdict.EXPIRED
 
 
 def test_a_page_that_showed_the_success_text_and_no_longer_does_means_the_session_expired():
     m = LoginMachine(True, SUCCESS, "/login")
     gen = logged_in(m)
-    assert m.judge("http://s/p", gen, 200, b"<a>Log out</a> songs", None) is Verdict.OK
-    assert m.judge("http://s/public", gen, 200, b"no text, never had it", None) is Verdict.OK
-    assert m.judge("http://s/p", gen, 200, b"please sign in", None) is Verdict.EXPIRED
+    assert m.judge_body("http://s/p", gen, 200, b"<a>Log out</a> songs") is Verdict.OK
+    assert m.judge_body("http://s/public", gen, 200, b"no text, never had it") is Verdict.OK
+    assert m.judge_body("http://s/p", gen, 200, b"please sign in") is Verdict.EXPIRED
     gen = logged_in(m)
     # Fetched again after the login: still without it, the answer is the page's own, and remembered so.
-    assert m.judge("http://s/p", gen, 200, b"please sign in", None, again=True) is Verdict.OK
-    assert m.judge("http://s/p", gen, 200, b"please sign in", None) is Verdict.OK
+    assert m.judge_body("http://s/p", gen, 200, b"please sign in", again=True) is Verdict.OK
+    assert m.judge_body("http://s/p", gen, 200, b"please sign in") is Verdict.OK
     assert m.state is State.IN
 
 
 def test_a_304_says_nothing_of_the_session():
     m = LoginMachine(True, SUCCESS, "/login")
     gen = logged_in(m)
-    m.judge("http://s/p", gen, 200, b"Log out", None)
-    assert m.judge("http://s/p", gen, 304, b"", None) is Verdict.OK
+    m.judge_body("http://s/p", gen, 200, b"Log out")
+    assert m.judge_body("http://s/p", gen, 304, b"") is Verdict.OK
+    assert m.judge_head(gen, 304, None) is Verdict.OK
 
 
 def test_an_expiry_seen_under_an_older_login_does_not_log_in_again():
     m = LoginMachine(True, SUCCESS, "/login")
     old = logged_in(m)
-    assert m.judge("http://s/a", old, 403, b"", None) is Verdict.EXPIRED     # the first to see it
+    assert m.judge_head(old, 403, None) is Verdict.EXPIRED     # the first to see it
     logged_in(m)
     # A request that went out under the old session comes back 403 after the new login: fetch it again, no login.
-    assert m.judge("http://s/b", old, 403, b"", None) is Verdict.EXPIRED
+    assert m.judge_head(old, 403, None) is Verdict.EXPIRED
     assert m.state is State.IN and m.ask(0.0).step is Step.GO and m.logins == 2
 
 
@@ -124,7 +125,7 @@ def test_the_pages_remembered_are_bounded():
     m = LoginMachine(True, SUCCESS, "/login", max_pages=10)
     gen = logged_in(m)
     for i in range(100):
-        m.judge(f"http://s/{i}", gen, 200, b"Log out", None)
+        m.judge_body(f"http://s/{i}", gen, 200, b"Log out")
     assert len(m._shown) == 10 and "http://s/99" in m._shown
 
 
@@ -320,7 +321,7 @@ async def test_an_expired_session_is_renewed_once_for_the_pages_that_saw_it():
     gen = await one.ready()
     site.sessions.clear()                          # the server forgets the session
     # Three pages come back 403 under the old session: one login, all three fetched again under the new one.
-    verdicts = [one.judge(f"http://site.test/{i}", gen, 403, b"", None) for i in range(3)]
+    verdicts = [one.machine.judge_head(gen, 403, None) for i in range(3)]
     assert verdicts == [Verdict.EXPIRED] * 3
     assert await asyncio.gather(*(one.renew(gen) for _ in range(3))) == [2, 2, 2]
     assert site.logins == 2
@@ -335,3 +336,34 @@ def test_sessions_without_a_session_site_cost_a_boolean():
     s.update(SiteTable([SitePolicy("a.test", cookies=(CookieRecord("a.test", False, "/", False, 0, "k", "v"),))]))
     assert s.active and s.of("http://a.test/").cookie("http://a.test/") == "k=v"
     assert s.of("http://a.test/").machine.ask(0).step is Step.GO
+
+
+class ExpiringGetter(FakeGetter):
+    """A lean-path site whose first answer to a page is 403 (the session it was sent under is gone)."""
+
+    def __init__(self, client, site: FakeSite):
+        super().__init__(client)
+        self.site = site
+
+    async def get(self, url, headers, *, timeout, max_body, read_size, cut=False):
+        self.sent.append((str(url), headers))
+        cookie = dict(headers).get("Cookie", "")
+        ok = any(f"sid={sid}" in cookie for sid in self.site.sessions) and "forbidden" not in str(url)
+        return Answer(200 if ok else 403, (), {}, _NoBody())
+
+
+async def test_a_403_on_the_lean_path_logs_in_again_and_asks_again_once():
+    site = FakeSite()
+    s, client = sessions_for(site, policy())
+    inner = ExpiringGetter(client, site)
+    getter = SessionGetter(inner, s)
+    args = dict(timeout=(1, 1, 1, None), max_body=10, read_size=10)
+    assert (await getter.get(yarl.URL("http://site.test/a.mp3"), [], **args)).status_code == 200
+    site.sessions.clear()                              # the server expires the session
+    answer = await getter.get(yarl.URL("http://site.test/b.mp3"), [], **args)
+    assert answer.status_code == 200 and site.logins == 2
+    assert [dict(h)["Cookie"] for _, h in inner.sent] == ["sid=s1", "sid=s1", "sid=s2"]
+    # A page that stays 403 after the new login is the page's own answer: asked again once, not more.
+    answer = await getter.get(yarl.URL("http://site.test/forbidden.mp3"), [], **args)
+    assert answer.status_code == 403 and site.logins == 3 and len(inner.sent) == 5
+    await client.aclose()

@@ -760,22 +760,21 @@ class Worker:
 
     async def _fetch_page(self, url: str, *, max_bytes: int, referrer: str | None = None,
                           validators: tuple[str | None, str | None] | None = None) -> tuple[FetchedPage, bool]:
-        """A page GET (fetcher.py). For a site with a login its answer is judged (sessions.py): a page that shows
-        the session gone is fetched again once the site is logged into again, in the same task (no attempt
+        """A page GET (fetcher.py). For a site with a login its answer is judged (sessions.py; 401/403 and a
+        redirect to the login form on the way, in SessionGetter, the success text here): a page that shows the
+        session gone is fetched again once the site is logged into again, in the same task (no attempt
         counted). SessionUnavailable when the site cannot be logged into."""
         site = self.sessions.of(url)
         if site is None:
             return await self.fetcher.fetch(url, max_bytes=max_bytes, referrer=referrer, validators=validators)
         generation = await site.ready()
         page, cut = await self.fetcher.fetch(url, max_bytes=max_bytes, referrer=referrer, validators=validators)
-        location = page.headers.get("location")
-        if site.judge(url, generation, page.status, page.body, location) is Verdict.EXPIRED:
-            log.info("site %s: %s answered %d without the session: logging in again", site.policy.pattern, url,
-                     page.status)
+        if site.machine.judge_body(url, generation, page.status, page.body) is Verdict.EXPIRED:
+            log.info("site %s: %s no longer shows the session: logging in again", site.policy.pattern, url)
             generation = await site.renew(generation)
             page, cut = await self.fetcher.fetch(url, max_bytes=max_bytes, referrer=referrer,
                                                  validators=validators)
-            site.judge(url, generation, page.status, page.body, page.headers.get("location"), again=True)
+            site.machine.judge_body(url, generation, page.status, page.body, again=True)
         return page, cut
 
     def _keep_page(self, url: str, page: FetchedPage, store: bool) -> None:

@@ -146,29 +146,39 @@ class LoginMachine:
     def backoff(self, failures: int) -> float:
         return float(min(self.backoff_max, self.backoff_base * 2 ** min(failures - 1, 30)))
 
-    def judge(self, url: str, generation: int, status: int, body: bytes, location: str | None,
-              again: bool = False) -> Verdict:
-        """What a page's answer, fetched under ``generation``, says of the session. ``again``: the page was
-        fetched again after a login already; its answer is then its own (the memory follows it, no verdict)."""
-        if not self.has_login or status == 304:
+    def judge_head(self, generation: int, status: int, location: str | None, again: bool = False) -> Verdict:
+        """What an answer's status says of the session it was sent under (``generation``): 401 and 403, and a
+        redirect to the login form, say it is gone. ``again``: the request was made again after a login
+        already; its answer is then its own."""
+        if not self.has_login:
             return Verdict.OK
         expired = status in (401, 403)
-        if not expired and 300 <= status < 400 and location and self.login_path:
+        if not expired and status in (301, 302, 303, 307, 308) and location and self.login_path:
             try:
                 expired = urlsplit(location).path == self.login_path
             except ValueError:
                 pass
-        if not expired and self.success:
-            if self.success in body:
-                self._shown[url] = None
-                self._shown.move_to_end(url)
-                if len(self._shown) > self.max_pages:
-                    self._shown.popitem(last=False)
-            elif url in self._shown:
-                expired = True
-                if again:
-                    del self._shown[url]
-        if not expired or again:
+        return self._verdict(expired and not again, generation)
+
+    def judge_body(self, url: str, generation: int, status: int, body: bytes, again: bool = False) -> Verdict:
+        """What a page's body says of the session: a page that showed the success text on an earlier visit and
+        does not now was fetched without it. ``again``: as for judge_head (the page's memory follows it)."""
+        if not self.has_login or not self.success or status == 304 or status >= 400:
+            return Verdict.OK
+        expired = False
+        if self.success in body:
+            self._shown[url] = None
+            self._shown.move_to_end(url)
+            if len(self._shown) > self.max_pages:
+                self._shown.popitem(last=False)
+        elif url in self._shown:
+            expired = True
+            if again:
+                del self._shown[url]
+        return self._verdict(expired and not again, generation)
+
+    def _verdict(self, expired: bool, generation: int) -> Verdict:
+        if not expired:
             return Verdict.OK
         if self.state is State.IN and generation == self.generation:
             self.state = State.OUT      # the next request logs in (unless a newer login is under way or done)
@@ -248,10 +258,6 @@ class SiteSession:
         """A page fetched under ``generation`` showed the session gone (judge said so): the site is logged into
         again (by this caller, or another already at it); returns the new generation."""
         return await self.ready()
-
-    def judge(self, url: str, generation: int, status: int, body: bytes, location: str | None,
-              again: bool = False) -> Verdict:
-        return self.machine.judge(url, generation, status, body, location, again)
 
     async def _login(self) -> None:
         login = self.policy.login
@@ -381,6 +387,9 @@ class Sessions:
         site = self.of(url)
         if site is not None:
             site.keep(url, set_cookie_values(response.headers.raw))
+            # An API call that shows the session gone cannot be asked again from here: the next request logs in.
+            site.machine.judge_head(site.machine.generation, response.status_code,
+                                    response.headers.get("location"))
 
 
 async def _bounded_body(response: httpx.Response, limit: int) -> bytes:
@@ -391,6 +400,13 @@ async def _bounded_body(response: httpx.Response, limit: int) -> bytes:
         if size >= limit:
             break
     return b"".join(chunks)[:limit]
+
+
+def _location(answer: Answer) -> str | None:
+    for k, v in answer.raw_headers:
+        if k.lower() == b"location":
+            return v.decode("latin-1")
+    return None
 
 
 class SessionGetter:
@@ -416,7 +432,23 @@ class SessionGetter:
         if site is None:
             return await self._inner.get(url, headers, timeout=timeout, max_body=max_body, read_size=read_size,
                                          cut=cut)
-        await site.ready()
+        target = str(url)
+        generation = await site.ready()
+        answer = await self._send(site, url, headers, timeout, max_body, read_size, cut)
+        m = site.machine
+        if m.judge_head(generation, answer.status_code, _location(answer)) is Verdict.EXPIRED:
+            # The session is gone: logged into again (by this request, or one already at it), and asked again,
+            # once; the request's caller sees only the second answer.
+            log.info("site %s: %s answered %d without the session: logging in again", site.policy.pattern,
+                     target, answer.status_code)
+            await answer.aclose()
+            generation = await site.renew(generation)
+            answer = await self._send(site, url, headers, timeout, max_body, read_size, cut)
+            m.judge_head(generation, answer.status_code, _location(answer), again=True)
+        return answer
+
+    async def _send(self, site: SiteSession, url: yarl.URL, headers: list[tuple[str, str]], timeout: Timeouts,
+                    max_body: int, read_size: int, cut: bool) -> Answer:
         cookie = site.cookie(str(url))
         if cookie:
             headers = [h for h in headers if h[0].lower() != "cookie"] + [("Cookie", cookie)]
