@@ -602,6 +602,8 @@ class Worker:
         if self.fault is not None:
             raise LocalFault(self.fault)
         if resolver.needs_page(url):
+            if (site := self.sessions.of(url)) is not None:
+                await site.ready()     # a login, or a hold before a hand-back, takes no page slot
             async with self.page_sem:
                 if self.fault is not None:   # it came while this task waited its turn
                     raise LocalFault(self.fault)
