@@ -59,10 +59,10 @@ class PageFetcher:
 
     A page fetch needs none of a client's per-request machinery (URL and header merging, the auth flow, the
     redirect loop, cookies, event hooks), nor httpx's request and response objects, nor aiohttp's session: those
-    cost more CPU than writing the request and parsing the answer. Redirects are reported, not followed; there is
-    no cookie jar. The headers are the Getter's client's (User-Agent, Accept, Accept-Encoding), built once, with a
-    site's own user agent and headers set over them (siterules.py); the timeouts the Getter's, its total deadline
-    over the whole exchange.
+    cost more CPU than writing the request and parsing the answer. Redirects are reported, not followed; a site's
+    session cookies are the Getter's to add (crawler/worker/sessions.py). The headers are the Getter's client's
+    (User-Agent, Accept, Accept-Encoding), built once, with a site's own user agent and headers set over them
+    (siterules.py); the timeouts the Getter's, its total deadline over the whole exchange.
     """
 
     def __init__(self, http: Getter) -> None:

@@ -59,6 +59,7 @@ from crawler.worker import page_plan
 from crawler.worker.ledger import DownloadLedger, Key, Outgoing
 from crawler.worker.linkcache import LinkCache
 from crawler.worker.revisit import PageAudio, content_digest
+from crawler.worker.sessions import SessionGetter, Sessions, SessionUnavailable, Verdict
 from crawler.worker.pagestore import open_page_store, page_exchange
 
 log = logging.getLogger("crawler.worker")
@@ -217,6 +218,8 @@ class Worker:
         self.crawl_proxies: tuple[Proxy, ...] = ()
         self.sites = SiteTable()
         self.depths = DepthLimits(None, self.sites)
+        # The sites' cookie jars and logins (sessions.py), for the sites of the Welcome that have a session.
+        self.sessions = Sessions(lambda: self.http.client)
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
         # Downloads, as the master must hear of them (ledger.py): what is asked, ended, pending, settled. Here
         # the asyncio side of it: the asks waiting for their grant, by ticket; the jobs, by download (they
@@ -237,6 +240,7 @@ class Worker:
         self._waiting: dict[int, asyncio.Future[bool]] = {}
         self._running: set[int] = set()
         self.fault: str | None = None       # why this node's storage cannot take work now (see faults.py)
+        self._handed_back: str | None = None   # why tasks were last handed back without a fault (a site's login)
         self.refusal: MasterRefused | None = None  # the master's final answer, for the CLI's exit status
         self._was_connected = False
 
@@ -257,7 +261,10 @@ class Worker:
                                 user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
                                 read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects,
                                 archive=self.archive)
-        self.fetcher = PageFetcher(self.http)
+        # Requests to a site with a session wait for its login and carry its cookies, on both paths (sessions.py).
+        self.sessions.install(self.http.client)
+        page_http = SessionGetter(self.http, self.sessions)
+        self.fetcher = PageFetcher(page_http)
         # The sites' own request headers (siterules.py), one object every request path holds: set at each Welcome.
         self.site_rules = SiteRules()
         self.fetcher.sites = self.site_rules
@@ -267,13 +274,14 @@ class Worker:
                                    user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
                                    read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects,
                                    archive=self.archive)
-        self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent, fetch_page=self._fetch_other_page,
+        self.sessions.install(self.dl_http.client)
+        self.ctx = ResolveContext(http=page_http, user_agent=cfg.user_agent, fetch_page=self._fetch_other_page,
                                   targets=self.targets, archive=self.archive,
                                   site_user_agent=self.site_rules.user_agent)
         # The downloader holds the download limits itself (overall and per host), so a queue for one busy CDN
         # never blocks downloads from other hosts: one host takes at most half of them. It reads each file's
         # own tags too, from memory when it can.
-        self.downloader = Downloader(self.dl_http, cfg.data_dir,
+        self.downloader = Downloader(SessionGetter(self.dl_http, self.sessions), cfg.data_dir,
                                      DownloadConfig(max_size=cfg.max_audio_bytes, timeout=cfg.read_timeout,
                                                     max_downloads=cfg.downloads,
                                                     max_per_host=max(1, cfg.downloads // 2),
@@ -431,6 +439,7 @@ class Worker:
         for client in (self.http.client, self.dl_http.client):   # API calls, playlists, HLS/DASH segments
             siterules.install(client, self.site_rules)
         self.max_depth = self.depths.ceiling
+        self.sessions.update(self.sites)
         self._allow_targets(welcome)
         conn.max_frame = min(conn.max_frame, welcome.max_frame)
         session = Session(self, conn, hs, welcome)
@@ -546,6 +555,9 @@ class Worker:
         except LocalFault as e:
             self._enter_fault(str(e))
             return None
+        except SessionUnavailable as e:   # the site's URLs wait for its login: handed back, no attempt counted
+            self._handed_back = str(e)
+            return None
         except Exception as e:   # a bug must cost one task, not the worker
             log.exception("task %s failed unexpectedly", task.url)
             return p.Result(task.lease, task.url, p.RETRY, error=f"worker error: {type(e).__name__}: {e}")
@@ -606,6 +618,8 @@ class Worker:
         if self.fault is not None:
             raise LocalFault(self.fault)
         if resolver.needs_page(url):
+            if (site := self.sessions.of(url)) is not None:
+                await site.ready()     # a login, or a hold before a hand-back, takes no page slot
             async with self.page_sem:
                 if self.fault is not None:   # it came while this task waited its turn
                     raise LocalFault(self.fault)
@@ -614,9 +628,9 @@ class Worker:
                     # A page whose audio this worker does not know is fetched in full: its audio is then both
                     # listed and revalidated (a 304 would leave it unlooked at).
                     known = self.page_audio.known(url, task.validators) is not None
-                    page, truncated = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes,
-                                                               referrer=task.parent,
-                                                               validators=task.validators if known else None)
+                    page, truncated = await self._fetch_page(url, max_bytes=self.cfg.max_page_bytes,
+                                                             referrer=task.parent,
+                                                             validators=task.validators if known else None)
                 except FetchError as e:
                     if e.reason:
                         self.stats.refused[e.reason] += 1
@@ -739,7 +753,7 @@ class Worker:
             # The resolver's API calls are exchanges of this page's chain (crawler/http/recording.py).
             with recorded_as("api", url):
                 return await resolver.resolve(url, page, self.ctx), None
-        except ResolverUnavailable:
+        except (ResolverUnavailable, SessionUnavailable):
             raise
         except Exception as e:
             log.exception("resolver %s failed on %s", resolver.name, url)
@@ -755,12 +769,31 @@ class Worker:
     async def _fetch_other_page(self, url: str) -> FetchedPage | None:
         """A page a resolver needs besides its task's own, within the same limits as any page fetch."""
         async with self.page_sem:
-            page, _ = await self.fetcher.fetch(url, max_bytes=self.cfg.max_page_bytes)
+            page, _ = await self._fetch_page(url, max_bytes=self.cfg.max_page_bytes)
         try:
             self._keep_page(url, page, False)
         except LocalFault:
             pass    # a full disk: the task's own page meets it too, and the worker's fault is entered there
         return page
+
+    async def _fetch_page(self, url: str, *, max_bytes: int, referrer: str | None = None,
+                          validators: tuple[str | None, str | None] | None = None) -> tuple[FetchedPage, bool]:
+        """A page GET (fetcher.py). For a site with a login its answer is judged (sessions.py; 401/403 and a
+        redirect to the login form on the way, in SessionGetter, the success text here): a page that shows the
+        session gone is fetched again once the site is logged into again, in the same task (no attempt
+        counted). SessionUnavailable when the site cannot be logged into."""
+        site = self.sessions.of(url)
+        if site is None:
+            return await self.fetcher.fetch(url, max_bytes=max_bytes, referrer=referrer, validators=validators)
+        generation = await site.ready()
+        page, cut = await self.fetcher.fetch(url, max_bytes=max_bytes, referrer=referrer, validators=validators)
+        if site.machine.judge_body(url, generation, page.status, page.body) is Verdict.EXPIRED:
+            log.info("site %s: %s no longer shows the session: logging in again", site.policy.pattern, url)
+            generation = await site.renew(generation)
+            page, cut = await self.fetcher.fetch(url, max_bytes=max_bytes, referrer=referrer,
+                                                 validators=validators)
+            site.machine.judge_body(url, generation, page.status, page.body, again=True)
+        return page, cut
 
     def _keep_page(self, url: str, page: FetchedPage, store: bool) -> None:
         """A fetched page into the archive (as a request and a response record) and, when ``store``, into the
@@ -880,6 +913,9 @@ class Worker:
             while got is None:
                 try:
                     got = await self._download(item, resolver, start)
+                except SessionUnavailable as e:
+                    # The site's login fails: the download waits for its next attempt and resumes then.
+                    await asyncio.sleep(max(1.0, e.retry_at - time.monotonic()))
                 except OSError as e:
                     if not is_local(e):
                         raise
@@ -1148,7 +1184,8 @@ class Session:
             frames = _report_frames(done, conn.max_frame) if done else b""
             if back:
                 w.stats.handed_back += len(back)
-                frames += p.encode(p.Fault(w.fault or "local fault", tuple(back)), conn.max_frame)
+                frames += p.encode(p.Fault((w.fault or w._handed_back or "local fault")[:1000],
+                                           tuple(back)), conn.max_frame)
             if w.fault is None and not w.ledger.full:
                 frames += p.encode(p.Credit(len(batch) + self.withheld))
                 self.withheld = 0
