@@ -47,9 +47,10 @@ async def start(tmp: Path, login: LoginSite, other: LoginSite, password: str, *,
 
 
 def page_requests(site: LoginSite):
-    """The site's page requests, as the master paces them: not the login exchanges (made inside the slot of the
-    request that needed them) nor audio downloads (paced by the audio gate, apart from pages)."""
-    return sorted((h for h in site.hits if h.method == "GET" and h.path != "/account"
+    """The site's page requests, one a slot the master paced: not the login exchanges nor the request that met an
+    expired session (a 302 to the login form: the page is asked again after the new login, in the same slot), nor
+    audio downloads (paced by the audio gate, apart from pages)."""
+    return sorted((h for h in site.hits if h.method == "GET" and h.path != "/account" and h.status != 302
                    and not h.path.startswith("/audio/")), key=lambda h: h.start)
 
 
