@@ -60,12 +60,12 @@ def test_a_pin_wins_while_it_applies_and_is_healthy():
     egress = Egress()
     natural = egress.choose("cdn.example", P, 0.0)
     other = next(p for p in P if p != natural)
-    assert egress.choose("cdn.example", P, 0.0, pin=other) == other
-    assert egress.choose("cdn.example", P[:1] if other != P[0] else P[1:2], 0.0, pin=other) != other or True
+    assert egress.choose("cdn.example", P, 0.0, pin=other.label) == other
+    assert egress.choose("cdn.example", P[:1] if other != P[0] else P[1:2], 0.0, pin=other.label) != other or True
     egress.failed(other, 0.0)
-    assert egress.choose("cdn.example", P, 1.0, pin=other) == natural
+    assert egress.choose("cdn.example", P, 1.0, pin=other.label) == natural
     outside = Proxy("socks5", "10.0.0.1", 1080)
-    assert egress.choose("cdn.example", P, 1.0, pin=outside) == natural   # a pin not in the list does not apply
+    assert egress.choose("cdn.example", P, 1.0, pin=outside.label) == natural   # a pin not in the list does not apply
 
 
 def test_counters_are_a_bounded_snapshot_by_label():
@@ -181,7 +181,7 @@ async def test_wrong_credentials_take_the_proxy_out_and_the_request_goes_through
         fine = Proxy(kind, "127.0.0.1", good.port)
         egress = Egress()
         egress.route = lambda host, port: (wrong, fine)
-        with pinned(wrong):          # so the bad one is tried first
+        with pinned(wrong.label):          # so the bad one is tried first
             async with stack(egress) as s:
                 with exits_used() as used:
                     body, status = await lean(s, origin.url + "/")
@@ -205,7 +205,7 @@ async def test_a_dead_proxy_fails_over_and_all_dead_is_proxies_unavailable():
         egress = Egress()
         egress.route = lambda host, port: (dead, fine)
         async with stack(egress) as s:
-            with pinned(dead):
+            with pinned(dead.label):
                 body, _ = await lean(s, origin.url + "/")
                 assert body.startswith(b"from 127.0.0.3")
             egress.route = lambda host, port: (dead,)

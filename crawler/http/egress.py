@@ -1,8 +1,9 @@
 """Which proxy a request leaves through, and what a failing proxy costs: a pure core, time passed in.
 
-- One host keeps one exit while that exit works: the proxy is chosen by rendezvous hashing of the host over the
-  healthy proxies of the request's list, so the hosts of a crawl spread over the list, and when a proxy is taken
-  out only its own hosts move (to the next proxy in each host's order), and come back when it returns.
+- One origin (host and port) keeps one exit while that exit works: the proxy is chosen by rendezvous hashing of
+  the origin over the healthy proxies of the request's list, so the hosts of a crawl spread over the list, and
+  when a proxy is taken out only its own hosts move (to the next proxy in each host's order), and come back when
+  it returns. Every node ranks alike, so a host keeps its exit across the cluster too.
 - A proxy that fails as a proxy (its connection refused, reset or timed out, an answer that is not a proxy's,
   407, a SOCKS refusal) is taken out for a while: BACKOFF_FIRST seconds, doubled at each failure in a row up to
   BACKOFF_MAX, back to the first after a success. Its requests go to the others; the HTTP layer sends the request
@@ -35,18 +36,18 @@ Route = Callable[[str, int], Sequence[Proxy]]
 # The proxy a request should leave through if it applies and is healthy (a signed address goes out where it was
 # resolved), and the proxies a block of requests went through (what a resolver's API calls used): context, so
 # they pass through the resolvers and the downloader untouched.
-_PIN: ContextVar[Proxy | None] = ContextVar("egress_pin", default=None)
+_PIN: ContextVar[str | None] = ContextVar("egress_pin", default=None)      # a Proxy.label
 _USED: ContextVar[list[Proxy] | None] = ContextVar("egress_used", default=None)
 
 
-def current_pin() -> Proxy | None:
+def current_pin() -> str | None:
     return _PIN.get()
 
 
 @contextmanager
-def pinned(proxy: Proxy | None) -> Iterator[None]:
-    """Requests made inside go through ``proxy`` while it applies to them and is healthy."""
-    token = _PIN.set(proxy)
+def pinned(label: str | None) -> Iterator[None]:
+    """Requests made inside go through the proxy of this label while it applies to them and is healthy."""
+    token = _PIN.set(label)
     try:
         yield
     finally:
@@ -132,23 +133,26 @@ class Egress:
         state = self._state.get(proxy)
         return state is None or state.out_until <= now
 
-    def choose(self, host: str, proxies: Sequence[Proxy], now: float, *, pin: Proxy | None = None,
+    def choose(self, origin: str, proxies: Sequence[Proxy], now: float, *, pin: str | None = None,
                tried: Sequence[Proxy] = ()) -> Proxy:
-        """The proxy for a request to host: the pin when it applies and is healthy, else the healthy proxy (not
-        in ``tried``) that ranks first for this host. ProxiesUnavailable when there is none."""
-        if pin is not None and pin in proxies and pin not in tried and self.healthy(pin, now):
-            return pin
+        """The proxy for a request to origin (host:port): the pinned one (by label) when it is in the list and healthy, else
+        the healthy proxy (not in ``tried``) that ranks first for this host. ProxiesUnavailable when there is
+        none."""
+        if pin is not None:
+            for proxy in proxies:
+                if proxy.label == pin and proxy not in tried and self.healthy(proxy, now):
+                    return proxy
         best: Proxy | None = None
         best_weight = b""
         for proxy in proxies:
             if proxy in tried or not self.healthy(proxy, now):
                 continue
-            weight = _weight(host, proxy)
+            weight = _weight(origin, proxy)
             if best is None or weight > best_weight:
                 best, best_weight = proxy, weight
         if best is None:
             labels = ", ".join(p.label for p in proxies[:4]) + (" ..." if len(proxies) > 4 else "")
-            raise ProxiesUnavailable(f"no proxy can take a request to {host} now ({labels})")
+            raise ProxiesUnavailable(f"no proxy can take a request to {origin} now ({labels})")
         return best
 
     def sent(self, proxy: Proxy) -> None:

@@ -540,7 +540,7 @@ class Http1Client:
         tried: list[Proxy] = []
         last = ""
         for _ in range(min(MAX_TRIES, len(proxies))):
-            proxy = egress.choose(host, proxies, loop.time(), pin=current_pin(), tried=tried)
+            proxy = egress.choose(f"{host}:{port}", proxies, loop.time(), pin=current_pin(), tried=tried)
             tried.append(proxy)
             egress.sent(proxy)
             absolute = proxy.scheme == "http" and scheme == "http"

@@ -59,6 +59,7 @@ from crawler.http.targets import TargetPolicy, TargetResolver
 from crawler.http.tunnel import connect_proxy, open_tunnel, proxy_authorization
 
 _SCHEMES = frozenset(("http", "https"))
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 # Host names whose addresses are remembered (for dns_ttl), least recently used out.
 DNS_CACHE_SIZE = 10_000
 
@@ -330,10 +331,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         proxy (as http1.py's lean path does); ProxiesUnavailable when none could carry it."""
         loop = asyncio.get_running_loop()
         host = url.raw_host or ""
+        origin = f"{host}:{url.port or _DEFAULT_PORTS.get(url.scheme, 0)}"
         tried: list[Proxy] = []
         last = ""
         for _ in range(min(MAX_TRIES, len(proxies))):
-            proxy = egress.choose(host, proxies, loop.time(), pin=current_pin(), tried=tried)
+            proxy = egress.choose(origin, proxies, loop.time(), pin=current_pin(), tried=tried)
             tried.append(proxy)
             egress.sent(proxy)
             extra: dict[str, Any] = {}

@@ -8,6 +8,7 @@ was unfinished. The worker reconnects by itself, with backoff, until the master 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import os
@@ -26,6 +27,7 @@ from crawler.archive import NO_ARCHIVE, Archive
 from crawler.archive.writer import ArchiveWriter
 from crawler.config import ConfigError
 from crawler.connection import ConnectionClosed, FramedConnection
+from crawler.http.egress import Egress, ProxiesUnavailable, exits_used, pinned
 from crawler.http.proxies import Proxy, parse_wire
 from crawler.http.targets import TargetPolicy, parse_network
 from crawler.http.getter import build_stack
@@ -70,6 +72,8 @@ REPORT_DELAY = 0.02
 ENDED_KEPT = 4096   # page requests whose outcome is remembered for tasks chained after them
 # How often the data dir is checked for free space, and, after a local fault, whether it can be written again.
 DISK_CHECK_INTERVAL = 1.0
+# A download no proxy could carry tries again after this long (a failed proxy's first backoff is 5 s).
+PROXY_WAIT = 2.0
 
 
 def _wire_size(r: p.Result | int) -> int:
@@ -214,6 +218,11 @@ class Worker:
         # cfg.proxies, win over both).
         self.crawl_proxies: tuple[Proxy, ...] = ()
         self.sites = SiteTable()
+        # Every request of this node leaves through the egress (crawler/http/egress.py): its route is set once
+        # the proxies that may apply are known (None while none does: no per-request work then).
+        self.egress = Egress()
+        self._set_route()
+        self.proxy_fault: str | None = None     # why the last task was handed back for want of a proxy
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
         # Downloads, as the master must hear of them (ledger.py): what is asked, ended, pending, settled. Here
         # the asyncio side of it: the asks waiting for their grant, by ticket; the jobs, by download (they
@@ -240,6 +249,28 @@ class Worker:
     def stop(self) -> None:
         self._stop.set()
 
+    def _set_route(self) -> None:
+        """The egress's route: None when no proxy can apply to any request (this node's own ``proxies`` key is
+        empty, or absent and neither the crawl nor any site names one)."""
+        own = self.cfg.proxies
+        if own is not None:
+            self.egress.route = self.route if own else None
+        elif self.crawl_proxies or any(s.proxies for s in self.sites.policies):
+            self.egress.route = self.route
+        else:
+            self.egress.route = None
+
+    def route(self, host: str, port: int) -> tuple[Proxy, ...]:
+        """The proxies a request to host:port may leave through (): direct): this node's own ``proxies`` key
+        wins, else the site's (when it names any, () meaning direct), else the crawl's."""
+        own = self.cfg.proxies
+        if own is not None:
+            return own
+        site = self.sites.lookup(host, port)
+        if site is not None and site.proxies is not None:
+            return site.proxies
+        return self.crawl_proxies
+
     # ------------------------------------------------------------------ lifecycle
     async def serve(self) -> int:
         """Runs until the master says the crawl is over or stop() is called (returns 0), or the master refuses
@@ -253,14 +284,14 @@ class Worker:
                                 max_body=cfg.max_page_bytes, total_timeout=cfg.fetch_timeout, policy=self.targets,
                                 user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
                                 read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects,
-                                archive=self.archive)
+                                archive=self.archive, egress=self.egress)
         self.fetcher = PageFetcher(self.http)
         # Downloads: the downloader holds the size cap and a deadline that grows with the size.
         self.dl_http = build_stack(max_connections=cfg.downloads * 2, dns_ttl=cfg.dns_ttl,
                                    max_body=cfg.max_audio_bytes + 1, policy=self.targets,
                                    user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
                                    read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects,
-                                   archive=self.archive)
+                                   archive=self.archive, egress=self.egress)
         self.ctx = ResolveContext(http=self.http, user_agent=cfg.user_agent, fetch_page=self._fetch_other_page,
                                   targets=self.targets, archive=self.archive)
         # The downloader holds the download limits itself (overall and per host), so a queue for one busy CDN
@@ -417,6 +448,7 @@ class Worker:
         self.max_depth = welcome.max_depth
         self.crawl_proxies = parse_wire(welcome.proxies)
         self.sites = sites_from_wire(welcome.sites)
+        self._set_route()
         self._allow_targets(welcome)
         conn.max_frame = min(conn.max_frame, welcome.max_frame)
         session = Session(self, conn, hs, welcome)
@@ -531,6 +563,10 @@ class Worker:
             return await self.process(task)
         except LocalFault as e:
             self._enter_fault(str(e))
+            return None
+        except ProxiesUnavailable as e:   # no proxy could carry it: this node's fault, not the URL's
+            self.proxy_fault = str(e)[:200]
+            log.warning("handing back %s: %s", task.url, e)
             return None
         except Exception as e:   # a bug must cost one task, not the worker
             log.exception("task %s failed unexpectedly", task.url)
@@ -721,9 +757,13 @@ class Worker:
                        page: FetchedPage | None) -> tuple[Resolution | None, str | None]:
         try:
             # The resolver's API calls are exchanges of this page's chain (crawler/http/recording.py).
-            with recorded_as("api", url):
-                return await resolver.resolve(url, page, self.ctx), None
-        except ResolverUnavailable:
+            with recorded_as("api", url), exits_used() as used:
+                resolution = await resolver.resolve(url, page, self.ctx)
+            if used and resolution.items:
+                # The addresses go out where they were resolved (a signed address may be bound to its exit).
+                resolution.items = [_pinned_to(a, used[-1].label) for a in resolution.items]
+            return resolution, None
+        except (ResolverUnavailable, ProxiesUnavailable):
             raise
         except Exception as e:
             log.exception("resolver %s failed on %s", resolver.name, url)
@@ -863,7 +903,12 @@ class Worker:
             got: it.AudioItem | None = None
             while got is None:
                 try:
-                    got = await self._download(item, resolver, start)
+                    with pinned(item.identity.exit if item.identity is not None else None):
+                        got = await self._download(item, resolver, start)
+                except ProxiesUnavailable as e:
+                    # No proxy can carry it now: the download waits for one (a proxy's backoff) and resumes.
+                    log.warning("download of %s waits for a proxy: %s", item.url, e)
+                    await asyncio.sleep(PROXY_WAIT)
                 except OSError as e:
                     if not is_local(e):
                         raise
@@ -1132,7 +1177,8 @@ class Session:
             frames = _report_frames(done, conn.max_frame) if done else b""
             if back:
                 w.stats.handed_back += len(back)
-                frames += p.encode(p.Fault(w.fault or "local fault", tuple(back)), conn.max_frame)
+                frames += p.encode(p.Fault(w.fault or w.proxy_fault or "local fault", tuple(back)),
+                                   conn.max_frame)
             if w.fault is None and not w.ledger.full:
                 frames += p.encode(p.Credit(len(batch) + self.withheld))
                 self.withheld = 0
@@ -1242,3 +1288,11 @@ def _merged(first: Resolution | None, more: Resolution | None) -> Resolution | N
     return Resolution(items=first.items + [i for i in more.items if i.url not in seen],
                       links=first.links + more.links, lastmod={**more.lastmod, **first.lastmod},
                       link_meta={**more.link_meta, **first.link_meta})
+
+
+def _pinned_to(item: it.AudioItem, exit: str) -> it.AudioItem:
+    """The item with the proxy it was resolved through as its exit (RequestIdentity.exit)."""
+    if item.identity is not None and item.identity.exit is not None:
+        return item
+    identity = item.identity or it.RequestIdentity()
+    return item.replace(identity=dataclasses.replace(identity, exit=exit))

@@ -1,0 +1,152 @@
+"""End to end through proxies: the real master and workers as processes, loopback proxies as processes of their own
+(testkit/proxyserver.py), and a site that drops every connection not coming from the proxies' source addresses
+(127.0.0.2, 127.0.0.3; the crawl itself runs on 127.0.0.1)."""
+
+import asyncio
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from crawler.http.egress import Egress
+from crawler.http.proxies import Proxy
+from testkit import cluster, sitegen, siteserver
+
+pytestmark = pytest.mark.timeout(300)
+
+SOURCES = frozenset({"127.0.0.2", "127.0.0.3"})
+
+
+class ProxyProc:
+    def __init__(self, proc: asyncio.subprocess.Process, port: int, kind: str) -> None:
+        self.proc, self.port, self.kind = proc, port, kind
+
+    @property
+    def url(self) -> str:
+        return f"{self.kind}://127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+
+    async def stop(self) -> None:
+        self.kill()
+        await self.proc.wait()
+
+
+async def start_proxy(kind: str, source: str, credentials: Path | None = None) -> ProxyProc:
+    args = [sys.executable, "-m", "testkit.proxyserver", "--kind", kind, "--source", source]
+    if credentials is not None:
+        args += ["--credentials-file", str(credentials)]
+    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    assert line.startswith(b"listening "), line
+    return ProxyProc(proc, int(line.split()[1]), kind)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    return out, sitegen.generate(out, songs=40)
+
+
+async def origins_split(site_dir, behaviour, proxies: list[Proxy], at_least: int):
+    """Site servers of the same site, one origin each, until both proxies are the first choice of some: the
+    choice is deterministic (rendezvous hashing), so the test picks origins that make the load split."""
+    servers, egress = [], Egress()
+    first: Counter[Proxy] = Counter()
+    while len(servers) < at_least or len(first) < len(proxies):
+        server = await siteserver.start(site_dir, behaviour=behaviour)
+        servers.append(server)
+        first[egress.choose(f"127.0.0.1:{server.port}", proxies, 0.0)] += 1
+        assert len(servers) < 40
+    return servers
+
+
+def check_complete(servers, manifest, tmp_path, workers):
+    rows = cluster.catalogue(tmp_path)
+    for server in servers:
+        base = server.url
+        gets = Counter(e.path for e in server.log if e.method == "GET" and e.status)
+        for path in manifest.pages:
+            assert gets[path] >= 1, f"{base}{path} never fetched"
+        found = {(r["url"].removeprefix(base), r["page"].removeprefix(base)): r for r in rows
+                 if r["url"].startswith(base + "/")}
+        for a in manifest.audio:
+            row = found.get((a.url, a.page))
+            assert row is not None, f"{base}{a.url} missing"
+            assert row["sha256"] == a.sha256, (a.url, row.get("status"), row.get("reason"))
+        # Nothing reached the site but through the proxies.
+        assert {e.peer for e in server.log} <= SOURCES
+
+
+async def test_a_site_admitting_only_two_proxies_is_crawled_whole_through_them_and_one_dies_midway(site, tmp_path):
+    site_dir, manifest = site
+    creds = tmp_path / "proxy-creds"
+    creds.write_text("crawl:s3cret word\n")
+    plain = await start_proxy("http", "127.0.0.2")
+    authed = await start_proxy("http", "127.0.0.3", creds)
+    proxies = [Proxy("http", "127.0.0.1", plain.port), Proxy("http", "127.0.0.1", authed.port, "crawl", "s3cret word")]
+    behaviour = siteserver.Behaviour(record_log=True, peers=SOURCES, slow_paths={r"\.html$": 0.02})
+    servers = await origins_split(site_dir, behaviour, proxies, at_least=3)
+    try:
+        config = cluster.master_config(
+            tmp_path, [s.url + "/" for s in servers], ["w1", "w2"],
+            crawl={"max_depth": manifest.max_depth + 3}, politeness={"obey_robots": True},
+            proxies=[plain.url, {"url": authed.url, "credentials_file": str(creds)}])
+        master = await cluster.start_master(config, tmp_path)
+        addr = cluster.master_addr(config)
+        w1 = await cluster.start_worker(addr, "w1", tmp_path)
+        w2 = await cluster.start_worker(addr, "w2", tmp_path)
+
+        def through(source: str) -> int:
+            return sum(1 for s in servers for e in s.log if e.peer == source)
+
+        await cluster.until(lambda: through("127.0.0.2") >= 20 and through("127.0.0.3") >= 20, 120,
+                            "both proxies carrying requests")
+        plain.kill()               # mid-crawl: its origins move to the other proxy
+        before = through("127.0.0.2")
+        rc = await master.wait(240)
+        assert rc == 0, master.log()[-3000:]
+        assert await w1.wait(30) == 0 and await w2.wait(30) == 0
+    finally:
+        await plain.stop()
+        await authed.stop()
+        for s in servers:
+            await s.close()
+    # After the kill only the answers already under way came from the dead proxy's address (logged as they end).
+    assert through("127.0.0.3") > 40 and through("127.0.0.2") <= before + 32
+    check_complete(servers, manifest, tmp_path, ["w1", "w2"])
+    # robots.txt came through the proxies too (the master's own fetch), and nothing failed.
+    for s in servers:
+        assert any(e.path == "/robots.txt" for e in s.log), s.url
+    rows = cluster.catalogue(tmp_path)
+    assert not [r for r in rows if r["status"] not in ("ok", "duplicate")], [r for r in rows if r["status"] != "ok"][:3]
+    wlog = (tmp_path / "worker-w1.log").read_text() + (tmp_path / "worker-w2.log").read_text()
+    assert "Traceback" not in wlog
+
+
+async def test_socks5_with_credentials_from_the_workers_own_flag(site, tmp_path):
+    site_dir, manifest = site
+    creds = tmp_path / "socks-creds"
+    creds.write_text("sock:pw\n")
+    socks = await start_proxy("socks5", "127.0.0.2", creds)
+    behaviour = siteserver.Behaviour(record_log=True, peers=SOURCES)
+    server = await siteserver.start(site_dir, behaviour=behaviour)
+    try:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"],
+                                       crawl={"max_depth": manifest.max_depth + 3})
+        worker_cfg = tmp_path / "w1.yaml"
+        worker_cfg.write_text(f"proxies:\n  - url: {socks.url}\n    credentials_file: {creds}\n")
+        master = await cluster.start_master(config, tmp_path)
+        w1 = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=worker_cfg)
+        rc = await master.wait(240)
+        assert rc == 0, master.log()[-3000:]
+        assert await w1.wait(30) == 0
+    finally:
+        await socks.stop()
+        await server.close()
+    check_complete([server], manifest, tmp_path, ["w1"])
