@@ -225,3 +225,17 @@ async def test_a_proxy_refuses_an_ip_literal_the_target_policy_refuses():
         with pytest.raises(TargetRefused):
             await s.client.get("http://10.1.2.3/")
     assert egress.snapshot() == ()      # refused before any proxy was asked
+
+
+@pytest.mark.parametrize("path", ["http", "socks5"])
+async def test_the_api_path_fails_over_from_wrong_credentials_too(path):
+    async with (Origin() as origin,
+                ProxyServer(path, source="127.0.0.2", credentials=("u", "right")) as bad,
+                ProxyServer(path, source="127.0.0.3") as good):
+        wrong = Proxy(path, "127.0.0.1", bad.port, "u", "wrong")
+        egress = Egress()
+        egress.route = lambda host, port: (wrong, Proxy(path, "127.0.0.1", good.port))
+        async with stack(egress) as s:
+            with pinned(wrong.label):
+                r = await s.client.get(origin.url + "/api")
+        assert r.text.startswith("from 127.0.0.3") and bad.counts.refused == 1
