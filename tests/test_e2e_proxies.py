@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from crawler.http.egress import Egress
@@ -45,6 +46,19 @@ async def start_proxy(kind: str, source: str, credentials: Path | None = None) -
     line = await asyncio.wait_for(proc.stdout.readline(), 30)
     assert line.startswith(b"listening "), line
     return ProxyProc(proc, int(line.split()[1]), kind)
+
+
+async def until_metrics(url: str, label: str, name: str) -> str:
+    """The /metrics text once a series of ``name`` with ``label`` counts at least one."""
+    async with aiohttp.ClientSession() as session:
+        for _ in range(600):
+            async with session.get(url) as r:
+                text = await r.text()
+            if any(line.startswith(name) and label in line and float(line.rsplit(" ", 1)[1]) >= 1
+                   for line in text.splitlines()):
+                return text
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"{name} for {label} never showed at {url}:\n{text}")
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +113,7 @@ async def test_a_site_admitting_only_two_proxies_is_crawled_whole_through_them_a
             proxies=[plain.url, {"url": authed.url, "credentials_file": str(creds)}])
         master = await cluster.start_master(config, tmp_path)
         addr = cluster.master_addr(config)
-        w1 = await cluster.start_worker(addr, "w1", tmp_path)
+        w1 = await cluster.start_worker(addr, "w1", tmp_path, extra=["--metrics-listen", "127.0.0.1:0"])
         w2 = await cluster.start_worker(addr, "w2", tmp_path)
 
         def through(source: str) -> int:
@@ -109,6 +123,16 @@ async def test_a_site_admitting_only_two_proxies_is_crawled_whole_through_them_a
                             "both proxies carrying requests")
         plain.kill()               # mid-crawl: its origins move to the other proxy
         before = through("127.0.0.2")
+        # The dead proxy's failures reach the master's /metrics through the heartbeats, per node; the worker's
+        # own /metrics has them too. Labels only: the credentials never show.
+        master_metrics = await until_metrics(cluster.web_url(config) + "/metrics", f'proxy="{plain.url}"',
+                                             "crawler_proxy_failures_total")
+        assert any(line.startswith("crawler_proxy_requests_total{") and f'proxy="{authed.url}"' in line
+                   and 'node="w' in line for line in master_metrics.splitlines()), master_metrics
+        waddr = (tmp_path / "worker-w1" / "metrics.addr").read_text().strip()
+        worker_metrics = await until_metrics(f"http://{waddr}/metrics", f'proxy="{plain.url}"',
+                                             "crawler_proxy_failures_total")
+        assert "s3cret" not in master_metrics + worker_metrics
         rc = await master.wait(240)
         assert rc == 0, master.log()[-3000:]
         assert await w1.wait(30) == 0 and await w2.wait(30) == 0

@@ -455,6 +455,14 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
+class _Unanswered(Exception):
+    """A fresh connection through a proxy ended before any byte of the answer."""
+
+    def __init__(self, error: httpx.TransportError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class _Stream:
     """The body of one answer, as the downloader iterates it; gives the connection back when it is done."""
 
@@ -552,6 +560,14 @@ class Http1Client:
                 egress.failed(proxy, loop.time())
                 last = exc.reason
                 continue
+            except _Unanswered as exc:
+                # The way through the proxy broke before any answer: the proxy dying, or the origin hanging up.
+                # Through another proxy once more (a GET is safe to send again), without blaming this one: if
+                # it is dead, its next connection says so. On the last proxy the error is the origin's.
+                if len(tried) >= min(MAX_TRIES, len(proxies)):
+                    raise exc.error from None
+                last = str(exc.error)
+                continue
             if absolute and answer.status_code == 407:
                 await answer.aclose()
                 egress.failed(proxy, loop.time())
@@ -582,8 +598,11 @@ class Http1Client:
             if conn.error is None:
                 return self._answer(conn, max_body, cut, read_timeout, deadline)
             conn.close()
-            if not fresh and conn.received == 0 and not isinstance(conn.error, httpx.TimeoutException):
-                continue          # the server had closed the idle connection: once more on a new one
+            if conn.received == 0 and not isinstance(conn.error, httpx.TimeoutException):
+                if not fresh:
+                    continue          # the server had closed the idle connection: once more on a new one
+                if key[3] is not None:
+                    raise _Unanswered(conn.error)
             raise conn.error
 
     def _answer(self, conn: _Connection, max_body: int, cut: bool, read_timeout: float | None,

@@ -222,6 +222,7 @@ class Worker:
         # the proxies that may apply are known (None while none does: no per-request work then).
         self.egress = Egress()
         self._set_route()
+        self.metrics.watch_proxies(self.egress.snapshot)
         self.proxy_fault: str | None = None     # why the last task was handed back for want of a proxy
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
         # Downloads, as the master must hear of them (ledger.py): what is asked, ended, pending, settled. Here
@@ -248,6 +249,10 @@ class Worker:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def proxy_counts(self) -> tuple[p.ProxyCount, ...]:
+        return tuple(p.ProxyCount(c.label[:it.MAX_NAME], min(c.requests, it.INT64_MAX), min(c.failures, it.INT64_MAX))
+                     for c in self.egress.snapshot())[:p.MAX_PROXY_COUNTS]
 
     def _set_route(self) -> None:
         """The egress's route: None when no proxy can apply to any request (this node's own ``proxies`` key is
@@ -1220,7 +1225,8 @@ class Session:
             # The leases still worked on, so the master renews them: a slow resolve keeps its page's.
             pool = self.worker.fingerprints
             await self.conn.send(p.Heartbeat(time.time(), tuple(self.worker._running),
-                                             min(pool.backlog if pool else 0, p.MAX_CAPACITY)))
+                                             min(pool.backlog if pool else 0, p.MAX_CAPACITY),
+                                             self.worker.proxy_counts()))
 
     async def stopper(self) -> None:
         await self.worker._stop.wait()
