@@ -174,3 +174,37 @@ async def test_socks5_with_credentials_from_the_workers_own_flag(site, tmp_path)
         await socks.stop()
         await server.close()
     check_complete([server], manifest, tmp_path, ["w1"])
+
+
+async def test_the_browser_resolver_goes_through_the_proxy(tmp_path):
+    """Real headless Chromium: its every connection leaves through the worker's local interception proxy, whose
+    upstream is the crawl's proxy; the site sees only the proxy's source address."""
+    import yaml
+
+    from testkit import playersite
+    from testkit.browser import TEST_BROWSER_ARGS, TEST_BROWSER_USER
+
+    proxy = await start_proxy("http", "127.0.0.3")
+    site = playersite.PlayerSite()
+    try:
+        async with playersite.serve(site) as base:
+            config = cluster.master_config(tmp_path, [base + "/"], ["b1"], crawl={"max_depth": 2},
+                                           proxies=[proxy.url])
+            wcfg = tmp_path / "worker.yaml"
+            wcfg.write_text(yaml.safe_dump({"concurrency": 4, "user_agent": "SiteTestBrowser/1.0", "resolvers": {
+                "browser": {"max_pages": 2, "page_timeout": 60, "args": TEST_BROWSER_ARGS,
+                            "user": TEST_BROWSER_USER},
+                "generic": {}}}))
+            master = await cluster.start_master(config, tmp_path)
+            worker = await cluster.start_worker(cluster.master_addr(config), "b1", tmp_path, config=wcfg)
+            assert await master.wait(180) == 0, master.log()[-3000:] + worker.log()[-3000:]
+            assert await worker.wait(30) == 0, worker.log()[-3000:]
+    finally:
+        await proxy.stop()
+    rows = cluster.catalogue(tmp_path)
+    assert sorted(r["title"] for r in rows) == ["Assembled Song", "Signed Song", "Streamed Song"], rows
+    assert all(r["status"] == "ok" and r["sha256"] for r in rows), rows
+    assert site.browser_paths() and "/static/song1.js" in site.browser_paths()
+    assert site.api_calls and site.stream_denied == 0
+    # Every request (the browser's, the worker's own, the downloads) came through the proxy.
+    assert {r.peer for r in site.log} == {"127.0.0.3"}, Counter(r.peer for r in site.log)

@@ -69,6 +69,11 @@ class Stack:
     def timeouts(self) -> Timeouts:
         return self._timeouts
 
+    @property
+    def egress(self) -> Egress | None:
+        """The proxies this stack's requests go through: the browser's connections take the same way."""
+        return self._transport.egress
+
     async def get(self, url: yarl.URL, headers: list[tuple[str, str]], *, timeout: Timeouts, max_body: int,
                   read_size: int, cut: bool = False) -> Answer:
         return await self._transport.get(url, headers, timeout=timeout, max_body=max_body, read_size=read_size,

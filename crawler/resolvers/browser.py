@@ -72,6 +72,7 @@ from crawler.resolvers.base import (
     parse_section,
 )
 from crawler.resolvers.browsercapture import Capture
+from crawler.http.egress import Egress
 from crawler.resolvers.browserproxy import BrowserProxy, HostRules
 from crawler.resolvers.chromium import (
     DEFAULT_USER,
@@ -378,6 +379,7 @@ class BrowserResolver(Resolver):
         except ValueError as exc:
             raise ResolverConfigError(f"browser.args: {exc}") from None
         self._targets = TargetPolicy()             # the worker's, from the first page's context
+        self._egress: Egress | None = None         # the worker's proxies, likewise
         self._proxy: BrowserProxy | None = None
         self._watches: dict[int, asyncio.Task[None]] = {}   # browser pid -> its memory watch
         self._signs = tuple(sign.lower().encode() for sign in self.settings.player_signs)
@@ -409,6 +411,7 @@ class BrowserResolver(Resolver):
         page_url = page.final_url if page is not None else url
         if ctx.targets is not None:
             self._targets = ctx.targets
+        self._egress = getattr(ctx.http, "egress", None)     # a Stack's; a plain client has none
         if self._tabs is None:
             self._tabs = asyncio.Semaphore(self.settings.max_pages)
             self._starting = asyncio.Lock()
@@ -473,7 +476,7 @@ class BrowserResolver(Resolver):
 
                 self._playwright = await async_playwright().start()
             if self._proxy is None:
-                proxy = BrowserProxy(lambda: self._targets, self._rules)
+                proxy = BrowserProxy(lambda: self._targets, self._rules, egress=lambda: self._egress)
                 await proxy.start()
                 self._proxy = proxy
             try:
