@@ -239,3 +239,53 @@ async def test_the_api_path_fails_over_from_wrong_credentials_too(path):
             with pinned(wrong.label):
                 r = await s.client.get(origin.url + "/api")
         assert r.text.startswith("from 127.0.0.3") and bad.counts.refused == 1
+
+
+# -- which proxies apply, in the worker; what travels on the wire --------------------------------------------
+
+def test_the_workers_route_own_key_then_the_sites_then_the_crawls(tmp_path):
+    from crawler.sites import parse_sites
+    from crawler.worker.config import WorkerConfig
+    from crawler.worker.server import Worker
+    from testkit.cluster import write_secret
+
+    raw = {"master": "127.0.0.1:1", "id": "w", "data_dir": str(tmp_path / "d"),
+           "secret_file": str(write_secret(tmp_path / "s"))}
+    worker = Worker(WorkerConfig.build(None, raw))
+    assert worker.egress.route is None                   # nothing applies: no per-request work at all
+    crawl = (Proxy("http", "10.0.0.1", 3128),)
+    site_own = (Proxy("socks5", "10.0.0.2", 1080),)
+    worker.crawl_proxies = crawl
+    worker.sites = parse_sites("sites", {"own.example": {"proxies": ["socks5://10.0.0.2:1080"]},
+                                         "direct.example": {"proxies": []}}, tmp_path)
+    worker._set_route()
+    assert worker.egress.route is not None
+    assert worker.route("any.example", 80) == crawl
+    assert worker.route("own.example", 443) == site_own
+    assert worker.route("direct.example", 80) == ()
+    mine = WorkerConfig.build(None, {**raw, "proxies": ["http://10.0.0.9:8080"]})
+    node = Worker(mine)
+    node.crawl_proxies, node.sites = crawl, worker.sites
+    node._set_route()
+    assert node.route("own.example", 443) == node.route("x.example", 80) == (Proxy("http", "10.0.0.9", 8080),)
+    direct = Worker(WorkerConfig.build(None, {**raw, "proxies": []}))
+    direct.crawl_proxies = crawl
+    direct._set_route()
+    assert direct.egress.route is None                   # the node's own [] wins: always direct
+
+
+def test_heartbeat_counts_and_a_pinned_identity_travel_on_the_wire():
+    from crawler import items as it
+    from crawler import protocol as p
+
+    beat = p.Heartbeat(1.0, (1, 2), 0, (p.ProxyCount("http://127.0.0.1:3128", 10, 2),))
+    assert p.decode_payload(p.encode(beat)[p.HEADER_SIZE:]) == beat
+    old = p.decode_payload(p.encode(p.Heartbeat(1.0, (1,)))[p.HEADER_SIZE:])
+    assert old.proxies == ()
+    too_many = p.Heartbeat(1.0, (), 0, tuple(p.ProxyCount(f"http://h{i}:1", 1, 0) for i in range(65)))
+    with pytest.raises(p.ProtocolError):
+        p.decode_payload(p.encode(too_many)[p.HEADER_SIZE:])
+    ident = it.RequestIdentity(user_agent="ua", exit="socks5://127.0.0.1:1080")
+    assert it.RequestIdentity.from_wire(ident.to_wire()) == ident
+    assert it.RequestIdentity.from_wire({"user_agent": "ua"}).exit is None
+    assert "exit" not in it.RequestIdentity(user_agent="ua").to_wire()
