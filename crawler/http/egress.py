@@ -135,9 +135,9 @@ class Egress:
 
     def choose(self, origin: str, proxies: Sequence[Proxy], now: float, *, pin: str | None = None,
                tried: Sequence[Proxy] = ()) -> Proxy:
-        """The proxy for a request to origin (host:port): the pinned one (by label) when it is in the list and healthy, else
-        the healthy proxy (not in ``tried``) that ranks first for this host. ProxiesUnavailable when there is
-        none."""
+        """The proxy for a request to origin (host:port): the pinned one (by label) when it is in the list and
+        healthy, else the healthy proxy (not in ``tried``) that ranks first for this origin. ProxiesUnavailable
+        when there is none."""
         if pin is not None:
             for proxy in proxies:
                 if proxy.label == pin and proxy not in tried and self.healthy(proxy, now):

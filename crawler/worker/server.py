@@ -572,6 +572,8 @@ class Worker:
         except ProxiesUnavailable as e:   # no proxy could carry it: this node's fault, not the URL's
             self.proxy_fault = str(e)[:200]
             log.warning("handing back %s: %s", task.url, e)
+            # Not at once: handed back now, the task could come straight back while every proxy is still out.
+            await asyncio.sleep(PROXY_WAIT)
             return None
         except Exception as e:   # a bug must cost one task, not the worker
             log.exception("task %s failed unexpectedly", task.url)
