@@ -289,3 +289,21 @@ def test_heartbeat_counts_and_a_pinned_identity_travel_on_the_wire():
     assert it.RequestIdentity.from_wire(ident.to_wire()) == ident
     assert it.RequestIdentity.from_wire({"user_agent": "ua"}).exit is None
     assert "exit" not in it.RequestIdentity(user_agent="ua").to_wire()
+
+
+@pytest.mark.parametrize("proxies, message", [
+    (["ftp://127.0.0.1:1"], "proxies[0]"),
+    (["http://u:pw@127.0.0.1:1"], "credentials_file"),
+    ([{"url": "http://127.0.0.1:1", "credentials_file": "missing.cred"}], "proxies[0].credentials_file"),
+])
+def test_the_master_refuses_a_bad_proxies_key_with_one_line(proxies, message, tmp_path):
+    import subprocess
+    import sys
+
+    from testkit import cluster
+    config = cluster.master_config(tmp_path, ["http://127.0.0.1:1/"], ["w1"], proxies=proxies)
+    out = subprocess.run([sys.executable, "-m", "crawler.master", "--config", str(config)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], out.stderr
