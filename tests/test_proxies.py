@@ -307,3 +307,50 @@ def test_the_master_refuses_a_bad_proxies_key_with_one_line(proxies, message, tm
     assert out.returncode == 2, out.stderr
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], out.stderr
+
+
+async def test_what_a_resolver_finds_through_a_proxy_is_pinned_to_it_and_downloaded_through_it(tmp_path):
+    """The worker stamps the items a resolver returns with the proxy its API calls went through; a request made
+    under that pin leaves there too, though the address's own host would rank another proxy first."""
+    from crawler import items as it
+    from crawler.resolvers import ResolveContext
+    from crawler.resolvers.base import Resolution, Resolver
+    from crawler.worker.config import WorkerConfig
+    from crawler.worker.server import Worker
+    from testkit.cluster import write_secret
+
+    async with (Origin() as api, Origin() as cdn,
+                ProxyServer("http", source="127.0.0.2") as a, ProxyServer("socks5", source="127.0.0.3") as b):
+        proxies = (Proxy("http", "127.0.0.1", a.port), Proxy("socks5", "127.0.0.1", b.port))
+        egress = Egress()
+        egress.route = lambda host, port: proxies
+        api_origin = api.url.removeprefix("http://")
+        used = egress.choose(api_origin, proxies, 0.0)
+        # a CDN origin whose own first choice is the other proxy
+        other = next(p for p in proxies if p != used)
+        while egress.choose(cdn.url.removeprefix("http://"), proxies, 0.0) != other:
+            await cdn.__aexit__()
+            await cdn.__aenter__()
+
+        class Api(Resolver):
+            name = "api"
+
+            async def resolve(self, url, page, ctx):  # type: ignore[no-untyped-def]
+                await ctx.http.client.get(api.url + "/sign")
+                return Resolution(items=[it.AudioItem(url=cdn.url + "/signed.mp3", page=url)])
+
+        raw = {"master": "127.0.0.1:1", "id": "w", "data_dir": str(tmp_path / "d"),
+               "secret_file": str(write_secret(tmp_path / "s"))}
+        worker = Worker(WorkerConfig.build(None, raw))
+        async with stack(egress) as s:
+            worker.ctx = ResolveContext(http=s, user_agent="t")
+            resolution, error = await worker._resolve(Api({}), api.url + "/page", None)
+            assert error is None and resolution is not None
+            [item] = resolution.items
+            assert item.identity is not None and item.identity.exit == used.label
+            with pinned(item.identity.exit):
+                body, _ = await lean(s, item.url)
+            body_unpinned, _ = await lean(s, item.url)
+        source = {proxies[0]: b"127.0.0.2", proxies[1]: b"127.0.0.3"}
+        assert body.startswith(b"from " + source[used])
+        assert body_unpinned.startswith(b"from " + source[other])

@@ -88,7 +88,7 @@ from crawler.web import media
 from crawler.web.html import css
 from crawler.web.links import extract_links
 from crawler.web.page import FetchedPage
-from crawler.web.urls import InvalidURL, host_of, resolve, resolve_link
+from crawler.web.urls import InvalidURL, host_of, host_port, resolve, resolve_link
 
 log = logging.getLogger(__name__)
 
@@ -756,6 +756,10 @@ class BrowserResolver(Resolver):
             if kind is not None:
                 probe.kind = kind
         meta, element_meta, links = await asyncio.to_thread(self._rendered, html, page_url)
+        # The proxy the page's own connections went through: a signed address the page's scripts obtained goes
+        # out there too (RequestIdentity.exit), as the worker pins what other resolvers find.
+        origin = host_port(page_url)
+        exit = self._proxy.exit_of(*origin) if self._proxy is not None and origin is not None else None
         items: list[AudioItem] = []
         for f in rec.results():
             if f.kind == "playlist":
@@ -763,7 +767,7 @@ class BrowserResolver(Resolver):
                 continue
             headers: tuple[tuple[str, str], ...] = (("Referer", f.referer),) if f.referer else ()
             identity = RequestIdentity(user_agent=f.user_agent, headers=headers,
-                                       cookies=tuple(cookies.get(f.url, ())))
+                                       cookies=tuple(cookies.get(f.url, ())), exit=exit)
             extra: dict[str, Any] = {"found_in": "browser", "request_type": f.request_type}
             if f.kind in ("hls", "dash"):
                 extra["format"] = f.kind

@@ -35,6 +35,7 @@ import ipaddress
 import logging
 import secrets
 import socket
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -51,6 +52,7 @@ HEAD_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 10.0
 MAX_CONNECTIONS = 256
 CHUNK = 64 * 1024
+EXITS_KEPT = 1024
 RULES_SWITCH = "--host-resolver-rules="
 # Hop-by-hop headers of the browser's request to its proxy: not the origin server's business.
 _HOP = frozenset({b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive"})
@@ -162,6 +164,12 @@ class BrowserProxy:
         self.port = 0
         self.stats = {"connections": 0, "refused": 0}
         self.mark = secrets.token_hex(12)
+        # The proxy each origin's last connection went through ("host:port" -> Proxy.label), the most recent
+        # EXITS_KEPT: what the browser found there is pinned to it (RequestIdentity.exit).
+        self._exits: OrderedDict[str, str] = OrderedDict()
+
+    def exit_of(self, host: str, port: int) -> str | None:
+        return self._exits.get(f"{host}:{port}")
 
     def _answer(self, status: bytes) -> bytes:
         """One of the proxy's own answers: no body, the connection closed, and the proxy's mark."""
@@ -221,6 +229,11 @@ class BrowserProxy:
                 egress.failed(proxy, loop.time())
                 continue
             egress.succeeded(proxy)
+            origin = f"{host}:{port}"
+            self._exits[origin] = proxy.label
+            self._exits.move_to_end(origin)
+            if len(self._exits) > EXITS_KEPT:
+                self._exits.popitem(last=False)
             return await asyncio.open_connection(sock=sock, limit=MAX_HEAD)
         raise Refused(f"{host}:{port}: no proxy carried the connection ({', '.join(p.label for p in tried)})")
 
