@@ -35,6 +35,7 @@ def test_a_failed_proxy_is_out_for_a_growing_bounded_while_and_only_its_hosts_mo
     moved = {h: egress.choose(h, P, 1.0) for h in hosts}
     assert all(moved[h] != P[0] for h in hosts)
     assert all(moved[h] == before[h] for h in hosts if before[h] != P[0])      # the others keep their exit
+    assert egress.failed(P[0], 1.0) == 5        # a request already under way: no longer out
     assert egress.failed(P[0], 10.0) == 20      # doubled
     assert egress.failed(P[0], 20.0) == 40
     assert egress.failed(P[0], 50.0) == 90      # bounded by longest

@@ -165,9 +165,13 @@ class Egress:
             state.streak = 0
 
     def failed(self, proxy: Proxy, now: float) -> float:
-        """The proxy failed as a proxy: out until the returned time."""
+        """The proxy failed as a proxy: out until the returned time. Failures of requests that were already
+        under way when it was taken out count, but do not lengthen its time out: a proxy that dies under many
+        requests at once is one failure, not many in a row."""
         state = self._of(proxy)
         state.failures += 1
+        if state.out_until > now:
+            return state.out_until
         backoff = min(self._longest, self._first * 2 ** min(state.streak, 30))
         state.streak += 1
         state.out_until = now + backoff
