@@ -209,3 +209,37 @@ async def test_the_browser_resolver_goes_through_the_proxy(tmp_path):
     assert site.api_calls and site.stream_denied == 0
     # Every request (the browser's, the worker's own, the downloads) came through the proxy.
     assert {r.peer for r in site.log} == {"127.0.0.3"}, Counter(r.peer for r in site.log)
+
+
+async def test_with_every_proxy_down_tasks_are_handed_back_and_the_crawl_ends_whole_once_one_is_up(site, tmp_path):
+    """No proxy can carry a request: the worker hands its tasks back (no attempt counted, nothing failed) until
+    the proxy comes up, then the crawl finishes through it."""
+    site_dir, manifest = site
+    port = cluster.free_port()
+    server = await siteserver.start(site_dir, behaviour=siteserver.Behaviour(record_log=True, peers=SOURCES))
+    proxy = None
+    try:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"],
+                                       crawl={"max_depth": manifest.max_depth + 3},
+                                       proxies=[f"socks5://127.0.0.1:{port}"])
+        master = await cluster.start_master(config, tmp_path)
+        w1 = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path)
+        await cluster.until(lambda: "handing back" in w1.log(), 60, "a task handed back for want of a proxy")
+        args = [sys.executable, "-m", "testkit.proxyserver", "--kind", "socks5", "--source", "127.0.0.2",
+                "--port", str(port)]
+        proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
+        proxy = ProxyProc(proc, port, "socks5")
+        rc = await master.wait(240)
+        assert rc == 0, master.log()[-3000:]
+        assert await w1.wait(30) == 0
+    finally:
+        if proxy is not None:
+            await proxy.stop()
+        await server.close()
+    check_complete([server], manifest, tmp_path, ["w1"])
+    rows = cluster.catalogue(tmp_path)
+    assert rows and all(r["status"] == "ok" for r in rows)
+    # Handed back, never reported as failed or retried for the proxy's sake.
+    assert "no proxy" in w1.log() and "failed unexpectedly" not in w1.log()
+    assert "no proxy" in master.log()                          # the hand-back's reason, as the master heard it
+    assert "\n  errors          0\n" in master.stdout.decode(), master.stdout.decode()
