@@ -4,9 +4,14 @@ A page or a small audio file costs little more to fetch than the request machine
 builds a request object, a response object, a timer handle, cookie and proxy look-ups and a payload stream per
 request, about 0.1 ms of CPU against 0.03 ms for writing the request and parsing the answer with llhttp (measured
 on loopback against nginx, 64 in flight), and httpx's request and response models as much again. Page fetches
-and downloads ask for nothing else (no cookies, proxies, redirects: a page reports its Location as a link, the
+and downloads ask for nothing else (no cookies, no redirects: a page reports its Location as a link, the
 downloader follows redirects itself, each hop judged by its plan), so they take this path; resolvers' API calls
 stay on aiohttp under httpx (transport.py).
+
+Proxies (crawler/http/egress.py chooses one per origin): an http URL through an HTTP proxy is sent in absolute
+form on a connection to the proxy, with its credentials; anything else goes through a tunnel (tunnel.py: CONNECT
+or SOCKS5), TLS over it for https. Connections are pooled per (proxy, origin). When no proxy can apply, ``get``
+reads one attribute and goes on as before.
 
 What a fetch needs, and nothing more:
 
