@@ -43,6 +43,7 @@ import asyncio
 import functools
 import http.cookiejar
 import socket
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
@@ -192,6 +193,12 @@ class _ProxyConnector(aiohttp.TCPConnector):
                 made: tuple[asyncio.Transport, Any] = await loop.create_connection(
                     self._factory, sock=sock, ssl=tls, server_hostname=host if tls else None)
                 return made
+        except ssl.SSLCertVerificationError as exc:     # TLS with the origin: the origin's failure, not the proxy's
+            sock.close()
+            raise aiohttp.ClientConnectorCertificateError(req.connection_key, exc) from exc
+        except (OSError, ssl.SSLError) as exc:
+            sock.close()
+            raise client_error(req.connection_key, OSError(getattr(exc, "errno", None), str(exc))) from exc
         except BaseException:
             sock.close()
             raise
