@@ -401,3 +401,14 @@ async def test_https_goes_through_a_tunnel_with_tls_to_the_origin_on_both_paths(
     finally:
         origin.close()
     assert set(peers) == {"127.0.0.3"}
+
+
+def test_crawler_proxy_is_space_separated_urls(tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "CRAWLER_PROXY": "http://127.0.0.1:3128 ftp://127.0.0.1:1"}
+    out = subprocess.run([sys.executable, "-m", "crawler.worker", "--master", "127.0.0.1:1", "--id", "w1",
+                          "--data-dir", str(tmp_path / "d"), "--secret-file", str(tmp_path / "nosecret")],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2 and "proxies[1]" in out.stderr, out.stderr    # the second of two
