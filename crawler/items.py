@@ -55,6 +55,9 @@ class RequestIdentity:
     user_agent: Name | None = None
     headers: Pairs = ()
     cookies: Pairs = ()
+    # The proxy (its label) the address was resolved through: the download goes out there too while that proxy
+    # applies and is healthy, as a signed address may be bound to the address it was asked from.
+    exit: Name | None = None
 
     def request_headers(self) -> dict[str, str]:
         out = dict(self.headers)
@@ -65,14 +68,18 @@ class RequestIdentity:
         return out
 
     def to_wire(self) -> dict[str, Any]:
-        return {"user_agent": self.user_agent, "headers": [list(h) for h in self.headers],
-                "cookies": [list(c) for c in self.cookies]}
+        out: dict[str, Any] = {"user_agent": self.user_agent, "headers": [list(h) for h in self.headers],
+                               "cookies": [list(c) for c in self.cookies]}
+        if self.exit is not None:
+            out["exit"] = self.exit
+        return out
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> RequestIdentity:
         return cls(user_agent=d.get("user_agent"),
                    headers=tuple((str(k), str(v)) for k, v in d.get("headers") or ()),
-                   cookies=tuple((str(k), str(v)) for k, v in d.get("cookies") or ()))
+                   cookies=tuple((str(k), str(v)) for k, v in d.get("cookies") or ()),
+                   exit=None if d.get("exit") is None else str(d["exit"]))
 
 
 @dataclass(frozen=True, slots=True)

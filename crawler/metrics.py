@@ -17,8 +17,11 @@ master  crawler_pages_total{node,outcome}      results reported by workers: done
         crawler_nodes_faulted                   workers connected but unable to store (a full disk): no work
         crawler_paused                          1 while the operator has the crawl paused
         crawler_urls{state}                     URLs by state: queued, leased, done, failed, discarded
+        crawler_proxy_requests_total{proxy,node}  requests sent through each proxy, as the node's heartbeat said
+        crawler_proxy_failures_total{proxy,node}  of them, the proxy's own failures (unreachable, 407, refused)
 worker  crawler_pages_total{node,outcome}, crawler_audio_items_total{node,status},
-        crawler_download_bytes_total{node,kind}, crawler_fetch_seconds{node} (histogram of page fetch times)
+        crawler_download_bytes_total{node,kind}, crawler_fetch_seconds{node} (histogram of page fetch times),
+        crawler_proxy_requests_total{proxy}, crawler_proxy_failures_total{proxy}
 both    crawler_event_loop_lag_seconds          how late a timer fires: a busy or blocked event loop
 
 Counters are counted where the daemon handles a whole report or task, never per link; gauges are set when
@@ -32,7 +35,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import (
@@ -44,6 +48,8 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger("crawler.metrics")
 
@@ -81,6 +87,39 @@ class LoopLag:
 def _lag_histogram(registry: CollectorRegistry) -> Histogram:
     return Histogram("crawler_event_loop_lag_seconds", "How late a timer on the daemon's event loop fires",
                      buckets=LAG_BUCKETS, registry=registry)
+
+
+class ProxyFigures(Protocol):
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def requests(self) -> int: ...
+
+    @property
+    def failures(self) -> int: ...
+
+
+class _ProxyCollector(Collector):
+    """Requests and failures per proxy, read from the egress's counters (or the heartbeats') when /metrics is:
+    nothing is counted per request here. ``figures`` gives (node, counts) pairs; node None for a worker's own."""
+
+    def __init__(self, figures: Callable[[], Sequence[tuple[str | None, Sequence[ProxyFigures]]]]) -> None:
+        self._figures = figures
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        figures = self._figures()
+        labels = ["proxy"] if all(node is None for node, _ in figures) else ["proxy", "node"]
+        requests = CounterMetricFamily("crawler_proxy_requests", "Requests sent through each proxy", labels=labels)
+        failures = CounterMetricFamily("crawler_proxy_failures", "Requests a proxy failed as a proxy (unreachable, "
+                                       "407, a refused tunnel)", labels=labels)
+        for node, counts in figures:
+            for c in counts:
+                values = [c.label] if node is None else [c.label, node]
+                requests.add_metric(values, c.requests)
+                failures.add_metric(values, c.failures)
+        yield requests
+        yield failures
 
 
 class MasterMetrics:
@@ -138,6 +177,10 @@ class MasterMetrics:
         self.bloom_capacity.set(figures["capacity"])
         self.bloom_fp.set(figures["fp_estimate"])
 
+    def watch_proxies(self, figures: Callable[[], Mapping[str, Sequence[ProxyFigures]]]) -> None:
+        """crawler_proxy_*_total{proxy,node}, from each node's last heartbeat (figures: node -> counts)."""
+        self.registry.register(_ProxyCollector(lambda: sorted(figures().items())))
+
     def set_urls(self, counts: Mapping[str, int]) -> None:
         """The URL-state gauges, every state present (0 when none): from MasterStore.url_counts()."""
         for state in URL_STATES:
@@ -168,6 +211,10 @@ class WorkerMetrics:
         self.fingerprints = Counter("crawler_fingerprints", "Stored audio files through the fingerprint pool, by "
                                     "outcome (done, error, skipped: the backlog was full)", ["node", "outcome"],
                                     registry=r)
+
+    def watch_proxies(self, snapshot: Callable[[], Sequence[ProxyFigures]]) -> None:
+        """crawler_proxy_*_total{proxy}, from the egress's counters (crawler/http/egress.py)."""
+        self.registry.register(_ProxyCollector(lambda: [(None, snapshot())]))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

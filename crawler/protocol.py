@@ -440,6 +440,19 @@ class Report(Message, tag=7, frozen=True):
                 _check_result_items(r, f"Report.results[{i}]")
 
 
+class ProxyCount(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    """One proxy's counters on a worker since it started (crawler/http/egress.py): its label, never its
+    credentials."""
+
+    label: Name
+    requests: NonNeg
+    failures: NonNeg
+
+
+# A node counts at most this many proxies (crawler/http/proxies.py MAX_PROXIES).
+MAX_PROXY_COUNTS = 64
+
+
 class Heartbeat(Message, tag=8, frozen=True):
     """Both ways, every heartbeat interval. A worker's names the leases it still works on (a page being parsed,
     a long playlist resolved; never a download, which its page does not wait for): the master renews them, so
@@ -449,6 +462,8 @@ class Heartbeat(Message, tag=8, frozen=True):
     leases: Many[NonNeg] = ()
     # Stored files waiting for the worker's fingerprint pool (the master's status shows it per node).
     fingerprint_backlog: Capacity = 0
+    # Requests and failures per proxy, for the master's /metrics.
+    proxies: Annotated[tuple[ProxyCount, ...], Meta(max_length=MAX_PROXY_COUNTS)] = ()
 
 
 class Credit(Message, tag=9, frozen=True):

@@ -289,6 +289,7 @@ class RunResult:
     audio_expected: int
     links: int | None = None             # reported to the master (ours only)
     server_cpu_s: float | None = None    # the site server's CPU during the run
+    proxy_cpu_s: float | None = None     # the loopback proxy's CPU during the run (--proxy)
     files: int | None = None             # audio files stored (downloading runs only)
     file_bytes: int = 0
     machine_busy: float | None = None    # share of all cores busy during the run, whoever used them
@@ -352,6 +353,15 @@ def run_ours(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site, p
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     nodes = [f"node{i + 1}" for i in range(args.workers)]
+    # --proxy: every request of the crawl (the master's robots.txt too) through a loopback proxy of its own
+    # process (testkit/proxyserver.py), whose CPU is counted apart, as the site server's is.
+    proxy: Child | None = None
+    proxy_port = 0
+    if args.proxy != "none":
+        proxy_port = free_port()
+        proxy = Child("proxy", [PY, "-m", "testkit.proxyserver", "--kind", args.proxy, "--port", str(proxy_port)],
+                      log=run_dir / "proxy.log")
+        wait_for_port(proxy_port, proxy)
     config = cluster.master_config(
         run_dir, [site.url + "/"], nodes,
         # Scrapy has no depth limit; ours gets room to spare, because a URL keeps the depth of the path it was
@@ -360,6 +370,7 @@ def run_ours(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site, p
         politeness={"obey_robots": True},
         scheduling={"heartbeat_interval": 2.0, "heartbeat_timeout": 20.0, "lease_timeout": 120.0},
         dedup={"expected_urls": max(100_000, 4 * len(manifest.pages)), "fp_rate": 1e-6},
+        **({"proxies": [f"{args.proxy}://127.0.0.1:{proxy_port}"]} if proxy is not None else {}),
     )
     worker_yaml = run_dir / "worker.yaml"
     worker_yaml.write_text(yaml.safe_dump({"concurrency": per_worker, "store_pages": True,
@@ -414,6 +425,10 @@ def run_ours(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site, p
     wall = time.monotonic() - t0
     busy = machine.busy_share()
     server_cpu = tree_cpu_s(site.child.pid) - server_cpu0
+    proxy_cpu = None
+    if proxy is not None:
+        proxy_cpu = tree_cpu_s(proxy.pid)
+        proxy.stop()
     for s in spies:
         s.wait(60)
     summary = (run_dir / "master.out").read_text(errors="replace")
@@ -429,7 +444,9 @@ def run_ours(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site, p
         concurrency=args.workers * per_worker,
         pages=int(figures.get("pages fetched", 0)), elapsed=figures.get("elapsed", wall), wall=wall,
         procs=usages, audio_found=len(expected & found_audio(rows, site.url)), audio_expected=len(expected),
-        server_cpu_s=server_cpu, machine_busy=busy)
+        server_cpu_s=server_cpu, machine_busy=busy, proxy_cpu_s=proxy_cpu)
+    if args.proxy != "none":
+        result.label += f" {args.proxy}"
     if download:
         # Finished files only: the content-addressed shards (two hex digits), not partial/ or done/ records.
         result.files, result.file_bytes = stored_files(
@@ -571,6 +588,8 @@ def print_result(r: RunResult) -> None:
         extras.append(f"machine {100 * r.machine_busy:.0f}% busy during the run (all processes)")
     if r.server_cpu_s is not None:
         extras.append(f"site server {1000 * r.server_cpu_s / max(r.pages, 1):.2f} ms/page (not counted above)")
+    if r.proxy_cpu_s is not None:
+        extras.append(f"proxy {1000 * r.proxy_cpu_s / max(r.pages, 1):.2f} ms/page (not counted above)")
     if r.loop_lag_ms is not None:
         extras.append(f"master event loop held at most {r.loop_lag_ms:.0f} ms")
     if extras:
@@ -631,6 +650,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--identify", choices=["on", "off"], default="on",
                     help="the workers' fingerprints of downloaded audio: on (the default) or off, so the CPU a file "
                          "costs with and without them is measured")
+    ap.add_argument("--proxy", choices=["none", "http", "socks5"], default="none",
+                    help="crawl through a loopback proxy of this kind (testkit/proxyserver.py, its CPU printed "
+                         "apart): the cost per page of a proxy")
     ap.add_argument("--profile", choices=["py-spy", "pyinstrument"], default=None)
     ap.add_argument("--top", type=int, default=15, help="hot spots printed per profile view")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-data")

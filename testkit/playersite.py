@@ -60,6 +60,7 @@ class Request:
     path: str
     user_agent: str
     status: int = 0
+    peer: str = ""            # the address the request came from
 
 
 @dataclass
@@ -173,7 +174,8 @@ def make_app(site: PlayerSite) -> web.Application:
 
     @web.middleware
     async def logger(request: web.Request, handler):
-        entry = Request(request.host.split(":")[0], request.path_qs, request.headers.get("User-Agent", ""))
+        entry = Request(request.host.split(":")[0], request.path_qs, request.headers.get("User-Agent", ""),
+                        peer=request.remote or "")
         site.log.append(entry)
         response = await handler(request)
         entry.status = response.status

@@ -53,6 +53,9 @@ class Behaviour:
     ua_bound: Mapping[str, str] = field(default_factory=dict)          # User-Agent must contain this, else 403
     status_overrides: Mapping[str, int] = field(default_factory=dict)  # answer with this status instead
     record_log: bool = False
+    # When set, a request from any other source address has its connection dropped unanswered (a site that
+    # admits only certain exits, as one behind an allow list of proxies).
+    peers: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         for frac in self.broken_paths.values():
@@ -70,6 +73,7 @@ class LogEntry:
     bytes_sent: int          # body bytes handed to the socket (a broken response: what went before the drop)
     range: str | None = None
     ended: float = 0.0       # time.monotonic() when the answer was sent (or dropped): concurrency checks read it
+    peer: str = ""           # the address the request came from
 
 
 def _compile(rules: Mapping[str, object]) -> tuple[tuple[re.Pattern[str], object], ...]:
@@ -132,6 +136,11 @@ class _Site:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         arrived = time.monotonic()
+        peer = request.remote or ""
+        if self.behaviour.peers and peer not in self.behaviour.peers:
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError(f"{peer} is not an admitted source address")
         sent = 0
         resp: web.StreamResponse | None = None
         try:
@@ -142,7 +151,7 @@ class _Site:
                 self.log.append(LogEntry(arrived, request.method, request.raw_path,
                                          resp.status if resp is not None else 0,
                                          request.headers.get(hdrs.USER_AGENT), sent,
-                                         request.headers.get(hdrs.RANGE), time.monotonic()))
+                                         request.headers.get(hdrs.RANGE), time.monotonic(), peer))
 
     async def respond(self, request: web.BaseRequest) -> tuple[web.StreamResponse, int]:
         """Answer the request, having sent it already, and say how many body bytes went out."""

@@ -29,6 +29,7 @@ import httpx
 import yarl
 
 from crawler.archive import NO_ARCHIVE, Archive, NoArchive
+from crawler.http.egress import Egress
 from crawler.http.http1 import Answer, Timeouts
 from crawler.http.recording import RecordingTransport
 from crawler.http.targets import TargetPolicy
@@ -68,6 +69,11 @@ class Stack:
     def timeouts(self) -> Timeouts:
         return self._timeouts
 
+    @property
+    def egress(self) -> Egress | None:
+        """The proxies this stack's requests go through: the browser's connections take the same way."""
+        return self._transport.egress
+
     async def get(self, url: yarl.URL, headers: list[tuple[str, str]], *, timeout: Timeouts, max_body: int,
                   read_size: int, cut: bool = False) -> Answer:
         return await self._transport.get(url, headers, timeout=timeout, max_body=max_body, read_size=read_size,
@@ -89,15 +95,17 @@ def build_stack(*, user_agent: str, connect_timeout: float, read_timeout: float,
                 total_timeout: float | None = None, policy: TargetPolicy | None = None,
                 dns_cache_size: int = DNS_CACHE_SIZE, resolver: aiohttp.abc.AbstractResolver | None = None,
                 archive: Archive = NO_ARCHIVE, role: str | None = "api",
-                clock: Callable[[], float] = time.time) -> Stack:
+                clock: Callable[[], float] = time.time, egress: Egress | None = None) -> Stack:
     """A stack as build_transport and build_client make its parts.
 
     archive: where the client's exchanges go (recording.py), each recorded as ``role`` unless the request or its
     context names another (None: only those); clock its wall-clock time. With NO_ARCHIVE the client talks to the
-    transport directly. The lean path (``get``) is not recorded here: its callers record what they fetch."""
+    transport directly. The lean path (``get``) is not recorded here: its callers record what they fetch.
+
+    egress: the proxies requests go through (crawler/http/egress.py), both paths alike; None: always direct."""
     transport = build_transport(max_connections=max_connections, dns_ttl=dns_ttl, max_body=max_body,
                                 total_timeout=total_timeout, policy=policy, dns_cache_size=dns_cache_size,
-                                resolver=resolver)
+                                resolver=resolver, egress=egress)
     under: httpx.AsyncBaseTransport = transport
     if not isinstance(archive, NoArchive):
         under = RecordingTransport(transport, archive, role=role, clock=clock)

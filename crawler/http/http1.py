@@ -4,9 +4,14 @@ A page or a small audio file costs little more to fetch than the request machine
 builds a request object, a response object, a timer handle, cookie and proxy look-ups and a payload stream per
 request, about 0.1 ms of CPU against 0.03 ms for writing the request and parsing the answer with llhttp (measured
 on loopback against nginx, 64 in flight), and httpx's request and response models as much again. Page fetches
-and downloads ask for nothing else (no cookies, proxies, redirects: a page reports its Location as a link, the
+and downloads ask for nothing else (no cookies, no redirects: a page reports its Location as a link, the
 downloader follows redirects itself, each hop judged by its plan), so they take this path; resolvers' API calls
 stay on aiohttp under httpx (transport.py).
+
+Proxies (crawler/http/egress.py chooses one per origin): an http URL through an HTTP proxy is sent in absolute
+form on a connection to the proxy, with its credentials; anything else goes through a tunnel (tunnel.py: CONNECT
+or SOCKS5), TLS over it for https. Connections are pooled per (proxy, origin). When no proxy can apply, ``get``
+reads one attribute and goes on as before.
 
 What a fetch needs, and nothing more:
 
@@ -59,6 +64,9 @@ import yarl
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from crawler.http.bodies import BodyError, BoundedDecoder, content_coding
+from crawler.http.egress import MAX_TRIES, Egress, ProxiesUnavailable, ProxyFailed, current_pin
+from crawler.http.proxies import Proxy
+from crawler.http.tunnel import connect_proxy, open_tunnel, proxy_authorization
 
 # The status line and headers of an answer: a server that sends more is not one we download from.
 MAX_HEAD = 64 * 1024
@@ -163,7 +171,7 @@ def parse_url(url: str) -> yarl.URL:
 
 
 Resolve = Callable[[str, int], Awaitable[Sequence[Mapping[str, Any]]]]
-_Key = tuple[str, str, int]     # scheme, host, port
+_Key = tuple[str, str, int, Proxy | None]     # scheme, host, port, the proxy it goes through (None: direct)
 
 
 class _Connection(asyncio.Protocol):
@@ -452,6 +460,14 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
+class _Unanswered(Exception):
+    """A fresh connection through a proxy ended before any byte of the answer."""
+
+    def __init__(self, error: httpx.TransportError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class _Stream:
     """The body of one answer, as the downloader iterates it; gives the connection back when it is done."""
 
@@ -488,10 +504,17 @@ class _Stream:
 
 class Http1Client:
     def __init__(self, resolve: Resolve, *, max_idle_per_host: int = 8, max_idle: int = 64,
-                 keepalive: float = 15.0, ssl_context: ssl.SSLContext | None = None) -> None:
+                 keepalive: float = 15.0, ssl_context: ssl.SSLContext | None = None,
+                 egress: Egress | None = None, check_literal: Callable[[str, int], None] | None = None) -> None:
         """resolve(host, port) gives the addresses that host may be reached at (aiohttp's ResolveResult
-        dicts: "host", "port", "family"), or raises (TargetRefused, or a DNS error) for none."""
+        dicts: "host", "port", "family"), or raises (TargetRefused, or a DNS error) for none.
+
+        egress: the proxies that apply to a host (its ``route``) and their health; a request through a proxy
+        is judged by ``check_literal`` alone (an IP literal the policy refuses is refused), as the proxy, not
+        this node, resolves a name: the policy cannot see the address a name reaches through a proxy."""
         self._resolve = resolve
+        self._egress = egress
+        self._check_literal = check_literal
         self._idle: dict[_Key, list[_Connection]] = {}
         self._lru: OrderedDict[_Connection, None] = OrderedDict()     # every idle connection, oldest first
         self._max_idle_per_host, self._max_idle, self._keepalive = max_idle_per_host, max_idle, keepalive
@@ -509,11 +532,62 @@ class Http1Client:
         if not host:
             raise httpx.UnsupportedProtocol("the URL has no host")
         port = url.port or _DEFAULT_PORTS[scheme]
-        request = _request(url, headers)
+        egress = self._egress
+        if egress is not None and egress.route is not None:     # one attribute read when no proxy applies
+            proxies = egress.route(host, port)
+            if proxies:
+                return await self._proxied(egress, proxies, url, headers, scheme, host, port, timeout, max_body,
+                                           read_size, cut)
+        return await self._exchange((scheme, host, port, None), _request(url, headers), timeout, max_body,
+                                    read_size, cut)
+
+    async def _proxied(self, egress: Egress, proxies: Sequence[Proxy], url: yarl.URL,
+                       headers: list[tuple[str, str]], scheme: str, host: str, port: int, timeout: Timeouts,
+                       max_body: int, read_size: int, cut: bool) -> Answer:
+        """The GET through the proxy egress chooses for this host; through another (at most MAX_TRIES in all)
+        when that one fails as a proxy, each failure taking it out for a while. ProxiesUnavailable when none
+        could carry it: this node's fault, not the URL's."""
+        if self._check_literal is not None:
+            self._check_literal(host, port)
+        loop = asyncio.get_running_loop()
+        tried: list[Proxy] = []
+        last = ""
+        for _ in range(min(MAX_TRIES, len(proxies))):
+            proxy = egress.choose(f"{host}:{port}", proxies, loop.time(), pin=current_pin(), tried=tried)
+            tried.append(proxy)
+            egress.sent(proxy)
+            absolute = proxy.scheme == "http" and scheme == "http"
+            request = _request(url, headers, proxy if absolute else None)
+            try:
+                answer = await self._exchange((scheme, host, port, proxy), request, timeout, max_body, read_size,
+                                              cut)
+            except ProxyFailed as exc:
+                egress.failed(proxy, loop.time())
+                last = exc.reason
+                continue
+            except _Unanswered as exc:
+                # The way through the proxy broke before any answer: the proxy dying, or the origin hanging up.
+                # Through another proxy once more (a GET is safe to send again), without blaming this one: if
+                # it is dead, its next connection says so. On the last proxy the error is the origin's.
+                if len(tried) >= min(MAX_TRIES, len(proxies)):
+                    raise exc.error from None
+                last = str(exc.error)
+                continue
+            if absolute and answer.status_code == 407:
+                await answer.aclose()
+                egress.failed(proxy, loop.time())
+                last = "407: the proxy wants (other) credentials"
+                continue
+            egress.succeeded(proxy)
+            return answer
+        raise ProxiesUnavailable(f"{host}:{port}: no proxy carried the request ({', '.join(p.label for p in tried)}"
+                                 f"{': ' + last if last else ''})")
+
+    async def _exchange(self, key: _Key, request: bytes, timeout: Timeouts, max_body: int, read_size: int,
+                        cut: bool) -> Answer:
         loop = asyncio.get_running_loop()
         connect_timeout, read_timeout, _, total = timeout
         deadline = None if total is None else loop.time() + total
-        key = (scheme, host, port)
         while True:
             conn = self._pooled(key, loop)
             fresh = conn is None
@@ -529,8 +603,11 @@ class Http1Client:
             if conn.error is None:
                 return self._answer(conn, max_body, cut, read_timeout, deadline)
             conn.close()
-            if not fresh and conn.received == 0 and not isinstance(conn.error, httpx.TimeoutException):
-                continue          # the server had closed the idle connection: once more on a new one
+            if conn.received == 0 and not isinstance(conn.error, httpx.TimeoutException):
+                if not fresh:
+                    continue          # the server had closed the idle connection: once more on a new one
+                if key[3] is not None:
+                    raise _Unanswered(conn.error)
             raise conn.error
 
     def _answer(self, conn: _Connection, max_body: int, cut: bool, read_timeout: float | None,
@@ -561,12 +638,14 @@ class Http1Client:
 
     async def _connect(self, key: _Key, loop: asyncio.AbstractEventLoop,
                        connect_timeout: float | None) -> _Connection:
-        scheme, host, port = key
+        scheme, host, port, proxy = key
         tls: ssl.SSLContext | None = None
         if scheme == "https":
             if self._ssl is None:
                 self._ssl = ssl.create_default_context()
             tls = self._ssl
+        if proxy is not None:
+            return await self._connect_through(proxy, key, loop, connect_timeout, tls)
         error: Exception | None = None
         try:
             async with asyncio.timeout(connect_timeout):
@@ -585,6 +664,33 @@ class Http1Client:
         except OSError as exc:       # DNS (aiohttp's resolvers raise OSError subclasses)
             raise httpx.ConnectError(f"{host}:{port}: {exc}") from None
         raise httpx.ConnectError(f"cannot connect to {host}:{port}: {error or 'no address'}")
+
+    async def _connect_through(self, proxy: Proxy, key: _Key, loop: asyncio.AbstractEventLoop,
+                               connect_timeout: float | None, tls: ssl.SSLContext | None) -> _Connection:
+        """A connection to the origin through the proxy: to the proxy itself for an http URL through an HTTP
+        proxy (absolute-form requests), else a tunnel (CONNECT, SOCKS5) with TLS over it for https. A failure
+        before the origin is reached is the proxy's (ProxyFailed); TLS with the origin is the origin's."""
+        scheme, host, port, _ = key
+        if proxy.scheme == "http" and scheme == "http":
+            try:
+                async with asyncio.timeout(connect_timeout):
+                    sock = await connect_proxy(proxy, loop)
+            except TimeoutError:
+                raise ProxyFailed(proxy, f"no connection within {connect_timeout} s") from None
+        else:
+            sock = await open_tunnel(proxy, host, port, connect_timeout)
+        try:
+            async with asyncio.timeout(connect_timeout):
+                _, conn = await loop.create_connection(lambda: _Connection(key, loop), sock=sock, ssl=tls,
+                                                       server_hostname=host if tls is not None else None)
+            return conn
+        except TimeoutError:
+            sock.close()
+            raise httpx.ConnectTimeout(f"TLS with {host}:{port} through {proxy.label} took over "
+                                       f"{connect_timeout} s") from None
+        except (OSError, ssl.SSLError) as exc:
+            sock.close()
+            raise httpx.ConnectError(f"cannot connect to {host}:{port} through {proxy.label}: {exc}") from None
 
     def _release(self, conn: _Connection) -> None:
         if self._closed or not conn.reusable():
@@ -628,8 +734,17 @@ def sent_headers(url: yarl.URL, headers: list[tuple[str, str]]) -> RawHeaders:
         for name, value in headers if name.lower() != "host")
 
 
-def _request(url: yarl.URL, headers: list[tuple[str, str]]) -> bytes:
-    lines = [f"GET {url.raw_path_qs or '/'} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"]
+def _request(url: yarl.URL, headers: list[tuple[str, str]], proxy: Proxy | None = None) -> bytes:
+    """The request's bytes; through an HTTP proxy (``proxy``, for an http URL) in absolute form, with the
+    proxy's credentials."""
+    if proxy is None:
+        lines = [f"GET {url.raw_path_qs or '/'} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"]
+    else:
+        target = f"http://{url.host_port_subcomponent}{url.raw_path_qs or '/'}"
+        lines = [f"GET {target} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"]
+        auth = proxy_authorization(proxy)
+        if auth is not None:
+            lines.append(f"Proxy-Authorization: {auth}\r\n")
     for name, value in headers:
         if name.lower() == "host":
             continue

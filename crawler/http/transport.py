@@ -23,7 +23,12 @@ lean path ``get`` opens to http1.py; the httpx path serves resolvers' API calls.
   the limit, so the reader can tell);
 - a total deadline for the whole exchange, body included (``total_timeout``, per transport or per request), so
   a server that trickles a byte at a time is cut off;
-- no proxies, no cookies (the session's jar is a DummyCookieJar), no decompression by aiohttp.
+- no cookies (the session's jar is a DummyCookieJar), no decompression by aiohttp;
+- proxies as the egress (crawler/http/egress.py) chooses them per host: one aiohttp session per proxy (so
+  connections are pooled per proxy and origin), HTTP proxies by aiohttp's own proxy support (absolute-form for
+  http, CONNECT for https), SOCKS5 by a tunnel (tunnel.py) under aiohttp's connector, which aiohttp has no
+  support for itself. The connection to the proxy is made by tunnel.py too, never by the target resolver: the
+  proxy's address is the operator's choice.
 - for the archive (crawler/http/recording.py), when a request asks (``sent_headers``): the headers as aiohttp
   sent them (Host and its defaults included) and the answer's as received, before a coding was taken off.
 
@@ -38,7 +43,8 @@ import asyncio
 import functools
 import http.cookiejar
 import socket
-from collections.abc import AsyncIterator
+import ssl
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
 import aiohttp
@@ -47,10 +53,14 @@ import httpx
 import yarl
 
 from crawler.http.bodies import ACCEPT_ENCODING, BodyError, BoundedDecoder
+from crawler.http.egress import MAX_TRIES, Egress, ProxiesUnavailable, ProxyFailed, current_pin
 from crawler.http.http1 import Answer, Http1Client, Timeouts, body_coding
+from crawler.http.proxies import MAX_PROXIES, Proxy
 from crawler.http.targets import TargetPolicy, TargetResolver
+from crawler.http.tunnel import connect_proxy, open_tunnel, proxy_authorization
 
 _SCHEMES = frozenset(("http", "https"))
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 # Host names whose addresses are remembered (for dns_ttl), least recently used out.
 DNS_CACHE_SIZE = 10_000
 
@@ -152,9 +162,51 @@ def _salvage(content: aiohttp.StreamReader) -> bytes:
     return data
 
 
+class _ProxyConnector(aiohttp.TCPConnector):
+    """aiohttp's connector for the requests through one proxy. For an HTTP proxy aiohttp speaks the proxy's
+    protocol itself and asks this connector for a connection to the proxy (made here, without the target
+    resolver); for SOCKS5 every connection is a tunnel through the proxy to the request's origin. aiohttp offers
+    no public hook for either: this overrides its one method that makes a connection, as aiohttp-socks does."""
+
+    def __init__(self, proxy: Proxy, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.proxy = proxy
+
+    async def _create_direct_connection(self, req: Any, traces: Any, timeout: aiohttp.ClientTimeout, *,
+                                        client_error: type[Exception] = aiohttp.ClientConnectorError,
+                                        ) -> tuple[asyncio.Transport, Any]:
+        proxy = self.proxy
+        loop = asyncio.get_running_loop()
+        host, port = req.url.raw_host or "", req.port or 0
+        if proxy.scheme == "http":     # aiohttp asks for the proxy itself
+            try:
+                async with asyncio.timeout(timeout.sock_connect):
+                    sock = await connect_proxy(proxy, loop)
+            except TimeoutError:
+                raise ProxyFailed(proxy, f"no connection within {timeout.sock_connect} s") from None
+            tls = None
+        else:
+            sock = await open_tunnel(proxy, host, port, timeout.sock_connect)
+            tls = self._get_ssl_context(req)
+        try:
+            async with asyncio.timeout(timeout.sock_connect):
+                made: tuple[asyncio.Transport, Any] = await loop.create_connection(
+                    self._factory, sock=sock, ssl=tls, server_hostname=host if tls else None)
+                return made
+        except ssl.SSLCertVerificationError as exc:     # TLS with the origin: the origin's failure, not the proxy's
+            sock.close()
+            raise aiohttp.ClientConnectorCertificateError(req.connection_key, exc) from exc
+        except (OSError, ssl.SSLError) as exc:
+            sock.close()
+            raise client_error(req.connection_key, OSError(getattr(exc, "errno", None), str(exc))) from exc
+        except BaseException:
+            sock.close()
+            raise
+
+
 class AiohttpTransport(httpx.AsyncBaseTransport):
     def __init__(self, resolver: TargetResolver, *, max_connections: int, max_body: int,
-                 total_timeout: float | None = None) -> None:
+                 total_timeout: float | None = None, egress: Egress | None = None) -> None:
         """resolver: DNS and the target policy of every connection, aiohttp's and the lean client's; the aiohttp
         session is made on the first request, inside the running loop.
 
@@ -168,6 +220,21 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self._timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
         self.max_body = max_body
         self.total_timeout = total_timeout
+        self.egress = egress
+        self._proxied: dict[Proxy, aiohttp.ClientSession] = {}
+
+    def _through(self, proxy: Proxy) -> aiohttp.ClientSession:
+        session = self._proxied.get(proxy)
+        if session is None:
+            if len(self._proxied) >= MAX_PROXIES:
+                # Bounded: the oldest session goes (its requests in flight end on their own connections).
+                old = self._proxied.pop(next(iter(self._proxied)))
+                asyncio.get_running_loop().create_task(old.close())
+            connector = _ProxyConnector(proxy, limit=self._max_connections, limit_per_host=0,
+                                        enable_cleanup_closed=True, use_dns_cache=False)
+            session = self._proxied[proxy] = aiohttp.ClientSession(connector=connector,
+                                                                   cookie_jar=aiohttp.DummyCookieJar())
+        return session
 
     def _open(self) -> aiohttp.ClientSession:
         session = self._session
@@ -224,22 +291,29 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             # the transport may hold open.
             idle = self._max_connections or 100
             self._lean = Http1Client(functools.partial(self.resolver.resolve, family=socket.AF_UNSPEC),
-                                     max_idle=idle, max_idle_per_host=idle)
+                                     max_idle=idle, max_idle_per_host=idle, egress=self.egress,
+                                     check_literal=self.resolver.check_literal)
         return await self._lean.get(url, headers, timeout=timeout, max_body=max_body, read_size=read_size, cut=cut)
 
     async def _send(self, method: str, url: yarl.URL, headers: list[tuple[str, str]], body: bytes | None,
                     timeout: Timeouts, max_body: int, cut: bool, read_size: int, sent: bool = False) -> Answer:
         """sent: the answer's extensions also carry the request's headers as aiohttp sent them
         (``request_headers``) and the answer's as received (``wire_headers``), for the archive (recording.py)."""
-        session = self._open()
-        # aiohttp asks no resolver about an IP literal: the policy judges it here, on every hop.
+        # aiohttp asks no resolver about an IP literal: the policy judges it here, on every hop. Through a proxy
+        # this is all the policy can judge: the proxy resolves a name, and what address it reaches is its own.
         self.resolver.check_literal(url.raw_host or "", url.port or 0)
-        try:
-            response = await session.request(
-                method, url, headers=headers, data=body, allow_redirects=False, auto_decompress=False,
-                timeout=self._timeout(timeout))
-        except _FAILURES as e:
-            raise map_error(e) from e
+        egress = self.egress
+        proxies = () if egress is None or egress.route is None else egress.route(url.raw_host or "", url.port or 0)
+        if proxies:
+            assert egress is not None
+            response = await self._proxied_request(egress, proxies, method, url, headers, body, timeout)
+        else:
+            try:
+                response = await self._open().request(
+                    method, url, headers=headers, data=body, allow_redirects=False, auto_decompress=False,
+                    timeout=self._timeout(timeout))
+            except _FAILURES as e:
+                raise map_error(e) from e
         raw_headers = response.raw_headers
         extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
         if response.reason:
@@ -257,7 +331,54 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return Answer(response.status, raw_headers, extensions, _Body(response, decoder, read_size),
                       None if coding else response.headers)
 
+    async def _proxied_request(self, egress: Egress, proxies: Sequence[Proxy], method: str, url: yarl.URL,
+                               headers: list[tuple[str, str]], body: bytes | None,
+                               timeout: Timeouts) -> aiohttp.ClientResponse:
+        """The request through the proxy egress chooses for its host, through another when that one fails as a
+        proxy (as http1.py's lean path does); ProxiesUnavailable when none could carry it."""
+        loop = asyncio.get_running_loop()
+        host = url.raw_host or ""
+        origin = f"{host}:{url.port or _DEFAULT_PORTS.get(url.scheme, 0)}"
+        tried: list[Proxy] = []
+        last = ""
+        for _ in range(min(MAX_TRIES, len(proxies))):
+            proxy = egress.choose(origin, proxies, loop.time(), pin=current_pin(), tried=tried)
+            tried.append(proxy)
+            egress.sent(proxy)
+            extra: dict[str, Any] = {}
+            if proxy.scheme == "http":
+                extra["proxy"] = proxy.label
+                auth = proxy_authorization(proxy)
+                if auth is not None:
+                    # aiohttp sends proxy_headers on CONNECT only: an absolute-form request carries its own.
+                    if url.scheme == "http":
+                        headers = [*headers, ("Proxy-Authorization", auth)]
+                    else:
+                        extra["proxy_headers"] = {"Proxy-Authorization": auth}
+            try:
+                response = await self._through(proxy).request(
+                    method, url, headers=headers, data=body, allow_redirects=False, auto_decompress=False,
+                    timeout=self._timeout(timeout), **extra)
+            except ProxyFailed as exc:
+                last = exc.reason
+            except (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError) as exc:
+                last = str(exc)[:300] or type(exc).__name__
+            except _FAILURES as e:
+                raise map_error(e) from e
+            else:
+                if not (proxy.scheme == "http" and url.scheme == "http" and response.status == 407):
+                    egress.succeeded(proxy)
+                    return response
+                response.close()
+                last = "407: the proxy wants (other) credentials"
+            egress.failed(proxy, loop.time())
+        raise ProxiesUnavailable(f"{host}: no proxy carried the request ({', '.join(p.label for p in tried)}"
+                                 f"{': ' + last if last else ''})")
+
     async def aclose(self) -> None:
+        for proxied in self._proxied.values():
+            await proxied.close()
+        self._proxied.clear()
         if self._lean is not None:
             await self._lean.aclose()
             self._lean = None
@@ -285,12 +406,14 @@ class _NoCookieJar(http.cookiejar.CookieJar):
 def build_transport(*, max_connections: int, dns_ttl: float, max_body: int = 5 * 1024 * 1024,
                     total_timeout: float | None = None, policy: TargetPolicy | None = None,
                     dns_cache_size: int = DNS_CACHE_SIZE,
-                    resolver: aiohttp.abc.AbstractResolver | None = None) -> AiohttpTransport:
+                    resolver: aiohttp.abc.AbstractResolver | None = None,
+                    egress: Egress | None = None) -> AiohttpTransport:
     """The transport; max_body bounds every body it hands out (decoded), total_timeout every exchange, policy
     the addresses it connects to (None: any; only tests of the transport itself go without); resolver the DNS
     behind the transport's cache (aiohttp's default when None)."""
     return AiohttpTransport(TargetResolver(policy, ttl=dns_ttl, max_size=dns_cache_size, resolver=resolver),
-                            max_connections=max_connections, max_body=max_body, total_timeout=total_timeout)
+                            max_connections=max_connections, max_body=max_body, total_timeout=total_timeout,
+                            egress=egress)
 
 
 def build_client(transport: httpx.AsyncBaseTransport, *, user_agent: str, connect_timeout: float, read_timeout: float,

@@ -50,6 +50,9 @@ class Observer:
         self.log_interval = log_interval
         self._store: StoreView | None = None
         self.metrics = MasterMetrics()
+        # Each node's proxy counters as its last heartbeat said (crawler_proxy_*_total{proxy,node}).
+        self.proxy_counts: dict[str, tuple[p.ProxyCount, ...]] = {}
+        self.metrics.watch_proxies(lambda: self.proxy_counts)
         self.live = LiveStats(started=clock())
         self.web_addr: str | None = None
 
@@ -99,6 +102,9 @@ class Observer:
         """A worker's heartbeat: its fingerprint backlog, for the status and /metrics."""
         self.live.fingerprint_backlog(node, msg.fingerprint_backlog)
         self.metrics.fingerprint_backlog.labels(node).set(msg.fingerprint_backlog)
+        if msg.proxies or node in self.proxy_counts:
+            # Bounded: one entry per node of the config, each at most MAX_PROXY_COUNTS long (the wire's bound).
+            self.proxy_counts[node] = msg.proxies
 
     def joined(self, node: str, now: float) -> None:
         self.live.seen(node, now, connected=True)

@@ -28,7 +28,9 @@ from crawler.archive import NO_ARCHIVE, Archive
 from crawler.archive.writer import ArchiveWriter, open_archive
 from crawler.bloom import BloomFileError, BloomFilter, GrowingBloomFilter
 from crawler.connection import ConnectionClosed, FramedConnection
+from crawler.http.egress import Egress, ProxiesUnavailable
 from crawler.http.getter import Getter, build_stack
+from crawler.http.proxies import Proxy
 from crawler.http.targets import TargetPolicy
 from crawler.items import MAX_URL, PENDING
 from crawler.master import steering
@@ -196,6 +198,9 @@ class Master:
         self.targets = TargetPolicy.for_crawl(cfg.seeds, cfg.crawl.allowed_networks)
         self.site_wire = sites_to_wire(cfg.sites)      # what every Welcome tells the workers of the sites
         self.site_stats = SiteStats(cfg.sites)          # the sites' figures for the status
+        # The master's own requests (robots.txt) leave as the workers' do: through a site's proxies when it names
+        # some, else the crawl's; one egress for all its fetches, so a failing proxy is out for all of them.
+        self.egress = Egress(self._route if cfg.proxies or any(s.proxies for s in cfg.sites.policies) else None)
         self.paused = False
         self._unanswered: set[str] = set()   # commands applied whose file could not be removed
         # Evidence requests waiting for the nodes' records (crawler/master/evidence.py), by command file name.
@@ -815,6 +820,12 @@ class Master:
                     pass
 
     # ------------------------------------------------------------------ robots.txt
+    def _route(self, host: str, port: int) -> tuple[Proxy, ...]:
+        site = self.cfg.sites.lookup(host, port)
+        if site is not None and site.proxies is not None:
+            return site.proxies
+        return self.cfg.proxies
+
     def _fetch_robots(self) -> None:
         for origin in self.crawl.robots_to_fetch():
             self._spawn(self._robots_one(origin))
@@ -828,12 +839,13 @@ class Master:
                     build_stack(max_connections=2, dns_ttl=60, max_body=ROBOTS_MAX_BYTES + 1,
                                 total_timeout=self.cfg.politeness.robots_timeout, policy=self.targets,
                                 user_agent=self.cfg.politeness.user_agent, connect_timeout=10, read_timeout=10,
-                                max_redirects=5, archive=self.archive, role="robots", clock=self.clock) as http:
+                                max_redirects=5, archive=self.archive, role="robots", clock=self.clock,
+                                egress=self.egress) as http:
                 status, body = await fetch_robots(http, robots_url(origin))
             if 200 <= status < 300:
                 # Parsing a large file takes a while (pure Python): off the event loop, which serves workers.
                 parsed = await asyncio.to_thread(parse_robots, body, self.cfg.politeness.user_agent)
-        except (httpx.HTTPError, TimeoutError) as e:
+        except (httpx.HTTPError, TimeoutError, ProxiesUnavailable) as e:
             status = body = parsed = None
             log.info("robots.txt of %s not fetched: %s", origin, str(e) or type(e).__name__)
         self.crawl.robots_fetched(origin, status, body, self.clock(), parsed)

@@ -72,6 +72,7 @@ from crawler.resolvers.base import (
     parse_section,
 )
 from crawler.resolvers.browsercapture import Capture
+from crawler.http.egress import Egress
 from crawler.resolvers.browserproxy import BrowserProxy, HostRules
 from crawler.resolvers.chromium import (
     DEFAULT_USER,
@@ -87,7 +88,7 @@ from crawler.web import media
 from crawler.web.html import css
 from crawler.web.links import extract_links
 from crawler.web.page import FetchedPage
-from crawler.web.urls import InvalidURL, host_of, resolve, resolve_link
+from crawler.web.urls import InvalidURL, host_of, host_port, resolve, resolve_link
 
 log = logging.getLogger(__name__)
 
@@ -378,6 +379,7 @@ class BrowserResolver(Resolver):
         except ValueError as exc:
             raise ResolverConfigError(f"browser.args: {exc}") from None
         self._targets = TargetPolicy()             # the worker's, from the first page's context
+        self._egress: Egress | None = None         # the worker's proxies, likewise
         self._proxy: BrowserProxy | None = None
         self._watches: dict[int, asyncio.Task[None]] = {}   # browser pid -> its memory watch
         self._signs = tuple(sign.lower().encode() for sign in self.settings.player_signs)
@@ -409,6 +411,7 @@ class BrowserResolver(Resolver):
         page_url = page.final_url if page is not None else url
         if ctx.targets is not None:
             self._targets = ctx.targets
+        self._egress = getattr(ctx.http, "egress", None)     # a Stack's; a plain client has none
         if self._tabs is None:
             self._tabs = asyncio.Semaphore(self.settings.max_pages)
             self._starting = asyncio.Lock()
@@ -473,7 +476,7 @@ class BrowserResolver(Resolver):
 
                 self._playwright = await async_playwright().start()
             if self._proxy is None:
-                proxy = BrowserProxy(lambda: self._targets, self._rules)
+                proxy = BrowserProxy(lambda: self._targets, self._rules, egress=lambda: self._egress)
                 await proxy.start()
                 self._proxy = proxy
             try:
@@ -753,6 +756,10 @@ class BrowserResolver(Resolver):
             if kind is not None:
                 probe.kind = kind
         meta, element_meta, links = await asyncio.to_thread(self._rendered, html, page_url)
+        # The proxy the page's own connections went through: a signed address the page's scripts obtained goes
+        # out there too (RequestIdentity.exit), as the worker pins what other resolvers find.
+        origin = host_port(page_url)
+        exit = self._proxy.exit_of(*origin) if self._proxy is not None and origin is not None else None
         items: list[AudioItem] = []
         for f in rec.results():
             if f.kind == "playlist":
@@ -760,7 +767,7 @@ class BrowserResolver(Resolver):
                 continue
             headers: tuple[tuple[str, str], ...] = (("Referer", f.referer),) if f.referer else ()
             identity = RequestIdentity(user_agent=f.user_agent, headers=headers,
-                                       cookies=tuple(cookies.get(f.url, ())))
+                                       cookies=tuple(cookies.get(f.url, ())), exit=exit)
             extra: dict[str, Any] = {"found_in": "browser", "request_type": f.request_type}
             if f.kind in ("hls", "dash"):
                 extra["format"] = f.kind

@@ -13,6 +13,11 @@ a value made for this proxy (``mark``), so the browser's archive (browsercapture
 that were not let out, not as a site's answers; a site cannot forge the mark, so it cannot pass its own answers
 off as ours. Responses relayed for plain ``http:`` keep their heads but for ``Connection: close``.
 
+Through the worker's proxies: when the worker's egress (crawler/http/egress.py) says proxies apply to a host,
+the connection is a tunnel through the one it chooses (CONNECT for an HTTP proxy, SOCKS5), with the same
+failover and counters as the worker's own requests; the proxy then resolves the name, so the policy judges only
+an IP literal (a name's address is the exit's business). A plain ``http:`` request goes through the tunnel too.
+
 Host rules: the same ``--host-resolver-rules`` switch that keeps a test's browser off DNS (``MAP * ~NOTFOUND,
 EXCLUDE 127.0.0.1``, ``MAP name 127.0.0.1``) is applied here, since the names are now resolved here.
 
@@ -30,11 +35,15 @@ import ipaddress
 import logging
 import secrets
 import socket
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from crawler.http.egress import MAX_TRIES, Egress, ProxiesUnavailable, ProxyFailed, current_pin
+from crawler.http.proxies import Proxy
 from crawler.http.targets import TargetPolicy
+from crawler.http.tunnel import open_tunnel
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +52,7 @@ HEAD_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 10.0
 MAX_CONNECTIONS = 256
 CHUNK = 64 * 1024
+EXITS_KEPT = 1024
 RULES_SWITCH = "--host-resolver-rules="
 # Hop-by-hop headers of the browser's request to its proxy: not the origin server's business.
 _HOP = frozenset({b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive"})
@@ -143,7 +153,9 @@ class BrowserProxy:
     """The proxy; ``policy`` is read at every connection (the worker learns its crawl's from the master)."""
 
     def __init__(self, policy: Callable[[], TargetPolicy], rules: HostRules = HostRules(),
-                 resolve: Resolve | None = None) -> None:
+                 resolve: Resolve | None = None, egress: Callable[[], Egress | None] = lambda: None) -> None:
+        """egress: the worker's (read at every connection, as it learns its proxies from the master)."""
+        self._egress = egress
         self._policy = policy
         self._rules = rules
         self._resolve = resolve or _system_resolve
@@ -152,6 +164,12 @@ class BrowserProxy:
         self.port = 0
         self.stats = {"connections": 0, "refused": 0}
         self.mark = secrets.token_hex(12)
+        # The proxy each origin's last connection went through ("host:port" -> Proxy.label), the most recent
+        # EXITS_KEPT: what the browser found there is pinned to it (RequestIdentity.exit).
+        self._exits: OrderedDict[str, str] = OrderedDict()
+
+    def exit_of(self, host: str, port: int) -> str | None:
+        return self._exits.get(f"{host}:{port}")
 
     def _answer(self, status: bytes) -> bytes:
         """One of the proxy's own answers: no body, the connection closed, and the proxy's mark."""
@@ -175,6 +193,11 @@ class BrowserProxy:
         name = self._rules.lookup(host)
         if name is None:
             raise Refused(f"{host}: no address")
+        egress = self._egress()
+        if egress is not None and egress.route is not None:
+            proxies = egress.route(host, port)
+            if proxies:
+                return await self._through(egress, proxies, host, name, port)
         async with asyncio.timeout(CONNECT_TIMEOUT):
             try:
                 addresses = [name] if _literal(name) else await self._resolve(name, port)
@@ -186,6 +209,33 @@ class BrowserProxy:
                 raise Refused(f"{host}:{port} resolves to {addresses[0] if addresses else 'no address'}, "
                               "outside the public internet and not named by the crawl")
             return await asyncio.open_connection(allowed[0], port, limit=MAX_HEAD)
+
+    async def _through(self, egress: Egress, proxies: Sequence[Proxy], host: str, name: str,
+                       port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if _literal(name) and not self._policy().permits(host, port, name):
+            raise Refused(f"{host}:{port} is outside the public internet and not named by the crawl")
+        loop = asyncio.get_running_loop()
+        tried: list[Proxy] = []
+        for _ in range(min(MAX_TRIES, len(proxies))):
+            try:
+                proxy = egress.choose(f"{host}:{port}", proxies, loop.time(), pin=current_pin(), tried=tried)
+            except ProxiesUnavailable as exc:
+                raise Refused(str(exc)) from None
+            tried.append(proxy)
+            egress.sent(proxy)
+            try:
+                sock = await open_tunnel(proxy, name, port, CONNECT_TIMEOUT)
+            except ProxyFailed:
+                egress.failed(proxy, loop.time())
+                continue
+            egress.succeeded(proxy)
+            origin = f"{host}:{port}"
+            self._exits[origin] = proxy.label
+            self._exits.move_to_end(origin)
+            if len(self._exits) > EXITS_KEPT:
+                self._exits.popitem(last=False)
+            return await asyncio.open_connection(sock=sock, limit=MAX_HEAD)
+        raise Refused(f"{host}:{port}: no proxy carried the connection ({', '.join(p.label for p in tried)})")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._writers) >= MAX_CONNECTIONS:

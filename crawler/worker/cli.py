@@ -35,6 +35,10 @@ PROG = "crawler-worker"
               help="Page fetches in flight (overrides the config) [$CRAWLER_CONCURRENCY].")
 @click.option("--metrics-listen", envvar="CRAWLER_METRICS_LISTEN",
               help="host:port to serve Prometheus /metrics on (overrides the config) [$CRAWLER_METRICS_LISTEN].")
+@click.option("--proxy", "proxy", multiple=True, envvar="CRAWLER_PROXY",
+              help="Send this node's requests through this proxy (http://host:port or socks5://host:port; "
+                   "repeatable; overrides the config's proxies, the crawl's and the sites') [$CRAWLER_PROXY, "
+                   "space-separated]. Credentials go in the config's credentials_file, never here.")
 @click.option("--log-level", default="info", show_default=True, envvar="CRAWLER_LOG_LEVEL",
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-file", type=click.Path(path_type=Path), envvar="CRAWLER_LOG_FILE",
@@ -43,7 +47,7 @@ PROG = "crawler-worker"
 @click.pass_context
 def main(ctx: click.Context, master: str | None, node_id: str | None, data_dir: Path | None,
          secret_file: Path | None, config_path: Path | None, concurrency: int | None, metrics_listen: str | None,
-         log_level: str, log_file: Path | None) -> None:
+         proxy: tuple[str, ...], log_level: str, log_file: Path | None) -> None:
     """Run a crawl worker (--master is all it needs), or one of the commands below.
 
     Flags win over their environment variables, which win over the config file."""
@@ -56,7 +60,7 @@ def main(ctx: click.Context, master: str | None, node_id: str | None, data_dir: 
         sys.exit(2)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)   # until the loop's handler reopens logs instead
     overrides = {"master": master, "id": node_id, "data_dir": data_dir, "secret_file": secret_file,
-                 "concurrency": concurrency, "metrics_listen": metrics_listen}
+                 "concurrency": concurrency, "metrics_listen": metrics_listen, "proxies": list(proxy) or None}
     made: list[Path] = []
     try:
         cfg = WorkerConfig.build(config_path, overrides)

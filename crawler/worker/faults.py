@@ -1,5 +1,8 @@
 """Local faults: this node's disk cannot take what it fetches. The node's problem, never the URL's.
 
+(A task no proxy could carry, every proxy that applies being out, is handed back the same way, without the fault
+state: crawler/http/egress.py's ProxiesUnavailable, caught where the worker runs a task.)
+
 A full disk, a read-only remount or a permission change on the data dir fails every task alike; counting those
 failures against the URLs would burn the whole queue in seconds. The worker instead stops taking work, hands back
 what it holds (protocol.Fault) and probes its data dir until it can write again.

@@ -8,6 +8,7 @@ was unfinished. The worker reconnects by itself, with backoff, until the master 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import os
@@ -26,6 +27,7 @@ from crawler.archive import NO_ARCHIVE, Archive
 from crawler.archive.writer import ArchiveWriter
 from crawler.config import ConfigError
 from crawler.connection import ConnectionClosed, FramedConnection
+from crawler.http.egress import Egress, ProxiesUnavailable, exits_used, pinned
 from crawler.http.proxies import Proxy, parse_wire
 from crawler.http.targets import TargetPolicy, parse_network
 from crawler.http.getter import build_stack
@@ -73,6 +75,8 @@ REPORT_DELAY = 0.02
 ENDED_KEPT = 4096   # page requests whose outcome is remembered for tasks chained after them
 # How often the data dir is checked for free space, and, after a local fault, whether it can be written again.
 DISK_CHECK_INTERVAL = 1.0
+# A download no proxy could carry tries again after this long (a failed proxy's first backoff is 5 s).
+PROXY_WAIT = 2.0
 
 
 def _wire_size(r: p.Result | int) -> int:
@@ -220,6 +224,11 @@ class Worker:
         self.depths = DepthLimits(None, self.sites)
         # The sites' cookie jars and logins (sessions.py), for the sites of the Welcome that have a session.
         self.sessions = Sessions(lambda: self.http.client)
+        # Every request of this node leaves through the egress (crawler/http/egress.py): its route is set once
+        # the proxies that may apply are known (None while none does: no per-request work then).
+        self.egress = Egress()
+        self._set_route()
+        self.metrics.watch_proxies(self.egress.snapshot)
         self.targets = TargetPolicy()          # public addresses only, until the Welcome names the crawl's own
         # Downloads, as the master must hear of them (ledger.py): what is asked, ended, pending, settled. Here
         # the asyncio side of it: the asks waiting for their grant, by ticket; the jobs, by download (they
@@ -240,12 +249,39 @@ class Worker:
         self._waiting: dict[int, asyncio.Future[bool]] = {}
         self._running: set[int] = set()
         self.fault: str | None = None       # why this node's storage cannot take work now (see faults.py)
-        self._handed_back: str | None = None   # why tasks were last handed back without a fault (a site's login)
+        # Why tasks were last handed back without a fault of the data dir: a site's login, or no proxy to go by.
+        self._handed_back: str | None = None
         self.refusal: MasterRefused | None = None  # the master's final answer, for the CLI's exit status
         self._was_connected = False
 
     def stop(self) -> None:
         self._stop.set()
+
+    def proxy_counts(self) -> tuple[p.ProxyCount, ...]:
+        return tuple(p.ProxyCount(c.label[:it.MAX_NAME], min(c.requests, it.INT64_MAX), min(c.failures, it.INT64_MAX))
+                     for c in self.egress.snapshot())[:p.MAX_PROXY_COUNTS]
+
+    def _set_route(self) -> None:
+        """The egress's route: None when no proxy can apply to any request (this node's own ``proxies`` key is
+        empty, or absent and neither the crawl nor any site names one)."""
+        own = self.cfg.proxies
+        if own is not None:
+            self.egress.route = self.route if own else None
+        elif self.crawl_proxies or any(s.proxies for s in self.sites.policies):
+            self.egress.route = self.route
+        else:
+            self.egress.route = None
+
+    def route(self, host: str, port: int) -> tuple[Proxy, ...]:
+        """The proxies a request to host:port may leave through (): direct): this node's own ``proxies`` key
+        wins, else the site's (when it names any, () meaning direct), else the crawl's."""
+        own = self.cfg.proxies
+        if own is not None:
+            return own
+        site = self.sites.lookup(host, port)
+        if site is not None and site.proxies is not None:
+            return site.proxies
+        return self.crawl_proxies
 
     # ------------------------------------------------------------------ lifecycle
     async def serve(self) -> int:
@@ -260,7 +296,7 @@ class Worker:
                                 max_body=cfg.max_page_bytes, total_timeout=cfg.fetch_timeout, policy=self.targets,
                                 user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
                                 read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects,
-                                archive=self.archive)
+                                archive=self.archive, egress=self.egress)
         # Requests to a site with a session wait for its login and carry its cookies, on both paths (sessions.py).
         self.sessions.install(self.http.client)
         page_http = SessionGetter(self.http, self.sessions)
@@ -273,7 +309,7 @@ class Worker:
                                    max_body=cfg.max_audio_bytes + 1, policy=self.targets,
                                    user_agent=cfg.user_agent, connect_timeout=cfg.connect_timeout,
                                    read_timeout=cfg.read_timeout, max_redirects=cfg.max_redirects,
-                                   archive=self.archive)
+                                   archive=self.archive, egress=self.egress)
         self.sessions.install(self.dl_http.client)
         self.ctx = ResolveContext(http=page_http, user_agent=cfg.user_agent, fetch_page=self._fetch_other_page,
                                   targets=self.targets, archive=self.archive,
@@ -440,6 +476,7 @@ class Worker:
             siterules.install(client, self.site_rules)
         self.max_depth = self.depths.ceiling
         self.sessions.update(self.sites)
+        self._set_route()
         self._allow_targets(welcome)
         conn.max_frame = min(conn.max_frame, welcome.max_frame)
         session = Session(self, conn, hs, welcome)
@@ -557,6 +594,12 @@ class Worker:
             return None
         except SessionUnavailable as e:   # the site's URLs wait for its login: handed back, no attempt counted
             self._handed_back = str(e)
+            return None
+        except ProxiesUnavailable as e:   # no proxy could carry it: this node's fault, not the URL's
+            self._handed_back = str(e)[:200]
+            log.warning("handing back %s: %s", task.url, e)
+            # Not at once: handed back now, the task could come straight back while every proxy is still out.
+            await asyncio.sleep(PROXY_WAIT)
             return None
         except Exception as e:   # a bug must cost one task, not the worker
             log.exception("task %s failed unexpectedly", task.url)
@@ -751,9 +794,13 @@ class Worker:
                        page: FetchedPage | None) -> tuple[Resolution | None, str | None]:
         try:
             # The resolver's API calls are exchanges of this page's chain (crawler/http/recording.py).
-            with recorded_as("api", url):
-                return await resolver.resolve(url, page, self.ctx), None
-        except (ResolverUnavailable, SessionUnavailable):
+            with recorded_as("api", url), exits_used() as used:
+                resolution = await resolver.resolve(url, page, self.ctx)
+            if used and resolution.items:
+                # The addresses go out where they were resolved (a signed address may be bound to its exit).
+                resolution.items = [_pinned_to(a, used[-1].label) for a in resolution.items]
+            return resolution, None
+        except (ResolverUnavailable, SessionUnavailable, ProxiesUnavailable):
             raise
         except Exception as e:
             log.exception("resolver %s failed on %s", resolver.name, url)
@@ -912,10 +959,15 @@ class Worker:
             got: it.AudioItem | None = None
             while got is None:
                 try:
-                    got = await self._download(item, resolver, start)
+                    with pinned(item.identity.exit if item.identity is not None else None):
+                        got = await self._download(item, resolver, start)
                 except SessionUnavailable as e:
                     # The site's login fails: the download waits for its next attempt and resumes then.
                     await asyncio.sleep(max(1.0, e.retry_at - time.monotonic()))
+                except ProxiesUnavailable as e:
+                    # No proxy can carry it now: the download waits for one (a proxy's backoff) and resumes.
+                    log.warning("download of %s waits for a proxy: %s", item.url, e)
+                    await asyncio.sleep(PROXY_WAIT)
                 except OSError as e:
                     if not is_local(e):
                         raise
@@ -1227,7 +1279,8 @@ class Session:
             # The leases still worked on, so the master renews them: a slow resolve keeps its page's.
             pool = self.worker.fingerprints
             await self.conn.send(p.Heartbeat(time.time(), tuple(self.worker._running),
-                                             min(pool.backlog if pool else 0, p.MAX_CAPACITY)))
+                                             min(pool.backlog if pool else 0, p.MAX_CAPACITY),
+                                             self.worker.proxy_counts()))
 
     async def stopper(self) -> None:
         await self.worker._stop.wait()
@@ -1295,3 +1348,11 @@ def _merged(first: Resolution | None, more: Resolution | None) -> Resolution | N
     return Resolution(items=first.items + [i for i in more.items if i.url not in seen],
                       links=first.links + more.links, lastmod={**more.lastmod, **first.lastmod},
                       link_meta={**more.link_meta, **first.link_meta})
+
+
+def _pinned_to(item: it.AudioItem, exit: str) -> it.AudioItem:
+    """The item with the proxy it was resolved through as its exit (RequestIdentity.exit)."""
+    if item.identity is not None and item.identity.exit is not None:
+        return item
+    identity = item.identity or it.RequestIdentity()
+    return item.replace(identity=dataclasses.replace(identity, exit=exit))
