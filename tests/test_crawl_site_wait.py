@@ -152,3 +152,4 @@ def test_the_status_shows_a_waiting_site():
                                                                   "next_try_s": 1.0}})
     assert view["members.example"]["login_waiting"]["reason"] == "HTTP 500"
     assert view["other.example"]["login_waiting"] is None
+

@@ -364,15 +364,24 @@ class Crawl:
                  now - w.since, n)
 
     def _probe(self, held: HeldQueue, now: float) -> None:
-        """For each waiting site whose next login attempt is due: one of its URLs of the current level (if it
-        has any: otherwise it holds nothing of the level up) goes out to this node, so a worker tries the login
-        again. Until that URL's result or SiteWait answers, the next probe waits a lease's time."""
+        """For each waiting site whose next login attempt is due: one of its URLs of the current level goes out
+        to this node, so a worker tries the login again. A site with none there holds nothing of the level up;
+        its deeper URLs are probed only once nothing else is left to crawl (the level cannot rise past them
+        then). Until the probe's result or SiteWait answers, the next probe waits a lease's time."""
+        idle: bool | None = None
         for site, w in self.waiting.items():
             if w.until > now:
                 continue
             w.until = now + self.cfg.scheduling.lease_timeout
-            rows = self.store.pop(waiting_node(site), 1, now, max_depth=self.level,
-                                  validators=self.revisit is not None, link_meta=True)
+            node = waiting_node(site)
+            rows = self.store.pop(node, 1, now, max_depth=self.level, validators=self.revisit is not None,
+                                  link_meta=True)
+            if not rows:
+                if idle is None:
+                    idle = not (self.leases or any(self.held.values()) or self.robots_wanted) and \
+                        self.store.lowest_queued_depth([waiting_node(s) for s in self.waiting]) is None
+                if idle:
+                    rows = self.store.pop(node, 1, now, validators=self.revisit is not None, link_meta=True)
             for url, depth, parent, *validators, named in rows:
                 held.add(Held(url, depth, parent, host_url_of(url), validators[0] if validators else None,
                               _link_meta(named)))
