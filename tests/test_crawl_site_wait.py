@@ -153,3 +153,15 @@ def test_the_status_shows_a_waiting_site():
     assert view["members.example"]["login_waiting"]["reason"] == "HTTP 500"
     assert view["other.example"]["login_waiting"] is None
 
+
+
+def test_the_worker_hands_a_sites_tasks_back_in_one_site_wait_a_site():
+    from crawler.worker.server import SiteBack, _site_wait_frames
+
+    backs = [SiteBack(1, "members.example", "HTTP 503", 4.0), SiteBack(2, "other.example", "no text", 8.0),
+             SiteBack(3, "members.example", "HTTP 503", 2.0)]
+    d = p.FrameDecoder()
+    d.feed(_site_wait_frames(backs, p.DEFAULT_MAX_FRAME))
+    assert d.messages() == [p.SiteWait("members.example", "HTTP 503", 2.0, (1, 3)),
+                            p.SiteWait("other.example", "no text", 8.0, (2,))]
+    assert _site_wait_frames([], p.DEFAULT_MAX_FRAME) == b""
