@@ -67,13 +67,13 @@ THROTTLED_TRACKED = 65536   # URLs whose run of 429/503 answers is remembered; t
 # cannot stall the master. The unapproved ones are remembered (at most MAX_IGNORED_RULES) to log each once.
 FRAGMENT_RULES_META = "fragment_rules"
 MAX_LEARNT_RULES = 64
+MAX_IGNORED_RULES = 64
 # A site whose login fails waits (Crawl.site_wait): its queued URLs are routed to a node of this name, which no
 # worker has, so no node pops them and the level barrier does not count them; they are routed to the workers
 # again when the site's login works.
 WAITING_NODE = "(login) "
 SITE_CACHE = 4096          # origins whose site is remembered while a site waits
 MAX_WAIT = 600.0           # the longest a waiting site goes without a probe, whatever a worker says
-MAX_IGNORED_RULES = 64
 
 
 class ReportRejected(Exception):
@@ -248,7 +248,7 @@ class Crawl:
         # Sites waiting for their login, by pattern (at most one per site of cfg.sites): their URLs are kept out
         # of every node's line and out of the level barrier until a result of the site comes (site_wait).
         self.waiting: dict[str, Waiting] = {}
-        self._site_of: OrderedDict[str, str | None] = OrderedDict()   # origin -> site pattern, while one waits
+        self._site_of: OrderedDict[str, str | None] = OrderedDict()   # origin -> its site pattern
         # Pending downloads handed to nodes (download-only work), for the server to send: node -> items.
         # Bounded by the pending downloads in the store, which the workers' own bounds keep small.
         self.download_work: dict[str, list[AudioItem]] = {}
@@ -333,7 +333,6 @@ class Crawl:
                 w.reason, w.until = reason, until
                 continue
             self.waiting[site] = Waiting(reason, now, until)
-            self._site_of.clear()   # the cache holds only the origins met while a site waits
             log.warning("site %s waits for its login (%s): its URLs wait, not counted against them, while the "
                         "other sites go on; a worker tries again in %.0f s", site, reason, until - now)
             self._aside_held(site)
