@@ -165,3 +165,20 @@ def test_the_worker_hands_a_sites_tasks_back_in_one_site_wait_a_site():
     assert d.messages() == [p.SiteWait("members.example", "HTTP 503", 2.0, (1, 3)),
                             p.SiteWait("other.example", "no text", 8.0, (2,))]
     assert _site_wait_frames([], p.DEFAULT_MAX_FRAME) == b""
+
+
+def test_a_waiting_site_left_with_only_deeper_urls_is_probed_once_nothing_else_is_left(tmp_path):
+    from crawler.master.store_core import PageOutcome
+    from crawler.master.store_frontier import ROBOTS_BLOCKED
+
+    c = make(tmp_path)
+    home = {t.url: t for t in c.take("a", 10, 0.0)}
+    c.site_wait("a", [home[M + "/"].lease], "HTTP 503", 1.0, now=0.5)
+    c.complete("a", (done(home[O + "/"], [M + "/d1/x"]),), now=1.0)     # found while the site waits: aside
+    # The site's only URL of the level leaves the line without a result of the site (robots.txt refused it
+    # when it went out): what is left of the site is deeper than the level, which nothing else can raise.
+    (row,) = c.store.pop(waiting_node("members.example"), 1, 1.2, max_depth=0)
+    c.store.finish([PageOutcome(row[0], ROBOTS_BLOCKED, None, None, None, None, "robots.txt", "a", 1.2)])
+    assert c.take("a", 10, 1.3) == [] and c.level == 0
+    # The attempt is due: the crawl has nothing else to do, so the deeper URL goes out as the probe.
+    assert [t.url for t in c.take("a", 10, 1.6)] == [M + "/d1/x"]
