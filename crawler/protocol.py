@@ -101,7 +101,8 @@ from crawler.items import (
 # acoustic fingerprint (one made after its outcome went comes in a DownloadReport of its own), and a worker's
 # Heartbeat its fingerprint backlog; 14: EvidenceAsk and EvidenceRecords, an item's archived chain fetched from the
 # node that holds it; 15: Welcome carries the crawl's proxies and the sites' policies (crawler/sites.py), and the
-# master's proof covers every setting of the Welcome, not only the fragment rules
+# master's proof covers every setting of the Welcome, not only the fragment rules; a worker hands back the tasks
+# of a site it cannot log into in a SiteWait (the site waits at the master, not the node)
 PROTOCOL_VERSION = 15
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The largest frame the master reads before the peer proved the secret: a Hello with a 128-character id fits.
@@ -501,6 +502,18 @@ class Fault(Message, tag=11, frozen=True):
     leases: Many[NonNeg] = ()
 
 
+class SiteWait(Message, tag=29, frozen=True):
+    """A site cannot be logged into on this worker (a wrong password, its login server down): the worker hands
+    back these leases of the site, unfinished. Not the node's fault and not the URLs': no attempt is counted,
+    and the node keeps taking other work. The master parks the site (its URLs wait, outside the level barrier)
+    until `retry_in` seconds from now, when this worker tries its login again."""
+
+    site: Name            # the site's pattern in the sites: table
+    reason: Text
+    retry_in: Seconds
+    leases: Many[NonNeg] = ()
+
+
 class DownloadAsk(Message, tag=21, frozen=True):
     """The worker wants to download these audio addresses: (ticket, url), the ticket its own number for the
     download. The master answers each with a Grant, when the address's host may take one more download."""
@@ -617,7 +630,7 @@ class EvidenceRecords(Message, tag=28, frozen=True):
 
 AnyMessage = (Hello | Challenge | Auth | Welcome | Refused | Assign | Report | Heartbeat | Credit | Shutdown
               | Fetched | Fault | DownloadAsk | DownloadGrant | DownloadDone | DownloadReport | DownloadWork
-              | FragmentRules | EvidenceAsk | EvidenceRecords)
+              | FragmentRules | EvidenceAsk | EvidenceRecords | SiteWait)
 MESSAGE_TYPES: dict[int, type[Message]] = {}
 for _cls in AnyMessage.__args__:
     _cls.TYPE = _cls.__struct_config__.tag
@@ -956,7 +969,7 @@ MASTER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {
     State.AWAIT_AUTH: (Auth,),
     State.AUTHENTICATED: (),               # the worker waits for the Welcome
     State.OPEN: (Report, Credit, Heartbeat, Fetched, Fault, DownloadAsk, DownloadDone, DownloadReport,
-                 EvidenceRecords),
+                 EvidenceRecords, SiteWait),
     State.CLOSED: (),
 }
 WORKER_RECEIVES: Mapping[State, tuple[type[Message], ...]] = {

@@ -6,7 +6,8 @@
   with "Wrong user name or password" (no success text);
 - ``/members/index.html`` (lists the songs), ``/members/song-<k>.html`` (links its audio) and ``/audio/<k>.mp3``:
   only with a valid session; without one a page is a 302 to ``/login`` and audio a 403. Every members page and
-  ``/account`` show the success text (``SUCCESS``).
+  ``/account`` show the success text (``SUCCESS``). While ``login_down`` is set, ``POST /login`` answers 503 (the
+login server down), whatever the password.
 
 A session expires ``session_ttl`` seconds after it was made (the server's clock: the cookie itself has no
 expiry), or after ``session_requests`` requests used it, so a test can force re-logins whatever the crawl's
@@ -56,6 +57,7 @@ class LoginSite:
     session_requests: int | None = None    # a session also ends after this many requests that used it
     latency: float = 0.0
     links: tuple[str, ...] = ()            # other sites' URLs linked from the public pages (not from "/")
+    login_down: bool = False               # POST /login answers 503 while set (the login server is down)
     hits: list[Hit] = field(default_factory=list)
     sessions: dict[str, float] = field(default_factory=dict)     # sid -> made at (monotonic)
     uses: dict[str, int] = field(default_factory=dict)           # sid -> requests that used it
@@ -138,6 +140,8 @@ class LoginSite:
     async def _answer(self, request: web.BaseRequest, valid: bool) -> web.StreamResponse:
         path = request.path
         if path == "/login" and request.method == "POST":
+            if self.login_down:
+                return web.Response(status=503, text="login service unavailable")
             form = dict(parse_qsl((await request.read()).decode("utf-8", "replace")))
             if form.get("user") == self.user and form.get("password") == self.password:
                 sid = secrets.token_hex(8)

@@ -1,6 +1,7 @@
 """End to end with real processes: a site behind a login form (testkit/loginsite.py) crawled whole through its
 session, with its own politeness, user agent and header, while a second site on another port never gets a
-cookie; and a wrong password: one clear error, the site waits, nothing of it fails, the other site is crawled."""
+cookie; and a wrong password: one clear error, the site waits, nothing of it fails, the other site is crawled
+whole meanwhile; and a login server down for a while: the site waits, then is crawled whole."""
 
 import asyncio
 import itertools
@@ -106,30 +107,37 @@ async def test_a_site_behind_a_login_is_crawled_whole_through_its_session_and_no
 
 async def test_a_wrong_password_is_one_error_the_site_waits_and_the_other_site_is_crawled_whole(tmp_path):
     async with LoginSite() as login, LoginSite(songs=1) as other:
-        # The login site is reached from the other site's pages (depth 2), below the whole of the other site:
-        # the crawl goes breadth first with a level barrier, and a level holding URLs that wait for their
-        # site's login is not passed (README, "Sessions").
-        other.links = (login.url + "/",)
-        config, master, worker = await start(tmp_path, login, other, "wrong", exit_when_done=False,
-                                             seeds=[other.url + "/"])
+        # Both sites are seeds: the login site's URLs are at the same depths as the other's. The crawl goes
+        # breadth first with a level barrier, and a site waiting for its login holds no level up (README,
+        # "Sessions"): the other site's deeper levels are crawled while the login site's home page waits.
+        config, master, worker = await start(tmp_path, login, other, "wrong", exit_when_done=False)
+        site = login.url.removeprefix("http://")
         try:
             await cluster.until(lambda: other.public_paths() | {"/login"} <= {h.path for h in other.hits
                                                                                if h.status == 200}
                                 or master.proc.returncode is not None, 60, "the other site's pages")
             await cluster.until(lambda: len(login.logins()) >= 2 or worker.proc.returncode is not None, 30,
                                 "a second login attempt")
-            await asyncio.sleep(1.0)     # tasks of the site handed back meanwhile, and given out again
+            await asyncio.sleep(1.0)     # tasks of the site handed back meanwhile, and given out again as probes
+            status = json.loads(await asyncio.to_thread(cluster.operator, "status", config, "--json"))
+            text = await asyncio.to_thread(cluster.operator, "status", config)
         finally:
             for p in (worker, master):
                 await p.stop()
         log = worker.log()
-        status = json.loads(await asyncio.to_thread(cluster.operator, "status", config, "--json"))
+        mlog = master.log()
         failed = await asyncio.to_thread(cluster.operator, "export", config, "--failed")
     # One clear error line for the episode, however many URLs and attempts.
     errors = [line for line in log.splitlines() if " ERROR " in line]
     assert len(errors) == 1, errors
-    assert login.url.removeprefix("http://") in errors[0] and "login" in errors[0] \
-        and "lacks the success text" in errors[0], errors[0]
+    assert site in errors[0] and "login" in errors[0] and "lacks the success text" in errors[0], errors[0]
+    # The master says once that the site waits for its login, and why; no word of a node that cannot store.
+    waits = [line for line in mlog.splitlines() if "waits for its login" in line]
+    assert len(waits) == 1 and site in waits[0] and "lacks the success text" in waits[0], waits
+    assert "cannot store" not in mlog and "Traceback" not in mlog
+    # The status shows the site waiting, and why.
+    assert "lacks the success text" in status["sites"][site]["login_waiting"]["reason"], status["sites"]
+    assert f"site {site} waits for its login" in text, text
     # The site is not crawled: nothing but login attempts reached it, each refused.
     assert {(h.method, h.path, h.status) for h in login.hits} == {("POST", "/login", 200)}
     assert "Traceback" not in log
@@ -139,9 +147,42 @@ async def test_a_wrong_password_is_one_error_the_site_waits_and_the_other_site_i
     assert urls["error"] == 0 and status["errors"] == {}, status
     assert urls["total"] - urls["done"] == 1, urls           # the login site's one URL known, waiting
     assert not any(r["url"].startswith(login.url) for r in _catalogue(tmp_path))
-    # The other site, crawled whole.
+    # The other site, crawled whole: its levels past the waiting home page of the login site.
     assert other.public_paths() | {"/login"} <= {h.path for h in other.hits if h.status == 200}
     assert all(h.cookie == "" for h in other.hits)
+
+
+async def test_a_login_server_down_then_up_the_site_waits_then_is_crawled_whole(tmp_path):
+    async with LoginSite(songs=2, login_down=True) as login, LoginSite(songs=1) as other:
+        config, master, worker = await start(tmp_path, login, other, "s3cret")
+        site = login.url.removeprefix("http://")
+        try:
+            # The other site is crawled whole while the login server is down, and the site waits.
+            await cluster.until(lambda: (other.public_paths() | {"/login"} <= {h.path for h in other.hits
+                                                                                if h.status == 200}
+                                         and "waits for its login" in master.log())
+                                or master.proc.returncode is not None, 60, "the other site, and the wait")
+            assert master.proc.returncode is None, master.log()[-3000:]
+            assert {(h.method, h.path, h.status) for h in login.hits} == {("POST", "/login", 503)}
+            login.login_down = False
+            assert await master.wait(120) == 0, master.log()[-3000:]
+            assert await worker.wait(30) == 0, worker.log()[-3000:]
+        finally:
+            for p in (master, worker):
+                await p.stop()
+    out = master.stdout.decode()
+    assert "errors          0" in out, out
+    # The site, crawled whole once its login worked: the public part, every members page and every song.
+    answered = {h.path for h in login.hits if h.status == 200}
+    assert login.member_paths() | login.public_paths() <= answered, sorted(login.member_paths() - answered)
+    assert len(login.logins(ok=True)) >= 1
+    # Said once each way in the master's log.
+    mlog = master.log()
+    waits = [line for line in mlog.splitlines() if "waits for its login" in line]
+    goes_on = [line for line in mlog.splitlines() if "login works again" in line]
+    assert len(waits) == 1 and site in waits[0] and "503" in waits[0], waits
+    assert len(goes_on) == 1 and site in goes_on[0], goes_on
+    assert "cannot store" not in mlog
 
 
 def _catalogue(tmp: Path) -> list[dict]:

@@ -49,6 +49,8 @@ MESSAGES = [
     p.Fetched((p.PageFetch(1, 200, None, 0.05), p.PageFetch(2, 429, 2.0, 0.001), p.PageFetch(3))),
     p.Fault("No space left on device", (3, 4, 5)),
     p.Fault("under min_free_bytes"),
+    p.SiteWait("members.example", "login failed: HTTP 401", 4.0, (7, 8)),
+    p.SiteWait("*.example.org", "no success text", 300.0),
     p.EvidenceAsk(7, ("http://a/song/1", "ab" * 32)),
     p.EvidenceAsk(8, ("http://a/1.mp3",), records=False),
     p.EvidenceRecords(7, p.EVIDENCE_WARC, b"\x1f\x8b" + bytes(100)),
@@ -333,7 +335,7 @@ def test_session_messages_follow_the_table_of_legal_messages():
         for legal in state_table[p.State.OPEN]:
             assert legal in (p.Report, p.Credit, p.Heartbeat, p.Fetched, p.Fault, p.Assign, p.Shutdown,
                              p.DownloadAsk, p.DownloadGrant, p.DownloadDone, p.DownloadReport, p.DownloadWork,
-                             p.FragmentRules, p.EvidenceAsk, p.EvidenceRecords)
+                             p.FragmentRules, p.EvidenceAsk, p.EvidenceRecords, p.SiteWait)
         with pytest.raises(p.ProtocolError):
             side.receive(bad)                # a second handshake inside the session
         assert side.state is p.State.CLOSED

@@ -11,7 +11,7 @@ import json
 import logging
 import math
 import re
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -68,6 +68,12 @@ THROTTLED_TRACKED = 65536   # URLs whose run of 429/503 answers is remembered; t
 FRAGMENT_RULES_META = "fragment_rules"
 MAX_LEARNT_RULES = 64
 MAX_IGNORED_RULES = 64
+# A site whose login fails waits (Crawl.site_wait): its queued URLs are routed to a node of this name, which no
+# worker has, so no node pops them and the level barrier does not count them; they are routed to the workers
+# again when the site's login works.
+WAITING_NODE = "(login) "
+SITE_CACHE = 4096          # origins whose site is remembered while a site waits
+MAX_WAIT = 600.0           # the longest a waiting site goes without a probe, whatever a worker says
 
 
 class ReportRejected(Exception):
@@ -154,6 +160,21 @@ class HeldQueue:
             self.not_before.pop(host, None)
 
 
+def waiting_node(site: str) -> str:
+    """The node name a waiting site's queued URLs are routed to (shown as such in the frontier by node)."""
+    return WAITING_NODE + site
+
+
+@dataclass(slots=True)
+class Waiting:
+    """A site whose login fails on the workers (protocol.SiteWait): why, since when, and when one of its URLs
+    next goes out as the probe that lets a worker try the login again."""
+
+    reason: str
+    since: float
+    until: float
+
+
 @dataclass
 class Totals:
     """This run's figures that the store does not keep (it keeps pages and audio by state)."""
@@ -224,6 +245,10 @@ class Crawl:
         # shortest depth (the depth it keeps). Entries queued below the level later (a seed added, a refresh)
         # are served at once: the bound is "at most", not "exactly".
         self.level = 0
+        # Sites waiting for their login, by pattern (at most one per site of cfg.sites): their URLs are kept out
+        # of every node's line and out of the level barrier until a result of the site comes (site_wait).
+        self.waiting: dict[str, Waiting] = {}
+        self._site_of: OrderedDict[str, str | None] = OrderedDict()   # origin -> its site pattern
         # Pending downloads handed to nodes (download-only work), for the server to send: node -> items.
         # Bounded by the pending downloads in the store, which the workers' own bounds keep small.
         self.download_work: dict[str, list[AudioItem]] = {}
@@ -255,7 +280,115 @@ class Crawl:
 
     # ------------------------------------------------------------------ routing
     def route(self, urls: Sequence[str]) -> list[str | None]:
-        return self.table.assign_many(list(urls))
+        """The node each page URL goes to: the double hash, except a waiting site's URLs, which wait aside."""
+        out = self.table.assign_many(list(urls))
+        if self.waiting:
+            for i, u in enumerate(urls):
+                site = self._waiting_site(u)
+                if site is not None:
+                    out[i] = waiting_node(site)
+        return out
+
+    def _waiting_site(self, url: str) -> str | None:
+        """The pattern of the waiting site url belongs to, or None."""
+        try:
+            origin = host_url_of(url)
+        except ValueError:
+            return None
+        cache = self._site_of
+        if origin in cache:
+            cache.move_to_end(origin)
+            site = cache[origin]
+        else:
+            pol = self.cfg.sites.lookup_url(origin)
+            site = cache[origin] = None if pol is None else pol.pattern
+            if len(cache) > SITE_CACHE:
+                cache.popitem(last=False)
+        return site if site is not None and site in self.waiting else None
+
+    # ------------------------------------------------------------------ sites waiting for their login
+    def site_wait(self, node: str, lease_ids: Sequence[int], reason: str, retry_in: float, now: float) -> int:
+        """The node cannot log into a site (protocol.SiteWait) and hands back these of its leases: not the URLs'
+        fault (no attempt counted, nothing failed) nor the node's (it keeps its work). The site waits: its URLs
+        are routed aside, out of every node's line and of the level barrier, until retry_in seconds from now,
+        when one goes out as the probe that lets a worker try the login again; a result of the site ends the
+        wait (complete). Said once a wait, not once a URL. Returns how many URLs went back."""
+        mine = self.leases_by_node.get(node, set())
+        urls = []
+        sites: dict[str, None] = {}
+        for i in lease_ids:
+            if i not in mine:
+                continue   # reassigned meanwhile, or not this node's
+            mine.discard(i)
+            lease = self.leases.pop(i)
+            self._end_request(lease, now)
+            urls.append(lease.url)
+            pol = self.cfg.sites.lookup_url(lease.url)
+            if pol is not None:
+                sites[pol.pattern] = None
+        until = now + min(max(retry_in, 0.0), MAX_WAIT)
+        for site in sites:
+            w = self.waiting.get(site)
+            if w is not None:
+                w.reason, w.until = reason, until
+                continue
+            self.waiting[site] = Waiting(reason, now, until)
+            log.warning("site %s waits for its login (%s): its URLs wait, not counted against them, while the "
+                        "other sites go on; a worker tries again in %.0f s", site, reason, until - now)
+            self._aside_held(site)
+        return self.store.unlease(urls, self.route) if urls else 0
+
+    def _aside_held(self, site: str) -> None:
+        """Entries of a site that now waits, popped but not sent yet, go aside with its other URLs."""
+        back: list[str] = []
+        for node, q in list(self.held.items()):
+            if not any(self._waiting_site(h.url) == site for h in q):
+                continue
+            kept = HeldQueue()
+            for h in q:
+                if self._waiting_site(h.url) == site:
+                    back.append(h.url)
+                else:
+                    kept.add(h)
+            kept.not_before.update((host, t) for host, t in q.not_before.items() if kept.head(host) is not None)
+            self.held[node] = kept
+        if back:
+            self.store.unlease(back, self.route)
+
+    def _site_goes_on(self, site: str, now: float) -> None:
+        """A result of a waiting site came: its login works again, and its URLs go back to the workers' lines."""
+        w = self.waiting.pop(site)
+        n = self.store.reroute([waiting_node(site)], self.route)
+        log.info("site %s: its login works again after %.0f s of waiting: its %d waiting URLs go on", site,
+                 now - w.since, n)
+
+    def _probe(self, held: HeldQueue, now: float) -> None:
+        """For each waiting site whose next login attempt is due: one of its URLs of the current level goes out
+        to this node, so a worker tries the login again. A site with none there holds nothing of the level up;
+        its deeper URLs are probed only once nothing else is left to crawl (the level cannot rise past them
+        then). Until the probe's result or SiteWait answers, the next probe waits a lease's time."""
+        idle: bool | None = None
+        for site, w in self.waiting.items():
+            if w.until > now:
+                continue
+            w.until = now + self.cfg.scheduling.lease_timeout
+            node = waiting_node(site)
+            rows = self.store.pop(node, 1, now, max_depth=self.level, validators=self.revisit is not None,
+                                  link_meta=True)
+            if not rows:
+                if idle is None:
+                    idle = not (self.leases or any(self.held.values()) or self.robots_wanted) and \
+                        self.store.lowest_queued_depth([waiting_node(s) for s in self.waiting]) is None
+                if idle:
+                    rows = self.store.pop(node, 1, now, validators=self.revisit is not None, link_meta=True)
+            for url, depth, parent, *validators, named in rows:
+                held.add(Held(url, depth, parent, host_url_of(url), validators[0] if validators else None,
+                              _link_meta(named)))
+
+    def waiting_view(self, now: float) -> dict[str, dict[str, Any]]:
+        """The sites waiting for their login, for the status: why, for how long, the next attempt in."""
+        return {site: {"reason": w.reason, "waiting_s": round(now - w.since, 1),
+                       "next_try_s": round(max(0.0, w.until - now), 1)} for site, w in self.waiting.items()}
 
     def node_up(self, node: str) -> list[p.Task]:
         """The node (re)joined. Returns the leases it still holds from before a short absence, to send again."""
@@ -367,7 +500,7 @@ class Crawl:
     def _hand_over(self, rows: list[tuple[str, str, str | None, str]]) -> None:
         """Pending downloads (page, url, node, item) whose node is gone: each to a live node by the double hash of
         its address, as pages are routed; with none live they wait, held by no node, for one to join."""
-        targets = self.route([r[1] for r in rows])
+        targets = self.table.assign_many([r[1] for r in rows])   # audio addresses: never a waiting site's line
         for (_, _, _, item), target in zip(rows, targets, strict=True):
             if target is not None:
                 self.download_work.setdefault(target, []).append(_pending_item(item))
@@ -564,6 +697,8 @@ class Crawl:
         held = self.held.get(node)
         if held is None:
             held = self.held[node] = HeldQueue()
+        if self.waiting:
+            self._probe(held, now)
         wake = math.inf
         not_before = held.not_before
         for host in held.hosts():
@@ -583,11 +718,17 @@ class Crawl:
                     break
                 continue
             fresh: dict[str, None] = {}
+            aside: list[str] = []    # of a site that waits for its login: routed aside, with one batch
             for url, depth, parent, *validators, named in rows:
+                if self.waiting and self._waiting_site(url) is not None:
+                    aside.append(url)
+                    continue
                 h = Held(url, depth, parent, host_url_of(url), validators[0] if validators else None,
                          _link_meta(named))
                 held.add(h)
                 fresh[h.host] = None
+            if aside:
+                self.store.unlease(aside, self.route)
             for host in fresh:
                 if len(out) >= n:
                     break
@@ -622,16 +763,22 @@ class Crawl:
         for its node; the store is asked for every node). True when the level rose."""
         if self.leases or any(self.held.values()) or self.robots_wanted:
             return False
-        lowest = self.store.lowest_queued_depth()
+        # A site waiting for its login holds no level up: its URLs are served when it goes on (those below
+        # the level by then at once, as any entry queued below the level is).
+        lowest = self.store.lowest_queued_depth([waiting_node(s) for s in self.waiting])
         if lowest is None or lowest <= self.level:
             return False
         log.info("breadth first: level %d done, level %d begins", self.level, lowest)
         self.level = lowest
         return True
 
-    def next_wake(self) -> float:
-        """The earliest time a politeness gate opens for anything held (inf: none is waiting on time)."""
-        return min(self.wake_at.values(), default=math.inf)
+    def next_wake(self, now: float | None = None) -> float:
+        """The earliest time a politeness gate opens for anything held, or (given now) a waiting site's login
+        is tried again (inf: none is waiting on time)."""
+        wake = min(self.wake_at.values(), default=math.inf)
+        if now is not None:
+            wake = min(wake, min((w.until for w in self.waiting.values() if w.until > now), default=math.inf))
+        return wake
 
     def _serve_host(self, node: str, held: HeldQueue, host: str, n: int, now: float, out: list[p.Task]) -> float:
         """Lease the head of host's line while politeness allows; returns when to try it again (inf: on an
@@ -788,6 +935,12 @@ class Crawl:
         cut = 0
         with_page = 0
         mine = self.leases_by_node.get(node, set())
+        if self.waiting:   # a result of a waiting site: its login passed, so the site goes on
+            for r in results:
+                if (site := self._waiting_site(r.url)) is not None and r.lease in mine:
+                    self._site_goes_on(site, now)
+                    if not self.waiting:
+                        break
         for r in results:
             lease = self.leases.get(r.lease)
             if lease is None or lease.node != node:

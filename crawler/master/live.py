@@ -464,6 +464,10 @@ def status_text(st: Mapping[str, Any]) -> str:
                           f["audio"], _of(f["audio_in_flight"], f["audio_max_per_host"]),
                           _delay(f["delay_s"], f["min_delay_s"])]
                          for name, f in sites.items()], right={1, 2, 3, 4, 5, 6})
+        for name, f in sites.items():
+            if w := f.get("login_waiting"):
+                lines.append(f"site {name} waits for its login ({w['reason']}) for {w['waiting_s']:.0f} s: its URLs "
+                             f"wait, the next attempt in {w['next_try_s']:.0f} s")
         lines.append("")
     lines += _counts("top error reasons", st["errors"])
     lines += _counts("HTTP status", st["http_status"])

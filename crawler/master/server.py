@@ -536,7 +536,8 @@ class Master:
             held=sum(len(q) for q in crawl.held.values()), at_workers=crawl.in_flight(),
             run_pages=crawl.totals.pages, paused=self.paused, dedup=self.dedup.figures(),
             dedup_counts=self.dedup.stats.as_dict(),
-            sites=self.site_stats.view(crawl.gate, self.downloads.gate) if self.site_stats else {})
+            sites=self.site_stats.view(crawl.gate, self.downloads.gate, crawl.waiting_view(self.clock()))
+            if self.site_stats else {})
 
     # ------------------------------------------------------------------ serve
     def stop(self) -> None:
@@ -668,7 +669,7 @@ class Master:
             self._fetch_robots()
             now = self.clock()
             self._send_grants(self.downloads.pump(now))
-            wake_at = min(self.crawl.next_wake(), self.downloads.next_wake(now))
+            wake_at = min(self.crawl.next_wake(now), self.downloads.next_wake(now))
             if wake_at == math.inf:
                 self._sleep_until = math.inf
                 await self._wake.wait()
@@ -982,6 +983,11 @@ class Master:
                 elif isinstance(msg, p.Fault):
                     self._fault(s, msg)
                     msg = p.Report(())      # its work may now route to any node
+                elif isinstance(msg, p.SiteWait):
+                    # A site the worker cannot log into: the site waits (crawl.site_wait says so, once), not the
+                    # node, and nothing is counted against the URLs.
+                    self.crawl.site_wait(s.node, msg.leases, msg.reason, msg.retry_in, self.clock())
+                    msg = p.Report(())      # what the site held of the level no longer holds the others
                 elif isinstance(msg, p.Heartbeat):
                     self.observer.heartbeat(s.node, msg)
                     s.fingerprints_in = msg.fingerprint_backlog == 0

@@ -93,8 +93,11 @@ class SiteStats:
             if isinstance(url, str) and url and (c := self._counts_of(url)) is not None:
                 c.audio += 1
 
-    def view(self, pages: HostGate | None, downloads: HostGate | None) -> dict[str, dict[str, Any]]:
-        """The figures by site pattern, JSON-able, in the table's order."""
+    def view(self, pages: HostGate | None, downloads: HostGate | None,
+             waiting: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+        """The figures by site pattern, JSON-able, in the table's order. waiting: the sites waiting for their
+        login (Crawl.waiting_view), shown as login_waiting (None for a site that does not wait)."""
+        waiting = waiting or {}
         out: dict[str, dict[str, Any]] = {}
         for pol in self.table.policies:
             c = self._counts[pol.pattern]
@@ -125,5 +128,6 @@ class SiteStats:
                 "audio_min_delay_s": audio_delay, "max_depth": pol.max_depth,
                 "user_agent": pol.user_agent is not None, "headers": len(pol.headers),
                 "hosts": len(c.origins),
+                "login_waiting": dict(w) if (w := waiting.get(pol.pattern)) is not None else None,
             }
         return out

@@ -208,8 +208,8 @@ class MasterStore:
             validators: bool = False, link_meta: bool = False) -> list[tuple[Any, ...]]:
         return self.frontier.pop(node, n, now, max_depth, validators=validators, link_meta=link_meta)
 
-    def lowest_queued_depth(self) -> int | None:
-        return self.frontier.lowest_queued_depth()
+    def lowest_queued_depth(self, skip: Collection[str] = ()) -> int | None:
+        return self.frontier.lowest_queued_depth(skip)
 
     def frontier_size(self, node: str | None | EllipsisType = ...) -> int:
         return self.frontier.frontier_size(node)

@@ -155,11 +155,13 @@ class Frontier:
                 out.append((r[1], r[2], r[3], *named))
         return out
 
-    def lowest_queued_depth(self) -> int | None:
-        """The smallest depth in the frontier, over every node (None: the frontier is empty). One index seek a
-        node (frontier_pop leads with node, depth); asked only when a level of the crawl may be done."""
+    def lowest_queued_depth(self, skip: Collection[str] = ()) -> int | None:
+        """The smallest depth in the frontier, over every node but those in skip (None: the frontier is empty).
+        One index seek a node (frontier_pop leads with node, depth); asked only when a level of the crawl may be
+        done."""
         self.core.begin()
-        nodes = [n for (state, n), c in self.core.current_counts().items() if state == QUEUED and c > 0]
+        nodes = [n for (state, n), c in self.core.current_counts().items()
+                 if state == QUEUED and c > 0 and n not in skip]
         best: int | None = None
         for key in nodes:
             node = node_of(key)

@@ -79,14 +79,44 @@ DISK_CHECK_INTERVAL = 1.0
 PROXY_WAIT = 2.0
 
 
-def _wire_size(r: p.Result | int) -> int:
+@dataclass(frozen=True, slots=True)
+class SiteBack:
+    """A task handed back because its site cannot be logged into here (protocol.SiteWait): the site waits at the
+    master, this node goes on with other work."""
+
+    lease: int
+    site: str
+    reason: str
+    retry_in: float
+
+
+# What a task's run ends in: its Result, its lease id when a local fault hands it back, or a SiteBack.
+Outcome = p.Result | int | SiteBack
+
+
+def _wire_size(r: Outcome) -> int:
     """A cheap upper estimate of a result's encoded size, to keep report frames well under the limit."""
     if isinstance(r, int):
         return 16
+    if isinstance(r, SiteBack):
+        return 64 + len(r.site) + len(r.reason)
     return (512 + sum(len(u) + 4 for u in r.links) + 1024 * len(r.audio) + sum(len(u) + 16 for u, _ in r.lastmod)
             + sum(len(a.fingerprint) for a in r.audio if a.fingerprint)
             + sum(len(u) + 4 for u in r.refs)
             + sum(len(u) + 64 + sum(len(v or "") for v in (m.title, m.artist, m.album)) for u, m in r.link_meta))
+
+
+def _site_wait_frames(backs: list[SiteBack], max_frame: int) -> bytes:
+    """One SiteWait a site for these handed-back tasks, with the latest word on its login (the soonest retry)."""
+    by_site: dict[str, list[SiteBack]] = {}
+    for b in backs:
+        by_site.setdefault(b.site, []).append(b)
+    out = b""
+    for site, group in by_site.items():
+        last = min(group, key=lambda b: b.retry_in)
+        out += p.encode(p.SiteWait(site[:it.MAX_NAME], last.reason[:it.MAX_TEXT], min(last.retry_in, 1e9),
+                                   tuple(b.lease for b in group)), max_frame)
+    return out
 
 
 def _report_frames(batch: list[p.Result], max_frame: int) -> bytes:
@@ -249,7 +279,7 @@ class Worker:
         self._waiting: dict[int, asyncio.Future[bool]] = {}
         self._running: set[int] = set()
         self.fault: str | None = None       # why this node's storage cannot take work now (see faults.py)
-        # Why tasks were last handed back without a fault of the data dir: a site's login, or no proxy to go by.
+        # Why tasks were last handed back for want of a proxy (sent in the Fault that hands them back).
         self._handed_back: str | None = None
         self.refusal: MasterRefused | None = None  # the master's final answer, for the CLI's exit status
         self._was_connected = False
@@ -559,12 +589,15 @@ class Worker:
             log.error("worker %s stops taking tasks and hands them back: %s (data dir %s)", self.cfg.id, reason,
                       self.cfg.data_dir)
 
-    async def _run_task(self, task: p.Task, results: asyncio.Queue[p.Result | int]) -> None:
+    async def _run_task(self, task: p.Task, results: asyncio.Queue[Outcome]) -> None:
         self._running.add(task.lease)    # renewed by the heartbeats until its report is queued
         try:
             result = await self._result_of(task)
             if result is None:
                 results.put_nowait(task.lease)    # handed back after a local fault
+                return
+            if isinstance(result, SiteBack):
+                results.put_nowait(result)        # handed back: its site waits for its login
                 return
             self._count(result)     # before its downloads' outcomes join it: those count as they end
             result = await self._with_outcomes(result)
@@ -584,8 +617,9 @@ class Worker:
                       f" ({result.error})" if result.error else "")
         results.put_nowait(result)
 
-    async def _result_of(self, task: p.Task) -> p.Result | None:
-        """The task's result; None after a local fault (the task goes back to the master)."""
+    async def _result_of(self, task: p.Task) -> p.Result | SiteBack | None:
+        """The task's result; None after a local fault, a SiteBack when its site cannot be logged into (either
+        way the task goes back to the master, no attempt counted)."""
         self.stats.in_flight += 1
         try:
             return await self.process(task)
@@ -593,8 +627,7 @@ class Worker:
             self._enter_fault(str(e))
             return None
         except SessionUnavailable as e:   # the site's URLs wait for its login: handed back, no attempt counted
-            self._handed_back = str(e)
-            return None
+            return SiteBack(task.lease, e.site, e.reason, max(0.0, e.retry_at - time.monotonic()))
         except ProxiesUnavailable as e:   # no proxy could carry it: this node's fault, not the URL's
             self._handed_back = str(e)[:200]
             log.warning("handing back %s: %s", task.url, e)
@@ -1088,7 +1121,7 @@ class Session:
         self.hs = hs
         self.welcome = welcome
         # A Result to report, or the lease id of a task handed back unfinished after a local fault.
-        self.results: asyncio.Queue[p.Result | int] = asyncio.Queue()
+        self.results: asyncio.Queue[Outcome] = asyncio.Queue()
         # Credit this worker owes the master but holds back while it cannot store anything, or while as many
         # downloads as it may hold are pending.
         self.withheld = 0
@@ -1230,14 +1263,14 @@ class Session:
                 # would hold back the links the master never heard of (a song's playlist, and its audio).
                 if any(isinstance(r, p.Result) for r in batch):
                     w.links.forget()
-                batch = [r.lease if isinstance(r, p.Result) else r for r in batch]
+                batch = [r if isinstance(r, int) else r.lease for r in batch]
             done = [r for r in batch if isinstance(r, p.Result)]
             back = [r for r in batch if isinstance(r, int)]
             frames = _report_frames(done, conn.max_frame) if done else b""
             if back:
                 w.stats.handed_back += len(back)
-                frames += p.encode(p.Fault((w.fault or w._handed_back or "local fault")[:1000],
-                                           tuple(back)), conn.max_frame)
+                frames += p.encode(p.Fault((w.fault or w._handed_back or "local fault")[:1000], tuple(back)), conn.max_frame)
+            frames += _site_wait_frames([r for r in batch if isinstance(r, SiteBack)], conn.max_frame)
             if w.fault is None and not w.ledger.full:
                 frames += p.encode(p.Credit(len(batch) + self.withheld))
                 self.withheld = 0
