@@ -1269,7 +1269,8 @@ class Session:
             frames = _report_frames(done, conn.max_frame) if done else b""
             if back:
                 w.stats.handed_back += len(back)
-                frames += p.encode(p.Fault((w.fault or w._handed_back or "local fault")[:1000], tuple(back)), conn.max_frame)
+                frames += p.encode(p.Fault((w.fault or w._handed_back or "local fault")[:1000], tuple(back)),
+                                   conn.max_frame)
             frames += _site_wait_frames([r for r in batch if isinstance(r, SiteBack)], conn.max_frame)
             if w.fault is None and not w.ledger.full:
                 frames += p.encode(p.Credit(len(batch) + self.withheld))
