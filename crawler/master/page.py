@@ -176,10 +176,14 @@ function drawStatus(st) {
   $("sitesbox").hidden = !sites.length;
   const of = (n, lim) => fmt(n) + (lim == null ? "" : " / " + fmt(lim));
   if (sites.length) table("sites", [["site"], ["done", "n"], ["failed", "n"], ["in flight", "n"], ["audio", "n"],
-                                    ["audio in flight", "n"], ["delay (s)", "n"], ["min delay (s)", "n"]],
+                                    ["audio in flight", "n"], ["delay (s)", "n"], ["min delay (s)", "n"],
+                                    ["login"]],
     sites.map(([name, f]) => [[name], [fmt(f.pages_done), "n"], [fmt(f.pages_failed), f.pages_failed ? "n bad" : "n"],
       [of(f.pages_in_flight, f.max_per_host), "n"], [fmt(f.audio), "n"], [of(f.audio_in_flight, f.audio_max_per_host), "n"],
-      [String(f.delay_s), "n"], [f.min_delay_s == null ? "–" : String(f.min_delay_s), "n"]]), "");
+      [String(f.delay_s), "n"], [f.min_delay_s == null ? "–" : String(f.min_delay_s), "n"],
+      // A site whose login fails waits at the master (its URLs aside, the rest of the crawl going on).
+      f.login_waiting ? ["waiting " + fmt(Math.round(f.login_waiting.waiting_s)) + " s: " + f.login_waiting.reason,
+                         "bad"] : ["–"]]), "");
   const d = st.dedup;
   kv("dedup", d ? {"URLs": d.urls, "capacity": d.capacity, "layers": d.layers,
                    "false positives (est.)": d.fp_estimate.toExponential(1), "target": String(d.fp_rate)} : {}, "–");
