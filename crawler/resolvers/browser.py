@@ -72,7 +72,7 @@ from crawler.resolvers.base import (
     parse_section,
 )
 from crawler.resolvers.browsercapture import Capture
-from crawler.http.egress import Egress
+from crawler.http.egress import Egress, ProxiesUnavailable
 from crawler.resolvers.browserproxy import BrowserProxy, HostRules
 from crawler.resolvers.chromium import (
     DEFAULT_USER,
@@ -793,6 +793,8 @@ class BrowserResolver(Resolver):
                     head += chunk
                     if len(head) >= 8192:
                         break
+        except ProxiesUnavailable:   # no proxy to ask through: the page is handed back, not its candidate lost
+            raise
         except Exception as exc:   # any network trouble: the candidate is simply not audio we can show
             log.debug("browser: probe %s: %s", f.url[:200], exc)
             return None
