@@ -297,9 +297,14 @@ async def test_a_visit_cut_by_its_deadline_keeps_what_it_saw(site, stack):
         page_url, got = await visit(r, site, stack, "/hang", archive)
         assert time.monotonic() - started < 4 + 30         # the deadline, a tab close, and a loaded machine
         assert [i.url for i in got.items] == [site.base + "/m/hang.mp3"]
-        # The page's bodies shared 200 bytes: the document (bigger) is kept cut, and marked so.
+        # The page's bodies shared 200 bytes: the document (bigger) is kept cut, and marked so. Its body is read
+        # through the tab, whose script hangs it at once: on a loaded machine the hang can come first, and then
+        # the document is kept without its body, marked as cut by the visit's end. Either way it is recorded,
+        # and never past the allowance.
         (document,) = [e for e in archive.exchanges if e.url == page_url]
-        assert len(document.body) <= 200 and document.truncated == "length"
+        assert len(document.body) <= 200
+        assert document.truncated == "length" or (document.truncated == "time" and document.body == b""), \
+            (document.truncated, len(document.body))
         assert sum(len(e.body) for e in archive.exchanges) <= 200
         assert [m[0] for m in archive.metadatas] == [site.base + "/m/hang.mp3", page_url]
         values = dict(archive.metadatas[-1][1])
