@@ -21,7 +21,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from crawler.errors import ConfigError
 from crawler.http.proxies import Proxy, parse_proxies, parse_wire
@@ -37,6 +36,7 @@ from crawler.protocol import (
     encode,
 )
 from crawler.web.cookies import CookieRecord, parse_cookie_file
+from crawler.web.urls import host_port
 
 # A sites table longer than this is not a config a person keeps; each entry costs state on every node.
 MAX_SITES = 1000
@@ -119,12 +119,9 @@ class SiteTable:
         return None
 
     def lookup_url(self, url: str) -> SitePolicy | None:
-        try:
-            parts = urlsplit(url)
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            return None
-        return self.lookup(parts.hostname or "", port)
+        """The policy for an http(s) URL (or an origin) by the host and port it connects to, or None."""
+        hp = host_port(url)
+        return None if hp is None else self.lookup(*hp)
 
 
 # ----------------------------------------------------------------------------------------------- parsing
@@ -189,7 +186,7 @@ def _read_file(key: str, raw: Any, base: Path) -> str:
 def _login(key: str, raw: Any, base: Path) -> LoginSpec:
     m = _mapping(key, raw, ("url", "fields", "success"))
     url = _text(f"{key}.url", m.get("url"))
-    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+    if host_port(url) is None:
         raise ConfigError(f"{key}.url", f"expected an http(s) URL, got {url!r}")
     fields_raw = m.get("fields")
     if not isinstance(fields_raw, dict) or not fields_raw:
@@ -321,14 +318,6 @@ def check_welcome_fits(key: str, table: SiteTable, proxies: tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------------------------- the master's
-def _origin_host(origin: str) -> tuple[str, int] | None:
-    try:
-        parts = urlsplit(origin)
-        return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        return None
-
-
 def gate_limits(table: SiteTable, *, audio: bool, max_per_host: int | None,
                 min_delay: float) -> tuple[LimitsOf | None, float]:
     """What a master's HostGate takes for the sites' own politeness (crawler/politeness.py HostGate): the
@@ -347,10 +336,7 @@ def gate_limits(table: SiteTable, *, audio: bool, max_per_host: int | None,
     by_pattern = {p.pattern: p for p in own}
 
     def limits_of(origin: str) -> HostLimits | None:
-        hp = _origin_host(origin)
-        if hp is None:
-            return None
-        p = table.lookup(*hp)
+        p = table.lookup_url(origin)
         if p is None or p.pattern not in by_pattern:
             return None
         sp = p.politeness
@@ -382,26 +368,20 @@ class DepthLimits:
         finite = [x for x in limits if x is not None]
         self.floor: int | None = min(finite) if finite else None
         self.ceiling: int | None = None if any(x is None for x in limits) else max(finite)
-        self._cache: OrderedDict[str, int | None] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, int], int | None] = OrderedDict()   # by (host, port)
 
     def limit(self, url: str) -> int | None:
         """url's depth limit (None: no limit)."""
         if not self.per_site:
             return self.crawl
-        try:
-            parts = urlsplit(url)
-            key = f"{parts.scheme}://{parts.netloc}"
-        except ValueError:
+        key = host_port(url)
+        if key is None:
             return self.crawl
         cache = self._cache
         if key in cache:
             cache.move_to_end(key)
             return cache[key]
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            port = None
-        p = self.table.lookup(parts.hostname or "", port)
+        p = self.table.lookup(*key)
         out = self.crawl if p is None or p.max_depth is None else p.max_depth
         cache[key] = out
         if len(cache) > self.CACHE:

@@ -24,11 +24,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import httpx
 
 from crawler.sites import SiteTable
+from crawler.web.urls import host_port
 
 CACHE = 4096   # origins whose site headers are kept
 _APPLIED = "crawler.site_headers"   # a request extension: the SiteHeaders the hook put on it
@@ -94,12 +94,8 @@ class SiteRules:
     def of_url(self, url: str) -> SiteHeaders | None:
         if not self.table:
             return None
-        try:
-            parts = urlsplit(url)
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            return None
-        return self.of(parts.hostname, port)
+        hp = host_port(url)
+        return None if hp is None else self.of(*hp)
 
     def user_agent(self, url: str) -> str | None:
         """The site's user agent for a request to url (None: the worker's), where no resolver's identity names
