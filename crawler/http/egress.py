@@ -17,10 +17,11 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TypeVar
 
 from crawler.http.proxies import MAX_PROXIES, Proxy
 
@@ -85,6 +86,17 @@ class ProxyFailed(Exception):
         super().__init__(f"proxy {proxy.label}: {reason}")
         self.proxy = proxy
         self.reason = reason
+
+
+class Unanswered(Exception):
+    """A fresh connection through a proxy ended before any byte of the answer: the proxy dying, or the origin
+    hanging up. The request goes once more through another proxy (a GET is safe to send again) without blaming
+    this one, which says so on its next connection if it is dead; on the last proxy ``error``, the origin's, is
+    raised."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass(frozen=True)
@@ -181,3 +193,37 @@ class Egress:
         """Every proxy's counters, by label."""
         return tuple(sorted((ProxyCount(p.label, s.requests, s.failures) for p, s in self._state.items()),
                             key=lambda c: c.label))
+
+
+T = TypeVar("T")
+
+
+async def carry(egress: Egress, origin: str, proxies: Sequence[Proxy], send: Callable[[Proxy], Awaitable[T]],
+                clock: Callable[[], float]) -> T:
+    """``send(proxy)`` through the proxy egress chooses for origin (host:port), and through another when that one
+    fails as a proxy (it raises ProxyFailed: the proxy is taken out for a while) or the way through it broke
+    before any answer (Unanswered), at most MAX_TRIES proxies in all. The one failover every way out through
+    proxies takes: the lean path, the httpx transport and the browser's proxy. ProxiesUnavailable when none could
+    carry it: this node's fault, not the URL's."""
+    limit = min(MAX_TRIES, len(proxies))
+    tried: list[Proxy] = []
+    last = ""
+    while len(tried) < limit:
+        proxy = egress.choose(origin, proxies, clock(), pin=current_pin(), tried=tried)
+        tried.append(proxy)
+        egress.sent(proxy)
+        try:
+            result = await send(proxy)
+        except ProxyFailed as exc:
+            egress.failed(proxy, clock())
+            last = exc.reason
+            continue
+        except Unanswered as exc:
+            if len(tried) >= limit:
+                raise exc.error from None
+            last = str(exc.error)
+            continue
+        egress.succeeded(proxy)
+        return result
+    raise ProxiesUnavailable(f"{origin}: no proxy carried the request ({', '.join(p.label for p in tried)}"
+                             f"{': ' + last if last else ''})")

@@ -64,9 +64,9 @@ import yarl
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from crawler.http.bodies import BodyError, BoundedDecoder, content_coding
-from crawler.http.egress import MAX_TRIES, Egress, ProxiesUnavailable, ProxyFailed, current_pin
+from crawler.http.egress import Egress, ProxyFailed, Unanswered, carry
 from crawler.http.proxies import Proxy
-from crawler.http.tunnel import connect_proxy, open_tunnel, proxy_authorization
+from crawler.http.tunnel import proxy_authorization, proxy_socket
 
 # The status line and headers of an answer: a server that sends more is not one we download from.
 MAX_HEAD = 64 * 1024
@@ -460,14 +460,6 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
-class _Unanswered(Exception):
-    """A fresh connection through a proxy ended before any byte of the answer."""
-
-    def __init__(self, error: httpx.TransportError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 class _Stream:
     """The body of one answer, as the downloader iterates it; gives the connection back when it is done."""
 
@@ -544,44 +536,20 @@ class Http1Client:
     async def _proxied(self, egress: Egress, proxies: Sequence[Proxy], url: yarl.URL,
                        headers: list[tuple[str, str]], scheme: str, host: str, port: int, timeout: Timeouts,
                        max_body: int, read_size: int, cut: bool) -> Answer:
-        """The GET through the proxy egress chooses for this host; through another (at most MAX_TRIES in all)
-        when that one fails as a proxy, each failure taking it out for a while. ProxiesUnavailable when none
-        could carry it: this node's fault, not the URL's."""
+        """The GET through the proxies that apply to this host, failing over as egress.carry does."""
         if self._check_literal is not None:
             self._check_literal(host, port)
-        loop = asyncio.get_running_loop()
-        tried: list[Proxy] = []
-        last = ""
-        for _ in range(min(MAX_TRIES, len(proxies))):
-            proxy = egress.choose(f"{host}:{port}", proxies, loop.time(), pin=current_pin(), tried=tried)
-            tried.append(proxy)
-            egress.sent(proxy)
+
+        async def send(proxy: Proxy) -> Answer:
             absolute = proxy.scheme == "http" and scheme == "http"
             request = _request(url, headers, proxy if absolute else None)
-            try:
-                answer = await self._exchange((scheme, host, port, proxy), request, timeout, max_body, read_size,
-                                              cut)
-            except ProxyFailed as exc:
-                egress.failed(proxy, loop.time())
-                last = exc.reason
-                continue
-            except _Unanswered as exc:
-                # The way through the proxy broke before any answer: the proxy dying, or the origin hanging up.
-                # Through another proxy once more (a GET is safe to send again), without blaming this one: if
-                # it is dead, its next connection says so. On the last proxy the error is the origin's.
-                if len(tried) >= min(MAX_TRIES, len(proxies)):
-                    raise exc.error from None
-                last = str(exc.error)
-                continue
+            answer = await self._exchange((scheme, host, port, proxy), request, timeout, max_body, read_size, cut)
             if absolute and answer.status_code == 407:
                 await answer.aclose()
-                egress.failed(proxy, loop.time())
-                last = "407: the proxy wants (other) credentials"
-                continue
-            egress.succeeded(proxy)
+                raise ProxyFailed(proxy, "407: the proxy wants (other) credentials")
             return answer
-        raise ProxiesUnavailable(f"{host}:{port}: no proxy carried the request ({', '.join(p.label for p in tried)}"
-                                 f"{': ' + last if last else ''})")
+
+        return await carry(egress, f"{host}:{port}", proxies, send, asyncio.get_running_loop().time)
 
     async def _exchange(self, key: _Key, request: bytes, timeout: Timeouts, max_body: int, read_size: int,
                         cut: bool) -> Answer:
@@ -607,7 +575,7 @@ class Http1Client:
                 if not fresh:
                     continue          # the server had closed the idle connection: once more on a new one
                 if key[3] is not None:
-                    raise _Unanswered(conn.error)
+                    raise Unanswered(conn.error)   # through another proxy (egress.carry)
             raise conn.error
 
     def _answer(self, conn: _Connection, max_body: int, cut: bool, read_timeout: float | None,
@@ -671,14 +639,8 @@ class Http1Client:
         proxy (absolute-form requests), else a tunnel (CONNECT, SOCKS5) with TLS over it for https. A failure
         before the origin is reached is the proxy's (ProxyFailed); TLS with the origin is the origin's."""
         scheme, host, port, _ = key
-        if proxy.scheme == "http" and scheme == "http":
-            try:
-                async with asyncio.timeout(connect_timeout):
-                    sock = await connect_proxy(proxy, loop)
-            except TimeoutError:
-                raise ProxyFailed(proxy, f"no connection within {connect_timeout} s") from None
-        else:
-            sock = await open_tunnel(proxy, host, port, connect_timeout)
+        sock = await proxy_socket(proxy, host, port, connect_timeout,
+                                  tunnel=not (proxy.scheme == "http" and scheme == "http"))
         try:
             async with asyncio.timeout(connect_timeout):
                 _, conn = await loop.create_connection(lambda: _Connection(key, loop), sock=sock, ssl=tls,

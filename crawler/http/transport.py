@@ -53,14 +53,13 @@ import httpx
 import yarl
 
 from crawler.http.bodies import ACCEPT_ENCODING, BodyError, BoundedDecoder
-from crawler.http.egress import MAX_TRIES, Egress, ProxiesUnavailable, ProxyFailed, current_pin
+from crawler.http.egress import Egress, ProxyFailed, carry
 from crawler.http.http1 import Answer, Http1Client, Timeouts, body_coding
 from crawler.http.proxies import MAX_PROXIES, Proxy
 from crawler.http.targets import TargetPolicy, TargetResolver
-from crawler.http.tunnel import connect_proxy, open_tunnel, proxy_authorization
+from crawler.http.tunnel import proxy_authorization, proxy_socket
 
 _SCHEMES = frozenset(("http", "https"))
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 # Host names whose addresses are remembered (for dns_ttl), least recently used out.
 DNS_CACHE_SIZE = 10_000
 
@@ -178,16 +177,10 @@ class _ProxyConnector(aiohttp.TCPConnector):
         proxy = self.proxy
         loop = asyncio.get_running_loop()
         host, port = req.url.raw_host or "", req.port or 0
-        if proxy.scheme == "http":     # aiohttp asks for the proxy itself
-            try:
-                async with asyncio.timeout(timeout.sock_connect):
-                    sock = await connect_proxy(proxy, loop)
-            except TimeoutError:
-                raise ProxyFailed(proxy, f"no connection within {timeout.sock_connect} s") from None
-            tls = None
-        else:
-            sock = await open_tunnel(proxy, host, port, timeout.sock_connect)
-            tls = self._get_ssl_context(req)
+        # For an HTTP proxy aiohttp asks for the proxy itself (and speaks CONNECT over it): no tunnel, no TLS here.
+        tunnel = proxy.scheme != "http"
+        sock = await proxy_socket(proxy, host, port, timeout.sock_connect, tunnel=tunnel)
+        tls = self._get_ssl_context(req) if tunnel else None
         try:
             async with asyncio.timeout(timeout.sock_connect):
                 made: tuple[asyncio.Transport, Any] = await loop.create_connection(
@@ -334,17 +327,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     async def _proxied_request(self, egress: Egress, proxies: Sequence[Proxy], method: str, url: yarl.URL,
                                headers: list[tuple[str, str]], body: bytes | None,
                                timeout: Timeouts) -> aiohttp.ClientResponse:
-        """The request through the proxy egress chooses for its host, through another when that one fails as a
-        proxy (as http1.py's lean path does); ProxiesUnavailable when none could carry it."""
-        loop = asyncio.get_running_loop()
-        host = url.raw_host or ""
-        origin = f"{host}:{url.port or _DEFAULT_PORTS.get(url.scheme, 0)}"
-        tried: list[Proxy] = []
-        last = ""
-        for _ in range(min(MAX_TRIES, len(proxies))):
-            proxy = egress.choose(origin, proxies, loop.time(), pin=current_pin(), tried=tried)
-            tried.append(proxy)
-            egress.sent(proxy)
+        """The request through the proxies that apply to its host, failing over as egress.carry does (as
+        http1.py's lean path does)."""
+
+        async def send(proxy: Proxy) -> aiohttp.ClientResponse:
+            sent = headers
             extra: dict[str, Any] = {}
             if proxy.scheme == "http":
                 extra["proxy"] = proxy.label
@@ -352,28 +339,26 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 if auth is not None:
                     # aiohttp sends proxy_headers on CONNECT only: an absolute-form request carries its own.
                     if url.scheme == "http":
-                        headers = [*headers, ("Proxy-Authorization", auth)]
+                        sent = [*headers, ("Proxy-Authorization", auth)]
                     else:
                         extra["proxy_headers"] = {"Proxy-Authorization": auth}
             try:
                 response = await self._through(proxy).request(
-                    method, url, headers=headers, data=body, allow_redirects=False, auto_decompress=False,
+                    method, url, headers=sent, data=body, allow_redirects=False, auto_decompress=False,
                     timeout=self._timeout(timeout), **extra)
-            except ProxyFailed as exc:
-                last = exc.reason
             except (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError) as exc:
-                last = str(exc)[:300] or type(exc).__name__
+                raise ProxyFailed(proxy, str(exc)[:300] or type(exc).__name__) from None
+            except ProxyFailed:
+                raise
             except _FAILURES as e:
                 raise map_error(e) from e
-            else:
-                if not (proxy.scheme == "http" and url.scheme == "http" and response.status == 407):
-                    egress.succeeded(proxy)
-                    return response
+            if proxy.scheme == "http" and url.scheme == "http" and response.status == 407:
                 response.close()
-                last = "407: the proxy wants (other) credentials"
-            egress.failed(proxy, loop.time())
-        raise ProxiesUnavailable(f"{host}: no proxy carried the request ({', '.join(p.label for p in tried)}"
-                                 f"{': ' + last if last else ''})")
+                raise ProxyFailed(proxy, "407: the proxy wants (other) credentials")
+            return response
+
+        return await carry(egress, f"{url.raw_host or ''}:{url.port or 0}", proxies, send,
+                           asyncio.get_running_loop().time)
 
     async def aclose(self) -> None:
         for proxied in self._proxied.values():

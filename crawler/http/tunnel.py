@@ -241,3 +241,16 @@ async def open_tunnel(proxy: Proxy, host: str, port: int, timeout: float | None)
         if sock is not None:
             sock.close()
         raise
+
+
+async def proxy_socket(proxy: Proxy, host: str, port: int, timeout: float | None, *, tunnel: bool) -> socket.socket:
+    """A socket for a request to host:port through proxy: a tunnel to the origin (CONNECT or SOCKS5), or, with
+    ``tunnel`` false (an http URL through an HTTP proxy, sent in absolute form), a connection to the proxy
+    itself; within ``timeout``. ProxyFailed for any failure of the proxy."""
+    if tunnel:
+        return await open_tunnel(proxy, host, port, timeout)
+    try:
+        async with asyncio.timeout(timeout):
+            return await connect_proxy(proxy, asyncio.get_running_loop())
+    except TimeoutError:
+        raise ProxyFailed(proxy, f"no connection within {timeout} s") from None

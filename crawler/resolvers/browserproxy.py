@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from crawler.http.egress import MAX_TRIES, Egress, ProxiesUnavailable, ProxyFailed, current_pin
+from crawler.http.egress import Egress, ProxiesUnavailable, carry
 from crawler.http.proxies import Proxy
 from crawler.http.targets import TargetPolicy
 from crawler.http.tunnel import open_tunnel
@@ -214,28 +214,21 @@ class BrowserProxy:
                        port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if _literal(name) and not self._policy().permits(host, port, name):
             raise Refused(f"{host}:{port} is outside the public internet and not named by the crawl")
-        loop = asyncio.get_running_loop()
-        tried: list[Proxy] = []
-        for _ in range(min(MAX_TRIES, len(proxies))):
-            try:
-                proxy = egress.choose(f"{host}:{port}", proxies, loop.time(), pin=current_pin(), tried=tried)
-            except ProxiesUnavailable as exc:
-                raise Refused(str(exc)) from None
-            tried.append(proxy)
-            egress.sent(proxy)
-            try:
-                sock = await open_tunnel(proxy, name, port, CONNECT_TIMEOUT)
-            except ProxyFailed:
-                egress.failed(proxy, loop.time())
-                continue
-            egress.succeeded(proxy)
-            origin = f"{host}:{port}"
+        origin = f"{host}:{port}"
+
+        async def send(proxy: Proxy) -> socket.socket:
+            sock = await open_tunnel(proxy, name, port, CONNECT_TIMEOUT)
             self._exits[origin] = proxy.label
             self._exits.move_to_end(origin)
             if len(self._exits) > EXITS_KEPT:
                 self._exits.popitem(last=False)
-            return await asyncio.open_connection(sock=sock, limit=MAX_HEAD)
-        raise Refused(f"{host}:{port}: no proxy carried the connection ({', '.join(p.label for p in tried)})")
+            return sock
+
+        try:
+            sock = await carry(egress, origin, proxies, send, asyncio.get_running_loop().time)
+        except ProxiesUnavailable as exc:
+            raise Refused(str(exc)) from None
+        return await asyncio.open_connection(sock=sock, limit=MAX_HEAD)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._writers) >= MAX_CONNECTIONS:
