@@ -23,10 +23,11 @@ import random
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Self
 from urllib.parse import parse_qsl
 
 from aiohttp import web
+
+from testkit.loopback import LoopbackSite
 
 SUCCESS = "Log out"
 
@@ -48,7 +49,7 @@ def mp3(size: int, seed: int) -> bytes:
 
 
 @dataclass
-class LoginSite:
+class LoginSite(LoopbackSite):
     user: str = "alice"
     password: str = "s3cret"
     songs: int = 6
@@ -87,27 +88,6 @@ class LoginSite:
         self.sessions.clear()
 
     # ------------------------------------------------------------------ serving
-    async def start(self) -> Self:
-        server = web.Server(self._handle)
-        self._runner = web.ServerRunner(server, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]   # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> Self:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
     def _valid(self, request: web.BaseRequest, now: float) -> bool:
         sid = request.cookies.get("sid")
         made = self.sessions.get(sid) if sid else None

@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Self
 
 from aiohttp import web
+
+from testkit.loopback import LoopbackSite
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +29,7 @@ class Hit:
     agent: str        # the User-Agent: tells the workers apart when each is given its own
 
 
-class PoliteSite:
+class PoliteSite(LoopbackSite):
     def __init__(self, pages: int, *, latency: float = 0.0, robots: bytes | None = None) -> None:
         self.pages = pages
         self.robots = robots                  # served as /robots.txt (200) when given
@@ -60,27 +61,6 @@ class PoliteSite:
 
     def page_hits(self, *, status: int | None = None) -> list[Hit]:
         return [h for h in self.hits if h.path.startswith("/p/") and (status is None or h.status == status)]
-
-    async def start(self) -> Self:
-        server = web.Server(self._handle)
-        self._runner = web.ServerRunner(server, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]   # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> Self:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         start = time.monotonic()
