@@ -14,6 +14,7 @@ from crawler.http.getter import build_stack
 from crawler.http.proxies import MAX_PROXIES, Proxy
 from crawler.http.targets import TargetPolicy, parse_network
 from testkit.proxyserver import ProxyServer
+from tests.test_transport import RawServer
 
 P = [Proxy("http", "127.0.0.1", 9000 + i) for i in range(4)]
 
@@ -110,34 +111,23 @@ def test_the_worker_refuses_a_bad_proxy_flag_with_one_line(flag, tmp_path):
 
 # -- the stack through real proxies -------------------------------------------------------------------------
 
-class Origin:
+async def _say_peer(server, reader, writer):
+    peer = writer.get_extra_info("peername")[0]
+    while True:
+        head = await reader.readuntil(b"\r\n\r\n")
+        server.peers[peer] += 1
+        line = head.split(b"\r\n", 1)[0]
+        body = b"from " + peer.encode() + b" " + line
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+
+
+class Origin(RawServer):
     """A keep-alive origin that says which address each request came from."""
 
     def __init__(self):
+        super().__init__(_say_peer)
         self.peers: Counter[str] = Counter()
-
-    async def _serve(self, reader, writer):
-        peer = writer.get_extra_info("peername")[0]
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                self.peers[peer] += 1
-                line = head.split(b"\r\n", 1)[0]
-                body = b"from " + peer.encode() + b" " + line
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-                await writer.drain()
-        except (OSError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    async def __aenter__(self):
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc):
-        self.server.close()
 
 
 def stack(egress):

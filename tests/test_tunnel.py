@@ -10,6 +10,7 @@ from crawler.http.egress import ProxyFailed
 from crawler.http.proxies import Proxy
 from crawler.http.tunnel import (MAX_CONNECT_HEAD, ConnectAnswer, Socks5, TunnelError, connect_request,
                                  open_tunnel)
+from tests.test_transport import RawServer
 
 HTTP = Proxy("http", "127.0.0.1", 1, "us er", "pä:ss")
 SOCKS = Proxy("socks5", "127.0.0.1", 1)
@@ -103,27 +104,6 @@ def test_socks5_answers_the_protocol_does_not_allow_are_refused(proxy, replies, 
 
 # -- the shell against hostile proxies ---------------------------------------------------------------------
 
-class Hostile:
-    def __init__(self, handler):
-        self.handler = handler
-
-    async def _serve(self, reader, writer):
-        try:
-            await self.handler(reader, writer)
-        except (OSError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    async def __aenter__(self):
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc):
-        self.server.close()
-
-
 async def endless_head(reader, writer):
     await reader.readuntil(b"\r\n\r\n")
     writer.write(b"HTTP/1.1 200 OK\r\n")
@@ -164,8 +144,8 @@ async def auth_required(reader, writer):
     ("socks5", silent, "within"), ("socks5", garbage, "not a SOCKS5"),
 ])
 async def test_a_hostile_proxy_costs_bounded_time_and_is_a_proxy_failure(kind, handler, message):
-    async with Hostile(handler) as server:
-        proxy = Proxy(kind, "127.0.0.1", server.port)
+    async with RawServer(lambda _, reader, writer: handler(reader, writer)) as server:
+        proxy = Proxy(kind, "127.0.0.1", int(server.url.rsplit(":", 1)[1]))
         started = time.monotonic()
         with pytest.raises(ProxyFailed, match=message) as e:
             await open_tunnel(proxy, "example.com", 443, 1.0)
