@@ -43,6 +43,8 @@ MAX_SITES = 1000
 MAX_HEADERS = 32
 MAX_LOGIN_FIELDS = 32
 MAX_SECRET_FILE = 64 * 1024
+# Hosts whose site a table remembers (SiteTable.lookup), least recently asked out.
+LOOKUPS_KEPT = 4096
 # Headers a site entry may not set: the HTTP layer owns them.
 RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "range", "if-range",
                               "cookie", "accept-encoding", "te", "upgrade", "proxy-authorization",
@@ -90,6 +92,7 @@ class SiteTable:
         self.policies: tuple[SitePolicy, ...] = tuple(policies)
         self._exact: dict[str, SitePolicy] = {}
         self._wild: dict[str, SitePolicy] = {}
+        self._answers: OrderedDict[tuple[str, int | None], SitePolicy | None] = OrderedDict()
         for p in self.policies:
             if p.pattern.startswith("*."):
                 self._wild[p.pattern[2:]] = p
@@ -103,9 +106,23 @@ class SiteTable:
         return len(self.policies)
 
     def lookup(self, host: str, port: int | None = None) -> SitePolicy | None:
-        """The policy for host (lower case, no brackets) and port (the URL's, default included), or None."""
+        """The policy for host (lower case, no brackets) and port (the URL's, default included), or None.
+        The table does not change, so answers are remembered (the last LOOKUPS_KEPT hosts): its callers ask per
+        URL (the master's routing, depth limits and figures, a worker's requests) and keep no cache of their own."""
         if not self.policies:
             return None
+        key = (host, port)
+        cache = self._answers
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        found = self._find(host, port)
+        cache[key] = found
+        if len(cache) > LOOKUPS_KEPT:
+            cache.popitem(last=False)
+        return found
+
+    def _find(self, host: str, port: int | None) -> SitePolicy | None:
         if port is not None and (p := self._exact.get(f"{host}:{port}")) is not None:
             return p
         if (p := self._exact.get(host)) is not None:
@@ -353,10 +370,8 @@ class DepthLimits:
     """The depth limit of a URL: its site's max_depth where the site sets one, else the crawl's (None: none).
 
     Cheap where it is asked most: a depth at or below every limit (floor) passes and one past every limit
-    (ceiling) is cut without a lookup; only between them is the URL's site looked up, once per origin (a
-    bounded cache, least recently used out)."""
-
-    CACHE = 4096
+    (ceiling) is cut without a lookup; only between them is the URL's site looked up (the table remembers its
+    answers)."""
 
     def __init__(self, crawl: int | None, table: SiteTable) -> None:
         self.crawl = crawl
@@ -368,25 +383,13 @@ class DepthLimits:
         finite = [x for x in limits if x is not None]
         self.floor: int | None = min(finite) if finite else None
         self.ceiling: int | None = None if any(x is None for x in limits) else max(finite)
-        self._cache: OrderedDict[tuple[str, int], int | None] = OrderedDict()   # by (host, port)
 
     def limit(self, url: str) -> int | None:
         """url's depth limit (None: no limit)."""
         if not self.per_site:
             return self.crawl
-        key = host_port(url)
-        if key is None:
-            return self.crawl
-        cache = self._cache
-        if key in cache:
-            cache.move_to_end(key)
-            return cache[key]
-        p = self.table.lookup(*key)
-        out = self.crawl if p is None or p.max_depth is None else p.max_depth
-        cache[key] = out
-        if len(cache) > self.CACHE:
-            cache.popitem(last=False)
-        return out
+        p = self.table.lookup_url(url)
+        return self.crawl if p is None or p.max_depth is None else p.max_depth
 
     def allows(self, url: str, depth: int, extra: int = 0) -> bool:
         """Whether url at depth is within its limit plus extra (the hops an audio reference may go past it)."""

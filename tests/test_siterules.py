@@ -11,7 +11,7 @@ from crawler.http.getter import Stack
 from crawler.http.transport import build_client, build_transport
 from crawler.items import AudioItem, RequestIdentity
 from crawler.resolvers.base import ResolveContext
-from crawler.sites import parse_sites
+from crawler.sites import LOOKUPS_KEPT, parse_sites
 from crawler.worker import siterules
 from crawler.worker.fetcher import PageFetcher
 from crawler.worker.siterules import SiteHeaders, SiteRules
@@ -130,9 +130,9 @@ def test_lookup_is_cheap_and_bounded():
     assert r.of("b.example", 80) is None                      # a site that sets no headers costs nothing more
     assert r.of_url("https://x.c.example/") == SiteHeaders(None, (("X", "1"),))
     assert r.user_agent("http://a.example/x") == "s/1" and r.user_agent("http://b.example/") is None
-    for i in range(siterules.CACHE + 10):
+    for i in range(LOOKUPS_KEPT + 10):
         r.of(f"h{i}.c.example", 80)
-    assert len(r._cache) <= siterules.CACHE
+    assert len(r.table._answers) <= LOOKUPS_KEPT
     r.set_table(parse_sites("sites", {}, Path(".")))
     assert not r and r.of("a.example", 80) is None
 

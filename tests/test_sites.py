@@ -12,6 +12,7 @@ from crawler import protocol as p
 from crawler.config import ConfigError
 from crawler.master.config import MasterConfig
 from crawler.sites import (
+    LOOKUPS_KEPT,
     DepthLimits,
     SitePolicy,
     SiteTable,
@@ -153,10 +154,10 @@ def test_depth_limits_per_site():
     # No site sets a depth: the crawl's limit alone, no lookups.
     plain = DepthLimits(5, table({"a.example": {"user_agent": "x"}}))
     assert not plain.per_site and (plain.floor, plain.ceiling) == (5, 5) and plain.limit("http://a.example/") == 5
-    # The cache stays bounded.
-    for i in range(DepthLimits.CACHE + 50):
+    # The remembered answers stay bounded.
+    for i in range(LOOKUPS_KEPT + 50):
         d.limit(f"http://h{i}.example/")
-    assert len(d._cache) <= DepthLimits.CACHE
+    assert len(d.table._answers) <= LOOKUPS_KEPT
 
 
 def test_gate_limits_only_where_a_site_sets_politeness():

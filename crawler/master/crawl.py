@@ -11,7 +11,7 @@ import json
 import logging
 import math
 import re
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -72,7 +72,6 @@ MAX_IGNORED_RULES = 64
 # worker has, so no node pops them and the level barrier does not count them; they are routed to the workers
 # again when the site's login works.
 WAITING_NODE = "(login) "
-SITE_CACHE = 4096          # origins whose site is remembered while a site waits
 MAX_WAIT = 600.0           # the longest a waiting site goes without a probe, whatever a worker says
 
 
@@ -248,7 +247,6 @@ class Crawl:
         # Sites waiting for their login, by pattern (at most one per site of cfg.sites): their URLs are kept out
         # of every node's line and out of the level barrier until a result of the site comes (site_wait).
         self.waiting: dict[str, Waiting] = {}
-        self._site_of: OrderedDict[str, str | None] = OrderedDict()   # origin -> its site pattern
         # Pending downloads handed to nodes (download-only work), for the server to send: node -> items.
         # Bounded by the pending downloads in the store, which the workers' own bounds keep small.
         self.download_work: dict[str, list[AudioItem]] = {}
@@ -291,20 +289,8 @@ class Crawl:
 
     def _waiting_site(self, url: str) -> str | None:
         """The pattern of the waiting site url belongs to, or None."""
-        try:
-            origin = host_url_of(url)
-        except ValueError:
-            return None
-        cache = self._site_of
-        if origin in cache:
-            cache.move_to_end(origin)
-            site = cache[origin]
-        else:
-            pol = self.cfg.sites.lookup_url(origin)
-            site = cache[origin] = None if pol is None else pol.pattern
-            if len(cache) > SITE_CACHE:
-                cache.popitem(last=False)
-        return site if site is not None and site in self.waiting else None
+        pol = self.cfg.sites.lookup_url(url)
+        return pol.pattern if pol is not None and pol.pattern in self.waiting else None
 
     # ------------------------------------------------------------------ sites waiting for their login
     def site_wait(self, node: str, lease_ids: Sequence[int], reason: str, retry_in: float, now: float) -> int:

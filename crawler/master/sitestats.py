@@ -12,7 +12,6 @@ pages' and downloads' in flight against their max_per_host.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -22,7 +21,6 @@ from crawler.sites import SiteTable
 from crawler.web.urls import host_url_of
 
 MAX_ORIGINS = 64     # origins of one site whose gates are read for its figures
-CACHE = 4096         # origins whose site is remembered
 
 
 class _Counts:
@@ -39,23 +37,14 @@ class SiteStats:
     def __init__(self, table: SiteTable) -> None:
         self.table = table
         self._counts: dict[str, _Counts] = {pol.pattern: _Counts() for pol in table.policies}
-        self._site: OrderedDict[str, str | None] = OrderedDict()
 
     def __bool__(self) -> bool:
         return bool(self.table)
 
     def site_of(self, origin: str) -> str | None:
         """The pattern of the site an origin (scheme://host[:port]) belongs to, or None."""
-        cache = self._site
-        if origin in cache:
-            cache.move_to_end(origin)
-            return cache[origin]
         pol = self.table.lookup_url(origin)
-        out = None if pol is None else pol.pattern
-        cache[origin] = out
-        if len(cache) > CACHE:
-            cache.popitem(last=False)
-        return out
+        return None if pol is None else pol.pattern
 
     def _counts_of(self, url: str) -> _Counts | None:
         try:

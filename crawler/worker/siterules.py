@@ -21,7 +21,6 @@ request; a site's headers are worked out once per origin and kept (a bounded cac
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -30,7 +29,6 @@ import httpx
 from crawler.sites import SiteTable
 from crawler.web.urls import host_port
 
-CACHE = 4096   # origins whose site headers are kept
 _APPLIED = "crawler.site_headers"   # a request extension: the SiteHeaders the hook put on it
 
 
@@ -64,32 +62,24 @@ class SiteRules:
     """The sites' request headers, looked up by host and port (the URL's, default included)."""
 
     def __init__(self, table: SiteTable | None = None) -> None:
-        self.table = table if table is not None else SiteTable()
-        self._cache: OrderedDict[tuple[str, int | None], SiteHeaders | None] = OrderedDict()
+        self.set_table(table if table is not None else SiteTable())
 
     def set_table(self, table: SiteTable) -> None:
         """A new Welcome's sites: every holder of this object sees them at once."""
         self.table = table
-        self._cache.clear()
+        # Each site's headers made once (the table remembers which site a host is of).
+        self._headers = {p.pattern: SiteHeaders(p.user_agent, p.headers) for p in table.policies
+                         if p.user_agent is not None or p.headers}
 
     def __bool__(self) -> bool:
         return bool(self.table)
 
     def of(self, host: str | None, port: int | None) -> SiteHeaders | None:
         """The site headers for a request to host:port, or None (no site, or one that sets neither)."""
-        if not self.table or not host:
+        if not self._headers or not host:
             return None
-        key = (host.lower(), port)
-        cache = self._cache
-        if key in cache:
-            cache.move_to_end(key)
-            return cache[key]
-        p = self.table.lookup(key[0].strip("[]"), port)
-        out = None if p is None or (p.user_agent is None and not p.headers) else SiteHeaders(p.user_agent, p.headers)
-        cache[key] = out
-        if len(cache) > CACHE:
-            cache.popitem(last=False)
-        return out
+        p = self.table.lookup(host.lower().strip("[]"), port)
+        return None if p is None else self._headers.get(p.pattern)
 
     def of_url(self, url: str) -> SiteHeaders | None:
         if not self.table:
