@@ -97,6 +97,9 @@ class WorkerConfig:
     # A finished audio file is trusted this long before it is asked for again (conditionally: a 304 costs no
     # download); 0 asks on every visit of its page.
     revalidate_after: float = setting("float", 86_400.0, non_negative)
+    # Seconds of a live stream (a live HLS playlist, a dynamic DASH presentation, an internet radio station)
+    # recorded per visit of its page (crawler/worker/recording.py); each visit records a new window.
+    live_record_seconds: float = setting("float", 60.0, positive)
     max_page_depth: int = setting("int", 512, positive)         # element nesting a page may reach
     max_page_tags: int = setting("int", 100_000, positive)      # tags a page may hold
     max_redirects: int = setting("int", 5, positive)

@@ -353,7 +353,8 @@ class Worker:
                                                     max_per_host=max(1, cfg.downloads // 2),
                                                     deadline_base=cfg.download_timeout,
                                                     min_rate=cfg.download_min_rate,
-                                                    revalidate_after=cfg.revalidate_after),
+                                                    revalidate_after=cfg.revalidate_after,
+                                                    live_record_seconds=cfg.live_record_seconds),
                                      file_tags=True, archive=self.archive,
                                      audio_payload=getattr(getattr(cfg, "archive", None), "audio_payload", False))
         self.downloader.sites = self.site_rules

@@ -43,10 +43,11 @@ class DownloadConfig:
     remembered_urls: int = 100_000    # finished addresses kept in memory to serve other keys (LRU)
     deadline_base: float = 120.0      # a whole download may take this long plus its size at min_rate
     min_rate: float = 32 * KiB        # bytes per second
+    live_record_seconds: float = 60.0  # a live stream is recorded this long per visit (recording.py)
 
     def __post_init__(self) -> None:
         if self.max_size <= 0 or self.chunk_size <= 0 or self.max_attempts < 1 or self.timeout <= 0 or (
-                self.deadline_base <= 0 or self.min_rate <= 0):
+                self.deadline_base <= 0 or self.min_rate <= 0 or self.live_record_seconds <= 0):
             raise ValueError("DownloadConfig: sizes, attempts, timeout, deadline and rate must be positive")
         if self.revalidate_after < 0 or self.max_per_host < 1 or self.remembered_urls < 0 or (
                 self.max_downloads is not None and self.max_downloads < 1):
