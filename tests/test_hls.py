@@ -290,14 +290,6 @@ async def test_a_finished_stream_is_not_fetched_again(server, client, tmp_path):
     assert segment_requests(server) == []
 
 
-async def test_a_dash_manifest_is_recorded_not_downloaded(server, client, tmp_path):
-    server.add("/d/manifest.mpd", b"<MPD></MPD>", content_type="application/dash+xml")
-    item = AudioItem(url=server.url("/d/manifest.mpd"), page="http://site.test/v", extra={"format": "dash"})
-    got = await Downloader(client, tmp_path, CFG).fetch(item)
-    assert got.status == OK and got.sha256 is None and got.extra["downloaded"] is False
-    assert server.log == []
-
-
 _CHILD = r"""
 import asyncio, sys
 from pathlib import Path

@@ -28,8 +28,10 @@ hold per-client tokens). Otherwise it starts over. A kill costs at most a few se
 of tiny segments does not rewrite the record for each one.
 
 A playlist without EXT-X-ENDLIST is live (or an event still being recorded): it has no end to download, so the
-item is reported as found, with ``extra.live``, and nothing is fetched. A DASH manifest is recorded the same
-way: it is not downloaded.
+item is reported as found, with ``extra.live``, and nothing is fetched. A DASH manifest is dash.py's.
+
+The segment requests, the part file with its progress record and the bounds below are segments.py's, shared
+with dash.py.
 
 Bounds: a playlist is read up to ``MAX_PLAYLIST_BYTES`` and at most ``MAX_SEGMENTS`` segments are taken; an
 ended playlist is refused before any segment is fetched when its EXTINF durations add up to more than
@@ -48,66 +50,57 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
-import math
-import os
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
 
 import httpx
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from crawler.archive import NO_ARCHIVE, Archive, NoArchive
-from crawler.http.bodies import BodyError
-from crawler.http.recording import EXTENSION, RECORD_ID, Recorded
-from crawler.http.targets import TargetRefused
 from crawler.items import FAILED, OK, AudioItem
 from crawler.web import media
-from crawler.web.urls import host_of, resolve
+from crawler.web.urls import resolve
+from crawler.worker import segments as shared
 from crawler.worker.archived import Trail
-from crawler.worker.audiostore import AudioStore, Finished, hash_prefix
-from crawler.worker.download_plan import backoff, transient
-from crawler.worker.transfer import NETWORK_ERRORS, Deadline, DownloadConfig, identity_headers
+from crawler.worker.audiostore import AudioStore, Finished
+from crawler.worker.segments import (
+    MAX_DURATION,
+    MAX_SEGMENT_BYTES,
+    MAX_SEGMENTS,
+    MIN_SEGMENT_SECONDS,
+    PROGRESS_EVERY,
+    SEGMENT_ALLOWANCE,
+    VIDEO_CODECS,
+    ByteRange,
+    Joined,
+    Progress,
+    SegmentClient,
+    StreamError,
+    StreamRefused,
+    container,
+)
+from crawler.worker.transfer import Deadline, DownloadConfig
 
 log = logging.getLogger(__name__)
 
-MAX_PLAYLIST_BYTES = 4 * 1024 * 1024
-MAX_SEGMENTS = 50_000
-# Longer than any recording published as one file (an audiobook, a day-long set); a longer list is not audio
-# to keep but a way to hold a download slot.
-MAX_DURATION = 24 * 3600.0
-# Real packagers cut 2-10 s segments, low-latency ones 1 s; a list of many more segments than its declared
-# duration explains costs a request each for nothing.
-MIN_SEGMENT_SECONDS = 0.5
-SEGMENT_ALLOWANCE = 16
-# Seconds between progress records: a kill loses at most this much work.
-PROGRESS_EVERY = 5.0
-MAX_VARIANTS = 1_000
-# A segment is held in memory to be decrypted whole: real ones are seconds of audio, a few hundred KiB.
-MAX_SEGMENT_BYTES = 32 * 1024 * 1024
-_KEY_BYTES = 16
-_READ_SIZE = 64 * 1024
-_PROGRESS_VERSION = 1
-HLS = "hls"
-DASH = "dash"
+__all__ = ["MAX_DURATION", "MAX_SEGMENTS", "MIN_SEGMENT_SECONDS", "PROGRESS_EVERY", "SEGMENT_ALLOWANCE",
+           "ByteRange", "HlsDownloader", "HlsError", "HlsRefused", "Progress", "container"]
 
-# Codec names (RFC 6381 prefixes) that mean video; anything else in CODECS is taken for audio.
-_VIDEO_CODECS = ("avc1", "avc3", "hvc1", "hev1", "vp08", "vp09", "vp8", "vp9", "av01", "mp4v", "dvh1", "dvhe",
-                 "theora", "s263")
+MAX_PLAYLIST_BYTES = 4 * 1024 * 1024
+MAX_VARIANTS = 1_000
+_KEY_BYTES = 16
+HLS = "hls"
+
 _ATTRIBUTE = re.compile(r'([A-Z0-9-]+)=("[^"]*"|[^,]*)')
 
-
-class HlsError(Exception):
-    """The playlist cannot be downloaded as audio; the message becomes the item's reason."""
-
-
-class HlsRefused(HlsError):
-    """A key, segment or playlist the worker's client refused (its address, or its body): logged once."""
+# The playlist cannot be downloaded as audio (the message becomes the item's reason); a key, segment or
+# playlist the worker's client refused (its address, or its body) is logged once. segments.py raises them too.
+HlsError = StreamError
+HlsRefused = StreamRefused
 
 
 # --------------------------------------------------------------------------------------------- parsing
@@ -116,12 +109,6 @@ class Key:
     method: str                       # NONE, AES-128, SAMPLE-AES, ...
     uri: str | None = None
     iv: bytes | None = None
-
-
-@dataclass(frozen=True)
-class ByteRange:
-    length: int
-    offset: int
 
 
 @dataclass(frozen=True)
@@ -273,12 +260,7 @@ def _parse_media(text: str, url: str) -> MediaPlaylist:
 def check_length(playlist: MediaPlaylist) -> None:
     """Raises HlsError when an ended playlist is longer than ``MAX_DURATION`` or lists more segments than its
     declared duration explains (see the module's docstring)."""
-    duration = playlist.duration
-    if not math.isfinite(duration) or duration > MAX_DURATION:
-        raise HlsError(f"declares {duration:.0f} s of audio, more than {MAX_DURATION:.0f} s")
-    allowed = SEGMENT_ALLOWANCE + int(duration / MIN_SEGMENT_SECONDS)
-    if len(playlist.segments) > allowed:
-        raise HlsError(f"{len(playlist.segments)} segments for {duration:.0f} s of audio (at most {allowed})")
+    shared.check_length(playlist.duration, len(playlist.segments))
 
 
 def _key(a: dict[str, str], base: str) -> Key | None:
@@ -326,7 +308,7 @@ def _parse_master(text: str, url: str) -> MasterPlaylist:
 
 def _audio_only(v: Variant) -> bool:
     if v.codecs:
-        return not any(c.startswith(_VIDEO_CODECS) for c in v.codecs)
+        return not any(c.startswith(VIDEO_CODECS) for c in v.codecs)
     return v.resolution is None
 
 
@@ -367,47 +349,6 @@ def decrypt(data: bytes, key: bytes, iv: bytes) -> bytes:
     return plain[:-pad]
 
 
-def container(first: bytes, has_init: bool) -> tuple[str, str]:
-    """(extension, media type) of the joined file, from its first bytes."""
-    if has_init or first[4:8] in (b"ftyp", b"styp", b"moof"):
-        return ".m4a", "audio/mp4"
-    if first[:1] == b"\x47":
-        return ".ts", "video/mp2t"
-    fmt = media.sniff_audio(first) if len(first) >= 4 else None
-    if fmt == "aac":
-        return ".aac", "audio/aac"
-    if fmt in ("mp3", "mp2"):
-        return ".mp3", "audio/mpeg"
-    return ".ts", "video/mp2t"
-
-
-# --------------------------------------------------------------------------------------------- progress
-@dataclass
-class Progress:
-    playlist: str                     # the media playlist's address
-    fingerprint: str
-    segments: int = 0                 # segments (after the init section) whose bytes are on disk
-    size: int = 0                     # bytes of the part file they make up
-    init: str | None = None           # the init section last written
-
-    def to_json(self) -> str:
-        return json.dumps({"version": _PROGRESS_VERSION, "playlist": self.playlist,
-                           "fingerprint": self.fingerprint, "segments": self.segments, "size": self.size,
-                           "init": self.init}, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> Progress:
-        d = json.loads(text)
-        if not isinstance(d, dict) or d.get("version") != _PROGRESS_VERSION:
-            raise ValueError("not an HLS progress record")
-        segments, size = d.get("segments"), d.get("size")
-        if not isinstance(segments, int) or not isinstance(size, int) or segments < 0 or size < 0:
-            raise ValueError("HLS progress record without counts")
-        init = d.get("init")
-        return cls(str(d.get("playlist")), str(d.get("fingerprint")), segments, size,
-                   init if isinstance(init, str) else None)
-
-
 class HlsDownloader:
     """One file per HLS item. Called by the Downloader, inside the item's host slot."""
 
@@ -423,11 +364,12 @@ class HlsDownloader:
         self._monotonic, self.progress_every = monotonic, progress_every
         self._archive = None if isinstance(archive, NoArchive) else archive
         self._audio_payload = audio_payload
+        self._segments = SegmentClient(client, cfg, archive=self._archive, audio_payload=audio_payload)
 
     def claims(self, item: AudioItem) -> bool:
-        """Items the downloader hands to this module: HLS playlists (and DASH manifests, recorded only)."""
+        """Items the downloader hands to this module: HLS playlists."""
         fmt = item.extra.get("format") if isinstance(item.extra, dict) else None
-        return fmt in (HLS, DASH) or media.url_extension(item.url) == "m3u8"
+        return fmt == HLS or (fmt is None and media.url_extension(item.url) == "m3u8")
 
     def progress_path(self, key: str) -> Path:
         return self.store.partial_dir / f"{key}.hls.json"
@@ -438,8 +380,6 @@ class HlsDownloader:
         expiry cancels this coroutine (the downloader turns that into ``download too slow``)."""
         extra = {**item.extra, "format": item.extra.get("format") or HLS}
         item = item.replace(extra=extra)
-        if extra["format"] == DASH:
-            return item.replace(extra={**extra, "downloaded": False})
         ids: list[str] = []     # the records of this item's exchanges, when they are archived
         try:
             media = await self._media_playlist(item, ids)
@@ -478,66 +418,8 @@ class HlsDownloader:
     # -- network --------------------------------------------------------------------------------------
     async def _get(self, item: AudioItem, url: str, limit: int, byterange: ByteRange | None = None, *,
                    role: str = "segment", ids: list[str] | None = None, keep_body: bool = False) -> bytes:
-        """A bounded GET with the item's identity, retried on network errors and 429/5xx. With an archive, each
-        attempt is recorded as ``role`` of the item's page (a segment's bytes only when ``audio_payload`` or
-        ``keep_body``, a playlist's always), and its record's id appended to ``ids``."""
-        if not url.lower().startswith(("http://", "https://")):
-            raise HlsError(f"not an http(s) address: {url[:200]!r}")
-        same_host = host_of(url) == host_of(item.url)
-        headers = identity_headers(item, same_host=same_host)
-        headers["Accept-Encoding"] = "identity"
-        if byterange is not None:
-            headers["Range"] = f"bytes={byterange.offset}-{byterange.offset + byterange.length - 1}"
-        recorded = None
-        if self._archive is not None:
-            recorded = Recorded(role, item.page, keep_body=keep_body or role != "segment" or self._audio_payload)
-        failures = 0
-        while True:
-            try:
-                return await self._get_once(url, headers, limit, byterange, recorded, ids)
-            except _Transient as exc:
-                failures += 1
-                if failures >= self.cfg.max_attempts:
-                    raise HlsError(f"{url[:200]}: gave up after {failures} attempts: {exc}") from None
-                if delay := backoff(failures, self.cfg.retry_backoff):
-                    await asyncio.sleep(delay)
-
-    async def _get_once(self, url: str, headers: dict[str, str], limit: int, byterange: ByteRange | None,
-                        recorded: Recorded | None = None, ids: list[str] | None = None) -> bytes:
-        # The transport's own body bound is the pages' one; this request's is ``limit``, checked below, with the
-        # transport's a read past it as the backstop.
-        extensions: dict[str, Any] = {"max_body": limit + _READ_SIZE, "read_size": _READ_SIZE}
-        if recorded is not None:
-            extensions[EXTENSION] = recorded
-        response: httpx.Response | None = None
-        try:
-            async with self.client.stream("GET", url, headers=headers, timeout=httpx.Timeout(self.cfg.timeout),
-                                          extensions=extensions) as response:
-                status = response.status_code
-                if transient(status):
-                    raise _Transient(f"http {status}")
-                if status not in (200, 206):
-                    raise HlsError(f"{url[:200]}: http {status}")
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.aiter_raw():
-                    size += len(chunk)
-                    if size > limit:
-                        raise HlsError(f"{url[:200]}: too large: more than {limit} bytes")
-                    chunks.append(chunk)
-        except NETWORK_ERRORS as exc:
-            raise _Transient(f"{type(exc).__name__}: {exc}"[:200]) from None
-        except (TargetRefused, BodyError) as exc:
-            raise HlsRefused(f"{url[:200]}: {exc}"[:300]) from None
-        except httpx.InvalidURL as exc:
-            raise HlsError(f"bad address: {exc}") from None
-        finally:
-            if ids is not None and response is not None and (record := response.extensions.get(RECORD_ID)):
-                ids.append(record)
-        body = b"".join(chunks)
-        if byterange is not None and status == 200:
-            body = body[byterange.offset:byterange.offset + byterange.length]   # the server ignored the range
-        return body
+        """A bounded GET with the item's identity, retried (segments.SegmentClient.get)."""
+        return await self._segments.get(item, url, limit, byterange, role=role, ids=ids, keep_body=keep_body)
 
     async def _media_playlist(self, item: AudioItem, ids: list[str] | None = None) -> MediaPlaylist:
         url = item.url
@@ -554,57 +436,27 @@ class HlsDownloader:
     # -- the download ---------------------------------------------------------------------------------
     async def _download(self, item: AudioItem, key: str, media: MediaPlaylist,
                         deadline: Deadline | None, ids: list[str] | None = None) -> AudioItem:
-        part = self.store.part_path(key)
-        part.parent.mkdir(parents=True, exist_ok=True)
-        progress = self._resume_point(key, media)
-        if progress is None:
-            progress = Progress(media.url, media.fingerprint())
-            part.write_bytes(b"")
-            self._save(key, progress)
-        hasher = await asyncio.to_thread(hash_prefix, part, progress.size)
+        joined = Joined(self.store, key, self.progress_path(key), monotonic=self._monotonic,
+                        progress_every=self.progress_every)
+        progress = await joined.open(media.url, media.fingerprint(), len(media.segments))
         keys: dict[str, bytes] = {}
-        fh, first = await asyncio.to_thread(_open_at, part, progress.size)
-        saved, saved_at = progress.segments, self._monotonic()
         try:
-            with fh:
-                for segment in media.segments[progress.segments:]:
-                    pieces: list[bytes] = []
-                    if segment.init is not None and segment.init.uri != progress.init:
-                        pieces.append(await self._get(item, segment.init.uri, self._budget(progress.size),
-                                                      segment.init.byterange, ids=ids))
-                    data = await self._get(item, segment.uri, self._budget(progress.size), segment.byterange,
-                                           ids=ids)
-                    pieces.append(await self._plain(item, segment, data, keys, ids))
-                    # Off the loop, and never abandoned: the file must not close under a writing thread.
-                    writing = asyncio.ensure_future(asyncio.to_thread(_append, fh, hasher, pieces))
-                    try:
-                        await asyncio.shield(writing)
-                    except asyncio.CancelledError:
-                        await asyncio.wait({writing})
-                        raise
-                    if not first:
-                        first = b"".join(pieces)[:16]
-                    progress.segments += 1
-                    progress.size += sum(map(len, pieces))
-                    if segment.init is not None:
-                        progress.init = segment.init.uri
-                    if deadline is not None:
-                        deadline.stretch(None, progress.size)
-                    now = self._monotonic()
-                    if now - saved_at >= self.progress_every:
-                        self._save(key, progress)
-                        saved, saved_at = progress.segments, now
+            for segment in media.segments[progress.segments:]:
+                pieces: list[bytes] = []
+                if segment.init is not None and segment.init.uri != progress.init:
+                    pieces.append(await self._get(item, segment.init.uri, self._budget(progress.size),
+                                                  segment.init.byterange, ids=ids))
+                data = await self._get(item, segment.uri, self._budget(progress.size), segment.byterange,
+                                       ids=ids)
+                pieces.append(await self._plain(item, segment, data, keys, ids))
+                await joined.append(pieces, init=segment.init.uri if segment.init is not None else None)
+                if deadline is not None:
+                    deadline.stretch(None, progress.size)
         finally:
-            # Whatever stopped the download (its deadline, a refusal, a cancel), the segments on disk are
-            # recorded; a finished download is recorded as the stored file instead.
-            if progress.segments != saved and progress.segments < len(media.segments):
-                self._save(key, progress)
+            joined.close()
         has_init = any(s.init is not None for s in media.segments)
-        ext, content_type = container(first, has_init)
-        sha = hasher.hexdigest()
-        size = progress.size
-        rel = self.store.commit(key, sha, size, ext)
-        self.progress_path(key).unlink(missing_ok=True)
+        ext, content_type = container(joined.first, has_init)
+        sha, size, rel = joined.commit(ext)
         record = Finished(url=item.url, sha256=sha, size=size, path=rel, content_type=content_type,
                           verified_at=self._clock())
         with contextlib.suppress(OSError):
@@ -635,43 +487,3 @@ class HlsDownloader:
                 raise HlsError(f"the key is {len(secret)} bytes, not {_KEY_BYTES}")
             keys[key.uri] = secret
         return await asyncio.to_thread(decrypt, data, secret, segment_iv(segment))
-
-    def _resume_point(self, key: str, media: MediaPlaylist) -> Progress | None:
-        """The progress to carry on from, when the part file and the playlist still agree with it."""
-        try:
-            progress = Progress.from_json(self.progress_path(key).read_text(encoding="utf-8"))
-            on_disk = self.store.part_path(key).stat().st_size
-        except (OSError, ValueError):
-            return None
-        if (progress.fingerprint != media.fingerprint() or progress.segments > len(media.segments)
-                or on_disk < progress.size):
-            return None
-        return progress
-
-    def _save(self, key: str, progress: Progress) -> None:
-        path = self.progress_path(key)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(progress.to_json(), encoding="utf-8")
-        os.replace(tmp, path)
-
-
-class _Transient(Exception):
-    """A failure worth another attempt: the network, 429, 5xx."""
-
-
-def _append(fh: Any, hasher: Any, pieces: list[bytes]) -> None:
-    for piece in pieces:
-        fh.write(piece)
-        hasher.update(piece)
-    fh.flush()
-
-
-
-def _open_at(path: Path, size: int) -> tuple[BinaryIO, bytes]:
-    """The part file cut back to ``size`` (bytes past the last progress record are not trusted), positioned
-    at its end, and its first bytes."""
-    fh = open(path, "r+b")
-    fh.truncate(size)
-    first = fh.read(16)
-    fh.seek(size)
-    return fh, first
