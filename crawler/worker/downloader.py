@@ -78,6 +78,7 @@ from crawler.worker.archived import Sent, Trail
 from crawler.worker.audiostore import AudioStore, Finished, Partial, extension_for, partial_key
 from crawler.worker.faults import is_local
 from crawler.worker.filetags import read_file_tags
+from crawler.worker.dash import DashDownloader
 from crawler.worker.hls import HlsDownloader
 from crawler.worker.siterules import SiteRules
 from crawler.worker.transfer import NETWORK_ERRORS, Deadline, MiB, identity_headers
@@ -365,6 +366,8 @@ class Downloader:
         self._audio_payload = audio_payload
         self.hls = HlsDownloader(http.client, self.store, cfg, clock=clock, archive=archive,
                                  audio_payload=audio_payload)
+        self.dash = DashDownloader(http.client, self.store, cfg, clock=clock, archive=archive,
+                                   audio_payload=audio_payload)
 
     async def fetch(self, item: AudioItem, reresolve: Reresolve | None = None, *,
                     transferred: Callable[[], None] | None = None, start: Started | None = None) -> AudioItem:
@@ -422,7 +425,10 @@ class Downloader:
         slots = _DownloadSlots(self.hosts, self._total, transferred)
         try:
             await slots.take(host_of(item.url))
-            if self.hls.claims(item):     # a playlist of segments, made one file by crawler/worker/hls.py
+            if self.dash.claims(item):    # a DASH manifest: joined, or recorded when live, by crawler/worker/dash.py
+                # A live presentation leaves no finished record, so ``known`` is only ever a static one's.
+                result = await self._fetch_hls(item, key, known, self.dash.fetch)
+            elif self.hls.claims(item):     # a playlist of segments, made one file by crawler/worker/hls.py
                 result = await self._fetch_hls(item, key, known)
             else:
                 result = await self._fetch(item, key, reresolve, known, slots, start)
@@ -536,13 +542,15 @@ class Downloader:
                 await trail.settle(partial)
             await partial.aclose()
 
-    async def _fetch_hls(self, item: AudioItem, key: str, known: Finished | None) -> AudioItem:
-        """An HLS item under the same whole-download deadline as a plain download: hls.py stretches it by the
-        bytes it has written, and saves its progress when the deadline's cancel reaches it."""
+    async def _fetch_hls(self, item: AudioItem, key: str, known: Finished | None,
+                         fetch: Callable[..., Awaitable[AudioItem]] | None = None) -> AudioItem:
+        """An HLS item (or, with dash.py's ``fetch``, a DASH one) under the same whole-download deadline as a plain
+        download: the module stretches it by the bytes it has written (a live recording to cover its window), and
+        saves its progress when the deadline's cancel reaches it."""
         deadline = Deadline(self._deadlines.now(), self.cfg)
         self._deadlines.keep(deadline)
         try:
-            result = await self.hls.fetch(item, key, known, deadline)
+            result = await (fetch or self.hls.fetch)(item, key, known, deadline)
             if deadline.expired:    # it ran out as the download ended: its cancel is taken here, not later
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
