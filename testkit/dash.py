@@ -161,7 +161,7 @@ class LiveServer:
         self.init = source.files[0].read_bytes()
         self.segments = [f.read_bytes() for f in source.files[1:]]
         self.log: list[tuple[str, int]] = []
-        self._runner: web.AppRunner | None = None
+        self._runner: web.ServerRunner | None = None
         self.url = ""
 
     def edge(self, now: float | None = None) -> int:
@@ -208,7 +208,7 @@ class LiveServer:
         return web.Response(body=self.segments[k % len(self.segments)], content_type="audio/mp4")
 
     async def start(self, host: str = "127.0.0.1") -> LiveServer:
-        self._runner = web.AppRunner(web.Server(self._handle), access_log=None)
+        self._runner = web.ServerRunner(web.Server(self._handle, access_log=None), handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, 0)
         await site.start()

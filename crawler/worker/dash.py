@@ -810,6 +810,8 @@ class DashDownloader:
                 if stalled or left <= 0:
                     break
                 await self._sleep(min(left, max(view.wait, 0.05)))
+                if window.closed(self._monotonic()):
+                    break
                 if rep.addressing.timeline and self._monotonic() - refreshed >= MIN_REFRESH:
                     manifest = await self._manifest(item, item.url, ids)
                     refreshed = self._monotonic()
