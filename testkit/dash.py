@@ -161,6 +161,7 @@ class LiveServer:
         self.init = source.files[0].read_bytes()
         self.segments = [f.read_bytes() for f in source.files[1:]]
         self.log: list[tuple[str, int]] = []
+        self.last: int | None = None                 # the stream's last segment, when it is to end
         self._runner: web.ServerRunner | None = None
         self.url = ""
 
@@ -203,7 +204,7 @@ class LiveServer:
         if m is None:
             return web.Response(status=404)
         k = int(m.group(2)) // round(self.seconds * 1000) if m.group(1) else int(m.group(2)) - 1
-        if k < 0 or k > self.edge():
+        if k < 0 or k > self.edge() or (self.last is not None and k > self.last):
             return web.Response(status=404)          # not yet available (or never)
         return web.Response(body=self.segments[k % len(self.segments)], content_type="audio/mp4")
 

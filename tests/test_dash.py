@@ -407,3 +407,32 @@ async def test_a_live_recording_covers_its_window_past_the_deadline(client, tmp_
     assert got.extra["live"] is True and 1.0 <= got.duration <= 4.0
     assert got.duration == got.extra["segments"] * 1.0
     assert probe_duration(tmp_path / got.path) > 0.5
+
+
+async def test_a_live_origin_whose_clock_is_behind_ours_is_waited_for(client, tmp_path, long_presentation):
+    clock = Clock(1_800_000_000.0)
+    cfg = DownloadConfig(retry_backoff=0, timeout=10, live_record_seconds=4.0)
+    # The origin's clock runs 0.7 s behind: each segment we compute as due is not there for 0.7 s more.
+    async with tdash.LiveServer(long_presentation, clock=lambda: clock.now - 0.7, history=3.0) as live:
+        downloader = Downloader(client, tmp_path, cfg, clock=clock)
+        downloader.dash = DashDownloader(client.client, downloader.store, cfg, clock=clock, monotonic=clock,
+                                         sleep=clock.sleep)
+        got = await downloader.fetch(item(live.url))
+    assert (got.status, got.reason) == (OK, None)
+    assert [p for p, status in live.log if status == 404]          # asked early, and again
+    ok = [p for p, status in live.log if status == 200 and "seg-" in p]
+    assert len(ok) == got.extra["segments"] >= 3 and got.duration == got.extra["segments"] * 1.0
+
+
+async def test_a_live_stream_that_stops_keeps_what_was_recorded(client, tmp_path, long_presentation):
+    clock = Clock(1_800_000_000.0)
+    cfg = DownloadConfig(retry_backoff=0, timeout=10, live_record_seconds=10.0)
+    async with tdash.LiveServer(long_presentation, clock=clock, history=3.0) as live:
+        live.last = 4        # the stream ends after its fifth segment
+        downloader = Downloader(client, tmp_path, cfg, clock=clock)
+        downloader.dash = DashDownloader(client.client, downloader.store, cfg, clock=clock, monotonic=clock,
+                                         sleep=clock.sleep)
+        got = await downloader.fetch(item(live.url))
+    assert (got.status, got.reason) == (OK, None)
+    assert got.extra["segments"] == 3 and got.duration == 3.0      # segments 2, 3 and 4
+    assert got.sha256 == sha(live.init + b"".join(live.segments[k] for k in (2, 3, 4)))

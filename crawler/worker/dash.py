@@ -94,6 +94,8 @@ MAX_ELEMENTS = 100_000
 MAX_TEMPLATE_WIDTH = 32           # %0Nd: wider than any number has digits
 MIN_REFRESH = 0.5                 # seconds between fetches of a live manifest, whatever it asks for
 MAX_LIVE_BATCH = 64               # segments taken from one look at a live manifest
+MAX_EDGE_MISSES = 3               # failures in a row of a segment due (the origin's clock behind ours?) before
+EDGE_RETRY = 0.5                  # the recording stops; seconds between them
 _TEXT_CODECS = ("stpp", "wvtt", "tx3g", "c608", "c708")
 _MP4_PROTECTION = "urn:mpeg:dash:mp4protection:2011"
 _IDENTIFIER = re.compile(r"\$(RepresentationID|Number|Bandwidth|Time)(?:%0(\d{1,3})d)?\$")
@@ -680,7 +682,8 @@ class DashDownloader:
     def claims(self, item: AudioItem) -> bool:
         """Items the downloader hands to this module: DASH manifests."""
         fmt = item.extra.get("format") if isinstance(item.extra, dict) else None
-        return fmt == DASH or (fmt is None and media.url_extension(item.url) == "mpd")
+        # Asked before hls.py's: an address named .mpd is DASH unless the browser saw an HLS playlist there.
+        return fmt == DASH or (fmt != "hls" and media.url_extension(item.url) == "mpd")
 
     def progress_path(self, key: str) -> Path:
         return self.store.partial_dir / f"{key}.dash.json"
@@ -786,6 +789,7 @@ class DashDownloader:
             last: Segment | None = None
             refreshed = self._monotonic()
             stalled = False
+            misses = 0
             while not stalled and not window.closed(self._monotonic()):
                 view = live_view(manifest, rep, self._clock(), last)
                 for segment in view.segments:
@@ -795,11 +799,17 @@ class DashDownloader:
                         data = await self._segments.get(item, segment.media.url, self._room(recorder),
                                                         segment.media.byterange, ids=ids)
                     except StreamError as exc:
-                        if count == 0 or isinstance(exc, StreamRefused):
+                        if isinstance(exc, StreamRefused) or (count == 0 and misses >= MAX_EDGE_MISSES):
                             raise
-                        log.info("dash %s: the live stream stopped: %s", item.url[:200], exc)
-                        stalled = True        # what was recorded stands
+                        if misses >= MAX_EDGE_MISSES:
+                            log.info("dash %s: the live stream stopped: %s", item.url[:200], exc)
+                            stalled = True        # what was recorded stands
+                            break
+                        # Likely the origin's clock is behind ours: the segment is not there yet. Asked again.
+                        misses += 1
+                        view = LiveView((), EDGE_RETRY)
                         break
+                    misses = 0
                     await recorder.append(data)
                     recorded_seconds += segment.duration
                     count += 1
@@ -821,7 +831,9 @@ class DashDownloader:
             if count == 0:
                 raise DashError("the live stream offered no segment within the window")
         except RecordingTooLarge:
-            pass
+            if count == 0:
+                await recorder.discard()
+                raise DashError(f"too large: more than {self.cfg.max_size} bytes") from None
         except BaseException:
             await recorder.discard()
             raise

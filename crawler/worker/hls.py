@@ -369,7 +369,7 @@ class HlsDownloader:
     def claims(self, item: AudioItem) -> bool:
         """Items the downloader hands to this module: HLS playlists."""
         fmt = item.extra.get("format") if isinstance(item.extra, dict) else None
-        return fmt == HLS or (fmt is None and media.url_extension(item.url) == "m3u8")
+        return fmt == HLS or media.url_extension(item.url) == "m3u8"
 
     def progress_path(self, key: str) -> Path:
         return self.store.partial_dir / f"{key}.hls.json"
