@@ -436,3 +436,27 @@ async def test_a_live_stream_that_stops_keeps_what_was_recorded(client, tmp_path
     assert (got.status, got.reason) == (OK, None)
     assert got.extra["segments"] == 3 and got.duration == 3.0      # segments 2, 3 and 4
     assert got.sha256 == sha(live.init + b"".join(live.segments[k] for k in (2, 3, 4)))
+
+
+def test_the_live_edge_of_a_template_and_of_a_repeating_timeline():
+    def live(template: str) -> tuple[dash.Manifest, dash.Representation]:
+        body = (f'<Period start="PT0S"><AdaptationSet contentType="audio"><Representation id="a" bandwidth="1">'
+                f'{template}</Representation></AdaptationSet></Period>')
+        m = parse(mpd(body, root='type="dynamic" availabilityStartTime="1970-01-01T00:16:40Z" '
+                                 'minimumUpdatePeriod="PT60S"'), SITE)
+        assert m.dynamic and m.availability_start == 1000.0
+        return m, dash.live_representation(m, 1007.5)
+
+    m, rep = live('<SegmentTemplate timescale="1000" duration="2000" startNumber="5" media="n$Number$.m4s"/>')
+    view = dash.live_view(m, rep, 1007.5, None)
+    # 7.5 s in: segments 0-2 (numbers 5-7) are whole; the next is whole at 8 s.
+    assert [s.number for s in view.segments] == [7] and view.wait == 0.5
+    assert [s.number for s in dash.live_view(m, rep, 1011.0, view.segments[-1]).segments] == [8, 9]
+
+    m, rep = live('<SegmentTemplate timescale="1000" media="t$Time$.m4s"><SegmentTimeline><S t="0" d="2000" r="-1"/>'
+                  '</SegmentTimeline></SegmentTemplate>')
+    view = dash.live_view(m, rep, 1007.5, None)
+    assert [s.media.url.rsplit("/", 1)[-1] for s in view.segments] == ["t4000.m4s"] and view.wait == 2.0
+    later = dash.live_view(m, rep, 1011.0, view.segments[-1])      # grown with the clock, no new manifest
+    assert [s.time for s in later.segments] == [6000, 8000]
+    assert dash.refresh_every(m) == 60.0

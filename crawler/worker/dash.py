@@ -636,7 +636,6 @@ def live_view(manifest: Manifest, rep: Representation, now: float, after: Segmen
     assert manifest.availability_start is not None
     a = rep.addressing
     elapsed = now - manifest.availability_start - rep.period_start
-    refresh = max(MIN_REFRESH, manifest.minimum_update_period or 0.0)
     if a.kind != "template":
         raise DashError("a live representation without a SegmentTemplate")
     if not a.timeline:
@@ -660,7 +659,15 @@ def live_view(manifest: Manifest, rep: Representation, now: float, after: Segmen
         fresh = listed[-1:]
     else:
         fresh = [s for s in listed if s.time > after.time][:MAX_LIVE_BATCH]
-    return LiveView(tuple(fresh), refresh)
+    # Look again after a segment's length: a timeline whose last entry repeats (r=-1) grows with the clock alone,
+    # another needs the manifest fetched again (refresh_every) to list more.
+    newest = fresh[-1] if fresh else (listed[-1] if listed else None)
+    return LiveView(tuple(fresh), max(MIN_REFRESH, newest.duration if newest is not None else MIN_REFRESH))
+
+
+def refresh_every(manifest: Manifest) -> float:
+    """Seconds between fetches of a live manifest: its minimumUpdatePeriod, bounded below by MIN_REFRESH."""
+    return max(MIN_REFRESH, manifest.minimum_update_period or 0.0)
 
 
 # --------------------------------------------------------------------------------------------- the download
@@ -822,7 +829,7 @@ class DashDownloader:
                 await self._sleep(min(left, max(view.wait, 0.05)))
                 if window.closed(self._monotonic()):
                     break
-                if rep.addressing.timeline and self._monotonic() - refreshed >= MIN_REFRESH:
+                if rep.addressing.timeline and self._monotonic() - refreshed >= refresh_every(manifest):
                     manifest = await self._manifest(item, item.url, ids)
                     refreshed = self._monotonic()
                     if not manifest.dynamic:
