@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -227,8 +226,3 @@ class LiveServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-
-def copy_presentation(p: Presentation, dest: Path) -> Presentation:
-    """The presentation copied to ``dest`` (a site's folder), files and manifest alike."""
-    shutil.copytree(p.root, dest, dirs_exist_ok=True)
-    return Presentation(dest, p.kind, p.seconds, [dest / f.name for f in p.files], list(p.ranges))

@@ -460,3 +460,24 @@ def test_the_live_edge_of_a_template_and_of_a_repeating_timeline():
     later = dash.live_view(m, rep, 1011.0, view.segments[-1])      # grown with the clock, no new manifest
     assert [s.time for s in later.segments] == [6000, 8000]
     assert dash.refresh_every(m) == 60.0
+
+
+async def test_the_archive_records_the_manifest_the_segments_and_the_joined_file(server, tmp_path, presentations):
+    from crawler.http.getter import build_stack
+    from tests.fakes.archive import Collected
+
+    p = presentations["number"]
+    url = serve(server, p, "arc")
+    col = Collected()
+    async with build_stack(user_agent="ua", connect_timeout=10, read_timeout=10, max_redirects=5,
+                           max_connections=8, dns_ttl=60, archive=col) as http:
+        got = await Downloader(http, tmp_path, CFG, archive=col).fetch(item(url))
+    assert got.status == OK, got.reason
+    roles = [(ex.role, ex.url.rsplit("/arc/", 1)[1]) for ex in col.exchanges]
+    assert roles == [("playlist", tdash.MPD), *[("segment", f.name) for f in p.files]]
+    assert col.exchanges[0].body == p.mpd.read_bytes() and all(ex.page == item(url).page for ex in col.exchanges)
+    for ex, f in zip(col.exchanges[1:], p.files, strict=True):     # the audio's digest, not its bytes
+        assert ex.body == b"" and ex.payload_digest == f"sha256:{sha(f.read_bytes())}"
+    [(target, fields, refers_to, _, role)] = col.metadatas
+    assert (target, role, refers_to) == (url, "audio", f"<urn:uuid:exchange-{len(col.exchanges)}>")
+    assert dict(fields)["sha256"] == got.sha256 == p.sha256()
