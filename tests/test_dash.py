@@ -481,3 +481,25 @@ async def test_the_archive_records_the_manifest_the_segments_and_the_joined_file
     [(target, fields, refers_to, _, role)] = col.metadatas
     assert (target, role, refers_to) == (url, "audio", f"<urn:uuid:exchange-{len(col.exchanges)}>")
     assert dict(fields)["sha256"] == got.sha256 == p.sha256()
+
+
+@pytest.mark.parametrize("case", ["tiny segments", "a million listed", "ancient start"])
+def test_hostile_live_manifests_cost_bounded_work(case):
+    template = {
+        "tiny segments": '<SegmentTemplate timescale="1000" duration="10" media="$Number$.m4s"/>',
+        "a million listed": '<SegmentTemplate timescale="1" media="$Time$.m4s"><SegmentTimeline>'
+                            '<S t="0" d="1" r="1000000"/></SegmentTimeline></SegmentTemplate>',
+        "ancient start": '<SegmentTemplate timescale="1" duration="1" media="$Number$.m4s"/>',
+    }[case]
+    body = (f'<Period start="PT0S"><AdaptationSet contentType="audio"><Representation id="a" bandwidth="1">'
+            f'{template}</Representation></AdaptationSet></Period>')
+    m = parse(mpd(body, root='type="dynamic" availabilityStartTime="1970-01-01T00:00:00Z"'), SITE)
+    rep = dash.live_representation(m, 1_800_000_000.0)
+    if case == "ancient start":    # fifty-seven years of one-second segments: the newest, then a batch at most
+        first = dash.live_view(m, rep, 1_800_000_000.0, None).segments
+        assert [s.number for s in first] == [1_800_000_000]     # segment k is number k + 1
+        behind = dash.Segment(first[0].media, 1.0, None, 1, 0)
+        assert len(dash.live_view(m, rep, 1_800_000_000.0, behind).segments) == dash.MAX_LIVE_BATCH
+        return
+    with pytest.raises(DashError, match="live segments of|more than"):
+        dash.live_view(m, rep, 1_800_000_000.0, None)

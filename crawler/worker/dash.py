@@ -654,15 +654,28 @@ def live_view(manifest: Manifest, rep: Representation, now: float, after: Segmen
                                _init_piece(rep), number, t))
         wait = (edge + 2) * each - elapsed                     # until the segment after the edge is whole
         return LiveView(tuple(out), max(0.0, wait))
-    listed = representation_segments(rep, until=max(0.0, elapsed))
-    if after is None:
-        fresh = listed[-1:]
-    else:
-        fresh = [s for s in listed if s.time > after.time][:MAX_LIVE_BATCH]
+    # Only the segments taken are built (their addresses made): the timeline before them is counted through.
+    end = a.presentation_time_offset + int(max(0.0, elapsed) * a.timescale)
+    picked: list[tuple[int, int, int]] = []
+    newest = 0
+    for i, (t, d) in enumerate(_timeline_times(a, end)):
+        if i >= MAX_SEGMENTS:
+            raise DashError(f"more than {MAX_SEGMENTS} segments")
+        if t + d > end:
+            break                     # not yet available
+        newest = d
+        if after is None:
+            picked[:] = [(i, t, d)]
+        elif t > after.time:
+            picked.append((i, t, d))
+            if len(picked) >= MAX_LIVE_BATCH:
+                break
+    init = _init_piece(rep)
+    fresh = tuple(Segment(Piece(_join(rep.base, expand(a.media or "", rep, a.start_number + i, t))),
+                          d / a.timescale, init, a.start_number + i, t) for i, t, d in picked)
     # Look again after a segment's length: a timeline whose last entry repeats (r=-1) grows with the clock alone,
     # another needs the manifest fetched again (refresh_every) to list more.
-    newest = fresh[-1] if fresh else (listed[-1] if listed else None)
-    return LiveView(tuple(fresh), max(MIN_REFRESH, newest.duration if newest is not None else MIN_REFRESH))
+    return LiveView(fresh, max(MIN_REFRESH, newest / a.timescale))
 
 
 def refresh_every(manifest: Manifest) -> float:
@@ -705,8 +718,8 @@ class DashDownloader:
             manifest = await self._manifest(item, item.url, ids)
             if manifest.dynamic:
                 return await self._record(item, key, manifest, deadline, ids)
-            plan = static_plan(manifest) if len(manifest.periods) < 64 else await asyncio.to_thread(
-                static_plan, manifest)
+            # Off the loop: a few lines of template may name tens of thousands of segments.
+            plan = await asyncio.to_thread(static_plan, manifest)
             if known is not None and self.store.holds(known):
                 # The same key finished before and its file is still there: a static presentation does not change.
                 self._stored(item, known, ids)
