@@ -260,7 +260,7 @@ class Identification:
                     at, length = (found[3], found[4]) if len(found) == 5 else (0.0, 0.0)
                     at = min(max(0.0, at), duration) if duration is not None else max(0.0, at)
                     # Heard from `at`: the work's own second there (scale 1 within the matcher's 6%).
-                    offset = offset + at
+                    offset = round(offset + at, 3)
                     played_at = round(recorded_at + at, 3)
                     played_seconds = round(min(length, duration - at) if duration is not None else length, 3)
                 # Only for a work still there (one removed while the matcher worked is no match).
@@ -326,13 +326,18 @@ class Identification:
         if not self.present:
             return []
         keys = [(str(u), str(w), int(i)) for u, w, i in self.core.db.fetchall(
-            f"SELECT url, work, {self._live_id} FROM matches ORDER BY matched_at DESC, url, work, {self._live_id} "
+            f"SELECT url, work, {self._live_id} FROM matches ORDER BY matched_at DESC, url, work{self._by_live} "
             "LIMIT ?", (limit,))]
         return self._export_rows(keys)
 
     @property
     def _live_id(self) -> str:
         return "live_id" if self.has_live else "0"
+
+    @property
+    def _by_live(self) -> str:
+        # (A literal in ORDER BY would name a column by its place.)
+        return ", live_id" if self.has_live else ""
 
     def export_matches(self) -> Iterator[dict[str, Any]]:
         """Every match as an export row (MATCH_COLUMNS, times in epoch seconds), oldest first; streams."""
@@ -344,7 +349,7 @@ class Identification:
             keys = self.core.db.fetchall(
                 f"SELECT matched_at, url, work, {live_id} FROM matches WHERE matched_at > ? OR (matched_at = ? AND "
                 f"(url > ? OR (url = ? AND (work > ? OR (work = ? AND {live_id} > ?))))) "
-                f"ORDER BY matched_at, url, work, {live_id} LIMIT ?",
+                f"ORDER BY matched_at, url, work{self._by_live} LIMIT ?",
                 (after[0], after[0], after[1], after[1], after[2], after[2], after[3], CHUNK))
             if not keys:
                 return
