@@ -106,7 +106,7 @@ def is_live(row: Mapping[str, Any]) -> bool:
 PENDING_TABLE = """CREATE TABLE pending_downloads (
     page  TEXT NOT NULL,
     url   TEXT NOT NULL,
-    node  TEXT,                 -- NULL: no live node to hold it; handed out when one joins
+    node  TEXT,                 -- NULL: no live node to hold it, handed out when one joins
     item  TEXT NOT NULL,
     since {REAL} NOT NULL,
     PRIMARY KEY (page, url)
