@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crawler import protocol as p
 from crawler.identify import ReferenceIndex, fingerprint_file
 from crawler.items import AudioItem
 from crawler.master.backend import open_backend
@@ -375,59 +374,3 @@ def test_a_reader_of_a_store_without_identification_sees_no_windows(tmp_path):
     db.close()
     with MasterStore.open_readonly(path) as reader:
         assert list(reader.export_recordings()) == []
-
-
-# -- a running master takes a worker's windows (the wire, the store, the matcher, /metrics) ------------------
-
-async def test_a_running_master_keeps_the_windows_a_worker_reports_and_says_when_works_played(tmp_path, station,
-                                                                                             until):
-    from crawler.master.config import MasterConfig
-    from crawler.master.server import Master
-    from testkit.cluster import read_secret, write_secret
-    from tests.fakes.rawpeer import RawPeer
-    from tests.test_master_fingerprints_wire import SEED, _task
-
-    secret = write_secret(tmp_path / "secret")
-    cfg = MasterConfig.from_mapping({"listen": "127.0.0.1:0", "data_dir": str(tmp_path / "m"), "nodes": ["w1"],
-                                     "seeds": [SEED], "secret_file": str(secret), "exit_when_done": False,
-                                     "politeness": {"obey_robots": False}, "web": {"listen": "off"}}, tmp_path)
-    (tmp_path / "m").mkdir()
-    with MasterStore(cfg.store_location) as s:      # the works, added before the master starts
-        s.add_references([Reference(n, fp, f"Work {n}") for n, fp in station["works"].items()], 1.0)
-    master = Master(cfg)
-    listening = asyncio.Event()
-    serving = asyncio.create_task(master.serve(lambda _port: listening.set()))
-    await asyncio.wait_for(listening.wait(), 30)
-    peer = await RawPeer.join(f"127.0.0.1:{master.port}", "w1", 8, read_secret(secret))
-    try:
-        peer.keep_alive(0.5)
-        task = await _task(peer)
-        url, other = "http://radio.test/stream", "http://tv.test/live.m3u8"
-        # The page's report brings one station's window; another stream on it is recorded apart (pending, then
-        # its outcome): the two ways a window reaches the master.
-        first = _live(url, task.url, "a" * 64, RECORDED_AT, 0, fingerprint=station["recording"],
-                      played=[{"offset": 0.0, "title": "Ann - One"}])
-        pending = AudioItem(url=other, page=task.url, status="pending")
-        peer.send(p.Report((p.Result(task.lease, task.url, p.DONE, 200, content_type="text/html", size=10,
-                                     audio=(first, pending)),)))
-        second = _live(other, task.url, "b" * 64, RECORDED_AT + 600, 0, title=None, fingerprint=station["other"])
-        peer.send(p.DownloadReport(((other, second),)))
-        await until(lambda: master.store.recordings_stored() == 2, 20, "both windows stored")
-        await until(lambda: master.store.match_count() >= 4, 60, "the windows matched")
-        metrics = master.observer.render_metrics().decode()
-        assert "crawler_recordings_total 2.0" in metrics
-        assert not await peer.closed_by_peer(0.3)
-    finally:
-        peer.close()
-        master.stop()
-        await asyncio.wait_for(serving, 30)
-    with MasterStore.open_readonly(master.cfg.store_location) as store:
-        assert store.status()["audio"] == {"ok": 2}
-        windows = list(store.export_recordings())
-        assert [(w["url"], w["sha256"], w["recorded_at"], w["node"], w["title"]) for w in windows] == [
-            (url, "a" * 64, RECORDED_AT, "w1", "Radio One"), (other, "b" * 64, RECORDED_AT + 600, "w1", None)]
-        plays = sorted((r["window"], r["work"], round(r["played_at"] - RECORDED_AT)) for r in store.export_matches())
-        assert [(w, work) for w, work, _ in plays] == [(windows[0]["window"], "A"), (windows[0]["window"], "B"),
-                                                       (windows[0]["window"], "C"), (windows[1]["window"], "B")]
-        for (_, work, when), expected in zip(plays, (2.5, 34.5, 67.5, 610.0), strict=True):
-            assert abs(when - expected) <= 2, (work, when)
