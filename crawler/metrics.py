@@ -8,6 +8,7 @@ master  crawler_pages_total{node,outcome}      results reported by workers: done
         crawler_dedup_urls_total{result}        discovered URLs through the Bloom filter: offered, batch_repeats,
                                                 new, seen, whitelist_checked, rescued (false positives caught)
         crawler_download_bytes_total{node,kind} bytes fetched by the workers: page bodies and audio files
+        crawler_recordings_total                windows recorded of live streams that the master stored
         crawler_bloom_urls                      URLs in the Bloom filter (the seen-set)
         crawler_bloom_capacity_urls             URLs its layers take before it grows again
         crawler_bloom_fp_estimate               its estimated false-positive rate now
@@ -150,6 +151,9 @@ class MasterMetrics:
         self.matches = Counter("crawler_matches", "Copies of the references' works found: (audio URL, work) pairs",
                                registry=r)
         self._matches_counted = 0
+        self.recordings = Counter("crawler_recordings", "Windows recorded of live streams (live HLS, DASH, "
+                                  "radio) that the master stored", registry=r)
+        self._recordings_counted = 0
         self.bloom_urls = Gauge("crawler_bloom_urls", "URLs in the Bloom filter", registry=r)
         self.bloom_capacity = Gauge("crawler_bloom_capacity_urls", "URLs the Bloom filter's layers take before it "
                                     "adds another", registry=r)
@@ -170,6 +174,12 @@ class MasterMetrics:
         if total > self._matches_counted:
             self.matches.inc(total - self._matches_counted)
             self._matches_counted = total
+
+    def count_recordings(self, total: int) -> None:
+        """Bring the recordings counter up to the store's count of windows stored (read when /metrics is)."""
+        if total > self._recordings_counted:
+            self.recordings.inc(total - self._recordings_counted)
+            self._recordings_counted = total
 
     def set_bloom(self, figures: Mapping[str, float]) -> None:
         """The seen-set's gauges, from Dedup.figures()."""

@@ -165,3 +165,17 @@ def test_past_the_bound_with_no_live_node_the_downloads_wait_for_the_next_node_t
     assert len(c.store.pending_of([], unheld=True)) == 2
     c.node_up("a")                               # its disk has room again: it takes them back
     assert len(c.take_download_work()["a"]) == 2
+
+
+def test_a_store_from_before_pending_downloads_gets_the_table(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "m.db"
+    MasterStore(path).close()
+    db = sqlite3.connect(path)
+    db.executescript("DROP TABLE pending_downloads;")
+    db.close()
+    # The table's text is split into statements where it is made for an older store: no ";" inside a comment.
+    with MasterStore(path) as store:
+        store.add_pending([(SONG, _item().url, "w1", "{}", 1.0)])
+        assert store.pending_count() == 1

@@ -108,7 +108,8 @@ def test_add_on_a_running_master_and_export_matches(tmp_path):
             assert row["first_seen"] == "1970-01-01T00:01:40Z" and row["matched_at"].startswith("1970-01-01T00:01:42")
         else:
             lines = r.stdout.splitlines()
-            assert lines[0] == "url,work,title,artist,score,offset,page,first_seen,last_seen,matched_at,recording"
+            assert lines[0] == ("url,work,title,artist,score,offset,page,first_seen,last_seen,matched_at,recording,"
+                                "played_at,played_seconds,live,station,window")
             assert lines[1].startswith("http://x/copy.mp3,song-one,")
     r = run(["export", "--config", str(cfg)], tmp_path)
     assert json.loads(r.stdout)["match"] == {"work": "song-one", "score": 3.0, "offset": 0.0}

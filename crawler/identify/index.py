@@ -105,6 +105,10 @@ class Match:
     work: str        # the reference's work id
     score: float     # how sure: higher is surer; only matches over the index's threshold are returned
     offset: float    # seconds into the work where the copy starts
+    # Where in the query the work was heard: the span of its consistent pairs (a recording of a station holds
+    # several works, each at its own place). Seconds from the query's start, and how long.
+    at: float = 0.0
+    length: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,20 +295,23 @@ class ReferenceIndex:
             own = owner[sel]
             verdict = _verify(tq_all[own], tr[sel], lfq_all[own], lfr[sel], dtq_all[own], dtr[sel])
             if verdict is not None and verdict[0] >= self._min_score:
-                score, offset = verdict
-                found.append(Match(work=self._names[int(number)], score=float(score), offset=round(offset * hop, 3)))
+                score, offset, first, last = verdict
+                found.append(Match(work=self._names[int(number)], score=float(score), offset=round(offset * hop, 3),
+                                   at=round(first * hop, 3), length=round((last - first) * hop, 3)))
         found.sort(key=lambda m: -m.score)
         return found
 
 
 def _verify(tq: npt.NDArray[np.float64], tr: npt.NDArray[np.float64], lfq: npt.NDArray[np.float64],
             lfr: npt.NDArray[np.float64], dtq: npt.NDArray[np.float64],
-            dtr: npt.NDArray[np.float64]) -> tuple[int, float] | None:
-    """(consistent pairs, offset in frames) of the best time line tr = scale * tq + offset, or None."""
+            dtr: npt.NDArray[np.float64]) -> tuple[int, float, float, float] | None:
+    """(consistent pairs, offset in frames, first and last query frame the pairs cover) of the best time line
+    tr = scale * tq + offset, or None. The covered span runs from the first pair's anchor to the end of the last
+    pair's triplet (its anchor plus its span): where in the query the work is heard."""
     # Each pair's own span ratio is a coarse scale: far from the searched range, it cannot be a copy.
     ratio = dtr / np.maximum(dtq, 1.0)
     keep = (ratio > 0.85) & (ratio < 1.18)
-    tq, tr, lfq, lfr = tq[keep], tr[keep], lfq[keep], lfr[keep]
+    tq, tr, lfq, lfr, dtq = tq[keep], tr[keep], lfq[keep], lfr[keep], dtq[keep]
     if len(tq) == 0:
         return None
     offsets = tr[None, :] - SCALES[:, None] * tq[None, :]
@@ -337,4 +344,11 @@ def _verify(tq: npt.NDArray[np.float64], tr: npt.NDArray[np.float64], lfq: npt.N
     res = np.abs(y - (slope * x + icept))
     good = res <= 3.0
     pairs = np.unique(np.stack([x[good], y[good]]), axis=1).shape[1]
-    return int(pairs), float(icept)
+    heard = x[good]
+    if len(heard) < 2:
+        return int(pairs), float(icept), 0.0, 0.0
+    first, last = float(heard.min()), float((heard + dtq[inl][good]).max())
+    # The pairs are a sparse sample of the span (about one a second): its ends lie about one gap beyond the
+    # first and the last pair, so each end is widened by the mean gap (the span's estimate without bias).
+    gap = (last - first) / len(np.unique(heard))
+    return int(pairs), float(icept), max(0.0, first - gap), last + gap

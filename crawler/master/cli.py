@@ -160,22 +160,28 @@ def status(config_path: Path, as_json: bool) -> None:
 @click.option("--pages", is_flag=True,
               help="The crawl log: every URL once, with its state, last HTTP status, depth, times and reason.")
 @click.option("--matches", is_flag=True,
-              help="The works identified: one row per audio URL and work, with the page, the times and the score.")
+              help="The works identified: one row per audio URL and work (per window of a live stream), with the "
+                   "page, the times, the score, and for a live stream when the work was played and for how long.")
+@click.option("--recordings", is_flag=True,
+              help="The windows recorded of live streams (live HLS, DASH, radio): one row per window, with when it "
+                   "began, its duration, its file and (for a station) the titles it played.")
 @click.option("--changes-since", "since", metavar="TIME",
               help="Only the audio items that appeared, changed or were removed since TIME (ISO-8601, UTC unless "
                    "it says otherwise, or epoch seconds); each row's \"change\" says which.")
 def export(config_path: Path, fmt: str, output: Path | None, failed: bool, pages: bool, matches: bool,
-           since: str | None) -> None:
+           recordings: bool, since: str | None) -> None:
     """The audio catalogue (or with --failed the failed URLs, with --pages the crawl log, with --matches the works
-    identified), as JSON lines or CSV."""
+    identified, with --recordings the windows recorded of live streams), as JSON lines or CSV."""
     from crawler.logs import parse_time
 
-    if failed + pages + matches > 1:
-        click.echo(f"{PROG}: --failed, --pages and --matches are different exports: choose one", err=True)
+    if failed + pages + matches + recordings > 1:
+        click.echo(f"{PROG}: --failed, --pages, --matches and --recordings are different exports: choose one",
+                   err=True)
         sys.exit(2)
-    if matches and since is not None:
-        click.echo(f"{PROG}: --changes-since lists catalogue changes; it does not go with --matches", err=True)
-        sys.exit(2)
+    for flag, name in ((matches, "--matches"), (recordings, "--recordings")):
+        if flag and since is not None:
+            click.echo(f"{PROG}: --changes-since lists catalogue changes; it does not go with {name}", err=True)
+            sys.exit(2)
     if pages and since is not None:
         click.echo(f"{PROG}: --changes-since lists catalogue changes; it does not go with --pages", err=True)
         sys.exit(2)
@@ -211,6 +217,11 @@ def export(config_path: Path, fmt: str, output: Path | None, failed: bool, pages
 
             _write_rows(out, map(alert_row, store.export_matches()), fmt, MATCH_COLUMNS)
             return
+        if recordings:
+            from crawler.master.store import RECORDING_COLUMNS
+
+            _write_rows(out, (_recording_row(r, fmt) for r in store.export_recordings()), fmt, RECORDING_COLUMNS)
+            return
         if pages:
             from crawler.master import reports
 
@@ -237,6 +248,16 @@ def export(config_path: Path, fmt: str, output: Path | None, failed: bool, pages
         store.close()
         if output:
             out.close()
+
+
+def _recording_row(row: dict[str, Any], fmt: str) -> dict[str, Any]:
+    """A window as the recordings export shows it: times in ISO-8601 UTC, a station's titles as JSON text in CSV."""
+    from crawler.logs import iso_utc
+
+    out = {**row, "recorded_at": iso_utc(row["recorded_at"]), "stored_at": iso_utc(row["stored_at"])}
+    if fmt == "csv" and row.get("played") is not None:
+        out["played"] = json.dumps(row["played"], ensure_ascii=False)
+    return out
 
 
 def _write_rows(out: IO[str], rows: Iterable[dict[str, Any]], fmt: str, columns: Sequence[str]) -> None:

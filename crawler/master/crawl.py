@@ -30,6 +30,7 @@ from crawler.master.store import (
     MasterStore,
     PageOutcome,
     StoreValueError,
+    is_live,
     listed_keys,
 )
 from crawler.politeness import THROTTLE_STATUSES, HostGate, ParsedRobots, RobotsRules, robots_url
@@ -524,13 +525,14 @@ class Crawl:
         settled: list[tuple[dict[str, Any], dict[str, Any]]] = []
         ended: list[tuple[str, str]] = []
         fingerprints: list[tuple[str, bytes]] = []
+        windows: list[tuple[str, str, bytes]] = []
         for (_, item), key in zip(outcomes, keys, strict=True):
             held = holders.get(key)
             if held is None or held[0] != node:
                 if item.fingerprint and item.url and item.status == OK:
                     # A fingerprint the node made after it had sent the outcome (its pool was busy): the row is
                     # settled already, the fingerprint is still the stored file's own.
-                    fingerprints.append((item.url, item.fingerprint))
+                    _keep_fingerprint(item, fingerprints, windows)
                 else:
                     self.totals.stale_downloads += 1
                 continue
@@ -541,14 +543,15 @@ class Crawl:
             settled.append((_pending_item(held[1]).catalogue_row(), row))
             ended.append(key)
             if item.fingerprint and item.url:
-                fingerprints.append((item.url, item.fingerprint))
-        if not settled and not fingerprints:
+                _keep_fingerprint(item, fingerprints, windows)
+        if not settled and not fingerprints and not windows:
             return []
         try:
             with self.store.atomic():
                 rows = self.store.settle_audio(settled) if settled else []
                 self.store.drop_pending(ended)
                 self.store.add_fingerprints(fingerprints, now)
+                self.store.add_window_fingerprints(windows)
                 audio_bytes = sum(_stored_bytes(new) for _, new in settled)
                 self.store.note_node(node, audio_bytes=audio_bytes)
         except _BAD_VALUES as e:
@@ -918,6 +921,7 @@ class Crawl:
         audio_rows: list[dict[str, Any]] = []
         pending: list[tuple[str, str, str | None, str, float]] = []
         fingerprints: list[tuple[str, bytes]] = []   # (audio address, fingerprint) of the files stored
+        windows: list[tuple[str, str, bytes]] = []   # (address, sha256, fingerprint) of live streams' windows
         cut = 0
         with_page = 0
         mine = self.leases_by_node.get(node, set())
@@ -953,7 +957,7 @@ class Crawl:
                 row["found_at"] = now
                 audio_rows.append(row)
                 if a.fingerprint and a.url:
-                    fingerprints.append((a.url, a.fingerprint))
+                    _keep_fingerprint(a, fingerprints, windows)
                 if a.status == PENDING:
                     # (a fingerprint comes with the download's outcome, not with a pending item: never kept here)
                     pending.append((a.page, a.url, node,
@@ -989,6 +993,7 @@ class Crawl:
                 # The rows first: finish() records which URL lists which of them.
                 fresh = self.store.add_audio(audio_rows) if audio_rows else []
                 self.store.add_fingerprints(fingerprints, now)
+                self.store.add_window_fingerprints(windows)     # after add_audio: it made the windows
                 firsts = self.store.finish(finished, self.revisit)
                 self.store.add_pending(pending)
                 # Per-worker figures for the status command, one row update per report.
@@ -1081,6 +1086,18 @@ class Crawl:
                                       and self._scheduled >= self.cfg.crawl.max_pages):
             return True   # what is held stays leased in the store and is handed out again on the next start
         return not any(self.held.values()) and self.store.frontier_empty()
+
+
+def _keep_fingerprint(item: AudioItem, files: list[tuple[str, bytes]], windows: list[tuple[str, str, bytes]]) -> None:
+    """A stored file's fingerprint is its address's; a live stream's is its window's (each visit records new
+    audio at the same address), found by the window's bytes."""
+    if item.fingerprint is None:
+        return
+    if is_live(item.extra):
+        if item.sha256:
+            windows.append((item.url, item.sha256, item.fingerprint))
+    else:
+        files.append((item.url, item.fingerprint))
 
 
 def _stored_bytes(row: dict[str, Any]) -> int:

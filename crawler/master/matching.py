@@ -101,7 +101,14 @@ class Matcher:
         await self.sync_references()
         due = self.store.to_match(self._top, self.batch)
         if not due:
-            return 0, []
+            # The live streams' windows when no file waits (they are matched against the works only).
+            windows = self.store.windows_to_match(self._top, self.batch) if len(self._works) else []
+            if not windows:
+                return 0, []
+            checked = await self._off_loop(_match_windows, self.works, windows, self._top)
+            rows = self.store.record_checked(checked, now, alert=self.alert)
+            self.matched += len(checked)
+            return len(checked), rows
         # Ids for the recordings this batch may start, given out here (the store's counter is the loop's).
         fresh_ids = [self.store.new_recording() for _, _, recording, _ in due if recording is None]
         checked = await self._off_loop(_match_batch, self.works, self.recordings, due, self._top, fresh_ids)
@@ -129,6 +136,19 @@ def _remove_all(index: Index, works: Sequence[str]) -> None:
             index.remove(work)
         except (IdentifyError, KeyError) as e:
             log.warning("identification: %s not removed from the index: %s", work, e)
+
+
+def _match_windows(works: Index, due: Sequence[tuple[int, bytes, int]], top: int) -> list[Checked]:
+    """On the matcher's thread: each live stream's window against the works, with where in it each was heard."""
+    out = []
+    for window, fp, _checked in due:
+        found: tuple[tuple[str, float, float, float, float], ...] = ()
+        try:
+            found = tuple((m.work, m.score, m.offset, m.at, m.length) for m in works.match(fp))
+        except IdentifyError as e:
+            log.warning("identification: the fingerprint of window %d is refused: %s", window, e)
+        out.append(Checked("", top, None, found, window=window))
+    return out
 
 
 def _match_batch(works: Index, recordings: Index, due: Sequence[tuple[str, bytes, int | None, int]], top: int,

@@ -21,6 +21,7 @@ from crawler.master.store_audio import (
     AUDIO_TABLE,
     COLUMN_TYPES,
     EVENT_AT,
+    LIVE_TABLE,
     PENDING_TABLE,
     REFS_TABLE,
     AudioCatalogue,
@@ -38,7 +39,7 @@ from crawler.master.store_core import (
     url_rows,
 )
 from crawler.master.store_frontier import LINK_META_TABLE
-from crawler.master.store_identify import AUDIO_URL_INDEX, IDENTIFY_TABLES
+from crawler.master.store_identify import AUDIO_URL_INDEX, IDENTIFY_TABLES, MATCHES_TABLE, MATCHES_TIME_INDEX
 from crawler.master.store_identify import SCHEMA as IDENTIFY_SCHEMA
 from crawler.master.urlindex import SqlUrlIndex, url_hashes
 
@@ -150,6 +151,7 @@ CREATE TABLE audio_history (
     replaced_at {{REAL}} NOT NULL        -- when other bytes were found at the address
 );
 CREATE INDEX audio_history_item ON audio_history(audio_id);
+{LIVE_TABLE};
 CREATE INDEX audio_page ON audio(page);
 CREATE INDEX audio_events ON audio(({EVENT_AT}), id);
 {PENDING_TABLE};
@@ -168,6 +170,7 @@ class Layout:
     event_at: str            # the time of an item's latest event, as the store's columns allow
     has_pending: bool        # the pending_downloads table exists
     refs_missing: bool       # audio_refs was made at this opening: to fill from the catalogue
+    has_live: bool = True    # live_recordings exists (a reader of a store from before it: no windows)
 
 
 def open_store(location: Path | str, *, readonly: bool, slot_of: Callable[[str], int] | None = None,
@@ -180,7 +183,7 @@ def open_store(location: Path | str, *, readonly: bool, slot_of: Callable[[str],
         layout = _open_layout(core)
         core.start()
         audio = AudioCatalogue(core, audio_select=layout.audio_select, event_at=layout.event_at,
-                               has_pending=layout.has_pending)
+                               has_pending=layout.has_pending, has_live=layout.has_live)
         if layout.refs_missing and not readonly:
             audio.fill_refs()
             core.commit()
@@ -249,6 +252,17 @@ def _open_layout(core: StoreCore) -> Layout:
                     core.db.execute(statement)
         core.db.execute(AUDIO_URL_INDEX)
         core.db.execute("COMMIT")
+    has_live = bool(core.db.columns("live_recordings"))
+    if not has_live and not core.readonly:
+        # A store from before live streams were recorded in windows: the table starts empty, and the matches
+        # are keyed by window too (a file's matches are window 0: what they were).
+        core.db.begin()
+        for statement in core.db.ddl(LIVE_TABLE).split(";"):
+            core.db.execute(statement)
+        core.db.execute("COMMIT")
+        has_live = True
+    if not core.readonly and "live_id" not in core.db.columns("matches"):
+        _matches_by_window(core)
     if not core.readonly and core.get_meta(_ROBOTS_STATE_META) is None:
         _robots_state(core)
     present = core.db.columns("audio")
@@ -271,7 +285,23 @@ def _open_layout(core: StoreCore) -> Layout:
     event_at = EVENT_AT if "returned_at" not in missing else "coalesce(removed_at, changed_at, found_at)"
     # A reader of an older store that it may not alter sees the missing columns as null.
     audio_select = ", ".join("NULL" if c in missing else c for c in AUDIO_COLUMNS)
-    return Layout(audio_select, event_at, has_pending=has_pending, refs_missing=refs_missing)
+    return Layout(audio_select, event_at, has_pending=has_pending, refs_missing=refs_missing, has_live=has_live)
+
+
+def _matches_by_window(core: StoreCore) -> None:
+    """A store from before the matches said when a live stream played a work: its matches table is made again
+    with the window and the time played (one statement set-wise copy, one transaction; a key changes, which
+    neither database alters in place). Its rows are the matches of files: window 0, never played at a time."""
+    db = core.db
+    db.begin()
+    db.execute(db.ddl(MATCHES_TABLE.replace("CREATE TABLE matches (", "CREATE TABLE matches_new (", 1)
+                      .split(";")[0]))
+    db.execute("INSERT INTO matches_new(url, work, live_id, score, work_offset, matched_at) "
+               "SELECT url, work, 0, score, work_offset, matched_at FROM matches")
+    db.execute("DROP TABLE matches")          # and its index, made again below under its name
+    db.execute("ALTER TABLE matches_new RENAME TO matches")
+    db.execute(MATCHES_TIME_INDEX)
+    db.execute("COMMIT")
 
 
 def _robots_state(core: StoreCore) -> None:

@@ -155,6 +155,7 @@ class Observer:
         met.count_dedup(dict(m.dedup_counts))
         met.set_bloom(dict(m.dedup))
         met.count_matches(self.store.match_count())
+        met.count_recordings(self.store.recordings_stored())
         return met.render()
 
     # ------------------------------------------------------------------ background tasks

@@ -166,10 +166,13 @@ function drawStatus(st) {
   kv("urls", {"queued": u.queued, "held at the master": u.held_at_master, "at workers": u.at_workers,
               "done": u.done, "failed": u.error, "total": u.total}, "");
   kv("reasons", st.errors, "none"); kv("http", st.http_status, "none"); kv("discards", st.discards, "none");
+  // A live stream's match says when the work was played on it (UTC) and for how long, on which station.
   table("matches", [["work"], ["title"], ["score", "n"], ["offset (s)", "n"], ["audio URL"], ["found on page"],
-                    ["matched"]],
+                    ["matched"], ["played"]],
     ((st.matches || {}).latest || []).map((m) => [[m.work], [m.title || "–"], [fmt(m.score), "n"],
-      [fmt(m.offset), "n"], [m.url, "url"], [m.page || "–", "url"], [(m.matched_at || "").slice(11, 19)]]),
+      [fmt(m.offset), "n"], [m.url, "url"], [m.page || "–", "url"], [(m.matched_at || "").slice(11, 19)],
+      [m.live ? `${(m.played_at || "").replace("T", " ").slice(0, 19)} for ${fmt(Math.round(m.played_seconds || 0))} s` +
+                (m.station ? ` on ${m.station}` : "") : "–"]]),
     "none yet");
   // The sites of the sites: table: in flight against the site's max_per_host, the delay in force against its own.
   const sites = Object.entries(st.sites || {});

@@ -65,7 +65,7 @@ from crawler.master.migrations import (
     upgrade_postgres,
 )
 from crawler.master.revisit import RevisitPolicy
-from crawler.master.store_audio import AUDIO_COLUMNS, AUDIO_TIMES, CHANGE_KINDS, listed_keys
+from crawler.master.store_audio import AUDIO_COLUMNS, AUDIO_TIMES, CHANGE_KINDS, RECORDING_COLUMNS, is_live, listed_keys
 from crawler.master.store_core import (
     CHUNK,
     DONE,
@@ -94,6 +94,7 @@ __all__ = [
     "LOST_LEASE_FACTOR",
     "MATCH_COLUMNS",
     "QUEUED",
+    "RECORDING_COLUMNS",
     "ROBOTS",
     "ROBOTS_BLOCKED",
     "ROBOTS_REASON",
@@ -109,6 +110,7 @@ __all__ = [
     "StoreError",
     "StoreInUse",
     "StoreValueError",
+    "is_live",
     "listed_keys",
     "split_url",
     "upgrade_layout",
@@ -309,6 +311,14 @@ class MasterStore:
     def search_audio(self, query: str, limit: int = 50) -> list[dict[str, Any]]:
         return self.audio.search_audio(query, limit)
 
+    def export_recordings(self) -> Iterator[dict[str, Any]]:
+        """Every window recorded of a live stream (store_audio.RECORDING_COLUMNS), in the order stored."""
+        return self.audio.recordings_of_items()
+
+    def recordings_stored(self) -> int:
+        """Live streams' windows this master stored since it started (crawler_recordings_total)."""
+        return self.audio.windows_stored
+
     def chain_rows(self, wanted: Sequence[str], limit: int = 16) -> list[list[tuple[str | None, str, str]]]:
         return self.audio.chain_rows(wanted, limit)
 
@@ -334,6 +344,12 @@ class MasterStore:
 
     def add_fingerprints(self, rows: Sequence[tuple[str, bytes]], now: float) -> None:
         self.identify.add_fingerprints(rows, now)
+
+    def add_window_fingerprints(self, rows: Sequence[tuple[str, str, bytes]]) -> None:
+        self.identify.add_window_fingerprints(rows)
+
+    def windows_to_match(self, upto: int, limit: int) -> list[tuple[int, bytes, int]]:
+        return self.identify.windows_to_match(upto, limit)
 
     def to_match(self, upto: int, limit: int) -> list[tuple[str, bytes, int | None, int]]:
         return self.identify.to_match(upto, limit)

@@ -1,6 +1,6 @@
 """The audio catalogue of the master store: one row per item found (per source id or address, per page), its
-history, who lists each item (audio_refs), the downloads under way (pending_downloads), and the catalogue's
-changes counted per refresh cycle. A part of MasterStore (crawler/master/store.py), writing into the transaction it
+history, the windows recorded of live streams (live_recordings), who lists each item (audio_refs), the downloads
+under way (pending_downloads), and the catalogue's changes counted per refresh cycle. A part of MasterStore (crawler/master/store.py), writing into the transaction it
 shares with the frontier and the visits (crawler/master/store_core.py).
 """
 
@@ -58,6 +58,47 @@ _UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c
                  "returned_at = CASE WHEN status = 'removed' THEN ? ELSE returned_at END "
                  "WHERE id = ?")
 
+# The windows recorded of live streams (an item whose row says extra.live: a live HLS playlist, a dynamic DASH
+# presentation, an internet radio station): each visit records a new window with new bytes, which is the item's
+# history, not a change of it. One row per window, in the order stored; the catalogue row shows the latest. The
+# window's fingerprint is kept here (one per window: a fingerprint per address would be overwritten by the next
+# window) and matched against the works like a file's (crawler/master/store_identify.py); ``checked`` is as
+# fingerprints.checked, NULL while no fingerprint came. ``played``: a station's titles, [{"offset", "title"}] as
+# JSON text.
+LIVE_TABLE = """CREATE TABLE live_recordings (
+    id          {AUTO_ID},
+    audio_id    {INT} NOT NULL,        -- audio.id
+    url         TEXT NOT NULL,         -- the stream's address as reported (audio.url)
+    recorded_at {REAL} NOT NULL,       -- wall clock (epoch seconds) of the window's first byte
+    duration    {REAL},                -- seconds recorded
+    sha256      TEXT NOT NULL,
+    size        {INT},
+    path        TEXT,
+    node        TEXT,
+    format      TEXT,                  -- "hls", "dash", "icy"
+    played      TEXT,
+    stored_at   {REAL} NOT NULL,       -- when the master stored it
+    fingerprint {BLOB},
+    checked     {INT},
+    UNIQUE (audio_id, recorded_at)
+);
+CREATE INDEX live_recordings_sha ON live_recordings(sha256);
+CREATE INDEX live_recordings_due ON live_recordings(checked, id) WHERE checked IS NOT NULL"""
+# The export of the windows (export --recordings), in this column order; "window" is live_recordings.id, the
+# matches export names it too.
+RECORDING_COLUMNS = ("window", "url", "page", "title", "recorded_at", "duration", "sha256", "size", "path", "node",
+                     "format", "played", "stored_at")
+LIVE = "live"               # crawler.worker.recording.LIVE: the extra key of a recording's row
+_RECORDED_AT = "recorded_at"
+_PLAYED = "played"
+
+
+def is_live(row: Mapping[str, Any]) -> bool:
+    """Whether a catalogue row (or an item's extra) is a window recorded of a live stream."""
+    extra = row.get("extra") if "extra" in row else None
+    return bool((extra if isinstance(extra, Mapping) else row).get(LIVE) is True)
+
+
 # Downloads a page reported as pending (its catalogue row's status is "pending" until the outcome comes), with
 # the node that holds each: when that node dies they are handed to another, and the crawl is not over while
 # any is left. One row per (page, address as reported); the item is its wire form as JSON, client identity
@@ -65,7 +106,7 @@ _UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c
 PENDING_TABLE = """CREATE TABLE pending_downloads (
     page  TEXT NOT NULL,
     url   TEXT NOT NULL,
-    node  TEXT,                 -- NULL: no live node to hold it; handed out when one joins
+    node  TEXT,                 -- NULL: no live node to hold it, handed out when one joins
     item  TEXT NOT NULL,
     since {REAL} NOT NULL,
     PRIMARY KEY (page, url)
@@ -130,8 +171,11 @@ class AudioCatalogue:
     table) and this refresh cycle's changes: {"start": time, "new": n, "changed": n, "removed": n}, saved under
     the meta key "cycle" with each commit that changed it."""
 
-    def __init__(self, core: StoreCore, *, audio_select: str, event_at: str, has_pending: bool) -> None:
+    def __init__(self, core: StoreCore, *, audio_select: str, event_at: str, has_pending: bool,
+                 has_live: bool = True) -> None:
         self.core = core
+        self.has_live = has_live              # live_recordings exists (a reader of an older store: none)
+        self.windows_stored = 0               # live windows stored since start (crawler_recordings_total)
         # What the layout has (migrations.Layout): a reader of an older store sees missing columns as null.
         self._audio_select = audio_select
         self._event_at = event_at
@@ -153,10 +197,10 @@ class AudioCatalogue:
             self._cycle_dirty = False
 
     def save(self) -> object:
-        return dict(self._audio_counts), dict(self._cycle), self._cycle_dirty
+        return dict(self._audio_counts), dict(self._cycle), self._cycle_dirty, self.windows_stored
 
     def restore(self, saved: object) -> None:
-        self._audio_counts, self._cycle, self._cycle_dirty = saved  # type: ignore[misc]
+        self._audio_counts, self._cycle, self._cycle_dirty, self.windows_stored = saved  # type: ignore[misc]
 
     def counts_by_status(self) -> dict[str, int]:
         """Catalogue rows by status (from memory in the master, counted by a reader)."""
@@ -176,6 +220,10 @@ class AudioCatalogue:
         URL, and an "ok" status over a failure; a removed item that is back takes the new status. A repeat
         whose download has other bytes than the row holds is a change: the old sha256/size/path go to
         audio_history, the new ones replace them, and the status becomes "changed".
+
+        A live stream's row (extra.live) is different: each report brings a new window recorded of it. Every
+        window is kept in live_recordings and the row shows the latest (its sha256, size, path, duration and
+        extra); new bytes are no change, the status stays as a repeat's.
         """
         self.core.begin()
         out = []
@@ -186,16 +234,25 @@ class AudioCatalogue:
             values["changed_at"] = values["removed_at"] = values["returned_at"] = None
             ukey = _audio_ukey(row).replace("\x00", "")
             cur = self.core.db.execute(_INSERT_AUDIO, (ukey, *values.values()))
+            live = is_live(row)
             if cur.rowcount == 1:
                 self._count_audio(None, values["status"])
                 self._note_change("new")
                 out.append(True)
+                if live:
+                    self._add_window(self._row_id(ukey, values["page"]), values)
                 continue
             out.append(False)
             old_id, old_status, old_sha = self.core.db.execute(
                 "SELECT id, status, sha256 FROM audio WHERE ukey = ? AND page = ?", (ukey, values["page"])).fetchone()
             new_sha = values["sha256"]
-            if old_sha and new_sha and new_sha != old_sha:
+            if live and new_sha and self._add_window(old_id, values):
+                # The latest window is what the row shows; the status is decided as for any repeat below.
+                self.core.db.execute("UPDATE audio SET sha256 = ?, size = ?, path = ?, duration = ?, extra = ?, "
+                                     "content_type = coalesce(?, content_type) WHERE id = ?",
+                                     (new_sha, values["size"], values["path"], values["duration"], values["extra"],
+                                      values["content_type"], old_id))
+            elif old_sha and new_sha and new_sha != old_sha and not live:
                 self.core.db.execute("INSERT INTO audio_history(audio_id, sha256, size, path, replaced_at) "
                                      "SELECT id, sha256, size, path, ? FROM audio WHERE id = ?", (at, old_id))
                 self.core.db.execute(
@@ -244,8 +301,57 @@ class AudioCatalogue:
             self.core.db.execute(f"UPDATE audio SET {', '.join(f'{c} = ?' for c in cols)} WHERE id = ?",
                                  (*(values[c] for c in cols), row_id))
             self._count_audio(PENDING, values["status"])
+            if is_live(final):
+                self._add_window(row_id, values)
             out.append(next(self._audio_rows("id = ?", (row_id,))))
         return out
+
+    # -- the windows recorded of live streams ------------------------------------------------------------
+
+    def _row_id(self, ukey: str, page: str) -> int:
+        return int(self.core.db.execute("SELECT id FROM audio WHERE ukey = ? AND page = ?", (ukey, page)).fetchone()[0])
+
+    def _add_window(self, audio_id: int, values: Mapping[str, Any]) -> bool:
+        """Keep a live row's window (values as _audio_values made them). False when it holds no recording, or was
+        stored already (the same report again: the window's start is its key within the item)."""
+        if not values["sha256"] or values["status"] != "ok":
+            return False
+        extra = json.loads(values["extra"]) if values["extra"] else {}
+        recorded_at = extra.get(_RECORDED_AT)
+        if not isinstance(recorded_at, (int, float)) or isinstance(recorded_at, bool):
+            recorded_at = values["found_at"]       # a worker that did not say: the visit's time stands for it
+        played = extra.get(_PLAYED)
+        fmt = extra.get("format")
+        cur = self.core.db.execute(
+            "INSERT INTO live_recordings(audio_id, url, recorded_at, duration, sha256, size, path, node, format, "
+            "played, stored_at, fingerprint, checked) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL) "
+            "ON CONFLICT(audio_id, recorded_at) DO NOTHING",
+            (audio_id, values["url"], float(recorded_at), values["duration"], values["sha256"], values["size"],
+             values["path"], values["node"], fmt if isinstance(fmt, str) else None,
+             json.dumps(played, ensure_ascii=False) if isinstance(played, list) else None, values["found_at"]))
+        if cur.rowcount != 1:
+            return False
+        self.windows_stored += 1
+        return True
+
+    def recordings_of_items(self) -> Iterator[dict[str, Any]]:
+        """Every window recorded (RECORDING_COLUMNS, times in epoch seconds, played as a list), in the order
+        stored, with its item's page and title; streams a page of rows at a time."""
+        if not self.has_live:
+            return
+        last = 0
+        cols = ("l.id, l.url, a.page, a.title, l.recorded_at, l.duration, l.sha256, l.size, l.path, l.node, "
+                "l.format, l.played, l.stored_at")
+        while True:
+            rows = self.core.db.fetchall(f"SELECT {cols} FROM live_recordings l JOIN audio a ON a.id = l.audio_id "
+                                         "WHERE l.id > ? ORDER BY l.id LIMIT 1000", (last,))
+            if not rows:
+                return
+            last = rows[-1][0]
+            for values in rows:
+                d = dict(zip(RECORDING_COLUMNS, values))
+                d["played"] = json.loads(d["played"]) if d["played"] else None
+                yield d
 
     # -- pending downloads ---------------------------------------------------------------------------
 

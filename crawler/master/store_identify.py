@@ -9,7 +9,12 @@ transaction it shares with the other parts (crawler/master/store_core.py).
   the fingerprints to match are those below the newest reference, found through an index, so a new fingerprint
   and a reference added later are the same work for the matcher (crawler/master/identify.py). ``recording``
   groups the addresses whose fingerprints match each other.
-- ``matches``: one row per (audio address, work), first found at ``matched_at``; never for anything else.
+- ``matches``: one row per (audio address, work, window), first found at ``matched_at``; never for anything else.
+  A file's matches are window 0. A live stream's window (live_recordings, crawler/master/store_audio.py) has its
+  own fingerprint there, matched against the works only (each window is new audio: it joins no group of copies,
+  whose index would grow by a window a visit), and its matches say when the work was played: ``played_at`` (the
+  wall clock: the window's start plus where in it the work was heard) and ``played_seconds`` (how long it was
+  heard); ``work_offset`` is then where in the work the heard part starts.
 """
 
 from __future__ import annotations
@@ -41,15 +46,19 @@ FINGERPRINTS_TABLE = """CREATE TABLE fingerprints (
 );
 CREATE INDEX fingerprints_due ON fingerprints(checked, url);
 CREATE INDEX fingerprints_leads ON fingerprints(url) WHERE lead = 1"""
+MATCHES_TIME_INDEX = "CREATE INDEX matches_time ON matches(matched_at)"
 MATCHES_TABLE = """CREATE TABLE matches (
-    url         TEXT NOT NULL,         -- the audio address
-    work        TEXT NOT NULL,         -- ref_works.work
-    score       {REAL} NOT NULL,
-    work_offset {REAL} NOT NULL,       -- seconds into the work where the copy starts
-    matched_at  {REAL} NOT NULL,
-    PRIMARY KEY (url, work)
+    url            TEXT NOT NULL,      -- the audio address
+    work           TEXT NOT NULL,      -- ref_works.work
+    live_id        {INT} NOT NULL,     -- live_recordings.id of a live stream's window, 0 for a file
+    score          {REAL} NOT NULL,
+    work_offset    {REAL} NOT NULL,    -- seconds into the work where the copy starts
+    matched_at     {REAL} NOT NULL,
+    played_at      {REAL},             -- a window's: wall clock when the work was heard in it
+    played_seconds {REAL},             -- a window's: for how long
+    PRIMARY KEY (url, work, live_id)
 );
-CREATE INDEX matches_time ON matches(matched_at)"""
+""" + MATCHES_TIME_INDEX
 # Alerts to deliver (alerts.webhook): one row per new match, written in the transaction that found it and removed
 # once the webhook answered 2xx, so each is POSTed at least once, across restarts.
 OUTBOX_TABLE = """CREATE TABLE alert_outbox (
@@ -66,9 +75,16 @@ IDENTIFY_TABLES = (("ref_works", REFERENCES_TABLE), ("fingerprints", FINGERPRINT
 SCHEMA = ";\n".join(ddl for _, ddl in IDENTIFY_TABLES) + ";\n" + AUDIO_URL_INDEX
 NEVER_MATCHED = -1
 
-# The matches' export, one row per (audio address, work), in this column order.
+# The matches' export, one row per (audio address, work, window), in this column order. For a live stream's
+# window: played_at and played_seconds say when and how long the work was played, live is true, station is its
+# row's title, window its live_recordings id (export --recordings); for a file they are null, false, null, null.
 MATCH_COLUMNS = ("url", "work", "title", "artist", "score", "offset", "page", "first_seen", "last_seen",
-                 "matched_at", "recording")
+                 "matched_at", "recording", "played_at", "played_seconds", "live", "station", "window")
+# The times of a matches export row, ISO-8601 UTC in exports and alerts.
+_MATCH_TIMES = ("first_seen", "last_seen", "matched_at", "played_at")
+# A work found in a fingerprint: (work, score, offset into the work) and, for a window, where in the window it was
+# heard: (work, score, offset, at, length) (crawler.identify.Match).
+Found = tuple[str, float, float] | tuple[str, float, float, float, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +104,9 @@ class Checked:
     url: str
     upto: int
     recording: int | None
-    works: tuple[tuple[str, float, float], ...] = ()
+    works: tuple[Found, ...] = ()
     lead: bool = False        # it started its recording: it stands for it in the recordings index
+    window: int = 0           # a live stream's window (live_recordings.id): its matches say when it played
 
 
 class Identification:
@@ -99,6 +116,8 @@ class Identification:
         self.core = core
         # A reader of a store from before identification (its tables are made when a master opens it) sees none.
         self.present = bool(core.db.columns("matches"))
+        # A reader of a store from before the matches had windows sees every match as a file's.
+        self.has_live = "live_id" in core.db.columns("matches")
         self._matches = 0
         self._next_recording = 1
         if not core.readonly and self.present:
@@ -178,6 +197,24 @@ class Identification:
             "WHERE fingerprints.fingerprint != excluded.fingerprint",
             [(url.replace("\x00", ""), fp, now, NEVER_MATCHED) for url, fp in rows if url])
 
+    def add_window_fingerprints(self, rows: Sequence[tuple[str, str, bytes]]) -> None:
+        """Keep the fingerprints reported with live streams' windows ((address, the window's sha256,
+        fingerprint)): each goes to its window, to be matched (a window fingerprinted already keeps its own)."""
+        if not rows:
+            return
+        self.core.begin()
+        self.core.db.executemany(
+            "UPDATE live_recordings SET fingerprint = ?, checked = ? WHERE sha256 = ? AND url = ? "
+            "AND fingerprint IS NULL",
+            [(fp, NEVER_MATCHED, sha, url.replace("\x00", "")) for url, sha, fp in rows if url and sha])
+
+    def windows_to_match(self, upto: int, limit: int) -> list[tuple[int, bytes, int]]:
+        """Live streams' windows not yet matched against the references up to id `upto` (or never matched):
+        (window, fingerprint, checked), at most `limit`, the never matched first."""
+        return [(int(i), bytes(f), int(c)) for i, f, c in self.core.db.fetchall(
+            "SELECT id, fingerprint, checked FROM live_recordings WHERE checked < ? ORDER BY checked, id LIMIT ?",
+            (max(upto, 0), limit))]
+
     def to_match(self, upto: int, limit: int) -> list[tuple[str, bytes, int | None, int]]:
         """Fingerprints not yet matched against the references up to id `upto` (or never matched at all):
         (address, fingerprint, recording, checked), at most `limit`, the never matched first."""
@@ -205,17 +242,34 @@ class Identification:
         # A lead stays one when matched again (its recording known, it starts none then).
         db.executemany("UPDATE fingerprints SET checked = ?, recording = ?, "
                        "lead = CASE WHEN ? = 1 THEN 1 ELSE lead END WHERE url = ?",
-                       [(c.upto, c.recording, int(c.lead), c.url) for c in checked])
-        fresh: list[tuple[str, str]] = []
+                       [(c.upto, c.recording, int(c.lead), c.url) for c in checked if not c.window])
+        windows = [c for c in checked if c.window]
+        db.executemany("UPDATE live_recordings SET checked = ? WHERE id = ?", [(c.upto, c.window) for c in windows])
+        heard = self._windows([c.window for c in windows])
+        fresh: list[tuple[str, str, int]] = []
         for c in checked:
-            for work, score, offset in c.works:
+            url = c.url
+            if c.window:
+                if c.window not in heard:
+                    continue                  # a window gone meanwhile
+                url, recorded_at, duration = heard[c.window]
+            for found in c.works:
+                work, score, offset = found[0], found[1], found[2]
+                played_at = played_seconds = None
+                if c.window:
+                    at, length = (found[3], found[4]) if len(found) == 5 else (0.0, 0.0)
+                    at = min(max(0.0, at), duration) if duration is not None else max(0.0, at)
+                    # Heard from `at`: the work's own second there (scale 1 within the matcher's 6%).
+                    offset = round(offset + at, 3)
+                    played_at = round(recorded_at + at, 3)
+                    played_seconds = round(min(length, duration - at) if duration is not None else length, 3)
                 # Only for a work still there (one removed while the matcher worked is no match).
-                cur = db.execute("INSERT INTO matches(url, work, score, work_offset, matched_at) "
-                                 "SELECT ?, work, ?, ?, ? FROM ref_works WHERE work = ? "
-                                 "ON CONFLICT(url, work) DO NOTHING",
-                                 (c.url, float(score), float(offset), now, work))
+                cur = db.execute("INSERT INTO matches(url, work, live_id, score, work_offset, matched_at, played_at, "
+                                 "played_seconds) SELECT ?, work, ?, ?, ?, ?, ?, ? FROM ref_works WHERE work = ? "
+                                 "ON CONFLICT(url, work, live_id) DO NOTHING",
+                                 (url, c.window, float(score), float(offset), now, played_at, played_seconds, work))
                 if cur.rowcount == 1:
-                    fresh.append((c.url, work))
+                    fresh.append((url, work, c.window))
         self._matches += len(fresh)
         out: list[dict[str, Any]] = []
         for part in chunks(fresh, CHUNK):
@@ -223,6 +277,17 @@ class Identification:
         if alert and out:
             db.executemany("INSERT INTO alert_outbox(body, attempts, next_try) VALUES (?, 0, ?)",
                            [(json.dumps(alert_row(row), ensure_ascii=False, sort_keys=True), now) for row in out])
+        return out
+
+    def _windows(self, ids: Sequence[int]) -> dict[int, tuple[str, float, float | None]]:
+        """window -> (its address, when it began, its duration), of those that exist."""
+        out: dict[int, tuple[str, float, float | None]] = {}
+        db = self.core.db
+        for part in chunks(sorted(set(ids)), CHUNK):
+            for i, url, recorded_at, duration in db.fetchall(
+                    f"SELECT id, url, recorded_at, duration FROM live_recordings WHERE {db.in_list('id')}",
+                    (db.list_arg(part),)):
+                out[int(i)] = (str(url), float(recorded_at), None if duration is None else float(duration))
         return out
 
     # -- the alerts' outbox ----------------------------------------------------------------------------
@@ -260,38 +325,62 @@ class Identification:
     def latest_matches(self, limit: int = 20) -> list[dict[str, Any]]:
         if not self.present:
             return []
-        keys = [(str(u), str(w)) for u, w in self.core.db.fetchall(
-            "SELECT url, work FROM matches ORDER BY matched_at DESC, url, work LIMIT ?", (limit,))]
+        keys = [(str(u), str(w), int(i)) for u, w, i in self.core.db.fetchall(
+            f"SELECT url, work, {self._live_id} FROM matches ORDER BY matched_at DESC, url, work{self._by_live} "
+            "LIMIT ?", (limit,))]
         return self._export_rows(keys)
+
+    @property
+    def _live_id(self) -> str:
+        return "live_id" if self.has_live else "0"
+
+    @property
+    def _by_live(self) -> str:
+        # (A literal in ORDER BY would name a column by its place.)
+        return ", live_id" if self.has_live else ""
 
     def export_matches(self) -> Iterator[dict[str, Any]]:
         """Every match as an export row (MATCH_COLUMNS, times in epoch seconds), oldest first; streams."""
         if not self.present:
             return 
-        after: tuple[float, str, str] = (-1.0, "", "")
+        after: tuple[float, str, str, int] = (-1.0, "", "", -1)
+        live_id = self._live_id
         while True:
             keys = self.core.db.fetchall(
-                "SELECT matched_at, url, work FROM matches WHERE matched_at > ? OR (matched_at = ? AND "
-                "(url > ? OR (url = ? AND work > ?))) ORDER BY matched_at, url, work LIMIT ?",
-                (after[0], after[0], after[1], after[1], after[2], CHUNK))
+                f"SELECT matched_at, url, work, {live_id} FROM matches WHERE matched_at > ? OR (matched_at = ? AND "
+                f"(url > ? OR (url = ? AND (work > ? OR (work = ? AND {live_id} > ?))))) "
+                f"ORDER BY matched_at, url, work{self._by_live} LIMIT ?",
+                (after[0], after[0], after[1], after[1], after[2], after[2], after[3], CHUNK))
             if not keys:
                 return
-            after = (float(keys[-1][0]), str(keys[-1][1]), str(keys[-1][2]))
-            rows = self._export_rows([(str(u), str(w)) for _, u, w in keys])
-            rows.sort(key=lambda r: (r["matched_at"], r["url"], r["work"]))
+            after = (float(keys[-1][0]), str(keys[-1][1]), str(keys[-1][2]), int(keys[-1][3]))
+            rows = self._export_rows([(str(u), str(w), int(i)) for _, u, w, i in keys])
+            rows.sort(key=lambda r: (r["matched_at"], r["url"], r["work"], r["window"] or 0))
             yield from rows
 
-    def _export_rows(self, keys: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+    def _export_rows(self, keys: Sequence[tuple[str, str, int]]) -> list[dict[str, Any]]:
+        """The export rows of matches (address, work, window). A file's row is its address's first catalogue
+        row's; a window's, its own item's (its station: the row's title)."""
         out = []
-        for url, work in keys:
-            row = self.core.db.execute(
-                "SELECT m.url, m.work, r.title, r.artist, m.score, m.work_offset, a.page, a.found_at, a.last_seen, "
-                "m.matched_at, f.recording FROM matches m LEFT JOIN ref_works r ON r.work = m.work "
-                "LEFT JOIN fingerprints f ON f.url = m.url "
-                "LEFT JOIN audio a ON a.id = (SELECT min(id) FROM audio WHERE url = m.url) "
-                "WHERE m.url = ? AND m.work = ?", (url, work)).fetchone()
+        for url, work, window in keys:
+            if window:
+                row = self.core.db.execute(
+                    "SELECT m.url, m.work, r.title, r.artist, m.score, m.work_offset, a.page, a.found_at, "
+                    "a.last_seen, m.matched_at, NULL, m.played_at, m.played_seconds, a.title FROM matches m "
+                    "LEFT JOIN ref_works r ON r.work = m.work LEFT JOIN live_recordings l ON l.id = m.live_id "
+                    "LEFT JOIN audio a ON a.id = l.audio_id "
+                    "WHERE m.url = ? AND m.work = ? AND m.live_id = ?", (url, work, window)).fetchone()
+            else:
+                row = self.core.db.execute(
+                    "SELECT m.url, m.work, r.title, r.artist, m.score, m.work_offset, a.page, a.found_at, "
+                    "a.last_seen, m.matched_at, f.recording, NULL, NULL, NULL FROM matches m "
+                    "LEFT JOIN ref_works r ON r.work = m.work LEFT JOIN fingerprints f ON f.url = m.url "
+                    "LEFT JOIN audio a ON a.id = (SELECT min(id) FROM audio WHERE url = m.url) "
+                    f"WHERE m.url = ? AND m.work = ? AND {self._live_id} = 0", (url, work)).fetchone()
             if row is not None:
-                out.append(dict(zip(MATCH_COLUMNS, row)))
+                d = dict(zip(MATCH_COLUMNS, (*row[:13], bool(window), row[13] if window else None,
+                                             window or None)))
+                out.append(d)
         return out
 
     def identity_of(self, urls: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -306,13 +395,14 @@ class Identification:
                     f"SELECT url, recording FROM fingerprints WHERE {db.in_list('url')}", (arg,)):
                 if recording is not None:
                     out.setdefault(url, {})["recording"] = int(recording)
+            # A file's matches only: a live stream's windows each hold their own (export --matches).
             for url, work, score, offset in db.fetchall(
                     f"SELECT url, work, score, work_offset FROM matches WHERE {db.in_list('url')} "
-                    "ORDER BY url, score DESC, work", (arg,)):
+                    f"AND {self._live_id} = 0 ORDER BY url, score DESC, work", (arg,)):
                 out.setdefault(url, {}).setdefault("match", {"work": work, "score": score, "offset": offset})
         return out
 
 
 def alert_row(row: dict[str, Any]) -> dict[str, Any]:
     """A matches export row as exports and alerts show it: times in ISO-8601 UTC."""
-    return {**row, **{k: iso_utc(row[k]) for k in ("first_seen", "last_seen", "matched_at") if row.get(k) is not None}}
+    return {**row, **{k: iso_utc(row[k]) for k in _MATCH_TIMES if row.get(k) is not None}}
