@@ -229,6 +229,18 @@ def test_an_http_answer_is_not_taken_for_icy(loop):
     assert conn.done and not conn.icy
 
 
+def test_a_timeout_on_an_answer_without_a_length_is_an_error_not_its_end(loop):
+    # The close a timeout makes (the transport aborted, then connection_lost without an error) must not read as
+    # the end of a body that ends with its connection: a stalled station, or a file sent without a length.
+    for reply in (ICY, b"HTTP/1.1 200 OK\r\nContent-Type: audio/mpeg\r\n\r\npartial"):
+        conn, transport = connection(loop)
+        conn.data_received(reply)
+        conn._fail(httpx.ReadTimeout("no data"))
+        conn.connection_lost(None)
+        got = read(conn)
+        assert not got.done and got.error == "ReadTimeout: no data" and transport.aborted
+
+
 @pytest.mark.parametrize("split", ["bytewise", "whole"])
 def test_a_close_in_the_middle_of_the_icy_protocol_name_is_no_answer(loop, split):
     for cut in range(1, 4):

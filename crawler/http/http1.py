@@ -321,8 +321,10 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.done:
             return
-        if self.head_done and self.to_eof and exc is None:
-            self.done = True              # a body without a length ends with its connection
+        if self.head_done and self.to_eof and exc is None and self.error is None:
+            # A body without a length ends with its connection; not with a close of our own making (a timeout,
+            # a refusal), whose error stands: the body was cut, not whole.
+            self.done = True
         elif self.error is None:
             if not self.head_done:
                 self.error = httpx.RemoteProtocolError("the server closed the connection without answering")
