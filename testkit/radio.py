@@ -95,6 +95,7 @@ class Station:
         self.url = ""
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
 
     async def start(self) -> Self:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -105,11 +106,9 @@ class Station:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-            for task in list(self._tasks):
-                task.cancel()
-            for task in list(self._tasks):
-                with contextlib.suppress(BaseException):
-                    await task
+            self._stopping.set()         # every listener's loop ends within one chunk's time
+            if self._tasks:
+                await asyncio.wait(set(self._tasks), timeout=5)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
             self._server = None
@@ -156,7 +155,8 @@ class Station:
             writer.write(self.head(listener.metadata))
             await writer.drain()
             if self.silent:
-                await asyncio.sleep(3600)
+                await self._stopping.wait()
+                return
             await self._play(listener, writer)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
             pass
@@ -175,7 +175,7 @@ class Station:
         track, pos = 0, 0        # where in the schedule
         told: str | None = None  # the title this listener was last told
         until_meta = self.metaint
-        while self.hang_up_after is None or sent < self.hang_up_after:
+        while (self.hang_up_after is None or sent < self.hang_up_after) and not self._stopping.is_set():
             due = start + max(0, sent - self.burst) / self.rate
             wait = due - self.clock()
             if wait > 0:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterable, Sequence
 
 import httpx
 
@@ -28,7 +28,8 @@ from crawler.http.bodies import BodyError
 from crawler.http.getter import Getter
 from crawler.http.http1 import header_list, parse_url
 from crawler.http.targets import TargetRefused
-from crawler.web.media import media_type
+from crawler.web.media import is_audio_type, media_type
+from crawler.worker import icy
 from crawler.worker.siterules import SiteRules
 from crawler.web.page import FetchedPage
 
@@ -38,6 +39,19 @@ _READ_SIZE = 256 * 1024
 # Bodies we read whole (up to the page cap): documents and playlists. Anything else is sniffed from its start.
 _DOCUMENT = re.compile(r"^(text/|application/(xhtml\+xml|xml|json|ld\+json|javascript|x-mpegurl|"
                        r"vnd\.apple\.mpegurl|pls\+xml|rss\+xml|atom\+xml)|audio/(x-)?mpegurl|audio/x-scpls|$)")
+
+
+class _Unread:
+    """A body left unread: an empty iteration."""
+
+    def __aiter__(self) -> _Unread:
+        return self
+
+    async def __anext__(self) -> bytes:
+        raise StopAsyncIteration
+
+
+_UNREAD: AsyncIterable[bytes] = _Unread()
 
 
 class FetchError(Exception):
@@ -103,12 +117,17 @@ class PageFetcher:
             try:
                 fields = header_fields(r.raw_headers)
                 mt = media_type(fields.get("content-type"))
-                document = is_document(mt)
-                limit = max_bytes if document else SNIFF_BYTES
+                # An internet radio station (icy.py) never ends its body: its head says it is audio, and the
+                # body is left unread (the connection closed) for the download to record.
+                stream = icy.is_stream(r.extensions, fields)
+                if stream and not is_audio_type(mt):
+                    mt = "audio/mpeg"       # what a SHOUTcast station sends when it names no type
+                document = is_document(mt) and not stream
+                limit = max_bytes if document else 0 if stream else SNIFF_BYTES
                 chunks: list[bytes] = []
                 size = 0
                 truncated = False
-                async for chunk in r.stream:
+                async for chunk in (_UNREAD if stream else r.stream):
                     chunks.append(chunk)
                     size += len(chunk)
                     if size >= limit:
