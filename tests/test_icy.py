@@ -20,7 +20,7 @@ from crawler.http.getter import Stack
 from crawler.http.transport import build_client, build_transport
 from crawler.items import FAILED, OK, AudioItem
 from crawler.web.urls import host_of
-from crawler.worker import icy
+from crawler.worker import icy, recording
 from crawler.worker.audiostore import AudioStore
 from crawler.worker.downloader import DownloadConfig, Downloader
 from crawler.worker.fetcher import PageFetcher
@@ -112,10 +112,10 @@ def test_a_hostile_block_costs_at_most_one_block():
     assert len(d._meta) == 0
 
 
-def test_a_station_that_changes_its_title_on_every_block_is_bounded_in_the_row():
+def test_every_title_change_is_reported_by_the_demuxer():
     blocks = {64 * (k + 1): radio.metadata_block(f"t{k}") for k in range(2000)}
     audio, titles = demux_all(interleave(b"z" * 64 * 2000, 64, blocks), 64, [])
-    assert len(audio) == 64 * 2000 and len(titles) == 2000      # the demuxer reports; the row keeps MAX_PLAYED
+    assert len(audio) == 64 * 2000 and titles == [icy.Title(64 * (k + 1), f"t{k}") for k in range(2000)]
 
 
 # -- the recorder against the loopback station ---------------------------------------------------------------------
@@ -239,6 +239,15 @@ async def test_the_recording_stops_at_max_size(stack, tracks, tmp_path):
         sent = bytes(station.listeners[0].audio)
     assert done.status == OK and done.size == 10_000 and sent.startswith(stored(store, done))
     assert done.extra["ended"] == "the recording reached 10000 bytes"
+
+
+async def test_a_station_that_changes_its_title_on_every_block_is_bounded_in_the_row(stack, tmp_path):
+    tracks = [radio.Track(f"title {k}", bytes([k % 256]) * 64) for k in range(recording.MAX_PLAYED + 200)]
+    async with radio.Station(tracks, metaint=64, bitrate=1536, chunk_seconds=0.01) as station:
+        done = await record(stack, AudioStore(tmp_path), station.url, 1.5)
+        told = [t for _, t in station.listeners[0].titles]
+    assert done.status == OK and done.size > 64 * (recording.MAX_PLAYED + 10)
+    assert [p["title"] for p in done.extra["played"]] == told[:recording.MAX_PLAYED]
 
 
 async def test_a_station_with_an_absurd_metaint_is_refused(stack, tracks, tmp_path):
