@@ -21,7 +21,7 @@ from crawler.http.transport import build_client, build_transport
 from crawler.items import FAILED, OK, AudioItem
 from crawler.web.urls import host_of
 from crawler.worker import icy, recording
-from crawler.worker.audiostore import AudioStore
+from crawler.worker.audiostore import AudioStore, partial_key
 from crawler.worker.downloader import DownloadConfig, Downloader
 from crawler.worker.fetcher import PageFetcher
 from testkit import radio
@@ -288,7 +288,8 @@ async def test_the_downloader_records_a_station_holding_one_host_slot_for_its_wi
     assert done.status == OK and again.status == OK and len(listeners) == 2
     assert done.extra["format"] == "icy" and done.title == "Loopback FM" and done.extra["live"] is True
     assert all(b"Icy-MetaData: 1" in li.request for li in listeners)
-    assert dl.stats.reused == 0 and dl.store.load_finished(item_for(station.url).url) is None
+    assert dl.stats.reused == 0 and dl.store.load_finished(partial_key(item_for(station.url))) is None
+    assert station.url not in dl._by_url
 
 
 async def test_the_page_fetcher_reads_only_a_stations_head(stack, tracks):
@@ -326,3 +327,30 @@ def test_the_station_headers_are_bounded():
     assert station.name == "n" * icy.MAX_HEADER and station.bitrate == 128 and station.genre == "a\ufffdb"
     assert icy.Station.of(httpx.Headers({"icy-br": "99999999"})).bitrate is None
 
+
+
+@pytest.mark.parametrize("kind, body, content_type", [
+    ("pls", "[playlist]\nNumberOfEntries=2\nFile1={a}\nTitle1=Loopback FM\nLength1=-1\nFile2={b}\nVersion=2\n",
+     "audio/x-scpls"),
+    ("m3u", "#EXTM3U\n#EXTINF:-1,Loopback FM\n{a}\n{b}\n", "audio/x-mpegurl"),
+])
+async def test_a_playlist_of_stations_leads_to_an_item_at_each_station(stack, tracks, kind, body, content_type):
+    """A station listed in a .pls or .m3u is not named as audio: the entry is a link whose fetch (its head only)
+    finds the station, and the station's answer becomes an item at its address."""
+    from crawler.resolvers.generic import GenericResolver
+    from crawler.web.page import FetchedPage
+
+    resolver = GenericResolver({})
+    fetcher = PageFetcher(stack)
+    async with radio.Station(tracks, name="A") as a, radio.Station(tracks, name="B", icecast=True) as b:
+        text = body.format(a=a.url, b=b.url).encode()
+        listing = FetchedPage(url=f"http://site.test/radio.{kind}", final_url=f"http://site.test/radio.{kind}",
+                              status=200, content_type=content_type, headers={"content-type": content_type},
+                              body=text, referrer="http://site.test/")
+        links = resolver.resolve_page(listing).links
+        assert links == [a.url, b.url]
+        items = []
+        for link in links:
+            page, _ = await fetcher.fetch(link, max_bytes=1 << 20, referrer=listing.url)
+            items += resolver.resolve_page(page).items
+    assert [i.url for i in items] == [a.url, b.url]
