@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterable, Sequence
+from collections.abc import Sequence
 
 import httpx
 
@@ -39,19 +39,6 @@ _READ_SIZE = 256 * 1024
 # Bodies we read whole (up to the page cap): documents and playlists. Anything else is sniffed from its start.
 _DOCUMENT = re.compile(r"^(text/|application/(xhtml\+xml|xml|json|ld\+json|javascript|x-mpegurl|"
                        r"vnd\.apple\.mpegurl|pls\+xml|rss\+xml|atom\+xml)|audio/(x-)?mpegurl|audio/x-scpls|$)")
-
-
-class _Unread:
-    """A body left unread: an empty iteration."""
-
-    def __aiter__(self) -> _Unread:
-        return self
-
-    async def __anext__(self) -> bytes:
-        raise StopAsyncIteration
-
-
-_UNREAD: AsyncIterable[bytes] = _Unread()
 
 
 class FetchError(Exception):
@@ -127,12 +114,13 @@ class PageFetcher:
                 chunks: list[bytes] = []
                 size = 0
                 truncated = False
-                async for chunk in (_UNREAD if stream else r.stream):
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size >= limit:
-                        truncated = document and size > limit
-                        break
+                if not stream:
+                    async for chunk in r.stream:
+                        chunks.append(chunk)
+                        size += len(chunk)
+                        if size >= limit:
+                            truncated = document and size > limit
+                            break
             finally:
                 # Back to the pool when the body was read to the end; closed when it was not (a capped page).
                 await r.aclose()
