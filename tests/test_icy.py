@@ -59,7 +59,8 @@ BLOCKS = {64: radio.metadata_block("First"), 192: radio.metadata_block("First"),
           256: radio.metadata_block("Second – ünïcode"), 320: b"\x00",
           448: radio.metadata_block("Third's title; with 'quotes'")}
 STREAM = interleave(AUDIO, 64, BLOCKS)
-EXPECTED = [icy.Title(64, "First"), icy.Title(256, "Second – ünïcode"), icy.Title(448, "Third's title; with 'quotes'")]
+EXPECTED = [icy.Title(64, "First"), icy.Title(256, "Second – ünïcode"),
+            icy.Title(448, "Third's title; with 'quotes'")]
 
 
 def test_the_interleave_reads_the_same_split_at_every_byte_boundary():
@@ -248,6 +249,16 @@ async def test_a_station_that_changes_its_title_on_every_block_is_bounded_in_the
         told = [t for _, t in station.listeners[0].titles]
     assert done.status == OK and done.size > 64 * (recording.MAX_PLAYED + 10)
     assert [p["title"] for p in done.extra["played"]] == told[:recording.MAX_PLAYED]
+
+
+async def test_a_title_first_told_after_the_first_block_is_put_where_it_came(stack, tracks, tmp_path):
+    # A station that names nothing at first (an empty StreamTitle), then the next track.
+    untitled = [radio.Track("", tracks[0].audio[:8000]), radio.Track("Later", tracks[1].audio)]
+    async with radio.Station(untitled, metaint=2000) as station:
+        done = await record(stack, AudioStore(tmp_path), station.url, 1.5)
+        told = [(off, t) for off, t in station.listeners[0].titles if t]
+    assert done.status == OK and told[0] == (8000, "Later")
+    assert done.extra["played"] == [{"offset": 1.0, "title": "Later"}]
 
 
 async def test_a_station_with_an_absurd_metaint_is_refused(stack, tracks, tmp_path):

@@ -14,9 +14,9 @@ Offsets and duration come from the audio bytes and the station's bitrate (``icy-
 one, and from the clock of arrival only when it does not. A station's stream is constant-bitrate (``icy-br`` is
 its encoder's setting), so bytes/rate is where a title change falls in the recording's own audio, which is what a
 fingerprint match's offset is measured in; arrival times are not: servers send a new listener a burst of several
-seconds at once (Icecast's burst-on-connect), and the network's jitter moves every later byte. The first title is
-put at offset 0: a station sends the title on air in its first metadata block, ``icy-metaint`` bytes after the
-audio began.
+seconds at once (Icecast's burst-on-connect), and the network's jitter moves every later byte. The title of the first
+metadata block is put at offset 0: a station sends the title on air in it, ``icy-metaint`` bytes after the audio
+began.
 
 Bounds against a hostile station: ``icy-metaint`` outside [MIN_METAINT, MAX_METAINT] is refused (a tiny interval
 makes a block of metadata per audio byte), a metadata block is at most 255*16 = 4080 bytes by construction and is
@@ -225,8 +225,8 @@ class _Clock:
         return max(0.0, arrival - self.start)
 
 
-async def record_station(item: AudioItem, answer: Answer | httpx.Response, store: AudioStore, key: str, *, seconds: float,
-                         max_size: int, clock: Callable[[], float] = time.time,
+async def record_station(item: AudioItem, answer: Answer | httpx.Response, store: AudioStore, key: str, *,
+                         seconds: float, max_size: int, clock: Callable[[], float] = time.time,
                          monotonic: Callable[[], float] = time.monotonic) -> AudioItem:
     """Record ``seconds`` of the station whose answer (head read, body open) this is; the item as the recording
     left it (recording.recorded), or FAILED with a reason. The caller closes the answer."""
@@ -252,8 +252,9 @@ async def record_station(item: AudioItem, answer: Answer | httpx.Response, store
                         out = demux.feed(piece)
                         for told in out.titles:
                             if len(played) < MAX_PLAYED:
-                                # The first title was on air from the start (see the module's note).
-                                offset = timing.at(told.offset, now) if played else 0.0
+                                # The first block's title was on air from the start (see the module's note).
+                                first = told.offset <= (metaint or 0)
+                                offset = 0.0 if first else timing.at(told.offset, now)
                                 played.append({"offset": round(offset, 3), "title": told.title})
                         if out.audio:
                             timing.last_arrival = now
@@ -272,6 +273,7 @@ async def record_station(item: AudioItem, answer: Answer | httpx.Response, store
             return item.replace(status=FAILED, reason=f"the station sent no audio ({ended})"[:300])
         duration = (recorder.size / timing.rate if timing.rate is not None
                     else timing.last_arrival - window.start)
+        played = [p for p in played if p["offset"] <= duration]     # not past a cut at max_size
         content_type = station.content_type or "audio/mpeg"    # SHOUTcast's own default
         record = await recorder.finish(item.url, extension_for([item.url], content_type), content_type, clock)
         stored = True
