@@ -171,12 +171,12 @@ async def test_a_station_is_recorded_for_its_window_without_its_metadata(stack, 
         listener = station.listeners[0]
     assert listener.metadata and b"Icy-MetaData: 1" in listener.request
     assert done.status == OK, done.reason
-    assert 2.0 <= took < 3.0
+    assert 2.0 <= took < 4.0
     data = stored(store, done)
     # Exactly the audio the station sent, from its first byte, metadata taken out; as much as it sent meanwhile.
     assert bytes(listener.audio).startswith(data) and len(data) >= 8000 * 1.5
     assert done.sha256 == hashlib.sha256(data).hexdigest() and done.size == len(data)
-    assert done.duration == pytest.approx(len(data) / 8000, abs=0.01) and 1.8 <= done.duration <= 2.6
+    assert done.duration == pytest.approx(len(data) / 8000, abs=0.01) and 1.5 <= done.duration <= 2.6
     assert done.title == "Loopback FM" and done.path.endswith(".mp3")
     x = done.extra
     assert (x["live"], x["format"], x["icy_name"], x["icy_genre"], x["icy_url"], x["icy_br"]) == \
@@ -276,7 +276,7 @@ async def test_without_a_bitrate_offsets_come_from_the_clock(stack, tracks, tmp_
         done = await record(stack, AudioStore(tmp_path), station.url, 2.0)
         told = station.listeners[0].titles
     assert done.status == OK and "icy_br" not in done.extra
-    assert 1.7 <= done.duration <= 2.2
+    assert 1.5 <= done.duration <= 2.3
     change = next(p for p in done.extra["played"][1:])
     assert change["offset"] == pytest.approx(told[1][0] / 8000, abs=0.3)
 
@@ -289,7 +289,10 @@ async def test_the_downloader_records_a_station_holding_one_host_slot_for_its_wi
     async with radio.Station(tracks, name="Loopback FM", metaint=2000) as station:
         host = host_of(station.url)
         task = asyncio.create_task(dl.fetch(item_for(station.url)))
-        await asyncio.sleep(0.5)
+        for _ in range(100):            # until the station has its listener
+            if station.listeners:
+                break
+            await asyncio.sleep(0.05)
         assert dl.hosts.holders(host) == 1 and not task.done()     # the stream: one long request to its host
         done = await task
         assert dl.hosts.holders(host) == 0 and len(dl.hosts) == 0
