@@ -12,7 +12,9 @@ The answer is the SHOUTcast one (``ICY 200 OK``, which HTTP clients refuse) or, 
 ``HTTP/1.0 200 OK`` with the same ``icy-*`` headers; either way the body has no length and never ends. A station can
 also misbehave: hang up after some audio (``hang_up_after``) or answer its head and then send nothing (``silent``).
 
-Pacing: the station sends ``chunk_seconds`` of audio at a time, each when the clock says it is due at ``bitrate``
+Each listener hears the schedule from its first track (a real station's listeners share one broadcast; starting
+each at the top makes what a recording holds, and when each title comes, known to the test). Pacing: the station
+sends ``chunk_seconds`` of audio at a time, each when the clock says it is due at ``bitrate``
 (after an optional ``burst`` sent at once, as real servers fill a new listener's buffer), so a recording of N
 seconds holds about N seconds of audio, as from a real station.
 """
