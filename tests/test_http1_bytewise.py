@@ -190,6 +190,64 @@ def test_an_answer_without_a_length_ends_with_the_connection(loop, split):
     assert read(conn) == Read(200, [(b"Content-Type", b"audio/mpeg")], bytes(range(256)) * 4, True, False, None)
 
 
+# -- internet radio: SHOUTcast's ICY status line --------------------------------------------------------------------
+
+ICY = (b"ICY 200 OK\r\nicy-notice1:<BR>This stream requires Winamp<BR>\r\nicy-name:Loopback FM\r\n"
+       b"icy-br:128\r\ncontent-type:audio/mpeg\r\nicy-metaint:16\r\n\r\n" + bytes(range(256)) * 4)
+ICY_HEADERS = [(b"icy-notice1", b"<BR>This stream requires Winamp<BR>"), (b"icy-name", b"Loopback FM"),
+               (b"icy-br", b"128"), (b"content-type", b"audio/mpeg"), (b"icy-metaint", b"16")]
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_an_icy_answer_reads_as_http10_without_a_length_however_its_bytes_arrive(loop, split):
+    conn, _ = connection(loop)
+    body = b""
+    for piece in pieces(ICY, split):
+        conn.data_received(piece)
+        body += b"".join(conn.take())
+        assert conn.error is None and not conn.done       # a station's body has no end but the close
+    assert conn.head_done and conn.icy
+    conn.connection_lost(None)
+    got = read(conn)
+    assert got == Read(200, ICY_HEADERS, b"", True, False, None)
+    assert body == bytes(range(256)) * 4
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_an_icy_answer_is_read_only_while_its_framing_is_strict(loop, split):
+    got = feed(loop, b"ICY 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nhi", split)
+    assert got.error is not None and got.error.startswith(NOT_HTTP)
+    # A length, when one is given, frames the body as in any answer.
+    got = feed(loop, b"ICY 200 OK\r\nContent-Length: 2\r\n\r\nhi", split)
+    assert got == Read(200, [(b"Content-Length", b"2")], b"hi", True, False, None)
+
+
+def test_an_http_answer_is_not_taken_for_icy(loop):
+    conn, _ = connection(loop)
+    for piece in pieces(CL, "bytewise"):
+        conn.data_received(piece)
+    assert conn.done and not conn.icy
+
+
+def test_a_timeout_on_an_answer_without_a_length_is_an_error_not_its_end(loop):
+    # The close a timeout makes (the transport aborted, then connection_lost without an error) must not read as
+    # the end of a body that ends with its connection: a stalled station, or a file sent without a length.
+    for reply in (ICY, b"HTTP/1.1 200 OK\r\nContent-Type: audio/mpeg\r\n\r\npartial"):
+        conn, transport = connection(loop)
+        conn.data_received(reply)
+        conn._fail(httpx.ReadTimeout("no data"))
+        conn.connection_lost(None)
+        got = read(conn)
+        assert not got.done and got.error == "ReadTimeout: no data" and transport.aborted
+
+
+@pytest.mark.parametrize("split", ["bytewise", "whole"])
+def test_a_close_in_the_middle_of_the_icy_protocol_name_is_no_answer(loop, split):
+    for cut in range(1, 4):
+        got = feed(loop, b"ICY"[:cut], split, close=True)
+        assert got.error == "RemoteProtocolError: the server closed the connection without answering"
+
+
 # -- keep-alive ----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("split", SPLITS)
@@ -279,6 +337,12 @@ MALFORMED = [
      "RemoteProtocolError: the answer folds its framing header: 'Content-Length:'"),
     ("folded-status-line", b"HTTP/1.1 200 OK\r\n folded\r\nContent-Length: 0\r\n\r\n",
      "RemoteProtocolError: the answer's head folds its status line"),
+    # Only the literal ICY, and only as the whole protocol name of the status line.
+    ("icy-lower-case", b"icy 200 OK\r\nicy-name: x\r\n\r\n", NOT_HTTP),
+    ("icy-versioned", b"ICY/1.0 200 OK\r\nicy-name: x\r\n\r\n", NOT_HTTP),
+    ("icy-no-space", b"ICY200 OK\r\nicy-name: x\r\n\r\n", NOT_HTTP),
+    ("icy-after-a-space", b" ICY 200 OK\r\nicy-name: x\r\n\r\n", NOT_HTTP),
+    ("icy-status-not-a-number", b"ICY 2OO OK\r\nicy-name: x\r\n\r\n", NOT_HTTP),
     ("upgrade", b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
      "RemoteProtocolError: the server switched protocols"),
 ]
@@ -392,5 +456,22 @@ async def test_the_client_reports_an_early_close_with_the_bytes_before_it():
                     got += piece
             await answer.aclose()
         assert got == b"hello w" and client.idle() == 0
+    finally:
+        await client.aclose()
+
+
+async def test_the_client_reads_a_station_that_answers_icy_one_byte_a_write():
+    server = _BytewiseServer(ICY)              # then the connection closes, as a station that hangs up
+    client = http1.Http1Client(_resolve)
+    try:
+        async with server as url:
+            answer = await client.get(url, [("Icy-MetaData", "1")], timeout=(2.0, 2.0, 2.0, 10.0),
+                                      max_body=1 << 20, read_size=1 << 20)
+            assert answer.status_code == 200 and answer.extensions.get("icy") is True
+            assert answer.headers["icy-name"] == "Loopback FM"
+            body = b"".join([piece async for piece in answer.stream])
+            await answer.aclose()
+        assert body == bytes(range(256)) * 4 and client.idle() == 0
+        assert b"Icy-MetaData: 1\r\n" in server.requests[0]
     finally:
         await client.aclose()

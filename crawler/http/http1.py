@@ -42,7 +42,12 @@ The dialects of real servers, read as browsers read them (RFC 9112) without the 
   chunked applied twice or not last, and a folded Content-Length or Transfer-Encoding line are refused;
 - trailer fields are never headers: they are dropped however the reads fall, and bounded like a head;
 - a transfer coding that is not chunked (``identity``, or one we do not decode) frames the body to the
-  connection's close, as RFC 9112 says for answers; one we do not decode is then refused as a coding (BodyError).
+  connection's close, as RFC 9112 says for answers; one we do not decode is then refused as a coding (BodyError);
+- an internet radio station's SHOUTcast answer (``ICY 200 OK``: HTTP/1.0 under another name, which llhttp, httpx
+  and aiohttp refuse) is read as ``HTTP/1.0 200 OK``: only the status line's protocol is renamed, only the literal
+  ``ICY``, at an answer's first bytes (however the reads split them), and everything after it is parsed as any
+  answer is, strictly. Such a body has no length: it is read to the close as HTTP/1.0 says, which for a station is
+  never (the reader stops it: crawler/worker/icy.py). The answer says so in its ``icy`` extension.
 
 Errors are the httpx ones the fetcher and the downloader handle: ConnectError, ConnectTimeout, ReadTimeout,
 RemoteProtocolError (not HTTP, or the server hung up before answering), ReadError (the body was cut).
@@ -78,6 +83,8 @@ _HEAD_END = re.compile(rb"\n\r?\n")
 # Fields whose folded value could frame the body differently for a parser that does not unfold.
 _FRAMING = frozenset((b"content-length", b"transfer-encoding"))
 _OWS = frozenset(b" \t")
+# SHOUTcast's status line names this protocol; it is HTTP/1.0 otherwise (see the module's note).
+_ICY, _AS_HTTP = b"ICY ", b"HTTP/1.0 "
 
 # (connect, read, pool, total) in seconds, each None for no limit.
 Timeouts = tuple[float | None, float | None, float | None, float | None]
@@ -194,6 +201,8 @@ class _Connection(asyncio.Protocol):
         self.head_bytes = 0
         self.head_done = False
         self.head_in: list[bytes] = []    # this answer's reads until its head is in: replayed if llhttp refuses it
+        self.opening: bytes | None = b""  # the answer's first bytes, until they tell whether it is ICY's
+        self.icy = False                  # the status line said ICY (read as HTTP/1.0)
         self.held: bytearray | None = None    # while replaying: the head so far, waiting for its end
         self.framing = 0                  # bytes read since the last body bytes: chunk lines and trailers
         self.coding = b""                 # a transfer coding other than chunked and identity
@@ -222,6 +231,10 @@ class _Connection(asyncio.Protocol):
             return
         self.received += len(data)
         self.last_data = self.loop.time()
+        if self.opening is not None:
+            data = self._protocol_name(data)
+            if not data:
+                return
         if self.head_done:
             self.framing += len(data)     # on_body sets it back to 0
         else:
@@ -236,6 +249,19 @@ class _Connection(asyncio.Protocol):
         elif self.framing > MAX_HEAD and self.error is None and not self.done:
             # Trailers are dropped, but llhttp's binding gathers a field before handing it over: bound it.
             self._fail(httpx.RemoteProtocolError(f"over {MAX_HEAD} bytes of chunk lines or trailers"))
+
+    def _protocol_name(self, data: bytes) -> bytes:
+        """The answer's first bytes, with SHOUTcast's ``ICY `` renamed ``HTTP/1.0 ``; nothing (held) while the
+        bytes so far could still be the start of ``ICY ``, so a status line split anywhere is read the same."""
+        opening = (self.opening or b"") + data
+        if len(opening) < len(_ICY) and _ICY.startswith(opening):
+            self.opening = opening
+            return b""
+        self.opening = None
+        if opening.startswith(_ICY):
+            self.icy = True
+            return _AS_HTTP + opening[len(_ICY):]
+        return opening
 
     def _parse(self, data: bytes) -> None:
         try:
@@ -295,8 +321,10 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.done:
             return
-        if self.head_done and self.to_eof and exc is None:
-            self.done = True              # a body without a length ends with its connection
+        if self.head_done and self.to_eof and exc is None and self.error is None:
+            # A body without a length ends with its connection; not with a close of our own making (a timeout,
+            # a refusal), whose error stands: the body was cut, not whole.
+            self.done = True
         elif self.error is None:
             if not self.head_done:
                 self.error = httpx.RemoteProtocolError("the server closed the connection without answering")
@@ -581,6 +609,8 @@ class Http1Client:
     def _answer(self, conn: _Connection, max_body: int, cut: bool, read_timeout: float | None,
                 deadline: float | None) -> Answer:
         extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
+        if conn.icy:
+            extensions["icy"] = True
         try:
             if conn.coding:
                 raise BodyError(f"unsupported transfer coding {conn.coding[:40].decode('latin-1')!r}")

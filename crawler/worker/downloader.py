@@ -78,6 +78,7 @@ from crawler.worker.archived import Sent, Trail
 from crawler.worker.audiostore import AudioStore, Finished, Partial, extension_for, partial_key
 from crawler.worker.faults import is_local
 from crawler.worker.filetags import read_file_tags
+from crawler.worker import icy
 from crawler.worker.dash import DashDownloader
 from crawler.worker.hls import HlsDownloader
 from crawler.worker.siterules import SiteRules
@@ -340,6 +341,10 @@ class Downloader:
         # The client's headers are the base; identity, Range and validators are added per request.
         headers = http.client.headers.copy()
         headers["Accept-Encoding"] = "identity"
+        # Every audio request asks for a radio station's metadata (icy.py): whether an address is a station is
+        # known only from its answer, and asking again once it is known would cost the station a second listener
+        # and us a second connection; any other server ignores the header.
+        headers[icy.ASK_METADATA[0]] = icy.ASK_METADATA[1]
         self._headers = header_list(headers)
         self.sites = SiteRules()   # the sites' own headers (siterules.py): the worker sets its own
         # Our own read timeout (and connect), the stack's total deadline; read in large pieces (one per socket
@@ -579,6 +584,8 @@ class Downloader:
                 return await self._finish(current, partial, slots, trail)
             before = partial.offset
             outcome = await self._attempt(current, partial, new_address, known, deadline, trail)
+            if isinstance(outcome, AudioItem):      # a radio station's recording (_record_station)
+                return outcome
             if isinstance(outcome, plan.Retry):
                 # Bytes that arrived before the break are kept, and count as progress.
                 await partial.flush()
@@ -623,8 +630,9 @@ class Downloader:
         return fresh
 
     async def _attempt(self, item: AudioItem, partial: Partial, new_address: bool, known: Finished | None,
-                       deadline: Deadline, trail: Trail | None = None) -> plan.Outcome:
-        """One request, judged by ``download_plan.decide``, and its body if the plan keeps it."""
+                       deadline: Deadline, trail: Trail | None = None) -> plan.Outcome | AudioItem:
+        """One request, judged by ``download_plan.decide``, and its body if the plan keeps it; an internet radio
+        station's answer is recorded instead (the item as its recording left it)."""
         record = partial.record
         held = plan.Held(offset=partial.offset, etag=record.etag, last_modified=record.last_modified,
                          expected_size=record.expected_size, content_type=record.content_type,
@@ -643,6 +651,8 @@ class Downloader:
                 response = await self._send(url, headers)
                 sent = Sent(url, headers, started, response) if trail is not None else None
                 try:
+                    if response.status_code == 200 and icy.is_stream(response.extensions, response.headers):
+                        return await self._record_station(item, partial, response, deadline)
                     answer = plan.decide(held, _head(response, str(url), asked.conditional), self._limits)
                     if isinstance(answer, plan.Redirect):
                         url = parse_url(resolve(str(url), answer.location))
@@ -666,6 +676,17 @@ class Downloader:
         except httpx.InvalidURL as exc:
             return plan.Fail(f"bad address: {exc}")
         return plan.Fail(f"more than {self.cfg.max_redirects} redirects")
+
+    async def _record_station(self, item: AudioItem, partial: Partial, response: Answer | httpx.Response,
+                              deadline: Deadline) -> AudioItem:
+        """A station has no end to download: ``live_record_seconds`` of it are recorded from this open answer
+        (icy.py), under the host slot the download holds, which goes when the window does. Nothing is kept as the
+        key's finished download and no Range or resume applies: each visit records anew."""
+        # The whole-download deadline covers the window and a stall of one read timeout after it.
+        cfg = self.cfg
+        deadline.stretch(int((cfg.live_record_seconds + cfg.timeout) * cfg.min_rate), 0)
+        return await icy.record_station(item, response, self.store, partial.key, seconds=cfg.live_record_seconds,
+                                        max_size=cfg.max_size, clock=self._clock)
 
     async def _send(self, url: yarl.URL, headers: list[tuple[str, str]]) -> Answer | httpx.Response:
         return await self.http.get(url, headers, timeout=self._timeouts, max_body=self.cfg.max_size + 1,

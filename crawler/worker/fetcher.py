@@ -28,7 +28,8 @@ from crawler.http.bodies import BodyError
 from crawler.http.getter import Getter
 from crawler.http.http1 import header_list, parse_url
 from crawler.http.targets import TargetRefused
-from crawler.web.media import media_type
+from crawler.web.media import is_audio_type, media_type
+from crawler.worker import icy
 from crawler.worker.siterules import SiteRules
 from crawler.web.page import FetchedPage
 
@@ -103,17 +104,23 @@ class PageFetcher:
             try:
                 fields = header_fields(r.raw_headers)
                 mt = media_type(fields.get("content-type"))
-                document = is_document(mt)
-                limit = max_bytes if document else SNIFF_BYTES
+                # An internet radio station (icy.py) never ends its body: its head says it is audio, and the
+                # body is left unread (the connection closed) for the download to record.
+                stream = icy.is_stream(r.extensions, fields)
+                if stream and not is_audio_type(mt):
+                    mt = "audio/mpeg"       # what a SHOUTcast station sends when it names no type
+                document = is_document(mt) and not stream
+                limit = max_bytes if document else 0 if stream else SNIFF_BYTES
                 chunks: list[bytes] = []
                 size = 0
                 truncated = False
-                async for chunk in r.stream:
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size >= limit:
-                        truncated = document and size > limit
-                        break
+                if not stream:
+                    async for chunk in r.stream:
+                        chunks.append(chunk)
+                        size += len(chunk)
+                        if size >= limit:
+                            truncated = document and size > limit
+                            break
             finally:
                 # Back to the pool when the body was read to the end; closed when it was not (a capped page).
                 await r.aclose()
