@@ -83,7 +83,11 @@ class Station:
                  bitrate: int = 64, metaint: int = 8192, icecast: bool = False, mount: str = "/stream",
                  chunk_seconds: float = 0.05, burst: float = 0.0, hang_up_after: float | None = None,
                  silent: bool = False, title_encoding: str = "utf-8",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, host: str = "127.0.0.1",
+                 keep_audio: bool = True) -> None:
+        """host: the loopback address to listen on (stations on addresses of their own are hosts of their own to
+        the crawler's politeness); keep_audio: remember what each listener was sent (a benchmark of many
+        stations does not)."""
         if not tracks:
             raise ValueError("a station plays at least one track")
         self.tracks, self.name, self.genre, self.site = tracks, name, genre, site
@@ -93,6 +97,7 @@ class Station:
         self.burst = int(self.rate * burst)
         self.hang_up_after = None if hang_up_after is None else int(self.rate * hang_up_after)
         self.silent, self.title_encoding, self.clock = silent, title_encoding, clock
+        self.host, self.keep_audio = host, keep_audio
         self.listeners: list[Listener] = []
         self.url = ""
         self._server: asyncio.Server | None = None
@@ -100,9 +105,9 @@ class Station:
         self._stopping = asyncio.Event()
 
     async def start(self) -> Self:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, self.host, 0)
         port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}{self.mount}"
+        self.url = f"http://{self.host}:{port}{self.mount}"
         return self
 
     async def stop(self) -> None:
@@ -193,7 +198,8 @@ class Station:
                     take = min(take, until_meta)
                 piece = audio[pos:pos + take]
                 out += piece
-                listener.audio += piece
+                if self.keep_audio:
+                    listener.audio += piece
                 sent += take
                 pos += take
                 n -= take
@@ -212,3 +218,33 @@ class Station:
                         until_meta = self.metaint
             writer.write(bytes(out))
             await writer.drain()
+
+
+async def serve_many(count: int, folder: Path, *, bitrate: int, track_seconds: float) -> None:
+    """``count`` stations, each on a loopback address of its own (127.1.x.y), playing two synthesised works in a
+    loop; their addresses are printed one per line, then a blank line, and they play until the process is ended."""
+    tracks = mp3_tracks(folder, {"Artist A - Work A": 501, "Artist B - Work B": 502}, seconds=track_seconds,
+                        bitrate=bitrate)
+    stations = [Station(tracks, name=f"Station {i}", bitrate=bitrate, chunk_seconds=0.25, keep_audio=False,
+                        host=f"127.1.{i // 250}.{i % 250 + 1}") for i in range(count)]
+    for station in stations:
+        await station.start()
+    print("\n".join(s.url for s in stations) + "\n", flush=True)
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="loopback internet radio stations, for benchmarks")
+    ap.add_argument("--stations", type=int, default=1)
+    ap.add_argument("--bitrate", type=int, default=128)
+    ap.add_argument("--track-seconds", type=float, default=30.0)
+    ap.add_argument("--folder", type=Path, required=True)
+    args = ap.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve_many(args.stations, args.folder, bitrate=args.bitrate, track_seconds=args.track_seconds))
+
+
+if __name__ == "__main__":
+    main()

@@ -40,7 +40,8 @@ LIVE = "live"
 RECORDED_AT = "recorded_at"
 PLAYED = "played"
 ICY = "icy"
-FLUSH_BYTES = 256 * 1024          # received audio buffered before one write (a few seconds of a 128 kbit/s stream)
+FLUSH_BYTES = 64 * 1024           # received audio held before one write: 4 s of a 128 kbit/s stream, so a
+                                  # worker recording a thousand stations holds 64 MB of it, not 256
 MAX_PLAYED = 1_000                # title changes kept per recording: a station that changes it every frame is
                                   # not telling us what it plays
 MAX_PLAYED_TITLE = 300            # characters
