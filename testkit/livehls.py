@@ -9,6 +9,7 @@ lists the last ``window`` segments that are complete, with EXT-X-MEDIA-SEQUENCE 
         live.stream                 # http://127.0.0.1:port/live/index.m3u8 (the master, or the media playlist)
         live.plain(seq)             # the plain bytes of segment ``seq``: what a recording must hold
         live.served                 # sequence numbers whose segment was sent, in order of request
+        live.requests               # every path asked for
 
 Time is ``clock``'s (``time.monotonic`` unless given): a test that drives a recorder by a fake clock gives the
 same clock here, and the stream moves exactly as far as the recorder's sleeps advance it.
@@ -24,7 +25,11 @@ Options for the tests of what real streams do wrong:
     end_at         seconds after the start at which the event ends: the playlist stops growing and gains
                    EXT-X-ENDLIST
     frozen_at      seconds after the start at which the playlist stops moving (no ENDLIST): a stalled packager
-    playlist       a function of the elapsed time returning the media playlist's text instead (hostile tests)
+    playlist       a function of the elapsed time returning the media playlist's text instead (hostile tests);
+                   every segment it names is then served
+    target         the EXT-X-TARGETDURATION announced (by default the longest segment's, rounded up)
+    pace           audio made per second of the clock (0.4: a segment of 2 s appears every 5 s, a packager
+                   falling behind)
     pages          other paths served as given: {"/page.html": (body, content type)}
 """
 
@@ -95,7 +100,8 @@ class LiveHls(LoopbackSite):
     def __init__(self, source: Cut, *, window: int = 3, clock: Callable[[], float] = time.monotonic,
                  key: bytes | None = None, master: bool = False, end_at: float | None = None,
                  frozen_at: float | None = None, playlist: Callable[[float], str] | None = None,
-                 pages: Mapping[str, tuple[bytes, str]] | None = None, target: int | None = None) -> None:
+                 pages: Mapping[str, tuple[bytes, str]] | None = None, target: int | None = None,
+                 pace: float = 1.0) -> None:
         if not source.segments or window < 1:
             raise ValueError("a live stream needs segments and a window of at least one")
         self.source, self.window, self.clock = source, window, clock
@@ -105,8 +111,9 @@ class LiveHls(LoopbackSite):
         self.target = target if target is not None else max(1, math.ceil(max(source.durations)))
         self.started = 0.0
         # The end of each segment of one pass through the source, from the start of the pass.
-        self._ends = list(itertools.accumulate(source.durations))
+        self._ends = list(itertools.accumulate(d / pace for d in source.durations))
         self.served: list[int] = []
+        self.requests: list[str] = []     # every path asked for, in order
         self.playlist_requests = 0
 
     async def start(self) -> LiveHls:
@@ -175,6 +182,7 @@ class LiveHls(LoopbackSite):
     # -- serving ------------------------------------------------------------------------------------------
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.rel_url.path
+        self.requests.append(path)
         if path in self.pages:
             body, content_type = self.pages[path]
             return web.Response(body=body, content_type=content_type)
@@ -193,7 +201,8 @@ class LiveHls(LoopbackSite):
         if m:
             seq = int(m.group(1))
             n = self.available(self.elapsed())
-            if n - 2 * self.window <= seq < n:
+            # A playlist of the test's own names what it likes: every segment it names is there.
+            if self.playlist_text is not None or n - 2 * self.window <= seq < n:
                 self.served.append(seq)
                 return web.Response(body=self.body(seq), content_type="video/mp2t")
         return web.Response(status=404, text="not found")

@@ -27,9 +27,12 @@ next segment, if the playlist still lists the same segments (their paths, not th
 hold per-client tokens). Otherwise it starts over. A kill costs at most a few seconds of segments, and a list
 of tiny segments does not rewrite the record for each one.
 
-A playlist without EXT-X-ENDLIST is live (or an event still being recorded): it has no end to download, so the
-item is reported as found, with ``extra.live``, and nothing is fetched. A DASH manifest is recorded the same
-way: it is not downloaded.
+A playlist without EXT-X-ENDLIST is live (or an event still being recorded): it has no end to download, so it is
+recorded for a window instead, by the ``live`` recorder the downloader gives this class (crawler/worker/livehls.py,
+which reuses this module's requests, parsing and decryption), under the ``LiveLease`` of the download
+(transfer.py: the deadline covering the window, the host slot given back when it closes). Without a recorder the
+item is reported as found, with ``extra.live``, and nothing is fetched. A DASH manifest is recorded as found: it
+is not downloaded.
 
 Bounds: a playlist is read up to ``MAX_PLAYLIST_BYTES`` and at most ``MAX_SEGMENTS`` segments are taken; an
 ended playlist is refused before any segment is fetched when its EXTINF durations add up to more than
@@ -57,7 +60,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import httpx
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -72,7 +75,7 @@ from crawler.web.urls import host_of, resolve
 from crawler.worker.archived import Trail
 from crawler.worker.audiostore import AudioStore, Finished, hash_prefix
 from crawler.worker.download_plan import backoff, transient
-from crawler.worker.transfer import NETWORK_ERRORS, Deadline, DownloadConfig, identity_headers
+from crawler.worker.transfer import NETWORK_ERRORS, Deadline, DownloadConfig, LiveLease, identity_headers
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,7 @@ SEGMENT_ALLOWANCE = 16
 # Seconds between progress records: a kill loses at most this much work.
 PROGRESS_EVERY = 5.0
 MAX_VARIANTS = 1_000
+MAX_SEQUENCE = 2 ** 64 - 1
 # A segment is held in memory to be decrypted whole: real ones are seconds of audio, a few hundred KiB.
 MAX_SEGMENT_BYTES = 32 * 1024 * 1024
 _KEY_BYTES = 16
@@ -108,6 +112,18 @@ class HlsError(Exception):
 
 class HlsRefused(HlsError):
     """A key, segment or playlist the worker's client refused (its address, or its body): logged once."""
+
+
+class HlsGone(HlsError):
+    """The server answered 404 or 410: a live stream's segment that left its window before it was fetched."""
+
+
+class LiveRecording(Protocol):
+    """Records a live media playlist (livehls.py): given this downloader, for its requests, and the playlist as
+    first read."""
+
+    async def __call__(self, hls: HlsDownloader, item: AudioItem, key: str, media: MediaPlaylist,
+                       lease: LiveLease, ids: list[str]) -> AudioItem: ...
 
 
 # --------------------------------------------------------------------------------------------- parsing
@@ -146,6 +162,7 @@ class MediaPlaylist:
     segments: tuple[Segment, ...]
     ended: bool                       # EXT-X-ENDLIST: the list is complete
     media_sequence: int = 0
+    target_duration: float = 0.0      # EXT-X-TARGETDURATION: a live list is reloaded this often (0: not given)
 
     @property
     def duration(self) -> float:
@@ -229,6 +246,7 @@ def _parse_media(text: str, url: str) -> MediaPlaylist:
     key: Key | None = None
     init: InitSection | None = None
     media_sequence = 0
+    target = 0.0
     ended = False
     duration: float | None = None
     byterange: ByteRange | None = None
@@ -241,6 +259,10 @@ def _parse_media(text: str, url: str) -> MediaPlaylist:
             tag, _, value = line.partition(":")
             if tag == "#EXT-X-MEDIA-SEQUENCE":
                 media_sequence = max(0, _int(value))
+                if media_sequence > MAX_SEQUENCE:    # a decimal-integer (RFC 8216 4.2); an IV holds no more
+                    raise HlsError(f"media sequence {value[:40]} out of range")
+            elif tag == "#EXT-X-TARGETDURATION":
+                target = _float(value)
             elif tag == "#EXTINF":
                 try:
                     duration = max(0.0, float(value.split(",", 1)[0]))
@@ -267,7 +289,16 @@ def _parse_media(text: str, url: str) -> MediaPlaylist:
         if byterange is not None:
             range_end = byterange.offset + byterange.length
         duration, byterange = None, None
-    return MediaPlaylist(url, tuple(segments), ended, media_sequence)
+    return MediaPlaylist(url, tuple(segments), ended, media_sequence, target)
+
+
+def _float(value: str) -> float:
+    """A non-negative finite number, else 0."""
+    try:
+        number = float(value.strip())
+    except ValueError:
+        return 0.0
+    return number if math.isfinite(number) and number > 0 else 0.0
 
 
 def check_length(playlist: MediaPlaylist) -> None:
@@ -414,8 +445,9 @@ class HlsDownloader:
     def __init__(self, client: httpx.AsyncClient, store: AudioStore, cfg: DownloadConfig, *,
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
                  progress_every: float = PROGRESS_EVERY, archive: Archive = NO_ARCHIVE,
-                 audio_payload: bool = False) -> None:
-        """clock: wall-clock time for the records; monotonic: when progress was last saved; archive: where the
+                 audio_payload: bool = False, live: LiveRecording | None = None) -> None:
+        """clock: wall-clock time for the records; monotonic: when progress was last saved; live: the recorder of
+        live playlists (None: they are reported as found, not recorded); archive: where the
         stored file's metadata record goes (the exchanges themselves are the client's to record: it names
         each request's role, ``playlist`` or ``segment``, and page), the segments' bytes too when
         ``audio_payload``."""
@@ -423,6 +455,7 @@ class HlsDownloader:
         self._monotonic, self.progress_every = monotonic, progress_every
         self._archive = None if isinstance(archive, NoArchive) else archive
         self._audio_payload = audio_payload
+        self.live = live
 
     def claims(self, item: AudioItem) -> bool:
         """Items the downloader hands to this module: HLS playlists (and DASH manifests, recorded only)."""
@@ -433,9 +466,11 @@ class HlsDownloader:
         return self.store.partial_dir / f"{key}.hls.json"
 
     async def fetch(self, item: AudioItem, key: str, known: Finished | None = None,
-                    deadline: Deadline | None = None) -> AudioItem:
+                    deadline: Deadline | None = None, lease: LiveLease | None = None) -> AudioItem:
         """``deadline``: the downloader's whole-download deadline, stretched here by the bytes written; its
-        expiry cancels this coroutine (the downloader turns that into ``download too slow``)."""
+        expiry cancels this coroutine (the downloader turns that into ``download too slow``). ``lease``: the
+        terms a live playlist is recorded under (``known`` means nothing to a live one: each visit records
+        anew)."""
         extra = {**item.extra, "format": item.extra.get("format") or HLS}
         item = item.replace(extra=extra)
         if extra["format"] == DASH:
@@ -444,7 +479,10 @@ class HlsDownloader:
         try:
             media = await self._media_playlist(item, ids)
             if not media.ended:
-                return item.replace(extra={**extra, "live": True})
+                if self.live is None:
+                    return item.replace(extra={**extra, "live": True})
+                return await self.live(self, item, key, media, lease or LiveLease(self.cfg.live_record_seconds,
+                                                                                    self.cfg.timeout), ids)
             if not media.segments:
                 raise HlsError("the playlist lists no segments")
             check_length(media)
@@ -516,6 +554,8 @@ class HlsDownloader:
                 status = response.status_code
                 if transient(status):
                     raise _Transient(f"http {status}")
+                if status in (404, 410):
+                    raise HlsGone(f"{url[:200]}: http {status}")
                 if status not in (200, 206):
                     raise HlsError(f"{url[:200]}: http {status}")
                 chunks: list[bytes] = []
