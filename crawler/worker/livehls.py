@@ -97,6 +97,7 @@ class Follow:
     target: float = MIN_RELOAD           # the reload interval, clamped
     ended: bool = False                  # the last reload had EXT-X-ENDLIST
     fresh: bool = True                   # the last reload brought new segments
+    init: str | None = None              # the initialisation section last written
     moved_at: float = field(init=False)  # when a reload last brought new segments
     reloaded_at: float = field(init=False)
 
@@ -172,11 +173,10 @@ class LiveHls:
         follow = Follow(lease.seconds, window.start)
         recorder = Recorder(hls.store, live_key(key), hls.cfg.max_size)
         stopped = "window"
-        has_init = False
         try:
             await recorder.open()
             try:
-                has_init = await self._follow(hls, item, media, window, follow, recorder, ids)
+                await self._follow(hls, item, media, window, follow, recorder, ids)
                 stopped = ("full" if follow.full() else "ended" if follow.ended
                            else "stalled" if follow.stalled(self._monotonic()) else "window")
             except (_Over, RecordingTooLarge) as exc:
@@ -197,7 +197,7 @@ class LiveHls:
             await recorder.discard()
             return item.replace(status=FAILED, reason=f"hls: live stream: nothing recorded ({stopped})"[:300],
                                 extra={**item.extra, "live": True, "gaps": follow.gaps})
-        ext, content_type = container(recorder.first, has_init)
+        ext, content_type = container(recorder.first, follow.init is not None)
         record = await recorder.finish(item.url, ext, content_type, clock=self._clock)
         hls._stored(item, record, ids)
         log.info("hls %s recorded: %.1f s in %d segments, %d missed (%s)", item.url[:200], follow.duration,
@@ -207,22 +207,21 @@ class LiveHls:
                                    "playlist": media.url, "stopped": stopped})
 
     async def _follow(self, hls: HlsDownloader, item: AudioItem, media: MediaPlaylist, window: Window,
-                      follow: Follow, recorder: Recorder, ids: list[str]) -> bool:
-        """Record until one of the stops in the module's table; returns whether an init section was written."""
+                      follow: Follow, recorder: Recorder, ids: list[str]) -> None:
+        """Record until one of the stops in the module's table."""
         keys: dict[str, bytes] = {}
-        init: str | None = None
         playlist, began = media, window.start
         while True:
             for segment in follow.reload(playlist, began):
                 if follow.full() or window.closed(self._monotonic()):
-                    return init is not None
+                    return
                 if recorder.size >= hls.cfg.max_size:
                     raise _Over("full")
                 if len(keys) > MAX_KEYS:
                     keys.clear()
                 try:
-                    pieces = await self._timed(window, hls, self._segment(hls, item, segment, init, keys, ids,
-                                                                          recorder.size))
+                    pieces = await self._timed(window, hls, self._segment(hls, item, segment, follow.init, keys,
+                                                                          ids, recorder.size))
                 except HlsGone:
                     follow.gap(1)
                     continue
@@ -231,17 +230,17 @@ class LiveHls:
                 for piece in pieces:
                     await recorder.append(piece)
                 if segment.init is not None:
-                    init = segment.init.uri
+                    follow.init = segment.init.uri
                 follow.took(segment)
             now = self._monotonic()
             if follow.full() or follow.ended or window.closed(now) or follow.stalled(now):
-                return init is not None
+                return
             at = min(follow.next_reload(), window.end)
             if at > now:
                 await self._sleep(at - now)
             began = self._monotonic()
             if window.closed(began):
-                return init is not None
+                return
             try:
                 playlist = await self._timed(window, hls, self._reload(hls, item, media.url, ids))
             finally:
