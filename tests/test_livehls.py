@@ -214,6 +214,18 @@ async def test_a_flood_of_segments_per_reload_takes_the_newest_and_counts_the_re
     assert time.monotonic() - started < 30
 
 
+async def test_a_reload_of_a_million_segments_ends_the_recording_with_what_it_has(client, tmp_path, ts):
+    t = Time()
+    million = playlist(1_000, 1_000_000)      # 22 MB: past what a playlist may be
+
+    async with LiveStream(ts, clock=t, playlist=lambda e: playlist(100, 3) if e == 0 else million) as stream:
+        got = await downloader(client, tmp_path, t).fetch(live_item(stream.stream))
+
+    assert assert_recorded(got, stream, tmp_path, each=2.0) == [100, 101, 102]
+    assert got.extra["stopped"].startswith("error:") and "too large" in got.extra["stopped"]
+    assert stream.playlist_requests == 2
+
+
 async def test_a_sequence_that_goes_backwards_brings_nothing_twice(client, tmp_path, ts):
     t = Time()
 
