@@ -110,8 +110,11 @@ class LiveHls(LoopbackSite):
         self.pages = dict(pages or {})
         self.target = target if target is not None else max(1, math.ceil(max(source.durations)))
         self.started = 0.0
-        # The end of each segment of one pass through the source, from the start of the pass.
-        self._ends = list(itertools.accumulate(d / pace for d in source.durations))
+        # When each new segment is complete, over one pass through the source from the first to appear
+        # (sequence ``window``), counted from the start of the pass.
+        first = window % len(source.durations)
+        durations = source.durations[first:] + source.durations[:first]
+        self._ends = list(itertools.accumulate(d / pace for d in durations))
         self.served: list[int] = []
         self.requests: list[str] = []     # every path asked for, in order
         self.playlist_requests = 0
