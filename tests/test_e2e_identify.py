@@ -67,8 +67,8 @@ def site(tmp_path_factory) -> Site:
         links = pages.setdefault(f"{work.lower()}.html", [])
         for k, t in enumerate(TRANSFORMS):
             # The joined HLS stream (MPEG-TS) is served whole, under the name the worker's HLS download stores
-            # it by: the generic resolver downloads no HLS playlist (the browser resolver does), and what is
-            # fingerprinted is the joined file either way.
+            # it by: what is fingerprinted is the joined file either way (tests/test_e2e_live_hls.py crawls a
+            # playlist itself).
             suffix = ".aac" if t.name == "hls-ts" else t.suffix
             path = f"/media/{work.lower()}-{t.name}{suffix}"
             music.make_copy(ref, t, root / path.lstrip("/"), seed=seed * 100 + k)

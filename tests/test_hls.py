@@ -230,11 +230,15 @@ async def test_a_changed_playlist_starts_over(server, client, tmp_path):
     assert segment_requests(server) == [f"/hls/audio/seg{i}.aac" for i in range(4)]
 
 
-async def test_a_live_playlist_is_recorded_not_downloaded(server, client, tmp_path):
+async def test_a_live_playlist_without_a_recorder_is_reported_not_downloaded(server, client, tmp_path):
+    # The downloader records live playlists (tests/test_livehls.py); an HlsDownloader without a recorder only
+    # says what it found.
     stream = make_stream(segments=3, ended=False, seed=6)
     url = serve_stream(server, stream)
+    dl = Downloader(client, tmp_path, CFG)
+    dl.hls.live = None
 
-    got = await Downloader(client, tmp_path, CFG).fetch(hls_item(url))
+    got = await dl.fetch(hls_item(url))
 
     assert got.status == OK and got.sha256 is None and got.extra["live"] is True
     assert segment_requests(server) == []

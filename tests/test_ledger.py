@@ -45,6 +45,12 @@ def test_a_failed_download_ends_without_its_file():
     assert ledger.flush().ends == (p.DownloadEnd(7),)
 
 
+def test_a_live_recording_ends_without_its_file_so_no_other_node_takes_it_for_a_copy():
+    ledger = up()
+    ledger.end(8, stored().replace(extra={"live": True, "format": "hls"}), 0.0)
+    assert ledger.flush().ends == (p.DownloadEnd(8),)
+
+
 def test_without_a_master_nothing_is_sent_and_nothing_is_arranged():
     ledger = DownloadLedger(4)
     assert ledger.end(3, stored(), 0.0) is None

@@ -394,10 +394,14 @@ def test_m3u_without_header_by_extension() -> None:
     assert item.url == "http://pl.example.com/d/song.mp3"
 
 
-def test_hls_media_playlist_is_not_a_song_list() -> None:
-    text = "#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\nseg1.ts\n#EXTINF:10,\nseg2.aac\n"
-    assert resolve(response(text.encode(), "application/vnd.apple.mpegurl",
-                            url="http://pl.example.com/live.m3u8")).items == []
+@pytest.mark.parametrize("text", [
+    "#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\nseg1.ts\n#EXTINF:10,\nseg2.aac\n",
+    '#EXTM3U\n#EXT-X-STREAM-INF:BANDWIDTH=64000,CODECS="mp4a.40.2"\naudio.m3u8\n',
+])
+def test_an_hls_playlist_is_one_stream_not_a_song_list(text: str) -> None:
+    result = resolve(response(text.encode(), "application/vnd.apple.mpegurl", url="http://pl.example.com/live.m3u8"))
+    assert [(i.url, i.extra["format"]) for i in result.items] == [("http://pl.example.com/live.m3u8", "hls")]
+    assert result.links == []
 
 
 def test_pls() -> None:

@@ -238,6 +238,21 @@ def test_add_audio_is_unique_per_item_and_page_and_fills_gaps_later(store):
     assert [r["page"] for r in audio_by_sha(store, "ab" * 32)] == ["http://s/p"]
 
 
+def test_a_live_streams_row_describes_its_latest_recording_however_the_report_came(store):
+    # The page's report lists the stream first (no recording yet); each recording comes as a repeat.
+    store.add_audio([audio(extra={"format": "hls"})])
+    live = {"format": "hls", "live": True}
+    store.add_audio([audio(sha256="ab" * 32, size=1, duration=20.0, extra={**live, "recorded_at": 100.0})])
+    (row,) = store.catalogue()
+    assert (row["duration"], row["extra"]["live"], row["extra"]["recorded_at"]) == (20.0, True, 100.0)
+    store.add_audio([audio(sha256="cd" * 32, size=2, duration=21.5, extra={**live, "recorded_at": 200.0},
+                           found_at=20.0)])
+    (row,) = store.catalogue()
+    assert (row["sha256"], row["status"], row["duration"], row["extra"]["recorded_at"]) == (
+        "cd" * 32, "changed", 21.5, 200.0)
+    assert [h["sha256"] for h in audio_history(store, row["url"])] == ["ab" * 32]
+
+
 def test_new_bytes_at_the_same_address_are_a_change_and_the_old_ones_are_kept(store):
     store.add_audio([audio(sha256="ab" * 32, size=123, found_at=10.0)])
     assert store.add_audio([audio(sha256="cd" * 32, size=9, found_at=20.0)]) == [False]

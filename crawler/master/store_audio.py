@@ -260,6 +260,7 @@ class AudioCatalogue:
                     f"status = '{CHANGED}', reason = NULL, changed_at = ?, last_seen = ?, removed_at = NULL, "
                     "returned_at = NULL "
                     "WHERE id = ?", (new_sha, values["size"], values["path"], values["content_type"], at, at, old_id))
+                self._recording(row, values, old_id)
                 self._count_audio(old_status, CHANGED)
                 self._note_change(CHANGED)
                 continue
@@ -274,7 +275,15 @@ class AudioCatalogue:
             self._count_audio(old_status, new_status)
             self.core.db.execute(_UPDATE_AUDIO, (*(values[c] for c in _COALESCED), values["url"], status,
                                                  status, status, at, at, old_id))
+            self._recording(row, values, old_id)
         return out
+
+    def _recording(self, row: Mapping[str, Any], values: Mapping[str, Any], row_id: int) -> None:
+        """A repeat that is a live stream's recording (extra.live, with its file): the row describes that
+        recording, so its duration and fields (recorded_at, ...) go with its bytes, not with the first report's."""
+        if values["sha256"] and isinstance(row.get("extra"), Mapping) and row["extra"].get("live") is True:
+            self.core.db.execute("UPDATE audio SET duration = ?, extra = ? WHERE id = ?",
+                                 (values["duration"], values["extra"], row_id))
 
     def settle_audio(self, settled: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict[str, Any] | None]:
         """Downloads ended: (the catalogue row as its page reported it, pending; the row as the download ended).

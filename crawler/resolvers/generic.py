@@ -317,8 +317,11 @@ class GenericResolver(Resolver):
 
     def _playlist(self, page: FetchedPage) -> Resolution:
         text = page.text()
-        if media.is_hls_media(text):
-            return Resolution()
+        if media.is_hls(text):
+            # One stream, not a list of songs: the playlist is the item, made one file (or, live, recorded for
+            # a window) by the worker's HLS downloader, which picks the audio rendition of a master playlist.
+            return Resolution(items=[AudioItem(url=page.url, page=page.referrer or page.url, resolver=self.name,
+                                               extra={"found_in": "response", "format": "hls"})])
         kind = media.looks_like_playlist(text)
         if kind is None:
             kind = "pls" if media.url_extension(page.final_url) == "pls" or "scpls" in page.content_type else "m3u"

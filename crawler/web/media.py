@@ -223,6 +223,11 @@ def is_hls_media(text: str) -> bool:
     return "#EXT-X-TARGETDURATION" in text or "#EXT-X-MEDIA-SEQUENCE" in text
 
 
+def is_hls(text: str) -> bool:
+    """An HLS stream: a media playlist, or a master playlist naming its renditions (RFC 8216), not a song list."""
+    return is_hls_media(text) or "#EXT-X-STREAM-INF" in text
+
+
 def parse_m3u(text: str) -> list[PlaylistEntry]:
     entries: list[PlaylistEntry] = []
     pending: tuple[float | None, str | None, str | None] = (None, None, None)

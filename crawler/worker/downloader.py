@@ -42,6 +42,27 @@ hosts could use. Slots are released while re-resolving; hosts nobody holds or wa
 
 Two fetches of the same key, or of the same address, share one download instead of racing.
 
+Live streams (a live HLS playlist, a dynamic DASH presentation, a radio station) are recorded, not downloaded:
+each visit records a new window of ``live_record_seconds`` (recording.py), and the rules above bend for them:
+
+    reuse        none: an item that says it is live (``recording.is_live``) is never answered from a finished
+                 record or the address map, and a recording leaves neither behind (a recorder's result returns
+                 straight from its dispatch point, never through ``_finished``/``_remember``); each visit
+                 records anew
+    deadline     the whole-download deadline covers the window plus one read timeout past ``deadline_base``
+                 (``Deadline.cover``), from the moment the recorder opens its window
+    host slot    the item's one host slot (and its global one), from before the first request until the
+                 recorder is done with the network: given back when the window closes, before the file is
+                 stored; the worker's download ask slot (``transferred``) goes with it
+    sharing      two items of one stream fetched at once share one recording, as any download of one address
+                 does, and the second gets the recording's fields (``recording.shared``)
+
+One mechanism carries these to every recorder: at its dispatch point the downloader makes the download's
+``LiveLease`` (``Downloader._lease(slots, deadline)``: transfer.py's ``LiveLease(seconds, timeout, deadline,
+release)``), hands it to the recorder, and the recorder calls ``lease.opened()`` when its window opens and
+``lease.closed()`` when it is done with the network (the downloader's ``finally`` gives the slot back anyway).
+hls.py's live branch gets it through ``HlsDownloader.fetch(..., lease=)`` and passes it to ``livehls.LiveHls``.
+
 Bounds against a hostile server: a total deadline per download (an HLS one too, over all its segments),
 attempts and re-resolves included, of ``deadline_base`` plus the file's size at ``min_rate`` (the size as
 announced, or as received so far), so a server that trickles a byte at a time is cut off and the partial kept
@@ -81,8 +102,10 @@ from crawler.worker.filetags import read_file_tags
 from crawler.worker import icy
 from crawler.worker.dash import DashDownloader
 from crawler.worker.hls import HlsDownloader
+from crawler.worker.livehls import LiveHls
+from crawler.worker.recording import is_live, shared
 from crawler.worker.siterules import SiteRules
-from crawler.worker.transfer import NETWORK_ERRORS, Deadline, MiB, identity_headers
+from crawler.worker.transfer import NETWORK_ERRORS, Deadline, LiveLease, MiB, identity_headers
 # The downloader's settings, defined beside what it shares with hls.py and still importable from here.
 from crawler.worker.transfer import DownloadConfig as DownloadConfig
 
@@ -297,6 +320,11 @@ class _DownloadSlots:
         self._holds_total = False
         self._transferred = transferred
 
+    def done_with_host(self) -> None:
+        """A live recording is done with the network: its slots go, and the caller's ``transferred`` with them."""
+        self.release()
+        self.handed_over()
+
     def handed_over(self) -> None:
         """The file's bytes are in the store's hands: the caller's `transferred` is called (once)."""
         transferred, self._transferred = self._transferred, None
@@ -369,8 +397,9 @@ class Downloader:
         self._total = asyncio.Semaphore(cfg.max_downloads) if cfg.max_downloads is not None else None
         self._archive = None if isinstance(archive, NoArchive) else archive
         self._audio_payload = audio_payload
+        # Live playlists are recorded by livehls.py, on the real clocks (a test may set hls.live to its own).
         self.hls = HlsDownloader(http.client, self.store, cfg, clock=clock, archive=archive,
-                                 audio_payload=audio_payload)
+                                 audio_payload=audio_payload, live=LiveHls(clock=clock))
         self.dash = DashDownloader(http.client, self.store, cfg, clock=clock, archive=archive,
                                    audio_payload=audio_payload)
 
@@ -417,7 +446,8 @@ class Downloader:
             if same_key is not None or (done.status == OK and done.url == item.url):
                 self.stats.shared += 1
                 return self._share(item, done)
-        known, own = self._known(key, item.url)
+        # A live stream is recorded anew on every visit: no record answers for it (the module's table).
+        known, own = (None, False) if is_live(item) else self._known(key, item.url)
         # A record from the future (the clock was set back) is not trusted: ask the server.
         if known is not None and 0 <= self._clock() - known.verified_at < self.cfg.revalidate_after:
             if not own:
@@ -432,9 +462,9 @@ class Downloader:
             await slots.take(host_of(item.url))
             if self.dash.claims(item):    # a DASH manifest: joined, or recorded when live, by crawler/worker/dash.py
                 # A live presentation leaves no finished record, so ``known`` is only ever a static one's.
-                result = await self._fetch_hls(item, key, known, self.dash.fetch)
+                result = await self._fetch_hls(item, key, known, slots, self.dash.fetch)
             elif self.hls.claims(item):     # a playlist of segments, made one file by crawler/worker/hls.py
-                result = await self._fetch_hls(item, key, known)
+                result = await self._fetch_hls(item, key, known, slots)
             else:
                 result = await self._fetch(item, key, reresolve, known, slots, start)
         except BaseException:
@@ -481,6 +511,8 @@ class Downloader:
                 self._by_url.popitem(last=False)
 
     def _share(self, item: AudioItem, done: AudioItem) -> AudioItem:
+        if is_live(done):
+            return shared(item, done)
         if done.status != OK or done.sha256 is None or done.path is None:
             return item.replace(status=FAILED, reason=done.reason or "download failed")
         return item.replace(status=OK, reason=None, sha256=done.sha256, size=done.size,
@@ -547,15 +579,20 @@ class Downloader:
                 await trail.settle(partial)
             await partial.aclose()
 
-    async def _fetch_hls(self, item: AudioItem, key: str, known: Finished | None,
+    def _lease(self, slots: _DownloadSlots, deadline: Deadline) -> LiveLease:
+        """The terms of a live recording started from this download (the module's table of live rules): every
+        recorder, HLS, DASH or radio, runs under one made here at its dispatch point."""
+        return LiveLease(self.cfg.live_record_seconds, self.cfg.timeout, deadline, slots.done_with_host)
+
+    async def _fetch_hls(self, item: AudioItem, key: str, known: Finished | None, slots: _DownloadSlots,
                          fetch: Callable[..., Awaitable[AudioItem]] | None = None) -> AudioItem:
         """An HLS item (or, with dash.py's ``fetch``, a DASH one) under the same whole-download deadline as a plain
-        download: the module stretches it by the bytes it has written (a live recording to cover its window), and
-        saves its progress when the deadline's cancel reaches it."""
+        download: the module stretches it by the bytes it has written, and saves its progress when the deadline's
+        cancel reaches it; a live stream is recorded under the download's lease."""
         deadline = Deadline(self._deadlines.now(), self.cfg)
         self._deadlines.keep(deadline)
         try:
-            result = await (fetch or self.hls.fetch)(item, key, known, deadline)
+            result = await (fetch or self.hls.fetch)(item, key, known, deadline, lease=self._lease(slots, deadline))
             if deadline.expired:    # it ran out as the download ended: its cancel is taken here, not later
                 await asyncio.sleep(0)
         except asyncio.CancelledError:

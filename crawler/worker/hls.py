@@ -27,7 +27,10 @@ next segment, if the playlist still lists the same segments (their paths, not th
 hold per-client tokens). Otherwise it starts over. A kill costs at most a few seconds of segments, and a list
 of tiny segments does not rewrite the record for each one.
 
-A playlist without EXT-X-ENDLIST is live (or an event still being recorded): it has no end to download, so the
+A playlist without EXT-X-ENDLIST is live (or an event still being recorded): it has no end to download, so it is
+recorded for a window instead, by the ``live`` recorder the downloader gives this class (crawler/worker/livehls.py,
+which reuses this module's requests, parsing and decryption), under the ``LiveLease`` of the download
+(transfer.py: the deadline covering the window, the host slot given back when it closes). Without a recorder the
 item is reported as found, with ``extra.live``, and nothing is fetched. A DASH manifest is dash.py's.
 
 The segment requests, the part file with its progress record and the bounds below are segments.py's, shared
@@ -51,11 +54,13 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -80,10 +85,11 @@ from crawler.worker.segments import (
     Progress,
     SegmentClient,
     StreamError,
+    StreamGone,
     StreamRefused,
     container,
 )
-from crawler.worker.transfer import Deadline, DownloadConfig
+from crawler.worker.transfer import Deadline, DownloadConfig, LiveLease
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +107,18 @@ _ATTRIBUTE = re.compile(r'([A-Z0-9-]+)=("[^"]*"|[^,]*)')
 # playlist the worker's client refused (its address, or its body) is logged once. segments.py raises them too.
 HlsError = StreamError
 HlsRefused = StreamRefused
+# The server answered 404 or 410: a live stream's segment that left its window before it was fetched.
+HlsGone = StreamGone
+# A media sequence number is a decimal-integer (RFC 8216 4.2); a segment's default IV holds no more.
+MAX_SEQUENCE = 2 ** 64 - 1
+
+
+class LiveRecording(Protocol):
+    """Records a live media playlist (livehls.py): given this downloader, for its requests, and the playlist as
+    first read."""
+
+    async def __call__(self, hls: HlsDownloader, item: AudioItem, key: str, media: MediaPlaylist,
+                       lease: LiveLease, ids: list[str]) -> AudioItem: ...
 
 
 # --------------------------------------------------------------------------------------------- parsing
@@ -133,6 +151,7 @@ class MediaPlaylist:
     segments: tuple[Segment, ...]
     ended: bool                       # EXT-X-ENDLIST: the list is complete
     media_sequence: int = 0
+    target_duration: float = 0.0      # EXT-X-TARGETDURATION: a live list is reloaded this often (0: not given)
 
     @property
     def duration(self) -> float:
@@ -216,6 +235,7 @@ def _parse_media(text: str, url: str) -> MediaPlaylist:
     key: Key | None = None
     init: InitSection | None = None
     media_sequence = 0
+    target = 0.0
     ended = False
     duration: float | None = None
     byterange: ByteRange | None = None
@@ -228,6 +248,10 @@ def _parse_media(text: str, url: str) -> MediaPlaylist:
             tag, _, value = line.partition(":")
             if tag == "#EXT-X-MEDIA-SEQUENCE":
                 media_sequence = max(0, _int(value))
+                if media_sequence > MAX_SEQUENCE:
+                    raise HlsError(f"media sequence {value[:40]} out of range")
+            elif tag == "#EXT-X-TARGETDURATION":
+                target = _float(value)
             elif tag == "#EXTINF":
                 try:
                     duration = max(0.0, float(value.split(",", 1)[0]))
@@ -254,7 +278,16 @@ def _parse_media(text: str, url: str) -> MediaPlaylist:
         if byterange is not None:
             range_end = byterange.offset + byterange.length
         duration, byterange = None, None
-    return MediaPlaylist(url, tuple(segments), ended, media_sequence)
+    return MediaPlaylist(url, tuple(segments), ended, media_sequence, target)
+
+
+def _float(value: str) -> float:
+    """A non-negative finite number, else 0."""
+    try:
+        number = float(value.strip())
+    except ValueError:
+        return 0.0
+    return number if math.isfinite(number) and number > 0 else 0.0
 
 
 def check_length(playlist: MediaPlaylist) -> None:
@@ -355,8 +388,9 @@ class HlsDownloader:
     def __init__(self, client: httpx.AsyncClient, store: AudioStore, cfg: DownloadConfig, *,
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
                  progress_every: float = PROGRESS_EVERY, archive: Archive = NO_ARCHIVE,
-                 audio_payload: bool = False) -> None:
-        """clock: wall-clock time for the records; monotonic: when progress was last saved; archive: where the
+                 audio_payload: bool = False, live: LiveRecording | None = None) -> None:
+        """clock: wall-clock time for the records; monotonic: when progress was last saved; live: the recorder of
+        live playlists (None: they are reported as found, not recorded); archive: where the
         stored file's metadata record goes (the exchanges themselves are the client's to record: it names
         each request's role, ``playlist`` or ``segment``, and page), the segments' bytes too when
         ``audio_payload``."""
@@ -365,6 +399,7 @@ class HlsDownloader:
         self._archive = None if isinstance(archive, NoArchive) else archive
         self._audio_payload = audio_payload
         self._segments = SegmentClient(client, cfg, archive=self._archive, audio_payload=audio_payload)
+        self.live = live
 
     def claims(self, item: AudioItem) -> bool:
         """Items the downloader hands to this module: HLS playlists."""
@@ -375,16 +410,21 @@ class HlsDownloader:
         return self.store.partial_dir / f"{key}.hls.json"
 
     async def fetch(self, item: AudioItem, key: str, known: Finished | None = None,
-                    deadline: Deadline | None = None) -> AudioItem:
+                    deadline: Deadline | None = None, lease: LiveLease | None = None) -> AudioItem:
         """``deadline``: the downloader's whole-download deadline, stretched here by the bytes written; its
-        expiry cancels this coroutine (the downloader turns that into ``download too slow``)."""
+        expiry cancels this coroutine (the downloader turns that into ``download too slow``). ``lease``: the
+        terms a live playlist is recorded under (``known`` means nothing to a live one: each visit records
+        anew)."""
         extra = {**item.extra, "format": item.extra.get("format") or HLS}
         item = item.replace(extra=extra)
         ids: list[str] = []     # the records of this item's exchanges, when they are archived
         try:
             media = await self._media_playlist(item, ids)
             if not media.ended:
-                return item.replace(extra={**extra, "live": True})
+                if self.live is None:
+                    return item.replace(extra={**extra, "live": True})
+                return await self.live(self, item, key, media, lease or LiveLease(self.cfg.live_record_seconds,
+                                                                                    self.cfg.timeout), ids)
             if not media.segments:
                 raise HlsError("the playlist lists no segments")
             check_length(media)

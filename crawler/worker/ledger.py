@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from crawler import items as it
 from crawler import protocol as p
+from crawler.worker.recording import is_live
 
 # Download asks wait this long for others to share their frame. They come one at a time (a download's ask slot
 # frees as its bytes arrive), and a frame each, with the master's grant frame back, cost more CPU than the rest of
@@ -118,7 +119,8 @@ class DownloadLedger:
         session that granted it is gone (and with it the master's count of this download), nothing is sent."""
         if ticket is None or not self.connected:
             return None
-        if done is not None and done.status == it.OK and done.sha256:
+        # A live recording is one window of a stream: no other node's visit may take it for its own.
+        if done is not None and done.status == it.OK and done.sha256 and not is_live(done):
             self._ends.append(p.DownloadEnd(ticket, done.sha256, done.size, done.path))
         else:
             self._ends.append(p.DownloadEnd(ticket))

@@ -18,6 +18,13 @@ Item fields of a recording (``recorded``):
     extra.played             for a station: [{"offset": seconds into the recording, "title": StreamTitle}, ...]
                              in order, the title on air when the recording began at offset 0
 
+The downloader's rules for every recording (downloader.py and transfer.py's ``LiveLease``): it is never answered
+from a finished download's record or another key's download of the same address (``is_live``: the item says so
+before it is fetched; a recording leaves no such record behind), it runs under a deadline that covers the
+window, it holds one slot of its host for the window only, and two items of one stream fetched at once share
+one recording (``shared`` gives the second item the first one's fields; the keys it copies are ``SHARED``:
+a recorder that adds keys of its own to the row names them there).
+
 A recording is not resumed: the window that a kill cut short is lost, and the next visit records a new one; its part
 file is removed when a new recording of the same item begins. The recording's bytes go to disk off the event loop,
 in batches (``FLUSH_BYTES``), hashed on the way; ``max_size`` bounds the file like any download.
@@ -45,6 +52,8 @@ FLUSH_BYTES = 64 * 1024           # received audio held before one write: 4 s of
 MAX_PLAYED = 1_000                # title changes kept per recording: a station that changes it every frame is
                                   # not telling us what it plays
 MAX_PLAYED_TITLE = 300            # characters
+# The row's fields a recording sets in ``extra``, carried to the items that share it (``shared``).
+SHARED = (LIVE, "format", RECORDED_AT, PLAYED, "gaps", "segments", "stopped")
 
 
 class RecordingTooLarge(Exception):
@@ -151,6 +160,21 @@ def recorded(item: AudioItem, record: Finished, window: Window, duration: float,
     return item.replace(status=OK, reason=None, sha256=record.sha256, size=record.size, path=record.path,
                         content_type=record.content_type, duration=round(duration, 3) or None,
                         title=item.title or (station[:MAX_PLAYED_TITLE] if station else None), extra=extra)
+
+
+def is_live(item: AudioItem) -> bool:
+    """Whether the item is known to be a live stream before it is fetched (``extra.live``: a page, a station
+    list or an earlier visit said so): then no finished download's record answers for it."""
+    return isinstance(item.extra, dict) and item.extra.get(LIVE) is True
+
+
+def shared(item: AudioItem, done: AudioItem) -> AudioItem:
+    """``item`` (another page's listing of the same stream, fetched at the same time) as the recording ``done``
+    left it: the same file, duration and recording fields."""
+    extra = {**item.extra, **{k: done.extra[k] for k in SHARED if k in done.extra}}
+    return item.replace(status=done.status, reason=done.reason, sha256=done.sha256, size=done.size,
+                        path=done.path, content_type=done.content_type, duration=done.duration,
+                        title=item.title or done.title, extra=extra)
 
 
 def live_key(key: str) -> str:

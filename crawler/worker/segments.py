@@ -68,6 +68,10 @@ class StreamRefused(StreamError):
     """A segment, key or playlist the worker's client refused (its address, or its body): logged once."""
 
 
+class StreamGone(StreamError):
+    """The server answered 404 or 410: for a live stream, a segment that left its window before it was fetched."""
+
+
 class Transient(Exception):
     """A failure worth another attempt: the network, 429, 5xx."""
 
@@ -155,6 +159,8 @@ class SegmentClient:
                 status = response.status_code
                 if transient(status):
                     raise Transient(f"http {status}")
+                if status in (404, 410):
+                    raise StreamGone(f"{url[:200]}: http {status}")
                 if status not in (200, 206):
                     raise StreamError(f"{url[:200]}: http {status}")
                 chunks: list[bytes] = []

@@ -1,14 +1,24 @@
 """What a plain download (downloader.py) and an HLS one (hls.py) share: their settings, the size units, the
-errors that mean a broken connection, the whole-download deadline and the client identity a request carries.
+errors that mean a broken connection, the whole-download deadline, the terms of a live recording and the client
+identity a request carries.
 
 Both modules import this one and neither reaches into the other: the downloader hands HLS items to
 ``hls.HlsDownloader`` under a ``Deadline`` built here; the timer that expires deadlines stays in the
 downloader.
+
+A live recording (a live HLS playlist, a dynamic DASH presentation, a radio station: recording.py) runs under a
+``LiveLease`` the downloader makes at its dispatch point, from the download's ``Deadline`` and its slots. The
+recorder calls ``opened()`` when its window opens, which moves the deadline to cover the window plus one read
+timeout (``Deadline.cover``), and ``closed()`` once it is done with the network (the window closed, the stream
+ended or stalled, or it failed), which gives the host slot back before the recording is stored: a stream holds
+exactly one slot of its host, for its window and not longer. Both are idempotent, and ``closed()`` is called
+for it by the downloader when the recorder returns without calling it.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -76,6 +86,11 @@ class Deadline:
         self.received = received
         self.at = max(self.at, self._base + max(expected or 0, received) / self._rate)
 
+    def cover(self, seconds: float) -> None:
+        """At least ``seconds`` past ``deadline_base``: a live recording's window (and a read timeout) on top of
+        what reaching the stream may take."""
+        self.at = max(self.at, self._base + seconds)
+
     def expire(self) -> None:
         self.expired = True
         if self._task is not None:
@@ -85,6 +100,35 @@ class Deadline:
         """Called on CancelledError: True when the cancel was this deadline's alone (it then becomes a timeout);
         a cancel from outside that came as well still propagates."""
         return self.expired and self._task is not None and self._task.uncancel() <= self._cancelling
+
+
+class LiveLease:
+    """The terms a live recording runs under (see the module's docstring): ``seconds`` of window (the worker's
+    ``live_record_seconds``), the download's ``deadline`` to move when the window opens, and ``release``, called
+    once, to give the host slot back when the recording is done with the network. Without a deadline or a
+    release (a recorder run on its own, as in tests) the calls do nothing."""
+
+    __slots__ = ("_release", "deadline", "seconds", "timeout")
+
+    def __init__(self, seconds: float, timeout: float, deadline: Deadline | None = None,
+                 release: Callable[[], None] | None = None) -> None:
+        self.seconds, self.timeout, self.deadline, self._release = seconds, timeout, deadline, release
+
+    def opened(self) -> None:
+        """The window opens: the whole download's deadline covers it, plus one read timeout for its last piece."""
+        if self.deadline is not None:
+            self.deadline.cover(self.seconds + self.timeout)
+
+    def closed(self) -> None:
+        """Done with the network: the host's slot goes to the next download now (storing needs none)."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    @property
+    def holding(self) -> bool:
+        """Whether the slot is still held (``closed`` not yet called)."""
+        return self._release is not None
 
 
 def identity_headers(item: AudioItem, *, same_host: bool, site: SiteHeaders | None = None) -> dict[str, str]:
