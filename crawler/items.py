@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -46,6 +47,16 @@ FAILED = "failed"             # resolving or downloading failed; `reason` says w
 # Found, and its download is under way at a node: the page reported without waiting for it, and the download's
 # own outcome (protocol.DownloadReport) turns the item into ok or failed.
 PENDING = "pending"
+# The extra keys of a live stream's recording (crawler/worker/recording.py makes them, the master keeps each
+# window): whether the row is one, the wall-clock time of its first byte, a station's titles with their offsets.
+LIVE = "live"
+RECORDED_AT = "recorded_at"
+PLAYED = "played"
+
+
+def says_live(extra: object) -> bool:
+    """Whether an item's extra (or a catalogue row's) says it is a recording of a live stream."""
+    return isinstance(extra, Mapping) and extra.get(LIVE) is True
 
 
 @dataclass(frozen=True, slots=True)

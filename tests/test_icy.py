@@ -24,6 +24,7 @@ from crawler.worker import icy, recording
 from crawler.worker.audiostore import AudioStore, partial_key
 from crawler.worker.downloader import DownloadConfig, Downloader
 from crawler.worker.fetcher import PageFetcher
+from crawler.worker.transfer import LiveLease
 from testkit import radio
 
 pytestmark = pytest.mark.timeout(60)
@@ -148,8 +149,8 @@ async def record(stack: Stack, store: AudioStore, url: str, seconds: float, *, r
                  max_size: int = 1 << 30, **kw) -> AudioItem:
     answer = await open_station(stack, url, read_timeout)
     try:
-        return await icy.record_station(item_for(url, **kw), answer, store, "k", seconds=seconds,
-                                        max_size=max_size)
+        return await icy.record_station(item_for(url, **kw), answer, store, "k",
+                                        lease=LiveLease(seconds, read_timeout), max_size=max_size)
     finally:
         await answer.aclose()
 

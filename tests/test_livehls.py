@@ -25,7 +25,8 @@ from crawler.worker.audiostore import Finished, partial_key
 from crawler.worker.downloader import DownloadConfig, Downloader
 from crawler.worker.hls import MediaPlaylist, Segment
 from crawler.worker.livehls import LIVE_EDGE, MAX_RELOAD, MIN_RELOAD, STALL_RELOADS, Follow, LiveHls
-from crawler.worker.recording import RECORDED_AT, is_live
+from crawler.items import RECORDED_AT
+from crawler.worker.recording import is_live
 from crawler.worker.transfer import Deadline, LiveLease
 from testkit import music
 from testkit.livehls import Cut, LiveHls as LiveStream, cut

@@ -248,9 +248,11 @@ def test_a_live_streams_row_describes_its_latest_recording_however_the_report_ca
     store.add_audio([audio(sha256="cd" * 32, size=2, duration=21.5, extra={**live, "recorded_at": 200.0},
                            found_at=20.0)])
     (row,) = store.catalogue()
+    # A new window is no change of the item: it is kept beside the first as the item's history.
     assert (row["sha256"], row["status"], row["duration"], row["extra"]["recorded_at"]) == (
-        "cd" * 32, "changed", 21.5, 200.0)
-    assert [h["sha256"] for h in audio_history(store, row["url"])] == ["ab" * 32]
+        "cd" * 32, "ok", 21.5, 200.0)
+    assert audio_history(store, row["url"]) == []
+    assert [w["sha256"] for w in store.export_recordings()] == ["ab" * 32, "cd" * 32]
 
 
 def test_new_bytes_at_the_same_address_are_a_change_and_the_old_ones_are_kept(store):

@@ -10,7 +10,7 @@ import json
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from crawler.items import AUDIO_FIELD_KINDS
+from crawler.items import AUDIO_FIELD_KINDS, PLAYED, RECORDED_AT, says_live
 from crawler.master.store_core import CHUNK, LEASED, QUEUED, StoreCore, chunks
 
 
@@ -88,15 +88,12 @@ CREATE INDEX live_recordings_due ON live_recordings(checked, id) WHERE checked I
 # matches export names it too.
 RECORDING_COLUMNS = ("window", "url", "page", "title", "recorded_at", "duration", "sha256", "size", "path", "node",
                      "format", "played", "stored_at")
-LIVE = "live"               # crawler.worker.recording.LIVE: the extra key of a recording's row
-_RECORDED_AT = "recorded_at"
-_PLAYED = "played"
 
 
 def is_live(row: Mapping[str, Any]) -> bool:
     """Whether a catalogue row (or an item's extra) is a window recorded of a live stream."""
     extra = row.get("extra") if "extra" in row else None
-    return bool((extra if isinstance(extra, Mapping) else row).get(LIVE) is True)
+    return says_live(extra if isinstance(extra, Mapping) else row)
 
 
 # Downloads a page reported as pending (its catalogue row's status is "pending" until the outcome comes), with
@@ -260,7 +257,6 @@ class AudioCatalogue:
                     f"status = '{CHANGED}', reason = NULL, changed_at = ?, last_seen = ?, removed_at = NULL, "
                     "returned_at = NULL "
                     "WHERE id = ?", (new_sha, values["size"], values["path"], values["content_type"], at, at, old_id))
-                self._recording(row, values, old_id)
                 self._count_audio(old_status, CHANGED)
                 self._note_change(CHANGED)
                 continue
@@ -275,15 +271,7 @@ class AudioCatalogue:
             self._count_audio(old_status, new_status)
             self.core.db.execute(_UPDATE_AUDIO, (*(values[c] for c in _COALESCED), values["url"], status,
                                                  status, status, at, at, old_id))
-            self._recording(row, values, old_id)
         return out
-
-    def _recording(self, row: Mapping[str, Any], values: Mapping[str, Any], row_id: int) -> None:
-        """A repeat that is a live stream's recording (extra.live, with its file): the row describes that
-        recording, so its duration and fields (recorded_at, ...) go with its bytes, not with the first report's."""
-        if values["sha256"] and isinstance(row.get("extra"), Mapping) and row["extra"].get("live") is True:
-            self.core.db.execute("UPDATE audio SET duration = ?, extra = ? WHERE id = ?",
-                                 (values["duration"], values["extra"], row_id))
 
     def settle_audio(self, settled: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict[str, Any] | None]:
         """Downloads ended: (the catalogue row as its page reported it, pending; the row as the download ended).
@@ -326,10 +314,10 @@ class AudioCatalogue:
         if not values["sha256"] or values["status"] != "ok":
             return False
         extra = json.loads(values["extra"]) if values["extra"] else {}
-        recorded_at = extra.get(_RECORDED_AT)
+        recorded_at = extra.get(RECORDED_AT)
         if not isinstance(recorded_at, (int, float)) or isinstance(recorded_at, bool):
             recorded_at = values["found_at"]       # a worker that did not say: the visit's time stands for it
-        played = extra.get(_PLAYED)
+        played = extra.get(PLAYED)
         fmt = extra.get("format")
         cur = self.core.db.execute(
             "INSERT INTO live_recordings(audio_id, url, recorded_at, duration, sha256, size, path, node, format, "

@@ -84,7 +84,7 @@ from crawler.worker.segments import (
     check_length,
     container,
 )
-from crawler.worker.transfer import Deadline, DownloadConfig
+from crawler.worker.transfer import Deadline, DownloadConfig, LiveLease
 
 log = logging.getLogger(__name__)
 
@@ -709,15 +709,17 @@ class DashDownloader:
         return self.store.partial_dir / f"{key}.dash.json"
 
     async def fetch(self, item: AudioItem, key: str, known: Finished | None = None,
-                    deadline: Deadline | None = None) -> AudioItem:
-        """``deadline``: the downloader's whole-download deadline, stretched here by the bytes written (and, for a
-        live presentation, to cover its window); its expiry cancels this coroutine."""
+                    deadline: Deadline | None = None, lease: LiveLease | None = None) -> AudioItem:
+        """``deadline``: the downloader's whole-download deadline, stretched here by the bytes written; its expiry
+        cancels this coroutine. ``lease``: the terms a live presentation is recorded under (transfer.py: the
+        deadline covering the window, the host slot given back once the network part is over)."""
         item = item.replace(extra={**item.extra, "format": DASH})
         ids: list[str] = []     # the records of this item's exchanges, when they are archived
         try:
             manifest = await self._manifest(item, item.url, ids)
             if manifest.dynamic:
-                return await self._record(item, key, manifest, deadline, ids)
+                return await self._record(item, key, manifest, deadline, ids, lease or LiveLease(
+                    self.cfg.live_record_seconds, self.cfg.timeout, deadline))
             # Off the loop: a few lines of template may name tens of thousands of segments.
             plan = await asyncio.to_thread(static_plan, manifest)
             if known is not None and self.store.holds(known):
@@ -791,12 +793,10 @@ class DashDownloader:
 
     # -- live -----------------------------------------------------------------------------------------
     async def _record(self, item: AudioItem, key: str, manifest: Manifest, deadline: Deadline | None,
-                      ids: list[str]) -> AudioItem:
+                      ids: list[str], lease: LiveLease) -> AudioItem:
         """The live presentation recorded for the window (see the module's note)."""
-        window = Window.open(self.cfg.live_record_seconds, clock=self._clock, monotonic=self._monotonic)
-        if deadline is not None:
-            # The window is the download's length: its deadline covers it, on top of the usual allowance.
-            deadline.at = max(deadline.at, deadline.started + self.cfg.deadline_base + window.seconds)
+        window = Window.open(lease.seconds, clock=self._clock, monotonic=self._monotonic)
+        lease.opened()
         recorder = Recorder(self.store, live_key(key), self.cfg.max_size)
         await recorder.open()
         recorded_seconds, count = 0.0, 0
@@ -855,8 +855,10 @@ class DashDownloader:
                 await recorder.discard()
                 raise DashError(f"too large: more than {self.cfg.max_size} bytes") from None
         except BaseException:
+            lease.closed()
             await recorder.discard()
             raise
+        lease.closed()     # the network part is over: the host's slot is the next download's
         ext, content_type = container(recorder.first, True)
         record = await recorder.finish(item.url, ext, content_type, self._clock)
         self._stored(item, record, ids)

@@ -620,7 +620,7 @@ class Downloader:
             if plan.whole(partial.offset, partial.record.expected_size):
                 return await self._finish(current, partial, slots, trail)
             before = partial.offset
-            outcome = await self._attempt(current, partial, new_address, known, deadline, trail)
+            outcome = await self._attempt(current, partial, new_address, known, deadline, slots, trail)
             if isinstance(outcome, AudioItem):      # a radio station's recording (_record_station)
                 return outcome
             if isinstance(outcome, plan.Retry):
@@ -667,7 +667,8 @@ class Downloader:
         return fresh
 
     async def _attempt(self, item: AudioItem, partial: Partial, new_address: bool, known: Finished | None,
-                       deadline: Deadline, trail: Trail | None = None) -> plan.Outcome | AudioItem:
+                       deadline: Deadline, slots: _DownloadSlots,
+                       trail: Trail | None = None) -> plan.Outcome | AudioItem:
         """One request, judged by ``download_plan.decide``, and its body if the plan keeps it; an internet radio
         station's answer is recorded instead (the item as its recording left it)."""
         record = partial.record
@@ -689,7 +690,7 @@ class Downloader:
                 sent = Sent(url, headers, started, response) if trail is not None else None
                 try:
                     if response.status_code == 200 and icy.is_stream(response.extensions, response.headers):
-                        return await self._record_station(item, partial, response, deadline)
+                        return await self._record_station(item, partial, response, self._lease(slots, deadline))
                     answer = plan.decide(held, _head(response, str(url), asked.conditional), self._limits)
                     if isinstance(answer, plan.Redirect):
                         url = parse_url(resolve(str(url), answer.location))
@@ -715,15 +716,12 @@ class Downloader:
         return plan.Fail(f"more than {self.cfg.max_redirects} redirects")
 
     async def _record_station(self, item: AudioItem, partial: Partial, response: Answer | httpx.Response,
-                              deadline: Deadline) -> AudioItem:
+                              lease: LiveLease) -> AudioItem:
         """A station has no end to download: ``live_record_seconds`` of it are recorded from this open answer
-        (icy.py), under the host slot the download holds, which goes when the window does. Nothing is kept as the
-        key's finished download and no Range or resume applies: each visit records anew."""
-        # The whole-download deadline covers the window and a stall of one read timeout after it.
-        cfg = self.cfg
-        deadline.stretch(int((cfg.live_record_seconds + cfg.timeout) * cfg.min_rate), 0)
-        return await icy.record_station(item, response, self.store, partial.key, seconds=cfg.live_record_seconds,
-                                        max_size=cfg.max_size, clock=self._clock)
+        (icy.py) under the download's lease, as every live recording is. Nothing is kept as the key's finished
+        download and no Range or resume applies: each visit records anew."""
+        return await icy.record_station(item, response, self.store, partial.key, lease=lease,
+                                        max_size=self.cfg.max_size, clock=self._clock)
 
     async def _send(self, url: yarl.URL, headers: list[tuple[str, str]]) -> Answer | httpx.Response:
         return await self.http.get(url, headers, timeout=self._timeouts, max_body=self.cfg.max_size + 1,

@@ -50,7 +50,7 @@ from crawler.worker.recording import (
     live_key,
     recorded,
 )
-from crawler.worker.transfer import NETWORK_ERRORS
+from crawler.worker.transfer import NETWORK_ERRORS, LiveLease
 
 MIN_METAINT = 64                  # audio bytes between metadata blocks: real stations use 8192 to 32768
 MAX_METAINT = 1 << 20
@@ -226,17 +226,19 @@ class _Clock:
 
 
 async def record_station(item: AudioItem, answer: Answer | httpx.Response, store: AudioStore, key: str, *,
-                         seconds: float, max_size: int, clock: Callable[[], float] = time.time,
+                         lease: LiveLease, max_size: int, clock: Callable[[], float] = time.time,
                          monotonic: Callable[[], float] = time.monotonic) -> AudioItem:
-    """Record ``seconds`` of the station whose answer (head read, body open) this is; the item as the recording
-    left it (recording.recorded), or FAILED with a reason. The caller closes the answer."""
+    """Record ``lease.seconds`` of the station whose answer (head read, body open) this is, under the download's
+    lease (transfer.py: its deadline covers the window, its host slot goes back once the window is over); the item
+    as the recording left it (recording.recorded), or FAILED with a reason. The caller closes the answer."""
     station = Station.of(answer.headers)
     try:
         metaint = metaint_of(answer.headers.get("icy-metaint"))
     except IcyError as exc:
         return item.replace(status=FAILED, reason=str(exc))
     demux = Demuxer(metaint)
-    window = Window.open(seconds, clock=clock, monotonic=monotonic)
+    window = Window.open(lease.seconds, clock=clock, monotonic=monotonic)
+    lease.opened()
     timing = _Clock(station.bitrate, window)
     recorder = Recorder(store, live_key(key), max_size)
     played: list[dict[str, Any]] = []
@@ -269,6 +271,7 @@ async def record_station(item: AudioItem, answer: Answer | httpx.Response, store
                     ended = f"{type(exc).__name__}: {exc}"[:300]
         except TimeoutError:
             ended = "the window closed"
+        lease.closed()     # the network part is over: the host's slot is the next download's
         if recorder.size == 0:
             return item.replace(status=FAILED, reason=f"the station sent no audio ({ended})"[:300])
         duration = (recorder.size / timing.rate if timing.rate is not None
@@ -278,6 +281,7 @@ async def record_station(item: AudioItem, answer: Answer | httpx.Response, store
         record = await recorder.finish(item.url, extension_for([item.url], content_type), content_type, clock)
         stored = True
     finally:
+        lease.closed()
         if not stored:
             await recorder.discard()
     done = recorded(item, record, window, duration, ICY, played=played, station=station.name)

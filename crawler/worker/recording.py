@@ -40,12 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crawler.items import OK, AudioItem
+from crawler.items import LIVE, OK, PLAYED, RECORDED_AT, AudioItem, says_live
 from crawler.worker.audiostore import AudioStore, Finished
 
-LIVE = "live"
-RECORDED_AT = "recorded_at"
-PLAYED = "played"
 ICY = "icy"
 FLUSH_BYTES = 64 * 1024           # received audio held before one write: 4 s of a 128 kbit/s stream, so a
                                   # worker recording a thousand stations holds 64 MB of it, not 256
@@ -165,7 +162,7 @@ def recorded(item: AudioItem, record: Finished, window: Window, duration: float,
 def is_live(item: AudioItem) -> bool:
     """Whether the item is known to be a live stream before it is fetched (``extra.live``: a page, a station
     list or an earlier visit said so): then no finished download's record answers for it."""
-    return isinstance(item.extra, dict) and item.extra.get(LIVE) is True
+    return says_live(item.extra)
 
 
 def shared(item: AudioItem, done: AudioItem) -> AudioItem:
