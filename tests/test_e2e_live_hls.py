@@ -13,6 +13,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,6 @@ import pytest
 from crawler.master.store import MasterStore
 from testkit import cluster, music
 from testkit.livehls import LiveHls, cut
-from tests.store_reads import audio_history
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -44,7 +44,7 @@ def _db_count(db: Path, sql: str) -> int:
 
 
 def _recordings(db: Path, url: str) -> list[tuple[str, str]]:
-    """(sha256, path) of every recording of ``url`` the catalogue holds: the history's, then the current one."""
+    """(sha256, path) of every window recorded of ``url`` the catalogue holds (its history), in the order stored."""
     if not db.exists():
         return []
     try:
@@ -52,11 +52,7 @@ def _recordings(db: Path, url: str) -> list[tuple[str, str]]:
     except Exception:     # not created yet
         return []
     try:
-        rows = [r for r in store.catalogue() if r["url"] == url and r.get("sha256")]
-        if not rows:
-            return []
-        return [(h["sha256"], h["path"]) for h in audio_history(store, url)] + [(rows[0]["sha256"],
-                                                                                   rows[0]["path"])]
+        return [(w["sha256"], w["path"]) for w in store.export_recordings() if w["url"] == url]
     finally:
         store.close()
 
@@ -124,6 +120,7 @@ async def test_a_live_stream_is_recorded_each_visit_and_identified(work, tmp_pat
             await worker.stop()
             await master.stop()
             matches = _jsonl(await asyncio.to_thread(cluster.operator, "export", config, "--matches"))
+            recordings_export = _jsonl(await asyncio.to_thread(cluster.operator, "export", config, "--recordings"))
             catalogue = _jsonl(await asyncio.to_thread(cluster.operator, "export", config))
         finally:
             for proc in (worker, master):
@@ -164,6 +161,15 @@ async def test_a_live_stream_is_recorded_each_visit_and_identified(work, tmp_pat
     hits = [m for m in matches if m["url"] == url]
     assert hits and all(m["work"] == "W-LIVE" and m["title"] == "On Air" for m in hits), matches
     assert any(abs(m["offset"] - s) <= OFFSET_TOLERANCE for m in hits for s in starts), (hits, starts)
+    # Each match says when the work was played: within the window it was heard in, for as long as it was heard.
+    windows = {w["window"]: w for w in recordings_export}
+    for m in hits:
+        window = windows[m["window"]]
+        assert m["live"] is True and m["station"] == row["title"], m
+        begun = datetime.fromisoformat(window["recorded_at"]).timestamp()
+        played = datetime.fromisoformat(m["played_at"]).timestamp()
+        assert begun - 1 <= played <= begun + window["duration"], (m, window)
+        assert 0 < m["played_seconds"] <= window["duration"] + 1e-6, (m, window)
 
 
 def _segments_of(data: bytes, served: list[int], stream: LiveHls) -> list[int]:

@@ -16,6 +16,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,7 @@ async def test_stations_found_three_ways_are_recorded_catalogued_and_identified(
 
             def done() -> bool:
                 return (_db_count(db, "SELECT count(*) FROM audio WHERE sha256 IS NOT NULL") >= 3
-                        and _db_count(db, "SELECT count(*) FROM fingerprints WHERE checked >= 0") >= 3
+                        and _db_count(db, "SELECT count(*) FROM live_recordings") >= 3
                         and _db_count(db, "SELECT count(*) FROM matches") >= 2 * 3)
 
             try:
@@ -148,8 +149,18 @@ async def test_stations_found_three_ways_are_recorded_catalogued_and_identified(
             {"offset": round(off / (BITRATE * 125), 3), "title": t} for off, t in told[1:]], extra["played"]
         assert [p["title"] for p in extra["played"]][:2] == titles
         assert abs(extra["played"][1]["offset"] - len(tracks[0].audio) / (BITRATE * 125)) <= METAINT / 8000 + 0.01
-    # Each station's address is matched to the works it played.
+    # Each station's address is matched to the works it played, and says when: each listener heard W-A from the
+    # recording's start and W-B from the second track on, each for a track's length (a match's span is known to
+    # about a second or two either way: the pairs that verify it are about a second apart).
     matched: dict[str, set[str]] = {}
     for m in matches:
         matched.setdefault(m["url"], set()).add(m["work"])
     assert matched == {url: set(WORKS) for url in urls.values()}, matches
+    for m in matches:
+        row = next(r for r in rows if r["url"] == m["url"])
+        begun = row["extra"]["recorded_at"]
+        expected = begun + (0.0 if m["work"] == "W-A" else len(tracks[0].audio) / (BITRATE * 125))
+        played = datetime.fromisoformat(m["played_at"]).timestamp()
+        assert m["live"] is True and m["station"] == row["title"] and m["window"] is not None, m
+        assert abs(played - expected) <= 3.0, (m, begun)
+        assert TRACK / 2 <= m["played_seconds"] <= TRACK + 1.0, m
