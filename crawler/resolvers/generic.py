@@ -360,8 +360,9 @@ class GenericResolver(Resolver):
         streams = not holds and _may_link_streams(lower)
         if not holds and not streams:
             return Resolution()   # most pages of a site are navigation: skip the element walk entirely
-        base = document_base(tree, page.final_url)
-        out = _Collector(page.url, base, self.settings.max_items, pagemeta.PageContext(tree, page.body))
+        # No "<base" in the text the tree was parsed from: no <base> element to look for.
+        base = document_base(tree, page.final_url) if _BASE_TAG.search(page.text()) else page.final_url
+        out = _Collector(page.url, base, self.settings.max_items, pagemeta.PageContext(tree, page.body, lower))
         if holds:
             for node in _candidates(tree, page.body):
                 tag = node.tag
@@ -403,13 +404,18 @@ _DOTTED_EXTENSIONS = tuple(f".{ext}" for ext in sorted(_NAMED_EXTENSIONS))
 
 # The elements _element and _script read; plus, per page, every element with a data-* attribute it uses.
 _CANDIDATES = "script, a[href], area[href], audio, source, embed, object, param, link[href], meta[content]"
-_DATA_ATTRIBUTE = re.compile(rb"[\s\"'/]data-([A-Za-z0-9_:.-]+)\s*=")
+# A data-* attribute's name, found from the literal "data-" (a regex that begins with it skips ahead to each
+# one, three times as fast as one that begins with the character before it, which is checked after).
+_DATA_ATTRIBUTE = re.compile(rb"data-([A-Za-z0-9_:.-]+)\s*=")
+_BEFORE_ATTRIBUTE = frozenset(b" \t\n\r\f\v\"'/")
 _CSS_NAME = re.compile(r"[a-z0-9_-]+")
+_BASE_TAG = re.compile(r"<base", re.IGNORECASE)
 
 
 def _candidates(tree: LexborHTMLParser, body: bytes) -> list[LexborNode]:
     """The elements that can name audio, in document order, found by lexbor rather than a walk in Python."""
-    names = {m.group(1).decode("ascii").lower() for m in _DATA_ATTRIBUTE.finditer(body)}
+    names = {m.group(1).decode("ascii").lower() for m in _DATA_ATTRIBUTE.finditer(body)
+             if m.start() and body[m.start() - 1] in _BEFORE_ATTRIBUTE}
     names -= {a[5:] for a in _META_DATA_ATTRS}
     if not all(_CSS_NAME.fullmatch(n) for n in names):
         # A name a selector cannot spell: walk every element.
@@ -441,10 +447,13 @@ def _may_link_streams(lower: bytes) -> bool:
     return any(m in lower for m in _STREAM_MARKERS)
 
 
+_DOTTED_EXTENSION_S = re.compile(r"\.(?:" + "|".join(re.escape(e.decode()) for e in _EXTENSION_WORDS) + ")")
+
+
 def _mentions_audio(text: str) -> bool:
-    """A cheap gate before any parsing: does any audio or playlist extension occur at all?"""
-    lower = text.lower()
-    return any(ext in lower for ext in _DOTTED_EXTENSIONS)
+    """A cheap gate before any parsing: does any audio or playlist extension occur at all? (One regex scan
+    for the dots, not one substring scan an extension.)"""
+    return _DOTTED_EXTENSION_S.search(text.lower()) is not None
 
 
 def _absolute_urls_in(text: str) -> list[str]:

@@ -130,20 +130,41 @@ def parse_bitrate(value: Any) -> int | None:
     return None
 
 
+_TEXT_FIELDS = ("title", "artist", "album", "description", "cover")
+
+
 def normalise(meta: Mapping[str, Any]) -> Meta:
     """Typed, cleaned fields; anything that does not parse is dropped, never raised."""
     out: Meta = {}
-    for key in ("title", "artist", "album", "description", "cover"):
-        text = clean_text(meta.get(key))
-        if text:
-            out[key] = text
-    duration = parse_duration(meta.get("duration"))
-    if duration:
-        out["duration"] = duration
-    bitrate = parse_bitrate(meta.get("bitrate"))
-    if bitrate:
-        out["bitrate"] = bitrate
+    if not meta:
+        return out     # most elements and ancestors asked have no data at all
+    get = meta.get
+    for key in _TEXT_FIELDS:
+        value = get(key)
+        if value is not None:
+            text = clean_text(value)
+            if text:
+                out[key] = text
+    value = get("duration")
+    if value is not None:
+        duration = parse_duration(value)
+        if duration:
+            out["duration"] = duration
+    value = get("bitrate")
+    if value is not None:
+        bitrate = parse_bitrate(value)
+        if bitrate:
+            out["bitrate"] = bitrate
     return out
+
+
+def _normal_value(field_name: str, value: Any) -> Any:
+    """normalise's value of one field (None when it drops it), without a dict in and out."""
+    if field_name == "duration":
+        return parse_duration(value) or None
+    if field_name == "bitrate":
+        return parse_bitrate(value) or None
+    return clean_text(value)
 
 
 def fill(first: Meta, *more: Meta) -> Meta:
@@ -168,7 +189,9 @@ def _name_of(value: Any) -> Any:
 def json_object_meta(obj: Mapping[str, Any]) -> Meta:
     """Fields from the sibling keys of a JSON (or script literal) object."""
     lower = {str(k).lower(): v for k, v in obj.items()}
-    raw: Meta = {}
+    # Per field, the first key whose value normalises; normalised once, in normalise's field order (that of
+    # _JSON_KEYS), which is what normalise of the raw values gave.
+    out: Meta = {}
     for field_name, keys in _JSON_KEYS.items():
         for key in keys:
             if key in lower:
@@ -177,10 +200,11 @@ def json_object_meta(obj: Mapping[str, Any]) -> Meta:
                     value = _name_of(value)
                 elif field_name == "cover":
                     value = value if isinstance(value, str) else _first_url(value)
-                if normalise({field_name: value}):
-                    raw[field_name] = value
+                normal = _normal_value(field_name, value)
+                if normal is not None:
+                    out[field_name] = normal
                     break
-    return normalise(raw)
+    return out
 
 
 def _first_url(value: Any) -> str | None:
@@ -384,11 +408,13 @@ _NAME_WORDS_B = re.compile(b"|".join(re.escape(w.encode()) for _, words in _NAME
 _NAMING_ATTRS = (b"class=", b"id=", b"itemprop=")
 
 
-def _may_name_fields(body: bytes) -> bool:
+def _may_name_fields(body: bytes, lower: bytes | None = None) -> bool:
     """Whether some class, id or itemprop value in the markup contains a field's name. A scan of the bytes
     with str.find over the few such attributes a page has, so a page without any costs microseconds, not a
-    selector run over every element. (class = "x", with spaces, is not seen: a rare spelling.)"""
-    lower = body.lower()
+    selector run over every element. (class = "x", with spaces, is not seen: a rare spelling.) lower: the body in
+    lower case, when the caller has it."""
+    if lower is None:
+        lower = body.lower()
     search = _NAME_WORDS_B.search
     for attr in _NAMING_ATTRS:
         at = lower.find(attr)
@@ -492,9 +518,12 @@ def link_text(node: LexborNode) -> Meta:
 class PageContext:
     """What a page says as a whole (layers 3, 4, 6 and 7), computed once per page and only when it has audio."""
 
-    def __init__(self, tree: LexborHTMLParser, body: bytes | None = None) -> None:
+    def __init__(self, tree: LexborHTMLParser, body: bytes | None = None, lower: bytes | None = None) -> None:
+        """body: the page's bytes (a page whose markup names no field skips the named elements' selector);
+        lower: the same in lower case, when the caller has it."""
         self.tree = tree
         self._body = body
+        self._lower = lower
         self._named: NamedIndex | None = None
         self._metas: MetaTags | None = None
         self._high: Found | None = None
@@ -504,7 +533,7 @@ class PageContext:
     @property
     def named(self) -> NamedIndex:
         if self._named is None:
-            maybe = self._body is None or _may_name_fields(self._body)
+            maybe = self._body is None or _may_name_fields(self._body, self._lower)
             self._named = NamedIndex(self.tree) if maybe else _NO_NAMES
         return self._named
 
@@ -596,8 +625,7 @@ def page_meta(tree: LexborHTMLParser) -> Meta:
     return ctx.high().copy().fill(ctx.low()).meta
 
 
-def _own_data(node: LexborNode, with_title_attr: bool) -> Meta:
-    attrs = node.attributes
+def _own_data(attrs: Mapping[str, str | None], with_title_attr: bool) -> Meta:
     raw = {field_name: attrs.get(attr) for attr, field_name in _DATA_FIELDS.items() if attrs.get(attr)}
     if with_title_attr and not raw.get("title") and attrs.get("title"):
         raw["title"] = attrs.get("title")
@@ -615,8 +643,7 @@ def _itemprop(scope: LexborNode, prop: str) -> str | None:
     return clean_text((inner or node).text(deep=True))
 
 
-def _microdata(node: LexborNode) -> Meta:
-    attrs = node.attributes
+def _microdata(node: LexborNode, attrs: Mapping[str, str | None]) -> Meta:
     if "itemscope" not in attrs or "musicrecording" not in (attrs.get("itemtype") or "").lower():
         return {}
     return normalise({"title": _itemprop(node, "name"), "artist": _itemprop(node, "byArtist"),
@@ -632,12 +659,16 @@ def element_meta(node: LexborNode) -> Meta:
 def element_found(node: LexborNode, page: PageContext | None = None) -> Found:
     """Layers 1 and 2 for an element referencing audio, each field with its source."""
     found = Found()
-    found.add(_own_data(node, with_title_attr=True), "data")
-    found.add(_microdata(node), "microdata")
+    attrs = node.attributes      # a new dict from lexbor at each ask: asked once an element
+    if attrs:
+        found.add(_own_data(attrs, with_title_attr=True), "data")
+        found.add(_microdata(node, attrs), "microdata")
     current = node.parent
     while current is not None and current.tag not in ("body", "html", "head"):
-        found.add(_own_data(current, with_title_attr=False), "data")
-        found.add(_microdata(current), "microdata")
+        attrs = current.attributes
+        if attrs:   # most ancestors have no attributes: nothing to read
+            found.add(_own_data(attrs, with_title_attr=False), "data")
+            found.add(_microdata(current, attrs), "microdata")
         current = current.parent
     if page is not None:
         found.add(page.named.local(node), "class")

@@ -1,0 +1,159 @@
+"""The generic resolver's and the page metadata's faster paths give what the plain code gave, on varied input.
+
+Each reference below is the earlier definition, kept as the oracle.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from selectolax.lexbor import LexborHTMLParser
+
+from crawler.resolvers import generic, pagemeta
+from crawler.resolvers.pagemeta import clean_text, parse_bitrate, parse_duration
+from crawler.web.html import css
+
+# ------------------------------------------------------------------------------------------- references
+
+
+def ref_normalise(meta: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("title", "artist", "album", "description", "cover"):
+        text = clean_text(meta.get(key))
+        if text:
+            out[key] = text
+    duration = parse_duration(meta.get("duration"))
+    if duration:
+        out["duration"] = duration
+    bitrate = parse_bitrate(meta.get("bitrate"))
+    if bitrate:
+        out["bitrate"] = bitrate
+    return out
+
+
+def ref_json_object_meta(obj: Mapping[str, Any]) -> dict[str, Any]:
+    lower = {str(k).lower(): v for k, v in obj.items()}
+    raw: dict[str, Any] = {}
+    for field_name, keys in pagemeta._JSON_KEYS.items():
+        for key in keys:
+            if key in lower:
+                value = lower[key]
+                if field_name in ("artist", "album"):
+                    value = pagemeta._name_of(value)
+                elif field_name == "cover":
+                    value = value if isinstance(value, str) else pagemeta._first_url(value)
+                if ref_normalise({field_name: value}):
+                    raw[field_name] = value
+                    break
+    return ref_normalise(raw)
+
+
+_REF_DATA_ATTRIBUTE = re.compile(rb"[\s\"'/]data-([A-Za-z0-9_:.-]+)\s*=")
+
+
+def ref_data_names(body: bytes) -> list[bytes]:
+    return [m.group(1) for m in _REF_DATA_ATTRIBUTE.finditer(body)]
+
+
+def ref_mentions_audio(text: str) -> bool:
+    lower = text.lower()
+    return any(ext in lower for ext in generic._DOTTED_EXTENSIONS)
+
+
+# ------------------------------------------------------------------------------------------- input
+_SCALAR = (st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=True)
+           | st.sampled_from(["", " ", "3:25", "PT3M20S", "128 kbps", "  Blue  Moon ", "1e400", "0", "-1", "12:99",
+                              "P1D", "x" * 1200, "http://a.test/c.jpg", "320"])
+           | st.text(max_size=30))
+_KEYS = st.sampled_from([k for keys in pagemeta._JSON_KEYS.values() for k in keys]
+                        + ["Title", "NAME", "url", "contentUrl", "@type", "x"])
+_VALUES = st.recursive(_SCALAR, lambda inner: st.lists(inner, max_size=3)
+                       | st.dictionaries(st.sampled_from(["name", "url", "contentUrl", "@type"]), inner, max_size=3),
+                       max_leaves=6)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.dictionaries(_KEYS, _VALUES, max_size=8))
+def test_json_object_meta_is_the_reference(obj):
+    assert list(pagemeta.json_object_meta(obj).items()) == list(ref_json_object_meta(obj).items())
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.dictionaries(st.sampled_from(list(pagemeta.FIELDS) + ["other"]), _SCALAR, max_size=8))
+def test_normalise_is_the_reference(meta):
+    assert list(pagemeta.normalise(meta).items()) == list(ref_normalise(meta).items())
+
+
+_MARKUP = st.lists(st.sampled_from([b"data-", b"data-a", b"data-song", b" ", b"=", b"'", b'"', b"/", b"x", b"\n",
+                                    b"\t", b"-", b":", b"<a ", b">", b"DATA-Title", b"\x0b", b"\xc3\xa9"]),
+                   max_size=20).map(b"".join)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_MARKUP)
+def test_data_attribute_names_are_the_references(body):
+    found = [m.group(1) for m in generic._DATA_ATTRIBUTE.finditer(body)
+             if m.start() and body[m.start() - 1] in generic._BEFORE_ATTRIBUTE]
+    assert found == ref_data_names(body)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from([".", "mp3", "MP3", ".m3u8", "m4a", ".Flac", "x", " ", "/", "ｍｐ３", "İ", ".ogg",
+                                 ".pls", "a.mp", "3"]), max_size=12).map("".join))
+def test_the_audio_mention_gate_is_the_reference(text):
+    assert generic._mentions_audio(text) == ref_mentions_audio(text)
+
+
+def _ref_element_found(node, page=None):
+    """element_found as it was: both layers read from every ancestor, attributes asked for each."""
+    def own(n, with_title):
+        attrs = n.attributes
+        raw = {f: attrs.get(a) for a, f in pagemeta._DATA_FIELDS.items() if attrs.get(a)}
+        if with_title and not raw.get("title") and attrs.get("title"):
+            raw["title"] = attrs.get("title")
+        return ref_normalise(raw)
+
+    def micro(n):
+        attrs = n.attributes
+        if "itemscope" not in attrs or "musicrecording" not in (attrs.get("itemtype") or "").lower():
+            return {}
+        return ref_normalise({"title": pagemeta._itemprop(n, "name"), "artist": pagemeta._itemprop(n, "byArtist"),
+                              "album": pagemeta._itemprop(n, "inAlbum"),
+                              "description": pagemeta._itemprop(n, "description"),
+                              "duration": pagemeta._itemprop(n, "duration")})
+
+    found = pagemeta.Found()
+    found.add(own(node, True), "data")
+    found.add(micro(node), "microdata")
+    current = node.parent
+    while current is not None and current.tag not in ("body", "html", "head"):
+        found.add(own(current, False), "data")
+        found.add(micro(current), "microdata")
+        current = current.parent
+    if page is not None:
+        found.add(page.named.local(node), "class")
+    return found
+
+
+_ATTRS = st.sampled_from(['', ' data-title="T"', ' data-artist="A" title="t"', ' title="Only title"',
+                          ' data-duration="3:20"', ' itemscope itemtype="http://schema.org/MusicRecording"',
+                          ' class="artist"', ' data-bitrate="128"', ' data-album=""'])
+_INNER = st.sampled_from(['<span itemprop="name">N</span>', '<meta itemprop="byArtist" content="B">', 'text',
+                          '<span class="title">S</span>', ''])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["div", "li", "p", "section"]), _ATTRS), max_size=4), _ATTRS, _INNER)
+def test_element_found_is_the_reference(outer, own, inner):
+    html = "".join(f"<{tag}{attrs}>" for tag, attrs in outer) + f'<a href="/m.mp3"{own}>x</a>{inner}'
+    html += "".join(f"</{tag}>" for tag, _ in reversed(outer))
+    tree = LexborHTMLParser(f"<html><body>{html}</body></html>")
+    node = css(tree, "a")[0]
+    context = pagemeta.PageContext(tree, html.encode())
+    for page in (None, context):
+        got, want = pagemeta.element_found(node, page), _ref_element_found(node, page)
+        assert (got.meta, got.sources) == (want.meta, want.sources)
