@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urldefrag
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,6 +17,7 @@ from selectolax.lexbor import LexborHTMLParser
 from crawler.resolvers import generic, pagemeta
 from crawler.resolvers.pagemeta import clean_text, parse_bitrate, parse_duration
 from crawler.web.html import css
+from crawler.web.page import FetchedPage
 
 # ------------------------------------------------------------------------------------------- references
 
@@ -157,3 +159,35 @@ def test_element_found_is_the_reference(outer, own, inner):
     for page in (None, context):
         got, want = pagemeta.element_found(node, page), _ref_element_found(node, page)
         assert (got.meta, got.sources) == (want.meta, want.sources)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.sampled_from(["http://a.test", "/x", "?", "#", "f", ";p", "//", "é", " ", "%23"]),
+                max_size=8).map("".join))
+def test_defragging_is_urldefrag(url):
+    assert generic._defragged(url) == urldefrag(url).url
+
+
+_LINK_ATTRS = st.lists(st.sampled_from(['href="/a.mp3"', 'href="/stream/1"', 'href="/x.html"', 'href=""',
+                                        'href="/listen?id=1"', 'href=" /b.M3U "', 'type="audio/mpeg"', 'type=""',
+                                        'data-title="T"', 'data-x=""', 'download', 'rel="nofollow"',
+                                        'href="/c.pls#f"', 'title="Song"']), max_size=4)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "area", "audio", "source"]), _LINK_ATTRS), min_size=1, max_size=6))
+def test_a_plain_link_settles_as_the_general_path_does(elements):
+    """The shortcut for a link without type or data-* attributes gives what the general path gives: the same
+    page resolved with every link made general (a data-x="" attribute, which the general path ignores)."""
+    def page(general: bool) -> FetchedPage:
+        extra = ' data-x=""' if general else ""
+        body = "".join(f'<{tag} {" ".join(attrs)}{extra}>t</{tag}>' for tag, attrs in elements)
+        html = f"<html><body>{body}<audio></audio></body></html>".encode()
+        return FetchedPage(url="http://s.test/p", final_url="http://s.test/p", status=200,
+                           content_type="text/html", headers={}, body=html)
+
+    resolver = generic.GenericResolver({})
+    fast, general = resolver.resolve_page(page(False)), resolver.resolve_page(page(True))
+    assert [(i.url, i.title, i.meta_source, i.extra) for i in fast.items] == \
+        [(i.url, i.title, i.meta_source, i.extra) for i in general.items]
+    assert fast.links == general.links and fast.link_meta == general.link_meta

@@ -90,6 +90,11 @@ def _audio_string(value: str, bare_ok: bool = True) -> bool:
     return _url_like(value, bare_ok=bare_ok) and (media.is_audio_url(value) or media.is_playlist_url(value))
 
 
+def _defragged(url: str) -> str:
+    """urldefrag(url).url, which returns a URL without "#" as it is: only one with a fragment is parsed."""
+    return urldefrag(url).url if "#" in url else url
+
+
 def _found(meta: Meta | pagemeta.Found, source: str) -> pagemeta.Found:
     if isinstance(meta, pagemeta.Found):
         return meta
@@ -117,7 +122,7 @@ class _Collector:
         url = resolve_link(self.base, raw.strip())
         if url is None:
             return
-        url = urldefrag(url).url
+        url = _defragged(url)
         if media.is_playlist_url(url):
             if url not in self.links:
                 self.links.append(url)
@@ -498,7 +503,10 @@ def _collect_json(out: _Collector, value: Any, found_in: str) -> None:
 
 
 def _type_is_audio(attrs: Mapping[str, str | None]) -> bool:
-    kind = media.media_type(attrs.get("type"))
+    given = attrs.get("type")
+    if not given:
+        return False      # most elements have no type
+    kind = media.media_type(given)
     return bool(kind) and media.is_audio_type(kind)
 
 
@@ -509,6 +517,16 @@ def _inside(node: LexborNode, tag: str) -> bool:
 
 def _element(out: _Collector, node: LexborNode, tag: str) -> None:
     attrs = node.attributes
+    if (tag == "a" or tag == "area") and "type" not in attrs and not _has_data(attrs):
+        # A plain link, most of a page's elements: what the general path below does with one, in fewer steps.
+        # It names audio or a playlist by its extension, or it may be a stream named like a page.
+        href = attrs.get("href")
+        if not href:
+            return
+        if media.url_extension(href.strip()) not in _NAMED_EXTENSIONS:
+            if (url := stream_candidate(out.base, node, attrs)) is not None:
+                _stream(out, url, node)
+            return
     if tag == "video" or (tag == "source" and _inside(node, "video") and not _type_is_audio(attrs)):
         return
     # (reference, the element itself says it is audio, where it was found)
@@ -561,9 +579,16 @@ def _element(out: _Collector, node: LexborNode, tag: str) -> None:
             out.add(ref, meta, where, force_audio=forced, link=link)
 
 
+def _has_data(attrs: Mapping[str, str | None]) -> bool:
+    for name in attrs:
+        if name.startswith("data-"):
+            return True
+    return False
+
+
 def _stream(out: _Collector, url: str, node: LexborNode) -> None:
     """A link that may be a stream named like a page: what the page says about it goes with it."""
-    url = urldefrag(url).url
+    url = _defragged(url)
     if not media.is_audio_url(url) and url not in out.hinted:
         out.hint(url, pagemeta.element_found(node, out.page), node)
 
