@@ -191,3 +191,11 @@ def test_a_plain_link_settles_as_the_general_path_does(elements):
     assert [(i.url, i.title, i.meta_source, i.extra) for i in fast.items] == \
         [(i.url, i.title, i.meta_source, i.extra) for i in general.items]
     assert fast.links == general.links and fast.link_meta == general.link_meta
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.text(max_size=10) | st.lists(st.sampled_from(["a", "/", " ", "\t", "\u00a0", "\u2003", "\x1c", "\x85",
+                                                        ".mp3", ":", "\u200b", "\ufeff"]), max_size=8).map("".join))
+def test_whitespace_in_a_reference_is_what_isspace_says(value):
+    if value:
+        assert (value.split(None, 1) != [value]) == any(c.isspace() for c in value)

@@ -72,7 +72,9 @@ _NOT_PLAYLIST_SONGS = frozenset({"ts", "m4s", "mp4", "m4v", "webm", "mkv", "avi"
 
 def _url_like(value: str, *, bare_ok: bool) -> bool:
     """Could this whole string be a URL reference (not prose)?"""
-    if not value or len(value) > _MAX_URL or any(c.isspace() for c in value):
+    # value.split() != [value]: some character is whitespace (str.split and str.isspace agree on which), found
+    # in C rather than by a generator a character.
+    if not value or len(value) > _MAX_URL or value.split(None, 1) != [value]:
         return False
     lower = value.lower()
     if lower.startswith(("http://", "https://", "//", "/", "./", "../")):
@@ -257,8 +259,8 @@ class GenericResolver(Resolver):
     def resolve_page(self, page: FetchedPage) -> Resolution:
         """The synchronous core: no I/O is needed once the page is fetched."""
         ct = page.content_type
-        named_playlist = media.is_playlist_url(page.final_url) or media.is_playlist_url(page.url)
-        if ct in media.PLAYLIST_TYPES or (named_playlist and not page.is_html()):
+        if ct in media.PLAYLIST_TYPES or (not page.is_html() and (media.is_playlist_url(page.final_url)
+                                                                  or media.is_playlist_url(page.url))):
             return self._playlist(page)
         if media.is_audio_type(ct):
             return Resolution(items=[self._audio_response(page, media.sniff_audio(page.body) or ct)])
