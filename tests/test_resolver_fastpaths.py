@@ -199,3 +199,71 @@ def test_a_plain_link_settles_as_the_general_path_does(elements):
 def test_whitespace_in_a_reference_is_what_isspace_says(value):
     if value:
         assert (value.split(None, 1) != [value]) == any(c.isspace() for c in value)
+
+
+_TYPES = st.sampled_from(["application/ld+json", "Application/LD+JSON", "APPLICATION/LD+JSON", " application/ld+json",
+                          "application/ld+json ", "application/json", "", "application/ld+jſon", "text/javascript",
+                          "applİcation/ld+json", "application/ld+json; charset=utf-8"])
+_META_ATTRS = st.lists(st.sampled_from(['property="og:title"', 'name="artist"', 'content="x"', 'PROPERTY="a"',
+                                        'Name=""', 'itemprop="name"', 'http-equiv="refresh"', 'property']),
+                       max_size=3, unique=True)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(_TYPES.map(lambda t: f'<script type="{t}">1</script>'),
+                          st.just("<script>2</script>"),
+                          _META_ATTRS.map(lambda a: f"<meta {' '.join(a)}>")), max_size=6))
+def test_the_walk_picks_the_elements_the_metadata_selectors_select(elements):
+    tree = LexborHTMLParser("<html><head>" + "".join(elements) + "</head><body></body></html>")
+    every = css(tree, "script, meta")
+
+    def ids(nodes):     # lexbor lists an element matching two selectors of a list twice, one after the other
+        out = [n.mem_id for n in nodes]
+        return [m for i, m in enumerate(out) if i == 0 or out[i - 1] != m]
+
+    assert ids(n for n in every if n.tag == "script" and pagemeta.is_json_ld(n.attributes)) == \
+        ids(css(tree, pagemeta._JSON_LD))
+    walked = [n for n in every if n.tag == "meta" and pagemeta.is_meta_tag(n.attributes)]
+    assert ids(walked) == ids(css(tree, pagemeta.META_TAGS))
+    assert pagemeta.meta_tags_of(walked) == pagemeta.meta_tags(tree)
+
+
+_ELEMENTS = st.sampled_from([
+    '<a href="/a.mp3" data-title="T" data-artist="A">Download</a>',
+    '<a href="/b.mp3">Song B</a>', '<a href="/stream/3" data-title="S">x</a>', '<a href="/p.m3u">list</a>',
+    """<div data-song='{"url": "/c.mp3", "title": "C"}'><a href="/c.mp3">c</a></div>""",
+    '<meta property="og:audio" content="/d.mp3">', '<meta itemprop="contentUrl" content="/e.ogg" name="x">',
+    '<audio src="/f.mp3" data-title="F"><source src="/g.ogg" type="audio/ogg"></audio>',
+    '<object data="/h.swf"><param name="flashvars" value="file=/i.mp3&amp;t=1"></object>',
+    '<embed src="/j.mp3" data-artist="J">', '<script>var s = {"file": "/k.mp3", "title": "K"};</script>',
+    '<script type="application/ld+json">{"@type": "MusicRecording", "name": "L", "url": "/l.mp3"}</script>',
+    '<li class="row"><span class="title">M</span><a href="/m.mp3" data-album="Al">get</a></li>'])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_ELEMENTS, min_size=1, max_size=8))
+def test_an_element_looked_at_twice_finds_nothing_new(elements):
+    """The walk skips an element lexbor lists again (it matched another selector of the list): what the resolver
+    takes from an element does not change when it is looked at a second time."""
+    body = ("<html><head><title>P</title></head><body>" + "".join(elements) + "</body></html>").encode()
+    page = FetchedPage(url="http://s.test/p", final_url="http://s.test/p", status=200, content_type="text/html",
+                       headers={}, body=body)
+    tree = page.tree()
+    resolver = generic.GenericResolver({})
+
+    def collect(times: int):
+        out = generic._Collector(page.url, page.final_url, 1000, pagemeta.PageContext(tree, body))
+        for node in generic._candidates(tree, body):
+            for _ in range(times):
+                tag = node.tag
+                if tag is None or not tag[0].isalpha():
+                    continue
+                if tag == "script":
+                    resolver._script(out, node, node.attributes)
+                else:
+                    generic._element(out, node, tag, node.attributes)
+        result = out.result()
+        return ([(i.url, i.meta_source, i.title, i.artist, i.album, i.extra) for i in result.items], result.links,
+                result.link_meta)
+
+    assert collect(1) == collect(2)

@@ -369,25 +369,42 @@ class GenericResolver(Resolver):
             return Resolution()   # most pages of a site are navigation: skip the element walk entirely
         # No "<base" in the text the tree was parsed from: no <base> element to look for.
         base = document_base(tree, page.final_url) if _BASE_TAG.search(page.text()) else page.final_url
-        out = _Collector(page.url, base, self.settings.max_items, pagemeta.PageContext(tree, page.body, lower))
+        context = pagemeta.PageContext(tree, page.body, lower)
+        out = _Collector(page.url, base, self.settings.max_items, context)
         if holds:
+            # The walk meets every <script> and <meta> the page's metadata reads: they are kept as it goes.
+            json_ld: list[LexborNode] = []
+            metas: list[LexborNode] = []
+            last = -1
             for node in _candidates(tree, page.body):
+                # lexbor lists an element once for each selector of the list it matches, one after the other
+                # (a song's link: a[href], [data-title], [data-artist]); looking at it again finds nothing new.
+                at = node.mem_id
+                if at == last:
+                    continue
+                last = at
                 tag = node.tag
                 if tag is None or not tag[0].isalpha():
                     continue
+                attrs = node.attributes
                 if tag == "script":
-                    self._script(out, node)
+                    if pagemeta.is_json_ld(attrs):
+                        json_ld.append(node)
+                    self._script(out, node, attrs)
                 else:
-                    _element(out, node, tag)
+                    if tag == "meta" and pagemeta.is_meta_tag(attrs):
+                        metas.append(node)
+                    _element(out, node, tag, attrs)
+            context.seen(json_ld, metas)
         else:
             for url, node in audio_candidate_links(tree, base, _MAX_REFERRER_LINKS):
                 _stream(out, url, node)
         return out.result()
 
-    def _script(self, out: _Collector, node: LexborNode) -> None:
+    def _script(self, out: _Collector, node: LexborNode, attrs: Mapping[str, str | None]) -> None:
         if not self.settings.scan_scripts:
             return
-        kind = (node.attributes.get("type") or "").strip().lower()
+        kind = (attrs.get("type") or "").strip().lower()
         text = node.text(deep=True) or ""
         if not _mentions_audio(text):
             return
@@ -409,8 +426,11 @@ _NAMED_EXTENSIONS = media.AUDIO_EXTENSIONS | media.PLAYLIST_EXTENSIONS
 _DOTTED_EXTENSIONS = tuple(f".{ext}" for ext in sorted(_NAMED_EXTENSIONS))
 
 
-# The elements _element and _script read; plus, per page, every element with a data-* attribute it uses.
-_CANDIDATES = "script, a[href], area[href], audio, source, embed, object, param, link[href], meta[content]"
+# The elements _element and _script read, and the <meta> tags of the page's metadata (pagemeta.META_TAGS: one
+# without content names no audio, so _element finds nothing in it); plus, per page, every element with a data-*
+# attribute it uses.
+_CANDIDATES = ("script, a[href], area[href], audio, source, embed, object, param, link[href], meta[content], "
+               + pagemeta.META_TAGS)
 # A data-* attribute's name, found from the literal "data-" (a regex that begins with it skips ahead to each
 # one, three times as fast as one that begins with the character before it, which is checked after).
 _DATA_ATTRIBUTE = re.compile(rb"data-([A-Za-z0-9_:.-]+)\s*=")
@@ -517,8 +537,7 @@ def _inside(node: LexborNode, tag: str) -> bool:
     return parent is not None and parent.tag == tag
 
 
-def _element(out: _Collector, node: LexborNode, tag: str) -> None:
-    attrs = node.attributes
+def _element(out: _Collector, node: LexborNode, tag: str, attrs: Mapping[str, str | None]) -> None:
     if (tag == "a" or tag == "area") and "type" not in attrs and not _has_data(attrs):
         # A plain link, most of a page's elements: what the general path below does with one, in fewer steps.
         # It names audio or a playlist by its extension, or it may be a stream named like a page.

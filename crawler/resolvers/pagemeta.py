@@ -248,8 +248,31 @@ MetaTags = dict[tuple[str, str], str | None]
 def meta_tags(tree: LexborHTMLParser) -> MetaTags:
     """The page's <meta> tags by ("property" | "name", value): the first of each, as a selector would find it.
     One pass over the tags instead of a selector run per field (most pages have none of the fields)."""
+    return meta_tags_of(css(tree, META_TAGS))
+
+
+# The <meta> tags meta_tags reads, and the <script> tags of JSON-LD: a caller that walks the page's elements anyway
+# (the generic resolver) picks them out as it goes (is_meta_tag, is_json_ld) and hands them over (PageContext.seen).
+META_TAGS = "meta[property], meta[name]"
+_JSON_LD = 'script[type="application/ld+json"]'
+
+
+def is_meta_tag(attrs: Mapping[str, str | None]) -> bool:
+    """Whether a <meta> element with these attributes is one META_TAGS selects."""
+    return "property" in attrs or "name" in attrs
+
+
+def is_json_ld(attrs: Mapping[str, str | None]) -> bool:
+    """Whether a <script> element with these attributes is one _JSON_LD selects (lexbor compares the type's value
+    without regard to ASCII case; no other character's lower case is one of its ASCII letters)."""
+    kind = attrs.get("type")
+    return kind is not None and kind.lower() == "application/ld+json"
+
+
+def meta_tags_of(nodes: list[LexborNode]) -> MetaTags:
+    """meta_tags of the page's META_TAGS elements, in document order."""
     out: MetaTags = {}
-    for node in css(tree, "meta[property], meta[name]"):
+    for node in nodes:
         attrs = node.attributes
         content = attrs.get("content")
         prop = attrs.get("property")
@@ -529,6 +552,7 @@ class PageContext:
         self._high: Found | None = None
         self._low: Found | None = None
         self._heading: Meta | None = None
+        self._json_ld: list[LexborNode] | None = None
 
     @property
     def named(self) -> NamedIndex:
@@ -546,8 +570,15 @@ class PageContext:
     def high(self) -> Found:
         """Layers 3 and 4: the page's structured data, then its named elements when unambiguous."""
         if self._high is None:
-            self._high = _high_layers(self.tree, self.metas, self.named)
+            self._high = _high_layers(self.tree, self.metas, self.named, self._json_ld)
         return self._high
+
+    def seen(self, json_ld: list[LexborNode], metas: list[LexborNode]) -> None:
+        """The page's JSON-LD scripts and META_TAGS elements, in document order, as a walk of every element that
+        may name audio found them: not looked for again."""
+        self._json_ld = json_ld
+        if self._metas is None:
+            self._metas = meta_tags_of(metas)
 
     def low(self) -> Found:
         """Layer 7: og:title, else <title>; asked only by items that have no title by then."""
@@ -585,9 +616,10 @@ class PageContext:
         return out if "title" in out.meta else out.fill(self.low())
 
 
-def _high_layers(tree: LexborHTMLParser, metas: MetaTags, named: NamedIndex) -> Found:
+def _high_layers(tree: LexborHTMLParser, metas: MetaTags, named: NamedIndex,
+                 json_ld: list[LexborNode] | None = None) -> Found:
     high = Found()
-    for script in css(tree, 'script[type="application/ld+json"]'):
+    for script in css(tree, _JSON_LD) if json_ld is None else json_ld:
         for obj in _walk_json(load_json_block(script.text() or "")):
             if _is_music_recording(obj):
                 high.add(json_object_meta(obj), "jsonld")
