@@ -267,3 +267,39 @@ def test_an_element_looked_at_twice_finds_nothing_new(elements):
                 result.link_meta)
 
     assert collect(1) == collect(2)
+
+
+def ref_parse_duration(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if 0 < value < 7 * 86400 else None
+    if not isinstance(value, str):
+        return None
+    text = value.strip()[:64]
+    try:
+        seconds = float(text)
+        return seconds if 0 < seconds < 7 * 86400 else None
+    except ValueError:
+        pass
+    if re.fullmatch(r"\d{1,3}(:\d{1,2}){1,2}", text):
+        total = 0.0
+        for part in text.split(":"):
+            total = total * 60 + int(part)
+        return total or None
+    m = pagemeta._ISO_DURATION.match(text.upper())
+    if m and any(m.groups()):
+        d, h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+        total = d * 86400 + h * 3600 + mi * 60 + s
+        return total if 0 < total < 7 * 86400 else None
+    return None
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(["P", "p", "T", "1", "2.5", "M", "S", "H", "D", ":", " ", "e", "inf", "nan", "-",
+                                 "_", "٣", "\u2003", "PT", "x"]), max_size=8).map("".join) | st.text(max_size=10))
+def test_durations_parse_as_the_reference(text):
+    got, want = parse_duration(text), ref_parse_duration(text)
+    assert got == want or (got != got and want != want)
+    assert parse_bitrate(text) == (int(m.group(1)) if (m := re.match(r"\s*(\d{1,5})(?!\d)", text))
+                                   and int(m.group(1)) > 0 else None)

@@ -377,8 +377,8 @@ class GenericResolver(Resolver):
             metas: list[LexborNode] = []
             last = -1
             for node in _candidates(tree, page.body):
-                # lexbor lists an element once for each selector of the list it matches, one after the other
-                # (a song's link: a[href], [data-title], [data-artist]); looking at it again finds nothing new.
+                # lexbor may list an element once for each selector of the list it matches, one after the other
+                # (a meta tag with content and a property); looking at it again finds nothing new.
                 at = node.mem_id
                 if at == last:
                     continue

@@ -79,6 +79,8 @@ _JSON_KEYS = {
     "bitrate": ("bitrate",),
 }
 _ISO_DURATION = re.compile(r"^P(?:(\d+(?:\.\d+)?)D)?T?(?:(\d+(?:\.\d+)?)H)?(?:(\d+(?:\.\d+)?)M)?(?:(\d+(?:\.\d+)?)S)?$")
+_CLOCK = re.compile(r"\d{1,3}(:\d{1,2}){1,2}")
+_BITRATE = re.compile(r"\s*(\d{1,5})(?!\d)")
 _MAX_TEXT = 1000
 # Anything longer than a week is a parsing accident (or infinity), not a recording.
 _MAX_SECONDS = 7 * 86400
@@ -100,12 +102,13 @@ def parse_duration(value: Any) -> float | None:
     if not isinstance(value, str):
         return None
     text = value.strip()[:64]
-    try:
-        seconds = float(text)
-        return seconds if 0 < seconds < _MAX_SECONDS else None
-    except ValueError:
-        pass
-    if re.fullmatch(r"\d{1,3}(:\d{1,2}){1,2}", text):
+    if text[:1] not in ("P", "p"):      # an ISO 8601 duration is never a number: no exception raised for it
+        try:
+            seconds = float(text)
+            return seconds if 0 < seconds < _MAX_SECONDS else None
+        except ValueError:
+            pass
+    if _CLOCK.fullmatch(text):
         total = 0.0
         for part in text.split(":"):
             total = total * 60 + int(part)
@@ -124,7 +127,7 @@ def parse_bitrate(value: Any) -> int | None:
     if isinstance(value, (int, float)):
         return int(value) if 0 < value < 100_000 else None
     if isinstance(value, str):
-        m = re.match(r"\s*(\d{1,5})(?!\d)", value)
+        m = _BITRATE.match(value)
         if m and int(m.group(1)) > 0:
             return int(m.group(1))
     return None
