@@ -109,7 +109,7 @@ def one_round(pages: list[tuple[str, bytes]], fmt: str, data_dir: Path, archive:
         off_at["parse"]()
         t1 = clock()
         on_at["links"]()
-        links = extract_links(tree, page.final_url, MAX_LINK_ELEMENTS)
+        links = extract_links(tree, page.final_url, MAX_LINK_ELEMENTS, source=page.text())
         off_at["links"]()
         t2 = clock()
         on_at["resolve"]()

@@ -367,8 +367,7 @@ class GenericResolver(Resolver):
         streams = not holds and _may_link_streams(lower)
         if not holds and not streams:
             return Resolution()   # most pages of a site are navigation: skip the element walk entirely
-        # No "<base" in the text the tree was parsed from: no <base> element to look for.
-        base = document_base(tree, page.final_url) if _BASE_TAG.search(page.text()) else page.final_url
+        base = document_base(tree, page.final_url, page.text())
         context = pagemeta.PageContext(tree, page.body, lower)
         out = _Collector(page.url, base, self.settings.max_items, context)
         if holds:
@@ -436,7 +435,6 @@ _CANDIDATES = ("script, a[href], area[href], audio, source, embed, object, param
 _DATA_ATTRIBUTE = re.compile(rb"data-([A-Za-z0-9_:.-]+)\s*=")
 _BEFORE_ATTRIBUTE = frozenset(b" \t\n\r\f\v\"'/")
 _CSS_NAME = re.compile(r"[a-z0-9_-]+")
-_BASE_TAG = re.compile(r"<base", re.IGNORECASE)
 
 
 def _candidates(tree: LexborHTMLParser, body: bytes) -> list[LexborNode]:
