@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from http import HTTPStatus
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from crawler.archive import Exchange
@@ -147,6 +147,10 @@ def ref_exchange(ex: Exchange, date: bytes, ids: list[bytes]) -> list[bytes]:
 
 
 # ------------------------------------------------------------------------------------------- the input
+# Header sets a joined block could misread: a value's CRLF and "x: y", a name's ": ", CR and LF apart.
+_TRICKY_HEADERS = [((b"Content-Length", b"\r\n!: "),), ((b"a: b", b"c"),), ((b"X: y\r\nA", b"b"),),
+                   ((b"A", b"x\r"), (b"\nB", b"y")), ((b"A", b"v\r\n"), (b"B", b"w")), ((b"A:", b"b"),),
+                   ((b"", b""),), ((b"Content-Length", b"5"), (b"X", b"a\tb")), ((b"A\tB", b"c"),), ((b"A", b"\x7f"),)]
 _NAMES = [b"Content-Length", b"content-encoding", b"Transfer-Encoding", b"CONTENT-LENGTH", b"Content-Type",
           b"Set-Cookie", b"Date", b"X-Content-Length", b"Content-Length-X", b"Host", b"Referer"]
 _BYTES = st.binary(max_size=40) | st.sampled_from([b"", b"a:b", b"a b", b"\r\n", b"\t", b"x\x00y", b"\x7f",
@@ -154,7 +158,7 @@ _BYTES = st.binary(max_size=40) | st.sampled_from([b"", b"a:b", b"a b", b"\r\n",
 _NAME = st.sampled_from(_NAMES) | _BYTES
 _VALUE = st.sampled_from([b"4400", b"gzip", b"text/html; charset=utf-8", b"Wed, 02 Dec 2026 13:00:00 GMT",
                           b"a\tb", b""]) | _BYTES
-_HEADERS = st.lists(st.tuples(_NAME, _VALUE), max_size=12).map(tuple)
+_HEADERS = st.lists(st.tuples(_NAME, _VALUE), max_size=12).map(tuple) | st.sampled_from(_TRICKY_HEADERS)
 _TEXT = st.text(max_size=40) | st.sampled_from(["1.1", "1.0", "2", "GET", "POST", "page", "audio", "length", ""])
 _URL = st.sampled_from(["http://site.test/a?b=1#f", "https://x.test", "http://h.test/ a\r\nb", "ftp:/x",
                         "http://[::1]:80/\udcff/é"]) | st.text(max_size=60)
@@ -183,8 +187,10 @@ def _fixed_ids(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     return given_ids
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ex=exchanges(), one_shot=st.sampled_from([records.ONE_SHOT_BYTES, 0]))
+@example(ex=Exchange(role="page", method="GET", url="http://a.test/", request_headers=_TRICKY_HEADERS[2], status=200,
+                     response_headers=_TRICKY_HEADERS[0], body=b"x", started=1_790_000_000.0), one_shot=0)
 def test_an_exchange_is_the_reference_records(monkeypatch, ex, one_shot):
     ids = _fixed_ids(monkeypatch)
     monkeypatch.setattr(records, "ONE_SHOT_BYTES", one_shot)    # 0: every record compressed part by part
@@ -236,3 +242,12 @@ def test_metadata_resource_and_warcinfo_records_are_unchanged_in_form(monkeypatc
     res = zlib.decompress(maker.resource("http://a.test/", "text/html", b"<p>", refers_to="", page="",
                                          role="browser", now=1_790_000_000.0).member, 31)
     assert b"\r\nWARC-Crawler-Role: browser\r\nWARC-Block-Digest: sha1:" in res and res.endswith(b"<p>\r\n\r\n")
+
+
+@pytest.mark.parametrize("headers", _TRICKY_HEADERS)
+@pytest.mark.parametrize("decoded", [True, False])
+def test_header_sets_a_joined_block_could_misread_are_cleaned_as_before(headers, decoded):
+    ex = Exchange(role="page", method="GET", url="http://a.test/", request_headers=headers, status=200,
+                  response_headers=headers, body=b"x", started=1_790_000_000.0, decoded=decoded)
+    assert records._response_head(ex, False) == ref_response_head(ex, False)
+    assert records._request_head(ex) == ref_request_head(ex)
