@@ -292,3 +292,33 @@ async def test_the_master_opens_its_archive_in_its_data_dir(tmp_path, enabled):
     assert len(files) == (1 if enabled else 0)
     if enabled:
         check(tmp_path / "m" / "archive")
+
+
+def test_the_index_lines_written_are_those_the_records_rebuild_and_the_refs_returned(tmp_path):
+    """The writer prints its index lines from the records it makes; they are the lines rebuild_index derives from
+    the records' own headers, and the entries exchange_refs returns."""
+    from crawler.archive.writer import _line, rebuild_index
+
+    writer = ArchiveWriter(tmp_path)
+    refs = []
+    urls = ["http://a.test/p", "http://a.test/é?q=1#f", "http://a.test/\udcff", "http://a.test/ sp\r\nace",
+            "http://a.test/\t"]
+    for n, url in enumerate(urls):
+        ex = Exchange(role=["page", "api", "odd role\t", "", "audio"][n], method="GET", url=url,
+                      request_headers=((b"Host", b"a.test"),), status=200,
+                      response_headers=((b"Content-Type", b"text/html"),), body=b"x" * n, started=1_790_000_000.0 + n,
+                      page="" if n % 2 else urls[-1 - n],
+                      payload_digest="sha256:" + "ab" * 32 if n == 4 else "",
+                      payload_size=5 if n == 4 else -1)
+        refs += writer.exchange_refs(ex)
+        location = writer.exchange_at(ex)
+        writer.response_ref(ex)
+        assert location[0] == writer.name and location[2] > 0
+    writer.metadata("http://a.test/m", (("k", "v"),), refers_to=refs[0].record_id, page=urls[1], role="audio",
+                    now=1_790_000_009.0, sha256="CD" * 32)
+    writer.close()
+    index = tmp_path / (writer.name[: -len(".warc.gz")] + ".index.tsv")
+    written = index.read_bytes()
+    assert all((_line(r).encode("utf-8", "surrogatepass") in written) for r in refs)
+    rebuild_index(tmp_path / writer.name)
+    assert index.read_bytes() == written

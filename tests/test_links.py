@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from selectolax.lexbor import LexborHTMLParser
 
 from crawler.web.links import audio_candidates, document_base, extract_links
@@ -138,3 +140,14 @@ def test_audio_candidates_are_links_that_look_like_streams_not_pages():
         '<a href="/img/cover.png" data-title="c">c</a> <a href="mailto:x@y" data-title="m">m</a>')
     assert audio_candidates(tree, "http://a/song/1.html") == [
         "http://a/stream/12", "http://a/listen/9", "http://a/dl?id=4"]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(['<base href="/b/">', '<BASE HREF="/c/">', '<Base href="x/">', "<base>",
+                                 '<baſe href="/s/">', '<!-- <base href="/d/"> -->', '<basefont href="/e/">',
+                                 '<a href="y">y</a>', "<p>base</p>", '<script>"<base href=/f/>"</script>',
+                                 '<svg><base href="/g/"></svg>']), max_size=5).map("".join))
+def test_the_base_found_with_the_source_is_the_base_found_without(html):
+    tree = LexborHTMLParser(html)
+    assert document_base(tree, PAGE, html) == document_base(tree, PAGE)
+    assert extract_links(tree, PAGE, source=html) == extract_links(tree, PAGE)

@@ -3,6 +3,9 @@ listed, replayed when the page answers 304 (crawler/worker/revisit.py)."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from crawler.items import AudioItem, RequestIdentity
 from crawler.worker.revisit import PAGE_ITEMS, PageAudio, content_digest
 
@@ -71,3 +74,30 @@ def test_the_audio_of_a_page_is_remembered_within_bounds():
     big.remember(PAGE, V1, [song(1)])
     big.forget(PAGE)
     assert big.known(PAGE, V1) is None and len(big) == 0
+
+
+def _reference_digest(links, refs, items) -> int:
+    """content_digest as first written: one set of prefixed lines, sorted whole."""
+    import mmh3
+
+    from crawler.worker.revisit import _ITEM_FIELDS
+    lines = {f"L {u}" for u in links}
+    lines.update(f"R {u}" for u in refs)
+    for i in items:
+        key = f"{i.resolver}:{i.source_id}" if i.source_id else i.url
+        lines.add("A " + "\t".join([key, i.page, *("" if (v := getattr(i, f)) is None else str(v)
+                                                   for f in _ITEM_FIELDS)]))
+    return int(mmh3.hash64("\n".join(sorted(lines)).encode("utf-8", "surrogatepass"), signed=True)[0])
+
+
+_URLS = st.lists(st.sampled_from(["http://s/a", "http://s/b", "http://s/a\n", "", "A x", "L y", "http://s/é",
+                                  "http://s/\udcff", "\x00", "http://s/a b"]) | st.text(max_size=8), max_size=6)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_URLS, _URLS, st.lists(st.builds(AudioItem, url=st.sampled_from(["http://cdn/1.mp3", "http://cdn/2.mp3"]),
+                                        page=st.just(PAGE), title=st.none() | st.text(max_size=4),
+                                        duration=st.none() | st.floats(1, 9),
+                                        source_id=st.none() | st.sampled_from(["1", "2"])), max_size=3))
+def test_the_digest_is_the_first_definitions(links, refs, items):
+    assert content_digest(links, refs, items) == _reference_digest(links, refs, items)

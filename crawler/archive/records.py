@@ -26,11 +26,13 @@ Nothing from the web reaches a header line unchecked: target URIs, header names 
 characters (CR and LF in a value become a space), so no URL or header a site sends can end a line or forge a
 record.
 
-The page path is hot (the crawl archives every page): the digests' base32 is table-driven, the record id is made
-without uuid.UUID, the date formatted once a second, the request line's target sliced from the URL, and the
-gzip made by ISA-L's deflate at its fastest level (isal: on a 20 KB page 4.5 times faster than zlib's level 1,
-itself 2.4 times faster than the default level 6, for 14% more bytes than level 1; on a 1.2 KB page 6.7 times,
-for 30% more).
+The page path is hot (the crawl archives every page): the digests' base32 is made by big-integer arithmetic and
+one bytes.translate, the record ids of an exchange from one read of the random source without uuid.UUID, the
+date formatted once a second, the request line's target sliced from the URL, a header block joined in C and
+checked by one regex (cleaned header by header only when it needs it), each record
+joined whole and compressed in one call, and the gzip made by ISA-L's deflate at its fastest level (isal: on a
+20 KB page 4.5 times faster than zlib's level 1, itself 2.4 times faster than the default level 6, for 14% more
+bytes than level 1; on a 1.2 KB page 6.7 times, for 30% more).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import re
 import time
 import zlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -63,11 +65,15 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 REVISIT_PROFILE = b"http://netpreserve.org/warc/1.1/revisit/identical-payload-digest"
 GZIP_LEVEL = 0     # isal's levels are 0 to 3; 0 is still deflate with Huffman coding, not stored blocks
 READ_CHUNK = 1024 * 1024
+# A record whose block is at most this big is joined whole and compressed in one call (cheaper than a call a
+# part); a bigger one (audio kept in the archive) is compressed part by part, never copied whole.
+ONE_SHOT_BYTES = 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Built:
-    """One record as made: its gzip member, and what the index says of it (the writer adds where it went)."""
+class Built(NamedTuple):
+    """One record as made: its gzip member, and what the index says of it (the writer adds where it went).
+    A named tuple, not a frozen dataclass: two are made for every page, and a frozen dataclass's __init__
+    costs four times a tuple's."""
 
     member: bytes
     kind: str
@@ -122,54 +128,57 @@ class Maker:
     def _exchange(self, ex: Exchange, with_request: bool) -> tuple[Built, Built | None]:
         date = self.date(ex.started)
         target = _uri(ex.url)
-        response_id = b"<urn:uuid:" + _uuid4() + b">"
+        ids = _record_ids(2 if with_request else 1)     # one read of the random source for both
+        response_id = ids[0]
         common = _common(ex.role, ex.page)
+        body = ex.body
         # The response.
-        apart = not ex.body and ex.payload_digest.startswith("sha256:")
+        apart = not body and ex.payload_digest.startswith("sha256:")
         head = _response_head(ex, apart)
         if apart:
             kind = b"revisit"
             block_digest = _sha1(head)
             payload_digest = b"sha256:" + _sha256_b32(ex.payload_digest[7:])
-            extra = [b"WARC-Profile: ", REVISIT_PROFILE, b"\r\n"]
+            extra = b"WARC-Profile: " + REVISIT_PROFILE + b"\r\n"
             if ex.payload_size >= 0:
-                extra += [b"WARC-Crawler-Payload-Length: ", str(ex.payload_size).encode(), b"\r\n"]
+                extra += b"WARC-Crawler-Payload-Length: %d\r\n" % ex.payload_size
             block: tuple[bytes, ...] = (head,)
         else:
             kind = b"response"
             if ex.payload_digest.startswith("sha256:"):
                 # Audio with its bytes in the record: the digest the stored file is known by, of these bytes.
-                payload_digest = b"sha256:" + base64.b32encode(hashlib.sha256(ex.body).digest())
+                payload_digest = b"sha256:" + base64.b32encode(hashlib.sha256(body).digest())
             else:
-                payload_digest = b"sha1:" + _base32_160(hashlib.sha1(ex.body).digest())
+                payload_digest = b"sha1:" + _base32_160(hashlib.sha1(body).digest())
             whole = hashlib.sha1(head)
-            whole.update(ex.body)
+            whole.update(body)
             block_digest = _base32_160(whole.digest())
-            extra = []
-            block = (head, ex.body)
+            extra = b""
+            block = (head, body)
         if ex.truncated:
-            extra += [b"WARC-Truncated: ", _token(ex.truncated), b"\r\n"]
+            extra += b"WARC-Truncated: " + _token(ex.truncated) + b"\r\n"
         response = _record(kind, response_id, date, target,
-                           [*extra, *common, b"WARC-Block-Digest: sha1:", block_digest,
-                            b"\r\nWARC-Payload-Digest: ", payload_digest, b"\r\n"],
+                           b"".join((extra, common, b"WARC-Block-Digest: sha1:", block_digest,
+                                     b"\r\nWARC-Payload-Digest: ", payload_digest, b"\r\n")),
                            b"application/http;msgtype=response", block)
         d, t = date.decode(), target.decode("utf-8", "replace")
         rid = response_id.decode()
-        built = Built(response, kind.decode(), rid, t, "", d, payload_digest.decode())
+        built = Built(response, "revisit" if apart else "response", rid, t, "", d, payload_digest.decode())
         if not with_request:
             return built, None
         # The request.
-        request_id = b"<urn:uuid:" + _uuid4() + b">"
+        request_id = ids[1]
         request_head = _request_head(ex)
-        request_payload = (_base32_160(hashlib.sha1(ex.request_body).digest()) if ex.request_body
-                           else _EMPTY_SHA1)
+        request_body = ex.request_body
+        request_payload = _base32_160(hashlib.sha1(request_body).digest()) if request_body else _EMPTY_SHA1
         whole = hashlib.sha1(request_head)
-        whole.update(ex.request_body)
+        if request_body:
+            whole.update(request_body)
         request = _record(b"request", request_id, date, target,
-                          [b"WARC-Concurrent-To: ", response_id, b"\r\n", *common,
-                           b"WARC-Block-Digest: sha1:", _base32_160(whole.digest()),
-                           b"\r\nWARC-Payload-Digest: sha1:", request_payload, b"\r\n"],
-                          b"application/http;msgtype=request", (request_head, ex.request_body))
+                          b"".join((b"WARC-Concurrent-To: ", response_id, b"\r\n", common,
+                                    b"WARC-Block-Digest: sha1:", _base32_160(whole.digest()),
+                                    b"\r\nWARC-Payload-Digest: sha1:", request_payload, b"\r\n")),
+                          b"application/http;msgtype=request", (request_head, request_body))
         return built, Built(request, "request", request_id.decode(), t, rid, d, "sha1:" + request_payload.decode())
 
     # ------------------------------------------------------------------ the other kinds
@@ -182,7 +191,7 @@ class Maker:
             lines += [_name(name.encode("utf-8", "surrogatepass")), b": ",
                       _value(value.encode("utf-8", "surrogatepass")), b"\r\n"]
         sha = sha256.lower()
-        extra = [b"WARC-Crawler-SHA256: ", sha.encode(), b"\r\n"] if _HEX64.match(sha) else []
+        extra = b"WARC-Crawler-SHA256: " + sha.encode() + b"\r\n" if _HEX64.match(sha) else b""
         return self._plain(b"metadata", target, b"application/warc-fields", b"".join(lines), refers_to, page,
                            role, now, extra)
 
@@ -199,28 +208,27 @@ class Maker:
                 *fields]
         block = b"".join(_name(k.encode()) + b": " + _value(v.encode("utf-8", "surrogatepass")) + b"\r\n"
                          for k, v in info)
-        record_id = b"<urn:uuid:" + _uuid4() + b">"
+        record_id = _record_ids(1)[0]
         date = self.date(now)
         digest = _base32_160(hashlib.sha1(block).digest())
         member = _record(b"warcinfo", record_id, date, None,
-                         [b"WARC-Filename: ", _uri(filename), b"\r\nWARC-Block-Digest: sha1:", digest,
-                          b"\r\nWARC-Payload-Digest: sha1:", digest, b"\r\n"],
+                         b"".join((b"WARC-Filename: ", _uri(filename), b"\r\nWARC-Block-Digest: sha1:", digest,
+                                   b"\r\nWARC-Payload-Digest: sha1:", digest, b"\r\n")),
                          b"application/warc-fields", (block,))
         return Built(member, "warcinfo", record_id.decode(), "", "", date.decode(), "sha1:" + digest.decode())
 
     def _plain(self, kind: bytes, target: str, content_type: bytes, block: bytes, refers_to: str, page: str,
-               role: str, now: float, more: Sequence[bytes] = ()) -> Built:
-        record_id = b"<urn:uuid:" + _uuid4() + b">"
+               role: str, now: float, more: bytes = b"") -> Built:
+        record_id = _record_ids(1)[0]
         date = self.date(now)
         uri = _uri(target)
         refers = _uri(refers_to)
         # The block is the payload of a metadata or resource record: one digest serves as both.
         digest = _base32_160(hashlib.sha1(block).digest())
-        extra = [b"WARC-Refers-To: ", refers, b"\r\n"] if refers else []
-        extra += more
+        extra = b"WARC-Refers-To: " + refers + b"\r\n" if refers else b""
         member = _record(kind, record_id, date, uri,
-                         [*extra, *_common(role, page), b"WARC-Block-Digest: sha1:", digest,
-                          b"\r\nWARC-Payload-Digest: sha1:", digest, b"\r\n"], content_type, (block,))
+                         b"".join((extra, more, _common(role, page), b"WARC-Block-Digest: sha1:", digest,
+                                   b"\r\nWARC-Payload-Digest: sha1:", digest, b"\r\n")), content_type, (block,))
         return Built(member, kind.decode(), record_id.decode(), uri.decode("utf-8", "replace"),
                      refers.decode("utf-8", "replace"), date.decode(), "sha1:" + digest.decode())
 
@@ -228,15 +236,17 @@ class Maker:
 # ---------------------------------------------------------------------- building
 
 
-def _record(kind: bytes, record_id: bytes, date: bytes, target: bytes | None, extra: list[bytes],
+def _record(kind: bytes, record_id: bytes, date: bytes, target: bytes | None, extra: bytes,
             content_type: bytes, block: Sequence[bytes]) -> bytes:
-    """One record as one gzip member; its block given in parts, compressed without joining them."""
+    """One record as one gzip member; its block given in parts. extra: the WARC header lines between
+    WARC-Target-URI and Content-Type, each with its CRLF."""
     size = sum(map(len, block))
-    head = [b"WARC/1.1\r\nWARC-Type: ", kind, b"\r\nWARC-Record-ID: ", record_id, b"\r\nWARC-Date: ", date,
-            b"\r\n"]
-    if target is not None:
-        head += [b"WARC-Target-URI: ", target, b"\r\n"]
-    head += [*extra, b"Content-Type: ", content_type, b"\r\nContent-Length: ", str(size).encode(), b"\r\n\r\n"]
+    head = (b"WARC/1.1\r\nWARC-Type: ", kind, b"\r\nWARC-Record-ID: ", record_id, b"\r\nWARC-Date: ", date,
+            b"\r\nWARC-Target-URI: " + target + b"\r\n" if target is not None else b"\r\n",
+            extra, b"Content-Type: ", content_type, b"\r\nContent-Length: %d\r\n\r\n" % size)
+    if size <= ONE_SHOT_BYTES:
+        # One join and one call: a page's record is a few KB, and each compress call has its own overhead.
+        return isal_zlib.compress(b"".join((*head, *block, b"\r\n\r\n")), GZIP_LEVEL, 16 + 15)
     z = _compressor(size)
     parts = [z.compress(b"".join(head))]
     parts += [z.compress(b) for b in block if b]
@@ -250,42 +260,70 @@ def _compressor(size: int) -> Any:
     return isal_zlib.compressobj(GZIP_LEVEL, isal_zlib.DEFLATED, 16 + 15)
 
 
-def _common(role: str, page: str) -> list[bytes]:
-    out = [b"WARC-Crawler-Role: ", _token(role), b"\r\n"]
+def _common(role: str, page: str) -> bytes:
+    out = b"WARC-Crawler-Role: " + _token(role) + b"\r\n"
     if page:
-        out += [b"WARC-Crawler-Page: ", _uri(page), b"\r\n"]
+        out += b"WARC-Crawler-Page: " + _uri(page) + b"\r\n"
     return out
 
 
+# Headers that need no cleaning, each joined as name NUL value and the headers by SOH (bytes neither a clean name
+# nor a clean value holds, so the joins are unambiguous): every name non-empty and free of controls, spaces and
+# colons; every value free of controls other than tab. (A block joined with ": " and CRLF could not be checked:
+# a value's CRLF and "x: y" would read as a header of its own, a name's ": " as the one that ends it.)
+_CLEAN_PAIR = rb"[^\x00-\x20\x7f:]+\x00[^\x00-\x08\x0a-\x1f\x7f]*"
+_CLEAN_HEADERS = re.compile(_CLEAN_PAIR + rb"(?:\x01" + _CLEAN_PAIR + rb")*")
+# A wire header's line start in the block in lower case with b"\n" before it (names are clean by then: a ":"
+# ends the name).
+_WIRE_LINE = re.compile(rb"\n(?:content-(?:encoding|length)|transfer-encoding):")
+
+
+def _header_lines(headers: Headers, wire_renamed: bool) -> bytes:
+    """The "name: value" lines of a head, each with its CRLF: names without controls, spaces or colons, values
+    without controls (a run of CR and LF becomes a space), and when ``wire_renamed`` the wire's
+    Content-Encoding, Transfer-Encoding and Content-Length as X-Archive-Orig-*. The block is joined in C and
+    checked by one regex (_CLEAN_HEADERS); only headers that fail it are cleaned one by one."""
+    if not headers:
+        return b""
+    block = b"\x01".join(map(b"\x00".join, headers))
+    if _CLEAN_HEADERS.fullmatch(block):
+        block = block.replace(b"\x00", b": ").replace(b"\x01", b"\r\n")
+    else:
+        block = b"\r\n".join([_name(n) + b": " + (_value(v) if _BAD_VALUE.search(v) else v) for n, v in headers])
+    if wire_renamed:
+        starts = [m.start() for m in _WIRE_LINE.finditer(b"\n" + block.lower())]
+        if starts:
+            parts = []
+            at = 0
+            for start in starts:
+                parts += [block[at:start], b"X-Archive-Orig-"]
+                at = start
+            parts.append(block[at:])
+            block = b"".join(parts)
+    return block + b"\r\n"
+
+
+_VERSIONS = {"1.1": b"1.1", "1.0": b"1.0", "2": b"2", "2.0": b"2.0", "3": b"3"}
+
+
+def _version(version: str) -> bytes:
+    return _VERSIONS.get(version) or _token(version) or b"1.1"
+
+
 def _response_head(ex: Exchange, apart: bool) -> bytes:
-    lines = [b"HTTP/", _token(ex.http_version) or b"1.1", b" ",
-             _STATUS_LINES.get(ex.status) or f"{ex.status} ".encode(), b"\r\n"]
     decoded = ex.decoded
-    for name, value in ex.response_headers:
-        name = _name(name)
-        if _BAD_VALUE.search(value):
-            value = _value(value)
-        if decoded and name.lower() in _WIRE_HEADERS:
-            lines += [b"X-Archive-Orig-", name, b": ", value, b"\r\n"]
-        else:
-            lines += [name, b": ", value, b"\r\n"]
     # The length of the payload as stored: in this record, or (kept apart) beside it, when it is known.
     length = ex.payload_size if apart else len(ex.body)
-    if decoded and length >= 0:
-        lines += [b"Content-Length: ", str(length).encode(), b"\r\n"]
-    lines.append(b"\r\n")
-    return b"".join(lines)
+    return b"".join((b"HTTP/", _version(ex.http_version), b" ",
+                     _STATUS_LINES.get(ex.status) or f"{ex.status} ".encode(), b"\r\n",
+                     _header_lines(ex.response_headers, decoded),
+                     b"Content-Length: %d\r\n\r\n" % length if decoded and length >= 0 else b"\r\n"))
 
 
 def _request_head(ex: Exchange) -> bytes:
-    lines = [_token(ex.method) or b"GET", b" ", _uri(request_target(ex.url)), b" HTTP/",
-             _token(ex.http_version) or b"1.1", b"\r\n"]
-    for name, value in ex.request_headers:
-        if _BAD_VALUE.search(value):
-            value = _value(value)
-        lines += [_name(name), b": ", value, b"\r\n"]
-    lines.append(b"\r\n")
-    return b"".join(lines)
+    method = b"GET" if ex.method == "GET" else (_token(ex.method) or b"GET")
+    return b"".join((method, b" ", _uri(request_target(ex.url)), b" HTTP/", _version(ex.http_version), b"\r\n",
+                     _header_lines(ex.request_headers, False), b"\r\n"))
 
 
 def request_target(url: str) -> str:
@@ -363,27 +401,46 @@ def sha256_hex(digest: str) -> str:
 
 
 _B32 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
-_B32_PAIRS = [bytes((_B32[i >> 5], _B32[i & 31])) for i in range(1024)]
-_B32_SHIFTS = range(150, -1, -10)
+_B32_TABLE = _B32 + bytes(256 - 32)      # 5-bit values to base32 letters, for bytes.translate
+
+
+def _lanes(width: int, low: int, high: int) -> int:
+    """A 256-bit mask of bits low..high-1 of every width-bit lane."""
+    return sum(((1 << high) - (1 << low)) << at for at in range(0, 256, width))
+
+
+_LOW80 = (1 << 80) - 1
+_SPLIT = [(_lanes(2 * w, 0, k), _lanes(2 * w, k, 2 * k), w - k) for w, k in ((64, 40), (32, 20), (16, 10), (8, 5))]
+(_M40, _H40, _S40), (_M20, _H20, _S20), (_M10, _H10, _S10), (_M5, _H5, _S5) = _SPLIT
 
 
 def _base32_160(digest: bytes) -> bytes:
-    """RFC 4648 base32 of a 20-byte digest (no padding is needed at 160 bits), by 10-bit table lookups:
-    base64.b32encode is pure Python on 3.11 and was a third of the cost of archiving a page."""
+    """RFC 4648 base32 of a 20-byte digest (no padding is needed at 160 bits). base64.b32encode is pure Python
+    on 3.11, and a table lookup per 10 bits is still 16 steps in Python: here the 160 bits are spread, 5 to a
+    byte, by halving lanes (80 bits to a 128-bit lane, 40 to 64, ... 5 to 8) with a few big-integer operations,
+    and the 32 bytes become letters in one bytes.translate (0.7 us against 1.9 us, and 2.4 us for b32encode)."""
     n = int.from_bytes(digest, "big")
-    return b"".join([_B32_PAIRS[(n >> shift) & 1023] for shift in _B32_SHIFTS])
+    n = (n & _LOW80) | (n >> 80 << 128)
+    n = (n & _M40) | ((n & _H40) << _S40)
+    n = (n & _M20) | ((n & _H20) << _S20)
+    n = (n & _M10) | ((n & _H10) << _S10)
+    n = (n & _M5) | ((n & _H5) << _S5)
+    return n.to_bytes(32, "big").translate(_B32_TABLE)
 
 
 _EMPTY_SHA1 = _base32_160(hashlib.sha1(b"").digest())   # a GET's request payload
 
 
-def _uuid4() -> bytes:
-    """A random (version 4) UUID in its text form, without building a uuid.UUID."""
-    b = bytearray(os.urandom(16))
-    b[6] = b[6] & 0x0F | 0x40
-    b[8] = b[8] & 0x3F | 0x80
-    h = b.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}".encode()
+# The variant's hex digit (RFC 4122: the top two bits of byte 8 are 10) for each random one.
+_VARIANT = {f"{d:x}": f"{8 | d & 3:x}" for d in range(16)}
+
+
+def _record_ids(count: int) -> list[bytes]:
+    """count record ids, "<urn:uuid:...>" of random (version 4) UUIDs, from one read of the random source and
+    without building a uuid.UUID: the version and variant are set in the hex digits."""
+    h = os.urandom(16 * count).hex()
+    return [f"<urn:uuid:{h[i:i + 8]}-{h[i + 8:i + 12]}-4{h[i + 13:i + 16]}-{_VARIANT[h[i + 16]]}{h[i + 17:i + 20]}-"
+            f"{h[i + 20:i + 32]}>".encode() for i in range(0, 32 * count, 32)]
 
 
 # ---------------------------------------------------------------------- reading

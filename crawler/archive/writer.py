@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from crawler.archive import Exchange, RecordRef
+from crawler.archive import ROLES, Exchange, RecordRef
 from crawler.archive.records import (
     Built,
     Maker,
@@ -122,55 +122,82 @@ class ArchiveWriter:
 
     # ------------------------------------------------------------------ the Archive
     def exchange(self, ex: Exchange) -> str:
-        return self.exchange_refs(ex)[0].record_id
+        response, request = self._maker.exchange(ex)
+        sha = sha256_hex(response.digest) if ex.payload_digest else ""
+        self._append((response, request), ex.role, ex.page, (sha, ""))
+        return response.record_id
 
     def exchange_refs(self, ex: Exchange) -> tuple[RecordRef, RecordRef]:
         """Records ``ex``; the index entries of its response (or revisit) record and its request record."""
         response, request = self._maker.exchange(ex)
         sha = sha256_hex(response.digest) if ex.payload_digest else ""
-        refs = self._append((response, request), ex.role, ex.page, (sha, ""))
+        built = (response, request)
+        refs = _refs(*self._append(built, ex.role, ex.page, (sha, "")), built, ex.role, ex.page, (sha, ""))
         return refs[0], refs[1]
+
+    def exchange_at(self, ex: Exchange) -> tuple[str, int, int]:
+        """Records ``ex``; where its response (or revisit) record is: (file, offset, length). What a page store
+        keeps of a page, without the index entries exchange_refs makes."""
+        response, request = self._maker.exchange(ex)
+        sha = sha256_hex(response.digest) if ex.payload_digest else ""
+        name, offset = self._append((response, request), ex.role, ex.page, (sha, ""))
+        return name, offset, len(response.member)
 
     def response_ref(self, ex: Exchange) -> RecordRef:
         """Records the response (or revisit) record of ``ex`` alone; its index entry."""
         built = self._maker.response(ex)
         sha = sha256_hex(built.digest) if ex.payload_digest else ""
-        return self._append((built,), ex.role, ex.page, (sha,))[0]
+        return _refs(*self._append((built,), ex.role, ex.page, (sha,)), (built,), ex.role, ex.page, (sha,))[0]
+
+    def response_at(self, ex: Exchange) -> tuple[str, int, int]:
+        """Records the response (or revisit) record of ``ex`` alone; where it is: (file, offset, length)."""
+        built = self._maker.response(ex)
+        sha = sha256_hex(built.digest) if ex.payload_digest else ""
+        name, offset = self._append((built,), ex.role, ex.page, (sha,))
+        return name, offset, len(built.member)
 
     def metadata(self, target: str, fields: tuple[tuple[str, str], ...], *, refers_to: str, page: str,
                  role: str, now: float, sha256: str = "") -> str:
         built = self._maker.metadata(target, fields, refers_to=refers_to, page=page, role=role, now=now,
                                      sha256=sha256)
-        return self._append((built,), role, page, (sha256,))[0].record_id
+        self._append((built,), role, page, (sha256,))
+        return built.record_id
 
     def resource(self, target: str, content_type: str, block: bytes, *, refers_to: str, page: str, role: str,
                  now: float) -> str:
         built = self._maker.resource(target, content_type, block, refers_to=refers_to, page=page, role=role,
                                      now=now)
-        return self._append((built,), role, page, ("",))[0].record_id
+        self._append((built,), role, page, ("",))
+        return built.record_id
 
     # ------------------------------------------------------------------ files
-    def _append(self, built: tuple[Built, ...], role: str, page: str, sha256: tuple[str, ...]) -> list[RecordRef]:
-        data = b"".join(b.member for b in built)
+    def _append(self, built: tuple[Built, ...], role: str, page: str, sha256: tuple[str, ...]) -> tuple[str, int]:
+        """Appends the records and their index lines; the file they went to and the first one's offset."""
+        data = built[0].member if len(built) == 1 else b"".join([b.member for b in built])
         with self._lock:
             now = self._clock()
             if self._fd < 0 or (self._size + len(data) > self._file_bytes and self._size > self._info_size) \
                     or now - self._opened >= self._file_seconds:
                 self._roll(now)
-            return self._write(built, role, page, sha256, data)
+            offset = self._size
+            self._write(built, role, page, sha256, data)
+            return self.name, offset
 
     def _write(self, built: tuple[Built, ...], role: str, page: str, sha256: tuple[str, ...],
-               data: bytes) -> list[RecordRef]:
+               data: bytes) -> None:
+        # The index lines as _line writes a RecordRef, made from the records directly: building the RecordRefs
+        # only to print them cost a fifth of archiving a page.
+        name = self.name
         offset = self._size
-        refs = []
-        clean_role = token_text(role) if role else ""
+        clean_role = _role_text(role)
         clean_page = uri_text(page) if page else ""
+        out = []
         for b, sha in zip(built, sha256, strict=True):
-            refs.append(RecordRef(self.name, offset, len(b.member), b.kind, clean_role, b.target, b.record_id,
-                                  b.refers_to, clean_page, b.date, b.digest,
-                                  sha.lower() if _HEX64.match(sha.lower()) else ""))
-            offset += len(b.member)
-        lines = "".join(_line(r) for r in refs).encode("utf-8", "surrogatepass")
+            length = len(b.member)
+            out.append(f"{name}\t{offset}\t{length}\t{b.kind}\t{clean_role}\t{b.target}\t{b.record_id}\t"
+                       f"{b.refers_to}\t{clean_page}\t{b.date}\t{b.digest}\t{_sha_text(sha)}\n")
+            offset += length
+        lines = "".join(out).encode("utf-8", "surrogatepass")
         try:
             _write_all(self._fd, data)
         except OSError:
@@ -186,7 +213,6 @@ class ArchiveWriter:
             raise
         self._size += len(data)
         self._index_size += len(lines)
-        return refs
 
     def _roll(self, now: float) -> None:
         self._close_files()
@@ -301,6 +327,34 @@ def read_record(archive_dir: Path, ref: RecordRef) -> bytes:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _refs(name: str, offset: int, built: tuple[Built, ...], role: str, page: str,
+          sha256: tuple[str, ...]) -> list[RecordRef]:
+    """The index entries of records appended together at ``offset`` of the file ``name``: what _write wrote."""
+    refs = []
+    clean_role = _role_text(role)
+    clean_page = uri_text(page) if page else ""
+    for b, sha in zip(built, sha256, strict=True):
+        refs.append(RecordRef(name, offset, len(b.member), b.kind, clean_role, b.target, b.record_id,
+                              b.refers_to, clean_page, b.date, b.digest, _sha_text(sha)))
+        offset += len(b.member)
+    return refs
+
+
+# The crawl's own roles as the records write them (token_text of each), so an append does not clean them again.
+_ROLE_TEXTS = {role: token_text(role) for role in ROLES}
+
+
+def _role_text(role: str) -> str:
+    return _ROLE_TEXTS.get(role) or (token_text(role) if role else "")
+
+
+def _sha_text(sha: str) -> str:
+    if not sha:
+        return ""
+    low = sha.lower()
+    return low if _HEX64.match(low) else ""
 
 
 def _line(ref: RecordRef) -> str:

@@ -72,7 +72,9 @@ _NOT_PLAYLIST_SONGS = frozenset({"ts", "m4s", "mp4", "m4v", "webm", "mkv", "avi"
 
 def _url_like(value: str, *, bare_ok: bool) -> bool:
     """Could this whole string be a URL reference (not prose)?"""
-    if not value or len(value) > _MAX_URL or any(c.isspace() for c in value):
+    # value.split() != [value]: some character is whitespace (str.split and str.isspace agree on which), found
+    # in C rather than by a generator a character.
+    if not value or len(value) > _MAX_URL or value.split(None, 1) != [value]:
         return False
     lower = value.lower()
     if lower.startswith(("http://", "https://", "//", "/", "./", "../")):
@@ -88,6 +90,11 @@ def _url_like(value: str, *, bare_ok: bool) -> bool:
 def _audio_string(value: str, bare_ok: bool = True) -> bool:
     value = value.strip()
     return _url_like(value, bare_ok=bare_ok) and (media.is_audio_url(value) or media.is_playlist_url(value))
+
+
+def _defragged(url: str) -> str:
+    """urldefrag(url).url, which returns a URL without "#" as it is: only one with a fragment is parsed."""
+    return urldefrag(url).url if "#" in url else url
 
 
 def _found(meta: Meta | pagemeta.Found, source: str) -> pagemeta.Found:
@@ -117,7 +124,7 @@ class _Collector:
         url = resolve_link(self.base, raw.strip())
         if url is None:
             return
-        url = urldefrag(url).url
+        url = _defragged(url)
         if media.is_playlist_url(url):
             if url not in self.links:
                 self.links.append(url)
@@ -252,8 +259,8 @@ class GenericResolver(Resolver):
     def resolve_page(self, page: FetchedPage) -> Resolution:
         """The synchronous core: no I/O is needed once the page is fetched."""
         ct = page.content_type
-        named_playlist = media.is_playlist_url(page.final_url) or media.is_playlist_url(page.url)
-        if ct in media.PLAYLIST_TYPES or (named_playlist and not page.is_html()):
+        if ct in media.PLAYLIST_TYPES or (not page.is_html() and (media.is_playlist_url(page.final_url)
+                                                                  or media.is_playlist_url(page.url))):
             return self._playlist(page)
         if media.is_audio_type(ct):
             return Resolution(items=[self._audio_response(page, media.sniff_audio(page.body) or ct)])
@@ -363,26 +370,43 @@ class GenericResolver(Resolver):
         streams = not holds and _may_link_streams(lower)
         if not holds and not streams:
             return Resolution()   # most pages of a site are navigation: skip the element walk entirely
-        base = document_base(tree, page.final_url)
-        out = _Collector(page.url, base, self.settings.max_items, pagemeta.PageContext(tree, page.body))
+        base = document_base(tree, page.final_url, page.text())
+        context = pagemeta.PageContext(tree, page.body, lower)
+        out = _Collector(page.url, base, self.settings.max_items, context)
         if holds:
+            # The walk meets every <script> and <meta> the page's metadata reads: they are kept as it goes.
+            json_ld: list[LexborNode] = []
+            metas: list[LexborNode] = []
+            last = -1
             for node in _candidates(tree, page.body):
+                # lexbor may list an element once for each selector of the list it matches, one after the other
+                # (a meta tag with content and a property); looking at it again finds nothing new.
+                at = node.mem_id
+                if at == last:
+                    continue
+                last = at
                 tag = node.tag
                 if tag is None or not tag[0].isalpha():
                     continue
+                attrs = node.attributes
                 if tag == "script":
-                    self._script(out, node)
+                    if pagemeta.is_json_ld(attrs):
+                        json_ld.append(node)
+                    self._script(out, node, attrs)
                 else:
-                    _element(out, node, tag)
+                    if tag == "meta" and pagemeta.is_meta_tag(attrs):
+                        metas.append(node)
+                    _element(out, node, tag, attrs)
+            context.seen(json_ld, metas)
         else:
             for url, node in audio_candidate_links(tree, base, _MAX_REFERRER_LINKS):
                 _stream(out, url, node)
         return out.result()
 
-    def _script(self, out: _Collector, node: LexborNode) -> None:
+    def _script(self, out: _Collector, node: LexborNode, attrs: Mapping[str, str | None]) -> None:
         if not self.settings.scan_scripts:
             return
-        kind = (node.attributes.get("type") or "").strip().lower()
+        kind = (attrs.get("type") or "").strip().lower()
         text = node.text(deep=True) or ""
         if not _mentions_audio(text):
             return
@@ -404,15 +428,22 @@ _NAMED_EXTENSIONS = media.AUDIO_EXTENSIONS | media.PLAYLIST_EXTENSIONS
 _DOTTED_EXTENSIONS = tuple(f".{ext}" for ext in sorted(_NAMED_EXTENSIONS))
 
 
-# The elements _element and _script read; plus, per page, every element with a data-* attribute it uses.
-_CANDIDATES = "script, a[href], area[href], audio, source, embed, object, param, link[href], meta[content]"
-_DATA_ATTRIBUTE = re.compile(rb"[\s\"'/]data-([A-Za-z0-9_:.-]+)\s*=")
+# The elements _element and _script read, and the <meta> tags of the page's metadata (pagemeta.META_TAGS: one
+# without content names no audio, so _element finds nothing in it); plus, per page, every element with a data-*
+# attribute it uses.
+_CANDIDATES = ("script, a[href], area[href], audio, source, embed, object, param, link[href], meta[content], "
+               + pagemeta.META_TAGS)
+# A data-* attribute's name, found from the literal "data-" (a regex that begins with it skips ahead to each
+# one, three times as fast as one that begins with the character before it, which is checked after).
+_DATA_ATTRIBUTE = re.compile(rb"data-([A-Za-z0-9_:.-]+)\s*=")
+_BEFORE_ATTRIBUTE = frozenset(b" \t\n\r\f\v\"'/")
 _CSS_NAME = re.compile(r"[a-z0-9_-]+")
 
 
 def _candidates(tree: LexborHTMLParser, body: bytes) -> list[LexborNode]:
     """The elements that can name audio, in document order, found by lexbor rather than a walk in Python."""
-    names = {m.group(1).decode("ascii").lower() for m in _DATA_ATTRIBUTE.finditer(body)}
+    names = {m.group(1).decode("ascii").lower() for m in _DATA_ATTRIBUTE.finditer(body)
+             if m.start() and body[m.start() - 1] in _BEFORE_ATTRIBUTE}
     names -= {a[5:] for a in _META_DATA_ATTRS}
     if not all(_CSS_NAME.fullmatch(n) for n in names):
         # A name a selector cannot spell: walk every element.
@@ -444,10 +475,13 @@ def _may_link_streams(lower: bytes) -> bool:
     return any(m in lower for m in _STREAM_MARKERS)
 
 
+_DOTTED_EXTENSION_S = re.compile(r"\.(?:" + "|".join(re.escape(e.decode()) for e in _EXTENSION_WORDS) + ")")
+
+
 def _mentions_audio(text: str) -> bool:
-    """A cheap gate before any parsing: does any audio or playlist extension occur at all?"""
-    lower = text.lower()
-    return any(ext in lower for ext in _DOTTED_EXTENSIONS)
+    """A cheap gate before any parsing: does any audio or playlist extension occur at all? (One regex scan
+    for the dots, not one substring scan an extension.)"""
+    return _DOTTED_EXTENSION_S.search(text.lower()) is not None
 
 
 def _absolute_urls_in(text: str) -> list[str]:
@@ -492,7 +526,10 @@ def _collect_json(out: _Collector, value: Any, found_in: str) -> None:
 
 
 def _type_is_audio(attrs: Mapping[str, str | None]) -> bool:
-    kind = media.media_type(attrs.get("type"))
+    given = attrs.get("type")
+    if not given:
+        return False      # most elements have no type
+    kind = media.media_type(given)
     return bool(kind) and media.is_audio_type(kind)
 
 
@@ -501,8 +538,17 @@ def _inside(node: LexborNode, tag: str) -> bool:
     return parent is not None and parent.tag == tag
 
 
-def _element(out: _Collector, node: LexborNode, tag: str) -> None:
-    attrs = node.attributes
+def _element(out: _Collector, node: LexborNode, tag: str, attrs: Mapping[str, str | None]) -> None:
+    if (tag == "a" or tag == "area") and "type" not in attrs and not _has_data(attrs):
+        # A plain link, most of a page's elements: what the general path below does with one, in fewer steps.
+        # It names audio or a playlist by its extension, or it may be a stream named like a page.
+        href = attrs.get("href")
+        if not href:
+            return
+        if media.url_extension(href.strip()) not in _NAMED_EXTENSIONS:
+            if (url := stream_candidate(out.base, node, attrs)) is not None:
+                _stream(out, url, node)
+            return
     if tag == "video" or (tag == "source" and _inside(node, "video") and not _type_is_audio(attrs)):
         return
     # (reference, the element itself says it is audio, where it was found)
@@ -555,9 +601,16 @@ def _element(out: _Collector, node: LexborNode, tag: str) -> None:
             out.add(ref, meta, where, force_audio=forced, link=link)
 
 
+def _has_data(attrs: Mapping[str, str | None]) -> bool:
+    for name in attrs:
+        if name.startswith("data-"):
+            return True
+    return False
+
+
 def _stream(out: _Collector, url: str, node: LexborNode) -> None:
     """A link that may be a stream named like a page: what the page says about it goes with it."""
-    url = urldefrag(url).url
+    url = _defragged(url)
     if not media.is_audio_url(url) and url not in out.hinted:
         out.hint(url, pagemeta.element_found(node, out.page), node)
 

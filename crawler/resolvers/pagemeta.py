@@ -79,6 +79,8 @@ _JSON_KEYS = {
     "bitrate": ("bitrate",),
 }
 _ISO_DURATION = re.compile(r"^P(?:(\d+(?:\.\d+)?)D)?T?(?:(\d+(?:\.\d+)?)H)?(?:(\d+(?:\.\d+)?)M)?(?:(\d+(?:\.\d+)?)S)?$")
+_CLOCK = re.compile(r"\d{1,3}(:\d{1,2}){1,2}")
+_BITRATE = re.compile(r"\s*(\d{1,5})(?!\d)")
 _MAX_TEXT = 1000
 # Anything longer than a week is a parsing accident (or infinity), not a recording.
 _MAX_SECONDS = 7 * 86400
@@ -100,12 +102,13 @@ def parse_duration(value: Any) -> float | None:
     if not isinstance(value, str):
         return None
     text = value.strip()[:64]
-    try:
-        seconds = float(text)
-        return seconds if 0 < seconds < _MAX_SECONDS else None
-    except ValueError:
-        pass
-    if re.fullmatch(r"\d{1,3}(:\d{1,2}){1,2}", text):
+    if text[:1] not in ("P", "p"):      # an ISO 8601 duration is never a number: no exception raised for it
+        try:
+            seconds = float(text)
+            return seconds if 0 < seconds < _MAX_SECONDS else None
+        except ValueError:
+            pass
+    if _CLOCK.fullmatch(text):
         total = 0.0
         for part in text.split(":"):
             total = total * 60 + int(part)
@@ -124,26 +127,47 @@ def parse_bitrate(value: Any) -> int | None:
     if isinstance(value, (int, float)):
         return int(value) if 0 < value < 100_000 else None
     if isinstance(value, str):
-        m = re.match(r"\s*(\d{1,5})(?!\d)", value)
+        m = _BITRATE.match(value)
         if m and int(m.group(1)) > 0:
             return int(m.group(1))
     return None
 
 
+_TEXT_FIELDS = ("title", "artist", "album", "description", "cover")
+
+
 def normalise(meta: Mapping[str, Any]) -> Meta:
     """Typed, cleaned fields; anything that does not parse is dropped, never raised."""
     out: Meta = {}
-    for key in ("title", "artist", "album", "description", "cover"):
-        text = clean_text(meta.get(key))
-        if text:
-            out[key] = text
-    duration = parse_duration(meta.get("duration"))
-    if duration:
-        out["duration"] = duration
-    bitrate = parse_bitrate(meta.get("bitrate"))
-    if bitrate:
-        out["bitrate"] = bitrate
+    if not meta:
+        return out     # most elements and ancestors asked have no data at all
+    get = meta.get
+    for key in _TEXT_FIELDS:
+        value = get(key)
+        if value is not None:
+            text = clean_text(value)
+            if text:
+                out[key] = text
+    value = get("duration")
+    if value is not None:
+        duration = parse_duration(value)
+        if duration:
+            out["duration"] = duration
+    value = get("bitrate")
+    if value is not None:
+        bitrate = parse_bitrate(value)
+        if bitrate:
+            out["bitrate"] = bitrate
     return out
+
+
+def _normal_value(field_name: str, value: Any) -> Any:
+    """normalise's value of one field (None when it drops it), without a dict in and out."""
+    if field_name == "duration":
+        return parse_duration(value) or None
+    if field_name == "bitrate":
+        return parse_bitrate(value) or None
+    return clean_text(value)
 
 
 def fill(first: Meta, *more: Meta) -> Meta:
@@ -168,7 +192,9 @@ def _name_of(value: Any) -> Any:
 def json_object_meta(obj: Mapping[str, Any]) -> Meta:
     """Fields from the sibling keys of a JSON (or script literal) object."""
     lower = {str(k).lower(): v for k, v in obj.items()}
-    raw: Meta = {}
+    # Per field, the first key whose value normalises; normalised once, in normalise's field order (that of
+    # _JSON_KEYS), which is what normalise of the raw values gave.
+    out: Meta = {}
     for field_name, keys in _JSON_KEYS.items():
         for key in keys:
             if key in lower:
@@ -177,10 +203,11 @@ def json_object_meta(obj: Mapping[str, Any]) -> Meta:
                     value = _name_of(value)
                 elif field_name == "cover":
                     value = value if isinstance(value, str) else _first_url(value)
-                if normalise({field_name: value}):
-                    raw[field_name] = value
+                normal = _normal_value(field_name, value)
+                if normal is not None:
+                    out[field_name] = normal
                     break
-    return normalise(raw)
+    return out
 
 
 def _first_url(value: Any) -> str | None:
@@ -224,8 +251,31 @@ MetaTags = dict[tuple[str, str], str | None]
 def meta_tags(tree: LexborHTMLParser) -> MetaTags:
     """The page's <meta> tags by ("property" | "name", value): the first of each, as a selector would find it.
     One pass over the tags instead of a selector run per field (most pages have none of the fields)."""
+    return meta_tags_of(css(tree, META_TAGS))
+
+
+# The <meta> tags meta_tags reads, and the <script> tags of JSON-LD: a caller that walks the page's elements anyway
+# (the generic resolver) picks them out as it goes (is_meta_tag, is_json_ld) and hands them over (PageContext.seen).
+META_TAGS = "meta[property], meta[name]"
+_JSON_LD = 'script[type="application/ld+json"]'
+
+
+def is_meta_tag(attrs: Mapping[str, str | None]) -> bool:
+    """Whether a <meta> element with these attributes is one META_TAGS selects."""
+    return "property" in attrs or "name" in attrs
+
+
+def is_json_ld(attrs: Mapping[str, str | None]) -> bool:
+    """Whether a <script> element with these attributes is one _JSON_LD selects (lexbor compares the type's value
+    without regard to ASCII case; no other character's lower case is one of its ASCII letters)."""
+    kind = attrs.get("type")
+    return kind is not None and kind.lower() == "application/ld+json"
+
+
+def meta_tags_of(nodes: list[LexborNode]) -> MetaTags:
+    """meta_tags of the page's META_TAGS elements, in document order."""
     out: MetaTags = {}
-    for node in css(tree, "meta[property], meta[name]"):
+    for node in nodes:
         attrs = node.attributes
         content = attrs.get("content")
         prop = attrs.get("property")
@@ -384,11 +434,13 @@ _NAME_WORDS_B = re.compile(b"|".join(re.escape(w.encode()) for _, words in _NAME
 _NAMING_ATTRS = (b"class=", b"id=", b"itemprop=")
 
 
-def _may_name_fields(body: bytes) -> bool:
+def _may_name_fields(body: bytes, lower: bytes | None = None) -> bool:
     """Whether some class, id or itemprop value in the markup contains a field's name. A scan of the bytes
     with str.find over the few such attributes a page has, so a page without any costs microseconds, not a
-    selector run over every element. (class = "x", with spaces, is not seen: a rare spelling.)"""
-    lower = body.lower()
+    selector run over every element. (class = "x", with spaces, is not seen: a rare spelling.) lower: the body in
+    lower case, when the caller has it."""
+    if lower is None:
+        lower = body.lower()
     search = _NAME_WORDS_B.search
     for attr in _NAMING_ATTRS:
         at = lower.find(attr)
@@ -492,19 +544,23 @@ def link_text(node: LexborNode) -> Meta:
 class PageContext:
     """What a page says as a whole (layers 3, 4, 6 and 7), computed once per page and only when it has audio."""
 
-    def __init__(self, tree: LexborHTMLParser, body: bytes | None = None) -> None:
+    def __init__(self, tree: LexborHTMLParser, body: bytes | None = None, lower: bytes | None = None) -> None:
+        """body: the page's bytes (a page whose markup names no field skips the named elements' selector);
+        lower: the same in lower case, when the caller has it."""
         self.tree = tree
         self._body = body
+        self._lower = lower
         self._named: NamedIndex | None = None
         self._metas: MetaTags | None = None
         self._high: Found | None = None
         self._low: Found | None = None
         self._heading: Meta | None = None
+        self._json_ld: list[LexborNode] | None = None
 
     @property
     def named(self) -> NamedIndex:
         if self._named is None:
-            maybe = self._body is None or _may_name_fields(self._body)
+            maybe = self._body is None or _may_name_fields(self._body, self._lower)
             self._named = NamedIndex(self.tree) if maybe else _NO_NAMES
         return self._named
 
@@ -517,8 +573,15 @@ class PageContext:
     def high(self) -> Found:
         """Layers 3 and 4: the page's structured data, then its named elements when unambiguous."""
         if self._high is None:
-            self._high = _high_layers(self.tree, self.metas, self.named)
+            self._high = _high_layers(self.tree, self.metas, self.named, self._json_ld)
         return self._high
+
+    def seen(self, json_ld: list[LexborNode], metas: list[LexborNode]) -> None:
+        """The page's JSON-LD scripts and META_TAGS elements, in document order, as a walk of every element that
+        may name audio found them: not looked for again."""
+        self._json_ld = json_ld
+        if self._metas is None:
+            self._metas = meta_tags_of(metas)
 
     def low(self) -> Found:
         """Layer 7: og:title, else <title>; asked only by items that have no title by then."""
@@ -556,9 +619,10 @@ class PageContext:
         return out if "title" in out.meta else out.fill(self.low())
 
 
-def _high_layers(tree: LexborHTMLParser, metas: MetaTags, named: NamedIndex) -> Found:
+def _high_layers(tree: LexborHTMLParser, metas: MetaTags, named: NamedIndex,
+                 json_ld: list[LexborNode] | None = None) -> Found:
     high = Found()
-    for script in css(tree, 'script[type="application/ld+json"]'):
+    for script in css(tree, _JSON_LD) if json_ld is None else json_ld:
         for obj in _walk_json(load_json_block(script.text() or "")):
             if _is_music_recording(obj):
                 high.add(json_object_meta(obj), "jsonld")
@@ -596,8 +660,7 @@ def page_meta(tree: LexborHTMLParser) -> Meta:
     return ctx.high().copy().fill(ctx.low()).meta
 
 
-def _own_data(node: LexborNode, with_title_attr: bool) -> Meta:
-    attrs = node.attributes
+def _own_data(attrs: Mapping[str, str | None], with_title_attr: bool) -> Meta:
     raw = {field_name: attrs.get(attr) for attr, field_name in _DATA_FIELDS.items() if attrs.get(attr)}
     if with_title_attr and not raw.get("title") and attrs.get("title"):
         raw["title"] = attrs.get("title")
@@ -615,8 +678,7 @@ def _itemprop(scope: LexborNode, prop: str) -> str | None:
     return clean_text((inner or node).text(deep=True))
 
 
-def _microdata(node: LexborNode) -> Meta:
-    attrs = node.attributes
+def _microdata(node: LexborNode, attrs: Mapping[str, str | None]) -> Meta:
     if "itemscope" not in attrs or "musicrecording" not in (attrs.get("itemtype") or "").lower():
         return {}
     return normalise({"title": _itemprop(node, "name"), "artist": _itemprop(node, "byArtist"),
@@ -632,12 +694,16 @@ def element_meta(node: LexborNode) -> Meta:
 def element_found(node: LexborNode, page: PageContext | None = None) -> Found:
     """Layers 1 and 2 for an element referencing audio, each field with its source."""
     found = Found()
-    found.add(_own_data(node, with_title_attr=True), "data")
-    found.add(_microdata(node), "microdata")
+    attrs = node.attributes      # a new dict from lexbor at each ask: asked once an element
+    if attrs:
+        found.add(_own_data(attrs, with_title_attr=True), "data")
+        found.add(_microdata(node, attrs), "microdata")
     current = node.parent
     while current is not None and current.tag not in ("body", "html", "head"):
-        found.add(_own_data(current, with_title_attr=False), "data")
-        found.add(_microdata(current), "microdata")
+        attrs = current.attributes
+        if attrs:   # most ancestors have no attributes: nothing to read
+            found.add(_own_data(attrs, with_title_attr=False), "data")
+            found.add(_microdata(current, attrs), "microdata")
         current = current.parent
     if page is not None:
         found.add(page.named.local(node), "class")

@@ -163,8 +163,8 @@ class WarcPageStore(_Store):
                            self._clock() if started is None else started)
         # The node's archive keeps the exchange (request and response); a writer of the page store's own (archiving
         # off) keeps the page: its response record alone, half the cost.
-        response = self.archive.response_ref(ex) if self._own else self.archive.exchange_refs(ex)[0]
-        location = f"{response.file}:{response.offset}:{response.length}"
+        file, offset, length = self.archive.response_at(ex) if self._own else self.archive.exchange_at(ex)
+        location = f"{file}:{offset}:{length}"
         self._index.add(location, url, final_url, status, content_type, self._clock())
         return location
 

@@ -43,13 +43,22 @@ _ITEM_FIELDS = ("title", "artist", "album", "duration", "description", "cover", 
 
 def content_digest(links: Iterable[str], refs: Iterable[str], items: Iterable[AudioItem]) -> int:
     """A signed 64-bit digest of what the crawl extracted from a page, as a sorted set."""
-    lines = {f"L {u}" for u in links}
-    lines.update(f"R {u}" for u in refs)
-    for i in items:
-        key = f"{i.resolver}:{i.source_id}" if i.source_id else i.url
-        lines.add("A " + "\t".join([key, i.page, *("" if (v := getattr(i, f)) is None else str(v)
-                                                   for f in _ITEM_FIELDS)]))
-    text = "\n".join(sorted(lines))
+    # The sorted set of "A ...", "L <link>" and "R <ref>" lines, made group by group: the groups sort in that
+    # order by their first letter, and within a group the lines sort as what follows the shared prefix. So a
+    # page's links are sorted and joined as they are, not each copied into a prefixed string first.
+    groups = []
+    if items:
+        lines = set()
+        for i in items:
+            key = f"{i.resolver}:{i.source_id}" if i.source_id else i.url
+            lines.add("A " + "\t".join([key, i.page, *("" if (v := getattr(i, f)) is None else str(v)
+                                                       for f in _ITEM_FIELDS)]))
+        groups.append("\n".join(sorted(lines)))
+    for prefix, urls in (("L ", links), ("R ", refs)):
+        unique = sorted(set(urls))
+        if unique:
+            groups.append(prefix + f"\n{prefix}".join(unique))
+    text = "\n".join(groups)
     return int(mmh3.hash64(text.encode("utf-8", "surrogatepass"), signed=True)[0])
 
 

@@ -754,7 +754,7 @@ class Worker:
                 if follow:
                     # At most max_links_per_page are reported; a few times that many elements leave room for
                     # the navigation the link cache filters out, and bound the work on a page of 100,000 links.
-                    links = extract_links(tree, page.final_url, 4 * self.cfg.max_links_per_page)
+                    links = extract_links(tree, page.final_url, 4 * self.cfg.max_links_per_page, source=page.text())
                 else:
                     cut = count_links(tree)
                     if not beyond:
