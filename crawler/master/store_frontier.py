@@ -58,6 +58,10 @@ class Frontier:
         self.visits = visits
         self.audio = audio
         self.max_attempts = max_attempts
+        # url -> key of the URLs the last finish() found: the pages whose links come next (Crawl.complete pushes
+        # them right after), so push() takes their parents' keys from here instead of looking them up again. A
+        # URL's key never changes and its row is never deleted, so an entry is never wrong; bounded by a report.
+        self._finished_keys: dict[str, int] = {}
 
     def known(self, urls: Sequence[str]) -> set[str]:
         """Which of these URLs the URL table holds, whatever their state (exact, not probabilistic)."""
@@ -85,8 +89,11 @@ class Frontier:
                 del fresh[url]
         if not fresh:
             return 0
-        parents = {p for *_, p in fresh.values() if p is not None}
-        parent_keys = {u: r[1] for u, r in self.core.lookup(parents, "url, id").items()} if parents else {}
+        known = self._finished_keys
+        parent_keys = {p: known[p] for *_, p in fresh.values() if p is not None and p in known}
+        parents = {p for *_, p in fresh.values() if p is not None and p not in parent_keys}
+        if parents:
+            parent_keys.update((u, r[1]) for u, r in self.core.lookup(parents, "url, id").items())
         origin_of = self.core.origin_ids(split_url(u)[0] for u in fresh)
         slot_of = self.core.slot_of
         inserts = []
@@ -311,8 +318,10 @@ class Frontier:
                                     "url, id, state, node, attempts, http_status, last_crawl").values()}
         visits: list[tuple[PageOutcome, int, int | None, float | None]] = []
         listings: dict[int, tuple[frozenset[tuple[str, str]], bool]] = {}
+        self._finished_keys = {u: row[0] for u, row in current.items()}
         out: list[bool] = []
         fetched: list[tuple[Any, ...]] = []
+        moved: list[tuple[Any, ...]] = []      # (state, node id, attempts, seq or None, key) in result order
         for res in results:
             row = current.get(res.url)
             if row is None or row[1] in (DONE, ERROR, ROBOTS):
@@ -339,16 +348,16 @@ class Frontier:
             else:
                 raise ValueError(f"unknown result state {res.state!r}")
             new_node = node if new_state == QUEUED else res.node
-            seq_sql = ", seq = ?" if new_state == QUEUED else ""
-            args: list[Any] = [new_state, self.core.node_id(new_node), attempts]
-            if new_state == QUEUED:
-                args.append(self.core.take_seq())
-            self.core.db.execute(f"UPDATE url_state SET state = ?, node = ?, attempts = ?{seq_sql} WHERE id = ?",
-                                 (*args, row_id))
+            # A URL back in line takes a new place in it (seq); any other keeps its own.
+            moved.append((new_state, self.core.node_id(new_node), attempts,
+                          self.core.take_seq() if new_state == QUEUED else None, row_id))
             fetched.append((row_id, res.at, res.http_status, res.final_url, res.content_type, res.size, res.error))
             self.core.move(state, node, new_state, new_node)
             row[1], row[2], row[3] = new_state, new_node, attempts
             out.append(True)
+        # One statement for the report, in result order (a URL twice in it ends as its last result says).
+        self.core.db.executemany("UPDATE url_state SET state = ?, node = ?, attempts = ?, seq = coalesce(?, seq) "
+                                 "WHERE id = ?", moved)
         self.core.write_pages(FETCH_COLUMNS, fetched)
         if visits:
             assert revisit is not None
