@@ -94,18 +94,24 @@ class Frontier:
         parents = {p for *_, p in fresh.values() if p is not None and p not in parent_keys}
         if parents:
             parent_keys.update((u, r[1]) for u, r in self.core.lookup(parents, "url, id").items())
-        origin_of = self.core.origin_ids(split_url(u)[0] for u in fresh)
+        parts = [split_url(u) for u in fresh]
+        origin_of = self.core.origin_ids(origin for origin, _ in parts)
         slot_of = self.core.slot_of
+        node_id = self.core.node_id
         inserts = []
+        per_node: dict[str | None, int] = {}
         key = self.core.take_ids(list(fresh))
-        for url, depth, priority, node, parent in fresh.values():
-            origin, rest = split_url(url)
+        seq = self.core.take_seqs(len(fresh))      # in push order, as one take_seq() a row would give them
+        for (url, depth, priority, node, parent), (origin, rest) in zip(fresh.values(), parts):
             slot = slot_of(url) if slot_of is not None else None
             pkey = parent_keys.get(parent) if parent is not None else None
-            inserts.append((key, origin_of[origin], rest, self.core.node_id(node), depth, priority, self.core.take_seq(),
-                            slot, pkey, parent if pkey is None else None))
+            inserts.append((key, origin_of[origin], rest, node_id(node), depth, priority, seq, slot, pkey,
+                            parent if pkey is None else None))
             key += 1
-            self.core.move(None, None, QUEUED, node)
+            seq += 1
+            per_node[node] = per_node.get(node, 0) + 1
+        for node, n in per_node.items():
+            self.core.move(None, None, QUEUED, node, n)
         self.core.db.executemany(
             f"INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent, parent_url) "
             f"VALUES (?, ?, ?, {QUEUED}, ?, ?, ?, ?, ?, ?, ?)", inserts)
