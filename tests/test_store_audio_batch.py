@@ -130,3 +130,17 @@ def test_set_wise_add_audio_writes_what_row_at_a_time_wrote(request, tmp_path, s
     finally:
         new.close()
         ref.close()
+
+
+def test_rows_are_found_by_their_exact_pairs_whatever_their_text(store_location):
+    texts = ["http://a.test/it's", 'say "hi"', "back\\slash", "日本/🎵", "100%?x=1&y=%20", "[1, 2]", "null", ""]
+    with MasterStore(store_location) as s:
+        rows = [{"url": u, "page": f"http://p.test/{p}", "status": "ok", "node": "n", "found_at": 1.0}
+                for u in texts[:-1] for p in texts]
+        with s.atomic():
+            assert all(s.add_audio(rows))
+        keys = [(u, f"http://p.test/{p}") for u in texts for p in texts] + [("http://a.test/it's", "other")]
+        found = s.audio._audio_state(keys)
+        assert set(found) == {(r["url"], r["page"]) for r in rows}
+        with s.atomic():
+            assert not any(s.add_audio(rows))        # every one a repeat: met by its own pair

@@ -381,16 +381,11 @@ class AudioCatalogue:
     def _audio_state(self, keys: Collection[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, str, str | None]]:
         """(id, status, sha256) of the catalogue rows of (item key, page) keys, those that exist."""
         out: dict[tuple[str, str], tuple[int, str, str | None]] = {}
-        ukeys = sorted({k for k, _ in keys})
-        pages = sorted({p for _, p in keys})
         db = self.core.db
-        for chunk in chunks(ukeys):
-            for chunk_pages in chunks(pages):
-                for row_id, ukey, page, status, sha in db.execute(
-                        f"SELECT id, ukey, page, status, sha256 FROM audio WHERE {db.in_list('ukey')} AND "
-                        f"{db.in_list('page')}", (db.list_arg(chunk), db.list_arg(chunk_pages))):
-                    if (ukey, page) in keys:
-                        out[(ukey, page)] = (row_id, status, sha)
+        sql = f"SELECT id, ukey, page, status, sha256 FROM audio WHERE {db.in_pairs('ukey', 'page')}"
+        for chunk in chunks(list(keys)):
+            for row_id, ukey, page, status, sha in db.execute(sql, (db.pairs_arg(chunk),)):
+                out[(ukey, page)] = (row_id, status, sha)
         return out
 
     def _remove_orphans(self, audio_ids: Sequence[int], at: float) -> None:
