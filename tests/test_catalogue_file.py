@@ -35,3 +35,43 @@ def test_a_failed_append_is_raised(tmp_path):
     cat.flush()
     with pytest.raises(OSError):
         cat.close()
+
+
+def test_lines_read_as_the_objects_json_dumps_gave_on_varied_rows():
+    import random
+
+    from crawler.master.catalogue import catalogue_lines, export_row
+
+    rnd = random.Random(7)
+    texts = ["", "plain", "héllo wörld", "日本語の曲", "emoji 🎵", 'quote " and \\ backslash', "tab\tnew\nline",
+             "\x00\x01\x1f\x7f", "\u2028\u2029", "</script>", "a/b"]
+    numbers = [0, -1, 2**63 - 1, -2**63, 1.5, 1e16, 1e-7, 0.1, -0.0, 1_700_000_000.123456, 3.0]
+
+    def value(depth: int = 0):
+        kind = rnd.randrange(6 if depth < 3 else 4)
+        if kind == 0:
+            return rnd.choice(texts)
+        if kind == 1:
+            return rnd.choice(numbers)
+        if kind == 2:
+            return rnd.choice([None, True, False])
+        if kind == 3:
+            return rnd.choice(texts) + str(rnd.random())
+        if kind == 4:
+            return [value(depth + 1) for _ in range(rnd.randrange(4))]
+        return {rnd.choice(texts) + str(i): value(depth + 1) for i in range(rnd.randrange(4))}
+
+    rows = []
+    for i in range(500):
+        r = {"url": f"http://a/{i}.mp3", "page": rnd.choice(texts), "status": "ok", "found_at": 1_700_000_000.5 + i,
+             "last_seen": rnd.choice([None, 1_700_000_100.25]), "removed_at": None, "size": rnd.choice(numbers),
+             "extra": value(), "file_tags": {rnd.choice(texts): rnd.choice(texts) for _ in range(rnd.randrange(3))}}
+        rows.append({k: v for k, v in r.items() if rnd.random() < 0.9 or k in ("url", "page")})
+    text = catalogue_lines(rows)
+    assert text.endswith("\n") and text.count("\n") == len(rows)
+    before = [json.dumps(export_row(r), ensure_ascii=False, sort_keys=True) for r in rows]
+    lines = text.split("\n")[:-1]      # not splitlines(): U+2028 is text in a line, raw here as before
+    assert len(lines) == len(rows)
+    for line, old in zip(lines, before):
+        assert json.loads(line) == json.loads(old)
+        assert list(json.loads(line)) == list(json.loads(old))          # keys in the same (sorted) order

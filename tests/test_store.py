@@ -174,6 +174,25 @@ def test_retry_goes_back_to_the_same_node_until_max_attempts(store):
     assert store.frontier_empty()
 
 
+def test_a_report_moves_each_url_as_its_results_say_in_order(store):
+    urls = [f"http://s/{k}" for k in "abcde"]
+    store.push([(u, 1, 0, "a", None) for u in urls])
+    assert len(store.pop("a", 5, now=1.0)) == 5
+    # One statement for the report's URLs: each ends as its results, in order, say.
+    results = [fin(urls[0], "retry"), fin(urls[0], "retry"), fin(urls[1], "throttled"), fin(urls[2]),
+               fin(urls[3], "error", error="gone"), fin(urls[2], "error"), fin(urls[4], "retry", node="z")]
+    assert store.finish(results) == [True, False, True, True, True, False, False]
+    info = {u: url_info(store, u) for u in urls}
+    assert [(i["state"], i["attempts"], i["node"]) for i in info.values()] == [
+        ("queued", 1, "a"), ("queued", 0, "a"), ("done", 0, "a"), ("error", 0, "a"), ("leased", 0, "a")]
+    assert info[urls[3]]["error"] == "gone"
+    # Back in line in the order their results came; the links of a finished page name it as their parent.
+    assert [u for u, _, _ in store.pop("a", 5, now=2.0)] == urls[:2]
+    store.push([("http://s/c/1", 2, 0, "a", urls[2]), ("http://s/c/2", 2, 0, "a", "http://elsewhere/")])
+    assert store.pop("a", 5, now=3.0) == [("http://s/c/1", 2, urls[2]), ("http://s/c/2", 2, "http://elsewhere/")]
+    assert store.status()["states"] == {"queued": 0, "leased": 5, "done": 1, "error": 1, "robots": 0}
+
+
 def test_counts_survive_reopen_and_match_the_rows(store_location):
     path = store_location
     with MasterStore(path) as s:

@@ -170,6 +170,15 @@ class Backend:
         """The text at `key` of the JSON object in `column` (NULL when absent)."""
         raise NotImplementedError
 
+    def in_pairs(self, first: str, second: str) -> str:
+        """(`first`, `second`) is one of a list of pairs of text given as one parameter (see pairs_arg): an index
+        on the two columns is searched once per pair, where two in_list()s search it for every combination."""
+        raise NotImplementedError
+
+    def pairs_arg(self, pairs: Iterable[tuple[str, str]]) -> Any:
+        import json
+        return json.dumps([list(p) for p in pairs])
+
     def list_arg(self, values: Sequence[Any]) -> Any:
         raise NotImplementedError
 
@@ -294,6 +303,10 @@ class SqliteBackend(Backend):
 
     def json_text(self, column: str, key: str) -> str:
         return f"json_extract({column}, '$.{key}')"
+
+    def in_pairs(self, first: str, second: str) -> str:
+        return (f"({first}, {second}) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') "
+                "FROM json_each(?))")
 
     def list_arg(self, values: Sequence[Any]) -> Any:
         import json
@@ -454,6 +467,9 @@ class PostgresBackend(Backend):
 
     def json_text(self, column: str, key: str) -> str:
         return f"({column}::jsonb ->> '{key}')"
+
+    def in_pairs(self, first: str, second: str) -> str:
+        return f"({first}, {second}) IN (SELECT x ->> 0, x ->> 1 FROM jsonb_array_elements(?::jsonb) AS x)"
 
     def list_arg(self, values: Sequence[Any]) -> Any:
         return list(values)

@@ -8,12 +8,13 @@ commit window's rows took the master's event loop for 15-25 ms.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
+
+import msgspec
 
 from crawler.logs import iso_utc
 from crawler.master.store import AUDIO_TIMES
@@ -26,6 +27,18 @@ def export_row(row: dict[str, Any]) -> dict[str, Any]:
     if "found_at" in row:
         row["first_seen"] = row["found_at"]
     return row
+
+
+# One JSON object a line, keys sorted, text as UTF-8 (not as \u escapes); msgspec's encoder, several times as fast
+# as json.dumps, which the master ran for every row: the lines read as the same objects json.dumps gave, only
+# without the blanks after ',' and ':'. Every value a row holds is strict JSON (protocol.check_json_value).
+_ENCODER = msgspec.json.Encoder(order="sorted")
+
+
+def catalogue_lines(rows: Iterable[dict[str, Any]]) -> str:
+    """Rows as the catalogue file's lines (export_row applied), each ended by a newline."""
+    encode = _ENCODER.encode
+    return b"".join([encode(export_row(r)) + b"\n" for r in rows]).decode("utf-8")
 
 
 class CatalogueFile:
@@ -44,7 +57,7 @@ class CatalogueFile:
         n = 0
         with open(tmp, "w", encoding="utf-8") as fh:
             for row in rows:
-                fh.write(json.dumps(export_row(row), ensure_ascii=False, sort_keys=True) + "\n")
+                fh.write(catalogue_lines((row,)))
                 n += 1
             fh.flush()
             os.fsync(fh.fileno())
@@ -68,7 +81,7 @@ class CatalogueFile:
 
     def _append(self, fh: TextIO, rows: list[dict[str, Any]]) -> None:
         try:
-            fh.write("".join(json.dumps(export_row(r), ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
+            fh.write(catalogue_lines(rows))
             fh.flush()
         except BaseException as e:
             self._error = e

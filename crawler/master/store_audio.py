@@ -32,6 +32,7 @@ AUDIO_TIMES = ("found_at", "last_seen", "changed_at", "removed_at", "returned_at
 # removed_at and returned_at set, and clears returned_at when the bytes change.
 EVENT_AT = "coalesce(removed_at, returned_at, changed_at, found_at)"
 CHANGED, REMOVED = "changed", "removed"
+NEW, REPEAT = "new", "repeat"          # what a reported row does besides CHANGED (audio_action)
 _JSON_COLUMNS = frozenset(k for k, kind in AUDIO_FIELD_KINDS.items() if kind == "map")
 _SQL_TYPES = {"text": "TEXT", "map": "TEXT", "number": "{REAL}"}
 COLUMN_TYPES = {**{k: _SQL_TYPES[kind] for k, kind in AUDIO_FIELD_KINDS.items() if kind not in _UNSTORED},
@@ -124,6 +125,28 @@ REFS_TABLE = """CREATE TABLE audio_refs (
 CREATE INDEX audio_refs_item ON audio_refs(audio_id)"""
 
 
+def audio_action(values: Mapping[str, Any], old: tuple[int, str, str | None] | None, live: bool = False
+                 ) -> tuple[str, str | None, str, str | None]:
+    """What a reported catalogue row (its stored values) does to the row it meets, (id, status, sha256) or None:
+    (action, old status, new status, the change counted or None). Actions: NEW, a row of its own; CHANGED, other
+    bytes than the row holds at a known item (the old ones go to audio_history); REPEAT, the row seen again,
+    filling what the first report lacked. ``live``: the row is a live stream's window, whose new bytes are no
+    change (the window is kept as the item's history, live_recordings): a repeat."""
+    status = values["status"]
+    if old is None:
+        return NEW, None, status, NEW
+    _, old_status, old_sha = old
+    new_sha = values["sha256"]
+    # A live stream's new window is no change: it is kept as the item's history (live_recordings).
+    if old_sha and new_sha and new_sha != old_sha and not live:
+        return CHANGED, old_status, CHANGED, CHANGED
+    if old_status == REMOVED:
+        return REPEAT, old_status, status, NEW      # back on its page: it appeared again
+    if status == "ok" and old_status != CHANGED:
+        return REPEAT, old_status, "ok", None
+    return REPEAT, old_status, old_status, None
+
+
 def listed_keys(rows: Iterable[Mapping[str, Any]]) -> frozenset[tuple[str, str]]:
     """The catalogue keys, (item key, page), of the audio a visit reported: what its URL lists (see
     AudioCatalogue.follow_refs)."""
@@ -141,7 +164,7 @@ def _audio_values(row: Mapping[str, Any]) -> dict[str, Any]:
     extra.update({k: v for k, v in row.items() if k not in _KNOWN_AUDIO and k != "identity"})
     values["extra"] = extra
     for c in _JSON_COLUMNS:
-        values[c] = json.dumps(values[c], sort_keys=True, ensure_ascii=False) if values[c] else None
+        values[c] = _json_text(values[c]) if values[c] else None
     values["url"] = values["url"] or ""
     values["status"] = values["status"] or "ok"
     for c, v in values.items():
@@ -152,6 +175,8 @@ def _audio_values(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _KNOWN_AUDIO = frozenset(AUDIO_COLUMNS)
+# json.dumps(value, sort_keys=True, ensure_ascii=False), without making an encoder for every map of every row.
+_json_text = json.JSONEncoder(sort_keys=True, ensure_ascii=False).encode
 
 
 def _audio_ukey(row: Mapping[str, Any]) -> str:
@@ -221,56 +246,78 @@ class AudioCatalogue:
         A live stream's row (extra.live) is different: each report brings a new window recorded of it. Every
         window is kept in live_recordings and the row shows the latest (its sha256, size, path, duration and
         extra); new bytes are no change, the status stays as a repeat's.
+
+        Set-wise: the rows the batch meets are read in one statement, each row's fate is decided in memory
+        (audio_action), and the inserts, changes and repeats are written a statement each. A key twice in the
+        batch starts a new run, so that a row meets what the ones before it wrote, as one by one.
         """
         self.core.begin()
-        out = []
+        out: list[bool] = []
+        run: dict[tuple[str, str], dict[str, Any]] = {}
+        live: set[tuple[str, str]] = set()       # the keys of live streams' windows
         for row in rows:
             values = _audio_values(row)
             at = values["found_at"]
             values["last_seen"] = at
             values["changed_at"] = values["removed_at"] = values["returned_at"] = None
-            ukey = _audio_ukey(row).replace("\x00", "")
-            cur = self.core.db.execute(_INSERT_AUDIO, (ukey, *values.values()))
-            live = is_live(row)
-            if cur.rowcount == 1:
-                self._count_audio(None, values["status"])
-                self._note_change("new")
-                out.append(True)
-                if live:
-                    self._add_window(self._row_id(ukey, values["page"]), values)
-                continue
-            out.append(False)
-            old_id, old_status, old_sha = self.core.db.execute(
-                "SELECT id, status, sha256 FROM audio WHERE ukey = ? AND page = ?", (ukey, values["page"])).fetchone()
-            new_sha = values["sha256"]
-            if live and new_sha and self._add_window(old_id, values):
-                # The latest window is what the row shows; the status is decided as for any repeat below.
-                self.core.db.execute("UPDATE audio SET sha256 = ?, size = ?, path = ?, duration = ?, extra = ?, "
-                                     "content_type = coalesce(?, content_type) WHERE id = ?",
-                                     (new_sha, values["size"], values["path"], values["duration"], values["extra"],
-                                      values["content_type"], old_id))
-            elif old_sha and new_sha and new_sha != old_sha and not live:
-                self.core.db.execute("INSERT INTO audio_history(audio_id, sha256, size, path, replaced_at) "
-                                     "SELECT id, sha256, size, path, ? FROM audio WHERE id = ?", (at, old_id))
-                self.core.db.execute(
-                    f"UPDATE audio SET sha256 = ?, size = ?, path = ?, content_type = coalesce(?, content_type), "
-                    f"status = '{CHANGED}', reason = NULL, changed_at = ?, last_seen = ?, removed_at = NULL, "
-                    "returned_at = NULL "
-                    "WHERE id = ?", (new_sha, values["size"], values["path"], values["content_type"], at, at, old_id))
-                self._count_audio(old_status, CHANGED)
-                self._note_change(CHANGED)
-                continue
-            status = values["status"]
-            if old_status == REMOVED:
-                new_status = status
-                self._note_change("new")    # back on its page: it appeared again
-            elif status == "ok" and old_status != CHANGED:
-                new_status = "ok"
+            key = (_audio_ukey(row).replace("\x00", ""), values["page"])
+            if key in run:
+                out.extend(self._add_run(run, live))
+                run, live = {}, set()
+            run[key] = values
+            if is_live(row):
+                live.add(key)
+        if run:
+            out.extend(self._add_run(run, live))
+        return out
+
+    def _add_run(self, run: Mapping[tuple[str, str], dict[str, Any]], live: Collection[tuple[str, str]]) -> list[bool]:
+        """add_audio's rows of distinct keys: read what they meet, decide, write."""
+        found = self._audio_state(run)
+        inserts: list[tuple[Any, ...]] = []
+        changes: list[tuple[Any, ...]] = []
+        repeats: list[tuple[Any, ...]] = []
+        out = []
+        windows: list[tuple[tuple[str, str], dict[str, Any]]] = []
+        for key, values in run.items():
+            action, old_status, new_status, event = audio_action(values, found.get(key), key in live)
+            if key in live:
+                windows.append((key, values))
+            at = values["found_at"]
+            if action == NEW:
+                inserts.append((key[0], *values.values()))
+            elif action == CHANGED:
+                changes.append((values["sha256"], values["size"], values["path"], values["content_type"], at, at,
+                                found[key][0]))
             else:
-                new_status = old_status
+                status = values["status"]
+                repeats.append((*(values[c] for c in _COALESCED), values["url"], status, status, status, at, at,
+                                found[key][0]))
             self._count_audio(old_status, new_status)
-            self.core.db.execute(_UPDATE_AUDIO, (*(values[c] for c in _COALESCED), values["url"], status,
-                                                 status, status, at, at, old_id))
+            if event is not None:
+                self._note_change(event)
+            out.append(action == NEW)
+        db = self.core.db
+        if inserts:
+            db.executemany(_INSERT_AUDIO, inserts)
+        if changes:
+            db.executemany("INSERT INTO audio_history(audio_id, sha256, size, path, replaced_at) "
+                           "SELECT id, sha256, size, path, ? FROM audio WHERE id = ?", [(c[4], c[6]) for c in changes])
+            db.executemany("UPDATE audio SET sha256 = ?, size = ?, path = ?, "
+                           f"content_type = coalesce(?, content_type), status = '{CHANGED}', reason = NULL, "
+                           "changed_at = ?, last_seen = ?, removed_at = NULL, returned_at = NULL WHERE id = ?",
+                           changes)
+        if repeats:
+            db.executemany(_UPDATE_AUDIO, repeats)
+        for key, values in windows:
+            # A live stream's window (rare beside files: one statement or two each): kept, and the row shows the
+            # latest one.
+            row_id = found[key][0] if key in found else self._row_id(*key)
+            if self._add_window(row_id, values) and key in found:
+                db.execute("UPDATE audio SET sha256 = ?, size = ?, path = ?, duration = ?, extra = ?, "
+                           "content_type = coalesce(?, content_type) WHERE id = ?",
+                           (values["sha256"], values["size"], values["path"], values["duration"], values["extra"],
+                            values["content_type"], row_id))
         return out
 
     def settle_audio(self, settled: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict[str, Any] | None]:
@@ -440,16 +487,16 @@ class AudioCatalogue:
 
     def _audio_ids(self, keys: Collection[tuple[str, str]]) -> dict[tuple[str, str], int]:
         """Catalogue row ids of (item key, page) keys, those that exist."""
-        out: dict[tuple[str, str], int] = {}
-        ukeys = sorted({k for k, _ in keys})
-        pages = sorted({p for _, p in keys})
-        for chunk in chunks(ukeys):
-            for chunk_pages in chunks(pages):
-                for row_id, ukey, page in self.core.db.execute(
-                        f"SELECT id, ukey, page FROM audio WHERE {self.core.db.in_list('ukey')} AND "
-                        f"{self.core.db.in_list('page')}", (self.core.db.list_arg(chunk), self.core.db.list_arg(chunk_pages))):
-                    if (ukey, page) in keys:
-                        out[(ukey, page)] = row_id
+        return {k: row[0] for k, row in self._audio_state(keys).items()}
+
+    def _audio_state(self, keys: Collection[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, str, str | None]]:
+        """(id, status, sha256) of the catalogue rows of (item key, page) keys, those that exist."""
+        out: dict[tuple[str, str], tuple[int, str, str | None]] = {}
+        db = self.core.db
+        sql = f"SELECT id, ukey, page, status, sha256 FROM audio WHERE {db.in_pairs('ukey', 'page')}"
+        for chunk in chunks(list(keys)):
+            for row_id, ukey, page, status, sha in db.execute(sql, (db.pairs_arg(chunk),)):
+                out[(ukey, page)] = (row_id, status, sha)
         return out
 
     def _remove_orphans(self, audio_ids: Sequence[int], at: float) -> None:

@@ -348,6 +348,13 @@ class StoreCore:
         self.seq_dirty = True
         return self.next_seq
 
+    def take_seqs(self, n: int) -> int:
+        """n places in line at once: the first of them, the others following it (what n take_seq() give)."""
+        first = self.next_seq + 1
+        self.next_seq += n
+        self.seq_dirty = True
+        return first
+
     # -- names: nodes and origins --------------------------------------------------------------------
 
     def node_id(self, name: str | None) -> int | None:

@@ -58,6 +58,10 @@ class Frontier:
         self.visits = visits
         self.audio = audio
         self.max_attempts = max_attempts
+        # url -> key of the URLs the last finish() found: the pages whose links come next (Crawl.complete pushes
+        # them right after), so push() takes their parents' keys from here instead of looking them up again. A
+        # URL's key never changes and its row is never deleted, so an entry is never wrong; bounded by a report.
+        self._finished_keys: dict[str, int] = {}
 
     def known(self, urls: Sequence[str]) -> set[str]:
         """Which of these URLs the URL table holds, whatever their state (exact, not probabilistic)."""
@@ -85,20 +89,29 @@ class Frontier:
                 del fresh[url]
         if not fresh:
             return 0
-        parents = {p for *_, p in fresh.values() if p is not None}
-        parent_keys = {u: r[1] for u, r in self.core.lookup(parents, "url, id").items()} if parents else {}
-        origin_of = self.core.origin_ids(split_url(u)[0] for u in fresh)
+        known = self._finished_keys
+        parent_keys = {p: known[p] for *_, p in fresh.values() if p is not None and p in known}
+        parents = {p for *_, p in fresh.values() if p is not None and p not in parent_keys}
+        if parents:
+            parent_keys.update((u, r[1]) for u, r in self.core.lookup(parents, "url, id").items())
+        parts = [split_url(u) for u in fresh]
+        origin_of = self.core.origin_ids(origin for origin, _ in parts)
         slot_of = self.core.slot_of
+        node_id = self.core.node_id
         inserts = []
+        per_node: dict[str | None, int] = {}
         key = self.core.take_ids(list(fresh))
-        for url, depth, priority, node, parent in fresh.values():
-            origin, rest = split_url(url)
+        seq = self.core.take_seqs(len(fresh))      # in push order, as one take_seq() a row would give them
+        for (url, depth, priority, node, parent), (origin, rest) in zip(fresh.values(), parts):
             slot = slot_of(url) if slot_of is not None else None
             pkey = parent_keys.get(parent) if parent is not None else None
-            inserts.append((key, origin_of[origin], rest, self.core.node_id(node), depth, priority, self.core.take_seq(),
-                            slot, pkey, parent if pkey is None else None))
+            inserts.append((key, origin_of[origin], rest, node_id(node), depth, priority, seq, slot, pkey,
+                            parent if pkey is None else None))
             key += 1
-            self.core.move(None, None, QUEUED, node)
+            seq += 1
+            per_node[node] = per_node.get(node, 0) + 1
+        for node, n in per_node.items():
+            self.core.move(None, None, QUEUED, node, n)
         self.core.db.executemany(
             f"INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent, parent_url) "
             f"VALUES (?, ?, ?, {QUEUED}, ?, ?, ?, ?, ?, ?, ?)", inserts)
@@ -311,8 +324,10 @@ class Frontier:
                                     "url, id, state, node, attempts, http_status, last_crawl").values()}
         visits: list[tuple[PageOutcome, int, int | None, float | None]] = []
         listings: dict[int, tuple[frozenset[tuple[str, str]], bool]] = {}
+        self._finished_keys = {u: row[0] for u, row in current.items()}
         out: list[bool] = []
         fetched: list[tuple[Any, ...]] = []
+        moved: list[tuple[Any, ...]] = []      # (state, node id, attempts, seq or None, key) in result order
         for res in results:
             row = current.get(res.url)
             if row is None or row[1] in (DONE, ERROR, ROBOTS):
@@ -339,16 +354,16 @@ class Frontier:
             else:
                 raise ValueError(f"unknown result state {res.state!r}")
             new_node = node if new_state == QUEUED else res.node
-            seq_sql = ", seq = ?" if new_state == QUEUED else ""
-            args: list[Any] = [new_state, self.core.node_id(new_node), attempts]
-            if new_state == QUEUED:
-                args.append(self.core.take_seq())
-            self.core.db.execute(f"UPDATE url_state SET state = ?, node = ?, attempts = ?{seq_sql} WHERE id = ?",
-                                 (*args, row_id))
+            # A URL back in line takes a new place in it (seq); any other keeps its own.
+            moved.append((new_state, self.core.node_id(new_node), attempts,
+                          self.core.take_seq() if new_state == QUEUED else None, row_id))
             fetched.append((row_id, res.at, res.http_status, res.final_url, res.content_type, res.size, res.error))
             self.core.move(state, node, new_state, new_node)
             row[1], row[2], row[3] = new_state, new_node, attempts
             out.append(True)
+        # One statement for the report, in result order (a URL twice in it ends as its last result says).
+        self.core.db.executemany("UPDATE url_state SET state = ?, node = ?, attempts = ?, seq = coalesce(?, seq) "
+                                 "WHERE id = ?", moved)
         self.core.write_pages(FETCH_COLUMNS, fetched)
         if visits:
             assert revisit is not None

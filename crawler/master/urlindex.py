@@ -227,6 +227,9 @@ class FileUrlIndex:
             return
         if self.readonly:
             raise PermissionError(f"{self.path}: opened read-only")
+        if len(hashes) < _SMALL:
+            self._add_small(hashes, ids)
+            return
         h = np.array(hashes, dtype=np.int64).view(np.uint64)
         v = np.array(ids, dtype=np.uint64)
         if int(v.max()) > ID_MASK or int(v.min()) < 1:
@@ -242,6 +245,32 @@ class FileUrlIndex:
             end = min(len(h), start + room)
             self.counts[t] += self._insert(self._table(t), h[start:end], values[start:end])
             start = end
+
+    def _add_small(self, hashes: Sequence[int], ids: Sequence[int]) -> None:
+        # A few keys (one report's new URLs): numpy's steps cost more than the probes, as in _find_small. Keys
+        # go in one by one, so two of them meeting at a free slot may end in each other's places compared with
+        # _insert: a lookup probes to the first empty slot either way and finds the same entries.
+        if min(ids) < 1 or max(ids) > ID_MASK:
+            raise ValueError("URL row id out of the index's range")
+        slots = self._words
+        for x, i in zip(hashes, ids):
+            t = self.tables - 1
+            if self.counts[t] >= int((FIRST_SLOTS << t) * MAX_LOAD):
+                self._grow()
+                t += 1
+                slots = self._words
+            assert slots is not None
+            x &= _U64
+            value = (x >> ID_BITS) << ID_BITS | i
+            base, mask = _offset_of(t), (FIRST_SLOTS << t) - 1
+            at = x & mask
+            while cur := slots[base + at]:
+                if cur == value:            # already indexed (or by an earlier key of this batch)
+                    break
+                at = (at + 1) & mask
+            else:
+                slots[base + at] = value
+                self.counts[t] += 1
 
     @staticmethod
     def _insert(table: np.ndarray[Any, np.dtype[np.uint64]], h: np.ndarray[Any, Any],
