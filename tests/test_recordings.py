@@ -200,6 +200,7 @@ def test_a_station_recording_is_matched_per_window_with_when_each_work_was_playe
     for name, (at, length, offset) in HEARD.items():
         r = first[name]
         assert abs(r["played_at"] - (RECORDED_AT + at)) <= SPAN_TOLERANCE, r
+        assert r["window_offset"] == round(r["played_at"] - RECORDED_AT, 3), r      # where in the recording
         assert abs(r["played_seconds"] - length) <= 2 * SPAN_TOLERANCE, r
         assert abs(r["offset"] - offset) <= SPAN_TOLERANCE, r          # into the work, where the heard part starts
         assert (r["url"], r["page"], r["station"], r["title"]) == (url, page, "Radio One", f"Work {name}")
@@ -209,7 +210,8 @@ def test_a_station_recording_is_matched_per_window_with_when_each_work_was_playe
     # The file's match is as it was: no time played, not live, a recording group of its own.
     (file_match,) = [r for r in store.export_matches() if not r["live"]]
     assert (file_match["url"], file_match["work"], file_match["played_at"], file_match["played_seconds"],
-            file_match["station"], file_match["window"]) == ("http://up.test/b.mp3", "B", None, None, None, None)
+            file_match["station"], file_match["window"], file_match["window_offset"]) == (
+        "http://up.test/b.mp3", "B", None, None, None, None, None)
     assert file_match["recording"] is not None
     # The catalogue row of a stream has no single match (its windows each have theirs); the file's has.
     rows = {r["url"]: r for r in store.catalogue()}
@@ -353,8 +355,8 @@ def test_export_recordings_and_matches_from_the_command_line(tmp_path):
     r = run(["export", "--matches", "--format", "csv", "--config", str(cfg)], tmp_path)
     header, line = r.stdout.splitlines()
     assert header == ("url,work,title,artist,score,offset,page,first_seen,last_seen,matched_at,recording,"
-                      "played_at,played_seconds,live,station,window")
-    assert line.endswith(",2025-12-06T05:46:52Z,60.0,True,Radio One,1")
+                      "played_at,played_seconds,live,station,window,window_offset")
+    assert line.endswith(",2025-12-06T05:46:52Z,60.0,True,Radio One,1,12.4")
     r = run(["export", "--recordings", "--matches", "--config", str(cfg)], tmp_path)
     assert r.returncode == 2 and "choose one" in r.stderr
     r = run(["export", "--recordings", "--changes-since", "0", "--config", str(cfg)], tmp_path)

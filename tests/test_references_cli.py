@@ -109,7 +109,7 @@ def test_add_on_a_running_master_and_export_matches(tmp_path):
         else:
             lines = r.stdout.splitlines()
             assert lines[0] == ("url,work,title,artist,score,offset,page,first_seen,last_seen,matched_at,recording,"
-                                "played_at,played_seconds,live,station,window")
+                                "played_at,played_seconds,live,station,window,window_offset")
             assert lines[1].startswith("http://x/copy.mp3,song-one,")
     r = run(["export", "--config", str(cfg)], tmp_path)
     assert json.loads(r.stdout)["match"] == {"work": "song-one", "score": 3.0, "offset": 0.0}

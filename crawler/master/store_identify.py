@@ -77,9 +77,12 @@ NEVER_MATCHED = -1
 
 # The matches' export, one row per (audio address, work, window), in this column order. For a live stream's
 # window: played_at and played_seconds say when and how long the work was played, live is true, station is its
-# row's title, window its live_recordings id (export --recordings); for a file they are null, false, null, null.
+# row's title, window its live_recordings id (export --recordings) and window_offset the seconds into that
+# recording where the work was heard (played_at is the window's start plus this); for a file they are null,
+# false, null, null, null.
 MATCH_COLUMNS = ("url", "work", "title", "artist", "score", "offset", "page", "first_seen", "last_seen",
-                 "matched_at", "recording", "played_at", "played_seconds", "live", "station", "window")
+                 "matched_at", "recording", "played_at", "played_seconds", "live", "station", "window",
+                 "window_offset")
 # The times of a matches export row, ISO-8601 UTC in exports and alerts.
 _MATCH_TIMES = ("first_seen", "last_seen", "matched_at", "played_at")
 # A work found in a fingerprint: (work, score, offset into the work) and, for a window, where in the window it was
@@ -366,20 +369,22 @@ class Identification:
             if window:
                 row = self.core.db.execute(
                     "SELECT m.url, m.work, r.title, r.artist, m.score, m.work_offset, a.page, a.found_at, "
-                    "a.last_seen, m.matched_at, NULL, m.played_at, m.played_seconds, a.title FROM matches m "
+                    "a.last_seen, m.matched_at, NULL, m.played_at, m.played_seconds, a.title, "
+                    "m.played_at - l.recorded_at FROM matches m "
                     "LEFT JOIN ref_works r ON r.work = m.work LEFT JOIN live_recordings l ON l.id = m.live_id "
                     "LEFT JOIN audio a ON a.id = l.audio_id "
                     "WHERE m.url = ? AND m.work = ? AND m.live_id = ?", (url, work, window)).fetchone()
             else:
                 row = self.core.db.execute(
                     "SELECT m.url, m.work, r.title, r.artist, m.score, m.work_offset, a.page, a.found_at, "
-                    "a.last_seen, m.matched_at, f.recording, NULL, NULL, NULL FROM matches m "
+                    "a.last_seen, m.matched_at, f.recording, NULL, NULL, NULL, NULL FROM matches m "
                     "LEFT JOIN ref_works r ON r.work = m.work LEFT JOIN fingerprints f ON f.url = m.url "
                     "LEFT JOIN audio a ON a.id = (SELECT min(id) FROM audio WHERE url = m.url) "
                     f"WHERE m.url = ? AND m.work = ? AND {self._live_id} = 0", (url, work)).fetchone()
             if row is not None:
+                at = row[14]
                 d = dict(zip(MATCH_COLUMNS, (*row[:13], bool(window), row[13] if window else None,
-                                             window or None)))
+                                             window or None, None if at is None else round(float(at), 3))))
                 out.append(d)
         return out
 
