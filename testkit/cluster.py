@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -152,6 +153,33 @@ def operator(command: str, config: Path, *args: str) -> str:
     return done.stdout
 
 
+def master_command(*args: str) -> str:
+    """`crawler-master ARGS` (blocking: through asyncio.to_thread); its output, or an AssertionError with its
+    error line."""
+    done = subprocess.run([sys.executable, "-m", "crawler.master", *args], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, f"crawler-master {' '.join(args)}: {done.stderr.strip()}"
+    return done.stdout
+
+
+def jsonl(text: str) -> list[dict]:
+    """The rows of an export in JSON lines."""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def store_count(db: Path, sql: str) -> int:
+    """A count from a running master's SQLite store (read-only, beside its writes); 0 before the tables exist."""
+    if not db.exists():
+        return 0
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        return int(con.execute(sql).fetchone()[0])
+    except sqlite3.OperationalError:      # the tables are not there yet
+        return 0
+    finally:
+        con.close()
+
+
 def web_url(config: Path) -> str:
     """The running master's status page (its web server listens on port 0 in tests and demos)."""
     addr = (Path(yaml.safe_load(config.read_text())["data_dir"]) / "web.addr").read_text().strip()
@@ -168,12 +196,14 @@ async def start_worker(master: str, node_id: str, tmp: Path, *, secret: Path | N
     return await _spawn(f"worker {node_id}", args, tmp / f"worker-{node_id}.log")
 
 
-async def until(predicate, timeout: float, what: str) -> None:
-    """Wait for a condition another process brings about (a file grows, a log line appears)."""
+async def until(predicate, timeout: float, what: str, *procs: Proc) -> None:
+    """Wait for a condition another process brings about (a file grows, a log line appears); when it does not
+    come, the error carries the end of each of ``procs``' logs."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what}" + "".join(
+                f"\n--- {p.name}\n{p.log()[-3000:]}" for p in procs))
         await asyncio.sleep(0.05)
 
 

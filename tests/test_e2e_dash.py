@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import sqlite3
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +15,7 @@ import pytest
 import yaml
 
 from testkit import cluster, music, siteserver
+from testkit.cluster import jsonl, master_command, store_count
 from testkit import dash as tdash
 
 pytestmark = pytest.mark.timeout(240)
@@ -51,37 +48,6 @@ def site(tmp_path_factory) -> Site:
     return Site(root, ref, meta, static, live)
 
 
-def _db_count(db: Path, sql: str) -> int:
-    if not db.exists():
-        return 0
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-    try:
-        return int(con.execute(sql).fetchone()[0])
-    except sqlite3.OperationalError:      # the tables are not there yet
-        return 0
-    finally:
-        con.close()
-
-
-def _cli(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "crawler.master", *args], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, f"crawler-master {' '.join(args)}: {done.stderr.strip()}"
-    return done.stdout
-
-
-def _jsonl(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-async def _until(predicate, timeout: float, what: str, *procs: cluster.Proc) -> None:
-    try:
-        await cluster.until(predicate, timeout, what)
-    except AssertionError:
-        raise AssertionError(f"timed out waiting for {what}; logs:\n" +
-                             "\n".join(f"--- {p.name}\n{p.log()[-3000:]}" for p in procs)) from None
-
-
 async def test_static_and_live_dash_are_catalogued_and_the_static_one_identified(site, tmp_path):
     master = worker = None
     async with tdash.LiveServer(site.live, history=3.0) as live:
@@ -98,19 +64,19 @@ async def test_static_and_live_dash_are_catalogued_and_the_static_one_identified
                                                crawl={"allowed_networks": ["127.0.0.1/32"]})
                 db = Path(cluster.store_of(config))
                 master = await cluster.start_master(config, tmp_path)
-                said = await asyncio.to_thread(_cli, "references", "add", "--config", str(config), "--meta",
+                said = await asyncio.to_thread(master_command, "references", "add", "--config", str(config), "--meta",
                                                str(site.meta), str(site.ref))
                 assert said.startswith("added 1 reference works"), said
                 wcfg = tmp_path / "worker.yaml"
                 wcfg.write_text(yaml.safe_dump({"live_record_seconds": WINDOW}))
                 worker = await cluster.start_worker(cluster.master_addr(config), "d1", tmp_path, config=wcfg)
-                await _until(lambda: _db_count(db, "SELECT count(*) FROM audio WHERE sha256 IS NOT NULL") >= 2
-                             and _db_count(db, "SELECT count(*) FROM matches") >= 1, 90,
-                             "both presentations stored and the static one matched", master, worker)
+                await cluster.until(lambda: store_count(db, "SELECT count(*) FROM audio WHERE sha256 IS NOT NULL") >= 2
+                                    and store_count(db, "SELECT count(*) FROM matches") >= 1, 90,
+                                    "both presentations stored and the static one matched", master, worker)
                 await worker.stop()
                 await master.stop()
-            catalogue = _jsonl(await asyncio.to_thread(cluster.operator, "export", config))
-            matches = _jsonl(await asyncio.to_thread(cluster.operator, "export", config, "--matches"))
+            catalogue = jsonl(await asyncio.to_thread(cluster.operator, "export", config))
+            matches = jsonl(await asyncio.to_thread(cluster.operator, "export", config, "--matches"))
         finally:
             if worker is not None:
                 await worker.stop()

@@ -12,9 +12,6 @@ import dataclasses
 import hashlib
 import hmac
 import json
-import sqlite3
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +19,7 @@ import pytest
 from aiohttp import web
 
 from testkit import cluster, music, siteserver
+from testkit.cluster import jsonl, master_command, store_count
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -127,39 +125,6 @@ class Webhook:
             await self._runner.cleanup()
 
 
-def _db_count(db: Path, sql: str) -> int:
-    """A count from the running master's SQLite store (read-only, beside its writes)."""
-    if not db.exists():
-        return 0
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-    try:
-        return int(con.execute(sql).fetchone()[0])
-    except sqlite3.OperationalError:      # the tables are not there yet
-        return 0
-    finally:
-        con.close()
-
-
-async def _until(predicate, timeout: float, what: str, *procs: cluster.Proc) -> None:
-    try:
-        await cluster.until(predicate, timeout, what)
-    except AssertionError:
-        raise AssertionError(f"timed out waiting for {what}; logs:\n" +
-                             "\n".join(f"--- {p.name}\n{p.log()[-3000:]}" for p in procs)) from None
-
-
-def _cli(*args: str) -> str:
-    """`crawler-master ARGS` (blocking: through asyncio.to_thread); its output."""
-    done = subprocess.run([sys.executable, "-m", "crawler.master", *args], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, f"crawler-master {' '.join(args)}: {done.stderr.strip()}"
-    return done.stdout
-
-
-def _jsonl(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
 async def test_every_copy_is_identified_before_and_after_its_work_is_added(site, tmp_path):
     hook = Webhook()
     await hook.start()
@@ -175,31 +140,32 @@ async def test_every_copy_is_identified_before_and_after_its_work_is_added(site,
             master = await cluster.start_master(config, tmp_path)
             # The first works go in before any worker joined: through the running master.
             refs = [str(site.refs / f"{w.lower()}.wav") for w in BEFORE]
-            said = await asyncio.to_thread(_cli, "references", "add", "--config", str(config), "--meta",
+            said = await asyncio.to_thread(master_command, "references", "add", "--config", str(config), "--meta",
                                            str(site.meta), *refs)
             assert said.startswith("added 2 reference works"), said
             addr = cluster.master_addr(config)
             workers = [await cluster.start_worker(addr, n, tmp_path) for n in nodes]
             audio = len(site.copies) + len(site.decoys)
             # The crawl is over when every audio address's fingerprint is in the store and matched.
-            await _until(lambda: _db_count(db, "SELECT count(*) FROM fingerprints WHERE checked >= 0") == audio,
-                         150, f"the {audio} fingerprints", master, *workers)
+            fingerprinted = "SELECT count(*) FROM fingerprints WHERE checked >= 0"
+            await cluster.until(lambda: store_count(db, fingerprinted) == audio,
+                                150, f"the {audio} fingerprints", master, *workers)
             early = 2 * len(TRANSFORMS)
-            await _until(lambda: len(hook.posts) >= early, 30, "the first works' alerts", master)
-            assert _db_count(db, "SELECT count(*) FROM matches WHERE work = 'W-C'") == 0
+            await cluster.until(lambda: len(hook.posts) >= early, 30, "the first works' alerts", master)
+            assert store_count(db, "SELECT count(*) FROM matches WHERE work = 'W-C'") == 0
             # The last work, added after its copies were stored: matched against them, no crawl needed.
-            said = await asyncio.to_thread(_cli, "references", "add", "--config", str(config), "--meta",
+            said = await asyncio.to_thread(master_command, "references", "add", "--config", str(config), "--meta",
                                            str(site.meta), str(site.refs / "w-c.wav"))
             assert said.startswith("added 1 reference works, 3 in all"), said
-            await _until(lambda: len(hook.posts) >= len(site.copies), 60, "every alert", master)
+            await cluster.until(lambda: len(hook.posts) >= len(site.copies), 60, "every alert", master)
             await asyncio.sleep(2.5)       # a second round of the matcher and the outbox: nothing more comes
-            listed = await asyncio.to_thread(_cli, "references", "list", "--config", str(config), "--json")
+            listed = await asyncio.to_thread(master_command, "references", "list", "--config", str(config), "--json")
             for w in workers:
                 await w.stop()
             await master.stop()
-        assert {r["work"]: r["title"] for r in _jsonl(listed)} == {w: f"Title of {w}" for w in WORKS}
-        matches = _jsonl(await asyncio.to_thread(cluster.operator, "export", config, "--matches"))
-        catalogue = _jsonl(await asyncio.to_thread(cluster.operator, "export", config))
+        assert {r["work"]: r["title"] for r in jsonl(listed)} == {w: f"Title of {w}" for w in WORKS}
+        matches = jsonl(await asyncio.to_thread(cluster.operator, "export", config, "--matches"))
+        catalogue = jsonl(await asyncio.to_thread(cluster.operator, "export", config))
     finally:
         for w in workers or []:
             await w.stop()
@@ -269,5 +235,5 @@ async def test_a_crawl_that_ends_on_its_own_waits_for_the_fingerprints_of_what_i
             assert await w.wait(30) == 0, w.log()[-2000:]
     db = Path(cluster.store_of(config))
     audio = len(site.copies) + len(site.decoys)
-    assert _db_count(db, "SELECT count(*) FROM audio") == audio
-    assert _db_count(db, "SELECT count(*) FROM fingerprints") == audio
+    assert store_count(db, "SELECT count(*) FROM audio") == audio
+    assert store_count(db, "SELECT count(*) FROM fingerprints") == audio

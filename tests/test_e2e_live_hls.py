@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import sqlite3
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -20,6 +16,7 @@ import pytest
 
 from crawler.master.store import MasterStore
 from testkit import cluster, music
+from testkit.cluster import jsonl, master_command, store_count
 from testkit.livehls import LiveHls, cut
 
 pytestmark = pytest.mark.timeout(240)
@@ -29,18 +26,6 @@ WINDOW = 20.0                 # live_record_seconds: long enough for a recording
 SEGMENT = 2.0
 WORK_SECONDS = 90.0           # the stream's loop: longer than the test, so no recording spans its seam
 OFFSET_TOLERANCE = 0.5
-
-
-def _db_count(db: Path, sql: str) -> int:
-    if not db.exists():
-        return 0
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-    try:
-        return int(con.execute(sql).fetchone()[0])
-    except sqlite3.OperationalError:      # the tables are not there yet
-        return 0
-    finally:
-        con.close()
 
 
 def _recordings(db: Path, url: str) -> list[tuple[str, str]]:
@@ -55,25 +40,6 @@ def _recordings(db: Path, url: str) -> list[tuple[str, str]]:
         return [(w["sha256"], w["path"]) for w in store.export_recordings() if w["url"] == url]
     finally:
         store.close()
-
-
-def _cli(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "crawler.master", *args], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, f"crawler-master {' '.join(args)}: {done.stderr.strip()}"
-    return done.stdout
-
-
-def _jsonl(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-async def _until(predicate, timeout: float, what: str, *procs: cluster.Proc) -> None:
-    try:
-        await cluster.until(predicate, timeout, what)
-    except AssertionError:
-        raise AssertionError(f"timed out waiting for {what}; logs:\n" +
-                             "\n".join(f"--- {p.name}\n{p.log()[-3000:]}" for p in procs)) from None
 
 
 @pytest.fixture(scope="module")
@@ -108,20 +74,20 @@ async def test_a_live_stream_is_recorded_each_visit_and_identified(work, tmp_pat
         wcfg.write_text(f"live_record_seconds: {WINDOW}\n")
         try:
             master = await cluster.start_master(config, tmp_path)
-            said = await asyncio.to_thread(_cli, "references", "add", "--config", str(config), "--meta", str(meta),
-                                           str(wav))
+            said = await asyncio.to_thread(master_command, "references", "add", "--config", str(config),
+                                           "--meta", str(meta), str(wav))
             assert said.startswith("added 1 reference works"), said
             worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=wcfg)
             # The first window, then a refresh visit's new one.
-            await _until(lambda: len(set(_recordings(db, url))) >= 2, 150, "two recordings of the stream",
-                         master, worker)
-            await _until(lambda: _db_count(db, "SELECT count(*) FROM matches WHERE work = 'W-LIVE'") >= 1, 60,
-                         "the recording's match", master, worker)
+            await cluster.until(lambda: len(set(_recordings(db, url))) >= 2, 150, "two recordings of the stream",
+                                master, worker)
+            await cluster.until(lambda: store_count(db, "SELECT count(*) FROM matches WHERE work = 'W-LIVE'") >= 1, 60,
+                                "the recording's match", master, worker)
             await worker.stop()
             await master.stop()
-            matches = _jsonl(await asyncio.to_thread(cluster.operator, "export", config, "--matches"))
-            recordings_export = _jsonl(await asyncio.to_thread(cluster.operator, "export", config, "--recordings"))
-            catalogue = _jsonl(await asyncio.to_thread(cluster.operator, "export", config))
+            matches = jsonl(await asyncio.to_thread(cluster.operator, "export", config, "--matches"))
+            recordings_export = jsonl(await asyncio.to_thread(cluster.operator, "export", config, "--recordings"))
+            catalogue = jsonl(await asyncio.to_thread(cluster.operator, "export", config))
         finally:
             for proc in (worker, master):
                 if proc is not None:

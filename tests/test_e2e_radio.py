@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import sqlite3
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from testkit import cluster, music, radio, siteserver
+from testkit.cluster import jsonl, master_command, store_count
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -30,29 +27,6 @@ TRACK = 14.0                      # each work's length: the window holds both
 WORKS = {"W-A": 401, "W-B": 402}  # work id: seed
 BITRATE = 64                      # kbit/s: 8000 bytes a second
 METAINT = 8000
-
-
-def _db_count(db: Path, sql: str) -> int:
-    if not db.exists():
-        return 0
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-    try:
-        return int(con.execute(sql).fetchone()[0])
-    except sqlite3.OperationalError:
-        return 0
-    finally:
-        con.close()
-
-
-def _cli(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "crawler.master", *args], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, f"crawler-master {' '.join(args)}: {done.stderr.strip()}"
-    return done.stdout
-
-
-def _jsonl(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")
@@ -96,25 +70,25 @@ async def test_stations_found_three_ways_are_recorded_catalogued_and_identified(
                                            crawl={"allowed_hosts": hosts, "allowed_networks": ["127.0.0.0/8"]})
             db = Path(cluster.store_of(config))
             master = await cluster.start_master(config, tmp_path)
-            said = await asyncio.to_thread(_cli, "references", "add", "--config", str(config), "--meta", str(meta),
-                                           *(str(refs / f"{w.lower()}.wav") for w in WORKS))
+            said = await asyncio.to_thread(master_command, "references", "add", "--config", str(config),
+                                           "--meta", str(meta), *(str(refs / f"{w.lower()}.wav") for w in WORKS))
             assert said.startswith("added 2 reference works"), said
             wcfg = tmp_path / "worker.yaml"
             wcfg.write_text(f"live_record_seconds: {WINDOW}\n")
             worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=wcfg)
 
             def done() -> bool:
-                return (_db_count(db, "SELECT count(*) FROM audio WHERE sha256 IS NOT NULL") >= 3
-                        and _db_count(db, "SELECT count(*) FROM live_recordings") >= 3
-                        and _db_count(db, "SELECT count(*) FROM matches") >= 2 * 3)
+                return (store_count(db, "SELECT count(*) FROM audio WHERE sha256 IS NOT NULL") >= 3
+                        and store_count(db, "SELECT count(*) FROM live_recordings") >= 3
+                        and store_count(db, "SELECT count(*) FROM matches") >= 2 * 3)
 
             try:
                 await cluster.until(done, 180, "three recordings, fingerprinted and matched")
             except AssertionError:
                 raise AssertionError(f"{master.log()[-3000:]}\n---\n{worker.log()[-5000:]}") from None
             await asyncio.sleep(1.0)          # nothing more comes: one row per station
-            catalogue = _jsonl(await asyncio.to_thread(cluster.operator, "export", config))
-            matches = _jsonl(await asyncio.to_thread(cluster.operator, "export", config, "--matches"))
+            catalogue = jsonl(await asyncio.to_thread(cluster.operator, "export", config))
+            matches = jsonl(await asyncio.to_thread(cluster.operator, "export", config, "--matches"))
             await worker.stop()
             await master.stop()
             listeners = {name: list(s.listeners) for name, s in stations.items()}
