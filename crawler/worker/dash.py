@@ -63,10 +63,9 @@ from pathlib import Path
 import httpx
 
 from crawler.archive import NO_ARCHIVE, Archive, NoArchive
-from crawler.items import FAILED, OK, UNAVAILABLE, AudioItem
+from crawler.items import FAILED, UNAVAILABLE, AudioItem
 from crawler.web import media
 from crawler.web.urls import InvalidURL, resolve
-from crawler.worker.archived import Trail
 from crawler.worker.audiostore import AudioStore, Finished
 from crawler.worker.recording import Recorder, RecordingTooLarge, Window, live_key, recorded
 from crawler.worker.segments import (
@@ -81,8 +80,10 @@ from crawler.worker.segments import (
     SegmentClient,
     StreamError,
     StreamRefused,
+    archive_stored,
     check_length,
     container,
+    joined_row,
 )
 from crawler.worker.transfer import Deadline, DownloadConfig, LiveLease
 
@@ -745,17 +746,10 @@ class DashDownloader:
         return parse(text, url) if len(text) < 65536 else await asyncio.to_thread(parse, text, url)
 
     def _done(self, item: AudioItem, record: Finished, plan: Plan) -> AudioItem:
-        extra = {**item.extra, "segments": len(plan.segments)}
-        return item.replace(status=OK, reason=None, sha256=record.sha256, size=record.size,
-                            content_type=record.content_type, path=record.path,
-                            duration=item.duration or (round(plan.duration, 3) or None), extra=extra)
+        return joined_row(item, record, len(plan.segments), plan.duration)
 
     def _stored(self, item: AudioItem, record: Finished, ids: list[str]) -> None:
-        """The metadata record of the joined file, referring to the item's last exchange."""
-        if self._archive is not None:
-            Trail(self._archive, item.page, keep_body=False, clock=self._clock).stored(
-                item.url, path=record.path, sha256=record.sha256, size=record.size,
-                content_type=record.content_type, refers_to=ids[-1] if ids else "")
+        archive_stored(self._archive, item, record, ids, self._clock)
 
     def _budget(self, size: int) -> int:
         left = self.cfg.max_size - size

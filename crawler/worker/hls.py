@@ -66,11 +66,10 @@ import httpx
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from crawler.archive import NO_ARCHIVE, Archive, NoArchive
-from crawler.items import FAILED, OK, AudioItem
+from crawler.items import FAILED, AudioItem
 from crawler.web import media
 from crawler.web.urls import resolve
 from crawler.worker import segments as shared
-from crawler.worker.archived import Trail
 from crawler.worker.audiostore import AudioStore, Finished
 from crawler.worker.segments import (
     MAX_DURATION,
@@ -443,17 +442,10 @@ class HlsDownloader:
             return item.replace(status=FAILED, reason=f"storage: {exc}")
 
     def _done(self, item: AudioItem, record: Finished, media: MediaPlaylist) -> AudioItem:
-        extra = {**item.extra, "segments": len(media.segments), "playlist": media.url}
-        return item.replace(status=OK, reason=None, sha256=record.sha256, size=record.size,
-                            content_type=record.content_type, path=record.path,
-                            duration=item.duration or (round(media.duration, 3) or None), extra=extra)
+        return shared.joined_row(item, record, len(media.segments), media.duration, playlist=media.url)
 
     def _stored(self, item: AudioItem, record: Finished, ids: list[str]) -> None:
-        """The metadata record of the joined file, referring to the item's last exchange."""
-        if self._archive is not None:
-            Trail(self._archive, item.page, keep_body=False, clock=self._clock).stored(
-                item.url, path=record.path, sha256=record.sha256, size=record.size,
-                content_type=record.content_type, refers_to=ids[-1] if ids else "")
+        shared.archive_stored(self._archive, item, record, ids, self._clock)
 
     # -- network --------------------------------------------------------------------------------------
     async def _get(self, item: AudioItem, url: str, limit: int, byterange: ByteRange | None = None, *,

@@ -32,10 +32,11 @@ from crawler.archive import Archive
 from crawler.http.bodies import BodyError
 from crawler.http.recording import EXTENSION, RECORD_ID, Recorded
 from crawler.http.targets import TargetRefused
-from crawler.items import AudioItem
+from crawler.items import OK, AudioItem
 from crawler.web import media
 from crawler.web.urls import host_of
-from crawler.worker.audiostore import AudioStore, hash_prefix
+from crawler.worker.archived import Trail
+from crawler.worker.audiostore import AudioStore, Finished, hash_prefix
 from crawler.worker.download_plan import backoff, transient
 from crawler.worker.transfer import NETWORK_ERRORS, DownloadConfig, identity_headers
 
@@ -106,6 +107,25 @@ def container(first: bytes, has_init: bool) -> tuple[str, str]:
     if fmt in ("mp3", "mp2"):
         return ".mp3", "audio/mpeg"
     return ".ts", "video/mp2t"
+
+
+# --------------------------------------------------------------------------------------------- the joined file
+def joined_row(item: AudioItem, record: Finished, segments: int, duration: float, **extra: Any) -> AudioItem:
+    """The item as its joined file left it: the stored file's fields, the duration the playlist or manifest
+    declares unless the page said one, and how many segments it joined (with ``extra``)."""
+    return item.replace(status=OK, reason=None, sha256=record.sha256, size=record.size,
+                        content_type=record.content_type, path=record.path,
+                        duration=item.duration or (round(duration, 3) or None),
+                        extra={**item.extra, "segments": segments, **extra})
+
+
+def archive_stored(archive: Archive | None, item: AudioItem, record: Finished, ids: list[str],
+                   clock: Callable[[], float]) -> None:
+    """The metadata record of a joined or recorded file, referring to the item's last exchange."""
+    if archive is not None:
+        Trail(archive, item.page, keep_body=False, clock=clock).stored(
+            item.url, path=record.path, sha256=record.sha256, size=record.size,
+            content_type=record.content_type, refers_to=ids[-1] if ids else "")
 
 
 # --------------------------------------------------------------------------------------------- requests
