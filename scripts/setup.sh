@@ -2,17 +2,42 @@
 # Creates .venv (if missing) and installs the project with its test extras. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The browser resolver drives a real Chromium, and its tests (and the status page's) run it: install Debian's when
-# none is there.
+# The Debian packages the crawler and its tests need, each installed when missing: all of them in one apt-get
+# update and one install (each update costs a fresh machine tens of seconds).
+#   chromium: the browser resolver drives a real Chromium, and its tests (and the status page's) run it;
+#   systemd: the tests check the shipped units with systemd-analyze (verify, security);
+#   ffmpeg, libchromaprint-tools: acoustic identification's tests and benchmark make a work's copies with ffmpeg's
+#     command line and compare with Chromaprint's fpcalc (the daemons decode in-process with PyAV, whose wheel
+#     brings its own FFmpeg libraries);
+#   nginx-light: the crawl benchmark serves its site with nginx, and a test checks that nginx serves the generated
+#     site as the test server does (the package's service is not started here);
+#   postgresql: the master store's PostgreSQL backend is tested against a throwaway cluster the tests start
+#     themselves (testkit/pgcluster.py: initdb into a temporary directory): the server programs, not a service.
+missing=()
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    missing+=(chromium)
+fi
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+command -v ffmpeg >/dev/null 2>&1 || missing+=(ffmpeg)
+command -v fpcalc >/dev/null 2>&1 || missing+=(libchromaprint-tools)
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+    missing+=(nginx-light)
+fi
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+    missing+=(postgresql)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
-        apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+        as_root=()
     elif command -v sudo >/dev/null 2>&1; then
-        sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+        as_root=(sudo)
     else
-        echo "setup: Chromium is missing; as root run: apt-get update && apt-get install -y chromium" >&2
+        echo "setup: missing Debian packages; as root run: apt-get update && apt-get install -y ${missing[*]}" >&2
         exit 1
     fi
+    "${as_root[@]}" apt-get update -q >/dev/null
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
@@ -23,16 +48,6 @@ if ! .venv/bin/python -c "import crawler, isal, pytest, warcio, wacz, prometheus
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e '.[test]'
     touch .venv/.installed
-fi
-# The tests check the shipped systemd units with systemd-analyze (verify, security); a fresh machine may lack it.
-if ! command -v systemd-analyze >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -q >/dev/null
-        apt-get install -y -q --no-install-recommends systemd >/dev/null
-    else
-        echo "setup.sh: systemd-analyze is missing; install the systemd package (as root) for the unit tests" >&2
-    fi
 fi
 # The browser resolver never runs Chromium as root nor without its sandbox: it starts it as the unprivileged
 # user crawler-browser (the worker's browser.user), which the tests' browsers run as too when they run as root.
@@ -59,40 +74,6 @@ for knob in kernel.unprivileged_userns_clone=1 kernel.apparmor_restrict_unprivil
         fi
     fi
 done
-# Acoustic identification: the tests and the fingerprint benchmark make the copies of a work with ffmpeg's command
-# line, and the benchmark compares with Chromaprint's fpcalc (the daemons decode in-process with PyAV, whose wheel
-# brings its own FFmpeg libraries): install both when missing.
-if ! command -v ffmpeg >/dev/null 2>&1 || ! command -v fpcalc >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -q >/dev/null
-        apt-get install -y -q --no-install-recommends ffmpeg libchromaprint-tools >/dev/null
-    else
-        echo "setup.sh: ffmpeg or fpcalc is missing; install the ffmpeg and libchromaprint-tools packages (as root)" >&2
-    fi
-fi
-# The crawl benchmark serves its site with nginx, and a test checks that nginx serves the generated site as the
-# test server does: install it when missing (the package's service is not started here).
-if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -q >/dev/null
-        apt-get install -y -q --no-install-recommends nginx-light >/dev/null
-    else
-        echo "setup.sh: nginx is missing; install the nginx-light package (as root) for the site server test" >&2
-    fi
-fi
-# The master store's PostgreSQL backend is tested against a throwaway cluster the tests start themselves
-# (testkit/pgcluster.py: initdb into a temporary directory); they need the server programs, not a running service.
-if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -q >/dev/null
-        apt-get install -y -q --no-install-recommends postgresql >/dev/null
-    else
-        echo "setup.sh: PostgreSQL is missing; install the postgresql package (as root) for the store tests" >&2
-    fi
-fi
 # The package is installed editable, so nothing compiled its modules: where PYTHONDONTWRITEBYTECODE is set, every
 # daemon (and every one the tests start) compiled them from source at each start, 0.1-0.15 s of CPU. Compiled once
 # here, as an installed wheel's are (a module edited since is compiled again in memory: never stale).
