@@ -219,6 +219,22 @@ def test_a_failed_write_rolls_back_with_its_counters(store):
     assert store.frontier_size() == 1 and store.known(["http://s/2"]) == set()
 
 
+def test_a_units_savepoint_journal_stays_in_memory_and_still_undoes_it(tmp_path):
+    # The writer keeps temporary storage in memory, so that a report's savepoint journal is no file written page
+    # by page (SqliteBackend.start_writing); a unit that fails is undone all the same, over many pages.
+    with MasterStore(tmp_path / "m.db") as s:
+        assert s.db.execute("PRAGMA temp_store").fetchone()[0] == 2
+        s.push([(f"http://s/{i}", 0, 0, "a", None) for i in range(2000)])
+        s.commit()
+        with pytest.raises(RuntimeError), s.atomic():
+            s.finish([fin(u) for u, _, _ in s.pop("a", 1500, now=1.0)])
+            s.add_audio([{"url": f"http://s/{i}.mp3", "page": f"http://s/{i}", "status": "ok", "node": "a",
+                          "found_at": 1.0} for i in range(1500)])
+            raise RuntimeError("a failed report")
+        assert s.frontier_size() == 2000 and s.status()["audio"] == {}
+        assert s.db.execute("SELECT count(*) FROM audio").fetchone()[0] == 0
+
+
 # -- refresh -------------------------------------------------------------------------------------------
 
 
