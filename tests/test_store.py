@@ -159,6 +159,26 @@ def test_finish_counts_the_first_result_only(store):
     assert store.status()["nodes"]["a"] == {"done": 2}
 
 
+def test_finish_reads_handed_out_urls_by_key_and_the_others_by_text_alike(store, monkeypatch):
+    # finish() reads the rows of URLs pop() handed out by their keys, kept for a bounded number of them; a URL
+    # whose key was dropped (or never kept) is found by its text: the same row either way.
+    from crawler.master import store_frontier
+
+    monkeypatch.setattr(store_frontier, "LEASED_KEYS", 3)
+    urls = [f"http://s/music/{i}" for i in range(6)]
+    store.push([(u, 0, 0, "a", None) for u in urls])
+    store.commit()
+    store.pop("a", 6, now=1.0)
+    frontier = store.frontier
+    assert list(frontier._leased_keys) == urls[3:]           # the oldest dropped
+    by_key = frontier._current(urls[3:] + urls[3:4])
+    assert frontier._leased_keys == {}
+    assert by_key == frontier._current(urls[3:]) == {
+        u: [r[1], 1, "a", 0, None, None] for u, r in store.core.lookup(urls[3:], "url, id").items()}
+    assert store.finish([fin(u) for u in urls]) == [True] * 6
+    assert store.status()["states"]["done"] == 6
+
+
 def test_retry_goes_back_to_the_same_node_until_max_attempts(store):
     store.push([("http://s/flaky", 2, 0, "a", "http://s/")])
     for attempt in (1, 2):
