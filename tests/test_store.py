@@ -159,6 +159,26 @@ def test_finish_counts_the_first_result_only(store):
     assert store.status()["nodes"]["a"] == {"done": 2}
 
 
+def test_finish_reads_handed_out_urls_by_key_and_the_others_by_text_alike(store, monkeypatch):
+    # finish() reads the rows of URLs pop() handed out by their keys, kept for a bounded number of them; a URL
+    # whose key was dropped (or never kept) is found by its text: the same row either way.
+    from crawler.master import store_frontier
+
+    monkeypatch.setattr(store_frontier, "LEASED_KEYS", 3)
+    urls = [f"http://s/music/{i}" for i in range(6)]
+    store.push([(u, 0, 0, "a", None) for u in urls])
+    store.commit()
+    store.pop("a", 6, now=1.0)
+    frontier = store.frontier
+    assert list(frontier._leased_keys) == urls[3:]           # the oldest dropped
+    by_key = frontier._current(urls[3:] + urls[3:4])
+    assert frontier._leased_keys == {}
+    assert by_key == frontier._current(urls[3:]) == {
+        u: [r[1], 1, "a", 0, None, None] for u, r in store.core.lookup(urls[3:], "url, id").items()}
+    assert store.finish([fin(u) for u in urls]) == [True] * 6
+    assert store.status()["states"]["done"] == 6
+
+
 def test_retry_goes_back_to_the_same_node_until_max_attempts(store):
     store.push([("http://s/flaky", 2, 0, "a", "http://s/")])
     for attempt in (1, 2):
@@ -217,6 +237,22 @@ def test_a_failed_write_rolls_back_with_its_counters(store):
         store.push([("http://s/2", 0, 0, "a", None)])
         raise RuntimeError("a failed write")
     assert store.frontier_size() == 1 and store.known(["http://s/2"]) == set()
+
+
+def test_a_units_savepoint_journal_stays_in_memory_and_still_undoes_it(tmp_path):
+    # The writer keeps temporary storage in memory, so that a report's savepoint journal is no file written page
+    # by page (SqliteBackend.start_writing); a unit that fails is undone all the same, over many pages.
+    with MasterStore(tmp_path / "m.db") as s:
+        assert s.db.execute("PRAGMA temp_store").fetchone()[0] == 2
+        s.push([(f"http://s/{i}", 0, 0, "a", None) for i in range(2000)])
+        s.commit()
+        with pytest.raises(RuntimeError), s.atomic():
+            s.finish([fin(u) for u, _, _ in s.pop("a", 1500, now=1.0)])
+            s.add_audio([{"url": f"http://s/{i}.mp3", "page": f"http://s/{i}", "status": "ok", "node": "a",
+                          "found_at": 1.0} for i in range(1500)])
+            raise RuntimeError("a failed report")
+        assert s.frontier_size() == 2000 and s.status()["audio"] == {}
+        assert s.db.execute("SELECT count(*) FROM audio").fetchone()[0] == 0
 
 
 # -- refresh -------------------------------------------------------------------------------------------

@@ -8,8 +8,15 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pytest
+
 from crawler.master import store_audio as sa
 from crawler.master.store import MasterStore
+
+
+# The row-at-a-time insert the set-wise add_audio replaced: the database gives the id, a key met is no insert.
+_REFERENCE_INSERT = (f"INSERT INTO audio(ukey, {', '.join(sa.AUDIO_COLUMNS)}) "
+                     f"VALUES (?{', ?' * len(sa.AUDIO_COLUMNS)}) ON CONFLICT(ukey, page) DO NOTHING")
 
 
 def reference_add_audio(cat: sa.AudioCatalogue, rows: Sequence[Mapping[str, Any]]) -> list[bool]:
@@ -23,7 +30,7 @@ def reference_add_audio(cat: sa.AudioCatalogue, rows: Sequence[Mapping[str, Any]
         values["last_seen"] = at
         values["changed_at"] = values["removed_at"] = values["returned_at"] = None
         ukey = sa._audio_ukey(row).replace("\x00", "")
-        cur = cat.core.db.execute(sa._INSERT_AUDIO, (ukey, *values.values()))
+        cur = cat.core.db.execute(_REFERENCE_INSERT, (ukey, *values.values()))
         if cur.rowcount == 1:
             cat._count_audio(None, values["status"])
             cat._note_change("new")
@@ -144,3 +151,46 @@ def test_rows_are_found_by_their_exact_pairs_whatever_their_text(store_location)
         assert set(found) == {(r["url"], r["page"]) for r in rows}
         with s.atomic():
             assert not any(s.add_audio(rows))        # every one a repeat: met by its own pair
+
+
+def test_the_store_gives_new_rows_their_ids_and_a_failed_unit_gives_them_back(store_location):
+    # add_audio gives a new row its id (no read back), and a report's refs name the rows it made from those ids;
+    # a unit that fails takes its ids back with its rows, so the next report's rows and refs are the right ones.
+    from crawler.master.store import PageOutcome
+
+    def row(i: int, page: str) -> dict[str, Any]:
+        return {"url": f"http://a.test/{i}.mp3", "page": page, "status": "ok", "node": "n", "found_at": 2.0}
+
+    def visit(url: str, rows: list[dict[str, Any]]) -> PageOutcome:
+        return PageOutcome(url, "done", 200, None, "text/html", 10, None, "n", 2.0,
+                           audio_keys=sa.listed_keys(rows))
+
+    pages = [f"http://a.test/p{i}" for i in range(3)]
+    with MasterStore(store_location) as s:
+        s.push([(u, 0, 0, "n", None) for u in pages])
+        s.pop("n", 3, now=1.0)
+        with s.atomic():
+            first = [row(0, pages[0]), row(1, pages[0])]
+            s.add_audio(first)
+            s.finish([visit(pages[0], first)])
+        s.commit()
+        with pytest.raises(RuntimeError), s.atomic():
+            lost = [row(2, pages[1]), row(3, pages[1])]
+            s.add_audio(lost)
+            s.finish([visit(pages[1], lost)])
+            raise RuntimeError("a failed report")
+        with s.atomic():
+            again = [row(4, pages[2]), row(0, pages[0])]        # a new item and one met again
+            assert s.add_audio(again) == [True, False]
+            s.finish([visit(pages[2], again)])
+        s.commit()
+        ids = dict(s.db.execute("SELECT url, id FROM audio").fetchall())
+        assert sorted(ids.values()) == [1, 2, 3]            # the failed unit's ids were given again
+        assert set(ids) == {f"http://a.test/{i}.mp3" for i in (0, 1, 4)}
+        refs = s.db.execute("SELECT o.origin || u.path, a.url FROM audio_refs r JOIN url_state u ON u.id = r.referrer "
+                            "JOIN origins o ON o.id = u.origin JOIN audio a ON a.id = r.audio_id").fetchall()
+        assert sorted(refs) == sorted([(pages[0], "http://a.test/0.mp3"), (pages[0], "http://a.test/1.mp3"),
+                                       (pages[2], "http://a.test/4.mp3"), (pages[2], "http://a.test/0.mp3")])
+        assert s.audio.next_id == 4
+    with MasterStore(store_location) as s:       # a restart takes the next id from the table
+        assert s.audio.next_id == 4

@@ -47,8 +47,11 @@ AUDIO_TABLE = ("CREATE TABLE audio (\n    id {AUTO_ID},\n    ukey TEXT NOT NULL,
                           for c in AUDIO_COLUMNS)
                 + "    UNIQUE (ukey, page)\n);")
 
-_INSERT_AUDIO = (f"INSERT INTO audio(ukey, {', '.join(AUDIO_COLUMNS)}) VALUES (?{', ?' * len(AUDIO_COLUMNS)}) "
-                 "ON CONFLICT(ukey, page) DO NOTHING")
+# A new row's id is given by the store (AudioCatalogue.next_id), so that the ids of what a report wrote are known
+# without reading them back. No ON CONFLICT: add_audio inserts only keys it found absent, and a row that met one
+# after all would leave its id unused and wrong: it fails the report instead.
+_INSERT_AUDIO = (f"INSERT INTO audio(id, ukey, {', '.join(AUDIO_COLUMNS)}) "
+                 f"VALUES (?, ?{', ?' * len(AUDIO_COLUMNS)})")
 _COALESCED = tuple(c for c in AUDIO_COLUMNS if c not in _NOT_COALESCED)
 _UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c in _COALESCED)
                  + "url = CASE WHEN url = '' THEN ? ELSE url END, "
@@ -206,9 +209,16 @@ class AudioCatalogue:
         self._cycle: dict[str, Any] = {}
         self._cycle_dirty = False
         self._first_checked = -float("inf")    # when roll_cycle last looked for URLs never fetched
+        # The id the next new row takes (ids are given here: _INSERT_AUDIO), and the ids of the rows the last
+        # add_audio() call met or made, by catalogue key: follow_refs() takes the items of the report that wrote
+        # them from here instead of reading them back. An item's id never changes and its row is never deleted;
+        # an atomic unit that fails forgets them all (restore). Bounded by one call's rows.
+        self.next_id = 1
+        self._ids: dict[tuple[str, str], int] = {}
         if not core.readonly:
             self._audio_counts = dict(core.db.execute("SELECT status, count(*) FROM audio GROUP BY status"))
             self._cycle = dict(core.get_meta("cycle", {}))
+            self.next_id = int(core.db.execute("SELECT coalesce(max(id), 0) FROM audio").fetchone()[0]) + 1
         core.parts.append(self)
 
     # -- the figures in the shared transaction (store_core.Part) --------------------------------------
@@ -219,10 +229,12 @@ class AudioCatalogue:
             self._cycle_dirty = False
 
     def save(self) -> object:
-        return dict(self._audio_counts), dict(self._cycle), self._cycle_dirty, self.windows_stored
+        return dict(self._audio_counts), dict(self._cycle), self._cycle_dirty, self.windows_stored, self.next_id
 
     def restore(self, saved: object) -> None:
-        self._audio_counts, self._cycle, self._cycle_dirty, self.windows_stored = saved  # type: ignore[misc]
+        (self._audio_counts, self._cycle, self._cycle_dirty, self.windows_stored,
+         self.next_id) = saved  # type: ignore[misc]
+        self._ids = {}      # rows the failed unit made are gone
 
     def counts_by_status(self) -> dict[str, int]:
         """Catalogue rows by status (from memory in the master, counted by a reader)."""
@@ -252,6 +264,7 @@ class AudioCatalogue:
         batch starts a new run, so that a row meets what the ones before it wrote, as one by one.
         """
         self.core.begin()
+        self._ids = {}
         out: list[bool] = []
         run: dict[tuple[str, str], dict[str, Any]] = {}
         live: set[tuple[str, str]] = set()       # the keys of live streams' windows
@@ -279,20 +292,25 @@ class AudioCatalogue:
         repeats: list[tuple[Any, ...]] = []
         out = []
         windows: list[tuple[tuple[str, str], dict[str, Any]]] = []
+        ids = self._ids
         for key, values in run.items():
             action, old_status, new_status, event = audio_action(values, found.get(key), key in live)
             if key in live:
                 windows.append((key, values))
             at = values["found_at"]
             if action == NEW:
-                inserts.append((key[0], *values.values()))
+                ids[key] = self.next_id
+                self.next_id += 1
+                inserts.append((ids[key], key[0], *values.values()))
             elif action == CHANGED:
+                ids[key] = found[key][0]
                 changes.append((values["sha256"], values["size"], values["path"], values["content_type"], at, at,
-                                found[key][0]))
+                                ids[key]))
             else:
+                ids[key] = found[key][0]
                 status = values["status"]
                 repeats.append((*(values[c] for c in _COALESCED), values["url"], status, status, status, at, at,
-                                found[key][0]))
+                                ids[key]))
             self._count_audio(old_status, new_status)
             if event is not None:
                 self._note_change(event)
@@ -312,7 +330,7 @@ class AudioCatalogue:
         for key, values in windows:
             # A live stream's window (rare beside files: one statement or two each): kept, and the row shows the
             # latest one.
-            row_id = found[key][0] if key in found else self._row_id(*key)
+            row_id = ids[key]
             if self._add_window(row_id, values) and key in found:
                 db.execute("UPDATE audio SET sha256 = ?, size = ?, path = ?, duration = ?, extra = ?, "
                            "content_type = coalesce(?, content_type) WHERE id = ?",
@@ -351,9 +369,6 @@ class AudioCatalogue:
         return out
 
     # -- the windows recorded of live streams ------------------------------------------------------------
-
-    def _row_id(self, ukey: str, page: str) -> int:
-        return int(self.core.db.execute("SELECT id FROM audio WHERE ukey = ? AND page = ?", (ukey, page)).fetchone()[0])
 
     def _add_window(self, audio_id: int, values: Mapping[str, Any]) -> bool:
         """Keep a live row's window (values as _audio_values made them). False when it holds no recording, or was
@@ -458,7 +473,11 @@ class AudioCatalogue:
         longer lists lose its reference, and an item left with none is "removed" (no page, playlist or feed
         lists it any more); the items of the `confirmed` URLs (answered 304) are seen at `at`. Set-wise, a
         statement per chunk: the cost follows the report, not the catalogue."""
-        ids = self._audio_ids({k for keys, _ in listed.values() for k in keys})
+        wanted = {k for keys, _ in listed.values() for k in keys}
+        known = self._ids
+        ids = {k: known[k] for k in wanted if k in known}
+        if len(ids) < len(wanted):      # items not of the report just added (a revisit's, a test's)
+            ids.update(self._audio_ids(wanted - ids.keys()))
         whole = [ref for ref, (_, full) in listed.items() if full]
         had: dict[int, set[int]] = {}
         for chunk in chunks(whole):

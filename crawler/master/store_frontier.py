@@ -27,6 +27,7 @@ from crawler.master.store_core import (
     PageOutcome,
     Route,
     StoreCore,
+    chunks,
     key_from,
     node_key,
     node_of,
@@ -38,6 +39,9 @@ from crawler.master.store_visits import Visits
 ROBOTS_BLOCKED = "robots"                  # the PageOutcome state of a URL robots.txt refused
 # A URL whose lease keeps being lost (its worker dies on it) is given up after max_attempts times this many.
 LOST_LEASE_FACTOR = 3
+# URLs handed out whose keys the frontier keeps for their results (Frontier._leased_keys): far more than a crawl
+# holds in flight, a few tens of MB at most.
+LEASED_KEYS = 200_000
 
 # What the page that linked a URL said about the link, for a link that may lead to audio without saying so (a
 # playlist, a stream named like a page): crawler.items.LinkMeta as JSON, handed out with the URL's task so that
@@ -62,6 +66,11 @@ class Frontier:
         # them right after), so push() takes their parents' keys from here instead of looking them up again. A
         # URL's key never changes and its row is never deleted, so an entry is never wrong; bounded by a report.
         self._finished_keys: dict[str, int] = {}
+        # url -> key of the URLs pop() handed out, until finish() takes their results: finish() reads their rows by
+        # key instead of finding them by their text (a probe of the URL index and the origin joined per URL). The
+        # same reasoning: an entry is never wrong, only missing; bounded (LEASED_KEYS, oldest dropped first) for
+        # leases that end otherwise (expired, released, lost with their node).
+        self._leased_keys: dict[str, int] = {}
 
     def known(self, urls: Sequence[str]) -> set[str]:
         """Which of these URLs the URL table holds, whatever their state (exact, not probabilistic)."""
@@ -157,6 +166,11 @@ class Frontier:
         self.core.db.executemany(f"UPDATE url_state SET state = {LEASED} WHERE id = ?",
                                  [(r[0],) for r in rows])
         self.core.move(QUEUED, node, LEASED, node, len(rows))
+        leased = self._leased_keys
+        for r in rows:
+            leased[r[1]] = r[0]
+        while len(leased) > LEASED_KEYS:
+            del leased[next(iter(leased))]
         named: tuple[Any, ...] = ()
         out = []
         for r in rows:
@@ -319,9 +333,7 @@ class Frontier:
         result records which catalogue items its URL lists (audio_keys; their rows must exist: add_audio first).
         """
         self.core.begin()
-        current = {u: [i, st, node, att, status, last] for u, i, st, node, att, status, last in
-                   self.core.lookup([r.url for r in results],
-                                    "url, id, state, node, attempts, http_status, last_crawl").values()}
+        current = self._current([r.url for r in results])
         visits: list[tuple[PageOutcome, int, int | None, float | None]] = []
         listings: dict[int, tuple[frozenset[tuple[str, str]], bool]] = {}
         self._finished_keys = {u: row[0] for u, row in current.items()}
@@ -371,6 +383,33 @@ class Frontier:
         elif listings:
             self.audio.follow_refs(listings, (), results[0].at)
         return out
+
+    def _current(self, urls: Sequence[str]) -> dict[str, list[Any]]:
+        """url -> [key, state, node, attempts, http_status, last_crawl] of these URLs, those the table holds: by
+        key for the URLs pop() handed out (_leased_keys, each entry taken), by text for the others."""
+        leased = self._leased_keys
+        by_key: dict[int, str] = {}
+        rest = []
+        for u in urls:
+            key = leased.pop(u, None)
+            if key is None:
+                rest.append(u)
+            else:
+                by_key[key] = u
+        rows: dict[str, list[Any]] = {}
+        db = self.core.db
+        if by_key:
+            for chunk in chunks(list(by_key)):
+                for i, st, node, att, status, last in db.execute(
+                        "SELECT u.id, u.state, n.name, u.attempts, p.http_status, p.last_crawl FROM url_state u "
+                        "LEFT JOIN nodes n ON n.id = u.node LEFT JOIN pages p ON p.id = u.id "
+                        f"WHERE {db.in_list('u.id')}", (db.list_arg(chunk),)):
+                    rows[by_key[i]] = [i, st, node, att, status, last]
+        if rest:
+            for u, i, st, node, att, status, last in self.core.lookup(
+                    rest, "url, id, state, node, attempts, http_status, last_crawl").values():
+                rows[u] = [i, st, node, att, status, last]
+        return rows
 
     def retry_errors(self, route: Route, contains: str | None = None, after: int | None = None,
                      limit: int = CHUNK) -> tuple[int, int | None]:
