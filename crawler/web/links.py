@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from crawler.web.html import css, css_first
-from crawler.web.urls import resolve_link
+from crawler.web.urls import link_joiner, resolve_link
 
 # "5; url=/next", "0;URL='/next'", "3, /next": the delay, a separator, an optional "url=", the target.
 _REFRESH_URL = re.compile(r"""^\s*[\d.]*\s*[;,]\s*(?:url\s*=\s*)?(['"]?)(.*?)\1\s*$""", re.IGNORECASE | re.DOTALL)
@@ -61,7 +61,7 @@ def extract_links(tree: LexborHTMLParser, base_url: str, max_elements: int | Non
     max_elements bounds the link elements looked at (in document order): each costs Python work, and a
     hostile page can hold hundreds of thousands. source: the text the tree was parsed from (document_base).
     """
-    base = document_base(tree, base_url, source)
+    join = link_joiner(document_base(tree, base_url, source))
     seen: set[str] = set()
     out: list[str] = []
     nodes = css(tree, _LINK_SELECTOR)
@@ -88,7 +88,7 @@ def extract_links(tree: LexborHTMLParser, base_url: str, max_elements: int | Non
             ref = _refresh_target(attrs.get("content") or "")
         if not ref:
             continue
-        url = resolve_link(base, ref)
+        url = join(ref)
         if url is not None and url not in seen:
             seen.add(url)
             out.append(url)
