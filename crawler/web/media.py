@@ -77,7 +77,7 @@ def url_extension(url: str) -> str:
 
 
 _EXTENSIONS: dict[str, str] = {}
-_EXTENSIONS_KEPT = 50_000       # URLs remembered at most (a few MB)
+_EXTENSIONS_KEPT = 10_000       # URLs remembered at most (a MB or two)
 _EXTENSION_KEY_MAX = 512        # longer URLs are rare, and each would hold its memory
 
 

@@ -495,7 +495,7 @@ def _plain_root_ref(ref: str) -> bool:
 
 
 _PLAIN_ROOT_REFS: dict[str, bool] = {}
-_PLAIN_ROOT_KEPT = 50_000
+_PLAIN_ROOT_KEPT = 10_000     # references remembered at most (a MB or two)
 
 
 @functools.lru_cache(maxsize=1024)
