@@ -33,7 +33,7 @@ from crawler.resolvers.base import (
 from crawler.resolvers.pagemeta import Meta
 from crawler.web import media
 from crawler.web.html import css
-from crawler.web.links import audio_candidate_links, document_base, stream_candidate
+from crawler.web.links import audio_candidate_links, document_base, stream_candidate, stream_path_hint
 from crawler.web.media import read_tags
 from crawler.web.page import FetchedPage
 from crawler.web.urls import NormalizeOptions, normalize_many, resolve_link
@@ -539,6 +539,15 @@ def _inside(node: LexborNode, tag: str) -> bool:
 
 
 def _element(out: _Collector, node: LexborNode, tag: str, attrs: Mapping[str, str | None]) -> None:
+    if (tag == "a" or tag == "area") and len(attrs) == 1:
+        # A link with its href alone, the site's navigation on every page: settled by the href, remembered.
+        href = attrs.get("href")
+        if href is not None:
+            inert = _INERT_HREFS.get(href)
+            if inert is None:
+                inert = _inert_href(href)
+            if inert:
+                return
     if (tag == "a" or tag == "area") and "type" not in attrs and not _has_data(attrs):
         # A plain link, most of a page's elements: what the general path below does with one, in fewer steps.
         # It names audio or a playlist by its extension, or it may be a stream named like a page.
@@ -599,6 +608,22 @@ def _element(out: _Collector, node: LexborNode, tag: str, attrs: Mapping[str, st
     for ref, forced, where in refs:
         if forced or _url_like(ref.strip(), bare_ok=True) or tag in ("a", "area", "audio", "source", "embed"):
             out.add(ref, meta, where, force_audio=forced, link=link)
+
+
+def _inert_href(href: str) -> bool:
+    """Whether an a/area element whose one attribute is this href yields nothing here: it names no audio or
+    playlist by its extension, and nothing in it says stream (stream_candidate's first test, with no song's
+    attributes). Remembered by the href, in a dict emptied whole when full."""
+    inert = not href or (media.url_extension(href.strip()) not in _NAMED_EXTENSIONS and not stream_path_hint(href))
+    if len(_INERT_HREFS) >= _INERT_KEPT:
+        _INERT_HREFS.clear()
+    if len(href) <= 512:
+        _INERT_HREFS[href] = inert
+    return inert
+
+
+_INERT_HREFS: dict[str, bool] = {}
+_INERT_KEPT = 10_000
 
 
 def _has_data(attrs: Mapping[str, str | None]) -> bool:

@@ -135,7 +135,7 @@ def stream_candidate(base: str, node: LexborNode, attrs: Mapping[str, str | None
     href = attrs.get("href")
     # Most links are the site's navigation: settled on the raw attribute, before any joining.
     song = not _SONG_ATTRS.isdisjoint(attrs)
-    if not href or not (song or _STREAM_PATH.search(href.lower())):
+    if not href or not (song or stream_path_hint(href)):
         return None
     url = resolve_link(base, href)
     if url is None:
@@ -146,6 +146,12 @@ def stream_candidate(base: str, node: LexborNode, attrs: Mapping[str, str | None
     if ext in _PAGE_EXTENSIONS or not name or not (song or _STREAM_PATH.search(path.lower())):
         return None
     return url
+
+
+def stream_path_hint(href: str) -> bool:
+    """Whether a reference's text says stream (a word of a stream's path): what lets an a/area element without a
+    song's attributes be a stream named like a page (stream_candidate)."""
+    return _STREAM_PATH.search(href.lower()) is not None
 
 
 def count_links(tree: LexborHTMLParser) -> int:
