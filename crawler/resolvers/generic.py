@@ -548,6 +548,11 @@ def _element(out: _Collector, node: LexborNode, tag: str, attrs: Mapping[str, st
                 inert = _inert_href(href)
             if inert:
                 return
+    if tag == "meta" and not _has_data(attrs):
+        # A page's metadata tags (og:title, charset ...): only an audio property names audio.
+        prop = (attrs.get("property") or attrs.get("itemprop") or "").lower()
+        if prop not in _OG_AUDIO and prop != "contenturl":
+            return
     if (tag == "a" or tag == "area") and "type" not in attrs and not _has_data(attrs):
         # A plain link, most of a page's elements: what the general path below does with one, in fewer steps.
         # It names audio or a playlist by its extension, or it may be a stream named like a page.

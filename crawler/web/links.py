@@ -150,8 +150,20 @@ def stream_candidate(base: str, node: LexborNode, attrs: Mapping[str, str | None
 
 def stream_path_hint(href: str) -> bool:
     """Whether a reference's text says stream (a word of a stream's path): what lets an a/area element without a
-    song's attributes be a stream named like a page (stream_candidate)."""
-    return _STREAM_PATH.search(href.lower()) is not None
+    song's attributes be a stream named like a page (stream_candidate). Asked for every link of many pages, and
+    a site's navigation repeats on each: the answers are remembered, in a dict emptied whole when full."""
+    known = _HINTS.get(href)
+    if known is None:
+        known = _STREAM_PATH.search(href.lower()) is not None
+        if len(_HINTS) >= _HINTS_KEPT:
+            _HINTS.clear()
+        if len(href) <= 512:
+            _HINTS[href] = known
+    return known
+
+
+_HINTS: dict[str, bool] = {}
+_HINTS_KEPT = 10_000
 
 
 def count_links(tree: LexborHTMLParser) -> int:
