@@ -38,7 +38,6 @@ from crawler.resolvers.generic import GenericResolver
 from crawler.web import html
 from crawler.resolvers import generic as generic_module
 from crawler.web import links as links_module
-from crawler.web import media as media_module
 from crawler.web import urls as urls_module
 from crawler.web.links import extract_links
 from crawler.web.page import FetchedPage
@@ -50,8 +49,8 @@ from crawler.worker.revisit import content_digest
 from testkit import sitegen
 
 # Every memory of the page path, emptied at each round's start.
-_CACHES: list[Any] = [urls_module._resolve_link_cached, urls_module._PLAIN_ROOT_REFS, media_module._EXTENSIONS,
-                      links_module._HINTS, generic_module._INERT_HREFS]
+_CACHES: list[Any] = [urls_module._resolve_link_cached, urls_module._PLAIN_ROOT_REFS, links_module._HINTS,
+                      generic_module._INERT_HREFS]
 HEADERS = [(b"Server", b"nginx/1.22.1"), (b"Date", b"Wed, 02 Dec 2026 13:00:00 GMT"),
            (b"Content-Type", b"text/html"), (b"Content-Length", b"4400"),
            (b"Last-Modified", b"Wed, 02 Dec 2026 12:00:00 GMT"), (b"Connection", b"keep-alive"),

@@ -60,28 +60,8 @@ def url_extension(url: str) -> str:
     """The lower-case extension of the URL's path ('' if none); query and fragment do not count.
 
     The path's last segment, percent-decoded, after its last dot (not a leading one). The same answer as
-    urlsplit() and posixpath.basename() give, found with str methods: it runs for every reference on every page
-    (sixteen a page), and a site's references repeat from page to page (its navigation, its relative links), so
-    the answers are remembered: a lookup costs a tenth of finding it again. The memory is a plain dict emptied
-    whole when full (a hit is one dict lookup, no recency kept).
+    urlsplit() and posixpath.basename() give, found with str methods: it runs for every reference on every page.
     """
-    known = _EXTENSIONS.get(url)
-    if known is not None:
-        return known
-    ext = _url_extension(url)
-    if len(_EXTENSIONS) >= _EXTENSIONS_KEPT:
-        _EXTENSIONS.clear()
-    if len(url) <= _EXTENSION_KEY_MAX:
-        _EXTENSIONS[url] = ext
-    return ext
-
-
-_EXTENSIONS: dict[str, str] = {}
-_EXTENSIONS_KEPT = 10_000       # URLs remembered at most (a MB or two)
-_EXTENSION_KEY_MAX = 512        # longer URLs are rare, and each would hold its memory
-
-
-def _url_extension(url: str) -> str:
     if url[:1] <= " ":
         url = url.lstrip(_C0_OR_SPACE)
     if "\t" in url or "\n" in url or "\r" in url:
