@@ -35,6 +35,7 @@ from crawler.web import media
 from crawler.web.html import css
 from crawler.web.links import audio_candidate_links, document_base, stream_candidate, stream_path_hint
 from crawler.web.media import read_tags
+from crawler.web.memo import Memo
 from crawler.web.page import FetchedPage
 from crawler.web.urls import NormalizeOptions, normalize_many, resolve_link
 
@@ -545,7 +546,7 @@ def _element(out: _Collector, node: LexborNode, tag: str, attrs: Mapping[str, st
         if href is not None:
             inert = _INERT_HREFS.get(href)
             if inert is None:
-                inert = _inert_href(href)
+                inert = _INERT_HREFS.keep(href, _inert_href(href))
             if inert:
                 return
     if tag == "meta" and not _has_data(attrs):
@@ -618,17 +619,11 @@ def _element(out: _Collector, node: LexborNode, tag: str, attrs: Mapping[str, st
 def _inert_href(href: str) -> bool:
     """Whether an a/area element whose one attribute is this href yields nothing here: it names no audio or
     playlist by its extension, and nothing in it says stream (stream_candidate's first test, with no song's
-    attributes). Remembered by the href, in a dict emptied whole when full."""
-    inert = not href or (media.url_extension(href.strip()) not in _NAMED_EXTENSIONS and not stream_path_hint(href))
-    if len(_INERT_HREFS) >= _INERT_KEPT:
-        _INERT_HREFS.clear()
-    if len(href) <= 512:
-        _INERT_HREFS[href] = inert
-    return inert
+    attributes)."""
+    return not href or (media.url_extension(href.strip()) not in _NAMED_EXTENSIONS and not stream_path_hint(href))
 
 
-_INERT_HREFS: dict[str, bool] = {}
-_INERT_KEPT = 10_000
+_INERT_HREFS: Memo[bool] = Memo(10_000)
 
 
 def _has_data(attrs: Mapping[str, str | None]) -> bool:

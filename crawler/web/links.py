@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from crawler.web.html import css, css_first
+from crawler.web.memo import Memo
 from crawler.web.urls import link_joiner, resolve_link
 
 # "5; url=/next", "0;URL='/next'", "3, /next": the delay, a separator, an optional "url=", the target.
@@ -151,19 +152,14 @@ def stream_candidate(base: str, node: LexborNode, attrs: Mapping[str, str | None
 def stream_path_hint(href: str) -> bool:
     """Whether a reference's text says stream (a word of a stream's path): what lets an a/area element without a
     song's attributes be a stream named like a page (stream_candidate). Asked for every link of many pages, and
-    a site's navigation repeats on each: the answers are remembered, in a dict emptied whole when full."""
+    a site's navigation repeats on each: the answers are remembered."""
     known = _HINTS.get(href)
     if known is None:
-        known = _STREAM_PATH.search(href.lower()) is not None
-        if len(_HINTS) >= _HINTS_KEPT:
-            _HINTS.clear()
-        if len(href) <= 512:
-            _HINTS[href] = known
+        known = _HINTS.keep(href, _STREAM_PATH.search(href.lower()) is not None)
     return known
 
 
-_HINTS: dict[str, bool] = {}
-_HINTS_KEPT = 10_000
+_HINTS: Memo[bool] = Memo(10_000)
 
 
 def count_links(tree: LexborHTMLParser) -> int:

@@ -26,6 +26,8 @@ from urllib.parse import unquote, unquote_to_bytes
 
 import idna
 
+from crawler.web.memo import Memo
+
 __all__ = [
     "AUDIO_REF_HOPS", "DEFAULT", "DISCARD_DENIED", "DISCARD_GENERATED", "DISCARD_QUERY", "DISCARD_SCHEME",
     "DISCARD_SCOPE", "DISCARD_TOO_DEEP", "DISCARD_TOO_LONG", "InvalidURL", "NormalizeOptions", "UrlPolicy",
@@ -471,7 +473,10 @@ def link_joiner(base: str) -> Callable[[str], str | None]:
     by the reference, as a site's navigation repeats on every page: such a link costs a dict lookup and a
     concatenation instead of resolve_link's checks."""
     end = base.find("/", base.find("//") + 2)
-    origin = _link_origin(base if end < 0 else base[:end])
+    try:
+        origin = _link_origin(base if end < 0 else base[:end])
+    except Exception:     # whatever resolve_link meets with this base, it meets on its own
+        origin = None
     if origin is None:
         return functools.partial(resolve_link, base)
     plain = _PLAIN_ROOT_REFS
@@ -479,23 +484,17 @@ def link_joiner(base: str) -> Callable[[str], str | None]:
     def join(ref: str) -> str | None:
         known = plain.get(ref)
         if known is None:
-            known = _plain_root_ref(ref)
+            known = plain.keep(ref, _plain_root_ref(ref))
         return origin + ref if known else resolve_link(base, ref)
     return join
 
 
 def _plain_root_ref(ref: str) -> bool:
-    """Whether resolve_link joins ref to the base's origin unchanged (its fast path), remembered."""
-    known = ref[:1] == "/" and "//" not in ref and "/." not in ref and not _unsafe_root_ref(ref)
-    if len(_PLAIN_ROOT_REFS) >= _PLAIN_ROOT_KEPT:
-        _PLAIN_ROOT_REFS.clear()
-    if len(ref) <= 512:
-        _PLAIN_ROOT_REFS[ref] = known
-    return known
+    """Whether resolve_link joins ref to the base's origin unchanged (its fast path)."""
+    return ref[:1] == "/" and "//" not in ref and "/." not in ref and not _unsafe_root_ref(ref)
 
 
-_PLAIN_ROOT_REFS: dict[str, bool] = {}
-_PLAIN_ROOT_KEPT = 10_000     # references remembered at most (a MB or two)
+_PLAIN_ROOT_REFS: Memo[bool] = Memo(10_000)
 
 
 @functools.lru_cache(maxsize=1024)
