@@ -121,7 +121,10 @@ def audio_candidate_links(tree: LexborHTMLParser, base_url: str,
     if max_elements is not None and len(nodes) > max_elements:
         del nodes[max_elements:]
     for node in nodes:
-        url = stream_candidate(base, node)
+        attrs = node.attributes
+        if len(attrs) == 1 and not stream_path_hint(attrs.get("href") or ""):
+            continue     # its href alone, which says no stream (the site's navigation): stream_candidate's None
+        url = stream_candidate(base, node, attrs)
         if url is not None and url not in out:
             out[url] = node
     return list(out.items())
