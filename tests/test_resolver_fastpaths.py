@@ -171,14 +171,19 @@ def test_defragging_is_urldefrag(url):
 _LINK_ATTRS = st.lists(st.sampled_from(['href="/a.mp3"', 'href="/stream/1"', 'href="/x.html"', 'href=""',
                                         'href="/listen?id=1"', 'href=" /b.M3U "', 'type="audio/mpeg"', 'type=""',
                                         'data-title="T"', 'data-x=""', 'download', 'rel="nofollow"',
-                                        'href="/c.pls#f"', 'title="Song"']), max_size=4)
+                                        'href="/c.pls#f"', 'title="Song"', 'href="/DOWNLOAD/3"',
+                                        'href="/a.MP3?x=1"', 'href=" /d.ogg"', 'href="/media/"',
+                                        'property="og:audio"', 'property="OG:Title"', 'itemprop="contentUrl"',
+                                        'content="/m.mp3"', 'content="/n"']), max_size=4)
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["a", "area", "audio", "source"]), _LINK_ATTRS), min_size=1, max_size=6))
+@given(st.lists(st.tuples(st.sampled_from(["a", "area", "audio", "source", "meta"]), _LINK_ATTRS), min_size=1,
+                max_size=6))
 def test_a_plain_link_settles_as_the_general_path_does(elements):
-    """The shortcut for a link without type or data-* attributes gives what the general path gives: the same
-    page resolved with every link made general (a data-x="" attribute, which the general path ignores)."""
+    """The shortcuts for a link without type or data-* attributes (and for one with its href alone, remembered by
+    the href), and for a meta tag without data-* attributes, give what the general path gives: the same page
+    resolved with every element made general (a data-x="" attribute, which the general path ignores)."""
     def page(general: bool) -> FetchedPage:
         extra = ' data-x=""' if general else ""
         body = "".join(f'<{tag} {" ".join(attrs)}{extra}>t</{tag}>' for tag, attrs in elements)

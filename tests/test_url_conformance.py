@@ -18,7 +18,7 @@ import pytest
 import yarl
 
 from crawler.politeness import HostGate, PolitenessConfig, RobotsRules
-from crawler.web.urls import InvalidURL, host_url_of, normalize, resolve, resolve_link
+from crawler.web.urls import InvalidURL, host_url_of, link_joiner, normalize, resolve, resolve_link
 
 _DATA = Path(__file__).parent / "data" / "urltestdata.json"
 _CASES: list[dict[str, str | bool | None]] = [
@@ -173,6 +173,23 @@ def test_every_join_gives_one_answer() -> None:
                     expected.split("#")[0] == resolve(page, "").split("#")[0])
             else:
                 assert got == expected, (page, ref)
+
+
+def test_a_pages_joiner_answers_as_resolve_link() -> None:
+    """link_joiner(page) is resolve_link(page, ...) for every reference, asked once and again (remembered)."""
+    extra = ["/a b", "/\tx", " /x", "/x ", "/%2e/x", "/./x", "/../x", "//other.example/x", "/x#f", "/x?q=1", "/",
+             "/x\\y", "/caf\u00e9", "/x:y@z", "?q", "#f", "", "x/y", "javascript:x", "http:/x", "/x/."]
+    pages = []
+    for case in WEB_CASES:
+        base = case.get("base")
+        if base is not None:
+            pages += [str(base), str(base).split("#")[0].rsplit("/", 1)[0] + "/sibling?x=1"]
+    refs = [str(case["input"]) for case in WEB_CASES] + extra
+    for page in pages[:200] + ["http://h.example/p/q.html", "http://u:p@h.example:81/p", "https://h.example"]:
+        join = link_joiner(page)
+        for ref in refs:
+            for _ in range(2):
+                assert join(ref) == resolve_link(page, ref), (page, ref)
 
 
 # Where the politeness key differs from the WHATWG origin, by input.

@@ -33,8 +33,9 @@ from crawler.resolvers.base import (
 from crawler.resolvers.pagemeta import Meta
 from crawler.web import media
 from crawler.web.html import css
-from crawler.web.links import audio_candidate_links, document_base, stream_candidate
+from crawler.web.links import audio_candidate_links, document_base, stream_candidate, stream_path_hint
 from crawler.web.media import read_tags
+from crawler.web.memo import Memo
 from crawler.web.page import FetchedPage
 from crawler.web.urls import NormalizeOptions, normalize_many, resolve_link
 
@@ -539,6 +540,20 @@ def _inside(node: LexborNode, tag: str) -> bool:
 
 
 def _element(out: _Collector, node: LexborNode, tag: str, attrs: Mapping[str, str | None]) -> None:
+    if (tag == "a" or tag == "area") and len(attrs) == 1:
+        # A link with its href alone, the site's navigation on every page: settled by the href, remembered.
+        href = attrs.get("href")
+        if href is not None:
+            inert = _INERT_HREFS.get(href)
+            if inert is None:
+                inert = _INERT_HREFS.keep(href, _inert_href(href))
+            if inert:
+                return
+    if tag == "meta" and not _has_data(attrs):
+        # A page's metadata tags (og:title, charset ...): only an audio property names audio.
+        prop = (attrs.get("property") or attrs.get("itemprop") or "").lower()
+        if prop not in _OG_AUDIO and prop != "contenturl":
+            return
     if (tag == "a" or tag == "area") and "type" not in attrs and not _has_data(attrs):
         # A plain link, most of a page's elements: what the general path below does with one, in fewer steps.
         # It names audio or a playlist by its extension, or it may be a stream named like a page.
@@ -599,6 +614,16 @@ def _element(out: _Collector, node: LexborNode, tag: str, attrs: Mapping[str, st
     for ref, forced, where in refs:
         if forced or _url_like(ref.strip(), bare_ok=True) or tag in ("a", "area", "audio", "source", "embed"):
             out.add(ref, meta, where, force_audio=forced, link=link)
+
+
+def _inert_href(href: str) -> bool:
+    """Whether an a/area element whose one attribute is this href yields nothing here: it names no audio or
+    playlist by its extension, and nothing in it says stream (stream_candidate's first test, with no song's
+    attributes)."""
+    return not href or (media.url_extension(href.strip()) not in _NAMED_EXTENSIONS and not stream_path_hint(href))
+
+
+_INERT_HREFS: Memo[bool] = Memo(10_000)
 
 
 def _has_data(attrs: Mapping[str, str | None]) -> bool:

@@ -9,7 +9,8 @@ from urllib.parse import urlsplit
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from crawler.web.html import css, css_first
-from crawler.web.urls import resolve_link
+from crawler.web.memo import Memo
+from crawler.web.urls import link_joiner, resolve_link
 
 # "5; url=/next", "0;URL='/next'", "3, /next": the delay, a separator, an optional "url=", the target.
 _REFRESH_URL = re.compile(r"""^\s*[\d.]*\s*[;,]\s*(?:url\s*=\s*)?(['"]?)(.*?)\1\s*$""", re.IGNORECASE | re.DOTALL)
@@ -61,7 +62,7 @@ def extract_links(tree: LexborHTMLParser, base_url: str, max_elements: int | Non
     max_elements bounds the link elements looked at (in document order): each costs Python work, and a
     hostile page can hold hundreds of thousands. source: the text the tree was parsed from (document_base).
     """
-    base = document_base(tree, base_url, source)
+    join = link_joiner(document_base(tree, base_url, source))
     seen: set[str] = set()
     out: list[str] = []
     nodes = css(tree, _LINK_SELECTOR)
@@ -88,7 +89,7 @@ def extract_links(tree: LexborHTMLParser, base_url: str, max_elements: int | Non
             ref = _refresh_target(attrs.get("content") or "")
         if not ref:
             continue
-        url = resolve_link(base, ref)
+        url = join(ref)
         if url is not None and url not in seen:
             seen.add(url)
             out.append(url)
@@ -120,7 +121,10 @@ def audio_candidate_links(tree: LexborHTMLParser, base_url: str,
     if max_elements is not None and len(nodes) > max_elements:
         del nodes[max_elements:]
     for node in nodes:
-        url = stream_candidate(base, node)
+        attrs = node.attributes
+        if len(attrs) == 1 and not stream_path_hint(attrs.get("href") or ""):
+            continue     # its href alone, which says no stream (the site's navigation): stream_candidate's None
+        url = stream_candidate(base, node, attrs)
         if url is not None and url not in out:
             out[url] = node
     return list(out.items())
@@ -135,7 +139,7 @@ def stream_candidate(base: str, node: LexborNode, attrs: Mapping[str, str | None
     href = attrs.get("href")
     # Most links are the site's navigation: settled on the raw attribute, before any joining.
     song = not _SONG_ATTRS.isdisjoint(attrs)
-    if not href or not (song or _STREAM_PATH.search(href.lower())):
+    if not href or not (song or stream_path_hint(href)):
         return None
     url = resolve_link(base, href)
     if url is None:
@@ -146,6 +150,19 @@ def stream_candidate(base: str, node: LexborNode, attrs: Mapping[str, str | None
     if ext in _PAGE_EXTENSIONS or not name or not (song or _STREAM_PATH.search(path.lower())):
         return None
     return url
+
+
+def stream_path_hint(href: str) -> bool:
+    """Whether a reference's text says stream (a word of a stream's path): what lets an a/area element without a
+    song's attributes be a stream named like a page (stream_candidate). Asked for every link of many pages, and
+    a site's navigation repeats on each: the answers are remembered."""
+    known = _HINTS.get(href)
+    if known is None:
+        known = _HINTS.keep(href, _STREAM_PATH.search(href.lower()) is not None)
+    return known
+
+
+_HINTS: Memo[bool] = Memo(10_000)
 
 
 def count_links(tree: LexborHTMLParser) -> int:

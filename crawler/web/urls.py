@@ -19,12 +19,14 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 from urllib.parse import unquote, unquote_to_bytes
 
 import idna
+
+from crawler.web.memo import Memo
 
 __all__ = [
     "AUDIO_REF_HOPS", "DEFAULT", "DISCARD_DENIED", "DISCARD_GENERATED", "DISCARD_QUERY", "DISCARD_SCHEME",
@@ -463,6 +465,36 @@ def resolve_link(base: str, ref: str) -> str | None:
     if cut < path_base.find("//") + 2:          # no path at all: "http://host"
         return _resolve_link_cached(path_base + "/", ref)
     return _resolve_link_cached(path_base[:cut + 1], ref)
+
+
+def link_joiner(base: str) -> Callable[[str], str | None]:
+    """resolve_link with its base fixed, for the many references of one page: the same answers. The base's origin
+    is found once, and whether a reference is plainly root-relative (joined as origin + reference) is remembered
+    by the reference, as a site's navigation repeats on every page: such a link costs a dict lookup and a
+    concatenation instead of resolve_link's checks."""
+    end = base.find("/", base.find("//") + 2)
+    try:
+        origin = _link_origin(base if end < 0 else base[:end])
+    except Exception:     # whatever resolve_link meets with this base, it meets on its own
+        origin = None
+    if origin is None:
+        return functools.partial(resolve_link, base)
+    plain = _PLAIN_ROOT_REFS
+
+    def join(ref: str) -> str | None:
+        known = plain.get(ref)
+        if known is None:
+            known = plain.keep(ref, _plain_root_ref(ref))
+        return origin + ref if known else resolve_link(base, ref)
+    return join
+
+
+def _plain_root_ref(ref: str) -> bool:
+    """Whether resolve_link joins ref to the base's origin unchanged (its fast path)."""
+    return ref[:1] == "/" and "//" not in ref and "/." not in ref and not _unsafe_root_ref(ref)
+
+
+_PLAIN_ROOT_REFS: Memo[bool] = Memo(10_000)
 
 
 @functools.lru_cache(maxsize=1024)
