@@ -1164,11 +1164,18 @@ async def test_a_stream_the_page_fetch_read_whole_needs_no_request(server, clien
     server.add("/stream/2", data, content_type="audio/mpeg")
     url = server.url("/stream/2")
     start = Started(url=url, body=data, size=len(data), content_type="audio/mpeg")
+    dl = Downloader(client, tmp_path, CFG, file_tags=True)
+    sidecars, parts = [], []
+    dl.store.save_sidecar = lambda key, record: sidecars.append(key)
+    dl.store.commit = lambda *a: parts.append(a)
 
-    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=url, page="http://site/p"), start=start)
+    got = await dl.fetch(AudioItem(url=url, page="http://site/p"), start=start)
 
     assert (got.status, got.sha256, got.size) == (OK, sha(data), len(data))
     assert requests_to(server, "/stream/2") == []
+    # Stored from memory, as a file that came whole in one chunk: no part file, no sidecar, its tags read there.
+    assert sidecars == [] and parts == [] and leftovers(tmp_path) == []
+    assert (tmp_path / got.path).read_bytes() == data and got.path not in dl._fresh_tags
 
 
 async def test_a_start_that_is_not_the_files_is_thrown_away(server, client, tmp_path):
