@@ -7,9 +7,10 @@ sha256) share one job, and recent fingerprints are kept (up to `cache_bytes`) fo
 revisit, a second address). A file that cannot be fingerprinted is logged once, and its future holds None: an
 item never fails for it. That the file is to blame (too short, not audio, undecodable: common on the web, and
 every file of the demo's site) is a DEBUG line and the metric's "error" count; the pool's own failures (a process
-died, the pool would not start, the fingerprinter raised something else than IdentifyError) are WARNINGs. A worker process that dies (a decoder crash, the OOM killer) takes
-its batch with it; the next file starts a new pool, and the files of that batch are tried again there one at a
-time, so the file that killed it goes without and the others do not.
+died, the pool would not start, the fingerprinter raised something else than IdentifyError) are WARNINGs. A
+worker process that dies (a decoder crash, the OOM killer) takes its batch with it; the next file starts a new
+pool, and the files of that batch are tried again there one at a time, so the file that killed it goes without
+and the others do not.
 
 Two things keep the pool's cost per file small (most files on the web are short clips, jingles, previews):
 
