@@ -219,7 +219,7 @@ class WorkerMetrics:
         self.fingerprint_backlog = Gauge("crawler_fingerprint_backlog", "Stored audio files waiting for this "
                                          "worker's fingerprint pool", ["node"], registry=r).labels(node)
         self.fingerprints = Counter("crawler_fingerprints", "Stored audio files through the fingerprint pool, by "
-                                    "outcome (done, error, skipped: the backlog was full)", ["node", "outcome"],
+                                    "outcome (done, error, skipped: the backlog was full, short: its tags say it is too short to match)", ["node", "outcome"],
                                     registry=r)
 
     def watch_proxies(self, snapshot: Callable[[], Sequence[ProxyFigures]]) -> None:

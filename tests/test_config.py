@@ -36,7 +36,7 @@ def test_example_configs_in_the_repo_are_valid(tmp_path):
     wpath.write_text(yaml.safe_dump(wraw))
     w = WorkerConfig.build(wpath, {"master": "h:1", "id": "a", "data_dir": str(tmp_path),
                                    "secret_file": str(tmp_path / "s")})
-    assert w.max_tasks == 2 * 64 + 2 * 8
+    assert w.max_tasks == 2 * 64 + 2 * 32 and w.downloads_per_host == 4
 
 
 @pytest.mark.parametrize("change, key, words", [

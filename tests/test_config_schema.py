@@ -129,8 +129,8 @@ def test_the_yaml_keys_users_write_are_unchanged():
         *(f"archive.{k}" for k in ARCHIVE_KEYS),
     ])
     assert sorted(_dotted(WORKER_SPEC)) == sorted([
-        "master", "id", "data_dir", "secret_file", "concurrency", "downloads", "pending_downloads", "report_wait", "max_tasks",
-        "user_agent", "max_page_bytes", "max_audio_bytes", "connect_timeout", "read_timeout", "fetch_timeout",
+        "master", "id", "data_dir", "secret_file", "concurrency", "downloads", "downloads_per_host", "pending_downloads",
+        "report_wait", "max_tasks", "user_agent", "max_page_bytes", "max_audio_bytes", "connect_timeout", "read_timeout", "fetch_timeout",
         "download_timeout", "download_min_rate", "revalidate_after", "live_record_seconds", "max_page_depth", "max_page_tags",
         "max_redirects", "dns_ttl", "link_cache", "max_links_per_page", "store_pages", "page_format",
         "min_free_bytes", "download_audio", "reconnect_max_delay", "evidence_max_bytes", "resolvers",

@@ -33,6 +33,8 @@ from crawler.http.transport import build_transport
 from crawler.items import FAILED, OK, AudioItem, RequestIdentity
 from crawler.worker.audiostore import AudioStore, Finished, extension_for, partial_key
 from crawler.worker.downloader import DownloadConfig, Downloader, HostSlots, Started, _Commit, _Committer
+from crawler.worker.config import WorkerConfig
+from testkit.cluster import write_secret
 from tests.fakes.rangeserver import RangeServer, ThreadedRangeServer, _etag_for
 
 KiB = 1024
@@ -951,6 +953,30 @@ async def test_downloads_to_one_host_are_limited_while_another_host_proceeds(ser
     assert len(dl.hosts) == 0, "idle hosts are forgotten"
 
 
+async def test_the_workers_downloads_per_host_bounds_one_host_while_its_downloads_bound_all(server, client,
+                                                                                          tmp_path):
+    """The worker's keys reach the downloader: `downloads_per_host` downloads at once to one host (here 3, of 32
+    in all), whatever the worker's `downloads` leaves room for."""
+    cfg = WorkerConfig.build(None, {"master": "127.0.0.1:1", "id": "w", "data_dir": str(tmp_path),
+                                    "secret_file": str(write_secret(tmp_path / "s")), "downloads_per_host": 3})
+    assert (cfg.downloads, cfg.downloads_per_host) == (32, 3)
+    dl_cfg = cfg.download_config()
+    assert (dl_cfg.max_downloads, dl_cfg.max_per_host) == (32, 3)
+    assert WorkerConfig.build(None, {"master": "127.0.0.1:1", "id": "w", "data_dir": str(tmp_path),
+                                     "secret_file": str(tmp_path / "s")}).download_config().max_per_host == 4
+    busy = [server.add(f"/cdn/{i}.mp3", blob(400_000, 90 + i)) for i in range(7)]
+    for res in busy:
+        res.pause_at = 100_000        # held mid-body until released: the downloads overlap for sure
+        res.rate = 20e6
+    dl = Downloader(client, tmp_path, dataclasses.replace(dl_cfg, chunk_size=CHUNK, retry_backoff=0, timeout=10))
+    tasks = [asyncio.create_task(dl.fetch(AudioItem(url=server.url(r.path), page="p"))) for r in busy]
+    await server.wait_until(lambda: server.active["127.0.0.1"] == 3)
+    assert sum(r.requests for r in busy) == 3 and dl.hosts.holders("127.0.0.1") == 3
+    server.release()
+    got = await asyncio.gather(*tasks)
+    assert [g.status for g in got] == [OK] * 7 and server.peak["127.0.0.1"] == 3
+
+
 async def test_max_downloads_bounds_all_hosts_together(server, client, tmp_path):
     items = [AudioItem(url=server.url(f"/{i}.mp3", host=f"127.0.0.{1 + i % 2}"), page="p") for i in range(4)]
     for i in range(4):
@@ -1138,11 +1164,18 @@ async def test_a_stream_the_page_fetch_read_whole_needs_no_request(server, clien
     server.add("/stream/2", data, content_type="audio/mpeg")
     url = server.url("/stream/2")
     start = Started(url=url, body=data, size=len(data), content_type="audio/mpeg")
+    dl = Downloader(client, tmp_path, CFG, file_tags=True)
+    sidecars, parts = [], []
+    dl.store.save_sidecar = lambda key, record: sidecars.append(key)
+    dl.store.commit = lambda *a: parts.append(a)
 
-    got = await Downloader(client, tmp_path, CFG).fetch(AudioItem(url=url, page="http://site/p"), start=start)
+    got = await dl.fetch(AudioItem(url=url, page="http://site/p"), start=start)
 
     assert (got.status, got.sha256, got.size) == (OK, sha(data), len(data))
     assert requests_to(server, "/stream/2") == []
+    # Stored from memory, as a file that came whole in one chunk: no part file, no sidecar, its tags read there.
+    assert sidecars == [] and parts == [] and leftovers(tmp_path) == []
+    assert (tmp_path / got.path).read_bytes() == data and got.path not in dl._fresh_tags
 
 
 async def test_a_start_that_is_not_the_files_is_thrown_away(server, client, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from crawler import items as it
 from crawler.identify import MAX_FINGERPRINT_BYTES
 from crawler.worker.config import WorkerConfig
-from crawler.worker.fingerprints import DONE, ERROR, SKIPPED, FingerprintPool
+from crawler.worker.fingerprints import DONE, ERROR, SHORT, SKIPPED, FingerprintPool, file_seconds, process_pool
 from crawler.worker.ledger import DownloadLedger
 from crawler.worker.server import Worker
 from testkit.cluster import write_secret
@@ -122,12 +122,113 @@ async def test_a_dead_process_costs_its_file_and_the_next_file_gets_a_new_pool(t
         pool.close()
 
 
+async def test_a_file_that_kills_its_process_costs_only_itself_not_its_batch(tmp_path, caplog):
+    pool, outcomes = _pool(executor=process_pool)     # real processes: one dies
+    try:
+        data = [b"first", b"DIE", b"second", b"third"]
+        jobs = [pool.submit(str(i), _file(tmp_path, f"{i}.mp3", d)) for i, d in enumerate(data)]
+        with caplog.at_level(logging.WARNING, "crawler.worker.fingerprints"):
+            got = await asyncio.wait_for(asyncio.gather(*jobs), 120)
+        assert got == [expected(b"first"), None, expected(b"second"), expected(b"third")]
+        assert "1.mp3" in caplog.text and "died" in caplog.text
+        assert sorted(outcomes) == sorted([DONE, ERROR, DONE, DONE]) and pool.backlog == 0
+    finally:
+        pool.close()
+
+
 async def test_closing_resolves_the_files_waiting_with_none(tmp_path):
     pool, _ = _pool(processes=1)
     jobs = [pool.submit(str(i), _file(tmp_path, f"{i}.mp3", b"SLEEP 0.2\n%d" % i)) for i in range(3)]
     pool.close()
     assert [await j for j in jobs] == [None, None, None]
     assert pool.submit("after", tmp_path / "0.mp3") is None
+
+
+class _Counted(ThreadPoolExecutor):
+    """A thread pool that keeps what each call was given: the batches the pool sent."""
+
+    def __init__(self, n):
+        super().__init__(max_workers=n)
+        self.calls = []
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.calls.append(args)
+        return super().submit(fn, *args, **kwargs)
+
+
+def _counted_pool(**kw):
+    made = []
+
+    def executor(n):
+        made.append(_Counted(n))
+        return made[-1]
+
+    pool, outcomes = _pool(executor=executor, **kw)
+    return pool, outcomes, made
+
+
+async def test_a_batch_answers_per_file_and_one_bad_file_costs_only_itself(tmp_path, caplog):
+    pool, outcomes, made = _counted_pool(processes=1)
+    data = [b"one", b"BAD", b"two", b"BOOM", b"three"]
+    with caplog.at_level(logging.DEBUG, "crawler.worker.fingerprints"):
+        jobs = [pool.submit(str(i), _file(tmp_path, f"{i}.mp3", d)) for i, d in enumerate(data)]
+        assert pool.backlog == 5
+        got = await asyncio.gather(*jobs)
+    assert got == [expected(b"one"), None, expected(b"two"), None, expected(b"three")]
+    assert len(made) == 1 and len(made[0].calls) == 1, "the five files went in one call"
+    assert sorted(outcomes) == sorted([DONE, ERROR, DONE, ERROR, DONE]) and pool.backlog == 0
+    lines = {r.getMessage(): r.levelno for r in caplog.records if r.name == "crawler.worker.fingerprints"}
+    assert any("1.mp3" in m and "not audio" in m and lv == logging.DEBUG for m, lv in lines.items())
+    assert any("3.mp3" in m and "decoder exploded" in m and lv == logging.WARNING for m, lv in lines.items())
+    pool.close()
+
+
+async def test_a_batch_goes_when_full_before_its_gather_time(tmp_path):
+    pool, _, made = _counted_pool(processes=1, gather=60.0, batch_files=3, batch_bytes=1000)
+    jobs = [pool.submit(str(i), _file(tmp_path, f"{i}.mp3", b"f%d" % i)) for i in range(3)]
+    assert await asyncio.wait_for(asyncio.gather(*jobs), 10) == [expected(b"f%d" % i) for i in range(3)]
+    # By bytes: one file as large as a batch may be goes at once too.
+    assert await asyncio.wait_for(pool.submit("big", _file(tmp_path, "big.mp3", b"big"), size=1000), 10) \
+        == expected(b"big")
+    assert [len(call[1]) for call in made[0].calls] == [3, 1]
+    pool.close()
+
+
+async def test_files_gathered_are_spread_over_the_idle_processes(tmp_path):
+    pool, _, made = _counted_pool(processes=3)
+    jobs = [pool.submit(str(i), _file(tmp_path, f"{i}.mp3", b"g%d" % i)) for i in range(7)]
+    await asyncio.gather(*jobs)
+    assert sorted(len(call[1]) for call in made[0].calls) == [2, 2, 3]
+    pool.close()
+
+
+async def test_a_file_known_too_short_is_not_sent_and_counted_short(tmp_path):
+    pool, outcomes, made = _counted_pool(processes=1)
+    path = _file(tmp_path, "jingle.mp3", b"jingle")
+    job = pool.submit("j", path, seconds=1.5, size=24_000)
+    assert job is not None and job.done() and job.result() is None
+    assert outcomes == [SHORT] and pool.backlog == 0 and not made, "no pool, no round trip"
+    # Long enough, or of no known length: fingerprinted.
+    assert await pool.submit("l", path, seconds=2.0) == expected(b"jingle")
+    assert await pool.submit("u", _file(tmp_path, "u.mp3", b"unknown")) == expected(b"unknown")
+    assert outcomes == [SHORT, DONE, DONE]
+    pool.close()
+
+
+def test_a_files_length_is_what_the_file_says_never_the_page():
+    item = it.AudioItem(url="http://cdn/a.mp3", page="http://site/", size=16_000)
+    assert file_seconds(item) is None
+    # The page's duration and bitrate are not the file's.
+    paged = item.replace(duration=200.0, bitrate=128, meta_source={"duration": "page", "bitrate": "page"})
+    assert file_seconds(paged) is None
+    # The file's own, filling what the page left out, or beside a page that said otherwise.
+    assert file_seconds(item.with_file_tags({"duration": 0.25, "bitrate": 128})) == 0.25
+    assert file_seconds(paged.with_file_tags({"duration": 0.25})) == 0.25
+    # No duration: the size at the file's bitrate.
+    assert file_seconds(item.with_file_tags({"bitrate": 128})) == 16_000 * 8 / 128_000
+    assert file_seconds(paged.with_file_tags({"bitrate": 64})) == 16_000 * 8 / 64_000
+    assert file_seconds(item.replace(size=None).with_file_tags({"bitrate": 128})) is None
+    assert file_seconds(item.with_file_tags({"duration": 0, "bitrate": 0})) is None
 
 
 # ------------------------------------------------------------------ the worker's side
@@ -169,6 +270,20 @@ async def test_an_outcome_carries_its_fingerprint_when_it_comes_in_time(tmp_path
         assert (await w._fingerprinted((done.page, done.url), other)).fingerprint is None
     # Nor does a page report name a download pending with one.
     assert w.ledger.start(done.replace(fingerprint=b"other"))[0].fingerprint is None
+    w.fingerprints.close()
+
+
+async def test_a_file_its_tags_say_is_too_short_is_decided_on_the_worker(tmp_path):
+    w = _worker(tmp_path)
+    sent = []
+    w.fingerprints._make_executor = lambda n: sent.append(n) or _threads(n)
+    done = _stored(tmp_path, b"song").with_file_tags({"duration": 0.3})
+    got = await w._fingerprinted((done.page, done.url), done)
+    assert got.fingerprint is None and not sent and w.fingerprints.backlog == 0
+    assert b'crawler_fingerprints_total{node="w",outcome="short"} 1.0' in w.metrics.render()
+    longer = _stored(tmp_path, b"song2", name="b.mp3").with_file_tags({"duration": 180.0})
+    assert (await w._fingerprinted((longer.page, longer.url), longer)).fingerprint == expected(b"song2")
+    assert sent == [1]
     w.fingerprints.close()
 
 

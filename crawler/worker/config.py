@@ -26,6 +26,7 @@ from crawler.config import (
 from crawler.http.proxies import Proxy, parse_proxies
 from crawler.worker.fingerprints import IdentifyConfig
 from crawler.worker.pagestore import FORMATS
+from crawler.worker.transfer import DownloadConfig
 
 DEFAULT_USER_AGENT = "Mozilla/5.0 (compatible; audio-crawler/0.1)"
 DEFAULT_DATA_DIR = Path("/var/lib/audio-crawler")     # systemd's StateDirectory=audio-crawler
@@ -77,8 +78,11 @@ class WorkerConfig:
     # can read it or guess it.
     secret: bytes = setting("path", None, yaml="secret_file", convert=_read_secret_file)
     concurrency: int = setting("int", 64, positive)          # page fetches in flight
-    # Audio downloads in flight, apart from page fetches; at most half of them to one host.
-    downloads: int = setting("int", 8, positive)
+    # Audio downloads in flight, apart from page fetches ...
+    downloads: int = setting("int", 32, positive)
+    # ... and at most this many of them to one host (the host a download's address names), so one host never
+    # takes them all; the master's politeness paces each host over the whole cluster on top of this.
+    downloads_per_host: int = setting("int", 4, positive)
     # Downloads a worker holds, running or waiting for their turn: past it, it takes no new pages until some end.
     pending_downloads: int = setting("int", 256, positive)
     # Seconds a page's report waits for the downloads the page started, so that it carries their outcomes
@@ -125,6 +129,14 @@ class WorkerConfig:
     identify: IdentifyConfig = field(default_factory=IdentifyConfig, kw_only=True)
     # Every exchange this node makes, as WARC records in data_dir/archive (crawler/archive/).
     archive: ArchiveConfig = field(default_factory=ArchiveConfig, kw_only=True)
+
+    def download_config(self) -> DownloadConfig:
+        """The downloader's settings (crawler/worker/transfer.py) from this config's keys."""
+        return DownloadConfig(max_size=self.max_audio_bytes, timeout=self.read_timeout,
+                              max_downloads=self.downloads, max_per_host=self.downloads_per_host,
+                              deadline_base=self.download_timeout, min_rate=self.download_min_rate,
+                              revalidate_after=self.revalidate_after,
+                              live_record_seconds=self.live_record_seconds)
 
     @classmethod
     def build(cls, yaml_path: Path | None, overrides: dict[str, Any]) -> WorkerConfig:

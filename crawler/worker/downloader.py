@@ -529,17 +529,20 @@ class Downloader:
         if (start is not None and start.url == item.url and known is None and not partial.on_disk
                 and start.body and (start.size is None or len(start.body) <= start.size)):
             # The bytes the page fetch read are the file's start: on disk as its partial, the plan resumes after
-            # them (or finds the file whole) as after any interruption.
+            # them (or finds the file whole) as after any interruption. When they are the whole file, and it fits
+            # in one chunk, they stay in memory and are stored from there, as a file that came whole in one
+            # chunk is (no part file, no sidecar: _run finishes it at once).
             partial.describe(etag=start.etag, last_modified=start.last_modified, expected_size=start.size,
                              content_type=start.content_type, final_url=None)
             partial.take(start.body)
-            try:
-                await partial.flush()
-            except OSError as exc:
-                await partial.discard()
-                if is_local(exc):
-                    raise
-                return item.replace(status=FAILED, reason=f"storage: {exc}")
+            if not (len(start.body) == start.size and start.size <= self.cfg.chunk_size):
+                try:
+                    await partial.flush()
+                except OSError as exc:
+                    await partial.discard()
+                    if is_local(exc):
+                        raise
+                    return item.replace(status=FAILED, reason=f"storage: {exc}")
         deadline = Deadline(self._deadlines.now(), self.cfg)
         self._deadlines.keep(deadline)
         trail = None if self._archive is None else Trail(self._archive, item.page, keep_body=self._audio_payload,
@@ -609,6 +612,8 @@ class Downloader:
                    trail: Trail | None = None) -> AudioItem | plan.Fail:
         """Attempts until the file is whole or the plan gives up: the loop of ``download_plan.after``."""
         current = item
+        if not partial.on_disk and partial.received and plan.whole(partial.received, partial.record.expected_size):
+            return await self._finish(current, partial, slots, trail)   # a page fetch's bytes were all of it
         # A sidecar written for another address (the link was re-resolved since) is judged like a re-resolve.
         new_address = partial.record.url != current.url and partial.offset > 0
         if plan.overgrown(partial.offset, partial.record.expected_size):

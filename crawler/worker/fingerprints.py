@@ -7,8 +7,21 @@ sha256) share one job, and recent fingerprints are kept (up to `cache_bytes`) fo
 revisit, a second address). A file that cannot be fingerprinted is logged once, and its future holds None: an
 item never fails for it. That the file is to blame (too short, not audio, undecodable: common on the web, and
 every file of the demo's site) is a DEBUG line and the metric's "error" count; the pool's own failures (a process
-died, the pool would not start, the fingerprinter raised something else than IdentifyError) are WARNINGs. A worker process that dies (a decoder crash, the OOM killer) costs the files in flight
-with it; the next file starts a new pool.
+died, the pool would not start, the fingerprinter raised something else than IdentifyError) are WARNINGs. A
+worker process that dies (a decoder crash, the OOM killer) takes its batch with it; the next file starts a new
+pool, and the files of that batch are tried again there one at a time, so the file that killed it goes without
+and the others do not.
+
+Two things keep the pool's cost per file small (most files on the web are short clips, jingles, previews):
+
+* A file known to be shorter than ``MIN_SECONDS`` (crawler/identify/decode.py: no audio worth matching) is not
+  sent at all. How long it plays is the caller's to say, from the file's own tags (``file_seconds``: its
+  duration, else its size at its bitrate), so the decision costs no round trip to a pool process; such a file is
+  counted as "short" and its future holds None at once. A file whose length is unknown is sent as before.
+* Files go to a process in batches, not one call each: those submitted within ``gather`` seconds of the first
+  (or until ``batch_files`` of them, or ``batch_bytes`` of files) go in one call, which answers per file; an
+  error of one file is that file's, never its batch's. The files gathered are spread over the processes that
+  have nothing to do, so a batch never leaves a process idle while another works through two.
 
 The server decides how long an item waits for its fingerprint (see Worker._fingerprinted); the pool only runs the
 jobs and says how many are in it (`backlog`, the crawler_fingerprint_backlog gauge and the heartbeat's field).
@@ -18,12 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import logging
 import multiprocessing
 import os
 import signal
 import sys
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -32,13 +46,21 @@ from pathlib import Path
 
 from crawler.config import non_negative, positive, setting
 from crawler.identify import MAX_FINGERPRINT_BYTES, IdentifyError
+from crawler.identify.decode import MIN_SECONDS
+from crawler.items import AudioItem
 
 log = logging.getLogger("crawler.worker.fingerprints")
 
 Fingerprinter = Callable[[Path], bytes]   # picklable (a module's function): it runs in the pool's processes
 
-DONE, ERROR, SKIPPED = "done", "error", "skipped"     # a file's outcome, as the metric counts it
+# A file's outcome, as the metric counts it: fingerprinted, not fingerprintable, not sent (the backlog was full),
+# not sent (it is known to be too short to match).
+DONE, ERROR, SKIPPED, SHORT = "done", "error", "skipped", "short"
+OUTCOMES = (DONE, ERROR, SKIPPED, SHORT)
 CACHE_BYTES = 32 * 1024 * 1024
+GATHER = 0.05               # seconds a batch gathers files after its first ...
+BATCH_FILES = 32            # ... unless it has this many files ...
+BATCH_BYTES = 4 * 1024 * 1024   # ... or this many bytes of files (as the caller gave their sizes)
 ERRORS_KEPT = 4096       # files whose error was logged, so a file stored again is not logged again
 
 
@@ -69,6 +91,40 @@ def _run(fingerprint: Fingerprinter, path: Path) -> bytes:
         raise FingerprinterFailed(f"{type(e).__name__}: {e}"[:300]) from None
 
 
+def _run_batch(fingerprint: Fingerprinter, paths: list[Path]) -> list[bytes | IdentifyError]:
+    """In a pool process: each file's fingerprint, or the IdentifyError that says why it has none, in order.
+    One file's error is its own: the others of the batch are fingerprinted all the same. A fingerprint is cut
+    to the wire's limit here, so no more than that crosses back."""
+    out: list[bytes | IdentifyError] = []
+    for path in paths:
+        try:
+            out.append(bytes(_run(fingerprint, path))[:MAX_FINGERPRINT_BYTES])
+        except IdentifyError as e:
+            out.append(e)
+    return out
+
+
+def file_seconds(item: AudioItem) -> float | None:
+    """How long a stored file plays by what the file itself says (its tags, as read into the item by
+    AudioItem.with_file_tags): its duration, else its size at its bitrate; None when it says neither. A page's
+    values are not the file's and are never used (the page may describe another cut of the song)."""
+
+    def own(name: str) -> float | None:
+        value = item.file_tags.get(name) if name in item.file_tags else (
+            getattr(item, name) if item.meta_source.get(name) == "file" else None)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            return None
+        return float(value)
+
+    duration = own("duration")
+    if duration is not None:
+        return duration
+    bitrate = own("bitrate")     # kbit/s
+    if bitrate is not None and item.size:
+        return item.size * 8 / (bitrate * 1000)
+    return None
+
+
 def _die_with(parent: int) -> None:
     """In a pool process, first: it dies with the worker, even a killed one (a pool process outliving it would
     hold its pipes and files open, and wait on its queue for ever)."""
@@ -92,12 +148,23 @@ def process_pool(processes: int) -> Executor:
                                initializer=_die_with, initargs=(os.getpid(),))
 
 
+@dataclass
+class _Batch:
+    """Files sent to a pool process in one call, each with its key and its job."""
+
+    files: list[tuple[str, Path, asyncio.Future[bytes | None]]]
+    executor: Executor | None = None      # the one it was sent to
+    suspect: bool = False                 # one file of a batch whose process died, tried again alone
+
+
 class FingerprintPool:
     def __init__(self, fingerprint: Fingerprinter, *, processes: int = 1, max_backlog: int = 1000,
                  executor: Callable[[int], Executor] = process_pool,
-                 on_outcome: Callable[[str], None] | None = None, cache_bytes: int = CACHE_BYTES) -> None:
+                 on_outcome: Callable[[str], None] | None = None, cache_bytes: int = CACHE_BYTES,
+                 gather: float = GATHER, batch_files: int = BATCH_FILES, batch_bytes: int = BATCH_BYTES) -> None:
         """fingerprint: the fingerprinter (crawler.identify.fingerprint_file; tests pass a fake); executor:
-        makes the pool's executor for `processes` workers, at the first file (a process pool by default)."""
+        makes the pool's executor for `processes` workers, at the first file (a process pool by default);
+        gather, batch_files, batch_bytes: how long a batch gathers files, and when it goes before that."""
         self.fingerprint = fingerprint
         self.processes = processes
         self.max_backlog = max_backlog
@@ -110,6 +177,14 @@ class FingerprintPool:
         self._cached = 0
         self._errors: OrderedDict[str, None] = OrderedDict()
         self._closed = False
+        self._gather, self._batch_files, self._batch_bytes = gather, batch_files, batch_bytes
+        self._gathered: list[tuple[str, Path, asyncio.Future[bytes | None]]] = []   # the next batch's files
+        self._gathered_bytes = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._running = 0       # batches sent to the executor and not ended
+        # The files of batches whose process died, to be tried again one at a time, and the one in work.
+        self._suspects: deque[tuple[str, Path, asyncio.Future[bytes | None]]] = deque()
+        self._suspect: _Batch | None = None
 
     def start(self) -> None:
         """Start the pool's processes now: a spawned process takes a while to start (its imports), which the
@@ -137,63 +212,125 @@ class FingerprintPool:
         """A file submitted now would wait for others (every process has one already)."""
         return len(self._jobs) >= self.processes
 
-    def submit(self, key: str, path: Path) -> asyncio.Future[bytes | None] | None:
+    def submit(self, key: str, path: Path, *, seconds: float | None = None,
+               size: int | None = None) -> asyncio.Future[bytes | None] | None:
         """The future fingerprint of the file at path (None in it: it has none, the error is logged), or None
         when the backlog is full (the file is skipped). key names the file's bytes (its sha256): the same
-        bytes are fingerprinted once."""
+        bytes are fingerprinted once. seconds: how long the file plays, when its tags say (file_seconds); a file
+        shorter than MIN_SECONDS is not sent, and its future holds None at once. size: the file's bytes, which
+        bound a batch (unknown: counted as none)."""
         loop = asyncio.get_running_loop()
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
-            ready: asyncio.Future[bytes | None] = loop.create_future()
-            ready.set_result(cached)
-            return ready
+            return _ready(loop, cached)
         job = self._jobs.get(key)
         if job is not None:
             return job
+        if seconds is not None and seconds < MIN_SECONDS:
+            self._on_outcome(SHORT)
+            return _ready(loop, None)
         if self._closed or len(self._jobs) >= self.max_backlog:
             self._on_outcome(SKIPPED)
             return None
         job = loop.create_future()
         self._jobs[key] = job
+        self._gathered.append((key, path, job))
+        self._gathered_bytes += max(0, size or 0)
+        if len(self._gathered) >= self._batch_files or self._gathered_bytes >= self._batch_bytes:
+            self._send(loop)
+        elif self._timer is None:
+            self._timer = loop.call_later(self._gather, self._send, loop)
+        return job
+
+    def _send(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The files gathered go, in one batch, or spread over the processes with nothing to do."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        files, self._gathered, self._gathered_bytes = self._gathered, [], 0
+        if not files:
+            return
+        parts = max(1, min(len(files), self.processes - self._running))
+        for i in range(parts):
+            self._dispatch(loop, _Batch(files[i::parts]))
+
+    def _dispatch(self, loop: asyncio.AbstractEventLoop, batch: _Batch) -> None:
         try:
             if self._executor is None:
                 self._executor = self._make_executor(self.processes)
-            running = loop.run_in_executor(self._executor, _run, self.fingerprint, path)
+            batch.executor = self._executor
+            running = loop.run_in_executor(self._executor, _run_batch, self.fingerprint,
+                                           [path for _, path, _ in batch.files])
         except (RuntimeError, OSError) as e:     # the executor is shut down, or no process could start
-            self._failed(key, path, f"the pool cannot take it: {e}")
-            del self._jobs[key]
-            job.set_result(None)
-            return job
-        running.add_done_callback(lambda f: self._ended(key, path, f, job))
-        return job
+            self._ended_all(batch, f"the pool cannot take it: {e}")
+            return
+        self._running += 1
+        running.add_done_callback(functools.partial(self._ended, batch))
 
-    def _ended(self, key: str, path: Path, running: asyncio.Future[bytes], job: asyncio.Future[bytes | None]) -> None:
-        self._jobs.pop(key, None)
-        fp: bytes | None = None
+    def _next_suspect(self) -> None:
+        """The next file of a batch whose process died goes alone, once the one before it has ended."""
+        if self._suspect is not None or not self._suspects or self._closed:
+            return
+        self._suspect = _Batch([self._suspects.popleft()], suspect=True)
+        self._dispatch(asyncio.get_running_loop(), self._suspect)
+
+    def _ended(self, batch: _Batch, running: asyncio.Future[list[bytes | IdentifyError]]) -> None:
+        self._running -= 1
+        try:
+            self._ended_batch(batch, running)
+        finally:
+            if batch is self._suspect:
+                self._suspect = None
+            self._next_suspect()
+
+    def _ended_batch(self, batch: _Batch, running: asyncio.Future[list[bytes | IdentifyError]]) -> None:
         if running.cancelled():
-            pass
-        elif (e := running.exception()) is not None:
-            if isinstance(e, BrokenProcessPool):
-                # A process died: the pool is of no more use. The next file makes a new one.
-                broken, self._executor = self._executor, None
-                if broken is not None:
-                    broken.shutdown(wait=False, cancel_futures=True)
-                self._failed(key, path, "a fingerprinting process died")
+            self._ended_all(batch, None)
+            return
+        e = running.exception()
+        if isinstance(e, BrokenProcessPool):
+            # A process died: the pool is of no more use. The next file makes a new one (each batch the dead
+            # pool held says so: only the first, while the pool is still this one's, drops it).
+            if batch.executor is not None and batch.executor is self._executor:
+                self._executor = None
+                batch.executor.shutdown(wait=False, cancel_futures=True)
+            if batch.suspect or self._closed:
+                self._ended_all(batch, "a fingerprinting process died")
             else:
-                # IdentifyError: the file cannot be fingerprinted, which is the file's business, not the pool's.
-                file_only = isinstance(e, IdentifyError) and not isinstance(e, FingerprinterFailed)
-                self._failed(key, path, str(e) or type(e).__name__, level=logging.DEBUG if file_only else None)
-        else:
-            fp = bytes(running.result())[:MAX_FINGERPRINT_BYTES]
-            if fp:
+                # Which file killed it is not known: each is tried again alone, one after the other, so only
+                # that file goes without (a file that died alone is that file).
+                self._suspects.extend(batch.files)
+            return
+        if e is not None:     # the call itself failed (the batch could not cross to the process, or back)
+            self._ended_all(batch, f"{type(e).__name__}: {e}"[:300])
+            return
+        results = running.result()
+        for (key, path, job), result in zip(batch.files, results, strict=True):
+            self._jobs.pop(key, None)
+            fp: bytes | None = None
+            if isinstance(result, IdentifyError):
+                # The file cannot be fingerprinted, which is the file's business, not the pool's.
+                file_only = not isinstance(result, FingerprinterFailed)
+                self._failed(key, path, str(result) or type(result).__name__,
+                             level=logging.DEBUG if file_only else None)
+            elif result:
+                fp = bytes(result)[:MAX_FINGERPRINT_BYTES]
                 self._on_outcome(DONE)
                 self._keep(key, fp)
             else:
                 self._failed(key, path, "empty fingerprint")
-                fp = None
-        if not job.done():
-            job.set_result(fp)
+            if not job.done():
+                job.set_result(fp)
+
+    def _ended_all(self, batch: _Batch, why: str | None) -> None:
+        """Every file of the batch without a fingerprint: why is logged (None: the pool was closed)."""
+        for key, path, job in batch.files:
+            self._jobs.pop(key, None)
+            if why is not None:
+                self._failed(key, path, why)
+            if not job.done():
+                job.set_result(None)
 
     def _failed(self, key: str, path: Path, why: str, level: int | None = None) -> None:
         """level: DEBUG when the file is to blame; a WARNING (the default) otherwise."""
@@ -217,6 +354,11 @@ class FingerprintPool:
     def close(self) -> None:
         """Stop: files waiting are dropped (their futures hold None), those in work are not waited for."""
         self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._gathered, self._gathered_bytes = [], 0
+        self._suspects.clear()
         for job in self._jobs.values():
             if not job.done():
                 job.set_result(None)
@@ -227,3 +369,9 @@ class FingerprintPool:
             # A file in work is not waited for: a stopping worker must not wait on a long (or stuck) decode.
             for proc in list((getattr(executor, "_processes", None) or {}).values()):
                 proc.terminate()
+
+
+def _ready(loop: asyncio.AbstractEventLoop, value: bytes | None) -> asyncio.Future[bytes | None]:
+    ready: asyncio.Future[bytes | None] = loop.create_future()
+    ready.set_result(value)
+    return ready

@@ -53,10 +53,11 @@ from crawler.web.media import is_audio_url, is_playlist_url
 from crawler.web.page import FetchedPage
 from crawler.web.urls import NormalizeOptions, normalize_many
 from crawler.worker.config import WorkerConfig
-from crawler.worker.downloader import DownloadConfig, Downloader, Started
+from crawler.worker.downloader import Downloader, Started
 from crawler.worker.faults import RESUME_HEADROOM, LocalFault, check_data_dir, describe, is_local
 from crawler.worker.fetcher import SNIFF_BYTES, FetchError, PageFetcher
-from crawler.worker.fingerprints import Fingerprinter, FingerprintPool
+from crawler.worker.fingerprints import OUTCOMES as FINGERPRINT_OUTCOMES
+from crawler.worker.fingerprints import Fingerprinter, FingerprintPool, file_seconds
 from crawler.worker import page_plan
 from crawler.worker.ledger import DownloadLedger, Key, Outgoing
 from crawler.worker.linkcache import LinkCache
@@ -226,7 +227,7 @@ class Worker:
         # Every stored audio file is fingerprinted off the loop, in processes of the pool's own (fingerprints.py).
         self.fingerprints: FingerprintPool | None = None
         if cfg.identify.enabled:
-            outcomes = {o: self.metrics.fingerprints.labels(cfg.id, o) for o in ("done", "error", "skipped")}
+            outcomes = {o: self.metrics.fingerprints.labels(cfg.id, o) for o in FINGERPRINT_OUTCOMES}
             self.fingerprints = FingerprintPool(fingerprinter or fingerprint_file, processes=cfg.identify.processes,
                                                 max_backlog=cfg.identify.max_backlog,
                                                 on_outcome=lambda o: outcomes[o].inc())
@@ -345,16 +346,10 @@ class Worker:
                                   targets=self.targets, archive=self.archive,
                                   site_user_agent=self.site_rules.user_agent)
         # The downloader holds the download limits itself (overall and per host), so a queue for one busy CDN
-        # never blocks downloads from other hosts: one host takes at most half of them. It reads each file's
+        # never blocks downloads from other hosts: one host takes at most downloads_per_host. It reads each file's
         # own tags too, from memory when it can.
         self.downloader = Downloader(SessionGetter(self.dl_http, self.sessions), cfg.data_dir,
-                                     DownloadConfig(max_size=cfg.max_audio_bytes, timeout=cfg.read_timeout,
-                                                    max_downloads=cfg.downloads,
-                                                    max_per_host=max(1, cfg.downloads // 2),
-                                                    deadline_base=cfg.download_timeout,
-                                                    min_rate=cfg.download_min_rate,
-                                                    revalidate_after=cfg.revalidate_after,
-                                                    live_record_seconds=cfg.live_record_seconds),
+                                     cfg.download_config(),
                                      file_tags=True, archive=self.archive,
                                      audio_payload=getattr(getattr(cfg, "archive", None), "audio_payload", False))
         self.downloader.sites = self.site_rules
@@ -1031,7 +1026,9 @@ class Worker:
             return done
         try:
             wait = 0.0 if pool.busy() else self.cfg.identify.wait
-            job = pool.submit(done.sha256, self.cfg.data_dir / done.path)
+            # A file its own tags say is too short to match is decided here, without the pool (fingerprints.py).
+            job = pool.submit(done.sha256, self.cfg.data_dir / done.path, seconds=file_seconds(done),
+                              size=done.size)
         except Exception:   # a bug here must cost the fingerprint, never the download
             log.exception("fingerprint of %s not made", done.path)
             return done
