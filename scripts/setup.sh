@@ -36,8 +36,19 @@ if [ ${#missing[@]} -gt 0 ]; then
         exit 1
     fi
     "${as_root[@]}" apt-get update -q >/dev/null
-    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+    # Chromium with its recommended packages (fonts among them), as it was always installed; the rest without.
+    lean=()
+    for pkg in "${missing[@]}"; do
+        if [ "$pkg" = chromium ]; then
+            "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
+        else
+            lean+=("$pkg")
+        fi
+    done
+    if [ ${#lean[@]} -gt 0 ]; then
+        "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -q --no-install-recommends "${lean[@]}" >/dev/null
+    fi
 fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
