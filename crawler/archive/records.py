@@ -127,7 +127,7 @@ class Maker:
 
     def _exchange(self, ex: Exchange, with_request: bool) -> tuple[Built, Built | None]:
         date = self.date(ex.started)
-        target = _uri(ex.url)
+        target, path = _target_and_path(ex.url)
         ids = _record_ids(2 if with_request else 1)     # one read of the random source for both
         response_id = ids[0]
         common = _common(ex.role, ex.page)
@@ -168,7 +168,7 @@ class Maker:
             return built, None
         # The request.
         request_id = ids[1]
-        request_head = _request_head(ex)
+        request_head = _request_head(ex, path)
         request_body = ex.request_body
         request_payload = _base32_160(hashlib.sha1(request_body).digest()) if request_body else _EMPTY_SHA1
         whole = hashlib.sha1(request_head)
@@ -351,10 +351,29 @@ def _response_head(ex: Exchange, apart: bool) -> bytes:
                      b"Content-Length: %d\r\n\r\n" % length if decoded and length >= 0 else b"\r\n"))
 
 
-def _request_head(ex: Exchange) -> bytes:
+def _request_head(ex: Exchange, path: bytes) -> bytes:
+    """path: the request line's target as written (_target_and_path)."""
     method = b"GET" if ex.method == "GET" else (_token(ex.method) or b"GET")
-    return b"".join((method, b" ", _uri(request_target(ex.url)), b" HTTP/", _version(ex.http_version), b"\r\n",
+    return b"".join((method, b" ", path, b" HTTP/", _version(ex.http_version), b"\r\n",
                      _header_lines(ex.request_headers, False), b"\r\n"))
+
+
+def _target_and_path(url: str) -> tuple[bytes, bytes]:
+    """_uri(url), and _uri(request_target(url)) for the request line: sliced from the first as request_target
+    slices the URL when the URL needed no cleaning (the separators it looks for are ASCII, which no UTF-8
+    sequence of another character holds), so the URL is encoded and checked once."""
+    raw = url.encode("utf-8", "surrogatepass")
+    clean = raw.translate(None, _CONTROLS)
+    if len(clean) == len(raw) and b" " not in clean:
+        start = clean.find(b"://")
+        rest = clean[start + 3:] if start >= 0 else clean
+        sep = _PATH_START.search(rest)
+        path = rest[sep.start():].partition(b"#")[0] if sep is not None else b""
+        return clean, path if path.startswith(b"/") else b"/" + path
+    return _uri(url), _uri(request_target(url))
+
+
+_PATH_START = re.compile(rb"[/?#]")
 
 
 def request_target(url: str) -> str:
