@@ -351,9 +351,11 @@ def _response_head(ex: Exchange, apart: bool) -> bytes:
                      b"Content-Length: %d\r\n\r\n" % length if decoded and length >= 0 else b"\r\n"))
 
 
-def _request_head(ex: Exchange, path: bytes) -> bytes:
-    """path: the request line's target as written (_target_and_path)."""
+def _request_head(ex: Exchange, path: bytes | None = None) -> bytes:
+    """path: the request line's target as written, when the caller has it (_target_and_path)."""
     method = b"GET" if ex.method == "GET" else (_token(ex.method) or b"GET")
+    if path is None:
+        path = _uri(request_target(ex.url))
     return b"".join((method, b" ", path, b" HTTP/", _version(ex.http_version), b"\r\n",
                      _header_lines(ex.request_headers, False), b"\r\n"))
 
