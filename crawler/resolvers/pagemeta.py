@@ -68,6 +68,7 @@ _DATA_FIELDS = {
     "data-description": "description", "data-cover": "cover", "data-duration": "duration",
     "data-bitrate": "bitrate",
 }
+_DATA_ATTRS = frozenset(_DATA_FIELDS)
 # Sibling keys of a URL inside JSON or a script literal, lower case, most specific first.
 _JSON_KEYS = {
     "title": ("title", "name", "song_name", "songname"),
@@ -661,7 +662,10 @@ def page_meta(tree: LexborHTMLParser) -> Meta:
 
 
 def _own_data(attrs: Mapping[str, str | None], with_title_attr: bool) -> Meta:
-    raw = {field_name: attrs.get(attr) for attr, field_name in _DATA_FIELDS.items() if attrs.get(attr)}
+    # The element's data-* fields found by one set intersection over its few attributes, not a lookup per field
+    # (most elements and ancestors asked have none). normalise reads the fields in its own order.
+    present = _DATA_ATTRS.intersection(attrs)
+    raw = {_DATA_FIELDS[attr]: value for attr in present if (value := attrs[attr])} if present else {}
     if with_title_attr and not raw.get("title") and attrs.get("title"):
         raw["title"] = attrs.get("title")
     return normalise(raw)
