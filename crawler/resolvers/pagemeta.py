@@ -26,6 +26,7 @@ from typing import Any
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from crawler.web.html import css, css_first
+from crawler.web.memo import Memo
 
 FIELDS = ("title", "artist", "album", "description", "cover", "duration", "bitrate")
 Meta = dict[str, Any]
@@ -388,9 +389,20 @@ def _generic_run(run: str) -> bool:
 
 def is_generic_link_text(text: str) -> bool:
     """Whether a link's text is a label ("Download", "下载", "320kbps", "Click here") rather than a name: the one
-    definition the crawl uses, for link texts and for headings alike."""
+    definition the crawl uses, for link texts and for headings alike. Remembered by the text: a site's links say
+    "Download" or "Listen" on every page."""
     if len(text) > _MAX_LABEL:
         return False
+    known = _GENERIC_TEXTS.get(text)
+    if known is None:
+        known = _GENERIC_TEXTS.keep(text, _is_generic_text(text))
+    return known
+
+
+_GENERIC_TEXTS: Memo[bool] = Memo(10_000)
+
+
+def _is_generic_text(text: str) -> bool:
     folded = unicodedata.normalize("NFKC", text).casefold()
     for word in _WORD.findall(folded):
         # Split where a script written without spaces meets another ("下载mp3", "mp3下载").
@@ -530,6 +542,9 @@ class NamedIndex:
 _NO_NAMES = NamedIndex(None)
 
 
+_FILE_NAME_END = re.compile(r"\.[a-z0-9]{2,4}$", re.IGNORECASE)
+
+
 def link_text(node: LexborNode) -> Meta:
     """Layer 5: the text of an a/area element, unless it is a generic "Download" or a file name."""
     if node.tag not in ("a", "area"):
@@ -537,7 +552,7 @@ def link_text(node: LexborNode) -> Meta:
     text = clean_text(node.text(deep=True, separator=" ") if node.tag == "a" else node.attributes.get("alt"))
     if not text or len(text) < 2 or len(text) > _MAX_NAMED_TEXT or is_generic_link_text(text):
         return {}
-    if "/" in text or re.search(r"\.[a-z0-9]{2,4}$", text, re.IGNORECASE):
+    if "/" in text or _FILE_NAME_END.search(text):
         return {}   # a URL or a file name, not a name
     return {"title": text}
 
@@ -665,7 +680,7 @@ def _own_data(attrs: Mapping[str, str | None], with_title_attr: bool) -> Meta:
     # The element's data-* fields found by one set intersection over its few attributes, not a lookup per field
     # (most elements and ancestors asked have none). normalise reads the fields in its own order.
     present = _DATA_ATTRS.intersection(attrs)
-    raw = {_DATA_FIELDS[attr]: value for attr in present if (value := attrs[attr])} if present else {}
+    raw: dict[str, str | None] = {_DATA_FIELDS[attr]: value for attr in present if (value := attrs[attr])} if present else {}
     if with_title_attr and not raw.get("title") and attrs.get("title"):
         raw["title"] = attrs.get("title")
     return normalise(raw)
