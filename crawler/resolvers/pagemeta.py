@@ -680,7 +680,9 @@ def _own_data(attrs: Mapping[str, str | None], with_title_attr: bool) -> Meta:
     # The element's data-* fields found by one set intersection over its few attributes, not a lookup per field
     # (most elements and ancestors asked have none). normalise reads the fields in its own order.
     present = _DATA_ATTRS.intersection(attrs)
-    raw: dict[str, str | None] = {_DATA_FIELDS[attr]: value for attr in present if (value := attrs[attr])} if present else {}
+    raw: dict[str, str | None] = {}
+    if present:
+        raw = {_DATA_FIELDS[attr]: value for attr in present if (value := attrs[attr])}
     if with_title_attr and not raw.get("title") and attrs.get("title"):
         raw["title"] = attrs.get("title")
     return normalise(raw)
