@@ -52,7 +52,8 @@ from testkit import sitegen
 
 # Every memory of the page path, emptied at each round's start.
 _CACHES: list[Any] = [urls_module._resolve_link_cached, urls_module._PLAIN_ROOT_REFS, links_module._HINTS,
-                      generic_module._INERT_HREFS, pagemeta_module._GENERIC_TEXTS, *records_module._WRITTEN,
+                      generic_module._INERT_HREFS, pagemeta_module._GENERIC_TEXTS, pagemeta_module._DURATIONS,
+                      *records_module._WRITTEN,
                       records_module._ROLE_LINES]
 HEADERS = [(b"Server", b"nginx/1.22.1"), (b"Date", b"Wed, 02 Dec 2026 13:00:00 GMT"),
            (b"Content-Type", b"text/html"), (b"Content-Length", b"4400"),

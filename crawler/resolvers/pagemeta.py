@@ -103,6 +103,19 @@ def parse_duration(value: Any) -> float | None:
         return float(value) if 0 < value < _MAX_SECONDS else None
     if not isinstance(value, str):
         return None
+    known = _DURATIONS.get(value)
+    if known is None:
+        known = _DURATIONS.keep(value, _duration_text(value) or 0.0)
+    return known or None
+
+
+# Durations by their text: a site spells a few hundred distinct ones ("3:30", "PT3M30S") over all its songs. 0.0 is
+# kept for a text that is none (a Memo keeps no None).
+_DURATIONS: Memo[float] = Memo(10_000)
+
+
+def _duration_text(value: str) -> float | None:
+    """parse_duration of a string."""
     text = value.strip()[:64]
     if text[:1] not in ("P", "p"):      # an ISO 8601 duration is never a number: no exception raised for it
         try:
