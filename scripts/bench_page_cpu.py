@@ -37,11 +37,13 @@ sys.path.insert(0, str(ROOT))
 from crawler.resolvers.generic import GenericResolver
 from crawler.web import html
 from crawler.resolvers import generic as generic_module
+from crawler.resolvers import pagemeta as pagemeta_module
 from crawler.web import links as links_module
 from crawler.web import urls as urls_module
 from crawler.web.links import extract_links
 from crawler.web.page import FetchedPage
 from crawler.web.urls import NormalizeOptions, normalize_many
+from crawler.archive import records as records_module
 from crawler.archive.writer import ArchiveWriter
 from crawler.worker.linkcache import LinkCache
 from crawler.worker.pagestore import open_page_store
@@ -50,7 +52,9 @@ from testkit import sitegen
 
 # Every memory of the page path, emptied at each round's start.
 _CACHES: list[Any] = [urls_module._resolve_link_cached, urls_module._PLAIN_ROOT_REFS, links_module._HINTS,
-                      generic_module._INERT_HREFS]
+                      generic_module._INERT_HREFS, pagemeta_module._GENERIC_TEXTS, pagemeta_module._DURATIONS,
+                      *records_module._WRITTEN,
+                      records_module._ROLE_LINES]
 HEADERS = [(b"Server", b"nginx/1.22.1"), (b"Date", b"Wed, 02 Dec 2026 13:00:00 GMT"),
            (b"Content-Type", b"text/html"), (b"Content-Length", b"4400"),
            (b"Last-Modified", b"Wed, 02 Dec 2026 12:00:00 GMT"), (b"Connection", b"keep-alive"),

@@ -127,7 +127,7 @@ class Maker:
 
     def _exchange(self, ex: Exchange, with_request: bool) -> tuple[Built, Built | None]:
         date = self.date(ex.started)
-        target = _uri(ex.url)
+        target, path = _target_and_path(ex.url)
         ids = _record_ids(2 if with_request else 1)     # one read of the random source for both
         response_id = ids[0]
         common = _common(ex.role, ex.page)
@@ -168,7 +168,7 @@ class Maker:
             return built, None
         # The request.
         request_id = ids[1]
-        request_head = _request_head(ex)
+        request_head = _request_head(ex, path)
         request_body = ex.request_body
         request_payload = _base32_160(hashlib.sha1(request_body).digest()) if request_body else _EMPTY_SHA1
         whole = hashlib.sha1(request_head)
@@ -261,46 +261,77 @@ def _compressor(size: int) -> Any:
 
 
 def _common(role: str, page: str) -> bytes:
+    if not page:
+        known = _ROLE_LINES.get(role)    # a page's own chain: its role line alone, made once a role
+        if known is not None:
+            return known
     out = b"WARC-Crawler-Role: " + _token(role) + b"\r\n"
     if page:
-        out += b"WARC-Crawler-Page: " + _uri(page) + b"\r\n"
+        return out + b"WARC-Crawler-Page: " + _uri(page) + b"\r\n"
+    if len(_ROLE_LINES) < 64:
+        _ROLE_LINES[role] = out
     return out
 
 
-# Headers that need no cleaning, each joined as name NUL value and the headers by SOH (bytes neither a clean name
-# nor a clean value holds, so the joins are unambiguous): every name non-empty and free of controls, spaces and
-# colons; every value free of controls other than tab. (A block joined with ": " and CRLF could not be checked:
-# a value's CRLF and "x: y" would read as a header of its own, a name's ": " as the one that ends it.)
-_CLEAN_PAIR = rb"[^\x00-\x20\x7f:]+\x00[^\x00-\x08\x0a-\x1f\x7f]*"
-_CLEAN_HEADERS = re.compile(_CLEAN_PAIR + rb"(?:\x01" + _CLEAN_PAIR + rb")*")
-# A wire header's line start in the block in lower case with b"\n" before it (names are clean by then: a ":"
-# ends the name).
-_WIRE_LINE = re.compile(rb"\n(?:content-(?:encoding|length)|transfer-encoding):")
+_ROLE_LINES: dict[str, bytes] = {}
 
 
 def _header_lines(headers: Headers, wire_renamed: bool) -> bytes:
     """The "name: value" lines of a head, each with its CRLF: names without controls, spaces or colons, values
     without controls (a run of CR and LF becomes a space), and when ``wire_renamed`` the wire's
-    Content-Encoding, Transfer-Encoding and Content-Length as X-Archive-Orig-*. The block is joined in C and
-    checked by one regex (_CLEAN_HEADERS); only headers that fail it are cleaned one by one."""
+    Content-Encoding, Transfer-Encoding and Content-Length as X-Archive-Orig-*.
+
+    A server sends the same names in the same order on every answer, and a worker the same ones on every
+    request: the names are settled once per sequence of names (_names_as_written: checked, renamed, each with its
+    line's separators), and an answer's values are checked by one regex search over them joined; the lines are then
+    one join of names and values interleaved. Only a head whose names or values need cleaning is cleaned header by
+    header (_cleaned_lines)."""
     if not headers:
         return b""
-    block = b"\x01".join(map(b"\x00".join, headers))
-    if _CLEAN_HEADERS.fullmatch(block):
-        block = block.replace(b"\x00", b": ").replace(b"\x01", b"\r\n")
-    else:
-        block = b"\r\n".join([_name(n) + b": " + (_value(v) if _BAD_VALUE.search(v) else v) for n, v in headers])
-    if wire_renamed:
-        starts = [m.start() for m in _WIRE_LINE.finditer(b"\n" + block.lower())]
-        if starts:
-            parts = []
-            at = 0
-            for start in starts:
-                parts += [block[at:start], b"X-Archive-Orig-"]
-                at = start
-            parts.append(block[at:])
-            block = b"".join(parts)
-    return block + b"\r\n"
+    names, values = zip(*headers)
+    memo = _WRITTEN[wire_renamed]
+    written = memo.get(names)
+    if written is None:
+        if len(memo) >= _WRITTEN_KEPT:
+            memo.clear()
+        written = memo[names] = _names_as_written(names, wire_renamed)
+    if not written or _BAD_VALUE.search(b"".join(values)) is not None:
+        return _cleaned_lines(headers, wire_renamed)
+    parts = [b"\r\n"] * (2 * len(values) + 1)
+    parts[0:-1:2] = written
+    parts[1::2] = values
+    return b"".join(parts)
+
+
+# Sequences of header names (a tuple, as sent or received) -> the names as a head writes them (see
+# _names_as_written), one memory for heads with the wire's headers renamed and one without.
+_WRITTEN: tuple[dict[tuple[bytes, ...], tuple[bytes, ...]], dict[tuple[bytes, ...], tuple[bytes, ...]]] = ({}, {})
+_WRITTEN_KEPT = 4096
+
+
+def _names_as_written(names: tuple[bytes, ...], wire_renamed: bool) -> tuple[bytes, ...]:
+    """Each name as its line starts: CRLF (ending the line before; none for the first), the name (the wire's
+    renamed X-Archive-Orig-* when wire_renamed) and ": ". () when a name needs cleaning."""
+    out = []
+    for name in names:
+        if not name or name.translate(None, _NAME_DROP) != name:
+            return ()
+        if wire_renamed and name.lower() in _WIRE_HEADERS:
+            name = b"X-Archive-Orig-" + name
+        out.append(b"\r\n" + name + b": ")
+    out[0] = out[0][2:]
+    return tuple(out)
+
+
+def _cleaned_lines(headers: Headers, wire_renamed: bool) -> bytes:
+    """_header_lines of a head some of whose names or values need cleaning, header by header."""
+    lines = []
+    for name, value in headers:
+        clean = _name(name)
+        if wire_renamed and clean.lower() in _WIRE_HEADERS:
+            clean = b"X-Archive-Orig-" + clean
+        lines.append(clean + b": " + (_value(value) if _BAD_VALUE.search(value) else value))
+    return b"\r\n".join(lines) + b"\r\n"
 
 
 _VERSIONS = {"1.1": b"1.1", "1.0": b"1.0", "2": b"2", "2.0": b"2.0", "3": b"3"}
@@ -320,10 +351,31 @@ def _response_head(ex: Exchange, apart: bool) -> bytes:
                      b"Content-Length: %d\r\n\r\n" % length if decoded and length >= 0 else b"\r\n"))
 
 
-def _request_head(ex: Exchange) -> bytes:
+def _request_head(ex: Exchange, path: bytes | None = None) -> bytes:
+    """path: the request line's target as written, when the caller has it (_target_and_path)."""
     method = b"GET" if ex.method == "GET" else (_token(ex.method) or b"GET")
-    return b"".join((method, b" ", _uri(request_target(ex.url)), b" HTTP/", _version(ex.http_version), b"\r\n",
+    if path is None:
+        path = _uri(request_target(ex.url))
+    return b"".join((method, b" ", path, b" HTTP/", _version(ex.http_version), b"\r\n",
                      _header_lines(ex.request_headers, False), b"\r\n"))
+
+
+def _target_and_path(url: str) -> tuple[bytes, bytes]:
+    """_uri(url), and _uri(request_target(url)) for the request line: sliced from the first as request_target
+    slices the URL when the URL needed no cleaning (the separators it looks for are ASCII, which no UTF-8
+    sequence of another character holds), so the URL is encoded and checked once."""
+    raw = url.encode("utf-8", "surrogatepass")
+    clean = raw.translate(None, _CONTROLS)
+    if len(clean) == len(raw) and b" " not in clean:
+        start = clean.find(b"://")
+        rest = clean[start + 3:] if start >= 0 else clean
+        sep = _PATH_START.search(rest)
+        path = rest[sep.start():].partition(b"#")[0] if sep is not None else b""
+        return clean, path if path.startswith(b"/") else b"/" + path
+    return _uri(url), _uri(request_target(url))
+
+
+_PATH_START = re.compile(rb"[/?#]")
 
 
 def request_target(url: str) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from crawler.web.html import css, css_first
+from crawler.web.memo import Memo
 
 FIELDS = ("title", "artist", "album", "description", "cover", "duration", "bitrate")
 Meta = dict[str, Any]
@@ -68,6 +69,7 @@ _DATA_FIELDS = {
     "data-description": "description", "data-cover": "cover", "data-duration": "duration",
     "data-bitrate": "bitrate",
 }
+_DATA_ATTRS = frozenset(_DATA_FIELDS)
 # Sibling keys of a URL inside JSON or a script literal, lower case, most specific first.
 _JSON_KEYS = {
     "title": ("title", "name", "song_name", "songname"),
@@ -101,6 +103,19 @@ def parse_duration(value: Any) -> float | None:
         return float(value) if 0 < value < _MAX_SECONDS else None
     if not isinstance(value, str):
         return None
+    known = _DURATIONS.get(value)
+    if known is None:
+        known = _DURATIONS.keep(value, _duration_text(value) or 0.0)
+    return known or None
+
+
+# Durations by their text: a site spells a few hundred distinct ones ("3:30", "PT3M30S") over all its songs. 0.0 is
+# kept for a text that is none (a Memo keeps no None).
+_DURATIONS: Memo[float] = Memo(10_000)
+
+
+def _duration_text(value: str) -> float | None:
+    """parse_duration of a string."""
     text = value.strip()[:64]
     if text[:1] not in ("P", "p"):      # an ISO 8601 duration is never a number: no exception raised for it
         try:
@@ -387,9 +402,20 @@ def _generic_run(run: str) -> bool:
 
 def is_generic_link_text(text: str) -> bool:
     """Whether a link's text is a label ("Download", "下载", "320kbps", "Click here") rather than a name: the one
-    definition the crawl uses, for link texts and for headings alike."""
+    definition the crawl uses, for link texts and for headings alike. Remembered by the text: a site's links say
+    "Download" or "Listen" on every page."""
     if len(text) > _MAX_LABEL:
         return False
+    known = _GENERIC_TEXTS.get(text)
+    if known is None:
+        known = _GENERIC_TEXTS.keep(text, _is_generic_text(text))
+    return known
+
+
+_GENERIC_TEXTS: Memo[bool] = Memo(10_000)
+
+
+def _is_generic_text(text: str) -> bool:
     folded = unicodedata.normalize("NFKC", text).casefold()
     for word in _WORD.findall(folded):
         # Split where a script written without spaces meets another ("下载mp3", "mp3下载").
@@ -529,6 +555,9 @@ class NamedIndex:
 _NO_NAMES = NamedIndex(None)
 
 
+_FILE_NAME_END = re.compile(r"\.[a-z0-9]{2,4}$", re.IGNORECASE)
+
+
 def link_text(node: LexborNode) -> Meta:
     """Layer 5: the text of an a/area element, unless it is a generic "Download" or a file name."""
     if node.tag not in ("a", "area"):
@@ -536,7 +565,7 @@ def link_text(node: LexborNode) -> Meta:
     text = clean_text(node.text(deep=True, separator=" ") if node.tag == "a" else node.attributes.get("alt"))
     if not text or len(text) < 2 or len(text) > _MAX_NAMED_TEXT or is_generic_link_text(text):
         return {}
-    if "/" in text or re.search(r"\.[a-z0-9]{2,4}$", text, re.IGNORECASE):
+    if "/" in text or _FILE_NAME_END.search(text):
         return {}   # a URL or a file name, not a name
     return {"title": text}
 
@@ -661,7 +690,12 @@ def page_meta(tree: LexborHTMLParser) -> Meta:
 
 
 def _own_data(attrs: Mapping[str, str | None], with_title_attr: bool) -> Meta:
-    raw = {field_name: attrs.get(attr) for attr, field_name in _DATA_FIELDS.items() if attrs.get(attr)}
+    # The element's data-* fields found by one set intersection over its few attributes, not a lookup per field
+    # (most elements and ancestors asked have none). normalise reads the fields in its own order.
+    present = _DATA_ATTRS.intersection(attrs)
+    raw: dict[str, str | None] = {}
+    if present:
+        raw = {_DATA_FIELDS[attr]: value for attr in present if (value := attrs[attr])}
     if with_title_attr and not raw.get("title") and attrs.get("title"):
         raw["title"] = attrs.get("title")
     return normalise(raw)

@@ -16,6 +16,8 @@ _CHARSET_PARAM = re.compile(r"charset\s*=\s*[\"']?([\w.:-]+)", re.IGNORECASE)
 _META_CHARSET = re.compile(rb"<meta[^>]+charset\s*=\s*[\"']?([\w.:-]+)", re.IGNORECASE)
 # A <meta charset> after the first few KiB is not honoured by browsers either.
 _META_SCAN_BYTES = 4096
+# Charset names that are Python's UTF-8 codec itself, as pages spell them (lower case).
+_UTF8_NAMES = frozenset({"utf-8", "utf8", "utf_8", "u8", "utf", "cp65001"})
 
 
 @dataclass
@@ -40,6 +42,7 @@ class FetchedPage:
     _text: str | None = field(default=None, init=False, repr=False, compare=False)
     _tree: LexborHTMLParser | None = field(default=None, init=False, repr=False, compare=False)
     _parsed: bool = field(default=False, init=False, repr=False, compare=False)
+    _utf8: bool = field(default=False, init=False, repr=False, compare=False)   # text() is the body as UTF-8
 
     def charset(self) -> str | None:
         m = _CHARSET_PARAM.search(self.headers.get("content-type", ""))
@@ -55,12 +58,20 @@ class FetchedPage:
         if self._text is None:
             charset = self.charset()
             text = None
-            if charset:
+            if charset and charset.lower() not in _UTF8_NAMES:
                 try:
                     text = self.body.decode(charset, errors="replace")
                 except (LookupError, UnicodeError, ValueError):  # unknown, or not a text codec
                     text = None
-            self._text = text if text is not None else self.body.decode("utf-8", errors="replace")
+            if text is None:
+                # UTF-8 (named so, or by default): decoded strictly first, which costs the same on valid bytes and
+                # says the text is the body exactly (the tree is then parsed from the body, not re-encoded).
+                try:
+                    text = self.body.decode("utf-8")
+                    self._utf8 = True
+                except UnicodeDecodeError:
+                    text = self.body.decode("utf-8", errors="replace")
+            self._text = text
         return self._text
 
     def is_html(self) -> bool:
@@ -75,5 +86,8 @@ class FetchedPage:
         if not self._parsed:
             self._parsed = True
             if self.is_html():
-                self._tree = LexborHTMLParser(self.text())
+                text = self.text()
+                # The parser takes UTF-8: the body itself when the text is exactly its UTF-8 (what it would
+                # encode the text back to), saving that copy.
+                self._tree = LexborHTMLParser(self.body if self._utf8 else text)
         return self._tree

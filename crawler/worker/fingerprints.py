@@ -46,7 +46,6 @@ from pathlib import Path
 
 from crawler.config import non_negative, positive, setting
 from crawler.identify import MAX_FINGERPRINT_BYTES, IdentifyError
-from crawler.identify.decode import MIN_SECONDS
 from crawler.items import AudioItem
 
 log = logging.getLogger("crawler.worker.fingerprints")
@@ -62,6 +61,13 @@ GATHER = 0.05               # seconds a batch gathers files after its first ...
 BATCH_FILES = 32            # ... unless it has this many files ...
 BATCH_BYTES = 4 * 1024 * 1024   # ... or this many bytes of files (as the caller gave their sizes)
 ERRORS_KEPT = 4096       # files whose error was logged, so a file stored again is not logged again
+
+
+def _min_seconds() -> float:
+    """crawler/identify/decode.py's MIN_SECONDS, imported when first asked: decode brings numpy and av, which the
+    worker's own process needs for nothing else (the fingerprints are made in the pool's processes)."""
+    from crawler.identify.decode import MIN_SECONDS
+    return MIN_SECONDS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,7 +233,7 @@ class FingerprintPool:
         job = self._jobs.get(key)
         if job is not None:
             return job
-        if seconds is not None and seconds < MIN_SECONDS:
+        if seconds is not None and seconds < _min_seconds():
             self._on_outcome(SHORT)
             return _ready(loop, None)
         if self._closed or len(self._jobs) >= self.max_backlog:
