@@ -11,7 +11,8 @@ imports included). Targets: at least 80% of curl's throughput; peak RSS under 10
 With --small N it measures the other end instead: the CPU one small audio file costs the Downloader, as a worker
 runs it (file tags read, records kept), without the crawl around it. The crawl benchmark's site (the same
 generator and song count, kept under bench-data/) is served by nginx, and one process downloads the first N of
-its audio files, --in-flight at a time, in a fresh data dir each run. CPU is the process's user + system time
+its audio files, --in-flight at a time, in a fresh data dir each run, its records in the node's WARC archive
+(--archive off: none). CPU is the process's user + system time
 over the downloads alone (its threads included, start-up and imports excluded), so before/after comparisons
 are steadier than the whole crawl's on a loaded machine. --profile writes a cProfile of the last run there.
 
@@ -92,13 +93,17 @@ from crawler.worker.downloader import Downloader, DownloadConfig
 from crawler.eventloop import run
 
 urls, data_dir, in_flight, profile = json.loads(sys.stdin.read()), Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+archive = None
+if sys.argv[4] == "on":      # the worker's own archive, as a worker with archive.enabled (the default) keeps it
+    from crawler.archive.writer import ArchiveWriter
+    archive = ArchiveWriter(data_dir / "archive", "worker")
 
 async def main():
     client = build_stack(max_connections=2 * in_flight, dns_ttl=60, max_body=1 << 30,
                          user_agent="bench", connect_timeout=10, read_timeout=30, max_redirects=5)
     async with client:
         dl = Downloader(client, data_dir, DownloadConfig(max_downloads=in_flight, max_per_host=in_flight),
-                        file_tags=True)
+                        file_tags=True, **({"archive": archive} if archive is not None else {}))
         # The downloader's own slots bound the downloads in flight, and free them before a file is stored,
         # as in a worker; tasks are started a few at a time beyond them.
         sem = asyncio.Semaphore(4 * in_flight)
@@ -139,7 +144,7 @@ def bench_small(args: argparse.Namespace) -> None:
             data_dir = out / f"small-data-{os.getpid()}-{i}"
             throw_away(data_dir, out)
             profile = str(args.profile) if args.profile and i == args.runs - 1 else ""
-            r = subprocess.run([PY, "-c", _SMALL_CHILD, str(data_dir), str(args.in_flight), profile],
+            r = subprocess.run([PY, "-c", _SMALL_CHILD, str(data_dir), str(args.in_flight), profile, args.archive],
                                input=json.dumps(urls), check=True, capture_output=True, text=True,
                                env={**os.environ, "PYTHONPATH": str(args.code or REPO)}, cwd=args.code or REPO)
             result = json.loads(r.stdout.strip().splitlines()[-1])
@@ -202,6 +207,8 @@ def main() -> None:
     ap.add_argument("--songs", type=int, default=5000, help="with --small: the crawl site's song count")
     ap.add_argument("--in-flight", type=int, default=8, help="with --small: downloads at once")
     ap.add_argument("--profile", type=Path, help="with --small: a cProfile of the last run, written here")
+    ap.add_argument("--archive", choices=["on", "off"], default="on",
+                    help="with --small: each download's records in a WARC archive, as a worker keeps them")
     ap.add_argument("--out", type=Path, default=REPO / "bench-data", help="with --small: where the site is kept")
     ap.add_argument("--code", type=Path, help="with --small: the source tree to measure (another checkout: before "
                                                "and after on the same site)")
