@@ -10,7 +10,8 @@ Retention: at each new file, the oldest files (with their indexes) are removed w
 after it); 0 keeps all. The file being written is never removed.
 
 Durability: one unbuffered append per exchange (its response and request members in one write; a download's
-exchange with the metadata record of the file it stored, ``exchange_stored``), then one for their index lines. What ``exchange`` returned for is in the file even if the process is killed the next moment.
+exchange with the metadata record of the file it stored, ``exchange_stored``), then one for their index lines.
+What ``exchange`` returned for is in the file even if the process is killed the next moment.
 A write that fails (disk full) is cut back off both files, so no record or line is left half written for the
 next to follow. A crash can still cut the last record or line of a file: the next start writes a new file, cuts such a
 tail off the newest old file and its index, and indexes the whole records the index missed (every field of an
