@@ -11,9 +11,17 @@ imports included). Targets: at least 80% of curl's throughput; peak RSS under 10
 With --small N it measures the other end instead: the CPU one small audio file costs the Downloader, as a worker
 runs it (file tags read, records kept), without the crawl around it. The crawl benchmark's site (the same
 generator and song count, kept under bench-data/) is served by nginx, and one process downloads the first N of
-its audio files, --in-flight at a time, in a fresh data dir each run. CPU is the process's user + system time
+its audio files, --in-flight at a time, in a fresh data dir each run, its records in the node's WARC archive
+(--archive off: none). CPU is the process's user + system time
 over the downloads alone (its threads included, start-up and imports excluded), so before/after comparisons
 are steadier than the whole crawl's on a loaded machine. --profile writes a cProfile of the last run there.
+
+A run's data dir is not deleted when it ends but moved under <out>/trash/, and emptied there only once it is
+older than TRASH_AGE. On an ext4 disk without a journal (this machine's) the kernel does not reuse an inode freed
+in the last minute, or six while its inode table block is dirty (fs/ext4/ialloc.c, recently_deleted): after
+thousands of deletions every file created in the same block group scans past all of them, which cost up to
+0.6 ms of system time per file, more than the download itself. Deleting the last run's files right before
+the next one measured that scan, not the downloader.
 """
 
 from __future__ import annotations
@@ -32,6 +40,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 CURL = "/usr/bin/curl"
+TRASH_AGE = 600.0   # seconds: past ext4's longest wait before it reuses a deleted inode (360 s)
+
+
+def throw_away(path: Path, out: Path) -> None:
+    """Move path under out/trash (a rename frees no inode), and delete what was put there long enough ago."""
+    trash = out / "trash"
+    trash.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        path.rename(trash / f"{path.name}-{time.time_ns()}")
+    for old in trash.iterdir():
+        with_time = old.name.rsplit("-", 1)
+        if len(with_time) == 2 and with_time[1].isdigit() and time.time() - int(with_time[1]) / 1e9 > TRASH_AGE:
+            shutil.rmtree(old, ignore_errors=True)
 
 _CHILD = r"""
 import asyncio, json, resource, sys, time
@@ -72,13 +93,17 @@ from crawler.worker.downloader import Downloader, DownloadConfig
 from crawler.eventloop import run
 
 urls, data_dir, in_flight, profile = json.loads(sys.stdin.read()), Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+archive = None
+if sys.argv[4] == "on":      # the worker's own archive, as a worker with archive.enabled (the default) keeps it
+    from crawler.archive.writer import ArchiveWriter
+    archive = ArchiveWriter(data_dir / "archive", "worker")
 
 async def main():
     client = build_stack(max_connections=2 * in_flight, dns_ttl=60, max_body=1 << 30,
                          user_agent="bench", connect_timeout=10, read_timeout=30, max_redirects=5)
     async with client:
         dl = Downloader(client, data_dir, DownloadConfig(max_downloads=in_flight, max_per_host=in_flight),
-                        file_tags=True)
+                        file_tags=True, **({"archive": archive} if archive is not None else {}))
         # The downloader's own slots bound the downloads in flight, and free them before a file is stored,
         # as in a worker; tasks are started a few at a time beyond them.
         sem = asyncio.Semaphore(4 * in_flight)
@@ -117,13 +142,13 @@ def bench_small(args: argparse.Namespace) -> None:
     try:
         for i in range(args.runs):
             data_dir = out / f"small-data-{os.getpid()}-{i}"
-            shutil.rmtree(data_dir, ignore_errors=True)
+            throw_away(data_dir, out)
             profile = str(args.profile) if args.profile and i == args.runs - 1 else ""
-            r = subprocess.run([PY, "-c", _SMALL_CHILD, str(data_dir), str(args.in_flight), profile],
+            r = subprocess.run([PY, "-c", _SMALL_CHILD, str(data_dir), str(args.in_flight), profile, args.archive],
                                input=json.dumps(urls), check=True, capture_output=True, text=True,
                                env={**os.environ, "PYTHONPATH": str(args.code or REPO)}, cwd=args.code or REPO)
             result = json.loads(r.stdout.strip().splitlines()[-1])
-            shutil.rmtree(data_dir, ignore_errors=True)
+            throw_away(data_dir, out)
             if result["failed"]:
                 raise SystemExit(f"downloads failed: {result}")
             runs.append(result)
@@ -182,6 +207,8 @@ def main() -> None:
     ap.add_argument("--songs", type=int, default=5000, help="with --small: the crawl site's song count")
     ap.add_argument("--in-flight", type=int, default=8, help="with --small: downloads at once")
     ap.add_argument("--profile", type=Path, help="with --small: a cProfile of the last run, written here")
+    ap.add_argument("--archive", choices=["on", "off"], default="on",
+                    help="with --small: each download's records in a WARC archive, as a worker keeps them")
     ap.add_argument("--out", type=Path, default=REPO / "bench-data", help="with --small: where the site is kept")
     ap.add_argument("--code", type=Path, help="with --small: the source tree to measure (another checkout: before "
                                                "and after on the same site)")

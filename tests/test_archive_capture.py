@@ -350,3 +350,36 @@ async def test_a_coded_answer_is_recorded_decoded_with_its_headers_as_received()
     assert header(ex.response_headers, "Content-Encoding") == "gzip"
     assert header(ex.response_headers, "Content-Length") == str(len(gzip.compress(plain)))
     assert header(ex.request_headers, "Accept-Encoding") is not None
+
+
+async def test_a_file_stored_from_memory_goes_to_the_writer_in_one_append(server: RangeServer, tmp_path) -> None:
+    """The crawl's own writer takes the exchange and the stored file's metadata record together (one write to the
+    WARC file, one to its index): the same records, in the same order, as two appends made."""
+    from crawler.archive.records import parse_member, read_member
+    from crawler.archive.writer import ArchiveWriter, iter_index
+
+    data = blob(20_000, 9)
+    server.add("/one.mp3", data)
+    writer = ArchiveWriter(tmp_path / "archive")
+    writes: list[list[str]] = []
+    real_write = writer._write
+
+    def counted(built, *rest):  # type: ignore[no-untyped-def]
+        writes.append([b.kind for b in built])
+        return real_write(built, *rest)
+
+    writer._write = counted  # type: ignore[method-assign]
+    async with stack() as http:
+        got = await Downloader(http, tmp_path / "data", CFG, archive=writer).fetch(item_for(server.url("/one.mp3")))
+    writer.close()
+    assert got.status == OK
+    assert writes == [["warcinfo"], ["revisit", "request", "metadata"]]
+    refs = [r for r in iter_index(tmp_path / "archive") if r.kind != "warcinfo"]
+    assert [r.kind for r in refs] == ["revisit", "request", "metadata"]
+    revisit, request, meta = refs
+    assert (revisit.sha256, request.sha256, meta.sha256) == (sha(data), "", sha(data))
+    assert request.refers_to == revisit.record_id and meta.refers_to == revisit.record_id
+    assert meta.target == got.url and meta.page == PAGE and meta.role == "audio"
+    headers, block = parse_member(read_member(tmp_path / "archive" / meta.file, meta.offset, meta.length))
+    assert dict(headers)["WARC-Refers-To"] == revisit.record_id
+    assert f"stored-file: {got.path}".encode() in block and f"sha256: {sha(data)}".encode() in block

@@ -70,3 +70,29 @@ def test_records_kept_as_files_by_earlier_versions_are_still_found_after_the_key
     store.load_known_keys()
     assert store.load_finished("old-key") == _record(5)
     store.close()
+
+
+def test_a_database_made_with_without_rowid_tables_is_read_and_written_as_it_is(tmp_path: Path) -> None:
+    """Earlier versions made both tables WITHOUT ROWID; new stores make rowid tables. The same statements serve
+    both, so an old store keeps working (and keeps its tables)."""
+    import sqlite3
+
+    (tmp_path / "audio").mkdir()
+    db = sqlite3.connect(tmp_path / "audio" / "finished.sqlite3")
+    db.execute("CREATE TABLE finished (key TEXT PRIMARY KEY, record TEXT NOT NULL) WITHOUT ROWID")
+    db.execute("CREATE TABLE stored (sha256 TEXT PRIMARY KEY, path TEXT NOT NULL) WITHOUT ROWID")
+    db.execute("INSERT INTO finished VALUES (?, ?)", ("old", _record(1).to_json()))
+    db.execute("INSERT INTO stored VALUES (?, ?)", (_record(1).sha256, _record(1).path))
+    db.commit()
+    db.close()
+
+    store = AudioStore(tmp_path)
+    store.load_known_keys()
+    store.save_finished_many([("new", _record(2)), ("old", _record(3))])
+    assert [store.load_finished(k) for k in ("old", "new")] == [_record(3), _record(2)]
+    assert store._stored_names([_record(1).sha256, _record(2).sha256]) == {
+        _record(1).sha256: _record(1).path, _record(2).sha256: _record(2).path}
+    store.close()
+    db = sqlite3.connect(tmp_path / "audio" / "finished.sqlite3")
+    assert all("WITHOUT ROWID" in sql for sql, in db.execute("SELECT sql FROM sqlite_master WHERE type = 'table'"))
+    db.close()

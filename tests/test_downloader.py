@@ -554,6 +554,22 @@ def test_a_batch_of_small_files_stores_each_content_once_and_fails_only_its_bad_
     assert (tmp_path / out[1]).read_bytes() == twice
 
 
+def test_a_file_under_its_own_name_is_kept_whole_and_written_again_when_cut_short(tmp_path):
+    """New content is created without a stat first (O_EXCL); a name that exists is kept when it holds the file
+    at its size, and a file a crash cut short is written again."""
+    store = AudioStore(tmp_path)
+    whole, cut = blob(3000, 60), blob(4000, 61)
+    kept = store.put(sha(whole), [whole], len(whole), ".mp3")
+    before = os.stat(tmp_path / kept)
+    (tmp_path / f"audio/{sha(cut)[:2]}").mkdir(exist_ok=True)
+    (tmp_path / f"audio/{sha(cut)[:2]}/{sha(cut)}.mp3").write_bytes(cut[:100])
+    out = store.put_many([(sha(whole), [whole], len(whole), ".mp3"), (sha(cut), [cut], len(cut), ".mp3")])
+    assert out == [kept, f"audio/{sha(cut)[:2]}/{sha(cut)}.mp3"]
+    after = os.stat(tmp_path / kept)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert (tmp_path / out[1]).read_bytes() == cut
+
+
 async def test_files_waiting_to_be_stored_are_bounded_in_bytes(tmp_path):
     """A download hands its in-memory file to the store only once the bytes waiting there are under the bound:
     a disk slower than the network holds the downloads back, not memory."""

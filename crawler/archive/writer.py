@@ -9,8 +9,9 @@ Retention: at each new file, the oldest files (with their indexes) are removed w
 ``keep_bytes``, and any whose last record is older than ``keep_seconds`` (a file's end is the start of the one
 after it); 0 keeps all. The file being written is never removed.
 
-Durability: one unbuffered append per exchange (its response and request members in one write), then one for
-their index lines. What ``exchange`` returned for is in the file even if the process is killed the next moment.
+Durability: one unbuffered append per exchange (its response and request members in one write; a download's
+exchange with the metadata record of the file it stored, ``exchange_stored``), then one for their index lines.
+What ``exchange`` returned for is in the file even if the process is killed the next moment.
 A write that fails (disk full) is cut back off both files, so no record or line is left half written for the
 next to follow. A crash can still cut the last record or line of a file: the next start writes a new file, cuts such a
 tail off the newest old file and its index, and indexes the whole records the index missed (every field of an
@@ -123,14 +124,14 @@ class ArchiveWriter:
     # ------------------------------------------------------------------ the Archive
     def exchange(self, ex: Exchange) -> str:
         response, request = self._maker.exchange(ex)
-        sha = sha256_hex(response.digest) if ex.payload_digest else ""
+        sha = _payload_sha256(ex, response.digest)
         self._append((response, request), ex.role, ex.page, (sha, ""))
         return response.record_id
 
     def exchange_refs(self, ex: Exchange) -> tuple[RecordRef, RecordRef]:
         """Records ``ex``; the index entries of its response (or revisit) record and its request record."""
         response, request = self._maker.exchange(ex)
-        sha = sha256_hex(response.digest) if ex.payload_digest else ""
+        sha = _payload_sha256(ex, response.digest)
         built = (response, request)
         refs = _refs(*self._append(built, ex.role, ex.page, (sha, "")), built, ex.role, ex.page, (sha, ""))
         return refs[0], refs[1]
@@ -139,20 +140,20 @@ class ArchiveWriter:
         """Records ``ex``; where its response (or revisit) record is: (file, offset, length). What a page store
         keeps of a page, without the index entries exchange_refs makes."""
         response, request = self._maker.exchange(ex)
-        sha = sha256_hex(response.digest) if ex.payload_digest else ""
+        sha = _payload_sha256(ex, response.digest)
         name, offset = self._append((response, request), ex.role, ex.page, (sha, ""))
         return name, offset, len(response.member)
 
     def response_ref(self, ex: Exchange) -> RecordRef:
         """Records the response (or revisit) record of ``ex`` alone; its index entry."""
         built = self._maker.response(ex)
-        sha = sha256_hex(built.digest) if ex.payload_digest else ""
+        sha = _payload_sha256(ex, built.digest)
         return _refs(*self._append((built,), ex.role, ex.page, (sha,)), (built,), ex.role, ex.page, (sha,))[0]
 
     def response_at(self, ex: Exchange) -> tuple[str, int, int]:
         """Records the response (or revisit) record of ``ex`` alone; where it is: (file, offset, length)."""
         built = self._maker.response(ex)
-        sha = sha256_hex(built.digest) if ex.payload_digest else ""
+        sha = _payload_sha256(ex, built.digest)
         name, offset = self._append((built,), ex.role, ex.page, (sha,))
         return name, offset, len(built.member)
 
@@ -162,6 +163,17 @@ class ArchiveWriter:
                                      sha256=sha256)
         self._append((built,), role, page, (sha256,))
         return built.record_id
+
+    def exchange_stored(self, ex: Exchange, target: str, fields: tuple[tuple[str, str], ...], *, now: float,
+                        sha256: str) -> tuple[str, str]:
+        """Records ``ex`` and the ``metadata`` record about ``target`` of the file it stored (``fields``,
+        referring to its response) in one append: three records, one write to the file and one to its index.
+        Returns the ids of the response and of the metadata record."""
+        response, request = self._maker.exchange(ex)
+        meta = self._maker.metadata(target, fields, refers_to=response.record_id, page=ex.page, role=ex.role,
+                                    now=now, sha256=sha256)
+        self._append((response, request, meta), ex.role, ex.page, (_payload_sha256(ex, response.digest), "", sha256))
+        return response.record_id, meta.record_id
 
     def resource(self, target: str, content_type: str, block: bytes, *, refers_to: str, page: str, role: str,
                  now: float) -> str:
@@ -348,6 +360,18 @@ _ROLE_TEXTS = {role: token_text(role) for role in ROLES}
 
 def _role_text(role: str) -> str:
     return _ROLE_TEXTS.get(role) or (token_text(role) if role else "")
+
+
+def _payload_sha256(ex: Exchange, digest: str) -> str:
+    """The hex SHA-256 of a record's payload, for its index line ("" when the exchange gave none). A revisit made
+    from a digest given in hex (audio kept apart: the Maker refused it unless it is 64 hex digits) has it as
+    given; decoding the record's base32 back (pure Python on 3.11) cost as much as writing the record."""
+    given = ex.payload_digest
+    if not given:
+        return ""
+    if not ex.body and len(given) == 71 and given.startswith("sha256:"):
+        return given[7:].lower()
+    return sha256_hex(digest)
 
 
 def _sha_text(sha: str) -> str:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import yarl
 
 from crawler.archive import Archive, Exchange
+from crawler.archive.writer import ArchiveWriter
 from crawler.http.http1 import Answer, sent_headers
 from crawler.http.recording import version_of
 
@@ -131,18 +132,37 @@ class Trail:
             sha256 = (await partial.taken_digest()).hexdigest()
         await self._record(sent, digest=f"sha256:{sha256}" if sha256 else "")
 
-    async def _record(self, sent: Sent, *, digest: str = "", truncated: str | None = None) -> None:
+    async def settle_stored(self, target: str, *, path: str, sha256: str, size: int,
+                            content_type: str | None) -> None:
+        """``settle(sha256=sha256)`` then ``stored(...)``: a file stored from memory. The exchange waiting and
+        the metadata record go to the archive in one append when it can take them so (the crawl's writer: one
+        write to its file and one to its index instead of two each)."""
+        sent = self._waiting
+        archive = self._archive
+        if sent is None or not sha256 or sent.pieces is not None or not isinstance(archive, ArchiveWriter):
+            await self.settle(sha256=sha256)
+            self.stored(target, path=path, sha256=sha256, size=size, content_type=content_type)
+            return
+        self._waiting = None
+        self.last, _ = archive.exchange_stored(
+            self._exchange(sent, digest=f"sha256:{sha256}"), target,
+            stored_fields(path, sha256, size, content_type, self._page), now=self._clock(), sha256=sha256)
+
+    def _exchange(self, sent: Sent, *, digest: str = "", truncated: str | None = None) -> Exchange:
         answer = sent.answer
         raw = answer.raw_headers if isinstance(answer, Answer) else tuple(answer.headers.raw)
         kept = sent.pieces is not None
-        exchange = Exchange(
+        return Exchange(
             role="audio", method="GET", url=str(sent.url), request_headers=sent_headers(sent.url, sent.headers),
             status=answer.status_code, response_headers=raw,
             body=b"".join(sent.pieces) if sent.pieces is not None else b"", started=sent.started, page=self._page,
             http_version=version_of(answer.extensions),
             truncated=sent.truncated if truncated is None else truncated,
             payload_digest="" if kept else digest, payload_size=-1 if kept or not digest else sent.size)
-        if kept and sent.size > OFF_LOOP:
+
+    async def _record(self, sent: Sent, *, digest: str = "", truncated: str | None = None) -> None:
+        exchange = self._exchange(sent, digest=digest, truncated=truncated)
+        if sent.pieces is not None and sent.size > OFF_LOOP:
             self.last = await asyncio.to_thread(self._archive.exchange, exchange)
         else:
             self.last = self._archive.exchange(exchange)

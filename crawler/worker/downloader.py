@@ -819,9 +819,8 @@ class Downloader:
                             verified_at=self._clock()), tags=self._file_tags))
         done, tags = committed
         if trail is not None:
-            await trail.settle(sha256=done.sha256)
-            trail.stored(item.url, path=done.path, sha256=done.sha256, size=done.size,
-                         content_type=done.content_type)
+            await trail.settle_stored(item.url, path=done.path, sha256=done.sha256, size=done.size,
+                                      content_type=done.content_type)
         if tags is not None:
             if len(self._fresh_tags) >= 4096:   # only a fetch cancelled at its very end leaves one behind
                 self._fresh_tags.clear()
