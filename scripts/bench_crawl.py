@@ -43,7 +43,10 @@ pair by CPU per file is reported, with the range over all pairs, and beside it t
 crawls' CPU less the median of the others', per file (steadier: one slow crawl moves it less than its pair).
 
 Creating a small file is system time of the process that creates it, and on a disk shared with other work that
-cost swings widely (0.02 to 0.65 ms per file was seen on one ext4 disk within minutes). --out on a tmpfs
+cost swings widely (0.02 to 0.65 ms per file was seen on one ext4 disk within minutes). Much of that swing was
+the benchmark's own: deleting the last run's thousands of files right before the next made ext4 (without a
+journal) scan past the freed inodes at every file created. So a run's directory is moved under <out>/trash and
+emptied after the runs, of what is older than ten minutes (testkit/trash.py). --out on a tmpfs
 (/dev/shm/...) puts both crawlers' stores, the master's state and the site there, which keeps the disk's
 noise out of the comparison; both crawlers write the same files either way.
 
@@ -77,6 +80,7 @@ sys.path.insert(0, str(ROOT))
 
 from crawler.worker.config import SPEC as WORKER_SPEC
 from testkit import cluster, sitegen
+from testkit.trash import deleted_recently, empty_trash, throw_away
 
 PY = sys.executable
 NGINX_HINT = "apt-get install -y nginx-light"
@@ -350,8 +354,7 @@ def stored_files(folders: list[Path]) -> tuple[int, int]:
 
 def run_ours(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site, per_worker: int, run_dir: Path,
              *, profile: str | None = None, download: bool = False) -> tuple[RunResult, dict[str, Path]]:
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
+    throw_away(run_dir, run_dir.parent)     # not deleted: see testkit/trash.py (ext4's freed inodes)
     run_dir.mkdir(parents=True)
     nodes = [f"node{i + 1}" for i in range(args.workers)]
     # --proxy: every request of the crawl (the master's robots.txt too) through a loopback proxy of its own
@@ -490,8 +493,7 @@ def recount_reported_links(worker_dirs: list[Path]) -> int | None:
 
 def run_scrapy(args: argparse.Namespace, manifest: sitegen.Manifest, site: Site, total: int,
                run_dir: Path, *, download: bool = False) -> RunResult:
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
+    throw_away(run_dir, run_dir.parent)     # not deleted: see testkit/trash.py (ext4's freed inodes)
     run_dir.mkdir(parents=True)
     items, stats_path = run_dir / "items.jsonl", run_dir / "stats.json"
     server_cpu0 = tree_cpu_s(site.child.pid)
@@ -688,6 +690,9 @@ def main(argv: list[str] | None = None) -> int:
     site = serve_site(out / f"site-{args.songs}", out / "server", args.server)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} before the runs (other work "
           "on the machine lowers pages/s more than CPU per page)")
+    if (ago := deleted_recently(out)) is not None:
+        print(f"note: old runs were deleted {ago:.0f} s ago: on an ext4 disk without a journal, files created in "
+              "the next minutes can cost more system time (testkit/trash.py)")
     print(f"ours: {args.workers} workers, download_audio "
           f"{'false, then true' if args.download_audio else 'false'}, store_pages true, archive {args.archive}"
           + (f", {downloads_per_worker} downloads in flight per worker, fingerprints {args.identify}"
@@ -743,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
             print()
     finally:
         site.child.stop(signal.SIGQUIT if site.kind == "nginx" else signal.SIGTERM)
+        empty_trash(out)
 
     print(f"results ({len(manifest.pages)}-page site behind {site.kind}, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.2f} at the end):")

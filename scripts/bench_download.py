@@ -16,12 +16,9 @@ its audio files, --in-flight at a time, in a fresh data dir each run, its record
 over the downloads alone (its threads included, start-up and imports excluded), so before/after comparisons
 are steadier than the whole crawl's on a loaded machine. --profile writes a cProfile of the last run there.
 
-A run's data dir is not deleted when it ends but moved under <out>/trash/, and emptied there only once it is
-older than TRASH_AGE. On an ext4 disk without a journal (this machine's) the kernel does not reuse an inode freed
-in the last minute, or six while its inode table block is dirty (fs/ext4/ialloc.c, recently_deleted): after
-thousands of deletions every file created in the same block group scans past all of them, which cost up to
-0.6 ms of system time per file, more than the download itself. Deleting the last run's files right before
-the next one measured that scan, not the downloader.
+A run's data dir is not deleted when it ends but moved under <out>/trash/ (testkit/trash.py: deleting thousands
+of files right before the next run measured ext4's scan past freed inodes, not the downloader), emptied after
+the runs of what is older than ten minutes.
 """
 
 from __future__ import annotations
@@ -40,19 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 CURL = "/usr/bin/curl"
-TRASH_AGE = 600.0   # seconds: past ext4's longest wait before it reuses a deleted inode (360 s)
 
-
-def throw_away(path: Path, out: Path) -> None:
-    """Move path under out/trash (a rename frees no inode), and delete what was put there long enough ago."""
-    trash = out / "trash"
-    trash.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        path.rename(trash / f"{path.name}-{time.time_ns()}")
-    for old in trash.iterdir():
-        with_time = old.name.rsplit("-", 1)
-        if len(with_time) == 2 and with_time[1].isdigit() and time.time() - int(with_time[1]) / 1e9 > TRASH_AGE:
-            shutil.rmtree(old, ignore_errors=True)
 
 _CHILD = r"""
 import asyncio, json, resource, sys, time
@@ -132,9 +117,13 @@ run(main())
 def bench_small(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(REPO))
     from scripts import bench_crawl
+    from testkit.trash import deleted_recently, empty_trash, throw_away
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if (ago := deleted_recently(out)) is not None:
+        print(f"note: old runs were deleted {ago:.0f} s ago: on an ext4 disk without a journal, files created in "
+              "the next minutes can cost more system time (testkit/trash.py)")
     manifest = bench_crawl.prepare_site(out, args.songs)
     site = bench_crawl.serve_site(out / f"site-{args.songs}", out / "server-small", "auto")
     urls = [site.url + a.url for a in manifest.audio[:args.small]]
@@ -158,6 +147,7 @@ def bench_small(args: argparse.Namespace) -> None:
                   f"tags read for {result['tags']}" + ("  [profiled]" if profile else ""))
     finally:
         site.child.stop(signal.SIGQUIT if site.kind == "nginx" else signal.SIGTERM)
+        empty_trash(out)
     per_file = sorted(1000 * r["cpu"] / r["ok"] for r in runs if not (args.profile and r is runs[-1]))
     if per_file:
         print(f"CPU per small file: median {per_file[(len(per_file) - 1) // 2]:.3f} ms, range "
