@@ -14,11 +14,11 @@ import av
 import numpy as np
 import numpy.typing as npt
 
+from crawler.identify import MIN_SECONDS
 from crawler.identify.errors import IdentifyError
 
 RATE = 8000                 # Hz: the fingerprint looks at 150-3800 Hz; a low rate keeps the spectrogram cheap
 MAX_SECONDS = 30 * 60       # a long file (a podcast, a live set) is fingerprinted on its first half hour
-MIN_SECONDS = 2.0           # shorter than this is no audio worth matching
 _MAX_IDLE_PACKETS = 20_000  # packets demuxed in a row with no decoded sample: a stream that is not audio
 
 

@@ -14,7 +14,7 @@ and the others do not.
 
 Two things keep the pool's cost per file small (most files on the web are short clips, jingles, previews):
 
-* A file known to be shorter than ``MIN_SECONDS`` (crawler/identify/decode.py: no audio worth matching) is not
+* A file known to be shorter than ``MIN_SECONDS`` (crawler/identify: no audio worth matching) is not
   sent at all. How long it plays is the caller's to say, from the file's own tags (``file_seconds``: its
   duration, else its size at its bitrate), so the decision costs no round trip to a pool process; such a file is
   counted as "short" and its future holds None at once. A file whose length is unknown is sent as before.
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crawler.config import non_negative, positive, setting
-from crawler.identify import MAX_FINGERPRINT_BYTES, IdentifyError
+from crawler.identify import MAX_FINGERPRINT_BYTES, MIN_SECONDS, IdentifyError
 from crawler.items import AudioItem
 
 log = logging.getLogger("crawler.worker.fingerprints")
@@ -61,13 +61,6 @@ GATHER = 0.05               # seconds a batch gathers files after its first ...
 BATCH_FILES = 32            # ... unless it has this many files ...
 BATCH_BYTES = 4 * 1024 * 1024   # ... or this many bytes of files (as the caller gave their sizes)
 ERRORS_KEPT = 4096       # files whose error was logged, so a file stored again is not logged again
-
-
-def _min_seconds() -> float:
-    """crawler/identify/decode.py's MIN_SECONDS, imported when first asked: decode brings numpy and av, which the
-    worker's own process needs for nothing else (the fingerprints are made in the pool's processes)."""
-    from crawler.identify.decode import MIN_SECONDS
-    return MIN_SECONDS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,7 +226,7 @@ class FingerprintPool:
         job = self._jobs.get(key)
         if job is not None:
             return job
-        if seconds is not None and seconds < _min_seconds():
+        if seconds is not None and seconds < MIN_SECONDS:
             self._on_outcome(SHORT)
             return _ready(loop, None)
         if self._closed or len(self._jobs) >= self.max_backlog:
