@@ -694,7 +694,7 @@ def _locate(root: type[Any] | None, path: str) -> tuple[str, mi.Type | None]:
             if i >= len(info.fields):
                 break
             label, info = f"{label}.{info.fields[i].name}", info.fields[i].type
-        elif isinstance(info, mi.DataclassType) and name is not None:
+        elif isinstance(info, (mi.DataclassType, mi.StructType)) and name is not None:   # a map: by name
             field = next((f for f in info.fields if f.name == name), None)
             if field is None:
                 break

@@ -518,9 +518,9 @@ def _valid(info):
         return {}
     if isinstance(info, mi.BoolType):
         return False
-    if isinstance(info, mi.StructType):
+    if isinstance(info, mi.StructType) and info.array_like:
         return ([info.tag] if info.tag is not None else []) + [_valid(f.type) for f in info.fields]
-    if isinstance(info, mi.DataclassType):
+    if isinstance(info, (mi.DataclassType, mi.StructType)):     # a map (an audio item, its identity)
         # An audio item with an address: a download must have one (DownloadWork).
         return {f.name: "u" if f.name == "url" else _valid(f.type) for f in info.fields if f.required}
     assert isinstance(info, (mi.AnyType, mi.NoneType)), info
@@ -569,13 +569,13 @@ def _limits(info, label, wrap):
         value = _valid(info.value_type) if not isinstance(info.value_type, mi.AnyType) else 1
         yield label, wrap({f"k{i}": value for i in range(info.max_length)}), \
             wrap({f"k{i}": value for i in range(info.max_length + 1)})
-    elif isinstance(info, mi.StructType):
+    elif isinstance(info, mi.StructType) and info.array_like:
         base = _valid(info)
         first = 1 if info.tag is not None else 0
         for i, f in enumerate(info.fields, first):
             yield from _limits(f.type, f"{label}.{f.name}",
                                lambda x, i=i, base=base: wrap([*base[:i], x, *base[i + 1:]]))
-    elif isinstance(info, mi.DataclassType):
+    elif isinstance(info, (mi.DataclassType, mi.StructType)):
         base = _valid(info)
         for f in info.fields:
             yield from _limits(f.type, f"{label}.{f.name}", lambda x, f=f, base=base: wrap({**base, f.name: x}))

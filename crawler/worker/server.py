@@ -8,7 +8,6 @@ was unfinished. The worker reconnects by itself, with backoff, until the master 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gc
 import logging
 import os
@@ -1387,4 +1386,4 @@ def _pinned_to(item: it.AudioItem, exit: str) -> it.AudioItem:
     if item.identity is not None and item.identity.exit is not None:
         return item
     identity = item.identity or it.RequestIdentity()
-    return item.replace(identity=dataclasses.replace(identity, exit=exit))
+    return item.replace(identity=msgspec.structs.replace(identity, exit=exit))
