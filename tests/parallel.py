@@ -16,6 +16,10 @@ temporary directory, taken shared by every test and exclusively by a test that r
 front so that such a test goes ahead of the tests that arrive after it. The lock is taken around the whole test
 protocol, outside pytest-timeout's timer: waiting for a neighbour does not count against a test's timeout. Without
 xdist nothing is locked.
+
+A process keeps the machine from one test that runs alone to the next when that one runs alone too (a module of
+them, or the next module's first test): released in between, every such test would first wait for whatever test
+the other process took up in the gap, that test running with the other core idle, once per test.
 """
 
 from __future__ import annotations
@@ -88,15 +92,41 @@ def machine_share(shared_dir: Path, alone: bool) -> Iterator[None]:
             yield
 
 
+# The machine this process holds to itself from one test that runs alone to the next (machine_share's exclusive
+# hold, still open), or None.
+_kept: contextlib.ExitStack | None = None
+
+
+def _release() -> None:
+    global _kept
+    if _kept is not None:
+        kept, _kept = _kept, None
+        kept.close()
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    global _kept
     basetemp = item.config.option.basetemp
     if os.environ.get("PYTEST_XDIST_WORKER") is None or not basetemp:
         yield
         return
     # xdist gives each worker <the run's basetemp>/<worker id>: the parent is the run's, shared by its workers.
-    with machine_share(Path(basetemp).resolve().parent, runs_alone(item)):
+    shared_dir = Path(basetemp).resolve().parent
+    if not runs_alone(item):
+        _release()
+        with machine_share(shared_dir, False):
+            yield
+        return
+    if _kept is None:
+        stack = contextlib.ExitStack()
+        stack.enter_context(machine_share(shared_dir, True))
+        _kept = stack
+    try:
         yield
+    finally:
+        if nextitem is None or not runs_alone(nextitem):
+            _release()
 
 
 # Modules that start real daemons, browsers or mypy take from seconds to minutes each; the rest take well under a
