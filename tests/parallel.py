@@ -133,6 +133,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 # second a test. xdist hands modules out in collection order (--dist loadfile --no-loadscope-reorder, as
 # scripts/test.sh runs it), so these go first: the long ones then overlap each other and the short ones fill the
 # gaps at the end, instead of one long module starting last and running alone while the other processes idle.
+# Ahead of them all, the modules with tests that run alone (those of nothing else first): at the start the other
+# processes are on such modules too, so a test that runs alone mostly waits for another that does, with no core
+# idle behind it; later, each would first wait out the neighbour's test in progress, a core idle meanwhile.
 LONG_RUNNING = ("test_e2e_", "test_browser", "test_types", "test_install")
 
 
@@ -141,4 +144,16 @@ def _long_running(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: not _long_running(item))   # stable: each module's tests keep their order
+    alone: dict[Path, list[bool]] = {}
+    for item in items:
+        alone.setdefault(item.path, []).append(runs_alone(item))
+
+    def rank(item: pytest.Item) -> int:
+        mine = alone[item.path]
+        if all(mine):
+            return 0
+        if any(mine):
+            return 1
+        return 2 if _long_running(item) else 3
+
+    items.sort(key=rank)   # stable: each module's tests keep their order
