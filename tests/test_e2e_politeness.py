@@ -124,14 +124,14 @@ async def test_503_without_retry_after_backs_off_exponentially_for_every_worker(
 
 
 async def test_adaptive_delay_grows_when_the_site_slows_down(tmp_path):
-    pages, fast, slow = 40, 0.002, 0.3
+    pages, fast, slow = 40, 0.002, 0.2
     async with PoliteSite(pages, latency=fast) as site:
         async def slow_down_midway() -> None:
             await cluster.until(lambda: len(site.page_hits()) >= 15, 60, "the first 15 pages")
             site.latency = slow
 
-        # Four requests may be out at once: without adaptive, a 0.3 s latency would still allow one start
-        # every 75 ms.
+        # Four requests may be out at once: without adaptive, a 0.2 s latency would still allow one start
+        # every 50 ms.
         await crawl(tmp_path, site, ["w1", "w2"], during=slow_down_midway,
                     politeness={"adaptive": True, "min_delay": 0.01, "max_delay": 5.0, "max_per_host": 4})
     hits = sorted(site.page_hits(), key=lambda h: h.start)
