@@ -24,11 +24,7 @@ pytestmark = pytest.mark.timeout(240)
 KEY = bytes.fromhex("0f1e2d3c4b5a69788796a5b4c3d2e1f0")
 WINDOW = 20.0                 # live_record_seconds: long enough for a recording to be identified
 SEGMENT = 2.0
-PACE = 1.5                    # audio the packager makes per second: a window fills in two thirds of its time,
-                              # as a recorder catching up on a stream that runs ahead; its window of wall-clock
-                              # time stays the backstop, the audio reaching the window ends the recording
-WORK_SECONDS = 90.0           # the stream's loop: longer than the audio the test's run of it makes, so no
-                              # recording spans its seam
+WORK_SECONDS = 90.0           # the stream's loop: longer than the test, so no recording spans its seam
 OFFSET_TOLERANCE = 0.5
 
 
@@ -68,7 +64,7 @@ async def test_a_live_stream_is_recorded_each_visit_and_identified(work, tmp_pat
     source = cut(wav, tmp_path / "cut", seconds=SEGMENT)
     page = b'<html><body><h1>Radio</h1><a href="/live/index.m3u8">listen live</a></body></html>'
     master = worker = None
-    async with LiveHls(source, window=6, key=KEY, master=True, pace=PACE,
+    async with LiveHls(source, window=6, key=KEY, master=True,
                        pages={"/": (page, "text/html")}) as stream:
         url = stream.stream
         config = cluster.master_config(tmp_path, [stream.url + "/"], ["w1"], exit_when_done=False,
