@@ -116,3 +116,28 @@ def test_every_test_listed_to_run_alone_exists(key: str) -> None:
     path, _, name = key.partition("::")
     source = (ROOT / path).read_text()
     assert not name or re.search(rf"^(async )?def {re.escape(name)}\(", source, re.M), key
+
+
+class _Item:
+    """What the ordering hook reads of a collected test."""
+
+    def __init__(self, nodeid: str, alone: bool = False) -> None:
+        self.nodeid, self.path, self._alone = nodeid, Path(nodeid.split("::")[0]), alone
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if name == "alone" and self._alone else None
+
+
+def test_modules_with_tests_that_run_alone_go_first_then_the_long_running_each_in_its_order() -> None:
+    from tests.parallel import pytest_collection_modifyitems
+
+    items = [_Item("tests/test_a.py::t1"), _Item("tests/test_e2e_b.py::t1"),
+             _Item("tests/test_c.py::t1"), _Item("tests/test_c.py::t2", alone=True), _Item("tests/test_c.py::t3"),
+             _Item("tests/test_e2e_d.py::t1", alone=True), _Item("tests/test_e2e_d.py::t2", alone=True),
+             _Item("tests/test_e2e_b.py::t2")]
+    pytest_collection_modifyitems(None, items)  # type: ignore[arg-type]
+    assert [i.nodeid for i in items] == [
+        "tests/test_e2e_d.py::t1", "tests/test_e2e_d.py::t2",                             # all alone
+        "tests/test_c.py::t1", "tests/test_c.py::t2", "tests/test_c.py::t3",             # some alone
+        "tests/test_e2e_b.py::t1", "tests/test_e2e_b.py::t2",                             # long-running
+        "tests/test_a.py::t1"]
