@@ -16,6 +16,10 @@ temporary directory, taken shared by every test and exclusively by a test that r
 front so that such a test goes ahead of the tests that arrive after it. The lock is taken around the whole test
 protocol, outside pytest-timeout's timer: waiting for a neighbour does not count against a test's timeout. Without
 xdist nothing is locked.
+
+A process keeps the machine from one test that runs alone to the next when that one runs alone too (a module of
+them, or the next module's first test): released in between, every such test would first wait for whatever test
+the other process took up in the gap, that test running with the other core idle, once per test.
 """
 
 from __future__ import annotations
@@ -88,21 +92,50 @@ def machine_share(shared_dir: Path, alone: bool) -> Iterator[None]:
             yield
 
 
+# The machine this process holds to itself from one test that runs alone to the next (machine_share's exclusive
+# hold, still open), or None.
+_kept: contextlib.ExitStack | None = None
+
+
+def _release() -> None:
+    global _kept
+    if _kept is not None:
+        kept, _kept = _kept, None
+        kept.close()
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    global _kept
     basetemp = item.config.option.basetemp
     if os.environ.get("PYTEST_XDIST_WORKER") is None or not basetemp:
         yield
         return
     # xdist gives each worker <the run's basetemp>/<worker id>: the parent is the run's, shared by its workers.
-    with machine_share(Path(basetemp).resolve().parent, runs_alone(item)):
+    shared_dir = Path(basetemp).resolve().parent
+    if not runs_alone(item):
+        _release()
+        with machine_share(shared_dir, False):
+            yield
+        return
+    if _kept is None:
+        stack = contextlib.ExitStack()
+        stack.enter_context(machine_share(shared_dir, True))
+        _kept = stack
+    try:
         yield
+    finally:
+        if nextitem is None or not runs_alone(nextitem):
+            _release()
 
 
 # Modules that start real daemons, browsers or mypy take from seconds to minutes each; the rest take well under a
 # second a test. xdist hands modules out in collection order (--dist loadfile --no-loadscope-reorder, as
 # scripts/test.sh runs it), so these go first: the long ones then overlap each other and the short ones fill the
 # gaps at the end, instead of one long module starting last and running alone while the other processes idle.
+# Ahead of them all, the modules with tests that run alone (those of nothing else first): at the start the other
+# processes are on such modules too, so a test that runs alone mostly waits for another that does, with no core
+# idle behind it; later, each would first wait out the neighbour's test in progress, a core idle meanwhile.
 LONG_RUNNING = ("test_e2e_", "test_browser", "test_types", "test_install")
 
 
@@ -111,4 +144,16 @@ def _long_running(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: not _long_running(item))   # stable: each module's tests keep their order
+    alone: dict[Path, list[bool]] = {}
+    for item in items:
+        alone.setdefault(item.path, []).append(runs_alone(item))
+
+    def rank(item: pytest.Item) -> int:
+        mine = alone[item.path]
+        if all(mine):
+            return 0
+        if any(mine):
+            return 1
+        return 2 if _long_running(item) else 3
+
+    items.sort(key=rank)   # stable: each module's tests keep their order

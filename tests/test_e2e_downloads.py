@@ -111,7 +111,7 @@ async def test_more_workers_finish_a_politeness_bound_crawl_sooner_when_download
     rng = random.Random(9)
     site_dir = tmp_path / "site"
     (site_dir / "media").mkdir(parents=True)
-    slow = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/": 0.6})
+    slow = siteserver.Behaviour(record_log=True, slow_paths={r"^/media/": 0.4})
     cdns = [await siteserver.start(site_dir, host=f"127.0.0.{i}", behaviour=slow) for i in (2, 3, 4)]
     try:
         async with await siteserver.start(site_dir, behaviour=siteserver.Behaviour(record_log=True)) as server:
@@ -132,6 +132,6 @@ async def test_more_workers_finish_a_politeness_bound_crawl_sooner_when_download
     finally:
         for cdn in cdns:
             await cdn.close()
-    # 36 x 0.6 s over 2 slots is 10.8 s for one worker; over 6 slots 3.6 s for three, more as the double hash
+    # 36 x 0.4 s over 2 slots is 7.2 s for one worker; over 6 slots 2.4 s for three, more as the double hash
     # shares the pages out unevenly.
     assert three < 0.75 * one, (one, three)

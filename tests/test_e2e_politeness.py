@@ -88,17 +88,19 @@ async def test_max_per_host_is_never_exceeded_and_used_to_the_full_against_a_slo
 async def test_429_with_retry_after_stops_every_worker_until_it_expires_and_every_page_is_crawled(tmp_path):
     pages = 30
     async with PoliteSite(pages) as site:
-        # For 3 s after the first page request every page is answered 429 "come back in 2 s".
-        site.throttle_from_first_page(3.0, status=429, retry_after="2")
+        # For 2 s after the first page request every page is answered 429 "come back in 1 s" (four times the
+        # first backoff step: the Retry-After is what sets the pause).
+        site.throttle_from_first_page(2.0, status=429, retry_after="1")
         # max_attempts 1: were a 429 counted as a failed attempt, the first one would fail its page for good.
-        await crawl(tmp_path, site, ["w1", "w2"], politeness={"max_per_host": 1, "min_delay": 0.01},
+        await crawl(tmp_path, site, ["w1", "w2"], politeness={"max_per_host": 1, "min_delay": 0.01,
+                                                              "backoff_base": 0.25},
                     crawl={"max_attempts": 1})
     hits = site.page_hits()
     throttled = [h for h in hits if h.status == 429]
     assert throttled, "the site never throttled: the test did not test anything"
     for t in throttled:
         # No request from any worker until the Retry-After has passed since the 429 went out.
-        early = [h for h in hits if t.end < h.start < t.end + 2.0]
+        early = [h for h in hits if t.end < h.start < t.end + 1.0]
         assert not early, f"{len(early)} requests within 2 s of a 429, e.g. {early[0].start - t.end:.3f} s after"
     done = {h.path for h in hits if h.status == 200}
     assert done == {f"/p/{i}.html" for i in range(pages)}
@@ -124,14 +126,14 @@ async def test_503_without_retry_after_backs_off_exponentially_for_every_worker(
 
 
 async def test_adaptive_delay_grows_when_the_site_slows_down(tmp_path):
-    pages, fast, slow = 40, 0.002, 0.3
+    pages, fast, slow = 40, 0.002, 0.2
     async with PoliteSite(pages, latency=fast) as site:
         async def slow_down_midway() -> None:
             await cluster.until(lambda: len(site.page_hits()) >= 15, 60, "the first 15 pages")
             site.latency = slow
 
-        # Four requests may be out at once: without adaptive, a 0.3 s latency would still allow one start
-        # every 75 ms.
+        # Four requests may be out at once: without adaptive, a 0.2 s latency would still allow one start
+        # every 50 ms.
         await crawl(tmp_path, site, ["w1", "w2"], during=slow_down_midway,
                     politeness={"adaptive": True, "min_delay": 0.01, "max_delay": 5.0, "max_per_host": 4})
     hits = sorted(site.page_hits(), key=lambda h: h.start)
