@@ -19,19 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from crawler.identify.errors import IdentifyError
+from crawler.identify.limits import MAX_FINGERPRINT_BYTES, MIN_SECONDS
 
 if TYPE_CHECKING:
     from crawler.identify.fingerprint import encode, fingerprint_pcm
     from crawler.identify.index import Match, ReferenceIndex
 
 __all__ = ["MAX_FINGERPRINT_BYTES", "MIN_SECONDS", "IdentifyError", "Match", "ReferenceIndex", "fingerprint_file"]
-
-# A fingerprint on the wire and in the store is at most this many bytes (a file's fingerprint is cut there).
-MAX_FINGERPRINT_BYTES = 1 << 20
-# Audio shorter than this is no audio worth matching: decode refuses it, and the worker does not send a file it
-# knows to be shorter to its fingerprint pool (defined here, not in decode, so the worker's process that asks
-# never imports numpy and av).
-MIN_SECONDS = 2.0
 
 # The names the parts define, by the module that defines them (imported on first use: module __getattr__).
 # (decode is not among them: the package's attribute of that name is its submodule, once imported.)

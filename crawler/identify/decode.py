@@ -14,7 +14,7 @@ import av
 import numpy as np
 import numpy.typing as npt
 
-from crawler.identify import MIN_SECONDS
+from crawler.identify.limits import MIN_SECONDS
 from crawler.identify.errors import IdentifyError
 
 RATE = 8000                 # Hz: the fingerprint looks at 150-3800 Hz; a low rate keeps the spectrogram cheap
