@@ -50,9 +50,10 @@ PARENT = ("coalesce(u.parent_url, (SELECT po.origin || p.path FROM url_state p J
 FETCH_COLUMNS = ("last_crawl", "http_status", "final_url", "content_type", "size", "error")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PageOutcome:
-    """A node's verdict on one leased URL."""
+    """A node's verdict on one leased URL. (Not frozen, though nothing changes it: one is made per page crawled,
+    and a frozen dataclass sets each of its 13 fields through object.__setattr__, 1.7 us against 0.3.)"""
 
     url: str
     state: str                    # "done" | "error" | "retry" | "throttled" (a retry that costs no attempt)
