@@ -13,7 +13,7 @@ from typing import Any
 
 from crawler.items import AUDIO_FIELD_KINDS, PLAYED, RECORDED_AT, says_live
 from crawler.master.backend import Backend
-from crawler.master.store_core import CHUNK, LEASED, QUEUED, StoreCore, chunks
+from crawler.master.store_core import CHUNK, LEASED, QUEUED, StoreCore, chunks, null_columns
 
 
 # The catalogue changes counted per refresh cycle.
@@ -57,24 +57,6 @@ _INSERT_AUDIO = (f"INSERT INTO audio(id, ukey, {', '.join(AUDIO_COLUMNS)}) "
 _INSERTED = ("id", "ukey", *AUDIO_COLUMNS)
 # The statement of each set of columns inserted (see _insert_audio), by the positions in _INSERTED they take.
 _INSERT_OF: dict[tuple[int, ...], str] = {}
-
-
-def _insert_audio(db: Backend, rows: list[tuple[Any, ...]]) -> None:
-    """Insert new rows (values in _INSERTED order), leaving out the columns that none of them sets: a column
-    not named is NULL all the same (the table gives none a default), and sqlite3 binds a None through its
-    adapter lookup, 0.3 us each, where a row has some 18 of its 33 values unset: 5 of the 7 us an insert cost
-    before its indexes."""
-    keep = tuple(i for i, column in enumerate(zip(*rows)) if column.count(None) != len(rows))
-    if len(keep) == len(_INSERTED):
-        db.executemany(_INSERT_AUDIO, rows)
-        return
-    sql = _INSERT_OF.get(keep)
-    if sql is None:
-        if len(_INSERT_OF) >= 256:      # bounded: the sets of columns a crawl's rows leave unset are few
-            _INSERT_OF.clear()
-        sql = _INSERT_OF[keep] = (f"INSERT INTO audio({', '.join(_INSERTED[i] for i in keep)}) "
-                                  f"VALUES ({', '.join('?' * len(keep))})")
-    db.executemany(sql, map(itemgetter(*keep), rows))
 _COALESCED = tuple(c for c in AUDIO_COLUMNS if c not in _NOT_COALESCED)
 _UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c in _COALESCED)
                  + "url = CASE WHEN url = '' THEN ? ELSE url END, "
@@ -84,6 +66,25 @@ _UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c
                  "ELSE status END, last_seen = ?, removed_at = NULL, "
                  "returned_at = CASE WHEN status = 'removed' THEN ? ELSE returned_at END "
                  "WHERE id = ?")
+
+
+def _insert_audio(db: Backend, rows: list[tuple[Any, ...]]) -> None:
+    """Insert new rows (values in _INSERTED order), leaving out the columns that none of them sets: a column
+    not named is NULL all the same (the table gives none a default), and a row has some 18 of its 33 values
+    unset, whose binding (store_core.null_columns) was 5 of the 7 us an insert cost before its indexes."""
+    nulls = null_columns(rows)
+    if not nulls:
+        db.executemany(_INSERT_AUDIO, rows)
+        return
+    keep = tuple(i for i in range(len(_INSERTED)) if i not in nulls)
+    sql = _INSERT_OF.get(keep)
+    if sql is None:
+        if len(_INSERT_OF) >= 256:      # bounded: the sets of columns a crawl's rows leave unset are few
+            _INSERT_OF.clear()
+        sql = _INSERT_OF[keep] = (f"INSERT INTO audio({', '.join(_INSERTED[i] for i in keep)}) "
+                                  f"VALUES ({', '.join('?' * len(keep))})")
+    db.executemany(sql, map(itemgetter(*keep), rows))
+
 
 # The windows recorded of live streams (an item whose row says extra.live: a live HLS playlist, a dynamic DASH
 # presentation, an internet radio station): each visit records a new window with new bytes, which is the item's

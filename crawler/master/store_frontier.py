@@ -122,9 +122,14 @@ class Frontier:
             per_node[node] = per_node.get(node, 0) + 1
         for node, n in per_node.items():
             self.core.move(None, None, QUEUED, node, n)
-        self.core.db.executemany(
-            f"INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent, parent_url) "
-            f"VALUES (?, ?, ?, {QUEUED}, ?, ?, ?, ?, ?, ?, ?)", inserts)
+        if any(row[-1] is not None for row in inserts):
+            self.core.db.executemany(
+                "INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent, "
+                f"parent_url) VALUES (?, ?, ?, {QUEUED}, ?, ?, ?, ?, ?, ?, ?)", inserts)
+        else:   # the usual: every parent's key is known (its text is kept only when not): no None bound a row
+            self.core.db.executemany(
+                f"INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent) "
+                f"VALUES (?, ?, ?, {QUEUED}, ?, ?, ?, ?, ?, ?)", [row[:-1] for row in inserts])
         if link_meta:
             named = [(row[0], link_meta[url]) for url, row in zip(fresh, inserts) if url in link_meta]
             if named:
@@ -377,9 +382,14 @@ class Frontier:
             self.core.move(state, node, new_state, new_node)
             row[1], row[2], row[3] = new_state, new_node, attempts
             out.append(True)
-        # One statement for the report, in result order (a URL twice in it ends as its last result says).
-        self.core.db.executemany("UPDATE url_state SET state = ?, node = ?, attempts = ?, seq = coalesce(?, seq) "
-                                 "WHERE id = ?", moved)
+        # One statement for the report, in result order (a URL twice in it ends as its last result says). When
+        # no URL goes back in line (the usual), no place in line is bound (store_core.null_columns).
+        if any(m[3] is not None for m in moved):
+            self.core.db.executemany("UPDATE url_state SET state = ?, node = ?, attempts = ?, "
+                                     "seq = coalesce(?, seq) WHERE id = ?", moved)
+        else:
+            self.core.db.executemany("UPDATE url_state SET state = ?, node = ?, attempts = ? WHERE id = ?",
+                                     [(m[0], m[1], m[2], m[4]) for m in moved])
         self.core.write_pages(FETCH_COLUMNS, fetched)
         if visits:
             assert revisit is not None
