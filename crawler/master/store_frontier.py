@@ -342,7 +342,7 @@ class Frontier:
         result records which catalogue items its URL lists (audio_keys; their rows must exist: add_audio first).
         """
         self.core.begin()
-        current = self._current([r.url for r in results])
+        current = self._current([r.url for r in results], pages=revisit is not None)
         visits: list[tuple[PageOutcome, int, int | None, float | None]] = []
         listings: dict[int, tuple[frozenset[tuple[str, str]], bool]] = {}
         self._finished_keys = {u: row[0] for u, row in current.items()}
@@ -398,9 +398,11 @@ class Frontier:
             self.audio.follow_refs(listings, (), results[0].at)
         return out
 
-    def _current(self, urls: Sequence[str]) -> dict[str, list[Any]]:
+    def _current(self, urls: Sequence[str], pages: bool = True) -> dict[str, list[Any]]:
         """url -> [key, state, node, attempts, http_status, last_crawl] of these URLs, those the table holds: by
-        key for the URLs pop() handed out (_leased_keys, each entry taken), by text for the others."""
+        key for the URLs pop() handed out (_leased_keys, each entry taken), by text for the others. Without
+        `pages` (only a revisit reads them), http_status and last_crawl of the URLs found by key are None: their
+        pages rows are not looked up."""
         leased = self._leased_keys
         by_key: dict[int, str] = {}
         rest = []
@@ -413,12 +415,14 @@ class Frontier:
         rows: dict[str, list[Any]] = {}
         db = self.core.db
         if by_key:
+            # The node's name from memory (node_names holds every node the table names), not joined.
+            names = self.core.node_names
+            sql = (f"SELECT u.id, u.state, u.node, u.attempts, p.http_status, p.last_crawl FROM url_state u "
+                   f"LEFT JOIN pages p ON p.id = u.id WHERE {db.in_list('u.id')}" if pages else
+                   f"SELECT u.id, u.state, u.node, u.attempts, NULL, NULL FROM url_state u WHERE {db.in_list('u.id')}")
             for chunk in chunks(list(by_key)):
-                for i, st, node, att, status, last in db.execute(
-                        "SELECT u.id, u.state, n.name, u.attempts, p.http_status, p.last_crawl FROM url_state u "
-                        "LEFT JOIN nodes n ON n.id = u.node LEFT JOIN pages p ON p.id = u.id "
-                        f"WHERE {db.in_list('u.id')}", (db.list_arg(chunk),)):
-                    rows[by_key[i]] = [i, st, node, att, status, last]
+                for i, st, node, att, status, last in db.execute(sql, (db.list_arg(chunk),)):
+                    rows[by_key[i]] = [i, st, names.get(node), att, status, last]
         if rest:
             for u, i, st, node, att, status, last in self.core.lookup(
                     rest, "url, id, state, node, attempts, http_status, last_crawl").values():
