@@ -225,8 +225,15 @@ class _JsonText:
     maps. A value the encoder fails on (not JSON, a cycle) is left to JSONEncoder itself, which raises as ever,
     and the C encoder is made again (a failed one may keep the marks of the maps it was in)."""
 
+    # Small maps of text only (where a row's meta_source and extra come from: a few shapes a site) are kept with
+    # their text, by their items: a look-up is a third of an encoding. Only text, as keys and values: items of
+    # other types may be equal and encode otherwise (True == 1, "true" against "1" as a key).
+    CACHED = 1024
+    SMALL = 8
+
     def __init__(self) -> None:
         self._encoder: Callable[[Any, int], Sequence[str]] | None = None
+        self._known: dict[tuple[tuple[Any, Any], ...], str] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -235,6 +242,22 @@ class _JsonText:
                                             _JSON.key_separator, _JSON.item_separator, True, False, True)
 
     def __call__(self, value: Any) -> str:
+        if type(value) is dict and len(value) <= self.SMALL:
+            try:
+                items = tuple(value.items())
+                text = self._known.get(items)
+            except TypeError:      # a list or a map among the values
+                return self._encode(value)
+            if text is None:
+                text = self._encode(value)
+                if all(type(k) is str and type(v) is str for k, v in items):
+                    if len(self._known) >= self.CACHED:
+                        self._known.clear()
+                    self._known[items] = text
+            return text
+        return self._encode(value)
+
+    def _encode(self, value: Any) -> str:
         encoder = self._encoder
         if encoder is not None:
             try:
