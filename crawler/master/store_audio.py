@@ -211,7 +211,6 @@ def _audio_values(row: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-_KNOWN_AUDIO = frozenset(AUDIO_COLUMNS)
 _NO_VALUES: dict[str, Any] = dict.fromkeys(AUDIO_COLUMNS)
 _N_COLUMNS = len(AUDIO_COLUMNS)
 _MAP_COLUMNS = tuple(c for c in AUDIO_COLUMNS if c in _JSON_COLUMNS)
