@@ -13,6 +13,7 @@ and a standby promoted after a failover carries the same state to a master start
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import sqlite3
@@ -20,6 +21,8 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
+
+import msgspec
 
 # PRAGMA application_id marks an SQLite file as ours ("ACRW"), so a stray SQLite file is refused, not altered;
 # the same number is the advisory lock a PostgreSQL master holds.
@@ -50,6 +53,20 @@ class StoreValueError(StoreError, ValueError):
 
 # What sqlite3 raises for a statement: its own errors, and OverflowError for an integer it cannot bind.
 _SQLITE_ERRORS = (sqlite3.Error, OverflowError)
+
+
+_encode_json = msgspec.json.Encoder().encode
+
+
+def json_array(values: list[Any]) -> str:
+    """A list parameter as JSON text (tuples as arrays), by msgspec's encoder: 0.2 us for a report's 16 keys,
+    where json.dumps took 3, a few times a report. The database reads the same values (the text has no blanks,
+    and UTF-8 where json.dumps wrote \\u escapes); what msgspec cannot encode (a lone surrogate, an integer
+    past 64 bits) goes to json.dumps, as before."""
+    try:
+        return _encode_json(values).decode()
+    except Exception:
+        return json.dumps(values)
 
 
 def is_postgres(location: str | Path) -> bool:
@@ -176,8 +193,7 @@ class Backend:
         raise NotImplementedError
 
     def pairs_arg(self, pairs: Iterable[tuple[str, str]]) -> Any:
-        import json
-        return json.dumps([list(p) for p in pairs])
+        return json_array(list(pairs))
 
     def list_arg(self, values: Sequence[Any]) -> Any:
         raise NotImplementedError
@@ -316,8 +332,7 @@ class SqliteBackend(Backend):
                 "FROM json_each(?))")
 
     def list_arg(self, values: Sequence[Any]) -> Any:
-        import json
-        return json.dumps(list(values))
+        return json_array(list(values))
 
     def columns(self, table: str) -> set[str]:
         return {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}

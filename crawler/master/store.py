@@ -76,6 +76,7 @@ from crawler.master.store_core import (
     STATE_NAMES,
     PageOutcome,
     Route,
+    StoreCore,
     StoreInUse,
     node_of,
     split_url,
@@ -123,6 +124,38 @@ __all__ = [
 LATEST_MATCHES = 10
 
 
+class _NodeFigures:
+    """The node_stats added in the open transaction, kept in memory and written with the commit (a part of the
+    transaction, store_core.Part): a report added four rows with an upsert statement of its own, 1 us a page.
+    Sums, so the rows the commit writes are what the statements a report would have made."""
+
+    def __init__(self, core: StoreCore) -> None:
+        self.core = core
+        self.pending: dict[tuple[str, str], int] = {}
+        if not core.readonly:
+            core.parts.append(self)
+
+    def add(self, node: str, counters: Mapping[str, int]) -> None:
+        pending = self.pending
+        for name, value in counters.items():
+            key = (node, name)
+            pending[key] = pending.get(key, 0) + value
+
+    def stage(self) -> None:
+        if self.pending:
+            self.core.db.executemany(
+                "INSERT INTO node_stats(node, name, value) VALUES (?, ?, ?) "
+                "ON CONFLICT(node, name) DO UPDATE SET value = node_stats.value + excluded.value",
+                [(node, name, value) for (node, name), value in self.pending.items()])
+            self.pending = {}
+
+    def save(self) -> object:
+        return dict(self.pending)
+
+    def restore(self, saved: object) -> None:
+        self.pending = dict(saved)  # type: ignore[call-overload]
+
+
 class MasterStore:
     """The master's store. Used from one thread; write methods join the open transaction."""
 
@@ -143,6 +176,7 @@ class MasterStore:
         self.visits = Visits(self.core, self.audio)
         self.frontier = Frontier(self.core, self.visits, self.audio, max_attempts=max_attempts)
         self.identify = Identification(self.core)
+        self._node_figures = _NodeFigures(self.core)
 
     @classmethod
     def open_readonly(cls, location: Path | str) -> MasterStore:
@@ -419,12 +453,10 @@ class MasterStore:
         return int(row[0])
 
     def note_node(self, node: str, **counters: int) -> None:
-        """Add to one node's figures (pages, errors, bytes ...)."""
+        """Add to one node's figures (pages, errors, bytes ...), in the open transaction (written with the
+        commit: _NodeFigures)."""
         self.core.begin()
-        self.core.db.executemany(
-            "INSERT INTO node_stats(node, name, value) VALUES (?, ?, ?) "
-            "ON CONFLICT(node, name) DO UPDATE SET value = node_stats.value + excluded.value",
-            [(node, k, v) for k, v in counters.items()])
+        self._node_figures.add(node, counters)
 
     def status(self) -> dict[str, Any]:
         """The operator's figures, read in one snapshot (a reader beside a running master sees one commit):
@@ -454,6 +486,7 @@ class MasterStore:
                     frontier_by_node[str(node_of(node))] = n
                 if node:
                     nodes.setdefault(node, {})[STATE_NAMES[state]] = n
+            self._node_figures.stage()      # what this transaction added, as a commit would write it
             for node, name, value in db.execute("SELECT node, name, value FROM node_stats"):
                 nodes.setdefault(node, {})[name] = value
             discards = dict(db.execute("SELECT reason, n FROM discards ORDER BY reason"))
