@@ -23,6 +23,7 @@ Every request is logged (path, host, User-Agent), so tests can tell what the bro
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import random
@@ -258,12 +259,19 @@ def make_app(site: PlayerSite) -> web.Application:
 @asynccontextmanager
 async def serve(site: PlayerSite) -> AsyncIterator[str]:
     """Serve on 127.0.0.1 and 127.0.0.2 (same port, both loopback) so a second host exists; yields the base URL."""
-    runner = web.AppRunner(make_app(site), access_log=None)
-    await runner.setup()
-    first = web.TCPSite(runner, "127.0.0.1", 0)
-    await first.start()
-    port = runner.addresses[0][1]
-    await web.TCPSite(runner, "127.0.0.2", port).start()
+    for attempt in range(20):
+        runner = web.AppRunner(make_app(site), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        port = runner.addresses[0][1]
+        try:
+            await web.TCPSite(runner, "127.0.0.2", port).start()
+            break
+        except OSError as e:
+            # The port the kernel gave on 127.0.0.1 can be another test's on 127.0.0.2: another pair.
+            await runner.cleanup()
+            if e.errno != errno.EADDRINUSE or attempt == 19:
+                raise
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
