@@ -23,6 +23,7 @@ script), and ``python -m tests.fakes.rangeserver FILE`` serves one file from its
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import random
 import threading
@@ -109,11 +110,22 @@ class RangeServer:
     async def start(self) -> RangeServer:
         self._loop = asyncio.get_running_loop()
         self._release = asyncio.Event()
-        port = 0
-        for host in self._hosts:
-            srv = await asyncio.start_server(self._handle, host, port, limit=_MAX_HEAD)
-            port = srv.sockets[0].getsockname()[1]
-            self._servers.append(srv)
+        for attempt in range(20):
+            port = 0
+            try:
+                for host in self._hosts:
+                    srv = await asyncio.start_server(self._handle, host, port, limit=_MAX_HEAD)
+                    port = srv.sockets[0].getsockname()[1]
+                    self._servers.append(srv)
+                break
+            except OSError as e:
+                # The port the kernel gave the first address can be another test's on the next: another one.
+                for srv in self._servers:
+                    srv.close()
+                    await srv.wait_closed()
+                self._servers.clear()
+                if e.errno != errno.EADDRINUSE or attempt == 19:
+                    raise
         self.port = port
         return self
 
