@@ -15,7 +15,8 @@ from tests.parallel import ALONE
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SUITE = '''
+# Each sample test writes when it started and ended (its "spell") into $SPELLS/<name>.
+SPELL = '''
 import os, time
 from pathlib import Path
 import pytest
@@ -24,7 +25,9 @@ def _spell(name, seconds):
     start = time.monotonic()
     time.sleep(seconds)
     Path(os.environ["SPELLS"], name).write_text(f"{start} {time.monotonic()}")
+'''
 
+SUITE = SPELL + '''
 @pytest.mark.alone
 def test_alone():
     _spell("alone", 0.6)
@@ -35,20 +38,28 @@ def test_beside(n):
 '''
 
 
-def test_a_test_marked_alone_has_no_neighbour_and_the_rest_run_side_by_side(tmp_path: Path) -> None:
+def _spells(tmp_path: Path, modules: dict[str, str], *args: str) -> dict[str, tuple[float, ...]]:
+    """Run these sample modules in a pytest of their own on two xdist processes with tests/parallel.py as its
+    plugin; each test's (start, end) by its spell's name."""
     pytest.importorskip("xdist")
-    (tmp_path / "suite").mkdir()
-    (tmp_path / "suite" / "test_suite.py").write_text(SUITE)
-    (tmp_path / "suite" / "pytest.ini").write_text("[pytest]\nmarkers = alone: runs alone\n")
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for name, text in modules.items():
+        (suite / name).write_text(text)
+    (suite / "pytest.ini").write_text("[pytest]\nmarkers = alone: runs alone\n")
     spells = tmp_path / "spells"
     spells.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}   # this run's own workers
     env.update(SPELLS=str(spells), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "tests.parallel", "-p",
-                           "no:cacheprovider", "--basetemp", str(tmp_path / "tmp"), "test_suite.py"],
-                          cwd=tmp_path / "suite", env=env, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", *args, "-p", "tests.parallel", "-p",
+                           "no:cacheprovider", "--basetemp", str(tmp_path / "tmp"), *modules],
+                          cwd=suite, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    span = {f.name: tuple(map(float, f.read_text().split())) for f in spells.iterdir()}
+    return {f.name: tuple(map(float, f.read_text().split())) for f in spells.iterdir()}
+
+
+def test_a_test_marked_alone_has_no_neighbour_and_the_rest_run_side_by_side(tmp_path: Path) -> None:
+    span = _spells(tmp_path, {"test_suite.py": SUITE})
     assert len(span) == 9, sorted(span)
     a0, a1 = span.pop("alone")
     assert all(end <= a0 or start >= a1 for start, end in span.values()), (a0, a1, span)
@@ -56,16 +67,7 @@ def test_a_test_marked_alone_has_no_neighbour_and_the_rest_run_side_by_side(tmp_
     assert any(b[0] < a[1] for a, b in zip(beside, beside[1:])), "no two tests ran side by side"
 
 
-ALONE_TWICE = '''
-import os, time
-from pathlib import Path
-import pytest
-
-def _spell(name, seconds):
-    start = time.monotonic()
-    time.sleep(seconds)
-    Path(os.environ["SPELLS"], name).write_text(f"{start} {time.monotonic()}")
-
+ALONE_TWICE = SPELL + '''
 @pytest.mark.alone
 def test_alone_first():
     _spell("alone-1", 0.4)
@@ -75,37 +77,17 @@ def test_alone_then():
     _spell("alone-2", 0.4)
 '''
 
-BESIDE = '''
-import os, time
-from pathlib import Path
-import pytest
-
+BESIDE = SPELL + '''
 @pytest.mark.parametrize("n", range(12))
 def test_beside(n):
-    start = time.monotonic()
-    time.sleep(0.1)
-    Path(os.environ["SPELLS"], f"beside-{n}").write_text(f"{start} {time.monotonic()}")
+    _spell(f"beside-{n}", 0.1)
 '''
 
 
 def test_tests_that_run_alone_one_after_another_keep_the_machine_in_between(tmp_path: Path) -> None:
     """Two tests that run alone, one after the other in a process: the other process's tests wait for both, none
     slips in between (each would hold up the second with a core idle)."""
-    pytest.importorskip("xdist")
-    (tmp_path / "suite").mkdir()
-    (tmp_path / "suite" / "test_a_alone.py").write_text(ALONE_TWICE)
-    (tmp_path / "suite" / "test_b_beside.py").write_text(BESIDE)
-    (tmp_path / "suite" / "pytest.ini").write_text("[pytest]\nmarkers = alone: runs alone\n")
-    spells = tmp_path / "spells"
-    spells.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env.update(SPELLS=str(spells), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-p",
-                           "tests.parallel", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "tmp"),
-                           "test_a_alone.py", "test_b_beside.py"],
-                          cwd=tmp_path / "suite", env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    span = {f.name: tuple(map(float, f.read_text().split())) for f in spells.iterdir()}
+    span = _spells(tmp_path, {"test_a_alone.py": ALONE_TWICE, "test_b_beside.py": BESIDE}, "--dist", "loadfile")
     assert len(span) == 14, sorted(span)
     a0, a1 = span.pop("alone-1")[0], span.pop("alone-2")[1]
     assert all(end <= a0 or start >= a1 for start, end in span.values()), (a0, a1, span)
