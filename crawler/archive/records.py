@@ -52,6 +52,7 @@ from isal import isal_zlib
 
 from crawler import __version__
 from crawler.archive import Exchange, Headers
+from crawler.web.memo import Memo
 
 # Headers that describe the bytes on the wire, not the decoded body we store.
 _WIRE_HEADERS = frozenset((b"content-encoding", b"transfer-encoding", b"content-length"))
@@ -263,17 +264,13 @@ def _compressor(size: int) -> Any:
 def _common(role: str, page: str) -> bytes:
     if not page:
         known = _ROLE_LINES.get(role)    # a page's own chain: its role line alone, made once a role
-        if known is not None:
-            return known
-    out = b"WARC-Crawler-Role: " + _token(role) + b"\r\n"
-    if page:
-        return out + b"WARC-Crawler-Page: " + _uri(page) + b"\r\n"
-    if len(_ROLE_LINES) < 64:
-        _ROLE_LINES[role] = out
-    return out
+        if known is None:
+            known = _ROLE_LINES.keep(role, b"WARC-Crawler-Role: " + _token(role) + b"\r\n")
+        return known
+    return b"WARC-Crawler-Role: " + _token(role) + b"\r\nWARC-Crawler-Page: " + _uri(page) + b"\r\n"
 
 
-_ROLE_LINES: dict[str, bytes] = {}
+_ROLE_LINES: Memo[str, bytes] = Memo(64)
 
 
 def _header_lines(headers: Headers, wire_renamed: bool) -> bytes:
@@ -292,9 +289,7 @@ def _header_lines(headers: Headers, wire_renamed: bool) -> bytes:
     memo = _WRITTEN[wire_renamed]
     written = memo.get(names)
     if written is None:
-        if len(memo) >= _WRITTEN_KEPT:
-            memo.clear()
-        written = memo[names] = _names_as_written(names, wire_renamed)
+        written = memo.keep(names, _names_as_written(names, wire_renamed))
     if not written or _BAD_VALUE.search(b"".join(values)) is not None:
         return _cleaned_lines(headers, wire_renamed)
     parts = [b"\r\n"] * (2 * len(values) + 1)
@@ -305,8 +300,8 @@ def _header_lines(headers: Headers, wire_renamed: bool) -> bytes:
 
 # Sequences of header names (a tuple, as sent or received) -> the names as a head writes them (see
 # _names_as_written), one memory for heads with the wire's headers renamed and one without.
-_WRITTEN: tuple[dict[tuple[bytes, ...], tuple[bytes, ...]], dict[tuple[bytes, ...], tuple[bytes, ...]]] = ({}, {})
-_WRITTEN_KEPT = 4096
+_WRITTEN: tuple[Memo[tuple[bytes, ...], tuple[bytes, ...]], Memo[tuple[bytes, ...], tuple[bytes, ...]]] = (
+    Memo(4096), Memo(4096))
 
 
 def _names_as_written(names: tuple[bytes, ...], wire_renamed: bool) -> tuple[bytes, ...]:

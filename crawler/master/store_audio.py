@@ -14,6 +14,7 @@ from typing import Any
 from crawler.items import AUDIO_FIELD_KINDS, PLAYED, RECORDED_AT, says_live
 from crawler.master.backend import Backend
 from crawler.master.store_core import CHUNK, LEASED, QUEUED, StoreCore, chunks, null_columns
+from crawler.web.memo import Memo
 
 
 # The catalogue changes counted per refresh cycle.
@@ -56,7 +57,8 @@ _INSERT_AUDIO = (f"INSERT INTO audio(id, ukey, {', '.join(AUDIO_COLUMNS)}) "
                  f"VALUES (?, ?{', ?' * len(AUDIO_COLUMNS)})")
 _INSERTED = ("id", "ukey", *AUDIO_COLUMNS)
 # The statement of each set of columns inserted (see _insert_audio), by the positions in _INSERTED they take.
-_INSERT_OF: dict[tuple[int, ...], str] = {}
+# (Bounded: the sets of columns a crawl's rows leave unset are few.)
+_INSERT_OF: Memo[tuple[int, ...], str] = Memo(256)
 _COALESCED = tuple(c for c in AUDIO_COLUMNS if c not in _NOT_COALESCED)
 _UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c in _COALESCED)
                  + "url = CASE WHEN url = '' THEN ? ELSE url END, "
@@ -79,10 +81,8 @@ def _insert_audio(db: Backend, rows: list[tuple[Any, ...]]) -> None:
     keep = tuple(i for i in range(len(_INSERTED)) if i not in nulls)
     sql = _INSERT_OF.get(keep)
     if sql is None:
-        if len(_INSERT_OF) >= 256:      # bounded: the sets of columns a crawl's rows leave unset are few
-            _INSERT_OF.clear()
-        sql = _INSERT_OF[keep] = (f"INSERT INTO audio({', '.join(_INSERTED[i] for i in keep)}) "
-                                  f"VALUES ({', '.join('?' * len(keep))})")
+        sql = _INSERT_OF.keep(keep, f"INSERT INTO audio({', '.join(_INSERTED[i] for i in keep)}) "
+                                    f"VALUES ({', '.join('?' * len(keep))})")
     db.executemany(sql, map(itemgetter(*keep), rows))
 
 
@@ -232,7 +232,7 @@ class _JsonText:
 
     def __init__(self) -> None:
         self._encoder: Callable[[Any, int], Sequence[str]] | None = None
-        self._known: dict[tuple[tuple[Any, Any], ...], str] = {}
+        self._known: Memo[tuple[tuple[Any, Any], ...], str] = Memo(self.CACHED, max_key=self.SMALL)
         self._reset()
 
     def _reset(self) -> None:
@@ -250,9 +250,7 @@ class _JsonText:
             if text is None:
                 text = self._encode(value)
                 if all(type(k) is str and type(v) is str for k, v in items):
-                    if len(self._known) >= self.CACHED:
-                        self._known.clear()
-                    self._known[items] = text
+                    self._known.keep(items, text)
             return text
         return self._encode(value)
 

@@ -631,7 +631,7 @@ def _inert_href(href: str) -> bool:
     return not href or (media.url_extension(href.strip()) not in _NAMED_EXTENSIONS and not stream_path_hint(href))
 
 
-_INERT_HREFS: Memo[bool] = Memo(10_000)
+_INERT_HREFS: Memo[str, bool] = Memo(10_000)
 
 
 def _has_data(attrs: Mapping[str, str | None]) -> bool:

@@ -111,7 +111,7 @@ def parse_duration(value: Any) -> float | None:
 
 # Durations by their text: a site spells a few hundred distinct ones ("3:30", "PT3M30S") over all its songs. 0.0 is
 # kept for a text that is none (a Memo keeps no None).
-_DURATIONS: Memo[float] = Memo(10_000)
+_DURATIONS: Memo[str, float] = Memo(10_000)
 
 
 def _duration_text(value: str) -> float | None:
@@ -412,7 +412,7 @@ def is_generic_link_text(text: str) -> bool:
     return known
 
 
-_GENERIC_TEXTS: Memo[bool] = Memo(10_000)
+_GENERIC_TEXTS: Memo[str, bool] = Memo(10_000)
 
 
 def _is_generic_text(text: str) -> bool:

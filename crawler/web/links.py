@@ -162,7 +162,7 @@ def stream_path_hint(href: str) -> bool:
     return known
 
 
-_HINTS: Memo[bool] = Memo(10_000)
+_HINTS: Memo[str, bool] = Memo(10_000)
 
 
 def count_links(tree: LexborHTMLParser) -> int:

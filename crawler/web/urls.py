@@ -494,7 +494,7 @@ def _plain_root_ref(ref: str) -> bool:
     return ref[:1] == "/" and "//" not in ref and "/." not in ref and not _unsafe_root_ref(ref)
 
 
-_PLAIN_ROOT_REFS: Memo[bool] = Memo(10_000)
+_PLAIN_ROOT_REFS: Memo[str, bool] = Memo(10_000)
 
 
 @functools.lru_cache(maxsize=1024)
