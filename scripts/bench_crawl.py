@@ -80,7 +80,7 @@ sys.path.insert(0, str(ROOT))
 
 from crawler.worker.config import SPEC as WORKER_SPEC
 from testkit import cluster, sitegen
-from testkit.trash import deleted_recently, empty_trash, throw_away
+from testkit.trash import deletion_note, empty_trash, throw_away
 
 PY = sys.executable
 NGINX_HINT = "apt-get install -y nginx-light"
@@ -690,9 +690,8 @@ def main(argv: list[str] | None = None) -> int:
     site = serve_site(out / f"site-{args.songs}", out / "server", args.server)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} before the runs (other work "
           "on the machine lowers pages/s more than CPU per page)")
-    if (ago := deleted_recently(out)) is not None:
-        print(f"note: old runs were deleted {ago:.0f} s ago: on an ext4 disk without a journal, files created in "
-              "the next minutes can cost more system time (testkit/trash.py)")
+    if (note := deletion_note(out)) is not None:
+        print(note)
     print(f"ours: {args.workers} workers, download_audio "
           f"{'false, then true' if args.download_audio else 'false'}, store_pages true, archive {args.archive}"
           + (f", {downloads_per_worker} downloads in flight per worker, fingerprints {args.identify}"

@@ -38,7 +38,6 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 CURL = "/usr/bin/curl"
 
-
 _CHILD = r"""
 import asyncio, json, resource, sys, time
 from pathlib import Path
@@ -117,13 +116,12 @@ run(main())
 def bench_small(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(REPO))
     from scripts import bench_crawl
-    from testkit.trash import deleted_recently, empty_trash, throw_away
+    from testkit.trash import deletion_note, empty_trash, throw_away
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if (ago := deleted_recently(out)) is not None:
-        print(f"note: old runs were deleted {ago:.0f} s ago: on an ext4 disk without a journal, files created in "
-              "the next minutes can cost more system time (testkit/trash.py)")
+    if (note := deletion_note(out)) is not None:
+        print(note)
     manifest = bench_crawl.prepare_site(out, args.songs)
     site = bench_crawl.serve_site(out / f"site-{args.songs}", out / "server-small", "auto")
     urls = [site.url + a.url for a in manifest.audio[:args.small]]

@@ -41,10 +41,13 @@ def empty_trash(out: Path) -> None:
         (trash / _EMPTIED).write_text(f"{time.time()}\n")
 
 
-def deleted_recently(out: Path) -> float | None:
-    """Seconds since the trash was last emptied, if that is within TRASH_AGE (the figures may carry the scan)."""
+def deletion_note(out: Path) -> str | None:
+    """A benchmark's note when the trash was emptied within TRASH_AGE (its figures may carry the scan), else None."""
     try:
         ago = time.time() - float((out / "trash" / _EMPTIED).read_text())
     except (OSError, ValueError):
         return None
-    return ago if ago < TRASH_AGE else None
+    if ago >= TRASH_AGE:
+        return None
+    return (f"note: old runs were deleted {ago:.0f} s ago: on an ext4 disk without a journal, files created in "
+            "the next minutes can cost more system time (testkit/trash.py)")

@@ -14,8 +14,8 @@ import av
 import numpy as np
 import numpy.typing as npt
 
-from crawler.identify.limits import MIN_SECONDS
 from crawler.identify.errors import IdentifyError
+from crawler.identify.limits import MIN_SECONDS
 
 RATE = 8000                 # Hz: the fingerprint looks at 150-3800 Hz; a low rate keeps the spectrogram cheap
 MAX_SECONDS = 30 * 60       # a long file (a podcast, a live set) is fingerprinted on its first half hour
