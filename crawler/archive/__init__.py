@@ -84,13 +84,6 @@ class Archive(Protocol):
         """A ``resource`` record (a rendered DOM, a screenshot); returns its id."""
         ...
 
-    def exchange_stored(self, ex: Exchange, target: str, fields: tuple[tuple[str, str], ...], *, now: float,
-                        sha256: str) -> tuple[str, str]:
-        """``exchange(ex)`` and then the ``metadata`` record about ``target`` of the file it stored (``fields``,
-        referring to its response, with ``ex``'s page and role); the ids of the response and the metadata record.
-        (The crawl's writer makes them one append: one write to its file and one to its index.)"""
-        ...
-
 
 class NoArchive:
     """Archiving off: nothing kept, nothing costs."""
@@ -105,10 +98,6 @@ class NoArchive:
     def resource(self, target: str, content_type: str, block: bytes, *, refers_to: str, page: str, role: str,
                  now: float) -> str:
         return ""
-
-    def exchange_stored(self, ex: Exchange, target: str, fields: tuple[tuple[str, str], ...], *, now: float,
-                        sha256: str) -> tuple[str, str]:
-        return "", ""
 
 
 NO_ARCHIVE = NoArchive()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import yarl
 
 from crawler.archive import Archive, Exchange
+from crawler.archive.writer import ArchiveWriter
 from crawler.http.http1 import Answer, sent_headers
 from crawler.http.recording import version_of
 
@@ -134,15 +135,16 @@ class Trail:
     async def settle_stored(self, target: str, *, path: str, sha256: str, size: int,
                             content_type: str | None) -> None:
         """``settle(sha256=sha256)`` then ``stored(...)``: a file stored from memory. The exchange waiting and
-        the metadata record go to the archive together (Archive.exchange_stored: the crawl's writer makes them one
-        append, one write to its file and one to its index instead of two each)."""
+        the metadata record go to the archive in one append when it can take them so (the crawl's writer: one
+        write to its file and one to its index instead of two each)."""
         sent = self._waiting
-        if sent is None or not sha256 or sent.pieces is not None:
+        archive = self._archive
+        if sent is None or not sha256 or sent.pieces is not None or not isinstance(archive, ArchiveWriter):
             await self.settle(sha256=sha256)
             self.stored(target, path=path, sha256=sha256, size=size, content_type=content_type)
             return
         self._waiting = None
-        self.last, _ = self._archive.exchange_stored(
+        self.last, _ = archive.exchange_stored(
             self._exchange(sent, digest=f"sha256:{sha256}"), target,
             stored_fields(path, sha256, size, content_type, self._page), now=self._clock(), sha256=sha256)
 

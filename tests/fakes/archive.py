@@ -22,12 +22,6 @@ class Collected:
         self.metadatas.append((target, fields, refers_to, page, role))
         return f"<urn:uuid:metadata-{len(self.metadatas)}>"
 
-    def exchange_stored(self, ex: Exchange, target: str, fields: tuple[tuple[str, str], ...], *, now: float,
-                        sha256: str) -> tuple[str, str]:
-        response = self.exchange(ex)
-        return response, self.metadata(target, fields, refers_to=response, page=ex.page, role=ex.role, now=now,
-                                       sha256=sha256)
-
     def resource(self, target: str, content_type: str, block: bytes, *, refers_to: str, page: str, role: str,
                  now: float) -> str:
         self.resources.append((target, content_type, block, refers_to, page, role))

@@ -104,12 +104,6 @@ class WarcArchive:
         return self._write(rec, kind="metadata", role=role, target=target, refers_to=refers_to, page=page,
                            sha256=sha256)
 
-    def exchange_stored(self, ex: Exchange, target: str, fields: tuple[tuple[str, str], ...], *, now: float,
-                        sha256: str) -> tuple[str, str]:
-        response = self.exchange(ex)
-        return response, self.metadata(target, fields, refers_to=response, page=ex.page, role=ex.role, now=now,
-                                       sha256=sha256)
-
     def resource(self, target: str, content_type: str, block: bytes, *, refers_to: str, page: str, role: str,
                  now: float) -> str:
         writer = WARCWriter(io.BytesIO(), gzip=True, warc_version="WARC/1.1")
