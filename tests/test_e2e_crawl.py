@@ -4,6 +4,7 @@ import asyncio
 import struct
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -172,3 +173,24 @@ async def test_pages_at_the_depth_limit_are_fetched_but_their_links_are_not_repo
     links_line = next(line for line in summary.splitlines() if "links reported" in line)
     home_links = int(links_line.split()[2])
     assert 0 < home_links <= home.count("href=")     # only the home page's links were reported
+
+
+async def test_a_finished_crawl_ends_without_waiting_for_the_next_heartbeat(site, tmp_path):
+    """The master holds a done crawl's end until a heartbeat after each worker's last report says no fingerprint
+    is pending. A worker left with nothing to do says so at once: with heartbeats a minute apart, the crawl
+    (its audio downloaded and fingerprinted) still ends as soon as it is done, not at the worker's next one."""
+    site_dir, manifest = site
+    async with await siteserver.start(site_dir) as server:
+        config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"],
+                                       crawl={"max_depth": manifest.max_depth + 3},
+                                       scheduling={"heartbeat_interval": 60.0, "heartbeat_timeout": 180.0,
+                                                   "lease_timeout": 300.0})
+        master = await cluster.start_master(config, tmp_path)
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path)
+        started = time.monotonic()
+        assert await master.wait(120) == 0, master.log()[-3000:]
+        took = time.monotonic() - started
+        assert await worker.wait(30) == 0
+    assert took < 40, f"the crawl ended {took:.1f} s after the worker started"
+    rows = cluster.catalogue(tmp_path)
+    assert len([r for r in rows if r["status"] == "ok"]) == len(manifest.audio)

@@ -75,6 +75,9 @@ REPORT_DELAY = 0.02
 ENDED_KEPT = 4096   # page requests whose outcome is remembered for tasks chained after them
 # How often the data dir is checked for free space, and, after a local fault, whether it can be written again.
 DISK_CHECK_INTERVAL = 1.0
+# A worker left with nothing to do after a report says so in a heartbeat at once (the master holds the end of a
+# crawl until a heartbeat after the last report says no fingerprint is pending), but at most this often.
+QUIET_HEARTBEAT_GAP = 0.05
 # A download no proxy could carry tries again after this long (a failed proxy's first backoff is 5 s).
 PROXY_WAIT = 2.0
 
@@ -1126,6 +1129,7 @@ class Session:
         self.last_heard = time.monotonic()
         self.timeout = max(3 * welcome.heartbeat_interval, 5.0)
         self.evidence_task: asyncio.Task[None] | None = None   # the master's evidence ask being answered
+        self.quiet = asyncio.Event()   # set: the worker went idle after a report; the heartbeat goes now
 
     async def open(self) -> None:
         """The master's first credit, or (the worker cannot take tasks) the fault and the credit held back."""
@@ -1198,8 +1202,16 @@ class Session:
                 conn.send_nowait(p.DownloadAsk(out.asks))
             if out.outcomes:
                 conn.send_bytes_nowait(_outcome_frames(list(out.outcomes), conn.max_frame))
+                self.reported()
         except (OSError, ConnectionError):
             ledger.unsent(out.outcomes)
+
+    def reported(self) -> None:
+        """After a report or outcomes went: a worker with nothing left to work on or send has its heartbeat
+        go now rather than at the next interval, so a crawl that is done ends without waiting for it."""
+        w = self.worker
+        if not w._running and self.results.empty() and not (w.fingerprints and w.fingerprints.backlog):
+            self.quiet.set()
 
     # ------------------------------------------------------------------ its tasks
     async def reader(self, tg: asyncio.TaskGroup) -> None:
@@ -1277,6 +1289,8 @@ class Session:
             await conn.send_bytes(frames)
             if pending:   # their outcomes may follow now
                 w._page_reported(pending)
+            if done:
+                self.reported()
 
     async def disk_watch(self) -> None:
         w, cfg = self.worker, self.worker.cfg
@@ -1303,8 +1317,15 @@ class Session:
             await asyncio.sleep(DISK_CHECK_INTERVAL)
 
     async def heartbeat(self) -> None:
+        interval = self.welcome.heartbeat_interval
+        gap = min(QUIET_HEARTBEAT_GAP, interval)
         while True:
-            await asyncio.sleep(self.welcome.heartbeat_interval)
+            await asyncio.sleep(gap)
+            try:
+                await asyncio.wait_for(self.quiet.wait(), interval - gap)
+            except TimeoutError:
+                pass
+            self.quiet.clear()
             if time.monotonic() - self.last_heard > self.timeout:
                 raise ConnectionClosed(f"master silent for {time.monotonic() - self.last_heard:.1f} s")
             # The leases still worked on, so the master renews them: a slow resolve keeps its page's.
