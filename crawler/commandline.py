@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from crawler import __version__
+from crawler import version
 from crawler.logs import reopen_logs
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -35,7 +35,15 @@ class OneLineGroup(click.Group):
 
 
 def version_option(prog: str) -> Callable[[_F], _F]:
-    return click.version_option(__version__, "--version", prog_name=prog, message="%(prog)s %(version)s")
+    """--version: "<prog> <version>", the version looked up only when asked (crawler.version)."""
+
+    def show(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+        if value and not ctx.resilient_parsing:
+            click.echo(f"{prog} {version()}")
+            ctx.exit()
+
+    return click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=show,
+                        help="Show the version and exit.")
 
 
 def daemon_signals(stop: Callable[[], None]) -> None:

@@ -494,9 +494,9 @@ def describe(index: Index, wanted: Sequence[str]) -> tuple[list[Chain], str]:
 
 
 def software() -> str:
-    from crawler import __version__
+    from crawler import version
 
-    return f"audio-crawler {__version__}"
+    return f"audio-crawler {version()}"
 
 
 def missing(chains: Sequence[Chain]) -> list[str]:

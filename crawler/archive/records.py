@@ -50,7 +50,7 @@ from http import HTTPStatus
 
 from isal import isal_zlib
 
-from crawler import __version__
+from crawler import version
 from crawler.archive import Exchange, Headers
 from crawler.web.memo import Memo
 
@@ -204,7 +204,7 @@ class Maker:
 
     def warcinfo(self, filename: str, now: float, fields: Sequence[tuple[str, str]] = ()) -> Built:
         """A file's first record: what wrote it, and in which format."""
-        info = [("software", f"audio-crawler/{__version__}"), ("format", "WARC File Format 1.1"),
+        info = [("software", f"audio-crawler/{version()}"), ("format", "WARC File Format 1.1"),
                 ("conformsTo", "https://iipc.github.io/warc-specifications/specifications/warc-format/warc-1.1/"),
                 *fields]
         block = b"".join(_name(k.encode()) + b": " + _value(v.encode("utf-8", "surrogatepass")) + b"\r\n"
