@@ -178,6 +178,7 @@ class Master:
         self.port: int | None = None
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()       # something may be sendable now: the dispatcher runs
+        self._maybe_done = asyncio.Event()   # nothing is leased: the housekeeping looks now if the crawl is done
         self._sleep_until = math.inf        # when the dispatcher wakes by itself (a politeness gate opens)
         self._turn = 0                      # which session dispatch starts from: rotates, see _dispatch_all
         self._done = False
@@ -690,7 +691,11 @@ class Master:
         """Commits and the slow checks, on their own cadence, off the dispatch path."""
         last_snapshot = time.monotonic()
         while True:
-            await asyncio.sleep(COMMIT_INTERVAL)
+            try:   # a crawl that may be done is looked at now, not at the next round
+                await asyncio.wait_for(self._maybe_done.wait(), COMMIT_INTERVAL)
+            except TimeoutError:
+                pass
+            self._maybe_done.clear()
             now = self.clock()
             self.crawl.expire(now)
             self.crawl.expire_away(now)
@@ -993,8 +998,12 @@ class Master:
                     s.fingerprints_in = msg.fingerprint_backlog == 0
                     if msg.leases:   # the work in progress at the worker keeps its leases
                         self.crawl.renew(s.node, msg.leases, s.last_seen)
+                    elif s.fingerprints_in and not self.crawl.leases:
+                        self._maybe_done.set()
                     continue
                 if isinstance(msg, p.Report):
+                    if not self.crawl.leases:
+                        self._maybe_done.set()
                     self._dispatch_all()     # its links may route to any node
                     # A frame already in the buffer is read without a pause: the other connections, the
                     # dispatcher and the timers get their turn between reports.
