@@ -96,6 +96,7 @@ class Usage:
     rc: int
     cpu_s: float          # user + system
     peak_rss_mb: float    # the process's high-water mark
+    system_s: float = 0.0   # of cpu_s, in the kernel (system calls: sockets, files)
 
 
 def _vm_hwm_kib(pid: int) -> int | None:
@@ -143,7 +144,7 @@ class Child:
         _, status, ru = os.wait4(self.pid, 0)
         rc = os.waitstatus_to_exitcode(status)
         self.popen.returncode = rc   # reaped here: Popen must not wait for it again
-        self.usage = Usage(self.name, rc, ru.ru_utime + ru.ru_stime, self._hwm_kib / 1024)
+        self.usage = Usage(self.name, rc, ru.ru_utime + ru.ru_stime, self._hwm_kib / 1024, ru.ru_stime)
         self._exited.set()
 
     def running(self) -> bool:
@@ -600,7 +601,8 @@ def print_result(r: RunResult) -> None:
     if len(r.procs) > 1:
         for u in r.procs:
             print(f"  {'':<14}   {u.name:<8} CPU {1000 * u.cpu_s / max(r.pages, 1):5.2f} ms/page "
-                  f"({u.cpu_s:.1f} s, {100 * u.cpu_s / r.elapsed:3.0f}% of a core)   peak RSS {u.peak_rss_mb:5.0f} MB")
+                  f"({u.cpu_s:.1f} s, {100 * u.cpu_s / r.elapsed:3.0f}% of a core, "
+                  f"{100 * u.system_s / max(u.cpu_s, 1e-9):2.0f}% in the kernel)   peak RSS {u.peak_rss_mb:5.0f} MB")
     if r.files is not None:
         print(f"  {'':<14}   {r.files} audio files stored, {r.file_bytes / 1e6:.1f} MB: {r.files_per_s:.0f} files/s, "
               f"{r.mb_per_s:.1f} MB/s")

@@ -71,11 +71,18 @@ async def test_full_disk_stops_the_worker_not_the_urls_and_it_resumes_when_space
         small = await cluster.start_worker(addr, "small", tmp_path, config=wcfg)
         await cluster.until(lambda: "stops taking tasks" in small.log(), 90, "the small worker's disk to fill")
         await cluster.until(lambda: "cannot store what it fetches" in master.log(), 30, "the master to hear of it")
+        # The rest of the crawl waits for the small worker to come back: on a loaded machine the big one could
+        # otherwise finish it first, and the small one would find nothing left to fetch.
+        r = await master_cmd_async(config, "pause")
+        assert r.returncode == 0 and "applied by the running master" in r.stdout, r
         fetched_at_fault = len(cluster.pages_of(tmp_path, "small"))
         # Space comes back (a bigger tmpfs): the worker finds out by itself and takes work again.
         await asyncio.to_thread(subprocess.run, ["mount", "-o", "remount,size=64m", str(tiny_disk)], check=True)
         await cluster.until(lambda: "can store again" in small.log(), 30, "the small worker to resume")
         await cluster.until(lambda: "worker small can store again" in master.log(), 30, "the master to hear of it")
+        assert states(config)["queued"] > 0, "nothing left for the small worker: the test proves nothing"
+        r = await master_cmd_async(config, "resume")
+        assert r.returncode == 0 and "applied by the running master" in r.stdout, r
         await cluster.until(lambda: len(cluster.pages_of(tmp_path, "small")) > fetched_at_fault, 60,
                             "the small worker to fetch pages again")
         assert await master.wait(240) == 0, master.log()[-3000:]
