@@ -721,7 +721,7 @@ class Worker:
             action = page_plan.decide(answer, where)
             if isinstance(action, page_plan.Check):
                 refused = await self._too_complex(page.body)
-                action = page_plan.decide(replace(answer, checked=True, refused=refused), where)
+                action = page_plan.decide(page_plan.checked(answer, refused), where)
                 if refused and isinstance(action, page_plan.Report):
                     self.stats.refused[refused.split(":", 1)[0]] += 1
             # Every page fetch is archived; the HTML pages parsed are the stored ones (pages/index.tsv).
