@@ -1,6 +1,6 @@
 """The records that cross module and process boundaries: audio items and client identities.
 
-They are frozen records (an audio item and its client identity msgspec Structs, a link's names a dataclass)
+They are frozen records (msgspec Structs: an audio item, its client identity, a link's names)
 whose field types carry the limits every copy of them must keep (string lengths, number ranges, map sizes, as
 msgspec.Meta): this is their one definition. protocol.py decodes them from the wire with those limits checked by
 msgspec, the master's store makes its columns from the same fields (AUDIO_FIELD_KINDS), and
@@ -12,7 +12,6 @@ from __future__ import annotations
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import msgspec
@@ -183,17 +182,17 @@ class AudioItem(msgspec.Struct, frozen=True):
         return d
 
 
-@dataclass(frozen=True, slots=True)
-class LinkMeta:
+class LinkMeta(msgspec.Struct, frozen=True):
     """What a page says about one of its links that may lead to audio without saying so (a playlist, a stream
     named like a page): the song's names, and the page's layer each came from (meta_source, as an item's). It
     travels with the link to the link's own task (protocol.Result.link_meta, Task.link_meta), so the audio found
-    there is named without fetching the page again."""
+    there is named without fetching the page again. A Struct, as an item is (it was a frozen dataclass, which
+    encodes the same): made for such links on every page, and decoded from every report and task that has one."""
 
     title: Name | None = None
     artist: Name | None = None
     album: Name | None = None
-    meta_source: Annotated[dict[Name, Name], Meta(max_length=3)] = field(default_factory=dict)
+    meta_source: Annotated[dict[Name, Name], Meta(max_length=3)] = msgspec.field(default_factory=dict)
 
 
 LINK_META_FIELDS = ("title", "artist", "album")

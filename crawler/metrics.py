@@ -60,6 +60,8 @@ URL_STATES = ("queued", "leased", "done", "failed", "discarded")
 
 # Lag buckets: a healthy loop fires within a millisecond; a page parse is a few; a blocked loop is seconds.
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+PAGE_OUTCOMES = ("done", "error", "retry")      # protocol.DONE, ERROR, RETRY: a page task's outcomes
+_MAX_STATUSES = 16     # audio statuses whose counter is kept at hand (there are four)
 FETCH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # The probe's period. A block of the loop longer than this is seen at no less than its length minus the period, so
 # the worst lag bounds the longest block from below within 50 ms; 20 wake-ups a second cost nothing measurable.
@@ -213,9 +215,14 @@ class WorkerMetrics:
                                        ["node"], buckets=FETCH_BUCKETS, registry=r).labels(node)
         self.lag = LoopLag(_lag_histogram(r))
         # Children by label value, looked up once: these are counted on every task.
-        self.pages_by_outcome = {o: self.pages.labels(node, o) for o in ("done", "error", "retry")}
+        self.pages_by_outcome = {o: self.pages.labels(node, o) for o in PAGE_OUTCOMES}
         self.page_bytes = self.download_bytes.labels(node, "page")
         self.audio_bytes = self.download_bytes.labels(node, "audio")
+        self._audio_by_status: dict[str, Counter] = {}
+        # A task's page is counted in plain integers (count_page), added to the counters when they are read
+        # (render): a counter's inc takes a lock, twice a page.
+        self._pages_due = dict.fromkeys(PAGE_OUTCOMES, 0)
+        self._page_bytes_due = 0
         self.fingerprint_backlog = Gauge("crawler_fingerprint_backlog", "Stored audio files waiting for this "
                                          "worker's fingerprint pool", ["node"], registry=r).labels(node)
         self.fingerprints = Counter("crawler_fingerprints", "Stored audio files through the fingerprint pool, by "
@@ -226,7 +233,34 @@ class WorkerMetrics:
         """crawler_proxy_*_total{proxy}, from the egress's counters (crawler/http/egress.py)."""
         self.registry.register(_ProxyCollector(lambda: [(None, snapshot())]))
 
+    def count_page(self, outcome: str, size: int | None) -> None:
+        """One task's page: its outcome (one of PAGE_OUTCOMES) and the bytes of its body."""
+        self._pages_due[outcome] += 1
+        if size:
+            self._page_bytes_due += size
+
+    def count_audio(self, status: str) -> None:
+        """One audio item of this status (an item found, or a download's outcome)."""
+        child = self._audio_by_status.get(status)
+        if child is None:
+            child = self.audio.labels(self.node, status)
+            if len(self._audio_by_status) < _MAX_STATUSES:
+                self._audio_by_status[status] = child
+        child.inc()
+
+    def _settle(self) -> None:
+        """The pages counted since the last read, into their counters."""
+        due = self._pages_due
+        for outcome, n in due.items():
+            if n:
+                self.pages_by_outcome[outcome].inc(n)
+                due[outcome] = 0
+        if self._page_bytes_due:
+            self.page_bytes.inc(self._page_bytes_due)
+            self._page_bytes_due = 0
+
     def render(self) -> bytes:
+        self._settle()
         return generate_latest(self.registry)
 
 

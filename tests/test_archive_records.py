@@ -7,10 +7,10 @@ import io
 import subprocess
 import sys
 import uuid
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 from warcio.archiveiterator import ArchiveIterator
 
 from crawler.archive import Exchange

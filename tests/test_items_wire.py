@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from crawler import protocol as p
-from crawler.items import AUDIO_FIELD_KINDS, AudioItem, RequestIdentity
+from crawler.items import AUDIO_FIELD_KINDS, AudioItem, LinkMeta, RequestIdentity
 
 FULL = AudioItem("http://a/x.mp3", "http://a/p", "T", "Ar", "Al", 12.5, 128, "D", "http://a/c.jpg", "failed",
               "gone", "kugou", "h1", RequestIdentity("UA", (("Referer", "http://a/"),), (("k", "v"),), "px1"),
@@ -141,3 +141,51 @@ def test_equality_and_hashing_as_before():
     ident = RequestIdentity("UA", (("a", "b"),))
     assert hash(ident) == hash(RequestIdentity("UA", (("a", "b"),)))
     assert ident != msgspec.structs.replace(ident, exit="x")
+
+
+# LinkMeta became a Struct too (it was a frozen dataclass): these bytes were made by the dataclass version
+# (commit f6435e0), alone, with its defaults, as JSON (the master's store), in a Report and in an Assign frame.
+NAMED = LinkMeta("Blue Moon", "Ann", "Al", {"title": "heading", "artist": "class", "album": "jsonld"})
+NAMED_MSGPACK = bytes.fromhex(
+    "84a57469746c65a9426c7565204d6f6f6ea6617274697374a3416e6ea5616c62756da2416cab6d6574615f736f7572636583a5"
+    "7469746c65a768656164696e67a6617274697374a5636c617373a5616c62756da66a736f6e6c64")
+UNNAMED_MSGPACK = bytes.fromhex("84a57469746c65c0a6617274697374c0a5616c62756dc0ab6d6574615f736f7572636580")
+NAMED_JSON = (b'{"title":"Blue Moon","artist":"Ann","album":"Al","meta_source":{"title":"heading","artist":"class",'
+              b'"album":"jsonld"}}')
+NAMED_REPORT = bytes.fromhex(
+    "000000999207919f01a9687474703a2f2f612fa4646f6e65c0c0c0c0c091ae687474703a2f2f612f782e6d3375900090c09091"
+    "92ae687474703a2f2f612f782e6d337584a57469746c65a9426c7565204d6f6f6ea6617274697374a3416e6ea5616c62756da2"
+    "416cab6d6574615f736f7572636583a57469746c65a768656164696e67a6617274697374a5636c617373a5616c62756da66a73"
+    "6f6e6c64")
+NAMED_ASSIGN = bytes.fromhex(
+    "000000779206919703aa687474703a2f2f612f7802a9687474703a2f2f612fc0c084a57469746c65a9426c7565204d6f6f6ea6"
+    "617274697374a3416e6ea5616c62756da2416cab6d6574615f736f7572636583a57469746c65a768656164696e67a661727469"
+    "7374a5636c617373a5616c62756da66a736f6e6c64")
+
+
+def test_link_meta_encodes_as_the_dataclass_did():
+    assert msgspec.msgpack.encode(NAMED) == NAMED_MSGPACK
+    assert msgspec.msgpack.encode(LinkMeta()) == UNNAMED_MSGPACK
+    assert msgspec.json.encode(NAMED) == NAMED_JSON
+    report = p.Report((p.Result(1, "http://a/", p.DONE, links=("http://a/x.m3u",),
+                                link_meta=(("http://a/x.m3u", NAMED),)),))
+    assert p.encode(report) == NAMED_REPORT
+    assert p.encode(p.Assign((p.Task(3, "http://a/x", 2, "http://a/", None, None, NAMED),))) == NAMED_ASSIGN
+
+
+def test_link_meta_decodes_and_refuses_as_the_dataclass_did():
+    assert msgspec.json.decode(NAMED_JSON, type=LinkMeta) == NAMED
+    task = p.decode_payload(NAMED_ASSIGN[p.HEADER_SIZE:])
+    assert isinstance(task, p.Assign) and task.tasks[0].link_meta == NAMED
+    assert msgspec.json.decode(b'{"zzz": 1}', type=LinkMeta) == LinkMeta()     # unknown keys ignored
+    for bad, why in ((b'{"title": "' + b"x" * 2000 + b'"}', "Expected `str` of length <= 1024 - at `$.title`"),
+                     (b'{"meta_source": {"a": "b", "c": "d", "e": "f", "g": "h"}}',
+                      "Expected `object` of length <= 3 - at `$.meta_source`"),
+                     (b'{"title": 3}', "Expected `str | null`, got `int` - at `$.title`")):
+        with pytest.raises(msgspec.ValidationError) as e:
+            msgspec.json.decode(bad, type=LinkMeta)
+        assert str(e.value) == why
+    with pytest.raises(TypeError):     # its dict field: unhashable, as the frozen dataclass was
+        hash(NAMED)
+    with pytest.raises(AttributeError):
+        NAMED.title = "x"  # type: ignore[misc]

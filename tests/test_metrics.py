@@ -111,3 +111,22 @@ def test_the_matches_counter_follows_the_stores_count():
     m.count_matches(2)     # a removed work took matches away: a counter never goes down
     m.count_matches(5)
     assert b"crawler_matches_total 5.0" in m.render()
+
+
+def test_a_workers_pages_and_audio_are_counted_as_they_come_and_read_in_full():
+    worker = WorkerMetrics("w1")
+    for outcome, size in (("done", 1000), ("done", None), ("retry", 0), ("error", 24)):
+        worker.count_page(outcome, size)
+    for status in ("ok", "ok", "failed"):
+        worker.count_audio(status)
+    text = worker.render().decode()
+    assert 'crawler_pages_total{node="w1",outcome="done"} 2.0' in text
+    assert 'crawler_pages_total{node="w1",outcome="retry"} 1.0' in text
+    assert 'crawler_pages_total{node="w1",outcome="error"} 1.0' in text
+    assert 'crawler_download_bytes_total{kind="page",node="w1"} 1024.0' in text
+    assert 'crawler_audio_items_total{node="w1",status="ok"} 2.0' in text
+    assert 'crawler_audio_items_total{node="w1",status="failed"} 1.0' in text
+    worker.count_page("done", 1)     # counted after a read: the next read has it, once
+    text = worker.render().decode()
+    assert 'crawler_pages_total{node="w1",outcome="done"} 3.0' in text
+    assert 'crawler_download_bytes_total{kind="page",node="w1"} 1025.0' in text

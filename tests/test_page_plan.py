@@ -6,8 +6,6 @@ show the same decisions carried out against real sites; these show every row on 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from crawler import protocol as p
@@ -19,6 +17,7 @@ from crawler.worker.page_plan import (
     Redirect,
     Report,
     Unchanged,
+    checked,
     decide,
     depth,
 )
@@ -70,9 +69,10 @@ def test_other_4xx_are_the_pages_answer(status):
 def test_html_is_checked_before_it_is_parsed_and_refused_when_its_markup_is_too_much():
     answer = Answer(200, PAGE, html=True)
     assert decide(answer, BELOW) == Check()
-    assert decide(replace(answer, checked=True), BELOW) == Parse()
+    assert decide(checked(answer, None), BELOW) == Parse()
     refused = "page too complex: more than 1000 tags"
-    assert decide(replace(answer, checked=True, refused=refused), BELOW) == Report(p.ERROR, refused)
+    assert decide(checked(answer, refused), BELOW) == Report(p.ERROR, refused)
+    assert checked(answer, refused) == Answer(200, PAGE, html=True, checked=True, refused=refused)
 
 
 @pytest.mark.parametrize("status", [200, 203, 206, 300, 305])

@@ -20,15 +20,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
+
 Headers = tuple[tuple[bytes, bytes], ...]
 
 # What an exchange was for; kept in each record (``WARC-Crawler-Role``) and in the index, so a chain can be read back.
 ROLES = ("page", "robots", "api", "playlist", "audio", "segment", "browser")
 
 
-@dataclass(frozen=True, slots=True)
-class Exchange:
-    """One HTTP request and its answer, as the node sent and read them."""
+class Exchange(msgspec.Struct, frozen=True):
+    """One HTTP request and its answer, as the node sent and read them. A Struct, not a frozen dataclass: one is
+    made for every page fetched, and a frozen dataclass sets each of its 15 fields through object.__setattr__
+    (2 us, against 0.3)."""
 
     role: str                     # one of ROLES
     method: str

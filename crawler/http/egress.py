@@ -17,13 +17,13 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
 from crawler.http.proxies import MAX_PROXIES, Proxy
+from crawler.http.scoped import Scoped
 
 BACKOFF_FIRST = 5.0
 BACKOFF_MAX = 300.0
@@ -45,25 +45,14 @@ def current_pin() -> str | None:
     return _PIN.get()
 
 
-@contextmanager
-def pinned(label: str | None) -> Iterator[None]:
+def pinned(label: str | None) -> Scoped[str | None]:
     """Requests made inside go through the proxy of this label while it applies to them and is healthy."""
-    token = _PIN.set(label)
-    try:
-        yield
-    finally:
-        _PIN.reset(token)
+    return Scoped(_PIN, label)
 
 
-@contextmanager
-def exits_used() -> Iterator[list[Proxy]]:
+def exits_used() -> Scoped[list[Proxy]]:
     """The proxies the requests made inside went through, the last one last (at most a few kept)."""
-    used: list[Proxy] = []
-    token = _USED.set(used)
-    try:
-        yield used
-    finally:
-        _USED.reset(token)
+    return Scoped(_USED, [])
 
 
 def note_exit(proxy: Proxy) -> None:

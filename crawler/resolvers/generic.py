@@ -440,13 +440,14 @@ _CANDIDATES = ("script, a[href], area[href], audio, source, embed, object, param
 _DATA_ATTRIBUTE = re.compile(rb"data-([A-Za-z0-9_:.-]+)\s*=")
 _BEFORE_ATTRIBUTE = frozenset(b" \t\n\r\f\v\"'/")
 _CSS_NAME = re.compile(r"[a-z0-9_-]+")
+_META_DATA_NAMES = frozenset(a[5:] for a in _META_DATA_ATTRS)     # their names after "data-"
 
 
 def _candidates(tree: LexborHTMLParser, body: bytes) -> list[LexborNode]:
     """The elements that can name audio, in document order, found by lexbor rather than a walk in Python."""
     names = {m.group(1).decode("ascii").lower() for m in _DATA_ATTRIBUTE.finditer(body)
              if m.start() and body[m.start() - 1] in _BEFORE_ATTRIBUTE}
-    names -= {a[5:] for a in _META_DATA_ATTRS}
+    names -= _META_DATA_NAMES
     if not all(_CSS_NAME.fullmatch(n) for n in names):
         # A name a selector cannot spell: walk every element.
         return [n for n in tree.root.traverse()] if tree.root is not None else []

@@ -660,14 +660,13 @@ class Worker:
 
     def _count(self, result: p.Result) -> None:
         m = self.metrics
-        m.pages_by_outcome[result.status].inc()
+        m.count_page(result.status, result.size)
         if result.size:
-            m.page_bytes.inc(result.size)
             self.stats.bytes += result.size
         for a in result.audio:
             if a.status == it.PENDING:
                 continue   # counted when its download ends (_ended_download)
-            m.audio.labels(self.cfg.id, a.status).inc()
+            m.count_audio(a.status)
             if a.sha256 and a.size and "stored_on" not in a.extra:
                 m.audio_bytes.inc(a.size)
                 self.stats.bytes += a.size
@@ -721,7 +720,7 @@ class Worker:
             action = page_plan.decide(answer, where)
             if isinstance(action, page_plan.Check):
                 refused = await self._too_complex(page.body)
-                action = page_plan.decide(replace(answer, checked=True, refused=refused), where)
+                action = page_plan.decide(page_plan.checked(answer, refused), where)
                 if refused and isinstance(action, page_plan.Report):
                     self.stats.refused[refused.split(":", 1)[0]] += 1
             # Every page fetch is archived; the HTML pages parsed are the stored ones (pages/index.tsv).
@@ -1053,7 +1052,7 @@ class Worker:
 
     def _ended_download(self, key: Key, done: it.AudioItem) -> None:
         done, at = self.ledger.ended(key, done, _now())
-        self.metrics.audio.labels(self.cfg.id, done.status).inc()
+        self.metrics.count_audio(done.status)
         if done.sha256 and done.size and "stored_on" not in done.extra:
             self.metrics.audio_bytes.inc(done.size)
             self.stats.bytes += done.size
