@@ -201,6 +201,10 @@ class Backend:
     def columns(self, table: str) -> set[str]:
         raise NotImplementedError
 
+    def unique_keys(self, table: str) -> dict[str, tuple[str, ...]]:
+        """The table's UNIQUE constraints: name -> its columns, in order."""
+        raise NotImplementedError
+
     def schema_version(self) -> int | None:
         """The schema version of our database, None for an empty one; StoreError for anything else."""
         raise NotImplementedError
@@ -336,6 +340,11 @@ class SqliteBackend(Backend):
 
     def columns(self, table: str) -> set[str]:
         return {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+
+    def unique_keys(self, table: str) -> dict[str, tuple[str, ...]]:
+        return {name: tuple(r[2] for r in sorted(self.db.execute(f"PRAGMA index_info('{name}')")))
+                for _, name, unique, origin, *_ in self.db.execute(f"PRAGMA index_list({table})")
+                if unique and origin == "u"}
 
     def schema_version(self) -> int | None:
         try:
@@ -500,6 +509,16 @@ class PostgresBackend(Backend):
         return {r[0] for r in self.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
             "AND table_name = ?", (table,))}
+
+    def unique_keys(self, table: str) -> dict[str, tuple[str, ...]]:
+        out: dict[str, tuple[str, ...]] = {}
+        for name, column in self.execute(
+                "SELECT c.conname, a.attname FROM pg_constraint c "
+                "CROSS JOIN LATERAL unnest(c.conkey) WITH ORDINALITY AS k(attnum, n) "
+                "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum "
+                "WHERE c.conrelid = to_regclass(?::text) AND c.contype = 'u' ORDER BY c.conname, k.n", (table,)):
+            out[name] = (*out.get(name, ()), column)
+        return out
 
     def schema_version(self) -> int | None:
         tables = {r[0] for r in self.execute(

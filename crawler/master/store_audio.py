@@ -45,10 +45,14 @@ _NOT_NULL = frozenset({"page", "url", "status"})
 # A repeat report of a known row fills only what the first one lacked; these are decided otherwise.
 _NOT_COALESCED = frozenset({"url", "page", "status", "reason", "node", "found_at", "extra", "last_seen", "changed_at",
                             "removed_at", "returned_at"})
+# The catalogue key, unique, page first: the items of a page are neighbours in its index, so a visit's new items
+# land on a leaf or two of it (led by the item key, each went to a leaf of its own, one more page for the commit
+# to write per item), and the same index finds a page's items (no index on page apart).
+AUDIO_KEY = ("page", "ukey")
 AUDIO_TABLE = ("CREATE TABLE audio (\n    id {AUTO_ID},\n    ukey TEXT NOT NULL,\n"
                 + "".join(f"    {c} {COLUMN_TYPES[c]}{' NOT NULL' if c in _NOT_NULL else ''},\n"
                           for c in AUDIO_COLUMNS)
-                + "    UNIQUE (ukey, page)\n);")
+                + f"    UNIQUE ({', '.join(AUDIO_KEY)})\n);")
 
 # A new row's id is given by the store (AudioCatalogue.next_id), so that the ids of what a report wrote are known
 # without reading them back. No ON CONFLICT: add_audio inserts only keys it found absent, and a row that met one
@@ -762,13 +766,14 @@ class AudioCatalogue:
 
     def chain_rows(self, wanted: Sequence[str], limit: int = 16) -> list[list[tuple[str | None, str, str]]]:
         """For each item (an audio URL, a page URL or a sha256): (node, page, audio URL) of its catalogue rows, at
-        most ``limit``: the nodes that reported it hold its chain in their archives. Indexed look-ups."""
+        most ``limit``, the first found first: the nodes that reported it hold its chain in their archives. Indexed
+        look-ups."""
         out = []
         for w in wanted:
             rows: dict[tuple[str | None, str, str], None] = {}
             for column in ("url", "page", "sha256"):
                 for node, page, url in self.core.db.fetchall(
-                        f"SELECT node, page, url FROM audio WHERE {column} = ? LIMIT ?", (w, limit)):
+                        f"SELECT node, page, url FROM audio WHERE {column} = ? ORDER BY id LIMIT ?", (w, limit)):
                     rows.setdefault((node, page, url), None)
             out.append(list(rows)[:limit])
         return out
