@@ -205,6 +205,10 @@ class Backend:
         """The table's UNIQUE constraints: name -> its columns, in order."""
         raise NotImplementedError
 
+    def indexes(self, table: str) -> set[str]:
+        """The names of the table's indexes."""
+        raise NotImplementedError
+
     def schema_version(self) -> int | None:
         """The schema version of our database, None for an empty one; StoreError for anything else."""
         raise NotImplementedError
@@ -345,6 +349,9 @@ class SqliteBackend(Backend):
         return {name: tuple(r[2] for r in sorted(self.db.execute(f"PRAGMA index_info('{name}')")))
                 for _, name, unique, origin, *_ in self.db.execute(f"PRAGMA index_list({table})")
                 if unique and origin == "u"}
+
+    def indexes(self, table: str) -> set[str]:
+        return {row[1] for row in self.db.execute(f"PRAGMA index_list({table})")}
 
     def schema_version(self) -> int | None:
         try:
@@ -519,6 +526,10 @@ class PostgresBackend(Backend):
                 "WHERE c.conrelid = to_regclass(?::text) AND c.contype = 'u' ORDER BY c.conname, k.n", (table,)):
             out[name] = (*out.get(name, ()), column)
         return out
+
+    def indexes(self, table: str) -> set[str]:
+        return {r[0] for r in self.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = ?", (table,))}
 
     def schema_version(self) -> int | None:
         tables = {r[0] for r in self.execute(

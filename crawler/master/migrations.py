@@ -101,7 +101,6 @@ CREATE TABLE pages (
 );
 CREATE INDEX frontier_pop ON url_state(node, depth, priority DESC, seq, slot) WHERE state = {QUEUED};
 CREATE INDEX leases ON url_state(node) WHERE state = {LEASED};
-CREATE INDEX refresh ON pages(last_crawl);
 -- Revisits (crawler/master/revisit.py): pages.next_visit says when a fetched page is due again, found through a
 -- partial index over the pages that have one (none while refresh is off; cleared when a page goes back in line);
 -- everything else a revisit needs lives in page_visits, one row per fetched page only (never for queued URLs).
@@ -291,6 +290,12 @@ def _open_layout(core: StoreCore) -> Layout:
         core.db.execute("COMMIT")
     if not core.readonly and not missing and AUDIO_KEY not in core.db.unique_keys("audio").values():
         _audio_key_by_page(core)
+    if not core.readonly and "refresh" in core.db.indexes("pages"):
+        # A store from before revisits were found through next_visit kept an index on pages(last_crawl) that
+        # nothing reads: one index less to write a page crawled.
+        core.db.begin()
+        core.db.execute("DROP INDEX IF EXISTS refresh")
+        core.db.execute("COMMIT")
     event_at = EVENT_AT if "returned_at" not in missing else "coalesce(removed_at, changed_at, found_at)"
     # A reader of an older store that it may not alter sees the missing columns as null.
     audio_select = ", ".join("NULL" if c in missing else c for c in AUDIO_COLUMNS)
