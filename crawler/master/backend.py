@@ -153,7 +153,8 @@ class Backend:
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
         raise NotImplementedError
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
+        """The statement once per row; returns how many rows the statements changed in all."""
         raise NotImplementedError
 
     def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
@@ -291,9 +292,9 @@ class SqliteBackend(Backend):
         except _SQLITE_ERRORS as e:
             raise self._wrap(e) from e
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
         try:
-            self.db.executemany(sql, rows)
+            return self.db.executemany(sql, rows).rowcount
         except _SQLITE_ERRORS as e:
             raise self._wrap(e) from e
 
@@ -472,13 +473,14 @@ class PostgresBackend(Backend):
         except self._pg.Error as e:
             raise self._wrap(e) from e
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
         rows = list(rows)
         if not rows:
-            return
+            return 0
         try:
             with self.db.cursor() as cur:
                 cur.executemany(self._q(sql), rows)
+                return int(cur.rowcount)      # of every row's statement (psycopg >= 3.1)
         except self._pg.Error as e:
             raise self._wrap(e) from e
 
