@@ -61,6 +61,8 @@ def audio_hint(url: str) -> int:
     if url.isascii():
         return 1 if _AUDIO_HINT_LOWER(url.lower()) else 0
     return 1 if _AUDIO_HINT.search(url) else 0
+
+
 # How many popped-but-not-yet-sendable entries (waiting on politeness or robots.txt) a node may hold in memory.
 HELD_CAP = 2048
 DISCARD_INVALID = "invalid"

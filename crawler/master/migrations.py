@@ -346,7 +346,7 @@ def _audio_key_by_page(core: StoreCore) -> None:
     db.execute("DROP INDEX IF EXISTS audio_page")
     db.execute("COMMIT")
     log.info("%s: the catalogue's key leads with the page now (%d items, %.1f s)", describe(core.location), n,
-                time.monotonic() - t0)
+             time.monotonic() - t0)
 
 
 def _robots_state(core: StoreCore) -> None:
