@@ -227,11 +227,11 @@ def count_sql(recorded: dict[str, list[Any]], args: argparse.Namespace) -> dict[
         counts["execute"] += 1
         return execute(self, sql, a)
 
-    def counted_executemany(self: Any, sql: str, rows: Any) -> None:
+    def counted_executemany(self: Any, sql: str, rows: Any) -> int:
         rows = list(rows)
         counts["executemany"] += 1
         counts["executemany rows"] += len(rows)
-        executemany(self, sql, rows)
+        return executemany(self, sql, rows)
 
     cls.execute, cls.executemany = counted_execute, counted_executemany   # type: ignore[method-assign]
     try:

@@ -184,6 +184,64 @@ def test_catalogue_keeps_meta_source_file_tags_and_new_fields_and_fills_gaps_on_
     assert got["extra"] == {}
 
 
+def _as_made_before(s):
+    """Give a store the catalogue key an earlier crawler made (item key first), its index on page apart, and the
+    index on pages(last_crawl)."""
+    from crawler.master.store_audio import AUDIO_COLUMNS, AUDIO_TABLE
+
+    s.commit()
+    db = s.db
+    db.begin()
+    if db.name == "postgresql":
+        db.execute("ALTER TABLE audio DROP CONSTRAINT audio_page_ukey_key")
+        db.execute("ALTER TABLE audio ADD UNIQUE (ukey, page)")
+    else:
+        names = ", ".join(("id", "ukey", *AUDIO_COLUMNS))
+        db.execute(db.ddl(AUDIO_TABLE.replace("UNIQUE (page, ukey)", "UNIQUE (ukey, page)")
+                          .replace("CREATE TABLE audio (", "CREATE TABLE old_audio (")))
+        db.execute(f"INSERT INTO old_audio({names}) SELECT {names} FROM audio")
+        db.execute("DROP TABLE audio")
+        db.execute("ALTER TABLE old_audio RENAME TO audio")
+        db.execute("CREATE INDEX audio_url ON audio(url)")
+    db.execute("CREATE INDEX audio_page ON audio(page)")
+    db.execute("CREATE INDEX refresh ON pages(last_crawl)")
+    db.execute("COMMIT")
+
+
+def test_a_store_from_before_gets_the_catalogue_key_page_first_and_loses_unread_indexes(store_location):
+    """A store from before the catalogue key led with the page: a reader leaves it as it is; the master's next
+    start makes the key again page first, with every item kept (ids, values) and the key as unique as before, and
+    drops the indexes nothing reads (on page apart, on pages(last_crawl))."""
+    with MasterStore(store_location) as s:
+        s.add_audio([{"url": f"http://a/{i}.mp3", "page": f"http://a/p{i % 3}", "title": f"T{i}", "found_at": 1.0}
+                     for i in range(7)])
+        s.push([("http://a/p0", 0, 0, "w1", None)])
+        s.pop("w1", 1, 1.0)
+        s.finish([PageOutcome("http://a/p0", "done", 200, None, "text/html", 5, None, "w1", 2.0)])
+        _as_made_before(s)
+        assert s.db.unique_keys("audio") and ("page", "ukey") not in s.db.unique_keys("audio").values()
+        before = sorted(map(tuple, s.db.execute("SELECT * FROM audio")))
+    with MasterStore.open_readonly(store_location) as r:
+        assert ("page", "ukey") not in r.db.unique_keys("audio").values()
+        assert {"audio_page", "refresh"} <= r.db.indexes("audio") | r.db.indexes("pages")
+        assert len(list(r.catalogue())) == 7
+    with MasterStore(store_location) as s:
+        assert list(s.db.unique_keys("audio").values()) == [("page", "ukey")]
+        assert not {"audio_page", "refresh"} & (s.db.indexes("audio") | s.db.indexes("pages"))
+        assert {"audio_sha", "audio_events", "audio_url"} <= s.db.indexes("audio")
+        assert url_info(s, "http://a/p0")["last_crawl"] == 2.0
+        assert sorted(map(tuple, s.db.execute("SELECT * FROM audio"))) == before
+        assert s.add_audio([{"url": "http://a/3.mp3", "page": "http://a/p0", "found_at": 2.0},
+                            {"url": "http://a/9.mp3", "page": "http://a/p0", "found_at": 2.0}]) == [False, True]
+        assert s.chain_rows(["http://a/p0"])[0] == [(None, "http://a/p0", f"http://a/{i}.mp3") for i in (0, 3, 6, 9)]
+        with pytest.raises(StoreError), s.atomic():
+            s.db.execute("INSERT INTO audio(id, ukey, url, page, status) VALUES (99, 'http://a/9.mp3', 'x', "
+                         "'http://a/p0', 'ok')")
+    with MasterStore(store_location) as s:       # once
+        assert list(s.db.unique_keys("audio").values()) == [("page", "ukey")]
+        assert len(list(s.catalogue())) == 8
+
+
 def test_a_store_from_before_the_new_fields_gains_their_columns(tmp_path):
     path = tmp_path / "m.db"
     old = MasterStore(path)

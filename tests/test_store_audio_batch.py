@@ -100,7 +100,12 @@ def catalogue_state(store: MasterStore) -> tuple[Any, ...]:
             store.audio.counts_by_status(), dict(store.audio._cycle))
 
 
-def test_set_wise_add_audio_writes_what_row_at_a_time_wrote(request, tmp_path, store_location):
+@pytest.mark.parametrize("guesses", ["as_set", "always", "never"])
+def test_set_wise_add_audio_writes_what_row_at_a_time_wrote(request, tmp_path, store_location, monkeypatch, guesses):
+    """Whether add_audio guesses that a run is new (inserting it, and deleting it again on a miss) or reads its
+    keys first, it writes the same: as the store is set (backing off after misses), at every run, at none."""
+    if guesses == "always":
+        monkeypatch.setattr(sa, "GUESS_BACKOFF", 0)
     if isinstance(store_location, str):
         ref_location: Any = request.getfixturevalue("pg").create_database(f"r{uuid.uuid4().hex[:12]}")
     else:
@@ -110,6 +115,8 @@ def test_set_wise_add_audio_writes_what_row_at_a_time_wrote(request, tmp_path, s
         for s in (new, ref):
             s.audio._cycle = {"start": 0.0, "first": False}    # count "new" too
         rnd = random.Random(11)
+        if guesses == "never":
+            new.audio._guess_in = 1 << 60
         for step in range(150):
             at = 1000.0 + step
             batch = [random_row(rnd, at) for _ in range(rnd.randrange(1, 14))]
@@ -134,6 +141,8 @@ def test_set_wise_add_audio_writes_what_row_at_a_time_wrote(request, tmp_path, s
                 ref.commit()
         assert catalogue_state(new) == catalogue_state(ref)
         assert len(catalogue_state(new)[1]) > 5 and sa.REMOVED in new.audio.counts_by_status()
+        ids = [r[0] for r in new.db.execute("SELECT id FROM audio ORDER BY id")]
+        assert ids == list(range(1, len(ids) + 1))         # a guess that missed gave its ids back
     finally:
         new.close()
         ref.close()

@@ -153,7 +153,8 @@ class Backend:
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
         raise NotImplementedError
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
+        """The statement once per row; returns how many rows the statements changed in all."""
         raise NotImplementedError
 
     def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
@@ -199,6 +200,14 @@ class Backend:
         raise NotImplementedError
 
     def columns(self, table: str) -> set[str]:
+        raise NotImplementedError
+
+    def unique_keys(self, table: str) -> dict[str, tuple[str, ...]]:
+        """The table's UNIQUE constraints: name -> its columns, in order."""
+        raise NotImplementedError
+
+    def indexes(self, table: str) -> set[str]:
+        """The names of the table's indexes."""
         raise NotImplementedError
 
     def schema_version(self) -> int | None:
@@ -283,9 +292,9 @@ class SqliteBackend(Backend):
         except _SQLITE_ERRORS as e:
             raise self._wrap(e) from e
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
         try:
-            self.db.executemany(sql, rows)
+            return self.db.executemany(sql, rows).rowcount
         except _SQLITE_ERRORS as e:
             raise self._wrap(e) from e
 
@@ -336,6 +345,14 @@ class SqliteBackend(Backend):
 
     def columns(self, table: str) -> set[str]:
         return {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+
+    def unique_keys(self, table: str) -> dict[str, tuple[str, ...]]:
+        return {name: tuple(r[2] for r in sorted(self.db.execute(f"PRAGMA index_info('{name}')")))
+                for _, name, unique, origin, *_ in self.db.execute(f"PRAGMA index_list({table})")
+                if unique and origin == "u"}
+
+    def indexes(self, table: str) -> set[str]:
+        return {row[1] for row in self.db.execute(f"PRAGMA index_list({table})")}
 
     def schema_version(self) -> int | None:
         try:
@@ -456,13 +473,14 @@ class PostgresBackend(Backend):
         except self._pg.Error as e:
             raise self._wrap(e) from e
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
         rows = list(rows)
         if not rows:
-            return
+            return 0
         try:
             with self.db.cursor() as cur:
                 cur.executemany(self._q(sql), rows)
+                return int(cur.rowcount)      # of every row's statement (psycopg >= 3.1)
         except self._pg.Error as e:
             raise self._wrap(e) from e
 
@@ -500,6 +518,20 @@ class PostgresBackend(Backend):
         return {r[0] for r in self.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
             "AND table_name = ?", (table,))}
+
+    def unique_keys(self, table: str) -> dict[str, tuple[str, ...]]:
+        out: dict[str, tuple[str, ...]] = {}
+        for name, column in self.execute(
+                "SELECT c.conname, a.attname FROM pg_constraint c "
+                "CROSS JOIN LATERAL unnest(c.conkey) WITH ORDINALITY AS k(attnum, n) "
+                "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum "
+                "WHERE c.conrelid = to_regclass(?::text) AND c.contype = 'u' ORDER BY c.conname, k.n", (table,)):
+            out[name] = (*out.get(name, ()), column)
+        return out
+
+    def indexes(self, table: str) -> set[str]:
+        return {r[0] for r in self.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = ?", (table,))}
 
     def schema_version(self) -> int | None:
         tables = {r[0] for r in self.execute(

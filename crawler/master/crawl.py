@@ -48,7 +48,21 @@ from crawler.web.urls import (
 log = logging.getLogger("crawler.master")
 
 # Pages whose address suggests audio are served first within a depth (the paper's priority within BFS).
-_AUDIO_HINT = re.compile(r"song|music|audio|track|album|playlist|special|mp3|listen|play", re.IGNORECASE)
+_HINT_WORDS = r"song|music|audio|track|album|playlist|special|mp3|listen|play"
+_AUDIO_HINT = re.compile(_HINT_WORDS, re.IGNORECASE)
+_AUDIO_HINT_LOWER = re.compile(_HINT_WORDS).search
+
+
+def audio_hint(url: str) -> int:
+    """The priority of a new URL: 1 when its address suggests audio (a hint word in any case), else 0. An ASCII
+    address (every normalised one but an IRI's) is searched lowercased: an ignore-case search tries each word at
+    each place in every case, 2.1 us against 0.4 for a link of the sitegen site. Beyond ASCII, case folds more
+    widely ("ſ" is an "s" to it), so such an address keeps the ignore-case search."""
+    if url.isascii():
+        return 1 if _AUDIO_HINT_LOWER(url.lower()) else 0
+    return 1 if _AUDIO_HINT.search(url) else 0
+
+
 # How many popped-but-not-yet-sendable entries (waiting on politeness or robots.txt) a node may hold in memory.
 HELD_CAP = 2048
 DISCARD_INVALID = "invalid"
@@ -653,7 +667,7 @@ class Crawl:
             if reason:
                 self.discards[reason] += 1
             else:
-                rows.append((u, depth, 1 if _AUDIO_HINT.search(u) else 0, parent))
+                rows.append((u, depth, audio_hint(u), parent))
         if not rows:
             return 0
         nodes = self.route([r[0] for r in rows])

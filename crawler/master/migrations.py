@@ -8,8 +8,10 @@ catalogue started (crawler/master/store.py builds its facade on them; the upgrad
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 from crawler.master.backend import SqliteBackend, StoreError, describe, is_postgres, open_backend, take_lock
 from crawler.master.store_audio import (
     AUDIO_COLUMNS,
+    AUDIO_KEY,
     AUDIO_TABLE,
     COLUMN_TYPES,
     EVENT_AT,
@@ -43,6 +46,8 @@ from crawler.master.store_identify import AUDIO_URL_INDEX, IDENTIFY_TABLES, MATC
 from crawler.master.store_identify import SCHEMA as IDENTIFY_SCHEMA
 from crawler.master.urlindex import SqlUrlIndex, url_hashes
 
+log = logging.getLogger(__name__)
+
 # 1: one row per URL with its text, a text index of keys. 2: compact rows keyed by a hash of host and URL.
 # 3: the layout described in crawler/master/store.py (row ids in arrival order, the URL index apart).
 SCHEMA_VERSION = 3
@@ -50,6 +55,9 @@ SCHEMA_VERSION = 3
 ROBOTS_REASON = "disallowed by robots.txt"
 # The meta key set once a store's robots-refused URLs (state ERROR before ROBOTS existed) moved to ROBOTS.
 _ROBOTS_STATE_META = "robots_state"
+
+_AUDIO_SHA_INDEX = "CREATE INDEX audio_sha ON audio(sha256) WHERE sha256 IS NOT NULL"
+_AUDIO_EVENTS_INDEX = f"CREATE INDEX audio_events ON audio(({EVENT_AT}), id)"
 
 SCHEMA = f"""
 CREATE TABLE meta (
@@ -93,7 +101,6 @@ CREATE TABLE pages (
 );
 CREATE INDEX frontier_pop ON url_state(node, depth, priority DESC, seq, slot) WHERE state = {QUEUED};
 CREATE INDEX leases ON url_state(node) WHERE state = {LEASED};
-CREATE INDEX refresh ON pages(last_crawl);
 -- Revisits (crawler/master/revisit.py): pages.next_visit says when a fetched page is due again, found through a
 -- partial index over the pages that have one (none while refresh is off; cleared when a page goes back in line);
 -- everything else a revisit needs lives in page_visits, one row per fetched page only (never for queued URLs).
@@ -139,9 +146,9 @@ CREATE TABLE node_stats (
     PRIMARY KEY (node, name)
 ) {{WITHOUT_ROWID}};
 {AUDIO_TABLE}
-CREATE INDEX audio_sha ON audio(sha256) WHERE sha256 IS NOT NULL;
--- The catalogue's history: the bytes an address served before it changed, and the page index that finds a
--- page's items when it is visited again.
+{_AUDIO_SHA_INDEX};
+-- The catalogue's history: the bytes an address served before it changed (a page's items, for its next visit, are
+-- found through the catalogue key, which leads with the page).
 CREATE TABLE audio_history (
     id          {{AUTO_ID}},
     audio_id    {{INT}} NOT NULL,        -- audio.id
@@ -152,8 +159,7 @@ CREATE TABLE audio_history (
 );
 CREATE INDEX audio_history_item ON audio_history(audio_id);
 {LIVE_TABLE};
-CREATE INDEX audio_page ON audio(page);
-CREATE INDEX audio_events ON audio(({EVENT_AT}), id);
+{_AUDIO_EVENTS_INDEX};
 {PENDING_TABLE};
 {REFS_TABLE};
 {LINK_META_TABLE};
@@ -282,6 +288,14 @@ def _open_layout(core: StoreCore) -> Layout:
         core.db.execute("DROP INDEX IF EXISTS audio_changes")
         core.db.execute(f"CREATE INDEX IF NOT EXISTS audio_events ON audio(({EVENT_AT}), id)")
         core.db.execute("COMMIT")
+    if not core.readonly and not missing and AUDIO_KEY not in core.db.unique_keys("audio").values():
+        _audio_key_by_page(core)
+    if not core.readonly and "refresh" in core.db.indexes("pages"):
+        # A store from before revisits were found through next_visit kept an index on pages(last_crawl) that
+        # nothing reads: one index less to write a page crawled.
+        core.db.begin()
+        core.db.execute("DROP INDEX IF EXISTS refresh")
+        core.db.execute("COMMIT")
     event_at = EVENT_AT if "returned_at" not in missing else "coalesce(removed_at, changed_at, found_at)"
     # A reader of an older store that it may not alter sees the missing columns as null.
     audio_select = ", ".join("NULL" if c in missing else c for c in AUDIO_COLUMNS)
@@ -302,6 +316,37 @@ def _matches_by_window(core: StoreCore) -> None:
     db.execute("ALTER TABLE matches_new RENAME TO matches")
     db.execute(MATCHES_TIME_INDEX)
     db.execute("COMMIT")
+
+
+def _audio_key_by_page(core: StoreCore) -> None:
+    """A store from before the catalogue key led with the page (UNIQUE (ukey, page), and an index on page apart):
+    the key is made again page first and the index on page goes, in one transaction. PostgreSQL swaps the
+    constraint in place; SQLite cannot drop a table's constraint, so the table is copied set-wise into one made
+    anew (its rows keep their ids), and its indexes made again. A table with a column this crawler does not
+    know is left as it is: its key works either way round."""
+    db = core.db
+    present = db.columns("audio")
+    if not present <= {"id", "ukey", *AUDIO_COLUMNS}:
+        return
+    t0, n = time.monotonic(), int(db.execute("SELECT count(*) FROM audio").fetchone()[0])
+    db.begin()
+    if is_postgres(core.location):
+        for name, columns in db.unique_keys("audio").items():
+            if sorted(columns) == sorted(AUDIO_KEY):
+                db.execute(f'ALTER TABLE audio DROP CONSTRAINT "{name}"')
+        db.execute(f"ALTER TABLE audio ADD UNIQUE ({', '.join(AUDIO_KEY)})")
+    else:
+        names = ", ".join(("id", "ukey", *AUDIO_COLUMNS))
+        db.execute(db.ddl(AUDIO_TABLE.replace("CREATE TABLE audio (", "CREATE TABLE audio_new (", 1)))
+        db.execute(f"INSERT INTO audio_new({names}) SELECT {names} FROM audio ORDER BY id")
+        db.execute("DROP TABLE audio")        # and its indexes, made again below
+        db.execute("ALTER TABLE audio_new RENAME TO audio")
+        for ddl in (_AUDIO_SHA_INDEX, _AUDIO_EVENTS_INDEX, AUDIO_URL_INDEX):
+            db.execute(ddl)
+    db.execute("DROP INDEX IF EXISTS audio_page")
+    db.execute("COMMIT")
+    log.info("%s: the catalogue's key leads with the page now (%d items, %.1f s)", describe(core.location), n,
+             time.monotonic() - t0)
 
 
 def _robots_state(core: StoreCore) -> None:

@@ -17,6 +17,9 @@ from crawler.master.store_core import CHUNK, LEASED, QUEUED, StoreCore, chunks, 
 from crawler.web.memo import Memo
 
 
+# The most runs of catalogue rows read before add_audio guesses again that a run is new (see _add_run).
+GUESS_BACKOFF = 64
+
 # The catalogue changes counted per refresh cycle.
 CHANGE_KINDS = ("new", "changed", "removed")
 
@@ -45,14 +48,18 @@ _NOT_NULL = frozenset({"page", "url", "status"})
 # A repeat report of a known row fills only what the first one lacked; these are decided otherwise.
 _NOT_COALESCED = frozenset({"url", "page", "status", "reason", "node", "found_at", "extra", "last_seen", "changed_at",
                             "removed_at", "returned_at"})
+# The catalogue key, unique, page first: the items of a page are neighbours in its index, so a visit's new items
+# land on a leaf or two of it (led by the item key, each went to a leaf of its own, one more page for the commit
+# to write per item), and the same index finds a page's items (no index on page apart).
+AUDIO_KEY = ("page", "ukey")
 AUDIO_TABLE = ("CREATE TABLE audio (\n    id {AUTO_ID},\n    ukey TEXT NOT NULL,\n"
                 + "".join(f"    {c} {COLUMN_TYPES[c]}{' NOT NULL' if c in _NOT_NULL else ''},\n"
                           for c in AUDIO_COLUMNS)
-                + "    UNIQUE (ukey, page)\n);")
+                + f"    UNIQUE ({', '.join(AUDIO_KEY)})\n);")
 
 # A new row's id is given by the store (AudioCatalogue.next_id), so that the ids of what a report wrote are known
 # without reading them back. No ON CONFLICT: add_audio inserts only keys it found absent, and a row that met one
-# after all would leave its id unused and wrong: it fails the report instead.
+# after all would leave its id unused and wrong: it fails the report instead (but see _insert_audio's `guess`).
 _INSERT_AUDIO = (f"INSERT INTO audio(id, ukey, {', '.join(AUDIO_COLUMNS)}) "
                  f"VALUES (?, ?{', ?' * len(AUDIO_COLUMNS)})")
 _INSERTED = ("id", "ukey", *AUDIO_COLUMNS)
@@ -70,20 +77,23 @@ _UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c
                  "WHERE id = ?")
 
 
-def _insert_audio(db: Backend, rows: list[tuple[Any, ...]]) -> None:
+def _insert_audio(db: Backend, rows: list[tuple[Any, ...]], *, guess: bool = False) -> int:
     """Insert new rows (values in _INSERTED order), leaving out the columns that none of them sets: a column
     not named is NULL all the same (the table gives none a default), and a row has some 18 of its 33 values
-    unset, whose binding (store_core.null_columns) was 5 of the 7 us an insert cost before its indexes."""
+    unset, whose binding (store_core.null_columns) was 5 of the 7 us an insert cost before its indexes.
+
+    guess: the rows' keys were not looked up (AudioCatalogue._add_run): a row whose key is known is not inserted
+    (ON CONFLICT DO NOTHING), and the caller compares the count returned, the rows inserted, with its rows."""
     nulls = null_columns(rows)
+    clause = " ON CONFLICT DO NOTHING" if guess else ""
     if not nulls:
-        db.executemany(_INSERT_AUDIO, rows)
-        return
+        return db.executemany(_INSERT_AUDIO + clause, rows)
     keep = tuple(i for i in range(len(_INSERTED)) if i not in nulls)
     sql = _INSERT_OF.get(keep)
     if sql is None:
         sql = _INSERT_OF.keep(keep, f"INSERT INTO audio({', '.join(_INSERTED[i] for i in keep)}) "
                                     f"VALUES ({', '.join('?' * len(keep))})")
-    db.executemany(sql, map(itemgetter(*keep), rows))
+    return db.executemany(sql + clause, map(itemgetter(*keep), rows))
 
 
 # The windows recorded of live streams (an item whose row says extra.live: a live HLS playlist, a dynamic DASH
@@ -300,6 +310,9 @@ class AudioCatalogue:
         # an atomic unit that fails forgets them all (restore). Bounded by one call's rows.
         self.next_id = 1
         self._ids: dict[tuple[str, str], int] = {}
+        # Runs of rows to read before the next guess that they are new (see _add_run), and the misses in a row.
+        self._guess_in = 0
+        self._misses = 0
         if not core.readonly:
             self._audio_counts = dict(core.db.execute("SELECT status, count(*) FROM audio GROUP BY status"))
             self._cycle = dict(core.get_meta("cycle", {}))
@@ -370,8 +383,31 @@ class AudioCatalogue:
         return out
 
     def _add_run(self, run: Mapping[tuple[str, str], dict[str, Any]], live: Collection[tuple[str, str]]) -> list[bool]:
-        """add_audio's rows of distinct keys: read what they meet, decide, write."""
-        found = self._audio_state(run)
+        """add_audio's rows of distinct keys: read what they meet, decide, write.
+
+        Most rows are new (a page's first visit), so a run is first inserted as if none of its keys were known,
+        each row doing nothing where its key is (_insert_audio's guess). When every row went in, that is what
+        reading their keys first decides (each row new, its id the next one), and the read is saved; when one
+        met a key, the rows just made are deleted (no other row has an id from next_id on) and the run is read
+        and decided as ever. After a guess that missed, the next runs are read at once, more of them after each
+        miss in a row (GUESS_BACKOFF at most): a revisit's items are all known."""
+        db = self.core.db
+        found: dict[tuple[str, str], tuple[int, str, str | None]] | None = None
+        if self._guess_in > 0:
+            self._guess_in -= 1
+        else:
+            first = self.next_id
+            guessed = [(first + i, key[0], *values.values()) for i, (key, values) in enumerate(run.items())]
+            if _insert_audio(db, guessed, guess=True) == len(guessed):
+                found = {}
+                self._misses = 0
+            else:
+                db.execute("DELETE FROM audio WHERE id >= ?", (first,))
+                self._misses = min(2 * self._misses + 1, GUESS_BACKOFF)
+                self._guess_in = self._misses
+        guessed_right = found is not None
+        if found is None:
+            found = self._audio_state(run)
         inserts: list[tuple[Any, ...]] = []
         changes: list[tuple[Any, ...]] = []
         repeats: list[tuple[Any, ...]] = []
@@ -386,7 +422,8 @@ class AudioCatalogue:
             if action == NEW:
                 ids[key] = self.next_id
                 self.next_id += 1
-                inserts.append((ids[key], key[0], *values.values()))
+                if not guessed_right:      # else the row is in, as `guessed` (the same id, the same values)
+                    inserts.append((ids[key], key[0], *values.values()))
             elif action == CHANGED:
                 ids[key] = found[key][0]
                 changes.append((values["sha256"], values["size"], values["path"], values["content_type"], at, at,
@@ -400,7 +437,6 @@ class AudioCatalogue:
             if event is not None:
                 self._note_change(event)
             out.append(action == NEW)
-        db = self.core.db
         if inserts:
             _insert_audio(db, inserts)
         if changes:
@@ -762,13 +798,14 @@ class AudioCatalogue:
 
     def chain_rows(self, wanted: Sequence[str], limit: int = 16) -> list[list[tuple[str | None, str, str]]]:
         """For each item (an audio URL, a page URL or a sha256): (node, page, audio URL) of its catalogue rows, at
-        most ``limit``: the nodes that reported it hold its chain in their archives. Indexed look-ups."""
+        most ``limit``, the first found first: the nodes that reported it hold its chain in their archives. Indexed
+        look-ups."""
         out = []
         for w in wanted:
             rows: dict[tuple[str | None, str, str], None] = {}
             for column in ("url", "page", "sha256"):
                 for node, page, url in self.core.db.fetchall(
-                        f"SELECT node, page, url FROM audio WHERE {column} = ? LIMIT ?", (w, limit)):
+                        f"SELECT node, page, url FROM audio WHERE {column} = ? ORDER BY id LIMIT ?", (w, limit)):
                     rows.setdefault((node, page, url), None)
             out.append(list(rows)[:limit])
         return out
