@@ -359,3 +359,48 @@ def test_a_late_fingerprint_of_an_outcome_a_page_report_carries_waits_for_that_r
     assert ledger.flush().outcomes == ()
     assert ledger.reported([key], 3.0) is not None
     assert [o.fingerprint for _, o in ledger.flush().outcomes] == [b"fp"]
+
+
+_SCRIPT = '''
+import asyncio, sys
+from pathlib import Path
+
+if __name__ == "__mp_main__":     # this program imported again, in a pool process
+    Path(sys.argv[1]).write_text("imported again")
+
+from crawler.worker.fingerprints import FingerprintPool
+from tests.fakes.fingerprinter import fake_fingerprint
+
+
+async def main():
+    pool = FingerprintPool(fake_fingerprint, processes=1)
+    try:
+        pool.start()
+        print((await asyncio.wait_for(pool.submit("k", Path(sys.argv[2])), 60)).hex())
+    finally:
+        pool.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+'''
+
+
+def test_a_pool_process_does_not_import_the_program_that_started_it_again(tmp_path):
+    """The worker runs as a script (the crawler-worker console script), which a spawned process imports again
+    before anything else, and with it the whole crawler: the pool's processes start without it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    program = tmp_path / "program.py"
+    program.write_text(_SCRIPT)
+    marker = tmp_path / "marker"
+    audio = _file(tmp_path, "a.mp3", b"audio")
+    repo = str(Path(__file__).resolve().parent.parent)
+    r = subprocess.run([sys.executable, str(program), str(marker), str(audio)], capture_output=True, text=True,
+                       timeout=120, cwd=repo, env=dict(os.environ, PYTHONPATH=repo))
+    assert r.returncode == 0, r.stderr
+    assert bytes.fromhex(r.stdout.strip()) == expected(b"audio")
+    assert not marker.exists(), "the pool's process imported the program again"

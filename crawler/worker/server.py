@@ -367,7 +367,9 @@ class Worker:
                 raise ConfigError("metrics_listen", f"cannot listen on {host}:{port}: {reason}") from None
             (cfg.data_dir / "metrics.addr").write_text(f"{self.metrics_addr}\n")
             log.info("worker %s metrics on http://%s/metrics", cfg.id, self.metrics_addr)
-        if self.fingerprints is not None:
+        if self.fingerprints is not None and cfg.download_audio:
+            # Started now, not at the first file (its process takes a while to start); a worker that downloads
+            # nothing of its own has it start at the first file it stores (a download the master hands it).
             self.fingerprints.start()
         sdnotify.ready(f"worker {cfg.id} started")
         # What start-up built (modules, clients, resolvers) lives as long as the process: out of the collector's
