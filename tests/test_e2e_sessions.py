@@ -119,7 +119,12 @@ async def test_a_wrong_password_is_one_error_the_site_waits_and_the_other_site_i
             await cluster.until(lambda: len(login.logins()) >= 2 or worker.proc.returncode is not None, 30,
                                 "a second login attempt")
             await asyncio.sleep(1.0)     # tasks of the site handed back meanwhile, and given out again as probes
-            status = json.loads(await asyncio.to_thread(cluster.operator, "status", config, "--json"))
+            # The status is the master's snapshot, written every few seconds: the wait shows in the next one.
+            for _ in range(40):
+                status = json.loads(await asyncio.to_thread(cluster.operator, "status", config, "--json"))
+                if (status["sites"].get(site) or {}).get("login_waiting"):
+                    break
+                await asyncio.sleep(0.5)
             text = await asyncio.to_thread(cluster.operator, "status", config)
         finally:
             for p in (worker, master):
