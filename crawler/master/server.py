@@ -178,7 +178,7 @@ class Master:
         self.port: int | None = None
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()       # something may be sendable now: the dispatcher runs
-        self._maybe_done = asyncio.Event()   # nothing is leased: the housekeeping looks now if the crawl is done
+        self._maybe_done = asyncio.Event()   # the crawl may be done: the housekeeping looks now
         self._sleep_until = math.inf        # when the dispatcher wakes by itself (a politeness gate opens)
         self._turn = 0                      # which session dispatch starts from: rotates, see _dispatch_all
         self._done = False
@@ -728,6 +728,12 @@ class Master:
                 self._stop.set()
                 return
 
+    def _may_have_ended(self) -> None:
+        """After a report or an idle worker's heartbeat: a crawl that is done now is ended by the housekeeping at
+        once, not at its next round (nothing leased is checked first; the rest is asked only then)."""
+        if self.cfg.exit_when_done and not self.crawl.leases and self.crawl.done():
+            self._maybe_done.set()
+
     def _fingerprints_in(self) -> bool:
         """Whether a crawl that is done may end: every connected worker has sent the fingerprints of the files
         it stored (outcomes go without them while its pool is busy, the fingerprints after). A limit that ends
@@ -998,12 +1004,11 @@ class Master:
                     s.fingerprints_in = msg.fingerprint_backlog == 0
                     if msg.leases:   # the work in progress at the worker keeps its leases
                         self.crawl.renew(s.node, msg.leases, s.last_seen)
-                    elif s.fingerprints_in and not self.crawl.leases:
-                        self._maybe_done.set()
+                    elif s.fingerprints_in:
+                        self._may_have_ended()
                     continue
                 if isinstance(msg, p.Report):
-                    if not self.crawl.leases:
-                        self._maybe_done.set()
+                    self._may_have_ended()
                     self._dispatch_all()     # its links may route to any node
                     # A frame already in the buffer is read without a pause: the other connections, the
                     # dispatcher and the timers get their turn between reports.
