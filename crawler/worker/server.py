@@ -1254,7 +1254,10 @@ class Session:
         w, conn, results = self.worker, self.conn, self.results
         while True:
             batch = [await results.get()]
-            await asyncio.sleep(REPORT_DELAY)   # let a burst of results share one frame
+            if w._running:
+                await asyncio.sleep(REPORT_DELAY)   # let a burst of results share one frame
+            # else nothing is being worked on (a breadth-first level's last pages, say): no result to wait for,
+            # and the master waits for these to hand out the next level
             size = _wire_size(batch[0])
             while len(batch) < REPORT_BATCH and size < REPORT_BYTES and not results.empty():
                 batch.append(results.get_nowait())
