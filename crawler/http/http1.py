@@ -117,8 +117,8 @@ class Answer:
     def headers(self) -> CIMultiDictProxy[str]:
         headers = self._headers
         if headers is None:
-            headers = self._headers = CIMultiDictProxy(CIMultiDict(
-                (k.decode("latin-1"), v.decode("latin-1")) for k, v in self.raw_headers))
+            headers = self._headers = CIMultiDictProxy(CIMultiDict(     # from a list: faster than a generator
+                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.raw_headers]))
         return headers
 
     async def aclose(self) -> None:
