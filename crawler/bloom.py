@@ -505,7 +505,10 @@ class GrowingBloomFilter:
 
     def __contains__(self, key: str | bytes) -> bool:
         h = mmh3.hash128(key)     # once for the whole chain
-        return any(f._holds(h) for f in self._filters)
+        for f in self._filters:   # a loop, not any() over a generator: asked once a download
+            if f._holds(h):
+                return True
+        return False
 
     def contains_many(self, keys: Sequence[str | bytes]) -> list[bool]:
         """``[key in self for key in keys]``, a chunk at a time, each key hashed once."""

@@ -167,13 +167,25 @@ class AudioItem(msgspec.Struct, frozen=True):
 
     def with_file_tags(self, tags: dict[str, Any]) -> AudioItem:
         """Values read from the audio file itself: they fill what the page did not say, and where the page
-        said something else, the file's value is kept beside it in ``file_tags``."""
-        item = self.with_meta(tags, dict.fromkeys(tags, "file"))
-        disagree = {k: v for k, v in tags.items()
-                    if k in META_FIELDS and getattr(self, k) is not None and not _same(getattr(self, k), v)}
+        said something else, the file's value is kept beside it in ``file_tags``. (``with_meta(tags, "file" for
+        each)``, then the disagreements: one pass over the tags and one replace, once a stored file.)"""
+        filled: dict[str, Any] = {}
+        disagree: dict[str, Any] = {}
+        for k, v in tags.items():
+            if k in META_FIELDS:
+                own = getattr(self, k)
+                if own is None:
+                    filled[k] = v
+                elif not _same(own, v):
+                    disagree[k] = v
+        if not filled and not disagree:
+            return self
+        changes: dict[str, Any] = dict(filled)
+        if filled:
+            changes["meta_source"] = {**self.meta_source, **dict.fromkeys(filled, "file")}
         if disagree:
-            item = item.replace(file_tags={**item.file_tags, **disagree})
-        return item
+            changes["file_tags"] = {**self.file_tags, **disagree}
+        return self.replace(**changes)
 
     def catalogue_row(self) -> dict[str, Any]:
         """What the catalogue records: everything but the client identity (cookies are secrets)."""

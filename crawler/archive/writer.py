@@ -169,9 +169,7 @@ class ArchiveWriter:
         """Records ``ex`` and the ``metadata`` record about ``target`` of the file it stored (``fields``,
         referring to its response) in one append: three records, one write to the file and one to its index.
         Returns the ids of the response and of the metadata record."""
-        response, request = self._maker.exchange(ex)
-        meta = self._maker.metadata(target, fields, refers_to=response.record_id, page=ex.page, role=ex.role,
-                                    now=now, sha256=sha256)
+        response, request, meta = self._maker.exchange_metadata(ex, target, fields, now=now, sha256=sha256)
         self._append((response, request, meta), ex.role, ex.page, (_payload_sha256(ex, response.digest), "", sha256))
         return response.record_id, meta.record_id
 

@@ -72,6 +72,7 @@ from crawler.http.bodies import BodyError, BoundedDecoder, content_coding
 from crawler.http.egress import Egress, ProxyFailed, Unanswered, carry
 from crawler.http.proxies import Proxy
 from crawler.http.tunnel import proxy_authorization, proxy_socket
+from crawler.web.memo import Memo
 
 # The status line and headers of an answer: a server that sends more is not one we download from.
 MAX_HEAD = 64 * 1024
@@ -116,8 +117,8 @@ class Answer:
     def headers(self) -> CIMultiDictProxy[str]:
         headers = self._headers
         if headers is None:
-            headers = self._headers = CIMultiDictProxy(CIMultiDict(
-                (k.decode("latin-1"), v.decode("latin-1")) for k, v in self.raw_headers))
+            headers = self._headers = CIMultiDictProxy(CIMultiDict(     # from a list: faster than a generator
+                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.raw_headers]))
         return headers
 
     async def aclose(self) -> None:
@@ -721,22 +722,40 @@ def sent_headers(url: yarl.URL, headers: list[tuple[str, str]]) -> RawHeaders:
     """The header fields ``get`` sends for these headers, in its order (Host first, a caller's Host dropped):
     what the archive records as sent."""
     host = url.host_port_subcomponent or ""
-    return ((b"Host", host.encode("latin-1", "replace")),) + tuple(
-        (name.encode("latin-1", "replace"), value.encode("latin-1", "replace"))
-        for name, value in headers if name.lower() != "host")
+    key = tuple(headers)
+    fields = _SENT_FIELDS.get(key)
+    if fields is None:
+        fields = _SENT_FIELDS.keep(key, tuple(
+            (name.encode("latin-1", "replace"), value.encode("latin-1", "replace"))
+            for name, value in headers if name.lower() != "host"))
+    return ((b"Host", host.encode("latin-1", "replace")),) + fields
 
 
 def _request(url: yarl.URL, headers: list[tuple[str, str]], proxy: Proxy | None = None) -> bytes:
     """The request's bytes; through an HTTP proxy (``proxy``, for an http URL) in absolute form, with the
     proxy's credentials."""
     if proxy is None:
-        lines = [f"GET {url.raw_path_qs or '/'} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"]
+        start = f"GET {url.raw_path_qs or '/'} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"
     else:
         target = f"http://{url.host_port_subcomponent}{url.raw_path_qs or '/'}"
-        lines = [f"GET {target} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"]
+        start = f"GET {target} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"
         auth = proxy_authorization(proxy)
         if auth is not None:
-            lines.append(f"Proxy-Authorization: {auth}\r\n")
+            start += f"Proxy-Authorization: {auth}\r\n"
+    # A client sends the same headers on nearly every request: their lines are made once.
+    key = tuple(headers)
+    fields = _FIELD_LINES.get(key)
+    if fields is None:
+        fields = _FIELD_LINES.keep(key, _field_lines(headers))
+    try:
+        return start.encode("latin-1") + fields
+    except UnicodeEncodeError:
+        raise httpx.LocalProtocolError("a header is not Latin-1") from None
+
+
+def _field_lines(headers: list[tuple[str, str]]) -> bytes:
+    """A request's header lines after Host (a caller's Host is dropped), and the empty line that ends its head."""
+    lines = []
     for name, value in headers:
         if name.lower() == "host":
             continue
@@ -749,3 +768,8 @@ def _request(url: yarl.URL, headers: list[tuple[str, str]], proxy: Proxy | None 
         return "".join(lines).encode("latin-1")
     except UnicodeEncodeError:
         raise httpx.LocalProtocolError("a header is not Latin-1") from None
+
+
+# Header lists as a client sends them -> their lines (_field_lines), and their fields as the archive records them.
+_FIELD_LINES: Memo[tuple[tuple[str, str], ...], bytes] = Memo(256)
+_SENT_FIELDS: Memo[tuple[tuple[str, str], ...], RawHeaders] = Memo(256)

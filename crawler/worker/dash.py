@@ -700,11 +700,12 @@ class DashDownloader:
         self._archive = None if isinstance(archive, NoArchive) else archive
         self._segments = SegmentClient(client, cfg, archive=self._archive, audio_payload=audio_payload)
 
-    def claims(self, item: AudioItem) -> bool:
-        """Items the downloader hands to this module: DASH manifests."""
+    def claims(self, item: AudioItem, ext: str | None = None) -> bool:
+        """Items the downloader hands to this module: DASH manifests. ext: media.url_extension(item.url), when
+        the caller has it."""
         fmt = item.extra.get("format") if isinstance(item.extra, dict) else None
         # Asked before hls.py's: an address named .mpd is DASH unless the browser saw an HLS playlist there.
-        return fmt == DASH or (fmt != "hls" and media.url_extension(item.url) == "mpd")
+        return fmt == DASH or (fmt != "hls" and (media.url_extension(item.url) if ext is None else ext) == "mpd")
 
     def progress_path(self, key: str) -> Path:
         return self.store.partial_dir / f"{key}.dash.json"

@@ -32,6 +32,10 @@ stored without a request.
 
 Across attempts (``after``): a retry, or an answer that brought nothing, counts towards ``max_attempts`` in a row
 without progress; a restart towards ``max_restarts``; a link is re-resolved once per download.
+
+The values made on every attempt (``Head``, the answers and steps, ``Ask``, ``Tries``) are frozen msgspec Structs:
+a small file's download makes half a dozen, and a Struct is made in a tenth of a frozen dataclass's time (Head and
+Body 0.25 us against 2.9). ``Held`` and ``Limits``, which callers derive with dataclasses.replace, stay dataclasses.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from crawler.web import media
 
@@ -68,8 +74,7 @@ class Held:
     new_address: bool = False            # the bytes came from another address (the link was re-resolved)
 
 
-@dataclass(frozen=True, slots=True)
-class Head:
+class Head(msgspec.Struct, frozen=True):
     """One response without its body: the status and the headers the decision reads (None when absent)."""
 
     status: int
@@ -95,54 +100,46 @@ class Limits:
 
 # ---- actions ----
 
-@dataclass(frozen=True, slots=True)
-class Redirect:
+class Redirect(msgspec.Struct, frozen=True):
     location: str
 
 
-@dataclass(frozen=True, slots=True)
-class Confirmed:
+class Confirmed(msgspec.Struct, frozen=True):
     """304: the finished file stands; a 304 may carry fresher validators (RFC 9110 15.4.5)."""
 
     etag: str | None
     last_modified: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Reresolve:
+class Reresolve(msgspec.Struct, frozen=True):
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Retry:
+class Retry(msgspec.Struct, frozen=True):
     reason: str
     delay: float = 0.0                   # seconds to wait first (set by ``after``)
 
 
-@dataclass(frozen=True, slots=True)
-class Restart:
+class Restart(msgspec.Struct, frozen=True):
     """The bytes held are not a prefix of what the address now serves: truncate and ask from byte 0."""
 
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Complete:
+class Complete(msgspec.Struct, frozen=True):
     """The bytes held are the whole file (a 416 naming their length as the total)."""
 
     size: int
 
 
-@dataclass(frozen=True, slots=True)
-class Fail:
+class Fail(msgspec.Struct, frozen=True):
     """Give up on this item with ``reason``; ``discard`` when the bytes held are worthless."""
 
     reason: str
     discard: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Body:
+class Body(msgspec.Struct, frozen=True):
     """Read this response's body: what the record of the file becomes, and how to read it.
 
     ``append``: continue the bytes held; otherwise truncate them (if any) and take the body from byte 0.
@@ -164,15 +161,13 @@ class Body:
         return not self.append
 
 
-@dataclass(frozen=True, slots=True)
-class Received:
+class Received(msgspec.Struct, frozen=True):
     """A body read to its clean end; ``complete`` when the file is whole, else the rest is to be asked for."""
 
     complete: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Finish:
+class Finish(msgspec.Struct, frozen=True):
     """Every byte is held: check and store the file."""
 
 
@@ -181,16 +176,14 @@ Outcome = Confirmed | Reresolve | Retry | Restart | Complete | Fail | Received
 Step = Confirmed | Reresolve | Retry | Restart | Fail | Finish
 
 
-@dataclass(frozen=True, slots=True)
-class Ask:
+class Ask(msgspec.Struct, frozen=True):
     """The headers one request adds for what is held (Range, If-Range) or known finished (conditionals)."""
 
     headers: dict[str, str]
     conditional: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Tries:
+class Tries(msgspec.Struct, frozen=True):
     """The count of what went wrong so far in one download."""
 
     failures: int = 0                    # attempts in a row that brought no bytes

@@ -93,6 +93,7 @@ from crawler.http.getter import Getter
 from crawler.http.http1 import Answer, header_list, parse_url
 from crawler.http.targets import TargetRefused
 from crawler.items import FAILED, OK, AudioItem
+from crawler.web import media
 from crawler.web.urls import host_of, resolve
 from crawler.worker import download_plan as plan
 from crawler.worker.archived import Sent, Trail
@@ -460,10 +461,11 @@ class Downloader:
         slots = _DownloadSlots(self.hosts, self._total, transferred)
         try:
             await slots.take(host_of(item.url))
-            if self.dash.claims(item):    # a DASH manifest: joined, or recorded when live, by crawler/worker/dash.py
+            ext = media.url_extension(item.url)     # once for both modules' claims
+            if self.dash.claims(item, ext):    # a DASH manifest: joined, or recorded when live, by dash.py
                 # A live presentation leaves no finished record, so ``known`` is only ever a static one's.
                 result = await self._fetch_hls(item, key, known, slots, self.dash.fetch)
-            elif self.hls.claims(item):     # a playlist of segments, made one file by crawler/worker/hls.py
+            elif self.hls.claims(item, ext):     # a playlist of segments, made one file by crawler/worker/hls.py
                 result = await self._fetch_hls(item, key, known, slots)
             else:
                 result = await self._fetch(item, key, reresolve, known, slots, start)

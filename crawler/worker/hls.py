@@ -400,10 +400,11 @@ class HlsDownloader:
         self._segments = SegmentClient(client, cfg, archive=self._archive, audio_payload=audio_payload)
         self.live = live
 
-    def claims(self, item: AudioItem) -> bool:
-        """Items the downloader hands to this module: HLS playlists."""
+    def claims(self, item: AudioItem, ext: str | None = None) -> bool:
+        """Items the downloader hands to this module: HLS playlists. ext: media.url_extension(item.url), when the
+        caller has it."""
         fmt = item.extra.get("format") if isinstance(item.extra, dict) else None
-        return fmt == HLS or media.url_extension(item.url) == "m3u8"
+        return fmt == HLS or (media.url_extension(item.url) if ext is None else ext) == "m3u8"
 
     def progress_path(self, key: str) -> Path:
         return self.store.partial_dir / f"{key}.hls.json"
