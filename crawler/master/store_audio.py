@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from operator import itemgetter
 from typing import Any
 
 from crawler.items import AUDIO_FIELD_KINDS, PLAYED, RECORDED_AT, says_live
 from crawler.master.backend import Backend
-from crawler.master.store_core import CHUNK, LEASED, QUEUED, StoreCore, chunks, null_columns
+from crawler.master.store_core import CHUNK, LEASED, QUEUED, StoreCore, chunks, insert_rows
 from crawler.web.memo import Memo
 
 
@@ -63,9 +62,6 @@ AUDIO_TABLE = ("CREATE TABLE audio (\n    id {AUTO_ID},\n    ukey TEXT NOT NULL,
 _INSERT_AUDIO = (f"INSERT INTO audio(id, ukey, {', '.join(AUDIO_COLUMNS)}) "
                  f"VALUES (?, ?{', ?' * len(AUDIO_COLUMNS)})")
 _INSERTED = ("id", "ukey", *AUDIO_COLUMNS)
-# The statement of each set of columns inserted (see _insert_audio), by the positions in _INSERTED they take.
-# (Bounded: the sets of columns a crawl's rows leave unset are few.)
-_INSERT_OF: Memo[tuple[int, ...], str] = Memo(256)
 _COALESCED = tuple(c for c in AUDIO_COLUMNS if c not in _NOT_COALESCED)
 _UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c in _COALESCED)
                  + "url = CASE WHEN url = '' THEN ? ELSE url END, "
@@ -78,22 +74,13 @@ _UPDATE_AUDIO = ("UPDATE audio SET " + "".join(f"{c} = coalesce({c}, ?), " for c
 
 
 def _insert_audio(db: Backend, rows: list[tuple[Any, ...]], *, guess: bool = False) -> int:
-    """Insert new rows (values in _INSERTED order), leaving out the columns that none of them sets: a column
-    not named is NULL all the same (the table gives none a default), and a row has some 18 of its 33 values
-    unset, whose binding (store_core.null_columns) was 5 of the 7 us an insert cost before its indexes.
+    """Insert new rows (values in _INSERTED order), leaving out the columns that none of them sets
+    (store_core.insert_rows): a row has some 18 of its 33 values unset, whose binding was 5 of the 7 us an insert
+    cost before its indexes.
 
     guess: the rows' keys were not looked up (AudioCatalogue._add_run): a row whose key is known is not inserted
     (ON CONFLICT DO NOTHING), and the caller compares the count returned, the rows inserted, with its rows."""
-    nulls = null_columns(rows)
-    clause = " ON CONFLICT DO NOTHING" if guess else ""
-    if not nulls:
-        return db.executemany(_INSERT_AUDIO + clause, rows)
-    keep = tuple(i for i in range(len(_INSERTED)) if i not in nulls)
-    sql = _INSERT_OF.get(keep)
-    if sql is None:
-        sql = _INSERT_OF.keep(keep, f"INSERT INTO audio({', '.join(_INSERTED[i] for i in keep)}) "
-                                    f"VALUES ({', '.join('?' * len(keep))})")
-    return db.executemany(sql + clause, map(itemgetter(*keep), rows))
+    return insert_rows(db, "audio", _INSERTED, rows, suffix=" ON CONFLICT DO NOTHING" if guess else "")
 
 
 # The windows recorded of live streams (an item whose row says extra.live: a live HLS playlist, a dynamic DASH

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from crawler.master.backend import Backend, ReadOnlyStoreError, StoreError, describe, is_postgres
 from crawler.master.urlindex import FileUrlIndex, SqlUrlIndex, UrlIndex, url_hashes
+from crawler.web.memo import Memo
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,28 @@ def null_columns(rows: Sequence[Sequence[Any]], start: int = 0) -> frozenset[int
     text takes a tenth of that: a statement spells such a column as NULL (or leaves it out of an insert)."""
     n = len(rows)
     return frozenset(i for i, column in enumerate(zip(*rows)) if i >= start and column.count(None) == n)
+
+
+def insert_rows(db: Backend, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]], *,
+                constants: tuple[tuple[str, str], ...] = (), suffix: str = "") -> int:
+    """INSERT INTO table the rows (values in the order of ``columns``), leaving out the columns none of them sets
+    (null_columns): a column not named is NULL all the same, for a table that gives it no default. ``constants``:
+    (column, SQL literal) pairs every row takes; ``suffix``: a clause after the values (ON CONFLICT ...). Returns
+    the rows inserted. The statement of each set of columns is made once (_INSERTS)."""
+    nulls = null_columns(rows)
+    keep = tuple(i for i in range(len(columns)) if i not in nulls)
+    key = (table, tuple(columns), keep, constants, suffix)
+    sql = _INSERTS.get(key)
+    if sql is None:
+        names = [columns[i] for i in keep] + [c for c, _ in constants]
+        values = ["?"] * len(keep) + [v for _, v in constants]
+        sql = _INSERTS.keep(key, f"INSERT INTO {table}({', '.join(names)}) VALUES ({', '.join(values)}){suffix}")
+    if not nulls:
+        return db.executemany(sql, rows)
+    return db.executemany(sql, map(itemgetter(*keep), rows) if len(keep) > 1 else [(r[keep[0]],) for r in rows])
+
+
+_INSERTS: Memo[tuple[str, tuple[str, ...], tuple[int, ...], tuple[tuple[str, str], ...], str], str] = Memo(256)
 
 
 # A first path segment this short and made of letters only ("/music/", "/song/") names a part of the site, shared

@@ -29,6 +29,7 @@ from crawler.master.store_core import (
     Route,
     StoreCore,
     chunks,
+    insert_rows,
     key_from,
     node_key,
     node_of,
@@ -43,6 +44,9 @@ LOST_LEASE_FACTOR = 3
 # URLs handed out whose keys the frontier keeps for their results (Frontier._leased_keys): far more than a crawl
 # holds in flight, a few tens of MB at most.
 LEASED_KEYS = 200_000
+# A pushed URL's row (Frontier.push's values, in this order), queued.
+_PUSHED = ("id", "origin", "path", "node", "depth", "priority", "seq", "slot", "parent", "parent_url")
+_QUEUED = (("state", str(QUEUED)),)
 
 # What the page that linked a URL said about the link, for a link that may lead to audio without saying so (a
 # playlist, a stream named like a page): crawler.items.LinkMeta as JSON, handed out with the URL's task so that
@@ -122,14 +126,8 @@ class Frontier:
             per_node[node] = per_node.get(node, 0) + 1
         for node, n in per_node.items():
             self.core.move(None, None, QUEUED, node, n)
-        if any(row[-1] is not None for row in inserts):
-            self.core.db.executemany(
-                "INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent, "
-                f"parent_url) VALUES (?, ?, ?, {QUEUED}, ?, ?, ?, ?, ?, ?, ?)", inserts)
-        else:   # the usual: every parent's key is known (its text is kept only when not): no None bound a row
-            self.core.db.executemany(
-                f"INSERT INTO url_state(id, origin, path, state, node, depth, priority, seq, slot, parent) "
-                f"VALUES (?, ?, ?, {QUEUED}, ?, ?, ?, ?, ?, ?)", [row[:-1] for row in inserts])
+        # Usually every parent's key is known (its text is kept only when not): no parent_url is bound.
+        insert_rows(self.core.db, "url_state", _PUSHED, inserts, constants=_QUEUED)
         if link_meta:
             named = [(row[0], link_meta[url]) for url, row in zip(fresh, inserts) if url in link_meta]
             if named:
