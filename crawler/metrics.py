@@ -52,6 +52,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from crawler.web.memo import Memo
+
 log = logging.getLogger("crawler.metrics")
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide: both daemons' registries
@@ -61,7 +63,6 @@ URL_STATES = ("queued", "leased", "done", "failed", "discarded")
 # Lag buckets: a healthy loop fires within a millisecond; a page parse is a few; a blocked loop is seconds.
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PAGE_OUTCOMES = ("done", "error", "retry")      # protocol.DONE, ERROR, RETRY: a page task's outcomes
-_MAX_STATUSES = 16     # audio statuses whose counter is kept at hand (there are four)
 FETCH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # The probe's period. A block of the loop longer than this is seen at no less than its length minus the period, so
 # the worst lag bounds the longest block from below within 50 ms; 20 wake-ups a second cost nothing measurable.
@@ -218,7 +219,8 @@ class WorkerMetrics:
         self.pages_by_outcome = {o: self.pages.labels(node, o) for o in PAGE_OUTCOMES}
         self.page_bytes = self.download_bytes.labels(node, "page")
         self.audio_bytes = self.download_bytes.labels(node, "audio")
-        self._audio_by_status: dict[str, Counter] = {}
+        # The audio counter's children by status (there are four; bounded all the same).
+        self._audio_by_status: Memo[str, Counter] = Memo(16)
         # A task's page is counted in plain integers (count_page), added to the counters when they are read
         # (render): a counter's inc takes a lock, twice a page.
         self._pages_due = dict.fromkeys(PAGE_OUTCOMES, 0)
@@ -243,9 +245,7 @@ class WorkerMetrics:
         """One audio item of this status (an item found, or a download's outcome)."""
         child = self._audio_by_status.get(status)
         if child is None:
-            child = self.audio.labels(self.node, status)
-            if len(self._audio_by_status) < _MAX_STATUSES:
-                self._audio_by_status[status] = child
+            child = self._audio_by_status.keep(status, self.audio.labels(self.node, status))
         child.inc()
 
     def _settle(self) -> None:

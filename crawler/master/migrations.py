@@ -286,7 +286,7 @@ def _open_layout(core: StoreCore) -> Layout:
         # again once (a pass over the catalogue, not the URL table).
         core.db.begin()
         core.db.execute("DROP INDEX IF EXISTS audio_changes")
-        core.db.execute(f"CREATE INDEX IF NOT EXISTS audio_events ON audio(({EVENT_AT}), id)")
+        core.db.execute(_AUDIO_EVENTS_INDEX.replace("CREATE INDEX", "CREATE INDEX IF NOT EXISTS", 1))
         core.db.execute("COMMIT")
     if not core.readonly and not missing and AUDIO_KEY not in core.db.unique_keys("audio").values():
         _audio_key_by_page(core)
