@@ -23,7 +23,6 @@ Every request is logged (path, host, User-Agent), so tests can tell what the bro
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import hmac
 import random
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from testkit.hls import Stream, make_stream
+from testkit.ports import on_one_port
 
 PAGE_SECRET = "page-secret-42"
 # A test browser's switch for /reach: internal.test resolves to loopback, any other name to nothing.
@@ -259,19 +259,22 @@ def make_app(site: PlayerSite) -> web.Application:
 @asynccontextmanager
 async def serve(site: PlayerSite) -> AsyncIterator[str]:
     """Serve on 127.0.0.1 and 127.0.0.2 (same port, both loopback) so a second host exists; yields the base URL."""
-    for attempt in range(20):
-        runner = web.AppRunner(make_app(site), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        port = runner.addresses[0][1]
-        try:
-            await web.TCPSite(runner, "127.0.0.2", port).start()
-            break
-        except OSError as e:
-            # The port the kernel gave on 127.0.0.1 can be another test's on 127.0.0.2: another pair.
-            await runner.cleanup()
-            if e.errno != errno.EADDRINUSE or attempt == 19:
-                raise
+    runner = web.AppRunner(make_app(site), access_log=None)
+    await runner.setup()
+    sites: list[web.TCPSite] = []
+
+    async def listen(host: str, port: int) -> int:
+        tcp = web.TCPSite(runner, host, port)
+        await tcp.start()
+        sites.append(tcp)
+        return int(runner.addresses[-1][1])
+
+    async def undo() -> None:
+        for tcp in sites:
+            await tcp.stop()
+        sites.clear()
+
+    port = await on_one_port(("127.0.0.1", "127.0.0.2"), listen, undo)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

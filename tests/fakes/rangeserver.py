@@ -23,7 +23,6 @@ script), and ``python -m tests.fakes.rangeserver FILE`` serves one file from its
 from __future__ import annotations
 
 import asyncio
-import errno
 import hashlib
 import random
 import threading
@@ -33,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import formatdate, parsedate_to_datetime
 from pathlib import Path
+
+from testkit.ports import on_one_port
 
 _PIECE = 64 * 1024
 _MAX_HEAD = 16 * 1024
@@ -110,22 +111,18 @@ class RangeServer:
     async def start(self) -> RangeServer:
         self._loop = asyncio.get_running_loop()
         self._release = asyncio.Event()
-        for attempt in range(20):
-            port = 0
-            try:
-                for host in self._hosts:
-                    srv = await asyncio.start_server(self._handle, host, port, limit=_MAX_HEAD)
-                    port = srv.sockets[0].getsockname()[1]
-                    self._servers.append(srv)
-                break
-            except OSError as e:
-                # The port the kernel gave the first address can be another test's on the next: another one.
-                for srv in self._servers:
-                    srv.close()
-                    await srv.wait_closed()
-                self._servers.clear()
-                if e.errno != errno.EADDRINUSE or attempt == 19:
-                    raise
+        async def listen(host: str, port: int) -> int:
+            srv = await asyncio.start_server(self._handle, host, port, limit=_MAX_HEAD)
+            self._servers.append(srv)
+            return int(srv.sockets[0].getsockname()[1])
+
+        async def undo() -> None:
+            for srv in self._servers:
+                srv.close()
+                await srv.wait_closed()
+            self._servers.clear()
+
+        port = await on_one_port(self._hosts, listen, undo)
         self.port = port
         return self
 
