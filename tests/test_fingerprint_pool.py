@@ -232,9 +232,9 @@ def test_a_files_length_is_what_the_file_says_never_the_page():
 
 
 # ------------------------------------------------------------------ the worker's side
-def _worker(tmp_path, wait=0.5, **identify) -> Worker:
+def _worker(tmp_path, wait=0.5, download_audio=True, **identify) -> Worker:
     raw = {"master": "127.0.0.1:1", "id": "w", "data_dir": str(tmp_path), "secret_file": str(write_secret(tmp_path / "s")),
-           "identify": {"wait": wait, **identify}}
+           "download_audio": download_audio, "identify": {"wait": wait, **identify}}
     w = Worker(WorkerConfig.build(None, raw), fingerprinter=fake_fingerprint)
     assert w.fingerprints is not None
     w.fingerprints._make_executor = _threads
@@ -255,6 +255,25 @@ def test_the_identify_section_is_read_from_the_config(tmp_path):
     off = Worker(WorkerConfig.build(None, {"master": "127.0.0.1:1", "id": "w", "data_dir": str(tmp_path),
                                            "secret_file": str(tmp_path / "s"), "identify": {"enabled": False}}))
     assert off.fingerprints is None
+
+
+@pytest.mark.parametrize("download_audio", [True, False])
+async def test_the_pool_starts_with_a_worker_that_downloads_else_at_its_first_file(tmp_path, download_audio):
+    w = _worker(tmp_path, download_audio=download_audio)
+    serving = asyncio.create_task(w.serve())     # no master there: it keeps trying to connect
+    try:
+        for _ in range(500):
+            if hasattr(w, "_tg") or serving.done():
+                break
+            await asyncio.sleep(0.01)
+        assert hasattr(w, "_tg"), "the worker did not start"
+        assert (w.fingerprints._executor is not None) == download_audio
+        if not download_audio:   # a file it stores all the same (a download the master hands it) starts it
+            job = w.fingerprints.submit("k", _file(tmp_path, "a.mp3", b"audio"))
+            assert await asyncio.wait_for(job, 30) == expected(b"audio")
+    finally:
+        w.stop()
+        await asyncio.wait_for(serving, 30)
 
 
 async def test_an_outcome_carries_its_fingerprint_when_it_comes_in_time(tmp_path):
