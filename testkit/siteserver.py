@@ -48,6 +48,9 @@ class Behaviour:
     (anchor them with ^ and $ to match whole paths); the first matching key wins."""
 
     slow_paths: Mapping[str, float] = field(default_factory=dict)      # delay in seconds before answering
+    # A request for a matching path waits until its event is set: a site that stalls until the test lets it go
+    # (every worker then holds what it was given, a state a test can act in).
+    gates: Mapping[str, asyncio.Event] = field(default_factory=dict)
     broken_paths: Mapping[str, float] = field(default_factory=dict)    # fraction of the body sent, then drop
     broken_times: int | None = None    # a broken path breaks this many times, then is served whole (None: always)
     ua_bound: Mapping[str, str] = field(default_factory=dict)          # User-Agent must contain this, else 403
@@ -128,11 +131,13 @@ class _Site:
         self.behaviour = behaviour
         self.redirects: dict[str, sitegen.Redirect] = sitegen.load_redirects(root)
         self.slow = _compile(behaviour.slow_paths)
+        self.gates = _compile(behaviour.gates)
         self.broken = _compile(behaviour.broken_paths)
         self.ua_bound = _compile(behaviour.ua_bound)
         self.status = _compile(behaviour.status_overrides)
         self.breaks: dict[str, int] = {}
         self.log: list[LogEntry] = []
+        self.stalled: list[str] = []   # the paths of the requests waiting at a gate now
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         arrived = time.monotonic()
@@ -194,6 +199,14 @@ class _Site:
             delay = _first(self.slow, path)
             if delay:
                 await asyncio.sleep(float(delay))  # type: ignore[arg-type]
+        if self.gates:
+            gate = _first(self.gates, path)
+            if isinstance(gate, asyncio.Event) and not gate.is_set():
+                self.stalled.append(path)
+                try:
+                    await gate.wait()
+                finally:
+                    self.stalled.remove(path)
         if self.ua_bound:
             needed = _first(self.ua_bound, path)
             if needed is not None and str(needed) not in request.headers.get(hdrs.USER_AGENT, ""):
@@ -295,6 +308,7 @@ class RunningSite:
     site_dir: Path
     behaviour: Behaviour
     log: list[LogEntry]
+    stalled: list[str]        # the paths of the requests waiting at one of behaviour.gates now
     _runner: web.ServerRunner
 
     async def close(self) -> None:
@@ -322,7 +336,7 @@ async def start(site_dir: Path, host: str = "127.0.0.1", port: int = 0, *,
     await tcp.start()
     bound = runner.addresses[0][1]
     return RunningSite(url=f"http://{host}:{bound}", host=host, port=bound, site_dir=root, behaviour=behaviour,
-                       log=site.log, _runner=runner)
+                       log=site.log, stalled=site.stalled, _runner=runner)
 
 
 def _pairs(values: list[str], cast: type) -> dict[str, object]:

@@ -192,6 +192,21 @@ async def test_slow_paths_wait_before_answering(site_dir: Path) -> None:
     assert slow >= 0.3 and fast < 0.25
 
 
+async def test_gated_paths_wait_until_the_gate_opens_and_are_listed_meanwhile(site_dir: Path) -> None:
+    gate = asyncio.Event()
+    async with await siteserver.start(site_dir, behaviour=Behaviour(gates={r"^/about\.html$": gate})) as running, \
+            httpx.AsyncClient(base_url=running.url) as c:
+        held = [asyncio.ensure_future(c.get("/about.html")) for _ in range(3)]
+        assert (await c.get("/help.html")).status_code == 200    # other paths pass
+        while len(running.stalled) < 3:
+            await asyncio.sleep(0.01)
+        assert running.stalled == ["/about.html"] * 3 and not any(h.done() for h in held)
+        gate.set()
+        assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200, 200]
+        assert running.stalled == []
+        assert (await c.get("/about.html")).status_code == 200    # an open gate holds nothing
+
+
 async def test_broken_paths_drop_the_connection_mid_body(site_dir: Path, manifest: Manifest) -> None:
     url, data = _big(site_dir, manifest)
     behaviour = Behaviour(broken_paths={r"^/media/": 0.25}, record_log=True)
