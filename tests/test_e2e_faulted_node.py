@@ -7,14 +7,13 @@ left to fetch, a little room left for small files) is told to the master all the
 """
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
 
 from crawler.master.store import MasterStore
 from testkit import cluster, sitegen, siteserver
-from tests.disks import small_tmpfs
+from tests.disks import fill, small_tmpfs
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -27,26 +26,6 @@ def pending_at(config: Path, node: str) -> set[str]:
 def states(config: Path) -> dict[str, int]:
     with MasterStore.open_readonly(cluster.store_of(config)) as store:
         return store.status()["states"]
-
-
-def fill(mnt: Path, leave: int = 0) -> None:
-    """Write zeros until the file system says it is full, then give `leave` bytes back."""
-    with open(mnt / "filler", "wb", buffering=0) as f:
-        block = b"\0" * (64 * 1024)
-        try:
-            while True:
-                f.write(block)
-        except OSError:
-            pass
-    with open(mnt / "filler2", "wb", buffering=0) as f:   # and the last few pages a block did not fit in
-        try:
-            while True:
-                f.write(b"\0" * 512)
-        except OSError:
-            pass
-    if leave:
-        filler = mnt / "filler"
-        os.truncate(filler, max(0, filler.stat().st_size - leave))
 
 
 async def test_a_full_disk_for_good_moves_the_nodes_pending_downloads_and_the_crawl_ends(tmp_path):

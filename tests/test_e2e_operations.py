@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.disks import small_tmpfs
+from tests.disks import fill, small_tmpfs, unfill
 from crawler.master.store import MasterStore
 from testkit import cluster, sitegen, siteserver
 
@@ -50,37 +50,55 @@ async def master_cmd_async(config: Path, *args: str) -> subprocess.CompletedProc
 
 # ------------------------------------------------------------------------------------------- a full disk
 @pytest.fixture
-def tiny_disk(tmp_path):
-    """A 1 MiB tmpfs: the worker's data dir fills within a few dozen songs."""
-    with small_tmpfs(tmp_path / "worker-small", "1m") as mnt:
+def small_disk(tmp_path):
+    """The small worker's data dir on a tmpfs of its own, which the test fills and frees."""
+    with small_tmpfs(tmp_path / "worker-small", "64m") as mnt:
         yield mnt
 
 
+def node_row(config: Path, node: str) -> dict:
+    status = json.loads(master_cmd(config, "status", "--json").stdout)
+    return next(n for n in status["nodes"] if n["node"] == node)
+
+
 async def test_full_disk_stops_the_worker_not_the_urls_and_it_resumes_when_space_returns(site, tmp_path,
-                                                                                          tiny_disk):
+                                                                                          small_disk):
     site_dir, manifest = site
-    slow = siteserver.Behaviour(slow_paths={r"\.html$": 0.3}, record_log=True)
-    async with await siteserver.start(site_dir, behaviour=slow) as server:
+    # The song pages past the home page's ten (the crawl's second level) stall until the test lets them go:
+    # each worker then holds tasks it has not started, and the disk fills under them.
+    songs = asyncio.Event()
+    stall = siteserver.Behaviour(gates={r"^/song/(?!([1-9]|10)\.html$)": songs}, record_log=True)
+    async with await siteserver.start(site_dir, behaviour=stall) as server:
         config = cluster.master_config(tmp_path, [server.url + "/"], ["big", "small"],
                                        crawl={"max_depth": manifest.max_depth + 3})
         wcfg = tmp_path / "worker.yaml"
-        wcfg.write_text("min_free_bytes: 0\nconcurrency: 4\n")
+        # Long timeouts: a stalled page is waited for, not retried.
+        wcfg.write_text("min_free_bytes: 0\nconcurrency: 4\nread_timeout: 240\nfetch_timeout: 240\n")
         master = await cluster.start_master(config, tmp_path)
         addr = cluster.master_addr(config)
         big = await cluster.start_worker(addr, "big", tmp_path, config=wcfg)
         small = await cluster.start_worker(addr, "small", tmp_path, config=wcfg)
-        await cluster.until(lambda: "stops taking tasks" in small.log(), 90, "the small worker's disk to fill")
+        # Eight stalled: each worker's four page slots (concurrency 4) are taken, and the rest of the small
+        # worker's share of the level (some sixty tasks) waits for a slot, not started.
+        await cluster.until(lambda: len(server.stalled) >= 8, 90, "both workers to stall on song pages",
+                            master, small)
+        await asyncio.to_thread(fill, small_disk)
+        await cluster.until(lambda: "stops taking tasks" in small.log(), 30, "the small worker to see its disk full")
         await cluster.until(lambda: "cannot store what it fetches" in master.log(), 30, "the master to hear of it")
         # The rest of the crawl waits for the small worker to come back: on a loaded machine the big one could
         # otherwise finish it first, and the small one would find nothing left to fetch.
         r = await master_cmd_async(config, "pause")
         assert r.returncode == 0 and "applied by the running master" in r.stdout, r
-        fetched_at_fault = len(cluster.pages_of(tmp_path, "small"))
-        # Space comes back (a bigger tmpfs): the worker finds out by itself and takes work again.
-        await asyncio.to_thread(subprocess.run, ["mount", "-o", "remount,size=64m", str(tiny_disk)], check=True)
+        songs.set()
+        # The pages it was fetching end (stored or handed back); the tasks it had not started go back.
+        await cluster.until(lambda: node_row(config, "small")["handed_back"] >= 8, 60,
+                            "the small worker to hand back what it had not started", master, small)
+        # Space comes back: the worker finds out by itself and takes work again.
+        await asyncio.to_thread(unfill, small_disk)
         await cluster.until(lambda: "can store again" in small.log(), 30, "the small worker to resume")
         await cluster.until(lambda: "worker small can store again" in master.log(), 30, "the master to hear of it")
         assert states(config)["queued"] > 0, "nothing left for the small worker: the test proves nothing"
+        fetched_at_fault = len(cluster.pages_of(tmp_path, "small"))   # paused: it fetches nothing new until resumed
         r = await master_cmd_async(config, "resume")
         assert r.returncode == 0 and "applied by the running master" in r.stdout, r
         await cluster.until(lambda: len(cluster.pages_of(tmp_path, "small")) > fetched_at_fault, 60,
@@ -100,9 +118,9 @@ async def test_full_disk_stops_the_worker_not_the_urls_and_it_resumes_when_space
     found = {row["url"].rsplit("/", 1)[-1] for row in cluster.catalogue(tmp_path) if row["status"] == "ok"}
     missing = [a.url for a in manifest.audio if a.url.rsplit("/", 1)[-1] not in found]
     assert not missing, f"{len(missing)} audio items lost, e.g. {missing[:3]}"
-    status = json.loads(master_cmd(config, "status", "--json").stdout)
-    small_stats = next(n for n in status["nodes"] if n["node"] == "small")
-    assert small_stats["faults"] >= 1 and small_stats["handed_back"] >= 1, small_stats
+    small_stats = node_row(config, "small")
+    # The eight or more it had not started, at the least.
+    assert small_stats["faults"] >= 1 and small_stats["handed_back"] >= 8, small_stats
 
 
 # ------------------------------------------------------------------------------------------- refusals
