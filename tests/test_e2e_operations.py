@@ -176,14 +176,15 @@ async def test_pause_resume_seed_and_retry_on_a_running_master(tmp_path, master_
         config = cluster.master_config(tmp_path, [server.url + "/"], ["w1"], exit_when_done=False,
                                        crawl={"max_depth": manifest.max_depth + 3, "max_attempts": 1}, **master_store)
         master = await cluster.start_master(config, tmp_path)
-        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path,
-                                            extra=["--concurrency", "4"])
+        wcfg = tmp_path / "worker.yaml"
+        wcfg.write_text("concurrency: 4\nmax_tasks: 24\n")
+        worker = await cluster.start_worker(cluster.master_addr(config), "w1", tmp_path, config=wcfg)
         await cluster.until(lambda: html_gets(server) >= 8, 90, "the crawl to get going")
 
         r = await master_cmd_async(config, "pause")
         assert r.returncode == 0 and "paused (applied by the running master)" in r.stdout, r
         at_pause = html_gets(server)
-        # What the worker held when the pause came (at most its credit of 2*4 + 2*8 tasks) still finishes.
+        # What the worker held when the pause came (at most its credit, max_tasks) still finishes.
         settled = at_pause
         while True:
             await asyncio.sleep(1.0)     # settled is a second without a fetch: an absence only time can show
