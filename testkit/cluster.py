@@ -82,6 +82,7 @@ class Proc:
     proc: asyncio.subprocess.Process
     log_path: Path
     stdout: bytes = b""
+    args: list[str] = field(default_factory=list)
     _out_task: asyncio.Task | None = field(default=None, repr=False)
 
     async def wait(self, timeout: float) -> int:
@@ -112,14 +113,37 @@ class Proc:
                 await self.proc.wait()
 
 
+# Every daemon started here, so a test that fails before stopping its own leaves none running (kill_leftovers).
+_spawned: list[Proc] = []
+
+
+def kill_leftovers() -> list[str]:
+    """SIGKILL the daemons started here that still run; their names. A failed test's master would otherwise run
+    on after the suite, loading the machine, and answer a later test's commands in a data dir of the same name."""
+    killed = []
+    for p in _spawned:
+        try:   # still ours: a pid whose exit no loop reaped could have been reused since
+            alive = p.proc.returncode is None and \
+                Path(f"/proc/{p.proc.pid}/cmdline").read_bytes().split(b"\0")[:3] == [
+                    a.encode() for a in p.args[:3]]
+        except OSError:
+            alive = False
+        if alive:
+            os.kill(p.proc.pid, signal.SIGKILL)
+            killed.append(p.name)
+    _spawned.clear()
+    return killed
+
+
 async def _spawn(name: str, args: list[str], log_path: Path) -> Proc:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log_fh = open(log_path, "wb")
     proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=log_fh, env=env,
                                                 stdin=asyncio.subprocess.DEVNULL)
     log_fh.close()
-    p = Proc(name, proc, log_path)
+    p = Proc(name, proc, log_path, args=args)
     p._out_task = asyncio.ensure_future(proc.stdout.read())
+    _spawned.append(p)
     return p
 
 

@@ -12,6 +12,7 @@ import pytest
 
 # The hooks: long-running modules first; who may run beside whom.
 from tests.parallel import pytest_collection_modifyitems, pytest_runtest_protocol  # noqa: F401
+from testkit import cluster as daemons
 from testkit.pgcluster import PgCluster
 
 _names = itertools.count(1)
@@ -25,6 +26,13 @@ def _root_log_level() -> Iterator[None]:
     level = root.level
     yield
     root.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def _no_daemon_outlives_its_test() -> Iterator[None]:
+    """A test that fails before it stops its master and workers leaves them running: they are killed here."""
+    yield
+    daemons.kill_leftovers()
 
 
 @pytest.fixture(scope="session")
