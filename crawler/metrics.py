@@ -37,9 +37,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -53,6 +52,9 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from crawler.web.memo import Memo
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger("crawler.metrics")
 
@@ -265,6 +267,8 @@ class WorkerMetrics:
 
 
 def metrics_response(body: bytes) -> web.Response:
+    from aiohttp import web   # a worker serves /metrics only when configured to: aiohttp is loaded then
+
     # CONTENT_TYPE_LATEST carries a charset parameter, which aiohttp wants apart from the media type.
     media, _, charset = CONTENT_TYPE_LATEST.partition("; charset=")
     return web.Response(body=body, content_type=media, charset=charset or "utf-8")
@@ -272,6 +276,7 @@ def metrics_response(body: bytes) -> web.Response:
 
 async def serve_metrics(metrics: WorkerMetrics, host: str, port: int) -> tuple[web.AppRunner, str]:
     """A worker's /metrics endpoint on host:port (0: a free port). Returns the runner and the bound address."""
+    from aiohttp import web
 
     async def handle(_request: web.Request) -> web.Response:
         return metrics_response(metrics.render())

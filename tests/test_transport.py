@@ -1,13 +1,16 @@
 """The worker's httpx transport over aiohttp, against raw loopback servers that misbehave on purpose."""
 
 import asyncio
+import subprocess
+import sys
 
 import aiohttp
 import aiohttp.base_protocol
 import httpx
 import pytest
 
-from crawler.http.transport import _salvage, build_client, build_transport
+from crawler.http.aio import salvage
+from crawler.http.transport import build_client, build_transport
 
 
 class RawServer:
@@ -168,12 +171,52 @@ async def test_a_cut_body_hands_out_every_byte_received_before_the_error(read_si
 
 async def test_the_bytes_a_failed_aiohttp_stream_holds_are_salvaged():
     """aiohttp offers no public call for what a StreamReader buffered once its exception is set; the transport reads
-    its buffer (transport._salvage). If aiohttp changes that buffer, this fails, not a download's resume."""
+    its buffer (aio.salvage). If aiohttp changes that buffer, this fails, not a download's resume."""
     loop = asyncio.get_running_loop()
     content = aiohttp.StreamReader(aiohttp.base_protocol.BaseProtocol(loop), 2**16, loop=loop)
     content.feed_data(b"abc")
     content.feed_data(b"def")
     assert await content.read(1) == b"a"
     content.set_exception(aiohttp.ClientPayloadError("cut"))
-    assert _salvage(content) == b"bcdef"
-    assert _salvage(content) == b""
+    assert salvage(content) == b"bcdef"
+    assert salvage(content) == b""
+
+
+_LOADS_AIOHTTP_LATE = r"""
+import asyncio, sys
+import yarl
+import crawler.worker.cli, crawler.worker.server
+from crawler.http.transport import build_client, build_transport
+
+assert "aiohttp" not in sys.modules, "imported by the worker itself"
+
+async def answer(reader, writer):
+    while (await reader.readline()).strip():
+        pass
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    await writer.drain()
+    writer.close()
+
+async def main():
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+    transport = build_transport(max_connections=4, dns_ttl=60)
+    got = await transport.get(yarl.URL(url), [], timeout=(5, 5, 5, 10), max_body=1024, read_size=1024)
+    body = b"".join([chunk async for chunk in got.stream])
+    assert (got.status_code, body) == (200, b"ok"), (got.status_code, body)
+    assert "aiohttp" not in sys.modules, "imported by a request on the lean path"
+    async with build_client(transport, user_agent="t", connect_timeout=5, read_timeout=5, max_redirects=0) as c:
+        assert (await c.get(url)).text == "ok"
+    assert "aiohttp" in sys.modules
+    server.close()
+
+asyncio.run(main())
+print("ok")
+"""
+
+
+def test_a_worker_loads_aiohttp_only_for_a_request_off_the_lean_path():
+    """The worker's start and its page and download path (the lean client) never import aiohttp, about a tenth
+    of a second of CPU per process; the first request through the httpx client does."""
+    done = subprocess.run([sys.executable, "-c", _LOADS_AIOHTTP_LATE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -86,6 +86,8 @@ if zstd is not None:
 _STREAM_ERRORS: tuple[type[BaseException], ...] = tuple(
     e for e in (getattr(brotli, "error", None), getattr(zstd, "ZstdError", None), EOFError) if e is not None)
 ACCEPT_ENCODING = ", ".join(["gzip", "deflate", *_STREAM_DECODERS])
+# A body is read this much at a time unless a request's ``read_size`` asks for more (downloads read large chunks).
+READ_CHUNK = 16 * 1024
 
 
 class BodyError(httpx.DecodingError):

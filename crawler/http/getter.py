@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, Protocol
 
-import aiohttp.abc
 import httpx
 import yarl
 
@@ -32,7 +31,7 @@ from crawler.archive import NO_ARCHIVE, Archive, NoArchive
 from crawler.http.egress import Egress
 from crawler.http.http1 import Answer, Timeouts
 from crawler.http.recording import RecordingTransport
-from crawler.http.targets import TargetPolicy
+from crawler.http.targets import Dns, TargetPolicy
 from crawler.http.transport import DNS_CACHE_SIZE, AiohttpTransport, build_client, build_transport
 
 
@@ -93,7 +92,7 @@ class Stack:
 def build_stack(*, user_agent: str, connect_timeout: float, read_timeout: float, max_redirects: int,
                 max_connections: int, dns_ttl: float, max_body: int = 5 * 1024 * 1024,
                 total_timeout: float | None = None, policy: TargetPolicy | None = None,
-                dns_cache_size: int = DNS_CACHE_SIZE, resolver: aiohttp.abc.AbstractResolver | None = None,
+                dns_cache_size: int = DNS_CACHE_SIZE, resolver: Dns | None = None,
                 archive: Archive = NO_ARCHIVE, role: str | None = "api",
                 clock: Callable[[], float] = time.time, egress: Egress | None = None) -> Stack:
     """A stack as build_transport and build_client make its parts.

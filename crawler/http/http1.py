@@ -527,7 +527,7 @@ class Http1Client:
     def __init__(self, resolve: Resolve, *, max_idle_per_host: int = 8, max_idle: int = 64,
                  keepalive: float = 15.0, ssl_context: ssl.SSLContext | None = None,
                  egress: Egress | None = None, check_literal: Callable[[str, int], None] | None = None) -> None:
-        """resolve(host, port) gives the addresses that host may be reached at (aiohttp's ResolveResult
+        """resolve(host, port) gives the addresses that host may be reached at (targets.ResolveResult
         dicts: "host", "port", "family"), or raises (TargetRefused, or a DNS error) for none.
 
         egress: the proxies that apply to a host (its ``route``) and their health; a request through a proxy
@@ -660,7 +660,7 @@ class Http1Client:
                         error = exc
         except TimeoutError:
             raise httpx.ConnectTimeout(f"connecting to {host}:{port} took over {connect_timeout} s") from None
-        except OSError as exc:       # DNS (aiohttp's resolvers raise OSError subclasses)
+        except OSError as exc:       # DNS (getaddrinfo raises OSError subclasses)
             raise httpx.ConnectError(f"{host}:{port}: {exc}") from None
         raise httpx.ConnectError(f"cannot connect to {host}:{port}: {error or 'no address'}")
 

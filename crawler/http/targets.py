@@ -26,16 +26,65 @@ import socket
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, TypedDict
 
-import aiohttp
-import aiohttp.abc
 import httpx
-from aiohttp.abc import ResolveResult
 
 from crawler.web.urls import InvalidURL, host_port, normalize
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _Key = tuple[str, int, socket.AddressFamily]     # host, port, address family
+
+
+class ResolveResult(TypedDict):
+    """One address a name resolves to, as aiohttp's connector takes it (aiohttp.abc.ResolveResult's keys)."""
+
+    hostname: str
+    host: str
+    port: int
+    family: int
+    proto: int
+    flags: int
+
+
+class Dns(Protocol):
+    """What answers a name (the system's resolver by default; tests bring their own)."""
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]: ...
+
+    async def close(self) -> None: ...
+
+
+_AI_ADDRCONFIG = socket.AI_ADDRCONFIG & getattr(socket, "AI_MASK", -1)
+
+
+class SystemDns:
+    """getaddrinfo in the loop's executor, answered as aiohttp's ThreadedResolver answers: one entry per stream
+    address, a link-local IPv6 one with its zone (the one case that needs getnameinfo)."""
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, family=family, flags=_AI_ADDRCONFIG)
+        hosts: list[ResolveResult] = []
+        for fam, _, proto, _, address in infos:
+            if fam == socket.AF_INET6:
+                if len(address) < 3:     # an interpreter or host without IPv6
+                    continue
+                if address[3]:           # a scope id: the zone goes into the host ("fe80::1%eth0")
+                    found, service = await loop.getnameinfo(address, socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)
+                    found_port = int(service)
+                else:
+                    found, found_port = str(address[0]), int(address[1])
+            else:
+                found, found_port = str(address[0]), int(address[1])
+            hosts.append({"hostname": host, "host": found, "port": found_port, "family": fam, "proto": proto,
+                          "flags": socket.AI_NUMERICHOST | socket.AI_NUMERICSERV})
+        return hosts
+
+    async def close(self) -> None:
+        pass
 
 
 class TargetRefused(httpx.RequestError):
@@ -123,10 +172,10 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-class TargetResolver(aiohttp.abc.AbstractResolver):
+class TargetResolver:
     """DNS with a bounded cache, every answer checked against a TargetPolicy: the one resolver of both HTTP paths.
 
-    aiohttp's connector takes it as its resolver (with aiohttp's own DNS cache off), and the lean client
+    aiohttp's connector takes it as its resolver (aio.py; with aiohttp's own DNS cache off), and the lean client
     (http1.py) calls it for every connection it opens, so the check runs on every connection, cached answer or
     not. Answers are remembered per (host, port, family) for ``ttl`` seconds, at most ``max_size`` of them, least
     recently used out; concurrent look-ups of one name share one query. An IP literal is judged as it is, without
@@ -135,9 +184,9 @@ class TargetResolver(aiohttp.abc.AbstractResolver):
     """
 
     def __init__(self, policy: TargetPolicy | None, *, ttl: float, max_size: int,
-                 resolver: aiohttp.abc.AbstractResolver | None = None,
+                 resolver: Dns | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """resolver: the DNS behind the cache (aiohttp's DefaultResolver when None); policy None: any address."""
+        """resolver: the DNS behind the cache (SystemDns when None); policy None: any address."""
         self.policy = policy
         self._ttl = ttl
         self._max_size = max_size
@@ -185,7 +234,7 @@ class TargetResolver(aiohttp.abc.AbstractResolver):
         pending = self._pending.get(key)
         if pending is None:
             if self._inner is None:
-                self._inner = aiohttp.DefaultResolver()
+                self._inner = SystemDns()
             pending = self._pending[key] = asyncio.ensure_future(self._inner.resolve(host, port, family=family))
             pending.add_done_callback(lambda done: self._settle(key, done))
         # Shielded: one caller cancelled (its request timed out) leaves the query to the others.

@@ -21,7 +21,6 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import aiohttp
 import httpx
 
 from crawler.items import AudioItem
@@ -31,9 +30,10 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
-# Errors the transports raise for a broken connection. The worker's transport maps aiohttp's errors to httpx
-# ones; aiohttp's and the loop's own stay caught too, for any transport that lets one through.
-NETWORK_ERRORS = (httpx.TransportError, aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+# Errors the transports raise for a broken connection: httpx's (the lean path raises them; the aiohttp side maps
+# aiohttp's to them, crawler/http/aio.py) and the loop's own. aiohttp is not imported here: a worker whose
+# requests all take the lean path never loads it.
+NETWORK_ERRORS = (httpx.TransportError, asyncio.TimeoutError, ConnectionError)
 
 
 @dataclass(frozen=True)
