@@ -4,6 +4,7 @@ it: an outcome waits a bounded time for its fingerprint, and one made later foll
 
 import asyncio
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -142,6 +143,24 @@ async def test_closing_resolves_the_files_waiting_with_none(tmp_path):
     pool.close()
     assert [await j for j in jobs] == [None, None, None]
     assert pool.submit("after", tmp_path / "0.mp3") is None
+
+
+async def test_closing_ends_the_processes_and_the_pools_thread_while_a_file_is_in_work(tmp_path):
+    """Nothing of the pool is left for the interpreter's exit: its thread, still closing its wake-up pipe then,
+    raced Python's exit hook, which wrote to that pipe ("Bad file descriptor" printed as a worker exited)."""
+    pool = FingerprintPool(fake_fingerprint, processes=2)
+    job = pool.submit("slow", _file(tmp_path, "slow.mp3", b"SLEEP 30\nslow"))
+    deadline = time.monotonic() + 60
+    while (executor := pool._executor) is None or not executor._processes:   # made for the first batch
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    processes = list(executor._processes.values())
+    t0 = time.monotonic()
+    pool.close()
+    assert time.monotonic() - t0 < 10      # the file in work is not waited for
+    assert await job is None
+    assert not any(p.is_alive() for p in processes)
+    assert not any(type(t).__name__ == "_ExecutorManagerThread" for t in threading.enumerate())
 
 
 class _Counted(ThreadPoolExecutor):

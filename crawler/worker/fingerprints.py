@@ -62,6 +62,7 @@ GATHER = 0.05               # seconds a batch gathers files after its first ...
 BATCH_FILES = 32            # ... unless it has this many files ...
 BATCH_BYTES = 4 * 1024 * 1024   # ... or this many bytes of files (as the caller gave their sizes)
 ERRORS_KEPT = 4096       # files whose error was logged, so a file stored again is not logged again
+STOP_WAIT = 2.0          # seconds a stopping pool waits for a process told to end, before it is killed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -389,10 +390,23 @@ class FingerprintPool:
         self._jobs.clear()
         executor, self._executor = self._executor, None
         if executor is not None:
+            # Taken before shutdown, which lets go of both (the pool offers no public way to end a file in work).
+            processes = list((getattr(executor, "_processes", None) or {}).values())
+            thread = getattr(executor, "_executor_manager_thread", None)
             executor.shutdown(wait=False, cancel_futures=True)
             # A file in work is not waited for: a stopping worker must not wait on a long (or stuck) decode.
-            for proc in list((getattr(executor, "_processes", None) or {}).values()):
+            for proc in processes:
                 proc.terminate()
+            for proc in processes:
+                proc.join(STOP_WAIT)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(STOP_WAIT)
+            # With its processes gone the pool's thread ends at once. Joined here, it is not still closing its
+            # wake-up pipe when the interpreter exits and writes to that pipe (Python 3.11 races the two, and
+            # printed "Bad file descriptor" as a worker exited).
+            if thread is not None:
+                thread.join(STOP_WAIT)
 
 
 def _ready(loop: asyncio.AbstractEventLoop, value: bytes | None) -> asyncio.Future[bytes | None]:
