@@ -156,36 +156,31 @@ class AudioItem(msgspec.Struct, frozen=True):
 
     def with_meta(self, meta: dict[str, Any], sources: dict[str, str]) -> AudioItem:
         """Fill the fields this item lacks from ``meta``, recording where each came from."""
-        changes: dict[str, Any] = {k: v for k, v in meta.items() if k in META_FIELDS and getattr(self, k) is None}
-        if not changes:
-            return self
-        source = dict(self.meta_source)
-        for k in changes:
-            if k in sources:
-                source[k] = sources[k]
-        return self.replace(meta_source=source, **changes)
+        changes = self._filled(meta, sources)
+        return self.replace(**changes) if changes else self
 
     def with_file_tags(self, tags: dict[str, Any]) -> AudioItem:
         """Values read from the audio file itself: they fill what the page did not say, and where the page
-        said something else, the file's value is kept beside it in ``file_tags``. (``with_meta(tags, "file" for
-        each)``, then the disagreements: one pass over the tags and one replace, once a stored file.)"""
-        filled: dict[str, Any] = {}
-        disagree: dict[str, Any] = {}
-        for k, v in tags.items():
-            if k in META_FIELDS:
-                own = getattr(self, k)
-                if own is None:
-                    filled[k] = v
-                elif not _same(own, v):
-                    disagree[k] = v
-        if not filled and not disagree:
-            return self
-        changes: dict[str, Any] = dict(filled)
-        if filled:
-            changes["meta_source"] = {**self.meta_source, **dict.fromkeys(filled, "file")}
+        said something else, the file's value is kept beside it in ``file_tags``. One replace, once a stored
+        file."""
+        changes = self._filled(tags, dict.fromkeys(tags, "file"))
+        disagree = {k: v for k, v in tags.items() if k in META_FIELDS and k not in changes
+                    and (own := getattr(self, k)) is not None and not _same(own, v)}
         if disagree:
             changes["file_tags"] = {**self.file_tags, **disagree}
-        return self.replace(**changes)
+        return self.replace(**changes) if changes else self
+
+    def _filled(self, meta: dict[str, Any], sources: dict[str, str]) -> dict[str, Any]:
+        """The changes that fill the fields this item lacks from ``meta``, with their ``meta_source``; {} for
+        none."""
+        changes: dict[str, Any] = {k: v for k, v in meta.items() if k in META_FIELDS and getattr(self, k) is None}
+        if changes:
+            source = dict(self.meta_source)
+            for k in changes:
+                if k in sources:
+                    source[k] = sources[k]
+            changes["meta_source"] = source
+        return changes
 
     def catalogue_row(self) -> dict[str, Any]:
         """What the catalogue records: everything but the client identity (cookies are secrets)."""

@@ -2,7 +2,8 @@
 
 Imported on the first request that leaves the lean path (a resolver's API call, a request through the httpx
 client), not when the transport is built: a worker whose pages and downloads all go the lean way (http1.py) never
-loads aiohttp, which costs about a tenth of a second of CPU to import (its connector builds TLS contexts then).
+loads aiohttp: a worker's imports took 0.55 s of CPU with it, 0.35 s without (its connector builds TLS contexts
+as it is imported).
 """
 
 from __future__ import annotations
